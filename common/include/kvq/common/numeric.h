@@ -1,0 +1,91 @@
+// Element-type conversions shared bit for bit by the CPU oracle and the CUDA path.
+// spec/numerics.md §1. All conversions round to nearest, ties to even (RNE).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define KVQ_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define KVQ_HOST_DEVICE inline
+#endif
+
+namespace kvq {
+
+KVQ_HOST_DEVICE uint32_t F32Bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+KVQ_HOST_DEVICE float F32FromBits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+// fp32 -> bf16, round to nearest even. NaN stays NaN (quiet, sign kept); Inf stays Inf;
+// subnormals round like any other value (bf16 shares fp32's exponent range).
+KVQ_HOST_DEVICE uint16_t Bf16FromF32(float f) {
+  uint32_t u = F32Bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+
+// bf16 -> fp32 is exact.
+KVQ_HOST_DEVICE float F32FromBf16(uint16_t h) { return F32FromBits(static_cast<uint32_t>(h) << 16); }
+
+// Rounds an fp32 value to the nearest bf16 and back (the value the cache stores).
+KVQ_HOST_DEVICE float RoundToBf16(float f) { return F32FromBf16(Bf16FromF32(f)); }
+
+// fp16 -> fp32 is exact (subnormals, Inf and NaN included).
+KVQ_HOST_DEVICE float F32FromF16(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1fu) return F32FromBits(sign | 0x7f800000u | (man << 13));  // Inf / NaN
+  if (exp == 0) {
+    if (man == 0) return F32FromBits(sign);
+    // Subnormal: value = man * 2^-24, exact in fp32.
+    float v = static_cast<float>(man) * 5.9604644775390625e-08f;
+    return sign ? -v : v;
+  }
+  return F32FromBits(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// fp32 -> fp16, round to nearest even; overflow goes to Inf, NaN stays NaN.
+KVQ_HOST_DEVICE uint16_t F16FromF32(float f) {
+  uint32_t u = F32Bits(f);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: Inf
+  if (a < 0x38800000u) {  // below 2^-14: fp16 subnormal or zero
+    if (a < 0x33000000u) return sign;  // below half the smallest subnormal (2^-25): zero
+    uint32_t exp = a >> 23;
+    uint32_t man = (a & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - exp;  // value = man * 2^(exp-150); subnormal unit 2^-24
+    uint32_t q = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) ++q;
+    return static_cast<uint16_t>(sign | q);
+  }
+  uint32_t rounded = a + 0x0fffu + ((a >> 13) & 1u);
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+// True for NaN and +-Inf.
+KVQ_HOST_DEVICE bool IsNonFinite(float f) { return (F32Bits(f) & 0x7f800000u) == 0x7f800000u; }
+
+}  // namespace kvq

@@ -1,0 +1,48 @@
+// The parameter structs shared by the CPU oracle (cpu_ref/) and the CUDA path (gpu/).
+// Every step on both sides takes the same struct, so a configuration means one thing everywhere.
+// spec/numerics.md defines each field; Validate() rejects what the spec does not support.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kvq {
+
+// Largest rotated magnitude the write path accepts: keeps hi - lo, the scale and every
+// dequantized value finite (spec/numerics.md §6).
+inline constexpr float kMaxRotatedAbs = 8.50705917e37f;  // 2^126
+
+enum class RotationKind : int {
+  kIdentity = 0,  // x~ = x
+  kDense = 1,     // x~ = x·R, R a d×d fp32 matrix (OSCAR's U·H·P_br, or any orthogonal R)
+  kHadamard = 2,  // x~ = x·H (normalised FWHT, block-diagonal when hadamard_block < head_dim)
+};
+
+const char* RotationKindName(RotationKind kind);
+
+// Write path of one row: rotate -> (bit reversal) -> clip -> quantize -> pack.
+struct WriteParams {
+  int head_dim = 128;       // d: 64, 128 or 256
+  int group = 64;           // G: 32, 64 or 128, G <= d, channels per (scale, min) pair
+  int bits = 2;             // b: 2 or 4
+  float clip = 1.0f;        // rho in (0, 1]; 1 never clips
+  RotationKind rotation = RotationKind::kIdentity;
+  int hadamard_block = 0;   // FWHT block size (16..d, power of two); 0 means head_dim
+  bool bitrev = false;      // apply P_br after the rotation
+
+  // Throws kvq::Error(kInvalidArgument) naming the first unsupported value.
+  void Validate() const;
+
+  int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1
+  int num_groups() const { return head_dim / group; }            // d / G
+  int code_bytes() const { return head_dim * bits / 8; }         // packed bytes per row
+  int fwht_block() const { return hadamard_block == 0 ? head_dim : hadamard_block; }
+  // Stored bytes per row: packed codes plus one bf16 (scale, min) pair per group.
+  int row_bytes() const { return code_bytes() + num_groups() * 4; }
+};
+
+bool IsSupportedHeadDim(int d);
+bool IsSupportedGroup(int g);
+
+}  // namespace kvq

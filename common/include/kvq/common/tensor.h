@@ -1,0 +1,42 @@
+// An owning, typed, shaped buffer: what the file readers return and the writers take.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvq {
+
+enum class DType { kF32, kF16, kBF16, kU8, kI32 };
+
+const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "U8", "I32" (safetensors names)
+size_t DTypeSize(DType dtype);
+
+struct Tensor {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;  // little-endian, row-major, size = numel * DTypeSize(dtype)
+
+  size_t numel() const;
+  std::string ShapeString() const;  // "[4, 128]"
+
+  template <typename T>
+  const T* data() const { return reinterpret_cast<const T*>(bytes.data()); }
+  template <typename T>
+  T* data() { return reinterpret_cast<T*>(bytes.data()); }
+
+  // Converts F32, F16 and BF16 exactly to fp32; throws kvq::Error for integer dtypes.
+  std::vector<float> ToF32() const;
+
+  static Tensor F32(std::vector<int64_t> shape, const std::vector<float>& values);
+  static Tensor BF16(std::vector<int64_t> shape, const std::vector<uint16_t>& bits);
+  static Tensor U8(std::vector<int64_t> shape, const std::vector<uint8_t>& values);
+  static Tensor I32(std::vector<int64_t> shape, const std::vector<int32_t>& values);
+};
+
+// Throws kvq::Error(kShapeMismatch) unless t.shape equals `expected`; -1 in `expected`
+// matches any extent. `what` names the tensor in the message.
+void ExpectShape(const Tensor& t, const std::vector<int64_t>& expected, const std::string& what);
+
+}  // namespace kvq

@@ -1,0 +1,58 @@
+#include "kvq/common/params.h"
+
+#include <cmath>
+
+#include "kvq/common/error.h"
+
+namespace kvq {
+
+const char* ErrorCodeName(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return "invalid argument";
+    case ErrorCode::kShapeMismatch: return "shape mismatch";
+    case ErrorCode::kNonFinite: return "non-finite value";
+    case ErrorCode::kMalformedFile: return "malformed file";
+    case ErrorCode::kIoError: return "i/o error";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kMismatch: return "mismatch";
+  }
+  return "unknown error";
+}
+
+const char* RotationKindName(RotationKind kind) {
+  switch (kind) {
+    case RotationKind::kIdentity: return "identity";
+    case RotationKind::kDense: return "dense";
+    case RotationKind::kHadamard: return "hadamard";
+  }
+  return "unknown";
+}
+
+bool IsSupportedHeadDim(int d) { return d == 64 || d == 128 || d == 256; }
+bool IsSupportedGroup(int g) { return g == 32 || g == 64 || g == 128; }
+
+void WriteParams::Validate() const {
+  KVQ_CHECK(IsSupportedHeadDim(head_dim), kInvalidArgument, "head_dim ", head_dim,
+            " is not supported (64, 128 or 256)");
+  KVQ_CHECK(IsSupportedGroup(group), kInvalidArgument, "group size ", group,
+            " is not supported (32, 64 or 128)");
+  KVQ_CHECK(group <= head_dim, kInvalidArgument, "group size ", group, " exceeds head_dim ",
+            head_dim);
+  KVQ_CHECK(bits == 2 || bits == 4, kInvalidArgument, "bits ", bits,
+            " is not supported (2 or 4)");
+  KVQ_CHECK(std::isfinite(clip) && clip > 0.0f && clip <= 1.0f, kInvalidArgument,
+            "clip ratio ", clip, " is outside (0, 1]");
+  KVQ_CHECK(rotation == RotationKind::kIdentity || rotation == RotationKind::kDense ||
+                rotation == RotationKind::kHadamard,
+            kInvalidArgument, "rotation kind ", static_cast<int>(rotation), " is unknown");
+  if (rotation == RotationKind::kHadamard) {
+    const int b = fwht_block();
+    KVQ_CHECK(b >= 16 && b <= head_dim && (b & (b - 1)) == 0, kInvalidArgument,
+              "hadamard block ", hadamard_block, " is not a power of two in [16, ", head_dim, "]");
+  } else {
+    KVQ_CHECK(hadamard_block == 0, kInvalidArgument, "hadamard block ", hadamard_block,
+              " given for rotation '", RotationKindName(rotation), "'");
+  }
+}
+
+}  // namespace kvq
