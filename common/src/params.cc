@@ -55,4 +55,36 @@ void WriteParams::Validate() const {
   }
 }
 
+void CacheParams::Validate() const {
+  KVQ_CHECK(num_kv_heads >= 1, kInvalidArgument, "num_kv_heads ", num_kv_heads,
+            " must be at least 1");
+  KVQ_CHECK(num_q_heads >= 1 && num_q_heads % num_kv_heads == 0, kInvalidArgument,
+            "num_q_heads ", num_q_heads, " is not a positive multiple of num_kv_heads ",
+            num_kv_heads);
+  KVQ_CHECK(sink >= 0, kInvalidArgument, "sink length ", sink, " is negative");
+  KVQ_CHECK(recent >= 1, kInvalidArgument, "recent window ", recent, " must be at least 1");
+  KVQ_CHECK(page_size >= 16 && page_size <= 1024 && (page_size & (page_size - 1)) == 0,
+            kInvalidArgument, "page size ", page_size,
+            " is not a power of two in [16, 1024]");
+  try {
+    key.Validate();
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string("key: ") + e.what());
+  }
+  try {
+    value.Validate();
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string("value: ") + e.what());
+  }
+  KVQ_CHECK(key.head_dim == value.head_dim, kInvalidArgument, "key head_dim ", key.head_dim,
+            " differs from value head_dim ", value.head_dim);
+  KVQ_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, kInvalidArgument,
+            "softmax scale ", softmax_scale, " is not a finite value >= 0 (0 means 1/sqrt(d))");
+}
+
+float CacheParams::scale() const {
+  if (softmax_scale != 0.0f) return softmax_scale;
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(key.head_dim)));
+}
+
 }  // namespace kvq

@@ -42,6 +42,30 @@ struct WriteParams {
   int row_bytes() const { return code_bytes() + num_groups() * 4; }
 };
 
+// The paged KV cache (spec/cache.md): BF16 sink | INT-b history in pages | BF16 recent window.
+// Used unchanged by the CPU oracle and the CUDA path. Per-KV-head rotations and clip ratios are
+// data, not parameters (they override key.clip / value.clip per head).
+struct CacheParams {
+  int num_kv_heads = 8;      // Hkv
+  int num_q_heads = 32;      // Hq, a positive multiple of Hkv (GQA group g = Hq / Hkv)
+  int sink = 64;             // S0 >= 0
+  int recent = 256;          // W >= 1
+  int page_size = 64;        // P, history tokens per page: power of two in [16, 1024]
+  bool quantized = true;     // false: the bf16 baseline (every token kept as bf16)
+  WriteParams key;           // K write path (head_dim, group, bits, rotation, bitrev, block);
+  WriteParams value;         // V write path; key.head_dim == value.head_dim == d
+  float softmax_scale = 0;   // 0 means 1/sqrt(d) computed as (float)(1.0/sqrt((double)d))
+
+  // Throws kvq::Error(kInvalidArgument) naming the first unsupported value (also validates
+  // key and value, prefixing their messages with "key: " / "value: ").
+  void Validate() const;
+
+  int head_dim() const { return key.head_dim; }
+  int group_size() const { return num_q_heads / num_kv_heads; }  // g = Hq / Hkv
+  // The scale the logits are multiplied by: softmax_scale, or fp32(1/sqrt(d)) when it is 0.
+  float scale() const;
+};
+
 bool IsSupportedHeadDim(int d);
 bool IsSupportedGroup(int g);
 

@@ -18,7 +18,7 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;  // little-endian, row-major, size = numel * DTypeSize(dtype)
 
-  size_t numel() const;
+  size_t numel() const;  // product of the extents; throws as CheckedNumel does
   std::string ShapeString() const;  // "[4, 128]"
 
   template <typename T>
@@ -31,9 +31,24 @@ struct Tensor {
 
   static Tensor F32(std::vector<int64_t> shape, const std::vector<float>& values);
   static Tensor BF16(std::vector<int64_t> shape, const std::vector<uint16_t>& bits);
+  static Tensor F16(std::vector<int64_t> shape, const std::vector<uint16_t>& bits);
   static Tensor U8(std::vector<int64_t> shape, const std::vector<uint8_t>& values);
   static Tensor I32(std::vector<int64_t> shape, const std::vector<int32_t>& values);
 };
+
+// Same dtype, same shape and the same bytes (bitwise: a NaN equals the same NaN).
+bool operator==(const Tensor& a, const Tensor& b);
+inline bool operator!=(const Tensor& a, const Tensor& b) { return !(a == b); }
+
+// item_size times the product of `shape`'s extents (the element count for item_size 1, the
+// byte count for item_size = DTypeSize). Throws kvq::Error(kInvalidArgument) naming the
+// extent for a negative extent and when the product overflows size_t; a zero extent makes the
+// product 0 whatever the others are.
+size_t CheckedNumel(const std::vector<int64_t>& shape, size_t item_size = 1);
+
+// Throws kvq::Error(kShapeMismatch) unless t.bytes.size() == numel * DTypeSize(t.dtype)
+// (naming both), and as CheckedNumel does for a bad shape.
+void ValidateTensor(const Tensor& t);
 
 // Throws kvq::Error(kShapeMismatch) unless t.shape equals `expected`; -1 in `expected`
 // matches any extent. `what` names the tensor in the message.

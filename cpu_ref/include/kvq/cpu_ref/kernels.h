@@ -42,10 +42,45 @@ struct WriteKernels {
                      size_t n, const WriteParams& p);
 };
 
+// Decode attention over one KV head's rows for the g query heads that read it (GQA), as an
+// online-softmax update of a running state: m [g] (max logit so far, -inf when empty), l [g]
+// (sum of exp(s - m)), acc [g, d] (sum of exp(s - m) * v). Logits s = scale * (q[h] . k[i]).
+// The cache (cache.h) and attention.h drive these per page and per bf16 run; reduction order
+// is free (spec/cache.md §5), so implementations need not agree bit for bit.
+
+// n bf16 rows, row i at rows + i * stride (elements; d values each).
+struct Bf16RowsView {
+  const uint16_t* rows = nullptr;
+  size_t stride = 0;
+};
+
+// n quantized rows stored contiguously (one page run of one KV head): codes [n, d*b/8] in the
+// spec packing, scale and min [n, d/G] bf16 bits.
+struct QuantizedRowsView {
+  const uint8_t* codes = nullptr;
+  const uint16_t* scale = nullptr;
+  const uint16_t* min = nullptr;
+};
+
+struct AttentionKernels {
+  // q [g, d] fp32 (original space); k, v: n bf16 rows; scratch >= g * n floats.
+  void (*bf16_update)(const float* q, size_t g, Bf16RowsView k, Bf16RowsView v, size_t n,
+                      int d, float scale, float* scratch, float* m, float* l,
+                      float* acc) = nullptr;
+  // q_rot [g, d] fp32, already rotated by the key write path (x·R_K, then P_br); k, v: n
+  // quantized rows dequantized as y = q * scale + min with kp / vp (bits, group, head_dim);
+  // acc accumulates in the rotated value space. scratch >= g * n floats.
+  void (*history_update)(const float* q_rot, size_t g, QuantizedRowsView k,
+                         QuantizedRowsView v, size_t n, const WriteParams& kp,
+                         const WriteParams& vp, float scale, float* scratch, float* m,
+                         float* l, float* acc) = nullptr;
+};
+
 struct Backend {
   std::string name;      // "scalar", "hwy_avx3", "hwy_avx2", "hwy_sse4", "hwy_emu128", ...
   int64_t hwy_target;    // Highway target bit, 0 for the scalar reference
   WriteKernels write;
+  AttentionKernels attention;  // decode attention (attention.h)
 };
 
 // Scalar reference first, then every Highway target compiled in and supported by this CPU,
