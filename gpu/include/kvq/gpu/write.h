@@ -1,0 +1,264 @@
+// The CUDA write path (sm_90): the named stages of cpu_ref's WriteKernels on the GPU, and one
+// fused kernel (rotate -> P_br -> clip -> quantize -> pack -> store) for flat rows and for the
+// paged cache of spec/cache.md. Every output bit equals cpu_ref's scalar backend.
+//
+// Three layers, as FlashInfer names them:
+//   (a) `__global__` kernels taking one `__grid_constant__` parameter struct (FusedWriteArgs,
+//       StageArgs below; the kernels live in gpu/src/write_kernels.cu);
+//   (b) launchers templated on HEAD_DIM / GROUP / BITS returning cudaError_t, and Dispatch*
+//       functions mapping runtime values onto them: an unsupported head_dim, group, bits or page
+//       size returns cudaErrorInvalidValue, never a silent no-op;
+//   (c) the runtime API (namespace kvq::gpu, below the launchers): validates WriteParams /
+//       CacheParams and shapes, checks every CUDA call and throws kvq::Error.
+// All pointers of layers (a)-(c) are device pointers unless a comment says otherwise; work is
+// queued on `stream` and nothing synchronises unless stated.
+//
+// The kernels assume finite input (spec/numerics.md §1). They cannot throw, so the runtime API
+// takes an optional device word `error_flags` into which kernels OR the kErrorFlag* bits below;
+// a caller that wants the spec's kNonFinite check reads it back (CheckErrorFlags does).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvq/common/params.h"
+#include "kvq/cpu_ref/kernels.h"
+
+namespace kvq::gpu {
+
+// Bits a kernel ORs into *error_flags (when the pointer is not null).
+inline constexpr int kErrorFlagNonFinite = 1;      // a rotated value is NaN/Inf or > 2^126
+inline constexpr int kErrorFlagBadPage = 2;        // a page id outside [0, num_pages) or a page
+                                                   // index past the page table: row skipped
+inline constexpr int kErrorFlagBadLength = 4;      // a negative sequence length: row skipped
+
+// ----------------------------------------------------------------------------------------------
+// Layer (a): kernel parameter structs.
+
+// Where the fused kernel reads its rows and where it stores them.
+enum class WriteMode : int {
+  // Row (t, h) at x + t*token_stride + h*d -> flat outputs: row index t*num_heads + h.
+  kRows = 0,
+  // Prefill of one sequence: history token i (0 <= i < num_tokens) is position first_token + i
+  // of x; stored in page page_table[i / P], slot i % P.
+  kPrefill = 1,
+  // Decode-step demotion for a batch: "token" t is sequence b = t; with len = seq_lengths[b]
+  // (before the append), position len - W is demoted when len - W >= S0: its bf16 row is read
+  // from the ring x + b*seq_stride + (len % W)*token_stride + h*d and stored at history index
+  // i = len - W - S0 through page_table + b*page_table_stride. Other sequences are skipped.
+  kAppend = 2,
+};
+
+struct FusedWriteArgs {
+  // Source rows, d = HEAD_DIM channels each.
+  const void* x = nullptr;        // bf16 bits (uint16_t) when x_is_bf16, else fp32
+  bool x_is_bf16 = true;
+  int num_heads = 1;              // rows per token (Hkv); head h uses rotations + h*d*d
+  int num_tokens = 0;             // tokens (kAppend: sequences) to process
+  int64_t token_stride = 0;       // elements between consecutive tokens of x
+  int64_t first_token = 0;        // kPrefill: position of history token 0 (S0)
+
+  // Rotation: RotationKind as int. fwht_scale = fp32(1/sqrt(fwht_block)) computed in double.
+  int rotation = 0;
+  const float* rotations = nullptr;  // [num_heads, d, d], kDense only
+  int fwht_block = 0;
+  float fwht_scale = 0.0f;
+  bool bitrev = false;
+
+  // Clip ratio rho of head h: clip_per_head[h] when not null, else clip.
+  float clip = 1.0f;
+  const float* clip_per_head = nullptr;  // [num_heads]
+
+  // Destination. kRows: codes [rows, d*b/8], scale / min [rows, d/G]. Paged modes: the pool,
+  // codes [num_pages, num_heads, P, d*b/8], scale / min [num_pages, num_heads, P, d/G].
+  WriteMode mode = WriteMode::kRows;
+  uint8_t* codes = nullptr;
+  uint16_t* scale = nullptr;
+  uint16_t* min = nullptr;
+  float* rotated = nullptr;  // kRows only, optional: [rows, d] after rotation and P_br
+  float* tau = nullptr;      // kRows only, optional: [rows] clip thresholds
+
+  // Paged modes.
+  const int32_t* page_table = nullptr;
+  int64_t page_table_stride = 0;  // kAppend: entries per sequence (max pages)
+  int page_size_log2 = 0;
+  int num_pages = 0;
+
+  // kAppend.
+  const int32_t* seq_lengths = nullptr;  // [num_tokens]
+  int sink = 0;
+  int recent = 1;
+  int64_t seq_stride = 0;  // elements per sequence of the ring buffer (W * Hkv * d)
+
+  int* error_flags = nullptr;  // optional, kErrorFlag* bits
+};
+
+// Parameters of the stage kernels (one struct; each stage reads the fields it names).
+struct StageArgs {
+  const float* x = nullptr;          // rotate_dense, fwht (in place), bitrev, clip (in place),
+  float* y = nullptr;                // quantize: x [n, d]; y [n, d] outputs
+  const float* r = nullptr;          // rotate_dense: [d, d]
+  float* tau = nullptr;              // clip: [n]
+  const uint8_t* codes_in = nullptr; // pack, dequantize: [n, d]
+  uint8_t* codes = nullptr;          // quantize, unpack: [n, d]
+  const uint8_t* packed_in = nullptr;  // unpack: [n, d*b/8]
+  uint8_t* packed = nullptr;         // pack: [n, d*b/8]
+  const uint16_t* scale_in = nullptr;  // dequantize: [n, d/G]
+  const uint16_t* min_in = nullptr;
+  uint16_t* scale = nullptr;         // quantize: [n, d/G]
+  uint16_t* min = nullptr;
+  int64_t rows = 0;
+  int head_dim = 0;
+  int group = 0;
+  int bits = 0;
+  float clip = 1.0f;
+  int fwht_block = 0;
+  float fwht_scale = 0.0f;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Layer (b): launchers. Instantiated for head_dim {64, 128, 256}, group {32, 64, 128} <= head_dim
+// and bits {2, 4}; anything else is refused by the Dispatch* functions with cudaErrorInvalidValue.
+// They launch and return cudaGetLastError(); they do not synchronise.
+
+template <int HEAD_DIM, int GROUP, int BITS>
+cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream);
+cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWriteArgs& args,
+                               cudaStream_t stream);
+
+enum class Stage : int {
+  kRotateDense, kFwht, kBitrev, kClip, kQuantize, kPack, kUnpack, kDequantize,
+};
+const char* StageName(Stage stage);
+cudaError_t DispatchStage(Stage stage, const StageArgs& args, cudaStream_t stream);
+
+// Writes the new token of each of `batch` sequences (bf16 [batch, Hkv, d] for K and V) into the
+// sink (position < S0) or the recent ring. Run after the demotions of the same step.
+struct AppendCopyArgs {
+  const uint16_t* key = nullptr;
+  const uint16_t* value = nullptr;
+  uint16_t* sink_key = nullptr;    // [batch, S0, Hkv, d]
+  uint16_t* sink_value = nullptr;
+  uint16_t* recent_key = nullptr;  // [batch, W, Hkv, d]
+  uint16_t* recent_value = nullptr;
+  const int32_t* seq_lengths = nullptr;  // [batch], before the append
+  int batch = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  int sink = 0;
+  int recent = 1;
+  int* error_flags = nullptr;
+};
+cudaError_t LaunchAppendCopy(const AppendCopyArgs& args, cudaStream_t stream);
+
+// ----------------------------------------------------------------------------------------------
+// Layer (c): runtime API. Every function validates its parameters (kvq::Error kInvalidArgument
+// naming the value), checks each CUDA call (KVQ_CUDA_CHECK) and queues work on `stream`.
+
+// The named stages, with cpu_ref's WriteKernels signatures plus a stream; device pointers.
+// \param x [n, d] fp32   \param r [d, d] fp32   \param y [n, d] fp32
+void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
+                 cudaStream_t stream = nullptr);
+// In place. \param x [n, d]
+void Fwht(float* x, size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
+// \param x [n, d] \param y [n, d], must not alias x
+void Bitrev(const float* x, float* y, size_t n, const WriteParams& p,
+            cudaStream_t stream = nullptr);
+// In place. \param x [n, d] \param tau [n]
+void Clip(float* x, float* tau, size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
+// \param x [n, d] \param codes [n, d] one code per byte \param scale [n, d/G] bf16 bits
+// \param min [n, d/G] bf16 bits
+void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
+              const WriteParams& p, cudaStream_t stream = nullptr);
+// \param codes [n, d] \param packed [n, d*b/8]
+void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p,
+          cudaStream_t stream = nullptr);
+// \param packed [n, d*b/8] \param codes [n, d]
+void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p,
+            cudaStream_t stream = nullptr);
+// \param codes [n, d] \param scale [n, d/G] \param min [n, d/G] \param y [n, d]
+void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
+                size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
+
+// Outputs of the fused write of flat rows (device pointers).
+struct RowOutputs {
+  uint8_t* packed = nullptr;   // [n, d*b/8]
+  uint16_t* scale = nullptr;   // [n, d/G] bf16 bits
+  uint16_t* min = nullptr;     // [n, d/G] bf16 bits
+  float* rotated = nullptr;    // optional [n, d]: after rotation and P_br, before the clip
+  float* tau = nullptr;        // optional [n]: clip thresholds
+};
+
+// The fused write path of n rows: the same bits as cpu::QuantizeRows (packed, scale, min,
+// rotated, tau). x is 16-byte aligned. rotation: [d, d] fp32 for kDense, else ignored.
+// \param x [n, d] bf16 bits or fp32
+// error_flags: optional device int; kErrorFlagNonFinite is ORed in for a row the validating
+// CPU path would reject (its outputs are then unspecified).
+void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, size_t n,
+               const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
+void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
+               const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
+
+// Per-KV-head write data of K or of V (device pointers).
+struct HeadData {
+  const float* rotation = nullptr;  // [Hkv, d, d] fp32 when the params' rotation is kDense
+  const float* clip = nullptr;      // [Hkv] clip ratios in (0, 1], or null: the params' clip
+};
+
+// The history page pool of K or of V (device pointers), spec/cache.md §4.
+struct PagePool {
+  uint8_t* codes = nullptr;   // [num_pages, Hkv, P, d*b/8]
+  uint16_t* scale = nullptr;  // [num_pages, Hkv, P, d/G]
+  uint16_t* min = nullptr;    // [num_pages, Hkv, P, d/G]
+  int num_pages = 0;
+};
+
+// bf16 windows (device pointers). One sequence: sink [S0, Hkv, d], recent ring [W, Hkv, d].
+// A batch of B sequences: the same with a leading [B] (sequence b at offset b * one sequence).
+struct Windows {
+  uint16_t* sink_key = nullptr;
+  uint16_t* sink_value = nullptr;
+  uint16_t* recent_key = nullptr;
+  uint16_t* recent_value = nullptr;
+};
+
+// Prefill of one empty sequence with `tokens` tokens (spec/cache.md §2): copies positions
+// [0, min(S0, T)) into the sink, [max(S0, T - W), T) into the ring (slot p % W) and writes
+// history tokens i = 0 .. T - W - S0 - 1 into pages page_table[i / P], slot i % P.
+// \param key, value [T, Hkv, d] bf16 bits, 16-byte aligned
+// \param page_table [ceil((T - W - S0) / P)] int32 page ids (device)
+// Throws kvq::Error: invalid CacheParams, quantized == false, null pointers, T < 0,
+// a null rotation for a dense write path.
+void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value,
+                  int tokens, const int32_t* page_table, const HeadData& key_heads,
+                  const HeadData& value_heads, const PagePool& key_pool,
+                  const PagePool& value_pool, const Windows& windows,
+                  int* error_flags = nullptr, cudaStream_t stream = nullptr);
+
+// One decode step for `batch` sequences: sequence b has length lengths[b] before the step
+// (device int32 [batch]); its token at that position (key/value [batch, Hkv, d] bf16) goes to the
+// sink or ring, and position len - W is demoted into the history when len - W >= S0 (read from
+// the ring before the new token overwrites its slot). The caller advances lengths afterwards.
+// \param page_tables [batch, max_pages] int32 (device); row b is sequence b's page table
+// windows: batched layout ([B, S0, Hkv, d] and [B, W, Hkv, d]).
+void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
+                const int32_t* lengths, const int32_t* page_tables, int max_pages,
+                const HeadData& key_heads, const HeadData& value_heads,
+                const PagePool& key_pool, const PagePool& value_pool, const Windows& windows,
+                int* error_flags = nullptr, cudaStream_t stream = nullptr);
+
+// Synchronises `stream`, reads *error_flags (device) and throws kvq::Error (kNonFinite for
+// kErrorFlagNonFinite, kInvalidArgument for page / length errors) when any bit is set.
+// `what` names the call in the message.
+void CheckErrorFlags(const int* error_flags, const char* what, cudaStream_t stream = nullptr);
+
+// A cpu::Backend named "cuda" whose WriteKernels are host wrappers: copy the host inputs to the
+// device, run the stage above, copy the outputs back (synchronously). hwy_target is 0 (no
+// Highway target); attention kernels are left null. Lets the parametrised tests and benchmarks
+// that expand cpu::Backends() expand the CUDA path too. Throws kvq::Error(kUnsupported) from each
+// wrapper when no CUDA device is present (creating the Backend itself never throws).
+const cpu::Backend& CudaBackend();
+
+}  // namespace kvq::gpu

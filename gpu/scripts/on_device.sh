@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Runs on the device machine, from the repository root, over binaries staged by
+# gpu/scripts/stage_device.sh in .carry/. Writes under $OUT (at most 8 files, flat):
+#   device.txt     nvidia-smi, compute-sanitizer / ncu versions
+#   tests.log      every gpu test binary's gtest output
+#   sanitizer.log  compute-sanitizer memcheck and racecheck on reduced runs of every kernel
+#   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
+#   ncu.txt        Nsight Compute speed-of-light / occupancy of the fused write kernel
+#   summary.md     the table printed last
+# Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-bench] [--no-ncu]
+set -uo pipefail
+
+OUT=${OUT:-/tmp/kvq_device_out}
+mkdir -p "$OUT"
+carry=.carry
+export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+run_ncu=1; run_bench=1; run_tests=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-ncu) run_ncu=0 ;;
+    --no-bench) run_bench=0 ;;
+    --no-tests) run_tests=0 ;;
+  esac
+done
+summary="$OUT/summary.md"
+: > "$summary"
+row() { printf '| %s | %s |\n' "$1" "$2" >> "$summary"; }
+echo "| step | result |" >> "$summary"
+echo "| --- | --- |" >> "$summary"
+
+{
+  date -u
+  nvidia-smi
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw --format=csv
+  command -v compute-sanitizer && compute-sanitizer --version | tail -n2
+  command -v ncu && ncu --version | tail -n1
+} > "$OUT/device.txt" 2>&1
+row "device" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
+
+# ---- Tests ----
+: > "$OUT/tests.log"
+(( run_tests )) && for t in "$carry"/bin/gpu_*_test; do
+  [[ -x "$t" ]] || continue
+  name=$(basename "$t")
+  start=$(date +%s)
+  one="$OUT/current_test.log"
+  "$t" --gtest_brief=1 > "$one" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - start ))
+  total=$(grep -oE '^\[==========\] [0-9]+ tests' "$one" | grep -oE '[0-9]+ tests' | tail -n1)
+  counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$one" | sed -E 's/^\[ +//; s/ +\]//' | tr '\n' ',' )
+  { echo "===== $name (rc=$rc, ${secs}s) ====="; cat "$one"; } >> "$OUT/tests.log"
+  rm -f "$one"
+  row "$name" "rc=$rc, ${secs}s, ${total:-?}: ${counts:-no summary}"
+done
+
+# ---- compute-sanitizer: a reduced run of every kernel ----
+: > "$OUT/sanitizer.log"
+sanitize() {  # tool binary filter
+  local tool=$1 bin=$carry/bin/$2 filter=$3
+  [[ -x "$bin" ]] || { row "sanitizer $tool $2" "binary missing"; return; }
+  echo "===== $tool $2 --gtest_filter=$filter =====" >> "$OUT/sanitizer.log"
+  local start=$(date +%s)
+  compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" --gtest_brief=1 \
+    --gtest_filter="$filter" >> "$OUT/sanitizer.log" 2>&1
+  local rc=$?
+  local errors
+  errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -n1)
+  row "sanitizer $tool $2" "rc=$rc, $(( $(date +%s) - start ))s, ${errors:-no summary line}"
+}
+if command -v compute-sanitizer >/dev/null; then
+  stages='Grid/WriteStagesTest.*/d64_g32_int2__cuda:Grid/WriteStagesTest.*/d256_g128_int4__cuda'
+  fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*'
+  paged='Caches/PagedWriteTest.*'
+  for tool in memcheck racecheck; do
+    sanitize "$tool" gpu_write_stages_test "$stages"
+    sanitize "$tool" gpu_write_fused_test "$fused"
+    sanitize "$tool" gpu_write_paged_test "$paged"
+  done
+  # Other engineers' gpu tests (attention): a short memcheck of whatever they register.
+  for t in "$carry"/bin/gpu_attention*_test; do
+    [[ -x "$t" ]] || continue
+    sanitize memcheck "$(basename "$t")" '*'
+  done
+else
+  row "compute-sanitizer" "not found"
+fi
+
+# ---- Benchmarks ----
+if (( run_bench )); then
+  : > "$OUT/bench.md"
+  for b in "$carry"/bin/kvq_bench_gpu_*; do
+    [[ -x "$b" ]] || continue
+    "$b" >> "$OUT/bench.md" 2>&1
+    rc=$?
+    row "$(basename "$b")" "rc=$rc"
+  done
+fi
+
+# ---- Nsight Compute: the fused kernel, dense (first launch) and FWHT (after 52 launches of
+# the quick run: 2 dense variants x 13 calls x 2 launches) ----
+if (( run_ncu )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_write ]]; then
+  : > "$OUT/ncu.txt"
+  for skip in 0 52; do
+    timeout 120 ncu --clock-control none -k regex:FusedWriteKernel --launch-skip "$skip" \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      "$carry/bin/kvq_bench_gpu_write" --quick >> "$OUT/ncu.txt" 2>&1
+    rc=$?
+    row "ncu fused (launch-skip $skip)" "rc=$rc"
+  done
+fi
+
+echo
+cat "$OUT/bench.md" 2>/dev/null | grep -E '^\|' || true
+echo
+cat "$summary"

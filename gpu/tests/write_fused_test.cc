@@ -1,0 +1,156 @@
+// The fused CUDA write kernel (WriteRows) against cpu::QuantizeRows on the scalar backend,
+// bit for bit: rotated rows, clip thresholds, packed codes, bf16 scale and min, over the full
+// grid d x G x bits x rotation variant x clip ratio x input type (bf16, fp32).
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "kvq/cpu_ref/kernels.h"
+#include "kvq/cpu_ref/write_path.h"
+#include "kvq/gpu/write.h"
+
+namespace kvq::gpu {
+namespace {
+
+using namespace kvq::gpu::testing;
+
+struct FusedCase {
+  Shape shape;
+  int bits;
+  size_t variant;  // index into RotationVariants()
+};
+
+// Runs WriteRows on n rows once per poison byte and compares every output with the oracle.
+void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& rotation,
+                              const std::vector<float>& x_f32, const std::vector<uint16_t>* x_bf16,
+                              size_t n, const std::string& context) {
+  const int d = p.head_dim;
+  const cpu::QuantizedRows want =
+      cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
+  DeviceBuffer<float> dr(rotation);
+  DeviceBuffer<float> dx_f32(x_f32);
+  DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
+  DeviceBuffer<uint8_t> packed(n * p.code_bytes());
+  DeviceBuffer<uint16_t> scale(n * p.num_groups()), min(n * p.num_groups());
+  DeviceBuffer<float> rotated(n * d), tau(n);
+  DeviceBuffer<int> flags(1);
+  for (uint8_t poison : kPoisons) {
+    packed.Fill(poison);
+    scale.Fill(poison);
+    min.Fill(poison);
+    rotated.Fill(poison);
+    tau.Fill(poison);
+    flags.Fill(0);
+    RowOutputs out;
+    out.packed = packed.get();
+    out.scale = scale.get();
+    out.min = min.get();
+    out.rotated = rotated.get();
+    out.tau = tau.get();
+    if (x_bf16 != nullptr) {
+      WriteRows(p, dr.get(), dx_bf16.get(), n, out, flags.get());
+    } else {
+      WriteRows(p, dr.get(), dx_f32.get(), n, out, flags.get());
+    }
+    const std::string ctx = context + " poison=" + std::to_string(poison);
+    EXPECT_TRUE(BitsEqual(want.rotated, rotated.Download(), d, "rotated", ctx));
+    EXPECT_TRUE(BitsEqual(want.tau, tau.Download(), 1, "tau", ctx));
+    EXPECT_TRUE(BitsEqual(want.packed, packed.Download(), p.code_bytes(), "packed", ctx));
+    EXPECT_TRUE(BitsEqual(want.scale, scale.Download(), p.num_groups(), "scale", ctx));
+    EXPECT_TRUE(BitsEqual(want.min, min.Download(), p.num_groups(), "min", ctx));
+    EXPECT_EQ(flags.Download()[0], 0) << ctx;
+  }
+}
+
+class FusedWriteTest : public ::testing::TestWithParam<FusedCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(FusedWriteTest, MatchesScalarOracleBitForBit) {
+  const FusedCase& c = GetParam();
+  const RotationVariant& v = RotationVariants()[c.variant];
+  const int d = c.shape.d;
+  const uint32_t seed = 7919u * d + 131u * c.shape.group + 17u * c.bits + c.variant;
+  std::mt19937 rng(seed);
+  constexpr size_t kRows = 150;  // several tiles, the last one partial
+  for (float clip : ClipRatios(d)) {
+    const WriteParams p = MakeParams(d, c.shape.group, c.bits, v, clip);
+    const std::vector<float> rotation = RandomRotations(1, d, rng);
+    const std::string context = ParamsString(p) + " variant=" + v.name + " seed=" +
+                                std::to_string(seed);
+    // bf16 input (what the cache stores): the oracle sees the same values widened exactly.
+    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(kRows, d, p.group, p.levels(), rng));
+    ExpectFusedMatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, kRows, context + " bf16");
+    // fp32 input.
+    const std::vector<float> x_f32 = MixedRows(kRows, d, p.group, p.levels(), rng);
+    ExpectFusedMatchesOracle(p, rotation, x_f32, nullptr, kRows, context + " f32");
+  }
+}
+
+std::vector<FusedCase> AllFusedCases() {
+  std::vector<FusedCase> cases;
+  for (const Shape& s : Shapes()) {
+    for (int bits : {2, 4}) {
+      for (size_t v = 0; v < RotationVariants().size(); ++v) cases.push_back({s, bits, v});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, FusedWriteTest, ::testing::ValuesIn(AllFusedCases()),
+    [](const ::testing::TestParamInfo<FusedCase>& info) {
+      return "d" + std::to_string(info.param.shape.d) + "_g" +
+             std::to_string(info.param.shape.group) + "_int" + std::to_string(info.param.bits) +
+             "_" + RotationVariants()[info.param.variant].name + "__cuda";
+    });
+
+// Many more tiles than resident blocks: the dense kernel's persistent loop over tiles (R kept
+// in shared memory across tiles) and the streamed-R path of d = 256.
+TEST(FusedWriteLarge, PersistentTilesMatchScalar) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(42);
+  for (int d : {128, 256}) {
+    RotationVariant dense = RotationVariants()[3];  // dense + bitrev
+    const WriteParams p = MakeParams(d, 64, 2, dense, 0.96f);
+    const size_t rows = d == 128 ? 20000 : 3000;
+    std::vector<float> x(rows * d);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& value : x) value = normal(rng);
+    const std::vector<uint16_t> x_bf16 = ToBf16(x);
+    ExpectFusedMatchesOracle(p, RandomRotations(1, d, rng), FromBf16(x_bf16), &x_bf16, rows,
+                             ParamsString(p) + " large");
+  }
+}
+
+// Rows the validating CPU path rejects raise kErrorFlagNonFinite instead of passing silently.
+TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[0], 1.0f);
+  const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(), 1.0e38f};
+  for (float bad : bad_values) {
+    std::vector<float> x(4 * 128, 1.0f);
+    x[2 * 128 + 5] = bad;
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<uint8_t> packed(4 * p.code_bytes());
+    DeviceBuffer<uint16_t> scale(4 * p.num_groups()), min(4 * p.num_groups());
+    DeviceBuffer<int> flags(1);
+    flags.Fill(0);
+    RowOutputs out;
+    out.packed = packed.get();
+    out.scale = scale.get();
+    out.min = min.get();
+    WriteRows(p, nullptr, dx.get(), 4, out, flags.get());
+    EXPECT_EQ(flags.Download()[0], kErrorFlagNonFinite) << "value " << bad;
+    EXPECT_THROW(CheckErrorFlags(flags.get(), "WriteRows"), Error);
+  }
+}
+
+}  // namespace
+}  // namespace kvq::gpu

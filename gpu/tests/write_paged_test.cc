@@ -1,0 +1,412 @@
+// The paged CUDA writes (PrefillWrite, AppendStep) against the CPU oracle's PagedKVCache
+// (scalar backend): every history row (codes, scale, min) at the page and slot the GPU page
+// table names, the bf16 sink rows and the ring slots in use, bit for bit. Pools and windows are
+// poisoned first (twice, with two bytes); the whole pool is compared, so a stray write into a
+// page or slot not in use fails too.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/kernels.h"
+#include "kvq/gpu/write.h"
+
+namespace kvq::gpu {
+namespace {
+
+using namespace kvq::gpu::testing;
+using cpu::KV;
+
+struct CacheCase {
+  const char* name;
+  CacheParams params;
+};
+
+WriteParams Path(int d, int group, int bits, RotationKind kind, int block, bool bitrev,
+                 float clip) {
+  WriteParams p;
+  p.head_dim = d;
+  p.group = group;
+  p.bits = bits;
+  p.rotation = kind;
+  p.hadamard_block = block;
+  p.bitrev = bitrev;
+  p.clip = clip;
+  return p;
+}
+
+CacheParams MakeCache(int hkv, int sink, int recent, int page, WriteParams key, WriteParams value) {
+  CacheParams c;
+  c.num_kv_heads = hkv;
+  c.num_q_heads = hkv * 2;
+  c.sink = sink;
+  c.recent = recent;
+  c.page_size = page;
+  c.key = key;
+  c.value = value;
+  c.Validate();
+  return c;
+}
+
+std::vector<CacheCase> Cases() {
+  return {
+      {"d64_dense_bitrev_int2_fwht_int4",
+       MakeCache(2, 4, 16, 16, Path(64, 32, 2, RotationKind::kDense, 0, true, 0.9f),
+                 Path(64, 64, 4, RotationKind::kHadamard, 0, false, 1.0f))},
+      {"d128_oscar_defaults",
+       MakeCache(8, 64, 256, 64, Path(128, 64, 2, RotationKind::kDense, 0, false, 0.96f),
+                 Path(128, 64, 2, RotationKind::kDense, 0, false, 0.92f))},
+      {"d256_block16_int4_identity_bitrev_int2_no_sink",
+       MakeCache(1, 0, 1, 16, Path(256, 128, 4, RotationKind::kHadamard, 16, false, 0.5f),
+                 Path(256, 32, 2, RotationKind::kIdentity, 0, true, 1.0f))},
+  };
+}
+
+// Per-KV-head data shared by the CPU cache and the device.
+struct HeadsData {
+  std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
+};
+
+HeadsData MakeHeads(const CacheParams& c, std::mt19937& rng) {
+  HeadsData h;
+  const int d = c.head_dim();
+  if (c.key.rotation == RotationKind::kDense) h.rotation_k = RandomRotations(c.num_kv_heads, d, rng);
+  if (c.value.rotation == RotationKind::kDense) {
+    h.rotation_v = RandomRotations(c.num_kv_heads, d, rng);
+  }
+  const float ratios[] = {1.0f, 0.96f, 0.9f, 0.75f};
+  for (int i = 0; i < c.num_kv_heads; ++i) {
+    h.clip_k.push_back(ratios[i % 4]);
+    h.clip_v.push_back(ratios[(i + 1) % 4]);
+  }
+  return h;
+}
+
+// Device copies of the per-head data and one pool per K / V.
+struct DeviceCache {
+  DeviceBuffer<float> rotation_k, rotation_v, clip_k, clip_v;
+  DeviceBuffer<uint8_t> codes[2];
+  DeviceBuffer<uint16_t> scale[2], min[2];
+  int num_pages = 0;
+
+  DeviceCache(const CacheParams& c, const HeadsData& h, int pages)
+      : rotation_k(h.rotation_k), rotation_v(h.rotation_v), clip_k(h.clip_k), clip_v(h.clip_v),
+        num_pages(pages) {
+    const WriteParams* params[2] = {&c.key, &c.value};
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t rows = static_cast<size_t>(pages) * c.num_kv_heads * c.page_size;
+      codes[kv] = DeviceBuffer<uint8_t>(rows * params[kv]->code_bytes());
+      scale[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
+      min[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
+    }
+  }
+  void Poison(uint8_t byte) {
+    for (int kv = 0; kv < 2; ++kv) {
+      codes[kv].Fill(byte);
+      scale[kv].Fill(byte);
+      min[kv].Fill(byte);
+    }
+  }
+  HeadData Heads(KV kv) const {
+    HeadData d;
+    d.rotation = kv == KV::kKey ? rotation_k.get() : rotation_v.get();
+    d.clip = kv == KV::kKey ? clip_k.get() : clip_v.get();
+    return d;
+  }
+  PagePool Pool(KV kv) const {
+    const int i = static_cast<int>(kv);
+    return PagePool{codes[i].get(), scale[i].get(), min[i].get(), num_pages};
+  }
+};
+
+// Expected pool contents: poison everywhere, then every history row of `tables[s]` copied from
+// the CPU cache's sequence `seqs[s]`.
+void ExpectPoolsMatch(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
+                      const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
+                      uint8_t poison, const std::string& context) {
+  const CacheParams& c = cache.params();
+  const WriteParams* params[2] = {&c.key, &c.value};
+  for (KV kv : {KV::kKey, KV::kValue}) {
+    const int i = static_cast<int>(kv);
+    const size_t cb = params[i]->code_bytes();
+    const size_t ng = params[i]->num_groups();
+    std::vector<uint8_t> codes(dev.codes[i].size(), poison);
+    std::vector<uint16_t> scale(dev.scale[i].size(), static_cast<uint16_t>(poison * 0x0101u));
+    std::vector<uint16_t> min(scale);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      const size_t history = cache.HistoryLength(seqs[s]);
+      for (size_t t = 0; t < history; ++t) {
+        for (int h = 0; h < c.num_kv_heads; ++h) {
+          const cpu::HistoryRowRef ref = cache.HistoryRow(seqs[s], t, h, kv);
+          const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
+          const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
+          std::copy(ref.codes, ref.codes + cb, codes.begin() + row * cb);
+          std::copy(ref.scale, ref.scale + ng, scale.begin() + row * ng);
+          std::copy(ref.min, ref.min + ng, min.begin() + row * ng);
+        }
+      }
+    }
+    const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
+    EXPECT_TRUE(BitsEqual(codes, dev.codes[i].Download(), cb, "pool codes", ctx));
+    EXPECT_TRUE(BitsEqual(scale, dev.scale[i].Download(), ng, "pool scale", ctx));
+    EXPECT_TRUE(BitsEqual(min, dev.min[i].Download(), ng, "pool min", ctx));
+  }
+}
+
+// Sink rows in use and ring slots in use must equal the CPU cache; with `exact_unused`, every
+// other row must still hold the poison (prefill into fresh windows).
+void ExpectWindowsMatch(const cpu::PagedKVCache& cache, int seq, const std::vector<uint16_t>& sink,
+                        const std::vector<uint16_t>& ring, KV kv, bool exact_unused,
+                        uint8_t poison, const std::string& context) {
+  const CacheParams& c = cache.params();
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  const uint16_t poison16 = static_cast<uint16_t>(poison * 0x0101u);
+  std::vector<uint16_t> want_sink(sink.size(), poison16), want_ring(ring.size(), poison16);
+  std::vector<bool> sink_used(c.sink, false), ring_used(c.recent, false);
+  const uint16_t* cpu_sink = cache.SinkRows(seq, kv);
+  for (size_t p = 0; p < cache.SinkLength(seq); ++p) {
+    std::copy(cpu_sink + p * row, cpu_sink + (p + 1) * row, want_sink.begin() + p * row);
+    sink_used[p] = true;
+  }
+  const uint16_t* cpu_ring = cache.RecentRing(seq, kv);
+  for (size_t p = cache.RecentBegin(seq); p < cache.Length(seq); ++p) {
+    const size_t slot = p % c.recent;
+    std::copy(cpu_ring + slot * row, cpu_ring + (slot + 1) * row, want_ring.begin() + slot * row);
+    ring_used[slot] = true;
+  }
+  std::vector<uint16_t> got_sink = sink, got_ring = ring;
+  if (!exact_unused) {  // slots not in use may hold older tokens: compare only those in use
+    for (int s = 0; s < c.sink; ++s) {
+      if (!sink_used[s]) std::fill_n(got_sink.begin() + s * row, row, poison16);
+    }
+    for (int s = 0; s < c.recent; ++s) {
+      if (!ring_used[s]) std::fill_n(got_ring.begin() + s * row, row, poison16);
+    }
+  }
+  const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
+  EXPECT_TRUE(BitsEqual(want_sink, got_sink, row, "sink", ctx));
+  EXPECT_TRUE(BitsEqual(want_ring, got_ring, row, "ring", ctx));
+}
+
+std::vector<uint16_t> RandomTokens(size_t tokens, const CacheParams& c, std::mt19937& rng) {
+  std::vector<float> x(tokens * c.num_kv_heads * c.head_dim());
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  // A few edge rows: zeros, a constant row and an outlier.
+  if (tokens > 3) {
+    const size_t row = static_cast<size_t>(c.head_dim());
+    std::fill_n(x.begin(), row, 0.0f);
+    std::fill_n(x.begin() + 2 * row, row, 0.375f);
+    x[3 * row + 1] = 1.0e20f;
+  }
+  return ToBf16(x);
+}
+
+class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, page = c.page_size;
+  std::mt19937 rng(1234);
+  const HeadsData heads = MakeHeads(c, rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  for (int tokens : {3, s0, s0 + w, s0 + w + 1, s0 + w + page, s0 + w + 3 * page + 5}) {
+    if (tokens <= 0) continue;
+    const std::vector<uint16_t> k = RandomTokens(tokens, c, rng);
+    const std::vector<uint16_t> v = RandomTokens(tokens, c, rng);
+    cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
+                            cpu::ScalarBackend());
+    const int seq = cache.AddSequence();
+    cache.PrefillBf16(seq, k.data(), v.data(), tokens);
+
+    // The GPU's own page table: a random permutation over a pool with spare pages.
+    const int history = std::max(0, tokens - w - s0);
+    const int pages_needed = (history + page - 1) / page;
+    const int pool_pages = pages_needed + 3;
+    std::vector<int32_t> order(pool_pages);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<int32_t> table(order.begin(), order.begin() + std::max(pages_needed, 1));
+
+    DeviceCache dev(c, heads, pool_pages);
+    DeviceBuffer<uint16_t> dk(k), dv(v);
+    DeviceBuffer<int32_t> dtable(table);
+    DeviceBuffer<uint16_t> sink_k(s0 * row), sink_v(s0 * row), ring_k(w * row), ring_v(w * row);
+    DeviceBuffer<int> flags(1);
+    for (uint8_t poison : kPoisons) {
+      dev.Poison(poison);
+      sink_k.Fill(poison);
+      sink_v.Fill(poison);
+      ring_k.Fill(poison);
+      ring_v.Fill(poison);
+      flags.Fill(0);
+      Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
+      PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
+                   dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows,
+                   flags.get());
+      const std::string ctx = std::string(GetParam().name) + " T=" + std::to_string(tokens) +
+                              " poison=" + std::to_string(poison);
+      EXPECT_EQ(flags.Download()[0], 0) << ctx;
+      ExpectPoolsMatch(cache, {seq}, {table}, dev, poison, ctx);
+      ExpectWindowsMatch(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true,
+                         poison, ctx);
+      ExpectWindowsMatch(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true,
+                         poison, ctx);
+    }
+  }
+}
+
+// A batch of sequences at different lengths (in the sink, just before the first demotion, at
+// it, and deep in the history) prefilled, then stepped; every step demotes into the pages of
+// the GPU's page tables. The final state equals the CPU cache that ran the same steps.
+TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, page = c.page_size;
+  std::mt19937 rng(99);
+  const HeadsData heads = MakeHeads(c, rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  const std::vector<int> initial = {0, std::max(0, s0 - 1), s0 + w - 1, s0 + w,
+                                    s0 + w + page + 3};
+  const int batch = static_cast<int>(initial.size());
+  const int steps = page + 3;
+  const int max_pages = (initial.back() + steps - w - s0 + page - 1) / page + 1;
+  const int pool_pages = batch * max_pages + 2;
+
+  std::vector<int32_t> order(pool_pages);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<std::vector<int32_t>> tables(batch);
+  std::vector<int32_t> flat_tables;
+  for (int b = 0; b < batch; ++b) {
+    tables[b].assign(order.begin() + b * max_pages, order.begin() + (b + 1) * max_pages);
+    flat_tables.insert(flat_tables.end(), tables[b].begin(), tables[b].end());
+  }
+
+  std::vector<std::vector<uint16_t>> prefill_k(batch), prefill_v(batch);
+  std::vector<std::vector<uint16_t>> step_k(steps), step_v(steps);
+  for (int b = 0; b < batch; ++b) {
+    prefill_k[b] = RandomTokens(initial[b], c, rng);
+    prefill_v[b] = RandomTokens(initial[b], c, rng);
+  }
+  for (int s = 0; s < steps; ++s) {
+    step_k[s] = RandomTokens(batch, c, rng);  // [batch, Hkv, d]
+    step_v[s] = RandomTokens(batch, c, rng);
+  }
+
+  cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
+                          cpu::ScalarBackend());
+  std::vector<int> seqs;
+  for (int b = 0; b < batch; ++b) {
+    seqs.push_back(cache.AddSequence());
+    if (initial[b] > 0) {
+      cache.PrefillBf16(seqs[b], prefill_k[b].data(), prefill_v[b].data(), initial[b]);
+    }
+  }
+  for (int s = 0; s < steps; ++s) {
+    for (int b = 0; b < batch; ++b) {
+      cache.AppendBf16(seqs[b], step_k[s].data() + b * row, step_v[s].data() + b * row);
+    }
+  }
+
+  DeviceCache dev(c, heads, pool_pages);
+  DeviceBuffer<int32_t> dtables(flat_tables), dlengths(batch);
+  DeviceBuffer<uint16_t> sink_k(batch * s0 * row), sink_v(batch * s0 * row);
+  DeviceBuffer<uint16_t> ring_k(batch * w * row), ring_v(batch * w * row);
+  DeviceBuffer<int> flags(1);
+  for (uint8_t poison : kPoisons) {
+    dev.Poison(poison);
+    sink_k.Fill(poison);
+    sink_v.Fill(poison);
+    ring_k.Fill(poison);
+    ring_v.Fill(poison);
+    flags.Fill(0);
+    for (int b = 0; b < batch; ++b) {
+      if (initial[b] == 0) continue;
+      DeviceBuffer<uint16_t> dk(prefill_k[b]), dv(prefill_v[b]);
+      Windows one{sink_k.get() + b * s0 * row, sink_v.get() + b * s0 * row,
+                  ring_k.get() + b * w * row, ring_v.get() + b * w * row};
+      PrefillWrite(c, dk.get(), dv.get(), initial[b], dtables.get() + b * max_pages,
+                   dev.Heads(KV::kKey), dev.Heads(KV::kValue), dev.Pool(KV::kKey),
+                   dev.Pool(KV::kValue), one, flags.get());
+      KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    std::vector<int32_t> lengths(initial.begin(), initial.end());
+    const Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
+    for (int s = 0; s < steps; ++s) {
+      dlengths.Upload(lengths);
+      DeviceBuffer<uint16_t> dk(step_k[s]), dv(step_v[s]);
+      AppendStep(c, dk.get(), dv.get(), batch, dlengths.get(), dtables.get(), max_pages,
+                 dev.Heads(KV::kKey), dev.Heads(KV::kValue), dev.Pool(KV::kKey),
+                 dev.Pool(KV::kValue), windows, flags.get());
+      KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+      for (int32_t& len : lengths) ++len;
+    }
+    const std::string ctx = std::string(GetParam().name) + " poison=" + std::to_string(poison);
+    EXPECT_EQ(flags.Download()[0], 0) << ctx;
+    ExpectPoolsMatch(cache, seqs, tables, dev, poison, ctx);
+    const std::vector<uint16_t> sk = sink_k.Download(), sv = sink_v.Download();
+    const std::vector<uint16_t> rk = ring_k.Download(), rv = ring_v.Download();
+    for (int b = 0; b < batch; ++b) {
+      auto slice = [](const std::vector<uint16_t>& all, size_t begin, size_t count) {
+        return std::vector<uint16_t>(all.begin() + begin, all.begin() + begin + count);
+      };
+      const std::string seq_ctx = ctx + " seq=" + std::to_string(b);
+      ExpectWindowsMatch(cache, seqs[b], slice(sk, b * s0 * row, s0 * row),
+                         slice(rk, b * w * row, w * row), KV::kKey, false, poison, seq_ctx);
+      ExpectWindowsMatch(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
+                         slice(rv, b * w * row, w * row), KV::kValue, false, poison, seq_ctx);
+    }
+  }
+}
+
+// A page id outside the pool, and a sequence that must demote with no page table entry, raise
+// kErrorFlagBadPage and write nothing.
+TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
+  const CacheParams& c = GetParam().params;
+  const int tokens = c.sink + c.recent + 1;  // exactly one history token
+  std::mt19937 rng(5);
+  const HeadsData heads = MakeHeads(c, rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  const std::vector<uint16_t> k = RandomTokens(tokens, c, rng), v = RandomTokens(tokens, c, rng);
+  DeviceCache dev(c, heads, 2);
+  DeviceBuffer<uint16_t> dk(k), dv(v);
+  DeviceBuffer<int32_t> dtable(std::vector<int32_t>{7});  // pool has pages 0 and 1 only
+  DeviceBuffer<uint16_t> sink_k(c.sink * row), sink_v(c.sink * row), ring_k(c.recent * row),
+      ring_v(c.recent * row);
+  DeviceBuffer<int> flags(1);
+  dev.Poison(0xFF);
+  flags.Fill(0);
+  PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
+               dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
+               Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
+  EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
+  for (uint8_t byte : dev.codes[0].Download()) ASSERT_EQ(byte, 0xFF);
+  EXPECT_THROW(CheckErrorFlags(flags.get(), "PrefillWrite"), Error);
+
+  // Append at length S0 + W with max_pages = 0: position S0 must demote but has no page.
+  flags.Fill(0);
+  DeviceBuffer<int32_t> dlen(std::vector<int32_t>{c.sink + c.recent});
+  const std::vector<uint16_t> step = RandomTokens(1, c, rng);
+  DeviceBuffer<uint16_t> sk(step), sv(step);
+  AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), nullptr, 0, dev.Heads(KV::kKey),
+             dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
+             Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
+  EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
+  for (uint8_t byte : dev.codes[1].Download()) ASSERT_EQ(byte, 0xFF);
+}
+
+INSTANTIATE_TEST_SUITE_P(Caches, PagedWriteTest, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<CacheCase>& info) {
+                           return std::string(info.param.name) + "__cuda";
+                         });
+
+}  // namespace
+}  // namespace kvq::gpu
