@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "kvq/common/error.h"
 
@@ -15,6 +16,10 @@ int main(int argc, char** argv) {
   CLI::App app{"kvq: ultra-low-bit KV-cache quantization (OSCAR and baselines)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvq 0.1.0 (spec 1.0)");
+  // Parse errors too are one line (CLI11's default adds "Run with --help ...").
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("kvq: error: ") + e.what() + "\n";
+  });
 #define KVQ_COMMAND(name) setup_##name(app);
 #include "commands.inc"
 #undef KVQ_COMMAND

@@ -1,0 +1,94 @@
+#include "cli_common.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "kvq/common/error.h"
+
+namespace kvq::cli {
+
+void AddRotationOptions(CLI::App* command, RotationOptions* options, bool allow_identity) {
+  command->add_option("--rotation", options->matrix_path,
+                      "dense rotation R: float32 [d, d] .npy (rows are multiplied as x·R)");
+  command->add_flag("--hadamard", options->hadamard, "normalised Walsh-Hadamard rotation (FWHT)");
+  command->add_option("--block", options->block,
+                      "FWHT block size for --hadamard (power of two, 16..d; default d)");
+  if (allow_identity) command->add_flag("--identity", options->identity, "no rotation");
+  command->add_flag("--bitrev", options->bitrev, "apply the bit-reversal permutation after R");
+}
+
+RotationKind SelectedRotation(const RotationOptions& options) {
+  const int chosen = (options.matrix_path.empty() ? 0 : 1) + (options.hadamard ? 1 : 0) +
+                     (options.identity ? 1 : 0);
+  KVQ_CHECK(chosen == 1, kInvalidArgument,
+            "give exactly one of --rotation, --hadamard, --identity (got ", chosen, ")");
+  KVQ_CHECK(options.block == 0 || options.hadamard, kInvalidArgument, "--block ", options.block,
+            " needs --hadamard");
+  if (options.hadamard) return RotationKind::kHadamard;
+  if (options.identity) return RotationKind::kIdentity;
+  return RotationKind::kDense;
+}
+
+std::vector<float> ApplyRotationOptions(const RotationOptions& options, WriteParams* p) {
+  p->rotation = SelectedRotation(options);
+  p->hadamard_block = options.hadamard ? options.block : 0;
+  p->bitrev = options.bitrev;
+  if (p->rotation != RotationKind::kDense) return {};
+  const Rows matrix = ReadRows(options.matrix_path, "rotation matrix");
+  KVQ_CHECK(matrix.n == static_cast<size_t>(p->head_dim) && matrix.d == p->head_dim, kShapeMismatch,
+            "rotation matrix '", options.matrix_path, "' has shape [", matrix.n, ", ", matrix.d,
+            "], expected [", p->head_dim, ", ", p->head_dim, "] (head_dim of the input)");
+  return matrix.values;
+}
+
+Rows ReadRows(const std::string& path, const std::string& what) {
+  const Tensor t = ReadNpy(path);
+  KVQ_CHECK(t.dtype == DType::kF32 || t.dtype == DType::kF16, kInvalidArgument, what, " '", path,
+            "' has dtype ", DTypeName(t.dtype), "; expected float32 (or float16)");
+  KVQ_CHECK(t.shape.size() == 2, kShapeMismatch, what, " '", path, "' has shape ", t.ShapeString(),
+            "; expected 2-D [rows, head_dim]");
+  KVQ_CHECK(t.shape[1] <= std::numeric_limits<int>::max(), kShapeMismatch, what, " '", path,
+            "' has ", t.shape[1], " columns");
+  Rows rows;
+  rows.n = static_cast<size_t>(t.shape[0]);
+  rows.d = static_cast<int>(t.shape[1]);
+  rows.values = t.ToF32();
+  return rows;
+}
+
+float ParseFloatOption(const std::string& option, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const float value = std::strtof(text.c_str(), &end);
+  KVQ_CHECK(!text.empty() && end == text.c_str() + text.size() && errno == 0, kInvalidArgument,
+            option, " '", text, "' is not a number");
+  return value;
+}
+
+int ParseIntField(const std::string& what, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  KVQ_CHECK(!text.empty() && end == text.c_str() + text.size() && errno == 0 &&
+                value >= std::numeric_limits<int>::min() &&
+                value <= std::numeric_limits<int>::max(),
+            kInvalidArgument, what, " '", text, "' is not an integer");
+  return static_cast<int>(value);
+}
+
+std::string ShortestFloat(float value) {
+  char buffer[64];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buffer, sizeof buffer, "%.*g", digits, static_cast<double>(value));
+    if (std::strtof(buffer, nullptr) == value) break;
+  }
+  return buffer;
+}
+
+Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d) {
+  return Tensor::F32({static_cast<int64_t>(n), static_cast<int64_t>(d)}, values);
+}
+
+}  // namespace kvq::cli
