@@ -1,0 +1,76 @@
+// OSCAR calibration end to end (seeds/000 §3 and Algorithm 1; shared/DESIGN.md "Calibration"):
+// activations → targets (C_Q; C_S, key-weighted or raw V) → sorted eigenbases → R = U·H·P_br
+// → per-layer clip ratios → a Calibration (calibration_file.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvq/calib/activations.h"
+#include "kvq/calib/calibration_file.h"
+#include "kvq/cpu_ref/kernels.h"
+
+namespace kvq::calib {
+
+enum class Granularity { kKvHead, kLayer };
+enum class ValueTarget { kAttnOutput, kKeyWeighted, kRaw };
+
+// How R is built from the target's eigenbasis U (seeds/000 table 4 and table 10 ablations).
+enum class RotationRecipe {
+  kOscar,             // U·H·P_br
+  kNoBitReversal,     // U·H
+  kNoHadamard,        // U·P_br
+  kEigenbasisOnly,    // U
+  kRawTarget,         // U'·H·P_br with U' from KᵀK / VᵀV (the raw-cache PCA targets)
+  kHadamardBitrev,    // H·P_br (QuaRot + P_br: no eigenbasis)
+  kHadamard,          // H
+  kRandomOrthogonal,  // a seeded Haar-random orthogonal matrix per (layer, head, K/V)
+  kIdentity,          // I (clip only)
+};
+
+const char* GranularityName(Granularity g);     // "kv_head", "layer"
+const char* ValueTargetName(ValueTarget t);     // "attn_output", "key_weighted", "raw"
+const char* RotationRecipeName(RotationRecipe r);  // "oscar", "no_bitrev", ...
+// Parsers: throw kvq::Error(kInvalidArgument) naming the text and the accepted names.
+Granularity ParseGranularity(const std::string& text);
+ValueTarget ParseValueTarget(const std::string& text);
+RotationRecipe ParseRotationRecipe(const std::string& text);
+
+struct CalibrationOptions {
+  Granularity granularity = Granularity::kKvHead;
+  ValueTarget value_target = ValueTarget::kAttnOutput;
+  RotationRecipe rotation = RotationRecipe::kOscar;
+  std::vector<double> clip_grid;  // empty means DefaultClipGrid()
+  int group = 64;
+  int bits = 2;
+  double damping = 0.0;   // α: eigendecomposition of C + α·mean(diag C)·I
+  int sink = 64;          // S0: the first S0 tokens are never quantized, so not clip rows
+  int recent = 256;       // W (recorded in the file)
+  uint64_t random_seed = 0;  // for RotationRecipe::kRandomOrthogonal
+  int threads = 2;
+  std::string source;     // recorded as the file's source
+};
+
+// Per layer and side, the objective of every grid point (for reports and tests).
+struct ClipReport {
+  std::vector<double> grid;
+  std::vector<std::vector<double>> key_objectives;    // [L][grid]
+  std::vector<std::vector<double>> value_objectives;  // [L][grid]
+};
+
+// Called after each finished unit of work (done ≤ total), from the calling thread only.
+using ProgressCallback = std::function<void(int done, int total)>;
+
+// Calibrates on tokens [0, calib_tokens) of `acts`: targets and eigenbases use all of them,
+// clip rows are tokens [sink, calib_tokens) (the sink stays BF16 in the cache). Per-layer
+// granularity averages the per-KV-head targets over the layer's KV heads; the clip ratio is
+// always chosen per layer (summing the objective over KV heads) and stored replicated.
+// Throws kvq::Error: invalid activations, options (group/bits/d via WriteParams, damping < 0,
+// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens)).
+Calibration Calibrate(const Activations& acts, const CalibrationOptions& options,
+                      const cpu::Backend& backend, const ProgressCallback& progress = {},
+                      ClipReport* report = nullptr);
+
+}  // namespace kvq::calib

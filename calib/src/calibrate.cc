@@ -1,0 +1,339 @@
+#include "kvq/calib/calibrate.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "kvq/calib/clip_search.h"
+#include "kvq/calib/covariance.h"
+#include "kvq/calib/random.h"
+#include "kvq/calib/rotation.h"
+#include "kvq/common/error.h"
+#include "kvq/common/params.h"
+
+namespace kvq::calib {
+namespace {
+
+using Eigen::MatrixXd;
+
+struct NamedRecipe {
+  RotationRecipe recipe;
+  const char* name;
+};
+constexpr NamedRecipe kRecipes[] = {
+    {RotationRecipe::kOscar, "oscar"},
+    {RotationRecipe::kNoBitReversal, "no_bitrev"},
+    {RotationRecipe::kNoHadamard, "no_hadamard"},
+    {RotationRecipe::kEigenbasisOnly, "eigenbasis_only"},
+    {RotationRecipe::kRawTarget, "raw_target"},
+    {RotationRecipe::kHadamardBitrev, "hadamard_bitrev"},
+    {RotationRecipe::kHadamard, "hadamard"},
+    {RotationRecipe::kRandomOrthogonal, "random_orthogonal"},
+    {RotationRecipe::kIdentity, "identity"},
+};
+
+// Runs work(i) for i in [0, count) on `threads` threads; the calling thread reports progress
+// after each finished item and rethrows the first exception a worker raised.
+void ParallelFor(int count, int threads, const std::function<void(int)>& work,
+                 const std::function<void()>& on_done) {
+  std::atomic<int> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable changed;
+  int finished = 0;
+  int reported = 0;
+  int running = 0;
+  std::exception_ptr error;
+  auto worker = [&]() {
+    for (int i = next++; i < count && !failed; i = next++) {
+      try {
+        work(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      ++finished;
+      changed.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    --running;
+    changed.notify_all();
+  };
+  const int pool_size = std::max(1, std::min(threads, count));
+  running = pool_size;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < pool_size; ++t) pool.emplace_back(worker);
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (running > 0) {
+      changed.wait(lock, [&] { return finished > reported || running == 0; });
+      while (reported < finished) {
+        ++reported;
+        lock.unlock();
+        if (on_done && !failed) on_done();
+        lock.lock();
+      }
+    }
+  }
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// Rows [first, last) of one KV head's keys or values, contiguous [n, d].
+std::vector<float> GatherRows(const Activations& acts, int layer, int kv_head, bool keys,
+                              int64_t first, int64_t last) {
+  const int d = acts.info.head_dim;
+  std::vector<float> rows(static_cast<size_t>(last - first) * d);
+  for (int64_t t = first; t < last; ++t) {
+    const float* src = keys ? acts.k(layer, t, kv_head) : acts.v(layer, t, kv_head);
+    std::copy(src, src + d, rows.begin() + (t - first) * d);
+  }
+  return rows;
+}
+
+struct HeadTargets {
+  MatrixXd query, value;          // C_Q and the chosen value target
+  MatrixXd raw_key, raw_value;    // KᵀK/N and VᵀV/N (raw-target recipe only)
+};
+
+struct SideResult {
+  EigenBasis basis;
+  MatrixXd rotation;
+};
+
+SideResult BuildSide(const MatrixXd& target, const CalibrationOptions& o, uint64_t seed_path,
+                     int d) {
+  SideResult side;
+  side.basis = SortedEigenBasis(target, o.damping);
+  const MatrixXd& u = side.basis.vectors;
+  switch (o.rotation) {
+    case RotationRecipe::kOscar:
+    case RotationRecipe::kRawTarget: side.rotation = OscarRotation(u); break;
+    case RotationRecipe::kNoBitReversal: side.rotation = BasisHadamard(u); break;
+    case RotationRecipe::kNoHadamard: side.rotation = BasisBitReversal(u); break;
+    case RotationRecipe::kEigenbasisOnly: side.rotation = u; break;
+    case RotationRecipe::kHadamardBitrev: side.rotation = HadamardBitReversal(d); break;
+    case RotationRecipe::kHadamard: side.rotation = HadamardMatrix(d); break;
+    case RotationRecipe::kRandomOrthogonal:
+      side.rotation = RandomOrthogonal(d, DeriveSeed(o.random_seed, {seed_path}));
+      break;
+    case RotationRecipe::kIdentity: side.rotation = MatrixXd::Identity(d, d); break;
+  }
+  return side;
+}
+
+void Store(const SideResult& side, int head, int d, std::vector<float>& rotation,
+           std::vector<float>& basis, std::vector<float>& eigenvalues) {
+  const std::vector<float> r = ToRowMajorF32(side.rotation);
+  const std::vector<float> u = ToRowMajorF32(side.basis.vectors);
+  std::copy(r.begin(), r.end(), rotation.begin() + static_cast<size_t>(head) * d * d);
+  std::copy(u.begin(), u.end(), basis.begin() + static_cast<size_t>(head) * d * d);
+  for (int i = 0; i < d; ++i) {
+    eigenvalues[static_cast<size_t>(head) * d + i] = static_cast<float>(side.basis.values(i));
+  }
+}
+
+}  // namespace
+
+const char* GranularityName(Granularity g) {
+  return g == Granularity::kLayer ? "layer" : "kv_head";
+}
+
+const char* ValueTargetName(ValueTarget t) {
+  switch (t) {
+    case ValueTarget::kAttnOutput: return "attn_output";
+    case ValueTarget::kKeyWeighted: return "key_weighted";
+    case ValueTarget::kRaw: return "raw";
+  }
+  return "unknown";
+}
+
+const char* RotationRecipeName(RotationRecipe r) {
+  for (const NamedRecipe& named : kRecipes) {
+    if (named.recipe == r) return named.name;
+  }
+  return "unknown";
+}
+
+Granularity ParseGranularity(const std::string& text) {
+  if (text == "kv_head") return Granularity::kKvHead;
+  if (text == "layer") return Granularity::kLayer;
+  KVQ_CHECK(false, kInvalidArgument, "granularity '", text, "' (kv_head or layer)");
+  return Granularity::kKvHead;
+}
+
+ValueTarget ParseValueTarget(const std::string& text) {
+  if (text == "attn_output") return ValueTarget::kAttnOutput;
+  if (text == "key_weighted") return ValueTarget::kKeyWeighted;
+  if (text == "raw") return ValueTarget::kRaw;
+  KVQ_CHECK(false, kInvalidArgument, "value target '", text,
+            "' (attn_output, key_weighted or raw)");
+  return ValueTarget::kAttnOutput;
+}
+
+RotationRecipe ParseRotationRecipe(const std::string& text) {
+  std::string names;
+  for (const NamedRecipe& named : kRecipes) {
+    if (text == named.name) return named.recipe;
+    names += names.empty() ? named.name : std::string(", ") + named.name;
+  }
+  KVQ_CHECK(false, kInvalidArgument, "rotation '", text, "' (", names, ")");
+  return RotationRecipe::kOscar;
+}
+
+Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
+                      const cpu::Backend& backend, const ProgressCallback& progress,
+                      ClipReport* report) {
+  ValidateActivations(acts);
+  const ActivationsInfo& info = acts.info;
+  WriteParams params;
+  params.head_dim = info.head_dim;
+  params.group = o.group;
+  params.bits = o.bits;
+  params.Validate();
+  KVQ_CHECK(std::isfinite(o.damping) && o.damping >= 0, kInvalidArgument, "damping ", o.damping,
+            " must be finite and >= 0");
+  KVQ_CHECK(o.threads >= 1, kInvalidArgument, "threads ", o.threads, " must be >= 1");
+  const int64_t tokens = info.calib_tokens;
+  KVQ_CHECK(o.sink >= 0 && o.sink < tokens, kInvalidArgument, "sink ", o.sink,
+            " must lie in [0, calib_tokens = ", tokens, ") so that clip rows remain");
+  KVQ_CHECK(o.recent >= 1, kInvalidArgument, "recent ", o.recent, " must be >= 1");
+  const std::vector<double> grid = o.clip_grid.empty() ? DefaultClipGrid() : o.clip_grid;
+  ValidateClipGrid(grid);
+
+  const int layers = info.num_layers;
+  const int hkv = info.num_kv_heads;
+  const int d = info.head_dim;
+  const int total = layers * hkv + layers;
+  int done = 0;
+  auto tick = [&]() {
+    ++done;
+    if (progress) progress(done, total);
+  };
+
+  // Stage 1: targets per (layer, KV head).
+  std::vector<HeadTargets> targets(static_cast<size_t>(layers) * hkv);
+  ParallelFor(
+      layers * hkv, o.threads,
+      [&](int unit) {
+        const int l = unit / hkv;
+        const int h = unit % hkv;
+        HeadTargets& t = targets[unit];
+        t.query = QueryCovariance(acts, l, h, tokens);
+        switch (o.value_target) {
+          case ValueTarget::kAttnOutput:
+            t.value = ComputeAttentionStatistics(acts, l, h, tokens, false).output_covariance;
+            break;
+          case ValueTarget::kKeyWeighted: {
+            const AttentionStatistics stats = ComputeAttentionStatistics(acts, l, h, tokens, true);
+            t.value = KeyWeightedValueCovariance(acts, l, h, tokens, stats.key_weight);
+            break;
+          }
+          case ValueTarget::kRaw: t.value = RawCovariance(acts, l, h, false, tokens); break;
+        }
+        if (o.rotation == RotationRecipe::kRawTarget) {
+          t.raw_key = RawCovariance(acts, l, h, true, tokens);
+          t.raw_value = RawCovariance(acts, l, h, false, tokens);
+        }
+      },
+      tick);
+
+  // Stage 2: eigenbases, rotations and clip ratios per layer.
+  Calibration cal;
+  CalibrationInfo& out = cal.info;
+  out.num_layers = layers;
+  out.num_kv_heads = hkv;
+  out.head_dim = d;
+  out.group = o.group;
+  out.bits = o.bits;
+  out.sink = o.sink;
+  out.recent = o.recent;
+  out.scheme = "oscar";
+  out.rotation = RotationRecipeName(o.rotation);
+  out.granularity = GranularityName(o.granularity);
+  out.value_target = ValueTargetName(o.value_target);
+  out.source = o.source;
+  cal.layers.resize(layers);
+  if (report) {
+    report->grid = grid;
+    report->key_objectives.assign(layers, {});
+    report->value_objectives.assign(layers, {});
+  }
+  ParallelFor(
+      layers, o.threads,
+      [&](int l) {
+        LayerCalibration& layer = cal.layers[l];
+        const size_t matrices = static_cast<size_t>(hkv) * d * d;
+        layer.k_rotation.resize(matrices);
+        layer.v_rotation.resize(matrices);
+        layer.k_basis.resize(matrices);
+        layer.v_basis.resize(matrices);
+        layer.k_eigenvalues.resize(static_cast<size_t>(hkv) * d);
+        layer.v_eigenvalues.resize(static_cast<size_t>(hkv) * d);
+        const bool raw = o.rotation == RotationRecipe::kRawTarget;
+        auto key_target = [&](int h) -> const MatrixXd& {
+          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
+          return raw ? t.raw_key : t.query;
+        };
+        auto value_target = [&](int h) -> const MatrixXd& {
+          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
+          return raw ? t.raw_value : t.value;
+        };
+        if (o.granularity == Granularity::kLayer) {
+          MatrixXd key_mean = MatrixXd::Zero(d, d);
+          MatrixXd value_mean = MatrixXd::Zero(d, d);
+          for (int h = 0; h < hkv; ++h) {
+            key_mean += key_target(h);
+            value_mean += value_target(h);
+          }
+          key_mean /= hkv;
+          value_mean /= hkv;
+          const SideResult k = BuildSide(key_mean, o, static_cast<uint64_t>(l) * 2, d);
+          const SideResult v = BuildSide(value_mean, o, static_cast<uint64_t>(l) * 2 + 1, d);
+          for (int h = 0; h < hkv; ++h) {
+            Store(k, h, d, layer.k_rotation, layer.k_basis, layer.k_eigenvalues);
+            Store(v, h, d, layer.v_rotation, layer.v_basis, layer.v_eigenvalues);
+          }
+        } else {
+          for (int h = 0; h < hkv; ++h) {
+            const uint64_t path = (static_cast<uint64_t>(l) * hkv + h) * 2;
+            Store(BuildSide(key_target(h), o, path, d), h, d, layer.k_rotation, layer.k_basis,
+                  layer.k_eigenvalues);
+            Store(BuildSide(value_target(h), o, path + 1, d), h, d, layer.v_rotation,
+                  layer.v_basis, layer.v_eigenvalues);
+          }
+        }
+        // Clip: the error of each head's rows weighted by that head's own attention-aware
+        // target (C_Q for K, the chosen value target for V), summed over the layer's heads.
+        std::vector<std::vector<float>> key_rows(hkv), value_rows(hkv);
+        std::vector<ClipRows> key_heads(hkv), value_heads(hkv);
+        for (int h = 0; h < hkv; ++h) {
+          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
+          key_rows[h] = GatherRows(acts, l, h, true, o.sink, tokens);
+          value_rows[h] = GatherRows(acts, l, h, false, o.sink, tokens);
+          const size_t n = static_cast<size_t>(tokens - o.sink);
+          key_heads[h] = {layer.k_rotation_of(h, d), key_rows[h].data(), n,
+                          RotatedMetric(layer.k_rotation_of(h, d), t.query)};
+          value_heads[h] = {layer.v_rotation_of(h, d), value_rows[h].data(), n,
+                            RotatedMetric(layer.v_rotation_of(h, d), t.value)};
+        }
+        const std::vector<double> key_objectives = ClipObjectives(backend, params, key_heads, grid);
+        const std::vector<double> value_objectives =
+            ClipObjectives(backend, params, value_heads, grid);
+        layer.k_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(key_objectives)]));
+        layer.v_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(value_objectives)]));
+        if (report) {
+          report->key_objectives[l] = key_objectives;
+          report->value_objectives[l] = value_objectives;
+        }
+      },
+      tick);
+  ValidateCalibration(cal);
+  return cal;
+}
+
+}  // namespace kvq::calib

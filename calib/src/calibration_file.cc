@@ -1,0 +1,240 @@
+#include "kvq/calib/calibration_file.h"
+
+#include <cmath>
+#include <set>
+
+#include "kvq/calib/metadata.h"
+#include "kvq/common/error.h"
+#include "kvq/common/params.h"
+
+namespace kvq::calib {
+namespace {
+
+constexpr const char* kMatrixTensors[] = {"k_rotation", "v_rotation", "k_basis", "v_basis"};
+constexpr const char* kVectorTensors[] = {"k_eigenvalues", "v_eigenvalues"};
+constexpr const char* kScalarTensors[] = {"k_clip", "v_clip"};
+
+std::vector<float>& Field(LayerCalibration& layer, const std::string& name) {
+  if (name == "k_rotation") return layer.k_rotation;
+  if (name == "v_rotation") return layer.v_rotation;
+  if (name == "k_basis") return layer.k_basis;
+  if (name == "v_basis") return layer.v_basis;
+  if (name == "k_eigenvalues") return layer.k_eigenvalues;
+  if (name == "v_eigenvalues") return layer.v_eigenvalues;
+  if (name == "k_clip") return layer.k_clip;
+  return layer.v_clip;
+}
+
+const std::vector<float>& Field(const LayerCalibration& layer, const std::string& name) {
+  return Field(const_cast<LayerCalibration&>(layer), name);
+}
+
+std::string TensorName(int layer, const std::string& field) {
+  return "layers." + std::to_string(layer) + "." + field;
+}
+
+std::vector<int64_t> FieldShape(const std::string& field, int hkv, int d) {
+  for (const char* m : kMatrixTensors) {
+    if (field == m) return {hkv, d, d};
+  }
+  for (const char* v : kVectorTensors) {
+    if (field == v) return {hkv, d};
+  }
+  return {hkv};
+}
+
+std::vector<std::string> AllFields() {
+  std::vector<std::string> fields;
+  for (const char* m : kMatrixTensors) fields.push_back(m);
+  for (const char* v : kVectorTensors) fields.push_back(v);
+  for (const char* s : kScalarTensors) fields.push_back(s);
+  return fields;
+}
+
+size_t Product(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t e : shape) n *= static_cast<size_t>(e);
+  return n;
+}
+
+double OrthogonalityError(const float* m, int d) {
+  double worst = 0.0;
+  for (int i = 0; i < d; ++i) {
+    for (int j = 0; j <= i; ++j) {
+      double dot = 0.0;
+      for (int r = 0; r < d; ++r) {
+        dot += static_cast<double>(m[r * d + i]) * static_cast<double>(m[r * d + j]);
+      }
+      worst = std::max(worst, std::fabs(dot - (i == j ? 1.0 : 0.0)));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+void ValidateCalibration(const Calibration& cal) {
+  const CalibrationInfo& info = cal.info;
+  KVQ_CHECK(info.num_layers >= 1, kInvalidArgument, "calibration: num_layers ", info.num_layers,
+            " must be at least 1");
+  KVQ_CHECK(info.num_kv_heads >= 1, kInvalidArgument, "calibration: num_kv_heads ",
+            info.num_kv_heads, " must be at least 1");
+  WriteParams p;
+  p.head_dim = info.head_dim;
+  p.group = info.group;
+  p.bits = info.bits;
+  p.Validate();
+  KVQ_CHECK(info.sink >= 0, kInvalidArgument, "calibration: sink ", info.sink, " must be >= 0");
+  KVQ_CHECK(info.recent >= 1, kInvalidArgument, "calibration: recent ", info.recent,
+            " must be >= 1");
+  KVQ_CHECK(info.scheme == "oscar", kInvalidArgument, "calibration: scheme '", info.scheme,
+            "' is not supported (oscar)");
+  KVQ_CHECK(!info.rotation.empty(), kInvalidArgument, "calibration: rotation recipe is empty");
+  KVQ_CHECK(info.granularity == "kv_head" || info.granularity == "layer", kInvalidArgument,
+            "calibration: granularity '", info.granularity, "' (kv_head or layer)");
+  KVQ_CHECK(info.value_target == "attn_output" || info.value_target == "key_weighted" ||
+                info.value_target == "raw",
+            kInvalidArgument, "calibration: value_target '", info.value_target,
+            "' (attn_output, key_weighted or raw)");
+  KVQ_CHECK(static_cast<int>(cal.layers.size()) == info.num_layers, kShapeMismatch,
+            "calibration: ", cal.layers.size(), " layers present, metadata says ",
+            info.num_layers);
+  const int d = info.head_dim;
+  const int hkv = info.num_kv_heads;
+  for (int l = 0; l < info.num_layers; ++l) {
+    const LayerCalibration& layer = cal.layers[l];
+    for (const std::string& field : AllFields()) {
+      const std::vector<float>& values = Field(layer, field);
+      const size_t expected = Product(FieldShape(field, hkv, d));
+      KVQ_CHECK(values.size() == expected, kShapeMismatch, "calibration layer ", l, " ", field,
+                " holds ", values.size(), " values, expected ", expected);
+      for (size_t i = 0; i < values.size(); ++i) {
+        KVQ_CHECK(std::isfinite(values[i]), kNonFinite, "calibration layer ", l, " ", field,
+                  " element ", i, " = ", values[i], " is not finite");
+      }
+    }
+    for (int h = 0; h < hkv; ++h) {
+      for (const char* field : kMatrixTensors) {
+        const float* m = Field(layer, field).data() + static_cast<size_t>(h) * d * d;
+        const double deviation = OrthogonalityError(m, d);
+        KVQ_CHECK(deviation <= 1e-4, kInvalidArgument, "calibration layer ", l, " ", field,
+                  " kv head ", h, " is not orthogonal: max |MᵀM − I| = ", deviation);
+      }
+      for (const char* field : kVectorTensors) {
+        const float* e = Field(layer, field).data() + static_cast<size_t>(h) * d;
+        for (int i = 1; i < d; ++i) {
+          KVQ_CHECK(e[i] <= e[i - 1], kInvalidArgument, "calibration layer ", l, " ", field,
+                    " kv head ", h, " is not descending at index ", i, ": ", e[i - 1], " then ",
+                    e[i]);
+        }
+      }
+      for (const char* field : kScalarTensors) {
+        const float rho = Field(layer, field)[h];
+        KVQ_CHECK(rho > 0 && rho <= 1, kInvalidArgument, "calibration layer ", l, " ", field,
+                  " kv head ", h, " = ", rho, " is outside (0, 1]");
+      }
+    }
+    for (const std::string& field : AllFields()) {
+      const std::vector<float>& values = Field(layer, field);
+      const size_t per_head = values.size() / hkv;
+      // Clip ratios are chosen per layer, so they are equal across heads at any granularity;
+      // everything else only for per-layer rotations.
+      const bool shared = info.granularity == "layer" || field == "k_clip" || field == "v_clip";
+      if (!shared) continue;
+      for (int h = 1; h < hkv; ++h) {
+        for (size_t i = 0; i < per_head; ++i) {
+          KVQ_CHECK(values[h * per_head + i] == values[i], kInvalidArgument,
+                    "calibration layer ", l, " ", field, " differs between kv head 0 and ", h,
+                    " at element ", i, " (", values[i], " vs ", values[h * per_head + i],
+                    ") but must be replicated");
+        }
+      }
+    }
+  }
+}
+
+Calibration CalibrationFromSafetensors(const Safetensors& file) {
+  const MetadataReader meta(file.metadata, "calibration");
+  KVQ_CHECK(meta.String("format") == kCalibrationFormat, kMalformedFile,
+            "calibration: format is '", meta.String("format"), "', expected '",
+            kCalibrationFormat, "'");
+  const int64_t version = meta.Int("format_version");
+  KVQ_CHECK(version == kCalibrationFormatVersion, kMalformedFile, "calibration: format_version ",
+            version, " is not supported (expected ", kCalibrationFormatVersion, ")");
+  Calibration cal;
+  CalibrationInfo& info = cal.info;
+  info.num_layers = static_cast<int>(meta.Int("num_layers", 1, 1 << 16));
+  info.num_kv_heads = static_cast<int>(meta.Int("num_kv_heads", 1, 1 << 16));
+  info.head_dim = static_cast<int>(meta.Int("head_dim", 1, 1 << 16));
+  info.group = static_cast<int>(meta.Int("group", 1, 1 << 16));
+  info.bits = static_cast<int>(meta.Int("bits", 1, 64));
+  info.sink = static_cast<int>(meta.Int("sink", 0, 1 << 30));
+  info.recent = static_cast<int>(meta.Int("recent", 1, 1 << 30));
+  info.scheme = meta.String("scheme");
+  info.rotation = meta.String("rotation");
+  info.granularity = meta.String("granularity");
+  info.value_target = meta.String("value_target");
+  info.source = meta.String("source");
+
+  std::set<std::string> expected;
+  for (int l = 0; l < info.num_layers; ++l) {
+    for (const std::string& field : AllFields()) expected.insert(TensorName(l, field));
+  }
+  for (const auto& [name, tensor] : file.tensors) {
+    KVQ_CHECK(expected.count(name) == 1, kMalformedFile, "calibration: unexpected tensor '",
+              name, "' (num_layers = ", info.num_layers, ")");
+  }
+  cal.layers.resize(info.num_layers);
+  for (int l = 0; l < info.num_layers; ++l) {
+    for (const std::string& field : AllFields()) {
+      const std::string name = TensorName(l, field);
+      const Tensor* t = file.Find(name);
+      KVQ_CHECK(t != nullptr, kMalformedFile, "calibration: tensor '", name, "' is missing");
+      KVQ_CHECK(t->dtype == DType::kF32, kMalformedFile, "calibration: tensor '", name,
+                "' has dtype ", DTypeName(t->dtype), ", expected F32");
+      ExpectShape(*t, FieldShape(field, info.num_kv_heads, info.head_dim),
+                  "calibration tensor '" + name + "'");
+      Field(cal.layers[l], field) = t->ToF32();
+    }
+  }
+  ValidateCalibration(cal);
+  return cal;
+}
+
+Calibration ReadCalibration(const std::string& path) {
+  return CalibrationFromSafetensors(ReadSafetensors(path));
+}
+
+Safetensors CalibrationToSafetensors(const Calibration& cal) {
+  ValidateCalibration(cal);
+  const CalibrationInfo& info = cal.info;
+  Safetensors file;
+  file.metadata["format"] = kCalibrationFormat;
+  file.metadata["format_version"] = std::to_string(kCalibrationFormatVersion);
+  file.metadata["num_layers"] = std::to_string(info.num_layers);
+  file.metadata["num_kv_heads"] = std::to_string(info.num_kv_heads);
+  file.metadata["head_dim"] = std::to_string(info.head_dim);
+  file.metadata["group"] = std::to_string(info.group);
+  file.metadata["bits"] = std::to_string(info.bits);
+  file.metadata["sink"] = std::to_string(info.sink);
+  file.metadata["recent"] = std::to_string(info.recent);
+  file.metadata["scheme"] = info.scheme;
+  file.metadata["rotation"] = info.rotation;
+  file.metadata["granularity"] = info.granularity;
+  file.metadata["value_target"] = info.value_target;
+  file.metadata["source"] = info.source;
+  for (int l = 0; l < info.num_layers; ++l) {
+    for (const std::string& field : AllFields()) {
+      file.Add(TensorName(l, field),
+               Tensor::F32(FieldShape(field, info.num_kv_heads, info.head_dim),
+                           Field(cal.layers[l], field)));
+    }
+  }
+  return file;
+}
+
+void WriteCalibration(const std::string& path, const Calibration& cal) {
+  WriteSafetensors(path, CalibrationToSafetensors(cal));
+}
+
+}  // namespace kvq::calib

@@ -1,0 +1,258 @@
+#include "kvq/calib/eval.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "kvq/common/error.h"
+
+namespace kvq::calib {
+namespace {
+
+// Runs work(i) for i in [0, count) on up to `threads` threads; rethrows the first failure.
+// `done` runs after each item, serialised by a lock.
+void RunParallel(int count, int threads, const std::function<void(int)>& work,
+                 const std::function<void()>& done) {
+  std::atomic<int> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::exception_ptr error;
+  auto worker = [&]() {
+    for (int i = next++; i < count && !failed; i = next++) {
+      try {
+        work(i);
+        std::lock_guard<std::mutex> lock(mutex);
+        if (done) done();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const int pool_size = std::max(1, std::min(threads, count));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < pool_size; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+double* Field(HeadMetrics& m, size_t index) {
+  double* fields[] = {&m.k_rel_mse,     &m.v_rel_mse,      &m.logit_rel_mse, &m.sv_rel_mse,
+                      &m.attn_kl,       &m.top10_overlap,  &m.output_rel_mse, &m.tr_ek,
+                      &m.group_range,   &m.bits_per_element};
+  return fields[index];
+}
+
+HeadMetrics MeanOf(const std::vector<HeadMetrics>& heads) {
+  HeadMetrics mean;
+  const size_t metrics = MetricNames().size();
+  for (size_t f = 0; f < metrics; ++f) {
+    double sum = 0.0;
+    for (const HeadMetrics& h : heads) sum += MetricValue(h, f);
+    *Field(mean, f) = sum / static_cast<double>(heads.size());
+  }
+  double history = 0.0;
+  for (const HeadMetrics& h : heads) {
+    history += static_cast<double>(h.history_tokens);
+    mean.attend_check = std::max(mean.attend_check, h.attend_check);
+  }
+  mean.history_tokens = static_cast<int64_t>(std::llround(history / heads.size()));
+  return mean;
+}
+
+std::string Format(double v) {
+  char buf[32];
+  if (std::isnan(v)) return "-";
+  if (v == 0.0) return "0";
+  const double a = std::fabs(v);
+  if (a >= 1e-2 && a < 1e4) {
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.3e", v);
+  }
+  return buf;
+}
+
+}  // namespace
+
+const std::vector<std::string>& MetricNames() {
+  static const std::vector<std::string> names = {
+      "k_rel_mse", "v_rel_mse",      "logit_rel_mse", "sv_rel_mse",  "attn_kl",
+      "top10_overlap", "output_rel_mse", "tr_ek",     "group_range", "bits_per_element"};
+  return names;
+}
+
+double MetricValue(const HeadMetrics& m, size_t index) {
+  KVQ_CHECK(index < MetricNames().size(), kInvalidArgument, "metric index ", index,
+            " out of range");
+  return *Field(const_cast<HeadMetrics&>(m), index);
+}
+
+const SchemeResult& EvalResult::Get(const std::string& name) const {
+  for (const SchemeResult& s : schemes) {
+    if (s.name == name) return s;
+  }
+  KVQ_CHECK(false, kInvalidArgument, "scheme '", name, "' is not in this evaluation");
+  return schemes.front();
+}
+
+EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalOptions& options,
+                    const cpu::Backend& backend, const EvalProgress& progress) {
+  ValidateActivations(acts);
+  KVQ_CHECK(options.threads >= 1, kInvalidArgument, "threads ", options.threads,
+            " must be >= 1");
+  std::vector<std::string> names = options.schemes;
+  if (names.empty()) names = ParseSchemeList("all");
+  for (const std::string& n : names) SchemeByName(n);
+
+  const ActivationsInfo& info = acts.info;
+  const int layers = info.num_layers;
+  const int hkv = info.num_kv_heads;
+  const int num_schemes = static_cast<int>(names.size());
+  const int total = num_schemes * layers + layers * hkv;
+  int done = 0;
+  auto tick = [&]() {
+    ++done;
+    if (progress) progress(done, total);
+  };
+
+  // Stage 1: each scheme's per-layer cache configuration (raw_target runs eigensolvers here).
+  std::vector<LayerScheme> built(static_cast<size_t>(num_schemes) * layers);
+  RunParallel(
+      num_schemes * layers, options.threads,
+      [&](int unit) {
+        built[unit] = BuildLayerScheme(names[unit / layers], acts, cal, unit % layers,
+                                       options.scheme);
+      },
+      tick);
+
+  // Stage 2: per (layer, KV head) the reference once, then every scheme through its cache.
+  EvalResult result;
+  result.info = info;
+  result.options = options.scheme;
+  result.schemes.resize(num_schemes);
+  for (int s = 0; s < num_schemes; ++s) {
+    result.schemes[s].name = names[s];
+    result.schemes[s].heads.resize(static_cast<size_t>(layers) * hkv);
+  }
+  std::vector<int64_t> query_positions(static_cast<size_t>(layers) * hkv);
+  MetricOptions metric_options = options.metrics;
+  if (options.sink_prefix) {
+    metric_options.prefix_tokens = std::min<int64_t>(options.scheme.sink, info.calib_tokens);
+  }
+  result.prefix_tokens = metric_options.prefix_tokens;
+  RunParallel(
+      layers * hkv, options.threads,
+      [&](int unit) {
+        const int l = unit / hkv;
+        const int h = unit % hkv;
+        const HeldOutHead data = PrepareHeldOut(acts, l, h, metric_options);
+        query_positions[unit] = data.tokens - data.first_query;
+        for (int s = 0; s < num_schemes; ++s) {
+          const LayerScheme head = SliceKvHead(built[static_cast<size_t>(s) * layers + l], h);
+          result.schemes[s].heads[unit] = EvaluateHead(data, head, backend, options.metrics);
+        }
+      },
+      tick);
+
+  result.heldout_tokens = info.tokens - info.calib_tokens;
+  result.query_positions = query_positions.front();
+  for (SchemeResult& s : result.schemes) {
+    s.mean = MeanOf(s.heads);
+    result.attend_check_max = std::max(result.attend_check_max, s.mean.attend_check);
+  }
+  return result;
+}
+
+std::string FormatTable(const EvalResult& r) {
+  const std::vector<std::string>& metrics = MetricNames();
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "sequence: first %lld capture tokens (sink) + %lld held-out tokens; queries: last "
+                "%lld positions x %d query heads per KV head; %d layers x %d KV heads, d=%d, "
+                "S0=%d, W=%d, G=%d, %d-bit; means over layers and heads\n",
+                static_cast<long long>(r.prefix_tokens), static_cast<long long>(r.heldout_tokens),
+                static_cast<long long>(r.query_positions), r.info.group_size(),
+                r.info.num_layers, r.info.num_kv_heads, r.info.head_dim, r.options.sink,
+                r.options.recent, r.options.group, r.options.bits);
+  out += line;
+  size_t name_width = 6;
+  for (const SchemeResult& s : r.schemes) name_width = std::max(name_width, s.name.size());
+  std::vector<size_t> widths;
+  for (const std::string& m : metrics) widths.push_back(std::max<size_t>(m.size(), 10));
+  std::snprintf(line, sizeof line, "%-*s", static_cast<int>(name_width), "scheme");
+  out += line;
+  for (size_t f = 0; f < metrics.size(); ++f) {
+    std::snprintf(line, sizeof line, "  %*s", static_cast<int>(widths[f]), metrics[f].c_str());
+    out += line;
+  }
+  out += "\n";
+  for (const SchemeResult& s : r.schemes) {
+    std::snprintf(line, sizeof line, "%-*s", static_cast<int>(name_width), s.name.c_str());
+    out += line;
+    for (size_t f = 0; f < metrics.size(); ++f) {
+      std::snprintf(line, sizeof line, "  %*s", static_cast<int>(widths[f]),
+                    Format(MetricValue(s.mean, f)).c_str());
+      out += line;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string Summarize(const EvalResult& r) {
+  auto find = [&](const std::string& name) -> const SchemeResult* {
+    for (const SchemeResult& s : r.schemes) {
+      if (s.name == name) return &s;
+    }
+    return nullptr;
+  };
+  std::string out;
+  char line[512];
+  const SchemeResult* oscar = find("oscar");
+  if (oscar != nullptr) {
+    const double o = oscar->mean.output_rel_mse;
+    std::string versus;
+    for (const char* other : {"hadamard", "naive"}) {
+      const SchemeResult* s = find(other);
+      if (s == nullptr) continue;
+      const double ratio = s->mean.output_rel_mse / o;
+      const bool lower = ratio >= 1.0;
+      std::snprintf(line, sizeof line, "%s%.3gx %s than %s's (%.3g)", versus.empty() ? "" : ", ",
+                    lower ? ratio : 1.0 / ratio, lower ? "lower" : "higher", other,
+                    s->mean.output_rel_mse);
+      versus += line;
+    }
+    std::snprintf(line, sizeof line,
+                  "OSCAR's attention-output relative MSE is %.3g at %.2f bits per element%s%s.\n",
+                  o, oscar->mean.bits_per_element, versus.empty() ? "" : ": ", versus.c_str());
+    out += line;
+  }
+  // Ordering of the quantized schemes by attention-output error.
+  std::vector<const SchemeResult*> order;
+  for (const SchemeResult& s : r.schemes) {
+    if (s.name != "bf16") order.push_back(&s);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const SchemeResult* a, const SchemeResult* b) {
+    return a->mean.output_rel_mse < b->mean.output_rel_mse;
+  });
+  if (!order.empty()) {
+    out += "Attention-output error, best to worst: ";
+    for (size_t i = 0; i < order.size(); ++i) {
+      std::snprintf(line, sizeof line, "%s%s %.3g", i == 0 ? "" : ", ", order[i]->name.c_str(),
+                    order[i]->mean.output_rel_mse);
+      out += line;
+    }
+    out += ".\n";
+  }
+  return out;
+}
+
+}  // namespace kvq::calib

@@ -1,0 +1,311 @@
+// Calibration files: end-to-end calibration checked against its definition, the file round
+// trip, and each validation error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "kvq/calib/calibrate.h"
+#include "kvq/calib/calibration_file.h"
+#include "kvq/calib/clip_search.h"
+#include "kvq/calib/covariance.h"
+#include "kvq/calib/rotation.h"
+#include "kvq/calib/synth.h"
+#include "kvq/common/error.h"
+
+namespace kvq::calib {
+namespace {
+
+using Eigen::MatrixXd;
+
+const Activations& Capture() {
+  static const Activations* acts = [] {
+    SynthOptions o;
+    o.num_layers = 2;
+    o.num_q_heads = 8;
+    o.num_kv_heads = 2;
+    o.tokens = 384;
+    o.seed = 9;
+    return new Activations(Synthesize(o));
+  }();
+  return *acts;
+}
+
+CalibrationOptions SmallOptions() {
+  CalibrationOptions o;
+  o.sink = 4;
+  o.source = "capture.safetensors";
+  return o;
+}
+
+template <typename Fn>
+void ExpectError(Fn fn, ErrorCode code, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+TEST(Calibrate, PerKvHeadMatchesItsDefinition) {
+  const Activations& acts = Capture();
+  ClipReport report;
+  const Calibration cal = Calibrate(acts, SmallOptions(), cpu::BestBackend(), {}, &report);
+  EXPECT_EQ(cal.info.rotation, "oscar");
+  EXPECT_EQ(cal.info.granularity, "kv_head");
+  EXPECT_EQ(cal.info.value_target, "attn_output");
+  const int64_t n = acts.info.calib_tokens;
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      const MatrixXd cq = QueryCovariance(acts, l, h, n);
+      const EigenBasis k = SortedEigenBasis(cq);
+      const std::vector<float> r = ToRowMajorF32(OscarRotation(k.vectors));
+      const std::vector<float> u = ToRowMajorF32(k.vectors);
+      EXPECT_EQ(0, std::memcmp(r.data(), cal.layers[l].k_rotation_of(h, 128), r.size() * 4))
+          << "layer " << l << " head " << h;
+      EXPECT_EQ(0, std::memcmp(u.data(), cal.layers[l].k_basis.data() + h * 128 * 128, u.size() * 4));
+      EXPECT_EQ(cal.layers[l].k_eigenvalues[h * 128], static_cast<float>(k.values(0)));
+      const EigenBasis v =
+          SortedEigenBasis(ComputeAttentionStatistics(acts, l, h, n, false).output_covariance);
+      const std::vector<float> rv = ToRowMajorF32(OscarRotation(v.vectors));
+      EXPECT_EQ(0, std::memcmp(rv.data(), cal.layers[l].v_rotation_of(h, 128), rv.size() * 4));
+      // Lemma 1 on the stored R.
+      const MatrixXd rd = FromRowMajorF32(cal.layers[l].k_rotation_of(h, 128), 128, 128);
+      const Eigen::VectorXd diag = (rd.transpose() * cq * rd).diagonal();
+      EXPECT_LE(diag.maxCoeff() / diag.mean(), 1 + 1e-5);
+    }
+    // The stored clip is the argmin of the reported objectives, replicated over heads.
+    const double k_rho = report.grid[ArgMinObjective(report.key_objectives[l])];
+    const double v_rho = report.grid[ArgMinObjective(report.value_objectives[l])];
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(cal.layers[l].k_clip[h], static_cast<float>(k_rho));
+      EXPECT_EQ(cal.layers[l].v_clip[h], static_cast<float>(v_rho));
+    }
+  }
+}
+
+TEST(Calibrate, ThreadCountDoesNotChangeTheBits) {
+  CalibrationOptions one = SmallOptions();
+  one.threads = 1;
+  CalibrationOptions two = SmallOptions();
+  two.threads = 2;
+  const Calibration a = Calibrate(Capture(), one, cpu::BestBackend());
+  const Calibration b = Calibrate(Capture(), two, cpu::BestBackend());
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_TRUE(SameBits(a.layers[l].k_rotation, b.layers[l].k_rotation));
+    EXPECT_TRUE(SameBits(a.layers[l].v_rotation, b.layers[l].v_rotation));
+    EXPECT_TRUE(SameBits(a.layers[l].k_clip, b.layers[l].k_clip));
+    EXPECT_TRUE(SameBits(a.layers[l].v_clip, b.layers[l].v_clip));
+  }
+}
+
+TEST(Calibrate, LayerGranularityAndValueTargets) {
+  const Activations& acts = Capture();
+  const int64_t n = acts.info.calib_tokens;
+  CalibrationOptions o = SmallOptions();
+  o.granularity = Granularity::kLayer;
+  o.value_target = ValueTarget::kKeyWeighted;
+  const Calibration cal = Calibrate(acts, o, cpu::BestBackend());
+  EXPECT_EQ(cal.info.granularity, "layer");
+  EXPECT_EQ(cal.info.value_target, "key_weighted");
+  const MatrixXd layer_cq = (QueryCovariance(acts, 1, 0, n) + QueryCovariance(acts, 1, 1, n)) / 2;
+  const std::vector<float> r = ToRowMajorF32(OscarRotation(SortedEigenBasis(layer_cq).vectors));
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(0, std::memcmp(r.data(), cal.layers[1].k_rotation_of(h, 128), r.size() * 4));
+  }
+  MatrixXd layer_kw = MatrixXd::Zero(128, 128);
+  for (int h = 0; h < 2; ++h) {
+    const AttentionStatistics s = ComputeAttentionStatistics(acts, 1, h, n, true);
+    layer_kw += KeyWeightedValueCovariance(acts, 1, h, n, s.key_weight) / 2;
+  }
+  const std::vector<float> rv = ToRowMajorF32(OscarRotation(SortedEigenBasis(layer_kw).vectors));
+  EXPECT_EQ(0, std::memcmp(rv.data(), cal.layers[1].v_rotation_of(1, 128), rv.size() * 4));
+
+  o.value_target = ValueTarget::kRaw;
+  o.granularity = Granularity::kKvHead;
+  const Calibration raw = Calibrate(acts, o, cpu::BestBackend());
+  const std::vector<float> rr =
+      ToRowMajorF32(OscarRotation(SortedEigenBasis(RawCovariance(acts, 0, 1, false, n)).vectors));
+  EXPECT_EQ(0, std::memcmp(rr.data(), raw.layers[0].v_rotation_of(1, 128), rr.size() * 4));
+}
+
+TEST(Calibrate, RotationRecipes) {
+  CalibrationOptions o = SmallOptions();
+  for (RotationRecipe recipe :
+       {RotationRecipe::kNoBitReversal, RotationRecipe::kNoHadamard, RotationRecipe::kEigenbasisOnly,
+        RotationRecipe::kRawTarget, RotationRecipe::kHadamardBitrev, RotationRecipe::kHadamard,
+        RotationRecipe::kRandomOrthogonal, RotationRecipe::kIdentity}) {
+    o.rotation = recipe;
+    const Calibration cal = Calibrate(Capture(), o, cpu::BestBackend());
+    EXPECT_EQ(cal.info.rotation, RotationRecipeName(recipe));
+    EXPECT_EQ(ParseRotationRecipe(RotationRecipeName(recipe)), recipe);
+    const MatrixXd r = FromRowMajorF32(cal.layers[0].k_rotation_of(1, 128), 128, 128);
+    const MatrixXd u = FromRowMajorF32(cal.layers[0].k_basis.data() + 128 * 128, 128, 128);
+    MatrixXd expected;
+    switch (recipe) {
+      case RotationRecipe::kNoBitReversal: expected = BasisHadamard(u); break;
+      case RotationRecipe::kNoHadamard: expected = BasisBitReversal(u); break;
+      case RotationRecipe::kEigenbasisOnly: expected = u; break;
+      case RotationRecipe::kRawTarget: expected = OscarRotation(u); break;
+      case RotationRecipe::kHadamardBitrev: expected = HadamardBitReversal(128); break;
+      case RotationRecipe::kHadamard: expected = HadamardMatrix(128); break;
+      case RotationRecipe::kIdentity: expected = MatrixXd::Identity(128, 128); break;
+      default: expected = r; break;
+    }
+    EXPECT_LT((r - expected).cwiseAbs().maxCoeff(), 1e-6) << RotationRecipeName(recipe);
+  }
+  EXPECT_THROW(ParseRotationRecipe("quarot"), Error);
+}
+
+TEST(Calibrate, RejectsBadOptions) {
+  CalibrationOptions o = SmallOptions();
+  o.bits = 3;
+  EXPECT_THROW(Calibrate(Capture(), o, cpu::BestBackend()), Error);
+  o = SmallOptions();
+  o.clip_grid = {0.9, 1.2};
+  EXPECT_THROW(Calibrate(Capture(), o, cpu::BestBackend()), Error);
+  o = SmallOptions();
+  o.sink = 192;  // = calib_tokens: no clip rows left
+  EXPECT_THROW(Calibrate(Capture(), o, cpu::BestBackend()), Error);
+  o = SmallOptions();
+  o.damping = -0.1;
+  EXPECT_THROW(Calibrate(Capture(), o, cpu::BestBackend()), Error);
+  EXPECT_THROW(ParseGranularity("head"), Error);
+  EXPECT_THROW(ParseValueTarget("sv"), Error);
+}
+
+const Calibration& Reference() {
+  static const Calibration* cal =
+      new Calibration(Calibrate(Capture(), SmallOptions(), cpu::BestBackend()));
+  return *cal;
+}
+
+TEST(CalibrationFile, RoundTrip) {
+  const Calibration& cal = Reference();
+  const std::string path = ::testing::TempDir() + "/calibration_roundtrip.safetensors";
+  WriteCalibration(path, cal);
+  const Calibration back = ReadCalibration(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(back.info.num_layers, 2);
+  EXPECT_EQ(back.info.num_kv_heads, 2);
+  EXPECT_EQ(back.info.head_dim, 128);
+  EXPECT_EQ(back.info.group, 64);
+  EXPECT_EQ(back.info.bits, 2);
+  EXPECT_EQ(back.info.sink, 4);
+  EXPECT_EQ(back.info.recent, 256);
+  EXPECT_EQ(back.info.scheme, "oscar");
+  EXPECT_EQ(back.info.rotation, "oscar");
+  EXPECT_EQ(back.info.granularity, "kv_head");
+  EXPECT_EQ(back.info.value_target, "attn_output");
+  EXPECT_EQ(back.info.source, "capture.safetensors");
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_TRUE(SameBits(back.layers[l].k_rotation, cal.layers[l].k_rotation));
+    EXPECT_TRUE(SameBits(back.layers[l].v_rotation, cal.layers[l].v_rotation));
+    EXPECT_TRUE(SameBits(back.layers[l].k_basis, cal.layers[l].k_basis));
+    EXPECT_TRUE(SameBits(back.layers[l].v_basis, cal.layers[l].v_basis));
+    EXPECT_TRUE(SameBits(back.layers[l].k_eigenvalues, cal.layers[l].k_eigenvalues));
+    EXPECT_TRUE(SameBits(back.layers[l].v_eigenvalues, cal.layers[l].v_eigenvalues));
+    EXPECT_TRUE(SameBits(back.layers[l].k_clip, cal.layers[l].k_clip));
+    EXPECT_TRUE(SameBits(back.layers[l].v_clip, cal.layers[l].v_clip));
+  }
+  const Safetensors file = CalibrationToSafetensors(cal);
+  EXPECT_EQ(file.metadata.at("format"), "kvq-calibration");
+  EXPECT_EQ(file.metadata.at("format_version"), "1");
+  EXPECT_EQ(file.Get("layers.1.k_rotation").shape, (std::vector<int64_t>{2, 128, 128}));
+  EXPECT_EQ(file.Get("layers.1.v_eigenvalues").shape, (std::vector<int64_t>{2, 128}));
+  EXPECT_EQ(file.Get("layers.0.k_clip").shape, (std::vector<int64_t>{2}));
+}
+
+TEST(CalibrationFile, ValidationErrors) {
+  const Calibration& good = Reference();
+  {
+    Calibration c = good;
+    c.layers[1].v_rotation[5 * 128 + 3] += 0.01f;
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
+                "layer 1 v_rotation kv head 0 is not orthogonal");
+  }
+  {
+    Calibration c = good;
+    c.layers[0].k_clip[1] = 0.0f;
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument, "k_clip kv head 1");
+  }
+  {
+    Calibration c = good;
+    c.layers[0].k_clip = {0.9f, 0.92f};
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument, "replicated");
+  }
+  {
+    Calibration c = good;
+    std::swap(c.layers[0].v_eigenvalues[0], c.layers[0].v_eigenvalues[1]);
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument, "not descending");
+  }
+  {
+    Calibration c = good;
+    c.layers[1].k_eigenvalues[7] = std::nanf("");
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kNonFinite, "layer 1 k_eigenvalues");
+  }
+  {
+    Calibration c = good;
+    c.layers[0].v_basis.resize(10);
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kShapeMismatch, "layer 0 v_basis");
+  }
+  {
+    Calibration c = good;
+    c.info.granularity = "layer";  // heads carry different rotations
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument, "replicated");
+  }
+  {
+    Calibration c = good;
+    c.info.group = 48;
+    EXPECT_THROW(ValidateCalibration(c), Error);
+  }
+  const Safetensors file = CalibrationToSafetensors(good);
+  {
+    Safetensors f = file;
+    f.metadata["format"] = "kvq-activations";
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile, "format");
+  }
+  {
+    Safetensors f = file;
+    f.metadata["format_version"] = "9";
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+                "format_version 9");
+  }
+  {
+    Safetensors f = file;
+    f.metadata.erase("value_target");
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile, "value_target");
+  }
+  {
+    Safetensors f;
+    f.metadata = file.metadata;
+    for (const auto& [name, t] : file.tensors) {
+      if (name != "layers.1.v_clip") f.Add(name, t);
+    }
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile, "layers.1.v_clip");
+  }
+  {
+    Safetensors f = file;
+    f.Add("layers.2.k_clip", Tensor::F32({2}, {1.0f, 1.0f}));
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile, "layers.2.k_clip");
+  }
+  {
+    Safetensors f = file;
+    for (auto& [name, t] : f.tensors) {
+      if (name == "layers.0.k_eigenvalues") t = Tensor::F32({2, 64}, std::vector<float>(128, 1.0f));
+    }
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kShapeMismatch,
+                "layers.0.k_eigenvalues");
+  }
+}
+
+}  // namespace
+}  // namespace kvq::calib
