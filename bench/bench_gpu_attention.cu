@@ -1,0 +1,360 @@
+// Decode attention on the GPU: kvq INT2 (OSCAR layout: bf16 sink + recent, INT2 history pages)
+// and kvq's bf16 paged cache, over the shapes of seqs/000 §5.4: d = 128, Hq/Hkv = 32/8, G = 64,
+// S0 = 64, W = 256, P = 64, batch x seq_len in {1, 8, 32, 128} x {8K, 32K, 128K} where the
+// cache fits in device memory.
+//
+// Method: random cache contents (never zeros) with shuffled page tables; the L2 is flushed
+// before every timed run by writing a buffer twice its size; CUDA events around the whole
+// decode step (query rotation + attention + merge); median of --iters runs after 3 warm-ups.
+// Bytes are those the step must read: the cache rows of every sequence (codes + scale/min for
+// the history, bf16 for sink/recent or the whole bf16 cache), the queries and rotations; the
+// split partials (written and read once) are listed separately. The device-to-device copy
+// bandwidth (bytes read + written) is measured in the same run.
+//
+// Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
+// (prints a markdown table; --batch / --len run one row, e.g. under ncu)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvq/common/params.h"
+#include "kvq/gpu/attention.h"
+#include "kvq/gpu/cuda_check.h"
+
+namespace {
+
+using kvq::CacheParams;
+
+constexpr int kHeadDim = 128;
+constexpr int kHq = 32;
+constexpr int kHkv = 8;
+constexpr int kGroup = 64;
+constexpr int kSink = 64;
+constexpr int kRecent = 256;
+constexpr int kPage = 64;
+
+__global__ void FillRandomBytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    x ^= x >> 15;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    p[i] = static_cast<uint8_t>(x);
+  }
+}
+
+// bf16 values lo + (hi - lo) * u, u uniform from a hash: realistic, finite, never all zero.
+__global__ void FillBf16(uint16_t* p, size_t n, float lo, float hi, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32);
+    x ^= x >> 16;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    const float u = (x >> 8) * (1.0f / 16777216.0f);
+    const float v = lo + (hi - lo) * u;
+    p[i] = static_cast<uint16_t>(__float_as_uint(v) >> 16);
+  }
+}
+
+__global__ void FillFloatBf16Valued(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 16;
+    x *= 2246822519u;
+    x ^= x >> 13;
+    const float v = ((x >> 8) * (1.0f / 16777216.0f) - 0.5f) * 2.0f;
+    p[i] = __uint_as_float(__float_as_uint(v) & 0xffff0000u);
+  }
+}
+
+__global__ void TouchBuffer(uint32_t* p, size_t n, uint32_t v) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    p[i] = v + static_cast<uint32_t>(i);
+}
+
+template <typename T>
+T* Alloc(size_t count) {
+  T* p = nullptr;
+  KVQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)));
+  return p;
+}
+
+void RandomBytes(void* p, size_t n, uint32_t seed) {
+  FillRandomBytes<<<2048, 256>>>(static_cast<uint8_t*>(p), n, seed);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+void RandomBf16(uint16_t* p, size_t n, float lo, float hi, uint32_t seed) {
+  FillBf16<<<2048, 256>>>(p, n, lo, hi, seed);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+
+struct L2Flusher {
+  uint32_t* buf = nullptr;
+  size_t words = 0;
+  uint32_t tick = 0;
+  L2Flusher() {
+    int device = 0, l2 = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&device));
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    words = 2 * static_cast<size_t>(l2) / 4;
+    buf = Alloc<uint32_t>(words);
+  }
+  ~L2Flusher() { cudaFree(buf); }
+  void Flush(cudaStream_t s) {
+    TouchBuffer<<<1024, 256, 0, s>>>(buf, words, ++tick);
+    KVQ_CUDA_CHECK(cudaGetLastError());
+  }
+};
+
+template <typename F>
+double MedianMicros(F&& step, L2Flusher& flusher, int iters) {
+  cudaEvent_t start, stop;
+  KVQ_CUDA_CHECK(cudaEventCreate(&start));
+  KVQ_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < 3; ++i) step();
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    flusher.Flush(nullptr);
+    KVQ_CUDA_CHECK(cudaEventRecord(start));
+    step();
+    KVQ_CUDA_CHECK(cudaEventRecord(stop));
+    KVQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0.0f;
+    KVQ_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  KVQ_CUDA_CHECK(cudaEventDestroy(start));
+  KVQ_CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return 1000.0 * ms[ms.size() / 2];
+}
+
+// Device-to-device copy bandwidth, bytes read + written per second.
+double CopyBandwidth(L2Flusher& flusher) {
+  const size_t bytes = size_t{1} << 30;
+  void* a = Alloc<uint8_t>(bytes);
+  void* b = Alloc<uint8_t>(bytes);
+  RandomBytes(a, bytes, 1);
+  const double us = MedianMicros(
+      [&] { KVQ_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, flusher, 20);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (us * 1e-6);
+}
+
+struct Result {
+  bool ran = false;
+  double us = 0.0;
+  double cache_bytes = 0.0;   // K/V rows read
+  double other_bytes = 0.0;   // queries, rotations, partials (write + read)
+  int splits = 0;
+};
+
+CacheParams MakeParams(bool quantized) {
+  CacheParams c;
+  c.num_q_heads = kHq;
+  c.num_kv_heads = kHkv;
+  c.sink = kSink;
+  c.recent = kRecent;
+  c.page_size = kPage;
+  c.quantized = quantized;
+  for (kvq::WriteParams* w : {&c.key, &c.value}) {
+    w->head_dim = kHeadDim;
+    w->group = kGroup;
+    w->bits = 2;
+    w->rotation = kvq::RotationKind::kDense;
+    w->bitrev = true;
+  }
+  return c;
+}
+
+Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int iters) {
+  Result r;
+  const CacheParams c = MakeParams(quantized);
+  const int64_t paged = quantized ? std::max(0, seq_len - kSink - kRecent) : seq_len;
+  const int pages_per_seq = static_cast<int>((paged + kPage - 1) / kPage);
+  const int64_t pages = static_cast<int64_t>(pages_per_seq) * batch;
+  const size_t row_codes = quantized ? kHeadDim * 2 / 8 : kHeadDim * 2;
+  const size_t page_codes = static_cast<size_t>(kHkv) * kPage * row_codes;
+  const size_t page_meta = quantized ? static_cast<size_t>(kHkv) * kPage * (kHeadDim / kGroup) : 0;
+  const size_t window_elems = static_cast<size_t>(batch) * kHkv * kHeadDim;
+  const size_t pool_bytes = 2 * pages * (page_codes + 2 * page_meta * 2);
+  const size_t window_bytes = quantized ? 2 * window_elems * (kSink + kRecent) * 2 : 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  KVQ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (pool_bytes + window_bytes + (size_t{3} << 30) > free_bytes) return r;
+
+  const kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
+  uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
+  uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
+  RandomBytes(k_codes, pages * page_codes, 11);
+  RandomBytes(v_codes, pages * page_codes, 12);
+  uint16_t *k_scale = nullptr, *k_min = nullptr, *v_scale = nullptr, *v_min = nullptr;
+  uint16_t *sink_k = nullptr, *sink_v = nullptr, *recent_k = nullptr, *recent_v = nullptr;
+  float *rot_k = nullptr, *rot_v = nullptr;
+  if (quantized) {
+    k_scale = Alloc<uint16_t>(pages * page_meta);
+    k_min = Alloc<uint16_t>(pages * page_meta);
+    v_scale = Alloc<uint16_t>(pages * page_meta);
+    v_min = Alloc<uint16_t>(pages * page_meta);
+    RandomBf16(k_scale, pages * page_meta, 0.2f, 0.8f, 21);
+    RandomBf16(k_min, pages * page_meta, -1.5f, -0.5f, 22);
+    RandomBf16(v_scale, pages * page_meta, 0.2f, 0.8f, 23);
+    RandomBf16(v_min, pages * page_meta, -1.5f, -0.5f, 24);
+    sink_k = Alloc<uint16_t>(window_elems * kSink);
+    sink_v = Alloc<uint16_t>(window_elems * kSink);
+    recent_k = Alloc<uint16_t>(window_elems * kRecent);
+    recent_v = Alloc<uint16_t>(window_elems * kRecent);
+    RandomBf16(sink_k, window_elems * kSink, -2.f, 2.f, 31);
+    RandomBf16(sink_v, window_elems * kSink, -2.f, 2.f, 32);
+    RandomBf16(recent_k, window_elems * kRecent, -2.f, 2.f, 33);
+    RandomBf16(recent_v, window_elems * kRecent, -2.f, 2.f, 34);
+    rot_k = Alloc<float>(static_cast<size_t>(kHkv) * kHeadDim * kHeadDim);
+    rot_v = Alloc<float>(static_cast<size_t>(kHkv) * kHeadDim * kHeadDim);
+    FillFloatBf16Valued<<<256, 256>>>(rot_k, static_cast<size_t>(kHkv) * kHeadDim * kHeadDim, 41);
+    FillFloatBf16Valued<<<256, 256>>>(rot_v, static_cast<size_t>(kHkv) * kHeadDim * kHeadDim, 42);
+  } else {
+    // bf16 rows: reinterpret the random bytes' high halves as small finite values.
+    RandomBf16(reinterpret_cast<uint16_t*>(k_codes), pages * page_codes / 2, -2.f, 2.f, 13);
+    RandomBf16(reinterpret_cast<uint16_t*>(v_codes), pages * page_codes / 2, -2.f, 2.f, 14);
+  }
+  // Page tables: a random permutation of the pool.
+  std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
+  std::vector<int32_t> lens(batch, seq_len);
+  int32_t* tables = Alloc<int32_t>(perm.size());
+  int32_t* lens_d = Alloc<int32_t>(batch);
+  KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+  KVQ_CUDA_CHECK(cudaMemcpy(lens_d, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  const size_t q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
+  float* q = Alloc<float>(q_elems);
+  float* out = Alloc<float>(q_elems);
+  FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
+  void* ws = Alloc<uint8_t>(plan.workspace_bytes);
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+
+  kvq::gpu::DecodeAttentionInputs in;
+  in.batch = batch;
+  in.max_seq_len = seq_len;
+  in.seq_lens = lens_d;
+  in.page_tables = tables;
+  in.max_pages = std::max(pages_per_seq, 1);
+  in.key_codes = k_codes;
+  in.value_codes = v_codes;
+  in.key_scale = k_scale;
+  in.key_min = k_min;
+  in.value_scale = v_scale;
+  in.value_min = v_min;
+  in.sink_key = sink_k;
+  in.sink_value = sink_v;
+  in.recent_key = recent_k;
+  in.recent_value = recent_v;
+  in.rotation_key = rot_k;
+  in.rotation_value = rot_v;
+  in.q = q;
+  r.us = MedianMicros(
+      [&] {
+        kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
+      },
+      flusher, iters);
+  std::vector<float> host(q_elems);
+  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
+  for (float v : host) {
+    if (!std::isfinite(v)) {
+      std::fprintf(stderr, "non-finite output (B=%d T=%d %s)\n", batch, seq_len,
+                   quantized ? "int2" : "bf16");
+      std::exit(1);
+    }
+  }
+  r.ran = true;
+  r.splits = plan.hist_splits + plan.window_splits;
+  const double per_token = quantized ? 2.0 * (row_codes + 2 * 2 * (kHeadDim / kGroup))
+                                     : 2.0 * row_codes;
+  r.cache_bytes = static_cast<double>(batch) * kHkv *
+                  (paged * per_token + (quantized ? (seq_len - paged) * 2.0 * kHeadDim * 2 : 0.0));
+  r.other_bytes = static_cast<double>(q_elems) * 4 * (quantized ? 3 : 2) +
+                  (quantized ? 2.0 * kHkv * kHeadDim * kHeadDim * 4 : 0.0) +
+                  static_cast<double>(batch) * kHq * r.splits * (kHeadDim + 2) * 4 * 2;
+  for (void* p : std::vector<void*>{k_codes, v_codes, k_scale, k_min, v_scale, v_min, sink_k,
+                                    sink_v, recent_k, recent_v, rot_k, rot_v, tables, lens_d, q,
+                                    out, ws}) {
+    if (p) cudaFree(p);
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 30;
+  bool quick = false;
+  bool int2_only = false;
+  int only_batch = 0, only_len = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) only_batch = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) only_len = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--int2-only")) int2_only = true;
+  }
+  try {
+    kvq::gpu::RequireCudaDevice();
+    cudaDeviceProp prop{};
+    KVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    L2Flusher flusher;
+    const double copy_bw = CopyBandwidth(flusher);
+    std::printf("# kvq decode attention, %s, %d SMs, L2 %d MB; d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d\n",
+                prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
+                kGroup, kSink, kRecent, kPage);
+    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2\n\n",
+                copy_bw / 1e9, iters);
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | kvq BF16 us | "
+                "BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
+    std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
+    if (only_batch > 0) batches = {only_batch};
+    if (only_len > 0) lens = {only_len};
+    for (int batch : batches) {
+      for (int len : lens) {
+        const Result a = RunOne(true, batch, len, flusher, iters);
+        const Result b = int2_only ? Result{} : RunOne(false, batch, len, flusher, iters);
+        char int2[160] = "| skipped (memory) | | | ", bf16[160] = "| skipped (memory) | | ";
+        if (a.ran) {
+          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d ", a.us,
+                        a.cache_bytes / (a.us * 1e-6) / 1e9,
+                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits);
+        }
+        if (b.ran) {
+          std::snprintf(bf16, sizeof bf16, "| %.1f | %.0f | %.0f%% ", b.us,
+                        b.cache_bytes / (b.us * 1e-6) / 1e9,
+                        100.0 * b.cache_bytes / (b.us * 1e-6) / copy_bw);
+        }
+        std::printf("| %d | %d %s%s| %s |\n", batch, len, int2, bf16,
+                    (a.ran && b.ran) ? (std::to_string(b.us / a.us).substr(0, 5) + "x").c_str() : "-");
+        std::fflush(stdout);
+      }
+    }
+    std::printf("\nGB/s counts the K/V cache bytes each step must read (INT2: 80 B per history token "
+                "and KV head, 512 B per bf16 token); queries, rotations and split partials are "
+                "extra traffic not counted.\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

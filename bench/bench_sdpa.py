@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Decode attention through PyTorch scaled_dot_product_attention (cuDNN and flash backends), the
+baseline for bench/bench_gpu_attention.cu on the same shapes: d = 128, Hq/Hkv = 32/8, dense bf16
+K/V [B, Hkv, T, d], q [B, Hq, 1, d], enable_gqa=True.
+
+Same method as the CUDA benchmark: L2 flushed before every timed run by writing a buffer twice
+its size, CUDA events around the call, median of --iters runs after 3 warm-ups; GB/s counts the
+K and V bytes (B * Hkv * T * d * 2 bytes each). Prints a markdown table (torch is on the device
+image only).
+
+Usage: python3 bench/bench_sdpa.py [--iters N] [--quick]
+"""
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+D, HQ, HKV = 128, 32, 8
+
+
+def median_us(fn, flush, iters):
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        flush()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1000.0)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device=dev)
+    flush = lambda: flush_buf.add_(1)
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_(0, 255)
+    dst = torch.empty_like(src)
+    copy_us = median_us(lambda: dst.copy_(src), flush, 20)
+    copy_bw = 2 * src.numel() / (copy_us * 1e-6)
+    del src, dst
+    torch.cuda.empty_cache()
+
+    print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {props.name}, "
+          f"{props.multi_processor_count} SMs")
+    print(f"# device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write); median of "
+          f"{args.iters} runs, cold L2; d={D} Hq/Hkv={HQ}/{HKV}, bf16 K/V [B, Hkv, T, d]\n")
+    print("| B | T | cuDNN us | cuDNN GB/s | of copy BW | flash us | flash GB/s | of copy BW |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    batches = [1, 32] if args.quick else [1, 8, 32, 128]
+    lens = [32768] if args.quick else [8192, 32768, 131072]
+    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+    for b in batches:
+        for t in lens:
+            kv_bytes = 2 * b * HKV * t * D * 2
+            free, _ = torch.cuda.mem_get_info()
+            if kv_bytes + (3 << 30) > free:
+                print(f"| {b} | {t} | skipped (memory) | | | skipped (memory) | | |")
+                continue
+            g = torch.Generator(device=dev).manual_seed(b * 1000003 + t)
+            q = torch.randn(b, HQ, 1, D, device=dev, dtype=torch.bfloat16, generator=g)
+            k = torch.randn(b, HKV, t, D, device=dev, dtype=torch.bfloat16, generator=g)
+            v = torch.randn(b, HKV, t, D, device=dev, dtype=torch.bfloat16, generator=g)
+            cells = []
+            for name, backend in backends:
+                try:
+                    with sdpa_kernel([backend]):
+                        fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                        out = fn()
+                        if not torch.isfinite(out).all():
+                            raise RuntimeError("non-finite output")
+                        us = median_us(fn, flush, args.iters)
+                    gbs = kv_bytes / (us * 1e-6)
+                    cells += [f"{us:.1f}", f"{gbs / 1e9:.0f}", f"{100 * gbs / copy_bw:.0f}%"]
+                except Exception as e:  # a backend that refuses the shape: say so in the table
+                    msg = str(e).splitlines()[0][:60] if str(e) else type(e).__name__
+                    cells += [f"n/a ({msg})", "", ""]
+            print(f"| {b} | {t} | " + " | ".join(cells) + " |")
+            sys.stdout.flush()
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+// CUDA decode attention over the paged KV cache (spec/cache.md §5), layer (c): the runtime API.
+// One query token per sequence, all Hq query heads, a batch of sequences of any lengths.
+// Query head h reads KV head h / (Hq / Hkv).
+//
+// Quantized cache: sink and recent windows are bf16 (original space); history pages hold INT-b
+// codes with bf16 (scale, min) per group in the rotated space. The query is rotated once
+// (q~ = q·R_K then P_br, the write path's rotation rule bit for bit), history logits are
+// q~·x^, history values accumulate in the rotated space and are mapped back once per head by
+// RotateInverse of the value params (dense R_V^T, FWHT, bit reversal, identity).
+// bf16 cache (CacheParams::quantized == false): every token [0, t) is a bf16 row in the pages
+// (page pg holds bf16 [Hkv, P, d] for K and for V); no windows, no rotation.
+//
+// Accuracy (reduction order is free): per query head,
+// max_j |out - ref| / max_j |ref| <= kGpuAttentionTolerance against the fp64 reference over the
+// same stored rows (cpu::AttendReferenceF64). The tensor-core operands are exact (codes, bf16
+// rows) or bf16 hi + lo pairs (queries, p, p * scale: 2^-17 relative); the largest remaining
+// term is the fp32 cancellation of the codes' +128 bias in QK^T of the history (~1e-4 of the
+// output at most): see gpu/tests/attention_test.cu.
+//
+// Unsupported here (kvq::Error kUnsupported naming the value): key.bits != value.bits, a group
+// G smaller than d*b/8 (d = 128: INT4 with G = 32; d = 256: INT2 with G = 32, INT4 with
+// G < 128), g = Hq/Hkv above 8 that is not a multiple of 8.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvq/common/params.h"
+
+namespace kvq::gpu {
+
+inline constexpr double kGpuAttentionTolerance = 1e-3;
+
+// Device pointers of one decode step. Pools follow spec/cache.md §4 (and kvq::gpu::PagePool):
+// codes u8 [num_pages, Hkv, P, d*b/8], scale / min bf16 [num_pages, Hkv, P, d/G]; a bf16 cache
+// passes bf16 rows [num_pages, Hkv, P, d] as `*_codes` and null scale / min. All pool and
+// window pointers 16-byte aligned.
+struct DecodeAttentionInputs {
+  int batch = 0;                         // B >= 1
+  int max_seq_len = 0;                   // host-side bound on every seq_lens[b]; sizes the grid
+  const int32_t* seq_lens = nullptr;     // [B] t >= 1 (t < 1 or t > max_seq_len -> NaN output)
+  const int32_t* page_tables = nullptr;  // [B, max_pages]: history token i of sequence b in
+  int max_pages = 0;                     //   page page_tables[b*max_pages + i/P], slot i % P
+  const uint8_t* key_codes = nullptr;
+  const uint16_t* key_scale = nullptr;
+  const uint16_t* key_min = nullptr;
+  const uint8_t* value_codes = nullptr;
+  const uint16_t* value_scale = nullptr;
+  const uint16_t* value_min = nullptr;
+  // Quantized cache: bf16 windows, batched as kvq::gpu::Windows: sink [B, S0, Hkv, d],
+  // recent ring [B, W, Hkv, d] (position p at slot p % W). Ignored for a bf16 cache.
+  const uint16_t* sink_key = nullptr;
+  const uint16_t* sink_value = nullptr;
+  const uint16_t* recent_key = nullptr;
+  const uint16_t* recent_value = nullptr;
+  // fp32 [Hkv, d, d] row-major when key / value use RotationKind::kDense, else ignored.
+  const float* rotation_key = nullptr;
+  const float* rotation_value = nullptr;
+  const float* q = nullptr;              // [B, Hq, d] fp32 (bf16 values are the fast case)
+};
+
+// How the work is cut; PlanDecodeAttention picks it from the shapes and the device.
+struct DecodeAttentionPlan {
+  int hist_splits = 0;             // history (bf16 cache: all tokens) splits per sequence
+  int hist_tokens_per_split = 0;   // multiple of 64
+  int window_splits = 0;           // bf16 window splits (quantized cache)
+  int window_tokens_per_split = 0;
+  size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
+};
+
+// Splits so that Hkv * B * splits blocks fill `num_sms` multiprocessors several times over
+// (num_sms <= 0: ask the current device). Throws kvq::Error like DecodeAttention.
+DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
+                                        int num_sms = 0);
+
+// out [B, Hq, d] fp32 = attention of q over each sequence's cache. `workspace` (device, at
+// least plan.workspace_bytes, 256-byte aligned) holds q~ and the split partials. Queues three
+// kernels on `stream`; does not synchronise. Throws kvq::Error: invalid CacheParams
+// (kInvalidArgument), a configuration listed above (kUnsupported), null or misaligned pointers,
+// batch < 1, max_seq_len < 1, workspace too small (kInvalidArgument), a CUDA error
+// (KVQ_CUDA_CHECK).
+void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
+                     const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
+                     float* out, cudaStream_t stream = nullptr);
+
+}  // namespace kvq::gpu

@@ -1,0 +1,257 @@
+// Runtime API of the CUDA decode attention (kvq/gpu/attention.h): validation, planning and the
+// three launches.
+#include "kvq/gpu/attention.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kvq/common/error.h"
+#include "kvq/gpu/attention_launch.h"
+#include "kvq/gpu/cuda_check.h"
+
+namespace kvq::gpu {
+namespace {
+
+using attention::HistoryFormat;
+using attention::kTileTokens;
+
+constexpr int kWindowTokensPerSplit = 128;
+constexpr int kMinHistTokensPerSplit = 4 * kTileTokens;
+constexpr int kBlocksPerSm = 8;  // target blocks per multiprocessor over the whole grid
+
+size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
+
+// Validates what the kernels rely on and returns the history format.
+HistoryFormat CheckSupported(const CacheParams& c) {
+  c.Validate();
+  const int d = c.head_dim();
+  const int g = c.group_size();
+  KVQ_CHECK(g <= attention::kMaxHeadsPerBlock || g % attention::kMaxHeadsPerBlock == 0,
+            kUnsupported, "GQA group Hq/Hkv = ", g,
+            " is not supported by the CUDA decode attention (at most 8, or a multiple of 8)");
+  if (!c.quantized) return HistoryFormat::kBf16;
+  KVQ_CHECK(c.key.bits == c.value.bits, kUnsupported, "key bits ", c.key.bits,
+            " differ from value bits ", c.value.bits, " (the CUDA decode attention needs one)");
+  const int row_bytes = d * c.key.bits / 8;
+  KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
+            " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+  KVQ_CHECK(c.value.group >= row_bytes, kUnsupported, "value group ", c.value.group,
+            " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+  return c.key.bits == 2 ? HistoryFormat::kInt2 : HistoryFormat::kInt4;
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+float FwhtScale(const WriteParams& p) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.fwht_block())));
+}
+
+}  // namespace
+
+DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
+                                        int num_sms) {
+  CheckSupported(c);
+  KVQ_CHECK(batch >= 1 && batch <= 65535, kInvalidArgument, "batch ", batch,
+            " is outside [1, 65535]");
+  KVQ_CHECK(max_seq_len >= 1, kInvalidArgument, "max_seq_len ", max_seq_len, " is below 1");
+  if (num_sms <= 0) {
+    int device = 0;
+    KVQ_CUDA_CHECK(cudaGetDevice(&device));
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  }
+  const int g = c.group_size();
+  const int heads_per_block = std::min(g, attention::kMaxHeadsPerBlock);
+  const int64_t blocks_per_split = static_cast<int64_t>(c.num_kv_heads) * (g / heads_per_block) * batch;
+
+  DecodeAttentionPlan plan;
+  const int64_t paged_tokens =
+      c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
+                  : max_seq_len;
+  if (paged_tokens > 0) {
+    const int64_t target_splits =
+        std::max<int64_t>(1, (static_cast<int64_t>(kBlocksPerSm) * num_sms + blocks_per_split - 1) /
+                                 blocks_per_split);
+    int64_t tokens = (paged_tokens + target_splits - 1) / target_splits;
+    tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
+    tokens = std::max<int64_t>(tokens, kMinHistTokensPerSplit);
+    tokens = std::min<int64_t>(tokens, attention::kMaxSplitTokens);
+    plan.hist_tokens_per_split = static_cast<int>(tokens);
+    plan.hist_splits = CeilDiv(paged_tokens, tokens);
+  } else {
+    plan.hist_tokens_per_split = kTileTokens;
+  }
+  if (c.quantized) {
+    const int64_t window = std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent);
+    plan.window_tokens_per_split = kWindowTokensPerSplit;
+    plan.window_splits = CeilDiv(window, kWindowTokensPerSplit);
+  }
+  const int splits = plan.hist_splits + plan.window_splits;
+  KVQ_CHECK(splits <= 65535, kUnsupported, "max_seq_len ", max_seq_len, " needs ", splits,
+            " splits (at most 65535)");
+  const int64_t rows = static_cast<int64_t>(batch) * c.num_q_heads;
+  const size_t d = static_cast<size_t>(c.head_dim());
+  plan.workspace_bytes = AlignUp(rows * d * 4, 256) + AlignUp(rows * splits * 2 * 4, 256) +
+                         AlignUp(rows * splits * d * 4, 256);
+  return plan;
+}
+
+void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
+                     const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
+                     float* out, cudaStream_t stream) {
+  const HistoryFormat format = CheckSupported(c);
+  const int d = c.head_dim();
+  const int g = c.group_size();
+  KVQ_CHECK(in.batch >= 1 && in.batch <= 65535, kInvalidArgument, "batch ", in.batch,
+            " is outside [1, 65535]");
+  KVQ_CHECK(in.max_seq_len >= 1, kInvalidArgument, "max_seq_len ", in.max_seq_len,
+            " is below 1");
+  KVQ_CHECK(in.seq_lens && in.q && out && workspace, kInvalidArgument,
+            "null seq_lens, q, out or workspace");
+  KVQ_CHECK((reinterpret_cast<uintptr_t>(workspace) & 255u) == 0, kInvalidArgument,
+            "workspace is not 256-byte aligned");
+  const int splits = plan.hist_splits + plan.window_splits;
+  KVQ_CHECK(splits >= 1 && plan.hist_tokens_per_split % kTileTokens == 0 &&
+                plan.hist_tokens_per_split > 0 &&
+                plan.hist_tokens_per_split <= attention::kMaxSplitTokens,
+            kInvalidArgument, "invalid plan: ", plan.hist_splits, " history splits of ",
+            plan.hist_tokens_per_split, " tokens");
+  // The plan must cover the longest sequence.
+  const int64_t paged_tokens =
+      c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
+                  : in.max_seq_len;
+  KVQ_CHECK(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split >= paged_tokens,
+            kInvalidArgument, "plan covers ", plan.hist_splits * plan.hist_tokens_per_split,
+            " paged tokens, max_seq_len ", in.max_seq_len, " needs ", paged_tokens);
+  if (c.quantized) {
+    const int64_t window = std::min<int64_t>(in.max_seq_len, static_cast<int64_t>(c.sink) + c.recent);
+    KVQ_CHECK(static_cast<int64_t>(plan.window_splits) * plan.window_tokens_per_split >= window,
+              kInvalidArgument, "plan covers ", plan.window_splits * plan.window_tokens_per_split,
+              " window tokens, ", window, " needed");
+  }
+  KVQ_CHECK(workspace_bytes >= plan.workspace_bytes, kInvalidArgument, "workspace of ",
+            workspace_bytes, " bytes is below the plan's ", plan.workspace_bytes);
+  if (paged_tokens > 0) {
+    KVQ_CHECK(in.page_tables && in.max_pages >= CeilDiv(paged_tokens, c.page_size),
+              kInvalidArgument, "page tables: null or max_pages ", in.max_pages, " below ",
+              CeilDiv(paged_tokens, c.page_size));
+    KVQ_CHECK(in.key_codes && in.value_codes && Aligned16(in.key_codes) &&
+                  Aligned16(in.value_codes),
+              kInvalidArgument, "null or misaligned key / value page pool");
+    if (c.quantized) {
+      KVQ_CHECK(in.key_scale && in.key_min && in.value_scale && in.value_min &&
+                    Aligned16(in.key_scale) && Aligned16(in.key_min) &&
+                    Aligned16(in.value_scale) && Aligned16(in.value_min),
+                kInvalidArgument, "null or misaligned scale / min pool");
+    }
+  }
+  if (c.quantized) {
+    KVQ_CHECK((c.sink == 0 || (in.sink_key && in.sink_value && Aligned16(in.sink_key) &&
+                               Aligned16(in.sink_value))) &&
+                  in.recent_key && in.recent_value && Aligned16(in.recent_key) &&
+                  Aligned16(in.recent_value),
+              kInvalidArgument, "null or misaligned sink / recent windows");
+    KVQ_CHECK(c.key.rotation != RotationKind::kDense || in.rotation_key, kInvalidArgument,
+              "null key rotation for a dense key write path");
+    KVQ_CHECK(c.value.rotation != RotationKind::kDense || in.rotation_value, kInvalidArgument,
+              "null value rotation for a dense value write path");
+  }
+
+  const int64_t rows = static_cast<int64_t>(in.batch) * c.num_q_heads;
+  unsigned char* ws = static_cast<unsigned char*>(workspace);
+  float* q_rot = reinterpret_cast<float*>(ws);
+  float* part_ml = reinterpret_cast<float*>(ws + AlignUp(rows * d * 4, 256));
+  float* part_acc = reinterpret_cast<float*>(ws + AlignUp(rows * d * 4, 256) +
+                                             AlignUp(rows * splits * 2 * 4, 256));
+
+  if (c.quantized) {
+    attention::RotateQueriesParams rq;
+    rq.batch = in.batch;
+    rq.num_q_heads = c.num_q_heads;
+    rq.q_per_kv = g;
+    rq.rotation = static_cast<int>(c.key.rotation);
+    rq.rotations = in.rotation_key;
+    rq.fwht_block = c.key.fwht_block();
+    rq.fwht_scale = FwhtScale(c.key);
+    rq.bitrev = c.key.bitrev;
+    rq.q = in.q;
+    rq.q_rot = q_rot;
+    KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rq, stream));
+  }
+
+  attention::DecodeKernelParams kp;
+  kp.batch = in.batch;
+  kp.num_kv_heads = c.num_kv_heads;
+  kp.num_q_heads = c.num_q_heads;
+  kp.q_per_kv = g;
+  kp.heads_per_block = std::min(g, attention::kMaxHeadsPerBlock);
+  kp.head_chunks = g / kp.heads_per_block;
+  kp.sink = c.sink;
+  kp.recent = c.recent;
+  kp.page_size_log2 = 0;
+  while ((1 << kp.page_size_log2) < c.page_size) ++kp.page_size_log2;
+  kp.key_group = c.key.group;
+  kp.value_group = c.value.group;
+  kp.hist_splits = plan.hist_splits;
+  kp.hist_tokens_per_split = plan.hist_tokens_per_split;
+  kp.window_splits = c.quantized ? plan.window_splits : 0;
+  kp.window_tokens_per_split = std::max(plan.window_tokens_per_split, 1);
+  kp.logit_scale_log2 = static_cast<float>(static_cast<double>(c.scale()) * 1.4426950408889634);
+  kp.seq_lens = in.seq_lens;
+  kp.page_tables = in.page_tables;
+  kp.page_table_stride = in.max_pages;
+  kp.q = in.q;
+  kp.q_rot = q_rot;
+  kp.sink_k = in.sink_key;
+  kp.sink_v = in.sink_value;
+  kp.recent_k = in.recent_key;
+  kp.recent_v = in.recent_value;
+  kp.k_codes = in.key_codes;
+  kp.v_codes = in.value_codes;
+  kp.k_scale = in.key_scale;
+  kp.k_min = in.key_min;
+  kp.v_scale = in.value_scale;
+  kp.v_min = in.value_min;
+  const int64_t tokens_per_page = static_cast<int64_t>(c.num_kv_heads) * c.page_size;
+  if (c.quantized) {
+    kp.k_codes_page_stride = tokens_per_page * (d * c.key.bits / 8);
+    kp.v_codes_page_stride = tokens_per_page * (d * c.value.bits / 8);
+    kp.k_meta_page_stride = tokens_per_page * (d / c.key.group) * 2;
+    kp.v_meta_page_stride = tokens_per_page * (d / c.value.group) * 2;
+  } else {
+    kp.k_codes_page_stride = tokens_per_page * d * 2;
+    kp.v_codes_page_stride = tokens_per_page * d * 2;
+  }
+  kp.part_ml = part_ml;
+  kp.part_acc = part_acc;
+  // The kernels never read a null pool when no sequence has history (no valid tile), but
+  // cp.async needs a mapped address for its zero-fill form: give it the queries.
+  if (!kp.k_codes) kp.k_codes = reinterpret_cast<const uint8_t*>(in.q);
+  if (!kp.v_codes) kp.v_codes = reinterpret_cast<const uint8_t*>(in.q);
+  KVQ_CUDA_CHECK(attention::DispatchDecodeAttention(d, format, kp, stream));
+
+  attention::MergeParams mp;
+  mp.batch = in.batch;
+  mp.num_kv_heads = c.num_kv_heads;
+  mp.num_q_heads = c.num_q_heads;
+  mp.q_per_kv = g;
+  mp.hist_splits = plan.hist_splits;
+  mp.total_splits = splits;
+  mp.max_seq_len = in.max_seq_len;
+  mp.seq_lens = in.seq_lens;
+  mp.rotate_history = c.quantized;
+  mp.rotation = static_cast<int>(c.value.rotation);
+  mp.rotations = in.rotation_value;
+  mp.fwht_block = c.value.fwht_block();
+  mp.fwht_scale = FwhtScale(c.value);
+  mp.bitrev = c.value.bitrev;
+  mp.part_ml = part_ml;
+  mp.part_acc = part_acc;
+  mp.out = out;
+  KVQ_CUDA_CHECK(attention::DispatchMergePartials(d, mp, stream));
+}
+
+}  // namespace kvq::gpu

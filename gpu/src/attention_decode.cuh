@@ -1,0 +1,924 @@
+// The decode-attention kernel family (layer (a) of kvq/gpu/attention_launch.h). Included by
+// one .cu file per history format so the instantiations compile in parallel.
+//
+// Tensor-core tiling (mma.sync m16n8k16 bf16, fp32 accumulators). A block is 4 warps; a
+// pipeline stage holds 64 tokens, 16 per warp. Per warp and 16 tokens:
+//   QK^T: M = 16 tokens, N = 8 query heads, K = channels. A = the K rows, B = the queries.
+//         INT-b: A holds the codes as bf16 128 + 2^s*q (exact; s puts a field in place when it
+//         fits the mantissa, saving a shift), B = q~ * 2^-s split into bf16 hi + lo (two MMAs,
+//         ~16 significant bits); per (token, group) the fp32 epilogue applies
+//         s = scale * (C - 128 * sum q~') + min * sum q~. bf16 rows: A = K (ldmatrix),
+//         B = q split into hi + lo (lo = 0 for bf16 queries is skipped).
+//   PV:   M = 16 channels, N = 8 heads, K = 16 tokens. A = V^T (INT-b: exact bf16 2^s*q),
+//         B = p * scale (INT-b) or p (bf16 rows) split into bf16 hi + lo; the min term
+//         sum_t p_t * min_t is a per-group scalar added at the end. The S accumulator
+//         (tokens x heads) becomes the B operand of PV through movmatrix (an 8x8 transpose in
+//         registers).
+//
+// Channel maps. A dot product over channels may visit them in any order as long as both
+// operands agree, so each thread takes whole code bytes: in QK, thread t4 = lane % 4 owns bytes
+// [t4*RB/4, (t4+1)*RB/4) of its token rows (RB = d*b/8 bytes a row) and one k-step consumes the
+// same field (2-bit or 4-bit slot) of four consecutive bytes; in PV, thread gi = lane / 4 owns
+// bytes [gi*RB/8, (gi+1)*RB/8) and one m-tile takes one field of two consecutive bytes. A field
+// of a byte covers RB consecutive channels (spec packing), so with G >= RB every k-step and
+// m-tile lies inside one quantization group. The launcher refuses G < RB.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kvq/gpu/attention_launch.h"
+
+namespace kvq::gpu::attention::detail {
+
+inline constexpr int kWarps = 4;
+inline constexpr int kThreads = kWarps * 32;
+inline constexpr int kChunkTokens = 16;  // tokens per warp per stage
+// Blocks a multiprocessor must hold at once: caps registers at 128 per thread (16 warps).
+inline constexpr int kMinBlocksPerSm = 4;
+
+// ------------------------------------------------------------------------------------------
+// PTX helpers.
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, bypassing L1; valid == false writes 16 zero bytes and reads
+// nothing (src must still be a mapped address).
+__device__ __forceinline__ void CpAsync16(void* smem_dst, const void* gmem_src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddress(smem_dst)),
+               "l"(gmem_src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// 8x8 b16 transpose across the warp: thread (r = lane/4, c = lane%4) holds row r, columns
+// 2c, 2c+1 before and after.
+__device__ __forceinline__ uint32_t Transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddress(p)));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(SmemAddress(p)));
+}
+
+__device__ __forceinline__ uint32_t BitsOf(__nv_bfloat162 h) {
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ float Bf16ToFloat(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+// Field f of the codes (bits [f*BITS, (f+1)*BITS) of a byte) of bytes 0 and 2 of x, as bf16
+// 128 + 2^kShift * q (exact), kShift = f*BITS when that still fits the 7-bit mantissa (no
+// shift instruction: the field stays in place and the caller scales its other operand or its
+// result by 2^-kShift), else 0 (shifted down).
+template <int BITS, int FIELD>
+struct CodeField {
+  static constexpr int kBitPos = FIELD * BITS;
+  static constexpr bool kInPlace = kBitPos + BITS <= 7;
+  static constexpr int kShift = kInPlace ? kBitPos : 0;
+  static constexpr uint32_t kMask = ((1u << BITS) - 1u) * 0x00010001u;
+  // bias = 0x43004300 in a register: one LOP3 computes (x & mask) | bias (with both as
+  // immediates the compiler emits two).
+  __device__ __forceinline__ static uint32_t Biased(uint32_t x, uint32_t bias) {
+    uint32_t y;
+    if constexpr (kInPlace) {
+      asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x), "n"(kMask << kBitPos), "r"(bias));
+    } else {
+      asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(y) : "r"(x >> kBitPos), "n"(kMask), "r"(bias));
+    }
+    return y;
+  }
+  // 2^kShift * q as exact bf16.
+  __device__ __forceinline__ static uint32_t Unbiased(uint32_t x, uint32_t bias) {
+    const uint32_t biased = Biased(x, bias);
+    const __nv_bfloat162 b128 =
+        __halves2bfloat162(__ushort_as_bfloat16(0x4300), __ushort_as_bfloat16(0x4300));
+    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), b128);
+    return BitsOf(r);
+  }
+};
+template <int N>
+struct IntC {
+  static constexpr int value = N;
+};
+// Calls body(IntC<0>{}), ..., body(IntC<N-1>{}): a loop with a compile-time index.
+template <int N, int I = 0, typename Body>
+__device__ __forceinline__ void StaticFor(Body&& body) {
+  if constexpr (I < N) {
+    body(IntC<I>{});
+    StaticFor<N, I + 1>(body);
+  }
+}
+
+// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): about 16 significant bits in two bf16.
+__device__ __forceinline__ void SplitBf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(__fsub_rn(x0, hf.x), __fsub_rn(x1, hf.y));
+  hi = BitsOf(h);
+  lo = BitsOf(l);
+}
+
+// Token order inside a 16-token chunk: M-row r of the QK tile (= k index r of the PV tile)
+// reads chunk row Perm(r). Swapping neighbours in rows 4..7 and 12..15 makes the 4-byte V loads
+// of PV (rows 2c, 2c+1, 2c+8, 2c+9 across c) bank-conflict-free for 32-byte rows.
+__device__ __forceinline__ int ChunkRow(int r) { return r ^ ((r >> 2) & 1); }
+
+template <int N>
+__device__ __forceinline__ void LoadWords(const unsigned char* p, uint32_t (&w)[N]) {
+  if constexpr (N == 1) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else if constexpr (N == 2) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    static_assert(N % 4 == 0, "word count");
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint4 v = *reinterpret_cast<const uint4*>(p + 4 * i);
+      w[i] = v.x;
+      w[i + 1] = v.y;
+      w[i + 2] = v.z;
+      w[i + 3] = v.w;
+    }
+  }
+}
+
+// 2^x by the SFU (relative error below 2^-22; -inf gives +0).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Online-softmax state of one thread: heads h0 = 2*(lane%4) and h0 + 1 (accumulator columns),
+// acc rows as the channel map of the path says.
+template <int D>
+struct WarpState {
+  float acc[D / 16][4];
+  float m[2];
+  float l[2];
+
+  __device__ __forceinline__ void Init() {
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+  }
+
+  // Takes the logits sl (exp2 domain; -inf for masked tokens) of rows (gi, gi+8) x heads
+  // (h0, h0+1) in accumulator layout, rescales the state and returns p = exp2(sl - m) in pr.
+  // The max reduces over the 8 lanes that share lane % 4. Requires a finite logit per head in
+  // the 16 rows (the caller skips chunks without a valid token).
+  __device__ __forceinline__ void Update(const float (&sl)[4], float (&pr)[4], float (&alpha)[2]) {
+    float mx0 = fmaxf(sl[0], sl[2]);
+    float mx1 = fmaxf(sl[1], sl[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+    }
+    const float mn0 = fmaxf(m[0], mx0);
+    const float mn1 = fmaxf(m[1], mx1);
+    const bool moved = mn0 != m[0] || mn1 != m[1];
+    alpha[0] = Exp2(m[0] - mn0);  // m = -inf on the first chunk: alpha = 0
+    alpha[1] = Exp2(m[1] - mn1);
+    m[0] = mn0;
+    m[1] = mn1;
+    pr[0] = Exp2(sl[0] - mn0);
+    pr[1] = Exp2(sl[1] - mn1);
+    pr[2] = Exp2(sl[2] - mn0);
+    pr[3] = Exp2(sl[3] - mn1);
+    l[0] = l[0] * alpha[0] + (pr[0] + pr[2]);
+    l[1] = l[1] * alpha[1] + (pr[1] + pr[3]);
+    // Once the running max settles (long histories), most chunks skip the rescale.
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int i = 0; i < D / 16; ++i) {
+        acc[i][0] *= alpha[0];
+        acc[i][1] *= alpha[1];
+        acc[i][2] *= alpha[0];
+        acc[i][3] *= alpha[1];
+      }
+    }
+  }
+};
+
+// Sums v over the 8 lanes sharing lane % 4.
+__device__ __forceinline__ float SumOverRows(float v) {
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Writes the m = -inf, l = 0 partial of an empty split for the block's heads.
+__device__ __forceinline__ void StoreEmptyPartial(const DecodeKernelParams& p, int b, int head0,
+                                                  int split) {
+  const int splits = static_cast<int>(gridDim.z);
+  for (int h = threadIdx.x; h < p.heads_per_block; h += kThreads) {
+    const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * splits + split;
+    p.part_ml[2 * row] = -INFINITY;
+    p.part_ml[2 * row + 1] = 0.0f;
+  }
+}
+
+// Page ids of history tokens [begin, end) into shared memory: ids[i] is the page of the
+// split's page-relative index i (page index begin/P + i).
+__device__ __forceinline__ void LoadSplitPages(const DecodeKernelParams& p, int b, int begin,
+                                               int end, int* ids) {
+  const int32_t* table = p.page_tables + static_cast<int64_t>(b) * p.page_table_stride;
+  const int first = begin >> p.page_size_log2;
+  const int n = ((end - 1) >> p.page_size_log2) - first + 1;
+  for (int i = threadIdx.x; i < n; i += kThreads) ids[i] = table[first + i];
+}
+
+// Combines the 4 warps' states through shared memory and writes the block's partial.
+// channel(mt, upper) maps accumulator row gi (+8 when upper) of m-tile mt to a channel.
+// Call after every warp finished its last chunk and the shared stages are free.
+template <int D, typename ChannelMap>
+__device__ __forceinline__ void CombineAndStore(const DecodeKernelParams& p, WarpState<D>& st,
+                                                ChannelMap channel, unsigned char* smem, int b,
+                                                int head0, int split) {
+  float* wacc = reinterpret_cast<float*>(smem);          // [kWarps][8][D]
+  float* wm = wacc + kWarps * kMaxHeadsPerBlock * D;     // [kWarps][8]
+  float* wl = wm + kWarps * kMaxHeadsPerBlock;           // [kWarps][8]
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int h0 = 2 * (lane & 3);
+  const float l0 = SumOverRows(st.l[0]);
+  const float l1 = SumOverRows(st.l[1]);
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+#pragma unroll
+    for (int upper = 0; upper < 2; ++upper) {
+      const int c = channel(mt, upper);
+      wacc[(warp * kMaxHeadsPerBlock + h0) * D + c] = st.acc[mt][2 * upper];
+      wacc[(warp * kMaxHeadsPerBlock + h0 + 1) * D + c] = st.acc[mt][2 * upper + 1];
+    }
+  }
+  if (lane < 4) {
+    wm[warp * kMaxHeadsPerBlock + h0] = st.m[0];
+    wm[warp * kMaxHeadsPerBlock + h0 + 1] = st.m[1];
+    wl[warp * kMaxHeadsPerBlock + h0] = l0;
+    wl[warp * kMaxHeadsPerBlock + h0 + 1] = l1;
+  }
+  __syncthreads();
+  const int splits = static_cast<int>(gridDim.z);
+  for (int i = threadIdx.x; i < p.heads_per_block * D; i += kThreads) {
+    const int h = i / D;
+    const int c = i - h * D;
+    float big = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, wm[w * kMaxHeadsPerBlock + h]);
+    const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * splits + split;
+    if (big == -INFINITY) {
+      if (c == 0) {
+        p.part_ml[2 * row] = -INFINITY;
+        p.part_ml[2 * row + 1] = 0.0f;
+      }
+      continue;
+    }
+    float a = 0.0f;
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = wm[w * kMaxHeadsPerBlock + h];
+      if (mw == -INFINITY) continue;
+      const float f = exp2f(mw - big);
+      a += wacc[(w * kMaxHeadsPerBlock + h) * D + c] * f;
+      l += wl[w * kMaxHeadsPerBlock + h] * f;
+    }
+    p.part_acc[row * D + c] = a;
+    if (c == 0) {
+      p.part_ml[2 * row] = big;
+      p.part_ml[2 * row + 1] = l;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// bf16 rows: the sink + recent window of a quantized cache (PAGED = false) or the pages of the
+// bf16 cache (PAGED = true). Rows [begin, end) of the segment.
+
+template <int D>
+struct Bf16Geometry {
+  static constexpr int kRowStride = (D + 8) * 2;  // bytes; +16 keeps ldmatrix conflict-free
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowStride;
+  static constexpr int kPieces = D / 8;           // 16-byte pieces a row
+};
+
+template <int D, bool PAGED, int STAGES>
+__device__ __forceinline__ void Bf16Split(const DecodeKernelParams& p, unsigned char* smem,
+                                          int kvh, int head0, int b, int split, int begin,
+                                          int end, int n_sink, int recent_begin) {
+  using Geo = Bf16Geometry<D>;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int gi = lane >> 2;
+  const int t4 = lane & 3;
+
+  // Query fragments of head gi (B operand of QK, natural channel order), as bf16 hi + lo.
+  uint32_t bq_hi[D / 16][2];
+  uint32_t bq_lo[D / 16][2];
+  bool any_lo = false;
+  {
+    const bool real = gi < p.heads_per_block;
+    const float* q = p.q + (static_cast<int64_t>(b) * p.num_q_heads + head0 + (real ? gi : 0)) * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = 16 * kk + 8 * half + 2 * t4;
+        const float2 v = real ? *reinterpret_cast<const float2*>(q + c) : make_float2(0.f, 0.f);
+        SplitBf16(v.x, v.y, bq_hi[kk][half], bq_lo[kk][half]);
+        any_lo |= (bq_lo[kk][half] & 0x7fff7fffu) != 0u;
+      }
+    }
+  }
+  int* page_ids = reinterpret_cast<int*>(smem + STAGES * Geo::kStageBytes);
+  const int first_page = begin >> p.page_size_log2;
+  if constexpr (PAGED) LoadSplitPages(p, b, begin, end, page_ids);
+  const bool use_lo = __syncthreads_or(any_lo) != 0;  // also publishes page_ids
+
+  WarpState<D> st;
+  st.Init();
+
+  const int n_tokens = end - begin;
+  const int n_tiles = (n_tokens + kTileTokens - 1) / kTileTokens;
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
+  const int page_size = 1 << p.page_size_log2;
+
+  auto issue = [&](int tile, int stage) {
+    unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
+    const int first = begin + tile * kTileTokens;
+    for (int idx = threadIdx.x; idx < 2 * kTileTokens * Geo::kPieces; idx += kThreads) {
+      const int kv = idx / (kTileTokens * Geo::kPieces);
+      const int rem = idx - kv * kTileTokens * Geo::kPieces;
+      const int r = rem / Geo::kPieces;
+      const int piece = rem - r * Geo::kPieces;
+      const int tok = first + r;
+      const bool valid = tok < end;
+      const uint16_t* src;
+      if constexpr (PAGED) {
+        const uint8_t* pool = kv ? p.v_codes : p.k_codes;
+        const int64_t stride = kv ? p.v_codes_page_stride : p.k_codes_page_stride;
+        if (valid) {
+          const int page = page_ids[(tok >> p.page_size_log2) - first_page];
+          const int slot = tok & (page_size - 1);
+          src = reinterpret_cast<const uint16_t*>(pool + page * stride) +
+                (static_cast<int64_t>(kvh) * page_size + slot) * D;
+        } else {
+          src = reinterpret_cast<const uint16_t*>(pool);
+        }
+      } else {
+        if (tok < n_sink) {
+          const uint16_t* sink = kv ? p.sink_v : p.sink_k;
+          src = sink + (static_cast<int64_t>(b) * p.sink + tok) * row_elems + kvh * D;
+        } else {
+          const uint16_t* ring = kv ? p.recent_v : p.recent_k;
+          const int pos = valid ? recent_begin + (tok - n_sink) : 0;
+          const int slot = pos % p.recent;
+          src = ring + (static_cast<int64_t>(b) * p.recent + slot) * row_elems + kvh * D;
+        }
+      }
+      CpAsync16(dst_stage + kv * kTileTokens * Geo::kRowStride + r * Geo::kRowStride + piece * 16,
+                src + piece * 8, valid);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_tiles) issue(s, s);
+    CpAsyncCommit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if constexpr (STAGES == 1) {
+      // No pipeline (the window is a few tiles): load, wait, compute, and keep the buffer
+      // until every warp is done with it.
+      if (tile > 0) __syncthreads();
+      issue(tile, 0);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+      __syncthreads();
+    } else {
+      CpAsyncWait<STAGES - 2>();
+      __syncthreads();
+      const int next = tile + STAGES - 1;
+      if (next < n_tiles) issue(next, next % STAGES);
+      CpAsyncCommit();
+    }
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    if (chunk_first < end) {
+      const unsigned char* ks =
+          smem + (tile % STAGES) * Geo::kStageBytes + warp * kChunkTokens * Geo::kRowStride;
+      const unsigned char* vs = ks + kTileTokens * Geo::kRowStride;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        LdMatrixX4(a, ks + ((lane & 7) + 8 * ((lane >> 3) & 1)) * Geo::kRowStride +
+                          (16 * kk + 8 * (lane >> 4)) * 2);
+        MmaBf16(c, a[0], a[1], a[2], a[3], bq_hi[kk][0], bq_hi[kk][1]);
+        if (use_lo) MmaBf16(c, a[0], a[1], a[2], a[3], bq_lo[kk][0], bq_lo[kk][1]);
+      }
+      const bool valid_a = chunk_first + gi < end;
+      const bool valid_b = chunk_first + gi + 8 < end;
+      const float f = p.logit_scale_log2;
+      const float sl[4] = {valid_a ? c[0] * f : -INFINITY, valid_a ? c[1] * f : -INFINITY,
+                           valid_b ? c[2] * f : -INFINITY, valid_b ? c[3] * f : -INFINITY};
+      float pr[4];
+      float alpha[2];
+      st.Update(sl, pr, alpha);
+      uint32_t hi_a, lo_a, hi_b, lo_b;
+      SplitBf16(pr[0], pr[1], hi_a, lo_a);
+      SplitBf16(pr[2], pr[3], hi_b, lo_b);
+      const uint32_t bh0 = Transpose8x8(hi_a), bh1 = Transpose8x8(hi_b);
+      const uint32_t bl0 = Transpose8x8(lo_a), bl1 = Transpose8x8(lo_b);
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        uint32_t a[4];
+        LdMatrixX4Trans(a, vs + ((lane & 7) + 8 * (lane >> 4)) * Geo::kRowStride +
+                               (16 * mt + 8 * ((lane >> 3) & 1)) * 2);
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st, [&](int mt, int upper) { return 16 * mt + gi + 8 * upper; }, smem, b, head0, split);
+}
+
+// ------------------------------------------------------------------------------------------
+// INT-b history pages.
+
+template <int D, int BITS>
+struct QuantGeometry {
+  static constexpr int kFields = 8 / BITS;            // codes per byte
+  static constexpr int kRowBytes = D * BITS / 8;      // RB
+  static constexpr int kQkWords = kRowBytes / 16;     // u32 words of a row per QK thread
+  static constexpr int kPvBytes = kRowBytes / 8;      // bytes of a row per PV thread
+  static constexpr int kPvWords = kPvBytes >= 4 ? kPvBytes / 4 : 1;
+  static constexpr int kPvPairs = kPvBytes / 2;       // m-tiles per field
+  static constexpr int kMaxGroups = D / 32;
+  static constexpr int kStages = 4;
+  static constexpr int kCodesBytes = kTileTokens * kRowBytes;      // K or V codes of a stage
+  static constexpr int kMetaBytes = kTileTokens * kMaxGroups * 2;  // one metadata array
+  static constexpr int kStageBytes = 2 * kCodesBytes + 4 * kMetaBytes;
+  static constexpr int kCodePiecesPerThread = 4 * 2 * kRowBytes / kThreads;  // 16-byte copies
+  // q~ [8][D] fp32, then per (group, head) the sums of the represented q~ and of its scaled
+  // parts: [2][kMaxGroups][8] fp32.
+  // and the B fragments of the query, uint4 {hi k-lo, hi k-hi, lo k-lo, lo k-hi} per
+  // (k-step, lane): [D/16][32].
+  static constexpr int kQueryBytes = kMaxHeadsPerBlock * D * 4 +
+                                     2 * kMaxGroups * kMaxHeadsPerBlock * 4 + (D / 16) * 32 * 16;
+  static_assert(kFields * kQkWords == D / 16, "QK k-steps");
+  static_assert(kFields * kPvPairs == D / 16, "PV m-tiles");
+  static_assert(4 * 2 * kRowBytes % kThreads == 0, "code copies per thread");
+};
+
+template <int D, int BITS>
+__device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
+                                           int kvh, int head0, int b, int split, int begin,
+                                           int end) {
+  using Geo = QuantGeometry<D, BITS>;
+  constexpr int F = Geo::kFields;
+  constexpr int RB = Geo::kRowBytes;
+  constexpr int NW = Geo::kQkWords;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int gi = lane >> 2;
+  const int t4 = lane & 3;
+  const int h0 = 2 * t4;
+  const int ngk = D / p.key_group;
+  const int ngv = D / p.value_group;
+  const int fpg_k = p.key_group / RB;    // fields per group (>= 1, a power of two)
+  const int fpg_v = p.value_group / RB;
+  const int fpg_k_log2 = __ffs(fpg_k) - 1;  // group of field f: f >> log2 (no division)
+  const int fpg_v_log2 = __ffs(fpg_v) - 1;
+  const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
+
+  const int n_tokens = end - begin;
+  const int n_tiles = (n_tokens + kTileTokens - 1) / kTileTokens;
+  const int page_size = 1 << p.page_size_log2;
+  float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
+  int* page_ids = reinterpret_cast<int*>(smem + Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes);
+  LoadSplitPages(p, b, begin, end, page_ids);
+  const int first_page = begin >> p.page_size_log2;
+
+  // Each thread's copies are the same every stage: code pieces idx = tid + 128*i over
+  // 4 chunks x {K, V} x RB pieces, and at most one metadata piece over
+  // 4 chunks x {K scale, K min, V scale, V min} x 2*ng pieces.
+  const int meta_per_chunk = 4 * ngk + 4 * ngv;
+  int meta_chunk = -1, meta_array = 0, meta_piece = 0, meta_ng = 0;
+  if (threadIdx.x < 4 * meta_per_chunk) {
+    meta_chunk = threadIdx.x / meta_per_chunk;
+    int rem = threadIdx.x - meta_chunk * meta_per_chunk;
+    if (rem < 4 * ngk) {
+      meta_array = rem / (2 * ngk);
+      meta_piece = rem - meta_array * 2 * ngk;
+      meta_ng = ngk;
+    } else {
+      rem -= 4 * ngk;
+      meta_array = 2 + rem / (2 * ngv);
+      meta_piece = rem - (meta_array - 2) * 2 * ngv;
+      meta_ng = ngv;
+    }
+  }
+  const unsigned char* meta_base = reinterpret_cast<const unsigned char*>(
+      meta_array == 0 ? p.k_scale : meta_array == 1 ? p.k_min : meta_array == 2 ? p.v_scale : p.v_min);
+  const int64_t meta_stride = meta_array < 2 ? p.k_meta_page_stride : p.v_meta_page_stride;
+
+  auto issue = [&](int tile, int stage) {
+    unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
+    const int first = begin + tile * kTileTokens;
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < Geo::kCodePiecesPerThread; ++i) {
+      const int idx = threadIdx.x + kThreads * i;
+      const int chunk = idx / (2 * RB);
+      const int rem = idx - chunk * 2 * RB;
+      const int kv = rem / RB;
+      const int piece = rem - kv * RB;
+      const int tok = first + chunk * kChunkTokens;
+      if (tok >= end) continue;
+      const int page = page_ids[(tok >> p.page_size_log2) - first_page];
+      const int slot = tok & (page_size - 1);
+      const uint8_t* src = (kv ? p.v_codes : p.k_codes) +
+                           page * (kv ? p.v_codes_page_stride : p.k_codes_page_stride) +
+                           (static_cast<int64_t>(kvh) * page_size + slot) * RB + piece * 16;
+      CpAsync16(dst_stage + kv * Geo::kCodesBytes + chunk * kChunkTokens * RB + piece * 16, src,
+                true);
+    }
+    if (meta_chunk >= 0) {
+      const int tok = first + meta_chunk * kChunkTokens;
+      if (tok < end) {
+        const int page = page_ids[(tok >> p.page_size_log2) - first_page];
+        const int slot = tok & (page_size - 1);
+        const unsigned char* src = meta_base + page * meta_stride +
+                                   (static_cast<int64_t>(kvh) * page_size + slot) * meta_ng * 2 +
+                                   meta_piece * 16;
+        CpAsync16(dst_stage + 2 * Geo::kCodesBytes + meta_array * Geo::kMetaBytes +
+                      meta_chunk * kChunkTokens * meta_ng * 2 + meta_piece * 16,
+                  src, true);
+      }
+    }
+  };
+
+  // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
+  // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
+  // field the sum of the represented q~ (hi + lo) over the field's channels (min term).
+  for (int i = threadIdx.x; i < kMaxHeadsPerBlock * D; i += kThreads) {
+    const int h = i / D;
+    q_s[i] = h < p.heads_per_block
+                 ? p.q_rot[(static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D + (i - h * D)]
+                 : 0.0f;
+  }
+  __syncthreads();  // also publishes page_ids
+
+  // Start the pipeline; the fragment setup below overlaps the first loads.
+#pragma unroll
+  for (int s = 0; s < Geo::kStages - 1; ++s) {
+    if (s < n_tiles) issue(s, s);
+    CpAsyncCommit();
+  }
+
+  // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
+  // 2^-shift(f) (exact) and the bias removed in the epilogue through bias_sum.
+  // The query fragments live in shared memory (read once per k-step, 16 bytes a lane) rather
+  // than in 4*D/16 registers, which keeps the kernel under 128 registers without spills.
+  uint4* bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D +
+                                         2 * Geo::kMaxGroups * kMaxHeadsPerBlock);
+  // qsum_s[g][h]: sum of the represented q~ (hi + lo) of head h over group g's channels;
+  // bias_s[g][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
+  float* qsum_s = q_s + kMaxHeadsPerBlock * D;
+  float* bias_s = qsum_s + Geo::kMaxGroups * kMaxHeadsPerBlock;
+  {
+    const float* qh = q_s + gi * D;
+    StaticFor<F>([&](auto fc) {
+      constexpr int f = decltype(fc)::value;
+      constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const int c = f * RB + t4 * NW * 4 + 4 * w;  // channels of bytes c .. c+3 of field f
+        // k 2t4, 2t4+1 <- bytes 0, 2; k 2t4+8, 2t4+9 <- bytes 1, 3.
+        uint32_t hi[2], lo[2];
+        SplitBf16(qh[c] * kScale, qh[c + 2] * kScale, hi[0], lo[0]);
+        SplitBf16(qh[c + 1] * kScale, qh[c + 3] * kScale, hi[1], lo[1]);
+        if (warp == 0) bq_s[(f * NW + w) * 32 + lane] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float2 hf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[k]));
+          const float2 lf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[k]));
+          sum += (hf.x + lf.x) + (hf.y + lf.y);
+        }
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (warp == 0 && t4 == 0) {  // one writer per head; read after the loop's first barrier
+        const int g = f >> fpg_k_log2;
+        const int at = g * kMaxHeadsPerBlock + gi;
+        const bool first = (f & (fpg_k - 1)) == 0;
+        bias_s[at] = (first ? 0.0f : bias_s[at]) + sum;
+        qsum_s[at] = (first ? 0.0f : qsum_s[at]) + sum / kScale;  // exact: a power of two
+      }
+    });
+  }
+  const float fac = p.logit_scale_log2;
+
+  WarpState<D> st;
+  st.Init();
+  float min_sum[F][2];
+#pragma unroll
+  for (int f = 0; f < F; ++f) min_sum[f][0] = min_sum[f][1] = 0.0f;
+
+  const int row_a = ChunkRow(gi);
+  const int row_b = ChunkRow(gi + 8);
+  const int vrow[4] = {ChunkRow(2 * t4), ChunkRow(2 * t4 + 1), ChunkRow(2 * t4 + 8),
+                       ChunkRow(2 * t4 + 9)};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    CpAsyncWait<Geo::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = tile + Geo::kStages - 1;
+      if (next < n_tiles) issue(next, next % Geo::kStages);
+      CpAsyncCommit();
+    }
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    if (chunk_first >= end) continue;
+    const unsigned char* stage = smem + (tile % Geo::kStages) * Geo::kStageBytes;
+    const unsigned char* kc = stage + warp * kChunkTokens * RB;
+    const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
+    const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes) +
+                         warp * kChunkTokens * ngk;
+    const uint16_t* km = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                           Geo::kMetaBytes) +
+                         warp * kChunkTokens * ngk;
+    const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                            2 * Geo::kMetaBytes) +
+                          warp * kChunkTokens * ngv;
+    const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                            3 * Geo::kMetaBytes) +
+                          warp * kChunkTokens * ngv;
+    const bool valid_a = chunk_first + row_a < end;
+    const bool valid_b = chunk_first + row_b < end;
+
+    // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
+    uint32_t ka[NW], kb[NW];
+    LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
+    LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      uint32_t ka8[NW], kb8[NW];  // bytes 1 and 3 moved down to 0 and 2
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        ka8[w] = ka[w] >> 8;
+        kb8[w] = kb[w] >> 8;
+      }
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      StaticFor<F>([&](auto fc) {
+        constexpr int f = decltype(fc)::value;
+        using Field = CodeField<BITS, f>;
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          const uint32_t a0 = Field::Biased(ka[w], code_bias);
+          const uint32_t a1 = Field::Biased(kb[w], code_bias);
+          const uint32_t a2 = Field::Biased(ka8[w], code_bias);
+          const uint32_t a3 = Field::Biased(kb8[w], code_bias);
+          const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
+          MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+          MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
+        }
+        if (((f + 1) & (fpg_k - 1)) == 0) {
+          const int g = f >> fpg_k_log2;
+          const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
+          const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
+          const float qs0 = qs.x, qs1 = qs.y, qb0 = qb.x, qb1 = qb.y;
+          const float sfa = Bf16ToFloat(ks[row_a * ngk + g]);
+          const float sfb = Bf16ToFloat(ks[row_b * ngk + g]);
+          const float mfa = Bf16ToFloat(km[row_a * ngk + g]);
+          const float mfb = Bf16ToFloat(km[row_b * ngk + g]);
+          // The codes carried +128 against the scaled query parts: remove 128 * bias sum.
+          const float c0 = c[0] - 128.0f * qb0, c1 = c[1] - 128.0f * qb1;
+          const float c2 = c[2] - 128.0f * qb0, c3 = c[3] - 128.0f * qb1;
+          s[0] += sfa * c0 + mfa * qs0;
+          s[1] += sfa * c1 + mfa * qs1;
+          s[2] += sfb * c2 + mfb * qs0;
+          s[3] += sfb * c3 + mfb * qs1;
+          c[0] = c[1] = c[2] = c[3] = 0.0f;
+        }
+      });
+    }
+    const float sl[4] = {valid_a ? s[0] * fac : -INFINITY, valid_a ? s[1] * fac : -INFINITY,
+                         valid_b ? s[2] * fac : -INFINITY, valid_b ? s[3] * fac : -INFINITY};
+    float pr[4];
+    float alpha[2];
+    st.Update(sl, pr, alpha);
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      min_sum[f][0] *= alpha[0];
+      min_sum[f][1] *= alpha[1];
+    }
+
+    // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
+    uint32_t vw[4][Geo::kPvWords];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const unsigned char* src = vc + vrow[r] * RB + gi * Geo::kPvBytes;
+      if constexpr (Geo::kPvBytes == 2) {
+        vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
+      } else {
+        LoadWords<Geo::kPvWords>(src, vw[r]);
+      }
+    }
+    uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
+    float mfa = 0.0f, mfb = 0.0f;
+    uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
+#pragma unroll
+    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+      const int u = jp >> 1;
+      const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
+      x01[jp] = __byte_perm(vw[0][u], vw[1][u], sel);
+      x89[jp] = __byte_perm(vw[2][u], vw[3][u], sel);
+      y01[jp] = x01[jp] >> 8;
+      y89[jp] = x89[jp] >> 8;
+    }
+    StaticFor<F>([&](auto fc) {
+      constexpr int f = decltype(fc)::value;
+      using Field = CodeField<BITS, f>;
+      if ((f & (fpg_v - 1)) == 0) {
+        const int g = f >> fpg_v_log2;
+        // Select, not multiply: rows past the end may hold any bits.
+        const float sfa = valid_a ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
+        const float sfb = valid_b ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
+        mfa = valid_a ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
+        mfb = valid_b ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
+        uint32_t hi_a, lo_a, hi_b, lo_b;
+        SplitBf16(pr[0] * sfa, pr[1] * sfa, hi_a, lo_a);
+        SplitBf16(pr[2] * sfb, pr[3] * sfb, hi_b, lo_b);
+        bh0 = Transpose8x8(hi_a);
+        bh1 = Transpose8x8(hi_b);
+        bl0 = Transpose8x8(lo_a);
+        bl1 = Transpose8x8(lo_b);
+      }
+      min_sum[f][0] += pr[0] * mfa + pr[2] * mfb;
+      min_sum[f][1] += pr[1] * mfa + pr[3] * mfb;
+#pragma unroll
+      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        const uint32_t a0 = Field::Unbiased(x01[jp], code_bias);
+        const uint32_t a1 = Field::Unbiased(y01[jp], code_bias);
+        const uint32_t a2 = Field::Unbiased(x89[jp], code_bias);
+        const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
+        const int mt = f * Geo::kPvPairs + jp;
+        MmaBf16(st.acc[mt], a0, a1, a2, a3, bh0, bh1);
+        MmaBf16(st.acc[mt], a0, a1, a2, a3, bl0, bl1);
+      }
+    });
+  }
+  CpAsyncWait<0>();
+  // Fields kept in place accumulated 2^shift * code; then the min term: sum_t p_t * min_t of
+  // each field's group, the same for every channel of it.
+  StaticFor<F>([&](auto fc) {
+    constexpr int f = decltype(fc)::value;
+    constexpr float kUnscale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
+    const float m0 = SumOverRows(min_sum[f][0]);
+    const float m1 = SumOverRows(min_sum[f][1]);
+#pragma unroll
+    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+      const int mt = f * Geo::kPvPairs + jp;
+      st.acc[mt][0] = st.acc[mt][0] * kUnscale + m0;
+      st.acc[mt][1] = st.acc[mt][1] * kUnscale + m1;
+      st.acc[mt][2] = st.acc[mt][2] * kUnscale + m0;
+      st.acc[mt][3] = st.acc[mt][3] * kUnscale + m1;
+    }
+  });
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st,
+      [&](int mt, int upper) {
+        const int f = mt / Geo::kPvPairs;
+        const int jp = mt - f * Geo::kPvPairs;
+        return f * RB + gi * Geo::kPvBytes + 2 * jp + upper;
+      },
+      smem, b, head0, split);
+}
+
+// ------------------------------------------------------------------------------------------
+// The kernel.
+
+template <int D, HistoryFormat FORMAT>
+__global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
+    DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int kvh = blockIdx.x / p.head_chunks;
+  const int chunk = blockIdx.x - kvh * p.head_chunks;
+  const int b = blockIdx.y;
+  const int z = blockIdx.z;
+  const int head0 = kvh * p.q_per_kv + chunk * p.heads_per_block;
+  const int t = p.seq_lens[b];
+  if constexpr (FORMAT == HistoryFormat::kBf16) {
+    const int begin = z * p.hist_tokens_per_split;
+    const int end = min(begin + p.hist_tokens_per_split, t);
+    if (begin >= end) {
+      StoreEmptyPartial(p, b, head0, z);
+      return;
+    }
+    Bf16Split<D, true, 2>(p, smem, kvh, head0, b, z, begin, end, 0, 0);
+  } else {
+    if (z < p.hist_splits) {
+      const int n_hist = max(0, t - p.recent - p.sink);
+      const int begin = z * p.hist_tokens_per_split;
+      const int end = min(begin + p.hist_tokens_per_split, n_hist);
+      if (begin >= end) {
+        StoreEmptyPartial(p, b, head0, z);
+        return;
+      }
+      QuantSplit<D, static_cast<int>(FORMAT)>(p, smem, kvh, head0, b, z, begin, end);
+    } else {
+      const int n_sink = min(p.sink, t);
+      const int recent_begin = max(p.sink, t - p.recent);
+      const int n_window = n_sink + max(0, t - recent_begin);
+      const int begin = (z - p.hist_splits) * p.window_tokens_per_split;
+      const int end = min(begin + p.window_tokens_per_split, n_window);
+      if (begin >= end) {
+        StoreEmptyPartial(p, b, head0, z);
+        return;
+      }
+      Bf16Split<D, false, 1>(p, smem, kvh, head0, b, z, begin, end, n_sink, recent_begin);
+    }
+  }
+}
+
+template <int D, HistoryFormat FORMAT>
+constexpr int DecodeSharedBytesFor() {
+  constexpr int combine = (kWarps * kMaxHeadsPerBlock * D + 2 * kWarps * kMaxHeadsPerBlock) * 4;
+  constexpr int page_ids = (kMaxSplitTokens / 16 + 1) * 4;
+  if constexpr (FORMAT == HistoryFormat::kBf16) {
+    constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
+    return pipeline > combine ? pipeline : combine;
+  } else {
+    using Geo = QuantGeometry<D, static_cast<int>(FORMAT)>;
+    constexpr int quant = Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes + page_ids;
+    constexpr int window = Bf16Geometry<D>::kStageBytes;
+    constexpr int m = quant > window ? quant : window;
+    return m > combine ? m : combine;
+  }
+}
+
+}  // namespace kvq::gpu::attention::detail
+
+namespace kvq::gpu::attention {
+
+template <int HEAD_DIM, HistoryFormat FORMAT>
+cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
+  constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
+  auto kernel = detail::DecodeAttentionKernel<HEAD_DIM, FORMAT>;
+  if (kSmem > 48 * 1024) {
+    // Once per process (and device 0's limit is the same on every Hopper part).
+    static const cudaError_t raised =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (raised != cudaSuccess) return raised;
+  }
+  const int splits = p.hist_splits + p.window_splits;
+  if (p.batch < 1 || p.batch > 65535 || splits < 1 || splits > 65535 || p.num_kv_heads < 1)
+    return cudaErrorInvalidValue;
+  const dim3 grid(p.num_kv_heads * p.head_chunks, p.batch, splits);
+  kernel<<<grid, detail::kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kvq::gpu::attention

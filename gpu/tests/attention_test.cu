@@ -1,0 +1,627 @@
+// The CUDA decode attention (kvq/gpu/attention.h) against the fp64 reference over the same
+// stored rows (cpu::AttendReferenceF64) and against the CPU oracle (cpu::AttendBatch), on
+// caches built by the CPU paged cache (cpu::PagedKVCache) and uploaded as they are stored,
+// with the page ids shuffled so the page-table indirection is exercised.
+//
+// Tolerance, per query head: max_j |out - ref| / max_j |ref|.
+//  * Quantized cache: kGpuAttentionTolerance = 1e-3 (the spec's GPU bound). Error budget of the
+//    kernels: codes enter the tensor cores as exact bf16 integers; bf16 sink / recent rows are
+//    exact; the query (q~ for the history, q for the bf16 rows), p and p * scale are carried as
+//    bf16 hi + lo pairs, |x - (hi + lo)| <= 2^-17 |x|. The one lossy step left is the QK^T of
+//    the history, whose codes carry a +128 bias removed after the fp32 accumulation
+//    (128 * sum q~ cancels): ~2^-24 * 128 * sqrt(64) * |sum q~| per group, about 4e-5 nats on a
+//    logit for N(0,1)-like rows. A logit perturbation delta moves the output by
+//    sum_t p_t delta_t (v_t - o), i.e. relative to max|o| by a few times delta for the flat
+//    softmax of random rows: expected 1e-5 .. 2e-4, so 1e-3 has a 5x margin.
+//    (First device run, 2026-11-21: with q~ rounded once to fp16 instead of hi + lo, the error
+//    was 1e-3 .. 3e-3, twice the estimate for that design; hence hi + lo.)
+//  * bf16 cache: kBf16CacheTolerance = 1e-4: no bias, every operand within 2^-17, so the same
+//    amplification gives ~3e-5 (measured 1.3e-5 on the first device run).
+//  * Against the oracle: the two tolerances add (the oracle is within 1e-5 of the reference).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/common/params.h"
+#include "kvq/cpu_ref/attention.h"
+#include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/write_path.h"
+#include "kvq/gpu/attention.h"
+#include "kvq/gpu/attention_launch.h"
+#include "kvq/gpu/cuda_check.h"
+
+namespace kvq::gpu {
+namespace {
+
+constexpr double kBf16CacheTolerance = 1e-4;
+
+// ---- host data ----
+
+std::vector<float> RandomOrthogonal(int d, std::mt19937_64& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> m(static_cast<size_t>(d) * d);
+  for (double& x : m) x = normal(rng);
+  for (int i = 0; i < d; ++i) {
+    double* row = &m[static_cast<size_t>(i) * d];
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int k = 0; k < i; ++k) {
+        const double* other = &m[static_cast<size_t>(k) * d];
+        double dot = 0.0;
+        for (int j = 0; j < d; ++j) dot += row[j] * other[j];
+        for (int j = 0; j < d; ++j) row[j] -= dot * other[j];
+      }
+    }
+    double norm = 0.0;
+    for (int j = 0; j < d; ++j) norm += row[j] * row[j];
+    norm = std::sqrt(norm);
+    for (int j = 0; j < d; ++j) row[j] /= norm;
+  }
+  return std::vector<float>(m.begin(), m.end());
+}
+
+std::vector<float> HeadRotations(const WriteParams& p, int hkv, std::mt19937_64& rng) {
+  std::vector<float> all;
+  if (p.rotation != RotationKind::kDense) return all;
+  for (int h = 0; h < hkv; ++h) {
+    const std::vector<float> r = RandomOrthogonal(p.head_dim, rng);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  return all;
+}
+
+// K/V-like rows: N(0, 1), every 29th channel x8 (outliers), a per-row offset.
+std::vector<float> RandomRows(size_t tokens, int hkv, int d, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> rows(tokens * hkv * d);
+  for (size_t i = 0; i < rows.size(); i += d) {
+    const float offset = 0.3f * normal(rng);
+    for (int c = 0; c < d; ++c) rows[i + c] = ((c % 29 == 3) ? 8.0f : 1.0f) * normal(rng) + offset;
+  }
+  return rows;
+}
+
+struct Config {
+  std::string name;
+  int hq = 8, hkv = 2, d = 128, bits = 2, group = 64, sink = 64, recent = 256, page = 64;
+  bool quantized = true;
+  RotationKind key_rotation = RotationKind::kDense;
+  RotationKind value_rotation = RotationKind::kDense;
+  bool key_bitrev = true, value_bitrev = true;
+  int hadamard_block = 0;
+  std::vector<int> lengths;
+  bool bf16_queries = false;  // queries that are exact bf16 values (the lo operand is skipped)
+  uint64_t seed = 1;
+};
+
+CacheParams MakeParams(const Config& cfg) {
+  CacheParams c;
+  c.num_q_heads = cfg.hq;
+  c.num_kv_heads = cfg.hkv;
+  c.sink = cfg.sink;
+  c.recent = cfg.recent;
+  c.page_size = cfg.page;
+  c.quantized = cfg.quantized;
+  for (int kv = 0; kv < 2; ++kv) {
+    WriteParams& w = kv == 0 ? c.key : c.value;
+    w.head_dim = cfg.d;
+    w.group = cfg.group;
+    w.bits = cfg.bits;
+    w.rotation = kv == 0 ? cfg.key_rotation : cfg.value_rotation;
+    w.bitrev = kv == 0 ? cfg.key_bitrev : cfg.value_bitrev;
+    w.hadamard_block = w.rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
+    w.clip = 1.0f;
+  }
+  return c;
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : count(n) {
+    KVQ_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)));
+  }
+  DeviceBuffer(const T* host, size_t n) : DeviceBuffer(n) {
+    if (n) KVQ_CUDA_CHECK(cudaMemcpy(ptr, host, n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.data(), host.size()) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr, o.ptr);
+    std::swap(count, o.count);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  std::vector<T> ToHost() const {
+    std::vector<T> h(count);
+    if (count) KVQ_CUDA_CHECK(cudaMemcpy(h.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// The cache of cfg.lengths sequences on the host (cpu::PagedKVCache) and on the device, page
+// ids shuffled on upload.
+struct TestCase {
+  Config cfg;
+  CacheParams params;
+  cpu::PagedKVCache cache;
+  std::vector<int> seqs;
+  std::vector<float> q;  // [B, Hq, d]
+  int max_len = 0;
+
+  // device
+  DeviceBuffer<int32_t> lens, tables;
+  int max_pages = 0;
+  DeviceBuffer<uint8_t> k_codes, v_codes;
+  DeviceBuffer<uint16_t> k_scale, k_min, v_scale, v_min;
+  DeviceBuffer<uint16_t> sink_k, sink_v, recent_k, recent_v;
+  DeviceBuffer<float> rot_k, rot_v, q_dev;
+
+  static cpu::PagedKVCache MakeCache(const Config& cfg, std::mt19937_64& rng) {
+    const CacheParams p = MakeParams(cfg);
+    if (!p.quantized) return cpu::PagedKVCache(p, {}, {});
+    std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, rng);
+    std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, rng);
+    return cpu::PagedKVCache(p, std::move(rk), std::move(rv));
+  }
+
+  explicit TestCase(const Config& c) : TestCase(c, std::mt19937_64(c.seed)) {}
+  TestCase(const Config& c, std::mt19937_64 rng)
+      : cfg(c), params(MakeParams(c)), cache(MakeCache(c, rng)) {
+    const int d = cfg.d, hkv = cfg.hkv;
+    for (int len : cfg.lengths) {
+      const int s = cache.AddSequence();
+      const std::vector<float> k = RandomRows(len, hkv, d, rng);
+      const std::vector<float> v = RandomRows(len, hkv, d, rng);
+      cache.Prefill(s, k.data(), v.data(), len);
+      seqs.push_back(s);
+      max_len = std::max(max_len, len);
+    }
+    const int batch = static_cast<int>(seqs.size());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    q.resize(static_cast<size_t>(batch) * cfg.hq * d);
+    for (float& x : q) x = cfg.bf16_queries ? RoundToBf16(normal(rng)) : normal(rng);
+    Upload(rng);
+  }
+
+  void Upload(std::mt19937_64& rng) {
+    const int batch = static_cast<int>(seqs.size());
+    const int d = cfg.d, hkv = cfg.hkv, page = cfg.page;
+    std::vector<int32_t> lens_h;
+    for (int s : seqs) lens_h.push_back(static_cast<int32_t>(cache.Length(s)));
+    lens = DeviceBuffer<int32_t>(lens_h);
+    q_dev = DeviceBuffer<float>(q);
+    const size_t row = static_cast<size_t>(hkv) * d;
+    if (params.quantized) {
+      // Pool with shuffled page ids: CPU page i -> device page perm[i].
+      const int pages = cache.NumPages();
+      std::vector<int32_t> perm(pages);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (int kv = 0; kv < 2; ++kv) {
+        const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
+        const size_t cb = cache.PageCodeBytes(which);
+        const size_t mc = cache.PageMetadataCount(which);
+        std::vector<uint8_t> codes(std::max<size_t>(pages, 1) * cb, 0xAB);
+        std::vector<uint16_t> scale(std::max<size_t>(pages, 1) * mc, 0x7fc0);  // NaN filler
+        std::vector<uint16_t> mins(std::max<size_t>(pages, 1) * mc, 0x7fc0);
+        for (int i = 0; i < pages; ++i) {
+          std::memcpy(&codes[perm[i] * cb], cache.PoolCodes(which) + i * cb, cb);
+          std::memcpy(&scale[perm[i] * mc], cache.PoolScale(which) + i * mc, mc * 2);
+          std::memcpy(&mins[perm[i] * mc], cache.PoolMin(which) + i * mc, mc * 2);
+        }
+        (kv ? v_codes : k_codes) = DeviceBuffer<uint8_t>(codes);
+        (kv ? v_scale : k_scale) = DeviceBuffer<uint16_t>(scale);
+        (kv ? v_min : k_min) = DeviceBuffer<uint16_t>(mins);
+      }
+      max_pages = 1;
+      for (int s : seqs) max_pages = std::max<int>(max_pages, cache.PageTable(s).size());
+      std::vector<int32_t> tab(static_cast<size_t>(batch) * max_pages, -1);
+      for (int b = 0; b < batch; ++b) {
+        const std::vector<int32_t>& pt = cache.PageTable(seqs[b]);
+        for (size_t i = 0; i < pt.size(); ++i) tab[b * max_pages + i] = perm[pt[i]];
+      }
+      tables = DeviceBuffer<int32_t>(tab);
+      // Batched windows; rows the cache does not use are NaN so reading them would show.
+      const size_t sink_elems = static_cast<size_t>(cfg.sink) * row;
+      const size_t ring_elems = static_cast<size_t>(cfg.recent) * row;
+      for (int kv = 0; kv < 2; ++kv) {
+        const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
+        std::vector<uint16_t> sink(std::max<size_t>(batch * sink_elems, 8), 0x7fc0);
+        std::vector<uint16_t> ring(batch * ring_elems, 0x7fc0);
+        for (int b = 0; b < batch; ++b) {
+          const size_t t = cache.Length(seqs[b]);
+          const size_t n_sink = std::min<size_t>(t, cfg.sink);
+          std::memcpy(&sink[b * sink_elems], cache.SinkRows(seqs[b], which), n_sink * row * 2);
+          const size_t rb = std::max<size_t>(cfg.sink, t > static_cast<size_t>(cfg.recent) ? t - cfg.recent : 0);
+          for (size_t pos = rb; pos < t; ++pos) {
+            const size_t slot = pos % cfg.recent;
+            std::memcpy(&ring[b * ring_elems + slot * row],
+                        cache.RecentRing(seqs[b], which) + slot * row, row * 2);
+          }
+        }
+        (kv ? sink_v : sink_k) = DeviceBuffer<uint16_t>(sink);
+        (kv ? recent_v : recent_k) = DeviceBuffer<uint16_t>(ring);
+      }
+      for (int kv = 0; kv < 2; ++kv) {
+        const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
+        if (!cache.Rotation(which, 0)) continue;
+        std::vector<float> r;
+        for (int h = 0; h < hkv; ++h) {
+          const float* m = cache.Rotation(which, h);
+          r.insert(r.end(), m, m + static_cast<size_t>(d) * d);
+        }
+        (kv ? rot_v : rot_k) = DeviceBuffer<float>(r);
+      }
+    } else {
+      // bf16 cache: page the dense rows, page ids shuffled.
+      max_pages = (max_len + page - 1) / page;
+      const int pages = max_pages * batch;
+      std::vector<int32_t> perm(pages);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<int32_t> tab(static_cast<size_t>(batch) * max_pages);
+      const size_t page_elems = static_cast<size_t>(hkv) * page * d;
+      for (int kv = 0; kv < 2; ++kv) {
+        const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
+        std::vector<uint16_t> pool(pages * page_elems, 0x7fc0);
+        for (int b = 0; b < batch; ++b) {
+          const size_t t = cache.Length(seqs[b]);
+          const uint16_t* dense = cache.DenseRows(seqs[b], which);
+          for (int i = 0; i < max_pages; ++i) tab[b * max_pages + i] = perm[b * max_pages + i];
+          for (size_t pos = 0; pos < t; ++pos) {
+            const int pg = tab[b * max_pages + pos / page];
+            const size_t slot = pos % page;
+            for (int h = 0; h < hkv; ++h) {
+              std::memcpy(&pool[pg * page_elems + (h * page + slot) * d], dense + (pos * hkv + h) * d,
+                          d * 2);
+            }
+          }
+        }
+        std::vector<uint8_t> bytes(pool.size() * 2);
+        std::memcpy(bytes.data(), pool.data(), bytes.size());
+        (kv ? v_codes : k_codes) = DeviceBuffer<uint8_t>(bytes);
+      }
+      tables = DeviceBuffer<int32_t>(tab);
+    }
+  }
+
+  DecodeAttentionInputs Inputs() const {
+    DecodeAttentionInputs in;
+    in.batch = static_cast<int>(seqs.size());
+    in.max_seq_len = max_len;
+    in.seq_lens = lens.ptr;
+    in.page_tables = tables.ptr;
+    in.max_pages = max_pages;
+    in.key_codes = k_codes.ptr;
+    in.value_codes = v_codes.ptr;
+    in.key_scale = k_scale.ptr;
+    in.key_min = k_min.ptr;
+    in.value_scale = v_scale.ptr;
+    in.value_min = v_min.ptr;
+    in.sink_key = sink_k.ptr;
+    in.sink_value = sink_v.ptr;
+    in.recent_key = recent_k.ptr;
+    in.recent_value = recent_v.ptr;
+    in.rotation_key = rot_k.ptr;
+    in.rotation_value = rot_v.ptr;
+    in.q = q_dev.ptr;
+    return in;
+  }
+
+  // Runs the GPU attention on poisoned (NaN) output and returns it, [B, Hq, d].
+  std::vector<float> RunGpu() const {
+    const int batch = static_cast<int>(seqs.size());
+    const DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
+    DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
+    KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
+    DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
+    KVQ_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.count * sizeof(float)));
+    DecodeAttention(params, Inputs(), plan, ws.ptr, plan.workspace_bytes, out.ptr);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    return out.ToHost();
+  }
+};
+
+// Checks every output against the fp64 reference and the oracle; reports the worst error.
+void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_oracle = true) {
+  const std::vector<float> gpu = tc.RunGpu();
+  const int batch = static_cast<int>(tc.seqs.size());
+  const int hq = tc.cfg.hq, d = tc.cfg.d;
+  std::vector<float> oracle(gpu.size());
+  if (check_oracle) cpu::AttendBatch(cpu::BestBackend(), tc.cache, tc.seqs, tc.q.data(), oracle.data());
+  double worst_ref = 0.0, worst_oracle = 0.0;
+  for (int b = 0; b < batch; ++b) {
+    const float* out = &gpu[static_cast<size_t>(b) * hq * d];
+    for (int i = 0; i < hq * d; ++i) {
+      ASSERT_TRUE(std::isfinite(out[i])) << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence "
+                                         << b << " (t = " << tc.cache.Length(tc.seqs[b])
+                                         << ") head " << i / d << " channel " << i % d
+                                         << " not written or not finite: " << out[i];
+    }
+    std::vector<double> ref(static_cast<size_t>(hq) * d);
+    cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], ref.data());
+    const std::vector<double> err = cpu::RelativeErrorPerHead(out, ref.data(), hq, d);
+    for (int h = 0; h < hq; ++h) {
+      worst_ref = std::max(worst_ref, err[h]);
+      EXPECT_LE(err[h], tolerance) << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence " << b
+                                   << " (t = " << tc.cache.Length(tc.seqs[b]) << ") head " << h
+                                   << " vs fp64 reference";
+    }
+    if (check_oracle) {
+      std::vector<double> oracle_d(oracle.begin() + static_cast<size_t>(b) * hq * d,
+                                   oracle.begin() + static_cast<size_t>(b + 1) * hq * d);
+      const std::vector<double> e2 = cpu::RelativeErrorPerHead(out, oracle_d.data(), hq, d);
+      for (int h = 0; h < hq; ++h) {
+        worst_oracle = std::max(worst_oracle, e2[h]);
+        EXPECT_LE(e2[h], tolerance + cpu::kAttentionOracleTolerance)
+            << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence " << b << " head " << h
+            << " vs CPU oracle";
+      }
+    }
+  }
+  std::printf("[ %s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+              tc.cfg.name.c_str(), worst_ref, worst_oracle, tolerance);
+}
+
+#define REQUIRE_GPU()                                          \
+  do {                                                         \
+    if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";    \
+  } while (0)
+
+// Lengths around every boundary of the default layout (S0 = 64, W = 256, P = 64): T = 1, inside
+// the sink, sink full, no history (t <= S0 + W), one history token, exactly one page, a page
+// plus one, several pages, and an uneven long one.
+const std::vector<int> kBoundaryLengths = {1, 37, 64, 65, 320, 321, 384, 385, 1000, 4123};
+
+TEST(GpuAttention, Int2Dense_Gqa4_Boundaries) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G64 g4 dense+bitrev";
+  cfg.lengths = kBoundaryLengths;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Dense_Gqa4_Bf16Queries) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G64 g4 bf16 queries";
+  cfg.lengths = {2, 300, 700, 2500};
+  cfg.bf16_queries = true;
+  cfg.seed = 7;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Hadamard_Gqa1_Group32_Page16) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G32 g1 P16 hadamard32 / identity";
+  cfg.hq = 2;
+  cfg.hkv = 2;
+  cfg.group = 32;
+  cfg.page = 16;
+  cfg.key_rotation = RotationKind::kHadamard;
+  cfg.hadamard_block = 32;
+  cfg.value_rotation = RotationKind::kIdentity;
+  cfg.value_bitrev = false;
+  cfg.lengths = {1, 321, 336, 337, 999, 3000};
+  cfg.seed = 2;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Dense_Gqa8_Group128_Page128) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G128 g8 P128";
+  cfg.hq = 8;
+  cfg.hkv = 1;
+  cfg.group = 128;
+  cfg.page = 128;
+  cfg.sink = 16;
+  cfg.recent = 64;
+  cfg.lengths = {80, 81, 208, 209, 2222};
+  cfg.seed = 3;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Dense_Gqa16_TwoHeadChunks) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G64 g16";
+  cfg.hq = 32;
+  cfg.hkv = 2;
+  cfg.lengths = {500, 1500};
+  cfg.seed = 4;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int4Dense_Gqa4) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int4 d128 G64 g4";
+  cfg.bits = 4;
+  cfg.lengths = {1, 321, 385, 2049};
+  cfg.seed = 5;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Dense_HeadDim64_Group32) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d64 G32 g4";
+  cfg.d = 64;
+  cfg.group = 32;
+  cfg.lengths = {1, 400, 1777};
+  cfg.seed = 6;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Dense_HeadDim256_Group64) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d256 G64 g4";
+  cfg.d = 256;
+  cfg.lengths = {1, 400, 1777};
+  cfg.seed = 8;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int4Dense_HeadDim64) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int4 d64 G32 g4";
+  cfg.d = 64;
+  cfg.bits = 4;
+  cfg.group = 32;
+  cfg.lengths = {1, 400, 1777};
+  cfg.seed = 9;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+TEST(GpuAttention, Int2Dense_Long64K) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G64 g4 T=64K";
+  cfg.lengths = {65536, 3000};
+  cfg.seed = 10;
+  // The oracle is skipped here only for time; the fp64 reference covers the same rows.
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance, /*check_oracle=*/false);
+}
+
+TEST(GpuAttention, Bf16Cache_Gqa4) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "bf16 cache d128 g4";
+  cfg.quantized = false;
+  cfg.lengths = {1, 15, 16, 64, 65, 1000, 20000};
+  cfg.seed = 11;
+  CheckAgainstReferences(TestCase(cfg), kBf16CacheTolerance);
+}
+
+TEST(GpuAttention, Bf16Cache_Gqa1_Bf16Queries) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "bf16 cache d128 g1 bf16 queries";
+  cfg.quantized = false;
+  cfg.hq = 2;
+  cfg.bf16_queries = true;
+  cfg.page = 16;
+  cfg.lengths = {1, 17, 333, 4000};
+  cfg.seed = 12;
+  CheckAgainstReferences(TestCase(cfg), kBf16CacheTolerance);
+}
+
+// Small enough for compute-sanitizer (memcheck / racecheck): both kernels paths, page edges.
+TEST(GpuAttention, Sanitizer_Small) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "sanitizer int2";
+  cfg.sink = 8;
+  cfg.recent = 16;
+  cfg.page = 16;
+  cfg.lengths = {1, 24, 25, 40, 41, 200};
+  cfg.seed = 13;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+  Config bf = cfg;
+  bf.name = "sanitizer bf16";
+  bf.quantized = false;
+  CheckAgainstReferences(TestCase(bf), kBf16CacheTolerance);
+}
+
+// The query rotation stage: the same bits as the CPU write path's Rotate (spec dense rule,
+// FWHT, bit reversal), for every head of a batch.
+TEST(GpuAttention, RotateQueries_BitExact) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(21);
+  for (int d : {64, 128, 256}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      WriteParams wp;
+      wp.head_dim = d;
+      wp.group = 32;
+      wp.rotation = static_cast<RotationKind>(kind);
+      wp.hadamard_block = kind == 2 ? 32 : 0;
+      wp.bitrev = kind != 0;
+      const int hkv = 2, g = 3, batch = 2, hq = hkv * g;
+      std::vector<float> rot = HeadRotations(wp, hkv, rng);
+      std::normal_distribution<float> normal(0.0f, 2.0f);
+      std::vector<float> q(static_cast<size_t>(batch) * hq * d);
+      for (float& x : q) x = normal(rng);
+      DeviceBuffer<float> q_dev(q), rot_dev(rot), out(q.size());
+      attention::RotateQueriesParams rp;
+      rp.batch = batch;
+      rp.num_q_heads = hq;
+      rp.q_per_kv = g;
+      rp.rotation = kind;
+      rp.rotations = rot_dev.ptr;
+      rp.fwht_block = wp.fwht_block();
+      rp.fwht_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(wp.fwht_block())));
+      rp.bitrev = wp.bitrev;
+      rp.q = q_dev.ptr;
+      rp.q_rot = out.ptr;
+      KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rp, nullptr));
+      KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = out.ToHost();
+      for (int b = 0; b < batch; ++b) {
+        for (int h = 0; h < hq; ++h) {
+          const size_t off = (static_cast<size_t>(b) * hq + h) * d;
+          std::vector<float> want(d);
+          cpu::Rotate(cpu::ScalarBackend(), wp,
+                      kind == 1 ? &rot[static_cast<size_t>(h / g) * d * d] : nullptr, &q[off],
+                      want.data(), 1);
+          for (int j = 0; j < d; ++j) {
+            ASSERT_EQ(F32Bits(got[off + j]), F32Bits(want[j]))
+                << "d " << d << " rotation " << kind << " batch " << b << " head " << h
+                << " channel " << j << ": gpu " << got[off + j] << " cpu " << want[j];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Configurations the kernels do not cover are refused by name, without a device.
+TEST(GpuAttention, UnsupportedConfigurationsThrow) {
+  Config cfg;
+  cfg.bits = 4;
+  cfg.group = 32;  // d*b/8 = 64 > G
+  EXPECT_THROW(
+      {
+        try {
+          PlanDecodeAttention(MakeParams(cfg), 1, 100, 132);
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+          EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  Config gqa;
+  gqa.hq = 24;
+  gqa.hkv = 2;  // g = 12
+  EXPECT_THROW(PlanDecodeAttention(MakeParams(gqa), 1, 100, 132), Error);
+  Config ok;
+  const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), 1, 131072, 132);
+  EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, 131072 - 320);
+  EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
+  EXPECT_EQ(plan.window_splits, 3);
+  EXPECT_THROW(PlanDecodeAttention(MakeParams(ok), 0, 100, 132), Error);
+}
+
+}  // namespace
+}  // namespace kvq::gpu
