@@ -1,0 +1,447 @@
+// The paged KV cache of the CPU oracle (spec/cache.md). Prefill and Append share one path,
+// Extend(): it gathers the rows that enter the history (from the recent ring or from the new
+// tokens), quantizes them through the validating write path, and only then mutates the cache,
+// so a failure leaves the cache as it was and a token's history bits never depend on how it
+// got there.
+#include "kvq/cpu_ref/cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/cpu_ref/write_path.h"
+
+namespace kvq::cpu {
+namespace {
+
+const char* KVName(int kv) { return kv == 0 ? "key" : "value"; }
+
+bool IsNonFiniteBf16(uint16_t bits) { return (bits & 0x7f80u) == 0x7f80u; }
+
+size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+double CacheBytes::bits_per_element() const {
+  return elements == 0 ? 0.0 : 8.0 * static_cast<double>(total()) / static_cast<double>(elements);
+}
+
+double CacheBytes::bits_per_element_allocated() const {
+  return elements == 0 ? 0.0
+                       : 8.0 * static_cast<double>(total_allocated()) /
+                             static_cast<double>(elements);
+}
+
+PagedKVCache::PagedKVCache(const CacheParams& params, std::vector<float> rotation_k,
+                           std::vector<float> rotation_v, std::vector<float> clip_k,
+                           std::vector<float> clip_v, const Backend& write_backend)
+    : params_(params), write_backend_(&write_backend) {
+  params_.Validate();
+  if (!params_.quantized) return;  // the bf16 baseline needs no write data
+  const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
+  const size_t d = static_cast<size_t>(params_.head_dim());
+  std::vector<float>* rotations[2] = {&rotation_k, &rotation_v};
+  std::vector<float>* clips[2] = {&clip_k, &clip_v};
+  for (int kv = 0; kv < 2; ++kv) {
+    const WriteParams& wp = kv == 0 ? params_.key : params_.value;
+    std::vector<float>& rotation = *rotations[kv];
+    if (wp.rotation == RotationKind::kDense) {
+      KVQ_CHECK(rotation.size() == hkv * d * d, kShapeMismatch, KVName(kv), " rotation has ",
+                rotation.size(), " values, expected [", hkv, ", ", d, ", ", d, "] = ",
+                hkv * d * d);
+      for (size_t i = 0; i < rotation.size(); ++i) {
+        KVQ_CHECK(std::isfinite(rotation[i]), kNonFinite, KVName(kv),
+                  " rotation of KV head ", i / (d * d), " has ", rotation[i], " at row ",
+                  (i / d) % d, ", column ", i % d);
+      }
+    } else {
+      KVQ_CHECK(rotation.empty(), kInvalidArgument, KVName(kv), " rotation matrices given (",
+                rotation.size(), " values) but the ", KVName(kv), " rotation is '",
+                RotationKindName(wp.rotation), "'");
+    }
+    rotation_[kv] = std::move(rotation);
+    std::vector<float>& transposed = rotation_transposed_[kv];
+    transposed.resize(rotation_[kv].size());
+    for (size_t base = 0; base < transposed.size(); base += d * d) {
+      for (size_t i = 0; i < d; ++i) {
+        for (size_t j = 0; j < d; ++j) transposed[base + j * d + i] = rotation_[kv][base + i * d + j];
+      }
+    }
+
+    std::vector<float>& clip = *clips[kv];
+    if (clip.empty()) clip.assign(hkv, wp.clip);
+    KVQ_CHECK(clip.size() == hkv, kShapeMismatch, KVName(kv), " clip ratios have ", clip.size(),
+              " values, expected one per KV head (", hkv, ")");
+    for (size_t h = 0; h < hkv; ++h) {
+      KVQ_CHECK(std::isfinite(clip[h]) && clip[h] > 0.0f && clip[h] <= 1.0f, kInvalidArgument,
+                KVName(kv), " clip ratio ", clip[h], " of KV head ", h, " is outside (0, 1]");
+    }
+    clip_[kv] = std::move(clip);
+  }
+}
+
+int PagedKVCache::AddSequence() {
+  const int id = next_sequence_id_++;
+  Sequence& s = sequences_[id];
+  if (params_.quantized) {
+    const size_t row = RowElements();
+    for (int kv = 0; kv < 2; ++kv) {
+      s.sink[kv].assign(static_cast<size_t>(params_.sink) * row, 0);
+      s.recent[kv].assign(static_cast<size_t>(params_.recent) * row, 0);
+    }
+  }
+  return id;
+}
+
+void PagedKVCache::RemoveSequence(int seq) {
+  Sequence& s = Get(seq);
+  for (int32_t page : s.page_table) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t cb = PageCodeBytes(static_cast<KV>(kv));
+      const size_t mc = PageMetadataCount(static_cast<KV>(kv));
+      std::fill_n(codes_[kv].begin() + static_cast<ptrdiff_t>(page * cb), cb, uint8_t{0});
+      std::fill_n(scale_[kv].begin() + static_cast<ptrdiff_t>(page * mc), mc, uint16_t{0});
+      std::fill_n(min_[kv].begin() + static_cast<ptrdiff_t>(page * mc), mc, uint16_t{0});
+    }
+    free_pages_.push_back(page);
+  }
+  sequences_.erase(seq);
+}
+
+void PagedKVCache::Prefill(int seq, const float* k, const float* v, size_t tokens) {
+  Get(seq);  // an unknown id is reported before anything else
+  if (tokens == 0) return;
+  KVQ_CHECK(k != nullptr && v != nullptr, kInvalidArgument, "null key or value rows for ",
+            tokens, " tokens");
+  const size_t row = RowElements();
+  const size_t d = static_cast<size_t>(params_.head_dim());
+  const float* inputs[2] = {k, v};
+  std::vector<uint16_t> bits[2];
+  for (int kv = 0; kv < 2; ++kv) {
+    bits[kv].resize(tokens * row);
+    for (size_t i = 0; i < tokens * row; ++i) {
+      const float x = inputs[kv][i];
+      const uint16_t b = Bf16FromF32(x);
+      if (!std::isfinite(x) || IsNonFiniteBf16(b)) {
+        throw Error(ErrorCode::kNonFinite,
+                    detail::Concat(KVName(kv), " value ", x,
+                                   std::isfinite(x) ? " (rounds to inf in bf16)" : "",
+                                   " at token ", i / row, " (position ", Length(seq) + i / row,
+                                   "), KV head ", (i % row) / d, ", channel ", i % d,
+                                   " of sequence ", seq));
+      }
+      bits[kv][i] = b;
+    }
+  }
+  Extend(seq, bits[0].data(), bits[1].data(), tokens);
+}
+
+void PagedKVCache::PrefillBf16(int seq, const uint16_t* k, const uint16_t* v, size_t tokens) {
+  Get(seq);
+  if (tokens == 0) return;
+  KVQ_CHECK(k != nullptr && v != nullptr, kInvalidArgument, "null key or value rows for ",
+            tokens, " tokens");
+  Extend(seq, k, v, tokens);
+}
+
+void PagedKVCache::Extend(int seq, const uint16_t* k, const uint16_t* v, size_t tokens) {
+  Sequence& s = Get(seq);
+  const size_t row = RowElements();
+  const size_t d = static_cast<size_t>(params_.head_dim());
+  const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
+  const uint16_t* inputs[2] = {k, v};
+  for (int kv = 0; kv < 2; ++kv) {
+    for (size_t i = 0; i < tokens * row; ++i) {
+      KVQ_CHECK(!IsNonFiniteBf16(inputs[kv][i]), kNonFinite, KVName(kv), " bf16 value 0x",
+                std::hex, inputs[kv][i], std::dec, " (", F32FromBf16(inputs[kv][i]),
+                ") at token ", i / row, " (position ", s.length + i / row, "), KV head ",
+                (i % row) / d, ", channel ", i % d, " of sequence ", seq);
+    }
+  }
+
+  const size_t t0 = s.length;
+  const size_t t1 = t0 + tokens;
+  if (!params_.quantized) {
+    for (int kv = 0; kv < 2; ++kv) s.dense[kv].insert(s.dense[kv].end(), inputs[kv],
+                                                      inputs[kv] + tokens * row);
+    s.length = t1;
+    return;
+  }
+
+  const size_t sink = static_cast<size_t>(params_.sink);
+  const size_t window = static_cast<size_t>(params_.recent);
+  const size_t page = static_cast<size_t>(params_.page_size);
+  // The history covers [S0, max(S0, t - W)); positions [e0, e1) enter it now.
+  const size_t e0 = std::max(sink, t0 > window ? t0 - window : 0);
+  const size_t e1 = std::max(sink, t1 > window ? t1 - window : 0);
+  const size_t n = e1 - e0;
+
+  // 1. Everything that can fail: quantize the rows entering the history, per half and head.
+  struct Packed {
+    std::vector<uint8_t> codes;
+    std::vector<uint16_t> scale, min;
+  };
+  std::vector<Packed> packed(2 * hkv);
+  if (n > 0) {
+    std::vector<float> x(n * d);
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t h = 0; h < hkv; ++h) {
+        for (size_t r = 0; r < n; ++r) {
+          const size_t p = e0 + r;
+          // A position below t0 is still in the ring: it was recent at length t0.
+          const uint16_t* src = p < t0 ? s.recent[kv].data() + (p % window) * row
+                                       : inputs[kv] + (p - t0) * row;
+          for (size_t j = 0; j < d; ++j) x[r * d + j] = F32FromBf16(src[h * d + j]);
+        }
+        const KV half = static_cast<KV>(kv);
+        QuantizedRows q;
+        try {
+          q = QuantizeRows(*write_backend_, HeadParams(half, static_cast<int>(h)),
+                           Rotation(half, static_cast<int>(h)), x.data(), n);
+        } catch (const Error& e) {
+          throw Error(e.code(), detail::Concat("sequence ", seq, ": writing ", KVName(kv),
+                                               " history rows of positions [", e0, ", ", e1,
+                                               ") (row r is position ", e0, " + r), KV head ",
+                                               h, ": ", e.what()));
+        }
+        Packed& out = packed[kv * hkv + h];
+        out.codes = std::move(q.packed);
+        out.scale = std::move(q.scale);
+        out.min = std::move(q.min);
+      }
+    }
+  }
+
+  // 2. Commit: pages, history rows, sink rows, recent rows.
+  const size_t history_rows = e1 - sink;
+  while (s.page_table.size() < CeilDiv(history_rows, page)) s.page_table.push_back(AllocatePage());
+  for (int kv = 0; kv < 2; ++kv) {
+    const WriteParams& wp = kv == 0 ? params_.key : params_.value;
+    const size_t cb = static_cast<size_t>(wp.code_bytes());
+    const size_t ng = static_cast<size_t>(wp.num_groups());
+    for (size_t r = 0; r < n; ++r) {
+      const size_t i = e0 - sink + r;
+      const size_t pg = static_cast<size_t>(s.page_table[i / page]);
+      const size_t slot = i % page;
+      for (size_t h = 0; h < hkv; ++h) {
+        const Packed& src = packed[kv * hkv + h];
+        const size_t base = (pg * hkv + h) * page + slot;
+        std::memcpy(&codes_[kv][base * cb], &src.codes[r * cb], cb);
+        std::memcpy(&scale_[kv][base * ng], &src.scale[r * ng], ng * sizeof(uint16_t));
+        std::memcpy(&min_[kv][base * ng], &src.min[r * ng], ng * sizeof(uint16_t));
+      }
+    }
+    for (size_t p = t0; p < std::min(sink, t1); ++p) {
+      std::memcpy(&s.sink[kv][p * row], inputs[kv] + (p - t0) * row, row * sizeof(uint16_t));
+    }
+    for (size_t p = std::max(t0, e1); p < t1; ++p) {
+      std::memcpy(&s.recent[kv][(p % window) * row], inputs[kv] + (p - t0) * row,
+                  row * sizeof(uint16_t));
+    }
+  }
+  s.length = t1;
+}
+
+int32_t PagedKVCache::AllocatePage() {
+  if (!free_pages_.empty()) {
+    const int32_t page = free_pages_.back();  // zeroed when it was freed
+    free_pages_.pop_back();
+    return page;
+  }
+  KVQ_CHECK(num_pages_ < INT32_MAX, kUnsupported, "the page pool is full (", num_pages_,
+            " pages)");
+  const int32_t page = num_pages_++;
+  for (int kv = 0; kv < 2; ++kv) {
+    const KV half = static_cast<KV>(kv);
+    codes_[kv].resize(static_cast<size_t>(num_pages_) * PageCodeBytes(half), 0);
+    scale_[kv].resize(static_cast<size_t>(num_pages_) * PageMetadataCount(half), 0);
+    min_[kv].resize(static_cast<size_t>(num_pages_) * PageMetadataCount(half), 0);
+  }
+  return page;
+}
+
+const PagedKVCache::Sequence& PagedKVCache::Get(int seq) const {
+  auto it = sequences_.find(seq);
+  KVQ_CHECK(it != sequences_.end(), kInvalidArgument, "unknown sequence id ", seq);
+  return it->second;
+}
+
+PagedKVCache::Sequence& PagedKVCache::Get(int seq) {
+  auto it = sequences_.find(seq);
+  KVQ_CHECK(it != sequences_.end(), kInvalidArgument, "unknown sequence id ", seq);
+  return it->second;
+}
+
+size_t PagedKVCache::RowElements() const {
+  return static_cast<size_t>(params_.num_kv_heads) * static_cast<size_t>(params_.head_dim());
+}
+
+std::vector<int> PagedKVCache::SequenceIds() const {
+  std::vector<int> ids;
+  for (const auto& entry : sequences_) ids.push_back(entry.first);
+  return ids;
+}
+
+size_t PagedKVCache::Length(int seq) const { return Get(seq).length; }
+
+size_t PagedKVCache::SinkLength(int seq) const {
+  return std::min(Get(seq).length, static_cast<size_t>(params_.sink));
+}
+
+size_t PagedKVCache::HistoryLength(int seq) const {
+  const size_t t = Get(seq).length;
+  const size_t reserved = static_cast<size_t>(params_.sink) + static_cast<size_t>(params_.recent);
+  return params_.quantized && t > reserved ? t - reserved : 0;
+}
+
+size_t PagedKVCache::RecentBegin(int seq) const {
+  const size_t t = Get(seq).length;
+  const size_t sink = SinkLength(seq);
+  if (!params_.quantized) return sink;
+  const size_t window = static_cast<size_t>(params_.recent);
+  return std::max(sink, t > window ? t - window : 0);
+}
+
+bool PagedKVCache::IsBf16Position(int seq, size_t position) const {
+  const size_t t = Length(seq);
+  KVQ_CHECK(position < t, kInvalidArgument, "position ", position, " is past the length ", t,
+            " of sequence ", seq);
+  return position < SinkLength(seq) || position >= RecentBegin(seq);
+}
+
+const uint16_t* PagedKVCache::Bf16Row(int seq, size_t position, KV kv) const {
+  KVQ_CHECK(IsBf16Position(seq, position), kInvalidArgument, "position ", position,
+            " of sequence ", seq, " is in the quantized history, not held as bf16");
+  const Sequence& s = Get(seq);
+  const size_t row = RowElements();
+  const int i = Index(kv);
+  if (!params_.quantized) return s.dense[i].data() + position * row;
+  if (position < static_cast<size_t>(params_.sink)) return s.sink[i].data() + position * row;
+  return s.recent[i].data() + (position % static_cast<size_t>(params_.recent)) * row;
+}
+
+const uint16_t* PagedKVCache::SinkRows(int seq, KV kv) const {
+  const Sequence& s = Get(seq);
+  return params_.quantized ? s.sink[Index(kv)].data() : nullptr;
+}
+
+const uint16_t* PagedKVCache::RecentRing(int seq, KV kv) const {
+  const Sequence& s = Get(seq);
+  return params_.quantized ? s.recent[Index(kv)].data() : nullptr;
+}
+
+const uint16_t* PagedKVCache::DenseRows(int seq, KV kv) const {
+  const Sequence& s = Get(seq);
+  return params_.quantized ? nullptr : s.dense[Index(kv)].data();
+}
+
+const std::vector<int32_t>& PagedKVCache::PageTable(int seq) const { return Get(seq).page_table; }
+
+size_t PagedKVCache::PageCodeBytes(KV kv) const {
+  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
+  return static_cast<size_t>(params_.num_kv_heads) * static_cast<size_t>(params_.page_size) *
+         static_cast<size_t>(wp.code_bytes());
+}
+
+size_t PagedKVCache::PageMetadataCount(KV kv) const {
+  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
+  return static_cast<size_t>(params_.num_kv_heads) * static_cast<size_t>(params_.page_size) *
+         static_cast<size_t>(wp.num_groups());
+}
+
+HistoryRowRef PagedKVCache::HistoryRow(int seq, size_t i, int head, KV kv) const {
+  const Sequence& s = Get(seq);
+  const size_t n = HistoryLength(seq);
+  KVQ_CHECK(i < n, kInvalidArgument, "history row ", i, " is past the history length ", n,
+            " of sequence ", seq);
+  KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
+            " is outside [0, ", params_.num_kv_heads, ")");
+  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
+  const size_t page = static_cast<size_t>(params_.page_size);
+  const size_t base =
+      (static_cast<size_t>(s.page_table[i / page]) * static_cast<size_t>(params_.num_kv_heads) +
+       static_cast<size_t>(head)) * page + i % page;
+  const int k = Index(kv);
+  HistoryRowRef ref;
+  ref.codes = codes_[k].data() + base * static_cast<size_t>(wp.code_bytes());
+  ref.scale = scale_[k].data() + base * static_cast<size_t>(wp.num_groups());
+  ref.min = min_[k].data() + base * static_cast<size_t>(wp.num_groups());
+  return ref;
+}
+
+void PagedKVCache::DequantizedHistoryRow(int seq, size_t i, int head, KV kv, float* out) const {
+  const HistoryRowRef ref = HistoryRow(seq, i, head, kv);
+  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
+  std::vector<uint8_t> codes(static_cast<size_t>(wp.head_dim));
+  const WriteKernels& stages = ScalarBackend().write;
+  stages.unpack(ref.codes, codes.data(), 1, wp);
+  stages.dequantize(codes.data(), ref.scale, ref.min, out, 1, wp);
+}
+
+std::vector<float> PagedKVCache::DequantizedHistory(int seq, int head, KV kv) const {
+  const size_t n = HistoryLength(seq);
+  const size_t d = static_cast<size_t>(params_.head_dim());
+  std::vector<float> rows(n * d);
+  for (size_t i = 0; i < n; ++i) DequantizedHistoryRow(seq, i, head, kv, &rows[i * d]);
+  return rows;
+}
+
+const float* PagedKVCache::Rotation(KV kv, int head) const {
+  KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
+            " is outside [0, ", params_.num_kv_heads, ")");
+  const std::vector<float>& r = rotation_[Index(kv)];
+  if (r.empty()) return nullptr;
+  const size_t d = static_cast<size_t>(params_.head_dim());
+  return r.data() + static_cast<size_t>(head) * d * d;
+}
+
+const float* PagedKVCache::RotationTransposed(KV kv, int head) const {
+  const float* r = Rotation(kv, head);  // validates head
+  if (r == nullptr) return nullptr;
+  const size_t d = static_cast<size_t>(params_.head_dim());
+  return rotation_transposed_[Index(kv)].data() + static_cast<size_t>(head) * d * d;
+}
+
+float PagedKVCache::ClipRatio(KV kv, int head) const {
+  KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
+            " is outside [0, ", params_.num_kv_heads, ")");
+  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
+  const std::vector<float>& c = clip_[Index(kv)];
+  return c.empty() ? wp.clip : c[static_cast<size_t>(head)];
+}
+
+WriteParams PagedKVCache::HeadParams(KV kv, int head) const {
+  WriteParams wp = kv == KV::kKey ? params_.key : params_.value;
+  wp.clip = ClipRatio(kv, head);
+  return wp;
+}
+
+CacheBytes PagedKVCache::Bytes(int seq) const {
+  const Sequence& s = Get(seq);
+  const size_t row_bytes = RowElements() * sizeof(uint16_t);  // one bf16 row of K (or of V)
+  const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
+  CacheBytes b;
+  b.elements = 2 * s.length * RowElements();
+  const size_t sink_rows = SinkLength(seq);
+  b.sink = 2 * sink_rows * row_bytes;
+  b.recent = 2 * (s.length - RecentBegin(seq)) * row_bytes;
+  if (params_.quantized) {
+    const size_t code_bytes = static_cast<size_t>(params_.key.code_bytes() +
+                                                  params_.value.code_bytes());
+    const size_t meta_bytes = static_cast<size_t>(params_.key.num_groups() +
+                                                  params_.value.num_groups()) *
+                              2 * sizeof(uint16_t);
+    const size_t used = HistoryLength(seq);
+    const size_t allocated = s.page_table.size() * static_cast<size_t>(params_.page_size);
+    b.history_codes = used * hkv * code_bytes;
+    b.history_metadata = used * hkv * meta_bytes;
+    b.history_codes_allocated = allocated * hkv * code_bytes;
+    b.history_metadata_allocated = allocated * hkv * meta_bytes;
+  }
+  return b;
+}
+
+}  // namespace kvq::cpu

@@ -1,0 +1,319 @@
+// Decode attention over the paged cache, every backend (scalar and each Highway target)
+// against the fp64 reference: max relative error per query head <= kAttentionOracleTolerance.
+// The reference itself is checked against Algorithm 1 of seeds/000 taken literally.
+#include "kvq/cpu_ref/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cache_test_util.h"
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/cpu_ref/cache.h"
+
+namespace kvq::cpu {
+namespace {
+
+using testing::DescribeParams;
+using testing::MakeCache;
+using testing::MakeCacheParams;
+using testing::RandomRows;
+
+std::vector<std::string> AllBackendNames() {
+  std::vector<std::string> names;
+  for (const Backend& b : Backends()) names.push_back(b.name);
+  return names;
+}
+
+std::vector<float> RandomQuery(const CacheParams& p, std::mt19937_64& rng, float magnitude) {
+  std::normal_distribution<float> normal(0.0f, magnitude);
+  std::vector<float> q(static_cast<size_t>(p.num_q_heads) * p.head_dim());
+  for (float& x : q) x = normal(rng);
+  return q;
+}
+
+// Attend with `backend` and hold every query head against the fp64 reference.
+void ExpectMatchesReference(const Backend& backend, const PagedKVCache& cache, int seq,
+                            const std::vector<float>& q, const std::string& context,
+                            const AttentionOptions& options = {}) {
+  const CacheParams& p = cache.params();
+  const int d = p.head_dim();
+  std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<double> ref(q.size());
+  Attend(backend, cache, seq, q.data(), out.data(), options);
+  AttendReferenceF64(cache, seq, q.data(), ref.data());
+  const std::vector<double> errors = RelativeErrorPerHead(out.data(), ref.data(), p.num_q_heads, d);
+  for (int h = 0; h < p.num_q_heads; ++h) {
+    if (errors[h] <= kAttentionOracleTolerance) continue;
+    int worst = 0;
+    for (int j = 0; j < d; ++j) {
+      if (std::fabs(out[h * d + j] - ref[h * d + j]) > std::fabs(out[h * d + worst] - ref[h * d + worst])) worst = j;
+    }
+    ADD_FAILURE() << context << " backend " << backend.name << " length " << cache.Length(seq)
+                  << " history " << cache.HistoryLength(seq) << ": query head " << h
+                  << " relative error " << errors[h] << " > " << kAttentionOracleTolerance
+                  << " (channel " << worst << ": got " << out[h * d + worst] << ", reference "
+                  << ref[h * d + worst] << ")";
+    return;
+  }
+}
+
+class AttentionTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  const Backend& backend() const { return BackendByName(GetParam()); }
+};
+
+// Lengths around every boundary: T = 1, inside the sink, no history, history of P - 1, P,
+// P + 1 tokens, exactly one page, several pages, across configurations (GQA 1, 4 and 8; dense,
+// Hadamard and identity rotations; INT2 and INT4; d 64, 128, 256; G 32, 64, 128).
+TEST_P(AttentionTest, MatchesReferenceAtBoundaries) {
+  struct Config {
+    int hq, hkv, d, bits, group, sink, recent, page;
+    RotationKind rotation;
+    bool bitrev;
+  };
+  const Config configs[] = {
+      {8, 8, 128, 2, 64, 4, 8, 16, RotationKind::kDense, true},      // Hq = Hkv
+      {32, 4, 128, 2, 64, 4, 8, 16, RotationKind::kDense, true},     // Hq/Hkv = 8
+      {16, 4, 64, 4, 32, 0, 5, 16, RotationKind::kHadamard, false},  // Hq/Hkv = 4, no sink
+      {4, 2, 256, 2, 128, 3, 1, 32, RotationKind::kIdentity, false}, // W = 1
+      {6, 2, 128, 4, 64, 2, 7, 16, RotationKind::kHadamard, true},   // g = 3 (batches 2 + 1)
+  };
+  uint64_t seed = 100;
+  for (const Config& c : configs) {
+    CacheParams p = MakeCacheParams(c.hq, c.hkv, c.d, c.bits, c.group, c.sink, c.recent, c.page,
+                                    c.rotation, c.bitrev);
+    const size_t reserved = static_cast<size_t>(c.sink + c.recent);
+    const size_t P = static_cast<size_t>(c.page);
+    const std::vector<size_t> lengths = {1,
+                                         static_cast<size_t>(std::max(1, c.sink)),
+                                         reserved,
+                                         reserved + 1,
+                                         reserved + P - 1,
+                                         reserved + P,
+                                         reserved + P + 1,
+                                         reserved + 3 * P + 5};
+    for (size_t length : lengths) {
+      std::mt19937_64 rng(++seed);
+      const std::string context = "seed " + std::to_string(seed) + " " + DescribeParams(p);
+      PagedKVCache cache = MakeCache(p, rng);
+      const int seq = cache.AddSequence();
+      const std::vector<float> k = RandomRows(length, c.hkv, c.d, rng);
+      const std::vector<float> v = RandomRows(length, c.hkv, c.d, rng);
+      // Build by prefill of half and decode of the rest, as a server would.
+      const size_t half = length / 2;
+      const size_t row = static_cast<size_t>(c.hkv * c.d);
+      cache.Prefill(seq, k.data(), v.data(), half);
+      for (size_t t = half; t < length; ++t) cache.Append(seq, &k[t * row], &v[t * row]);
+      for (float magnitude : {1.0f, 4.0f}) {  // flat and peaked (logits up to ~30)
+        ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, magnitude),
+                               context + " |q|~" + std::to_string(magnitude));
+      }
+    }
+  }
+}
+
+// The same cache read with different history chunkings: all within the bound.
+TEST_P(AttentionTest, ChunkingDoesNotMatter) {
+  std::mt19937_64 rng(5);
+  CacheParams p = MakeCacheParams(16, 4, 128, 2, 64, 8, 16, 16, RotationKind::kDense, true);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  const std::vector<float> k = RandomRows(300, 4, 128, rng), v = RandomRows(300, 4, 128, rng);
+  cache.Prefill(seq, k.data(), v.data(), 300);
+  const std::vector<float> q = RandomQuery(p, rng, 2.0f);
+  for (int chunk : {1, 2, 3, 17, 1000}) {
+    AttentionOptions options;
+    options.chunk_pages = chunk;
+    ExpectMatchesReference(backend(), cache, seq, q, "chunk_pages " + std::to_string(chunk),
+                           options);
+  }
+}
+
+// Several sequences of different lengths in one batch, each against its own reference.
+TEST_P(AttentionTest, BatchOfDifferentLengths) {
+  std::mt19937_64 rng(21);
+  CacheParams p = MakeCacheParams(32, 8, 128, 2, 64, 16, 32, 16, RotationKind::kDense, true);
+  PagedKVCache cache = MakeCache(p, rng);
+  const std::vector<size_t> lengths = {1, 40, 48, 49, 64, 65, 200, 333};
+  std::vector<int> seqs;
+  for (size_t length : lengths) {
+    const int seq = cache.AddSequence();
+    const std::vector<float> k = RandomRows(length, 8, 128, rng);
+    const std::vector<float> v = RandomRows(length, 8, 128, rng);
+    cache.Prefill(seq, k.data(), v.data(), length);
+    seqs.push_back(seq);
+  }
+  std::reverse(seqs.begin(), seqs.end());
+  const size_t per = 32 * 128;
+  std::vector<float> q = RandomQuery(p, rng, 1.0f);
+  for (size_t b = 1; b < seqs.size(); ++b) {
+    const std::vector<float> more = RandomQuery(p, rng, 1.0f);
+    q.insert(q.end(), more.begin(), more.end());
+  }
+  std::vector<float> out(q.size());
+  AttendBatch(backend(), cache, seqs, q.data(), out.data());
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    std::vector<double> ref(per);
+    AttendReferenceF64(cache, seqs[b], &q[b * per], ref.data());
+    const std::vector<double> errors = RelativeErrorPerHead(&out[b * per], ref.data(), 32, 128);
+    for (int h = 0; h < 32; ++h) {
+      ASSERT_LE(errors[h], kAttentionOracleTolerance)
+          << "batch entry " << b << " (length " << cache.Length(seqs[b]) << ") head " << h;
+    }
+  }
+}
+
+// The bf16 baseline cache through the same API.
+TEST_P(AttentionTest, Bf16Cache) {
+  std::mt19937_64 rng(8);
+  CacheParams p = MakeCacheParams(32, 8, 128, 2, 64, 64, 256, 64, RotationKind::kIdentity, false);
+  p.quantized = false;
+  PagedKVCache cache(p, {}, {});
+  const int seq = cache.AddSequence();
+  const std::vector<float> k = RandomRows(700, 8, 128, rng), v = RandomRows(700, 8, 128, rng);
+  cache.Prefill(seq, k.data(), v.data(), 700);
+  ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, 3.0f), "bf16 cache");
+}
+
+// A long sequence: 20K tokens, the default serving configuration shape.
+TEST_P(AttentionTest, LongSequence) {
+  std::mt19937_64 rng(77);
+  CacheParams p = MakeCacheParams(8, 2, 128, 2, 64, 64, 256, 64, RotationKind::kDense, true);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  const size_t length = 20000;
+  const std::vector<float> k = RandomRows(length, 2, 128, rng);
+  const std::vector<float> v = RandomRows(length, 2, 128, rng);
+  cache.Prefill(seq, k.data(), v.data(), length);
+  ASSERT_EQ(cache.HistoryLength(seq), length - 320);
+  for (float magnitude : {1.0f, 4.0f}) {
+    ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, magnitude),
+                           "20K |q|~" + std::to_string(magnitude));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AttentionTest, ::testing::ValuesIn(AllBackendNames()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// The reference against Algorithm 1 of seeds/000 read literally: dequantize the history, map
+// it back by Rᵀ, concatenate sink | history | recent and run plain softmax attention. For an
+// orthogonal R the two agree up to fp64 rounding and R's fp32 rounding.
+TEST(AttendReference, MatchesAlgorithmOneLiterally) {
+  std::mt19937_64 rng(31);
+  CacheParams p = MakeCacheParams(8, 2, 64, 2, 32, 4, 6, 16, RotationKind::kDense, true);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  const size_t length = 60, d = 64;
+  const std::vector<float> k = RandomRows(length, 2, 64, rng), v = RandomRows(length, 2, 64, rng);
+  cache.Prefill(seq, k.data(), v.data(), length);
+  const std::vector<float> q = RandomQuery(p, rng, 2.0f);
+  std::vector<double> ref(q.size());
+  AttendReferenceF64(cache, seq, q.data(), ref.data());
+
+  const double scale = 1.0 / std::sqrt(64.0);
+  for (int kvh = 0; kvh < 2; ++kvh) {
+    // K_all, V_all [length, d] in the original space.
+    std::vector<double> k_all(length * d), v_all(length * d);
+    for (size_t pos = 0; pos < length; ++pos) {
+      for (int kv = 0; kv < 2; ++kv) {
+        std::vector<double>& all = kv == 0 ? k_all : v_all;
+        const KV half = static_cast<KV>(kv);
+        if (cache.IsBf16Position(seq, pos)) {
+          const uint16_t* row = cache.Bf16Row(seq, pos, half) + kvh * d;
+          for (size_t j = 0; j < d; ++j) all[pos * d + j] = F32FromBf16(row[j]);
+          continue;
+        }
+        std::vector<float> x(d);
+        cache.DequantizedHistoryRow(seq, pos - 4, kvh, half, x.data());
+        // Undo P_br, then multiply by Rᵀ.
+        std::vector<double> y(d);
+        for (size_t j = 0; j < d; ++j) {
+          uint32_t r = 0;
+          for (int b = 0; b < 6; ++b) r |= ((static_cast<uint32_t>(j) >> b) & 1u) << (5 - b);
+          y[j] = x[r];
+        }
+        const float* R = cache.Rotation(half, kvh);
+        for (size_t i = 0; i < d; ++i) {
+          double s = 0.0;
+          for (size_t j = 0; j < d; ++j) s += y[j] * R[i * d + j];
+          all[pos * d + i] = s;
+        }
+      }
+    }
+    for (int hh = 0; hh < 4; ++hh) {
+      const int h = kvh * 4 + hh;
+      std::vector<double> logits(length);
+      double mx = -1e300;
+      for (size_t pos = 0; pos < length; ++pos) {
+        double s = 0.0;
+        for (size_t j = 0; j < d; ++j) s += q[h * d + j] * k_all[pos * d + j];
+        logits[pos] = s * scale;
+        mx = std::max(mx, logits[pos]);
+      }
+      double total = 0.0;
+      std::vector<double> o(d, 0.0);
+      for (size_t pos = 0; pos < length; ++pos) {
+        const double w = std::exp(logits[pos] - mx);
+        total += w;
+        for (size_t j = 0; j < d; ++j) o[j] += w * v_all[pos * d + j];
+      }
+      double max_ref = 0.0, max_diff = 0.0;
+      for (size_t j = 0; j < d; ++j) {
+        max_ref = std::max(max_ref, std::fabs(ref[h * d + j]));
+        max_diff = std::max(max_diff, std::fabs(o[j] / total - ref[h * d + j]));
+      }
+      // The reference takes q~ from the spec'd fp32 rotation stage (sequential fp32 sums:
+      // ~sqrt(d)·2^-24 relative error per element) where this test rotates K in fp64, so they
+      // differ by ~1e-6; a semantic mistake (a transpose, a missing P_br) differs by O(1).
+      EXPECT_LE(max_diff / max_ref, 5e-5) << "query head " << h;
+    }
+  }
+}
+
+TEST(Attend, RejectsBadInputs) {
+  std::mt19937_64 rng(2);
+  CacheParams p = MakeCacheParams(4, 2, 64, 2, 32, 2, 3, 16, RotationKind::kHadamard, false);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  std::vector<float> q = RandomQuery(p, rng, 1.0f), out(q.size());
+  const Backend& backend = BestBackend();
+  const auto expect = [](auto fn, ErrorCode code, const std::string& piece) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error; expected '" << piece << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(piece), std::string::npos) << e.what();
+    }
+  };
+  expect([&] { Attend(backend, cache, seq, q.data(), out.data()); },
+         ErrorCode::kInvalidArgument, "is empty");
+  expect([&] { Attend(backend, cache, 99, q.data(), out.data()); }, ErrorCode::kInvalidArgument,
+         "unknown sequence id 99");
+  const std::vector<float> k = RandomRows(30, 2, 64, rng);
+  cache.Prefill(seq, k.data(), k.data(), 30);
+  q[2 * 64 + 7] = std::numeric_limits<float>::infinity();
+  expect([&] { Attend(backend, cache, seq, q.data(), out.data()); }, ErrorCode::kNonFinite,
+         "head 2, channel 7");
+  q[2 * 64 + 7] = 0.0f;
+  AttentionOptions options;
+  options.chunk_pages = 0;
+  expect([&] { Attend(backend, cache, seq, q.data(), out.data(), options); },
+         ErrorCode::kInvalidArgument, "chunk_pages 0");
+  Backend without = backend;
+  without.attention = AttentionKernels();
+  expect([&] { Attend(without, cache, seq, q.data(), out.data()); }, ErrorCode::kUnsupported,
+         "no decode-attention kernels");
+}
+
+}  // namespace
+}  // namespace kvq::cpu

@@ -1,0 +1,488 @@
+// The paged KV cache: parameter validation, the prefill/demotion invariant (a token's history
+// bits do not depend on how it got there), layout, page pool, byte accounting and errors.
+#include "kvq/cpu_ref/cache.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cache_test_util.h"
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/cpu_ref/write_path.h"
+
+namespace kvq::cpu {
+namespace {
+
+using testing::DescribeParams;
+using testing::MakeCache;
+using testing::MakeCacheParams;
+using testing::RandomRows;
+
+// Expects `fn` to throw kvq::Error with `code` and a message containing every piece of `parts`.
+template <typename Fn>
+void ExpectError(Fn fn, ErrorCode code, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error thrown; expected one mentioning '" << parts.front() << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << part << "'";
+    }
+  }
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& x) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) bits[i] = Bf16FromF32(x[i]);
+  return bits;
+}
+
+TEST(CacheParams, DefaultsAreValid) {
+  CacheParams p;
+  p.Validate();
+  EXPECT_EQ(p.group_size(), 4);
+  EXPECT_EQ(p.scale(), static_cast<float>(1.0 / std::sqrt(128.0)));
+  p.softmax_scale = 0.25f;
+  EXPECT_EQ(p.scale(), 0.25f);
+}
+
+TEST(CacheParams, RejectsNamingTheValue) {
+  const auto expect_rejected = [](CacheParams p, const std::string& piece) {
+    ExpectError([&] { p.Validate(); }, ErrorCode::kInvalidArgument, {piece});
+  };
+  CacheParams p;
+  p.num_q_heads = 12;
+  p.num_kv_heads = 8;
+  expect_rejected(p, "num_q_heads 12");
+  p = CacheParams();
+  p.num_kv_heads = 0;
+  expect_rejected(p, "num_kv_heads 0");
+  p = CacheParams();
+  p.num_q_heads = 0;
+  expect_rejected(p, "num_q_heads 0");
+  p = CacheParams();
+  p.key.head_dim = 64;
+  expect_rejected(p, "key head_dim 64");
+  p = CacheParams();
+  p.value.head_dim = 96;
+  expect_rejected(p, "value: head_dim 96");
+  for (int page : {0, 8, 48, 2048, -64}) {
+    p = CacheParams();
+    p.page_size = page;
+    expect_rejected(p, "page size " + std::to_string(page));
+  }
+  p = CacheParams();
+  p.sink = -1;
+  expect_rejected(p, "sink length -1");
+  p = CacheParams();
+  p.recent = 0;
+  expect_rejected(p, "recent window 0");
+  p = CacheParams();
+  p.key.bits = 3;
+  expect_rejected(p, "key: bits 3");
+  p = CacheParams();
+  p.softmax_scale = -1.0f;
+  expect_rejected(p, "softmax scale -1");
+  p = CacheParams();
+  p.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  expect_rejected(p, "softmax scale nan");
+  // Boundaries that are fine.
+  p = CacheParams();
+  p.sink = 0;
+  p.recent = 1;
+  p.page_size = 16;
+  p.Validate();
+  p.page_size = 1024;
+  p.Validate();
+}
+
+// The direct write of one token's row: what every history slot must hold, bit for bit.
+struct RowBits {
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scale, min;
+};
+
+RowBits DirectWrite(const PagedKVCache& cache, KV kv, int head, const uint16_t* row_bf16) {
+  const int d = cache.params().head_dim();
+  std::vector<float> x(static_cast<size_t>(d));
+  for (int j = 0; j < d; ++j) x[j] = F32FromBf16(row_bf16[j]);
+  QuantizedRows q = QuantizeRows(ScalarBackend(), cache.HeadParams(kv, head),
+                                 cache.Rotation(kv, head), x.data(), 1);
+  return RowBits{q.packed, q.scale, q.min};
+}
+
+// Every stored bit of `seq` against the rows it was given (bf16 bits [t, Hkv, d]).
+void ExpectHolds(const PagedKVCache& cache, int seq, const std::vector<uint16_t> rows[2],
+                 const std::string& context) {
+  const CacheParams& p = cache.params();
+  const size_t t = cache.Length(seq);
+  const size_t hkv = static_cast<size_t>(p.num_kv_heads);
+  const size_t d = static_cast<size_t>(p.head_dim());
+  const size_t row = hkv * d;
+  ASSERT_EQ(rows[0].size(), t * row) << context;
+  const size_t reserved = static_cast<size_t>(p.sink + p.recent);
+  const size_t history = p.quantized && t > reserved ? t - reserved : 0;
+  ASSERT_EQ(cache.HistoryLength(seq), history) << context;
+  const size_t page = static_cast<size_t>(p.page_size);
+  ASSERT_EQ(cache.PageTable(seq).size(), (history + page - 1) / page) << context;
+  for (size_t pos = 0; pos < t; ++pos) {
+    const bool in_history = pos >= static_cast<size_t>(p.sink) && pos - p.sink < history;
+    ASSERT_EQ(cache.IsBf16Position(seq, pos), !in_history) << context << " position " << pos;
+    for (int kv = 0; kv < 2; ++kv) {
+      const KV half = static_cast<KV>(kv);
+      const uint16_t* want = &rows[kv][pos * row];
+      if (!in_history) {
+        ASSERT_EQ(std::memcmp(cache.Bf16Row(seq, pos, half), want, row * sizeof(uint16_t)), 0)
+            << context << " bf16 row of position " << pos << (kv ? " (value)" : " (key)");
+        continue;
+      }
+      const WriteParams& wp = kv == 0 ? p.key : p.value;
+      for (size_t h = 0; h < hkv; ++h) {
+        const RowBits direct = DirectWrite(cache, half, static_cast<int>(h), want + h * d);
+        const HistoryRowRef got =
+            cache.HistoryRow(seq, pos - static_cast<size_t>(p.sink), static_cast<int>(h), half);
+        const size_t cb = static_cast<size_t>(wp.code_bytes());
+        const size_t ng = static_cast<size_t>(wp.num_groups());
+        for (size_t b = 0; b < cb; ++b) {
+          ASSERT_EQ(got.codes[b], direct.codes[b])
+              << context << (kv ? " value" : " key") << " position " << pos << " head " << h
+              << " code byte " << b;
+        }
+        for (size_t g = 0; g < ng; ++g) {
+          ASSERT_EQ(got.scale[g], direct.scale[g])
+              << context << " position " << pos << " head " << h << " scale of group " << g;
+          ASSERT_EQ(got.min[g], direct.min[g])
+              << context << " position " << pos << " head " << h << " min of group " << g;
+        }
+      }
+    }
+  }
+}
+
+// Random lengths, S0, W, P, rotations and bit widths; several sequences built differently
+// (whole prefill, prefill then decode, random chunks), interleaved in one cache.
+TEST(PagedKVCache, HistoryBitsIndependentOfPrefillOrDemotion) {
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    const int d = std::vector<int>{64, 128, 256}[rng() % 3];
+    const int group = std::min(d, std::vector<int>{32, 64, 128}[rng() % 3]);
+    const RotationKind kinds[3] = {RotationKind::kIdentity, RotationKind::kDense,
+                                   RotationKind::kHadamard};
+    const int hkv = 1 + static_cast<int>(rng() % 3);
+    CacheParams p = MakeCacheParams(hkv * 2, hkv, d, rng() % 2 ? 2 : 4, group,
+                                    static_cast<int>(rng() % 20), 1 + static_cast<int>(rng() % 40),
+                                    16 << (rng() % 3), kinds[rng() % 3], rng() % 2 == 0);
+    p.value.bits = rng() % 2 ? 2 : 4;  // K and V widths may differ
+    const std::string context = "seed " + std::to_string(seed) + " " + DescribeParams(p);
+    SCOPED_TRACE(context);
+    PagedKVCache cache = MakeCache(p, rng);
+
+    constexpr int kSequences = 4;
+    std::vector<size_t> target(kSequences);
+    std::vector<std::vector<uint16_t>> rows[2];
+    for (int kv = 0; kv < 2; ++kv) rows[kv].resize(kSequences);
+    const size_t row = static_cast<size_t>(hkv * d);
+    for (int s = 0; s < kSequences; ++s) {
+      target[s] = 1 + rng() % 150;
+      for (int kv = 0; kv < 2; ++kv) rows[kv][s] = ToBf16(RandomRows(target[s], hkv, d, rng));
+    }
+    std::vector<int> ids;
+    for (int s = 0; s < kSequences; ++s) ids.push_back(cache.AddSequence());
+    // Sequence 0: one prefill. 1: prefill of a random prefix, then Append (fp32 path).
+    // 2: every token by AppendBf16. 3: random chunks.
+    cache.PrefillBf16(ids[0], rows[0][0].data(), rows[1][0].data(), target[0]);
+    const size_t prefix = rng() % (target[1] + 1);
+    cache.PrefillBf16(ids[1], rows[0][1].data(), rows[1][1].data(), prefix);
+    std::vector<size_t> done = {target[0], prefix, 0, 0};
+    while (true) {
+      bool progressed = false;
+      for (int s = 1; s < kSequences; ++s) {  // interleave the decoders
+        if (done[s] == target[s]) continue;
+        progressed = true;
+        const uint16_t* k = &rows[0][s][done[s] * row];
+        const uint16_t* v = &rows[1][s][done[s] * row];
+        if (s == 1) {
+          std::vector<float> kf(row), vf(row);
+          for (size_t i = 0; i < row; ++i) {
+            kf[i] = F32FromBf16(k[i]);
+            vf[i] = F32FromBf16(v[i]);
+          }
+          cache.Append(ids[s], kf.data(), vf.data());
+          done[s] += 1;
+        } else if (s == 2) {
+          cache.AppendBf16(ids[s], k, v);
+          done[s] += 1;
+        } else {
+          const size_t chunk = std::min(target[s] - done[s], 1 + rng() % 50);
+          cache.PrefillBf16(ids[s], k, v, chunk);
+          done[s] += chunk;
+        }
+      }
+      if (!progressed) break;
+    }
+    for (int s = 0; s < kSequences; ++s) {
+      ASSERT_EQ(cache.Length(ids[s]), target[s]);
+      const std::vector<uint16_t> both[2] = {rows[0][s], rows[1][s]};
+      ExpectHolds(cache, ids[s], both, context + " sequence " + std::to_string(s));
+    }
+    // Sequences 0 and 2 hold the same tokens only if equal length; build an exact twin of
+    // sequence 3 by one prefill and compare the raw page bytes too.
+    const int twin = cache.AddSequence();
+    cache.PrefillBf16(twin, rows[0][3].data(), rows[1][3].data(), target[3]);
+    for (size_t i = 0; i < cache.HistoryLength(twin); ++i) {
+      for (int h = 0; h < hkv; ++h) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const HistoryRowRef a = cache.HistoryRow(ids[3], i, h, static_cast<KV>(kv));
+          const HistoryRowRef b = cache.HistoryRow(twin, i, h, static_cast<KV>(kv));
+          const WriteParams& wp = kv == 0 ? p.key : p.value;
+          ASSERT_EQ(std::memcmp(a.codes, b.codes, static_cast<size_t>(wp.code_bytes())), 0);
+          ASSERT_EQ(std::memcmp(a.scale, b.scale, 2 * static_cast<size_t>(wp.num_groups())), 0);
+          ASSERT_EQ(std::memcmp(a.min, b.min, 2 * static_cast<size_t>(wp.num_groups())), 0);
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedKVCache, NoHistoryUpToSinkPlusWindow) {
+  std::mt19937_64 rng(7);
+  CacheParams p = MakeCacheParams(8, 2, 64, 2, 32, 5, 11, 16, RotationKind::kHadamard, true);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  std::vector<float> k = RandomRows(17, 2, 64, rng), v = RandomRows(17, 2, 64, rng);
+  for (size_t t = 0; t < 16; ++t) {
+    cache.Append(seq, &k[t * 128], &v[t * 128]);
+    EXPECT_EQ(cache.HistoryLength(seq), 0u);
+    EXPECT_EQ(cache.NumPages(), 0) << "length " << t + 1;
+    EXPECT_TRUE(cache.PageTable(seq).empty());
+  }
+  cache.Append(seq, &k[16 * 128], &v[16 * 128]);  // length 17 = S0 + W + 1: position 5 demoted
+  EXPECT_EQ(cache.HistoryLength(seq), 1u);
+  EXPECT_EQ(cache.NumPages(), 1);
+  EXPECT_FALSE(cache.IsBf16Position(seq, 5));
+  EXPECT_TRUE(cache.IsBf16Position(seq, 4));
+  EXPECT_TRUE(cache.IsBf16Position(seq, 6));
+}
+
+TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
+  std::mt19937_64 rng(11);
+  CacheParams p = MakeCacheParams(4, 2, 64, 2, 64, 3, 5, 16, RotationKind::kIdentity, false);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int a = cache.AddSequence();
+  const int b = cache.AddSequence();
+  const size_t row = 128;
+  const std::vector<uint16_t> ka = ToBf16(RandomRows(60, 2, 64, rng));
+  const std::vector<uint16_t> va = ToBf16(RandomRows(60, 2, 64, rng));
+  // Interleave: a gets 40 tokens, b 60, a 20 more, so pages alternate between sequences.
+  cache.PrefillBf16(a, ka.data(), va.data(), 40);
+  cache.PrefillBf16(b, ka.data(), va.data(), 60);
+  cache.PrefillBf16(a, ka.data() + 40 * row, va.data() + 40 * row, 20);
+  ASSERT_EQ(cache.HistoryLength(a), 52u);  // 60 - 3 - 5
+  ASSERT_EQ(cache.PageTable(a).size(), 4u);
+  ASSERT_EQ(cache.PageTable(b).size(), 4u);
+  EXPECT_EQ(cache.NumPages(), 8);
+  // Pages are handed out in order of need: a took 0, 1; b took 2..5; a took 6, 7.
+  EXPECT_EQ(cache.PageTable(a), (std::vector<int32_t>{0, 1, 6, 7}));
+  EXPECT_EQ(cache.PageTable(b), (std::vector<int32_t>{2, 3, 4, 5}));
+  // History token i lives at page_table[i / P], slot i % P: check through the raw pool.
+  const size_t cb = 16, ng = 1, page = 16;
+  for (size_t i = 0; i < 52; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      const size_t base =
+          (static_cast<size_t>(cache.PageTable(a)[i / page]) * 2 + static_cast<size_t>(h)) * page +
+          i % page;
+      const HistoryRowRef ref = cache.HistoryRow(a, i, h, KV::kKey);
+      EXPECT_EQ(ref.codes, cache.PoolCodes(KV::kKey) + base * cb);
+      EXPECT_EQ(ref.scale, cache.PoolScale(KV::kKey) + base * ng);
+      EXPECT_EQ(ref.min, cache.PoolMin(KV::kKey) + base * ng);
+    }
+  }
+  // Ring: position p at slot p % W; sink rows in order.
+  for (size_t pos = 55; pos < 60; ++pos) {
+    EXPECT_EQ(std::memcmp(cache.RecentRing(a, KV::kValue) + (pos % 5) * row, &va[pos * row],
+                          row * 2), 0) << "position " << pos;
+  }
+  EXPECT_EQ(std::memcmp(cache.SinkRows(a, KV::kKey), ka.data(), 3 * row * 2), 0);
+  // Unused slots of the last page are zero.
+  const size_t last = static_cast<size_t>(cache.PageTable(a)[3]);
+  for (size_t slot = 52 % 16; slot < 16; ++slot) {
+    for (size_t byte = 0; byte < cb; ++byte) {
+      EXPECT_EQ(cache.PoolCodes(KV::kKey)[((last * 2) * page + slot) * cb + byte], 0);
+    }
+  }
+  // Removing a frees its pages (zeroed); the next allocations reuse them, newest freed first.
+  cache.RemoveSequence(a);
+  EXPECT_FALSE(cache.HasSequence(a));
+  EXPECT_EQ(cache.NumFreePages(), 4);
+  for (size_t i = 0; i < cache.PageCodeBytes(KV::kKey); ++i) {
+    ASSERT_EQ(cache.PoolCodes(KV::kKey)[7 * cache.PageCodeBytes(KV::kKey) + i], 0);
+  }
+  const int c = cache.AddSequence();
+  EXPECT_NE(c, a);  // ids are not reused
+  cache.PrefillBf16(c, ka.data(), va.data(), 3 + 5 + 17);  // 17 history tokens: 2 pages
+  EXPECT_EQ(cache.PageTable(c), (std::vector<int32_t>{7, 6}));
+  EXPECT_EQ(cache.NumPages(), 8);
+  EXPECT_EQ(cache.NumFreePages(), 2);
+  const std::vector<uint16_t> kc(ka.begin(), ka.begin() + 25 * row);
+  const std::vector<uint16_t> vc(va.begin(), va.begin() + 25 * row);
+  const std::vector<uint16_t> both[2] = {kc, vc};
+  ExpectHolds(cache, c, both, "reused pages");
+}
+
+TEST(PagedKVCache, ByteAccountingAndEffectiveBits) {
+  std::mt19937_64 rng(3);
+  CacheParams p;  // Hkv 8, d 128, G 64, INT2, S0 64, W 256, P 64
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  const std::vector<float> k = RandomRows(1000, 8, 128, rng), v = RandomRows(1000, 8, 128, rng);
+  cache.Prefill(seq, k.data(), v.data(), 1000);
+  const CacheBytes b = cache.Bytes(seq);
+  const size_t row_bytes = 8 * 128 * 2;
+  EXPECT_EQ(b.sink, 2 * 64 * row_bytes);
+  EXPECT_EQ(b.recent, 2 * 256 * row_bytes);
+  // 680 history tokens; per token and head 32 code bytes and 2 groups * 4 metadata bytes, K and V.
+  EXPECT_EQ(b.history_codes, 680u * 8 * 2 * 32);
+  EXPECT_EQ(b.history_metadata, 680u * 8 * 2 * 8);
+  // 11 pages of 64 slots.
+  EXPECT_EQ(b.history_codes_allocated, 11u * 64 * 8 * 2 * 32);
+  EXPECT_EQ(b.history_metadata_allocated, 11u * 64 * 8 * 2 * 8);
+  EXPECT_EQ(b.elements, 2u * 1000 * 8 * 128);
+  const double want_bits = 8.0 * static_cast<double>(b.sink + b.recent + 680u * 8 * 2 * 40) /
+                           (2.0 * 1000 * 8 * 128);
+  EXPECT_DOUBLE_EQ(b.bits_per_element(), want_bits);
+  EXPECT_GT(b.bits_per_element_allocated(), b.bits_per_element());
+  // History alone is 2.5 bits per element (40 bytes per 128 values).
+  EXPECT_DOUBLE_EQ(8.0 * (b.history_codes + b.history_metadata) / (2.0 * 680 * 8 * 128), 2.5);
+
+  // The bf16 baseline: 16 bits per element, no pages.
+  CacheParams q = p;
+  q.quantized = false;
+  PagedKVCache dense(q, {}, {});
+  const int s2 = dense.AddSequence();
+  dense.Prefill(s2, k.data(), v.data(), 1000);
+  const CacheBytes d = dense.Bytes(s2);
+  EXPECT_EQ(d.history_codes + d.history_metadata + d.history_codes_allocated, 0u);
+  EXPECT_EQ(d.sink + d.recent, 2u * 1000 * row_bytes);
+  EXPECT_DOUBLE_EQ(d.bits_per_element(), 16.0);
+  EXPECT_EQ(dense.NumPages(), 0);
+}
+
+TEST(PagedKVCache, Bf16CacheKeepsEveryRow) {
+  std::mt19937_64 rng(5);
+  CacheParams p = MakeCacheParams(4, 4, 64, 2, 64, 2, 3, 16, RotationKind::kDense, false);
+  p.quantized = false;
+  PagedKVCache cache(p, {}, {});
+  const int seq = cache.AddSequence();
+  const std::vector<float> k = RandomRows(40, 4, 64, rng), v = RandomRows(40, 4, 64, rng);
+  cache.Prefill(seq, k.data(), v.data(), 30);
+  for (size_t t = 30; t < 40; ++t) cache.Append(seq, &k[t * 256], &v[t * 256]);
+  EXPECT_EQ(cache.HistoryLength(seq), 0u);
+  EXPECT_EQ(cache.NumPages(), 0);
+  EXPECT_EQ(cache.SinkRows(seq, KV::kKey), nullptr);
+  const std::vector<uint16_t> both[2] = {ToBf16(k), ToBf16(v)};
+  ExpectHolds(cache, seq, both, "bf16 cache");
+  EXPECT_EQ(std::memcmp(cache.DenseRows(seq, KV::kValue), both[1].data(), both[1].size() * 2), 0);
+}
+
+TEST(PagedKVCache, DequantizedHistoryRowMatchesWritePath) {
+  std::mt19937_64 rng(9);
+  CacheParams p = MakeCacheParams(8, 2, 128, 2, 64, 4, 8, 16, RotationKind::kDense, true);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  const std::vector<float> k = RandomRows(50, 2, 128, rng), v = RandomRows(50, 2, 128, rng);
+  cache.Prefill(seq, k.data(), v.data(), 50);
+  std::vector<float> x(128), got(128);
+  for (size_t i = 0; i < cache.HistoryLength(seq); ++i) {
+    for (int h = 0; h < 2; ++h) {
+      for (int j = 0; j < 128; ++j) x[j] = RoundToBf16(v[(4 + i) * 256 + h * 128 + j]);
+      const QuantizedRows q = QuantizeRows(ScalarBackend(), cache.HeadParams(KV::kValue, h),
+                                           cache.Rotation(KV::kValue, h), x.data(), 1);
+      cache.DequantizedHistoryRow(seq, i, h, KV::kValue, got.data());
+      ASSERT_EQ(std::memcmp(got.data(), q.dequantized.data(), 128 * sizeof(float)), 0)
+          << "history row " << i << " head " << h;
+    }
+  }
+  const std::vector<float> all = cache.DequantizedHistory(seq, 1, KV::kValue);
+  cache.DequantizedHistoryRow(seq, 7, 1, KV::kValue, got.data());
+  EXPECT_EQ(std::memcmp(&all[7 * 128], got.data(), 128 * sizeof(float)), 0);
+}
+
+TEST(PagedKVCache, RejectsBadInputsAndStaysUnchanged) {
+  std::mt19937_64 rng(13);
+  CacheParams p = MakeCacheParams(4, 2, 64, 2, 32, 2, 3, 16, RotationKind::kHadamard, false);
+  PagedKVCache cache = MakeCache(p, rng);
+  const int seq = cache.AddSequence();
+  std::vector<float> k = RandomRows(8, 2, 64, rng), v = RandomRows(8, 2, 64, rng);
+
+  ExpectError([&] { cache.Prefill(seq + 100, k.data(), v.data(), 1); },
+              ErrorCode::kInvalidArgument, {"unknown sequence id " + std::to_string(seq + 100)});
+  ExpectError([&] { cache.RemoveSequence(-3); }, ErrorCode::kInvalidArgument,
+              {"unknown sequence id -3"});
+  ExpectError([&] { cache.Length(42); }, ErrorCode::kInvalidArgument, {"unknown sequence id 42"});
+
+  std::vector<float> bad = k;
+  bad[1 * 128 + 64 + 17] = std::numeric_limits<float>::quiet_NaN();  // token 1, head 1, ch 17
+  ExpectError([&] { cache.Prefill(seq, bad.data(), v.data(), 2); }, ErrorCode::kNonFinite,
+              {"key value nan", "token 1", "KV head 1", "channel 17"});
+  bad = v;
+  bad[5] = 3.4e38f;  // finite in fp32, rounds to inf in bf16
+  ExpectError([&] { cache.Prefill(seq, k.data(), bad.data(), 1); }, ErrorCode::kNonFinite,
+              {"value value", "rounds to inf in bf16", "token 0", "KV head 0", "channel 5"});
+  std::vector<uint16_t> kb = ToBf16(k);
+  kb[3] = 0x7f80;  // +inf
+  const std::vector<uint16_t> vb = ToBf16(v);
+  ExpectError([&] { cache.AppendBf16(seq, kb.data(), vb.data()); }, ErrorCode::kNonFinite,
+              {"key bf16 value 0x7f80", "KV head 0", "channel 3"});
+  EXPECT_EQ(cache.Length(seq), 0u);
+
+  // A row whose rotation overflows is accepted into the ring, and rejected when it is
+  // demoted: the Append that would demote it throws naming the position, and changes nothing.
+  std::vector<float> huge(128, 3.0e38f);
+  cache.Prefill(seq, k.data(), v.data(), 2);      // positions 0, 1: the sink
+  cache.Prefill(seq, huge.data(), v.data(), 1);   // position 2: recent
+  cache.Prefill(seq, k.data(), v.data(), 2);      // positions 3, 4: recent (W = 3 full)
+  EXPECT_EQ(cache.Length(seq), 5u);
+  ExpectError([&] { cache.Append(seq, k.data(), v.data()); }, ErrorCode::kNonFinite,
+              {"positions [2, 3)", "key", "KV head 0"});
+  EXPECT_EQ(cache.Length(seq), 5u);
+  EXPECT_EQ(cache.NumPages(), 0);
+  EXPECT_EQ(std::memcmp(cache.Bf16Row(seq, 2, KV::kKey), ToBf16(huge).data(), 256), 0);
+  ExpectError([&] { cache.Bf16Row(seq, 9, KV::kKey); }, ErrorCode::kInvalidArgument,
+              {"position 9"});
+}
+
+TEST(PagedKVCache, RejectsBadWriteData) {
+  CacheParams p = MakeCacheParams(4, 2, 64, 2, 32, 2, 3, 16, RotationKind::kDense, false);
+  std::vector<float> eye(2 * 64 * 64, 0.0f);
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 64; ++i) eye[(h * 64 + i) * 64 + i] = 1.0f;
+  }
+  ExpectError([&] { PagedKVCache c(p, std::vector<float>(64 * 64), eye); },
+              ErrorCode::kShapeMismatch, {"key rotation has 4096 values", "8192"});
+  std::vector<float> nan_eye = eye;
+  nan_eye[64 * 64 + 5 * 64 + 9] = std::numeric_limits<float>::infinity();
+  ExpectError([&] { PagedKVCache c(p, eye, nan_eye); }, ErrorCode::kNonFinite,
+              {"value rotation of KV head 1", "row 5", "column 9"});
+  ExpectError([&] { PagedKVCache c(p, eye, eye, {1.0f}); }, ErrorCode::kShapeMismatch,
+              {"key clip ratios have 1 values"});
+  ExpectError([&] { PagedKVCache c(p, eye, eye, {}, {0.9f, 1.5f}); },
+              ErrorCode::kInvalidArgument, {"value clip ratio 1.5 of KV head 1"});
+  p.key.rotation = RotationKind::kIdentity;
+  ExpectError([&] { PagedKVCache c(p, eye, eye); }, ErrorCode::kInvalidArgument,
+              {"key rotation matrices given", "'identity'"});
+  p.page_size = 20;
+  ExpectError([&] { PagedKVCache c(p, {}, eye); }, ErrorCode::kInvalidArgument,
+              {"page size 20"});
+}
+
+}  // namespace
+}  // namespace kvq::cpu
