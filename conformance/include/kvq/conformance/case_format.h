@@ -1,0 +1,126 @@
+// The golden-vector case file (conformance/README.md): one safetensors file per case with
+//   metadata  format, spec_version, generator, generator_version, seed, case, kind, ... and the
+//             parameters (WriteParams / CacheParams fields as strings);
+//   tensors   "in.*" (inputs) and "expect.*" (the scalar backend's outputs: bits, compared
+//             exactly; attention outputs with the tolerance named in the metadata).
+// This header holds the names and the metadata <-> parameter conversions that the generator
+// and the runner share, so the two cannot disagree about the layout.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvq/common/io.h"
+#include "kvq/common/params.h"
+#include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/kernels.h"
+
+namespace kvq::conformance {
+
+inline constexpr char kSpecVersion[] = "1.0";
+inline constexpr char kGeneratorName[] = "kvq vectors generate";
+inline constexpr char kGeneratorVersion[] = "1";
+inline constexpr char kCaseFormat[] = "kvq-conformance-case";
+inline constexpr char kFixtureFormat[] = "kvq-conformance-fixture";
+inline constexpr char kManifestFileName[] = "manifest.json";
+// The seed of the committed vectors (conformance/vectors).
+inline constexpr uint64_t kDefaultSeed = 20261121;
+// Attention tolerances written into every attention case (spec/cache.md §5), per query head
+// max_j |o - ref| / max_j |ref| against the fp64 reference: the CPU oracle's, the CUDA path's.
+inline constexpr double kAttentionCpuTolerance = 1e-5;
+inline constexpr double kAttentionGpuTolerance = 1e-3;
+
+// What a case exercises.
+enum class CaseKind {
+  kStage,      // one WriteKernels stage called directly (metadata "stage" names it)
+  kPipeline,   // QuantizeRows: every stage's output of the whole write path
+  kCache,      // a PagedKVCache script (prefill, appends with demotion, removal): storage bits
+  kAttention,  // decode attention over a cache built by the scalar backend
+};
+const char* CaseKindName(CaseKind kind);
+// Throws kvq::Error(kMalformedFile) naming an unknown kind.
+CaseKind ParseCaseKind(const std::string& name);
+
+// The stages of WriteKernels, by the names the metadata uses.
+inline const std::vector<std::string>& StageNames() {
+  static const std::vector<std::string> names = {"rotate_dense", "fwht",     "bitrev", "clip",
+                                                 "quantize",     "pack",     "unpack",
+                                                 "dequantize"};
+  return names;
+}
+
+// Operations of a cache script: tensor "in.ops" I32 [n, 3] = (op, sequence slot, tokens).
+// Slots number sequences in the order they are added; prefill/append rows are taken in order
+// from "in.k" / "in.v" BF16 [total tokens, Hkv, d].
+enum class CacheOp : int32_t {
+  kAddSequence = 0,     // slot = the next slot; tokens = 0
+  kPrefill = 1,         // PrefillBf16(slot, tokens rows)
+  kAppend = 2,          // AppendBf16(slot); tokens = 1
+  kRemoveSequence = 3,  // RemoveSequence(slot); tokens = 0
+};
+
+// ---- Metadata values: decimal strings that read back to the same bits ----
+// The shortest decimal (at most 9 significant digits) that strtof reads back to v exactly.
+std::string FormatFloat(float v);
+// The shortest decimal (at most 17 significant digits) that strtod reads back to v exactly.
+std::string FormatDouble(double v);
+
+// Readers of one metadata key; each throws kvq::Error(kMalformedFile) naming the case, the key
+// and the text when the key is missing or does not parse completely.
+const std::string& MetaString(const Safetensors& file, const std::string& key);
+int64_t MetaInt(const Safetensors& file, const std::string& key);
+uint64_t MetaU64(const Safetensors& file, const std::string& key);
+float MetaFloat(const Safetensors& file, const std::string& key);
+double MetaDouble(const Safetensors& file, const std::string& key);
+bool MetaBool(const Safetensors& file, const std::string& key);
+
+// WriteParams as keys prefix + "head_dim", "group", "bits", "clip", "rotation" (identity |
+// dense | hadamard), "hadamard_block", "bitrev" (0 | 1).
+void PutWriteParams(const WriteParams& p, const std::string& prefix, Safetensors* file);
+// Reads and validates (kvq::Error(kMalformedFile) for unparsable or unsupported values).
+WriteParams GetWriteParams(const Safetensors& file, const std::string& prefix);
+
+// CacheParams as keys num_kv_heads, num_q_heads, sink, recent, page_size, quantized,
+// softmax_scale, and the key / value write params with prefixes "key." / "value.".
+void PutCacheParams(const CacheParams& p, Safetensors* file);
+CacheParams GetCacheParams(const Safetensors& file);
+
+// ---- Fixtures: data shared by many cases (the dense rotation matrices) ----
+// A fixture file holds F32 "rotations" [m, d, d]. A case using one names it in metadata
+// "rotation_fixture" (a path relative to the vectors folder) with its "rotation_fixture_sha256",
+// and picks matrices by index tensors.
+struct Fixture {
+  std::string sha256;
+  Safetensors file;
+};
+using Fixtures = std::map<std::string, Fixture>;  // by relative path
+
+// The matrices [indices.size(), d, d] that index tensor `index_tensor` (I32 [m]) of `file`
+// picks from its rotation fixture. Throws kvq::Error(kMalformedFile) for a missing fixture, a
+// fixture whose SHA-256 differs from the one the case names, a shape mismatch or an index out
+// of range.
+std::vector<float> GatherRotations(const Safetensors& file, const Fixtures& fixtures,
+                                   const std::string& index_tensor, int head_dim);
+
+// ---- Cache cases (kCache and kAttention share the inputs) ----
+// A cache built from a case's inputs and its script run on it.
+struct ReplayedCache {
+  std::unique_ptr<cpu::PagedKVCache> cache;
+  std::vector<int> slot_ids;  // sequence id per slot; -1 once removed
+};
+// Builds the cache with CacheParams from the metadata, rotations "in.rotation_k_index" /
+// "in.rotation_v_index" (dense only), clip ratios "in.clip_k" / "in.clip_v" (F32 [Hkv], when
+// present), then runs "in.ops" with rows from "in.k" / "in.v". Throws kvq::Error for malformed
+// inputs (kMalformedFile) and whatever the cache throws.
+ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixtures,
+                                const cpu::Backend& write_backend);
+
+// Little-endian binary64 values as bytes (the "*_f64" tensors are U8 [..., 8]: safetensors'
+// F64 is outside the formats.md subset).
+std::vector<uint8_t> F64ToBytes(const std::vector<double>& values);
+std::vector<double> BytesToF64(const std::vector<uint8_t>& bytes);
+
+}  // namespace kvq::conformance

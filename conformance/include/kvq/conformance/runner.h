@@ -1,0 +1,87 @@
+// Replays golden vectors against a target: a CPU backend, the CUDA backend, or your own kernel
+// plugged in through ConformanceTarget (conformance/README.md).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvq/common/io.h"
+#include "kvq/conformance/case_format.h"
+#include "kvq/conformance/manifest.h"
+#include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/kernels.h"
+
+namespace kvq::conformance {
+
+// Which attention tolerance of a case applies (spec/cache.md §5): the CPU oracle's (metadata
+// "tolerance", 1e-5) or the CUDA path's ("tolerance_gpu", 1e-3).
+enum class ToleranceClass { kCpu, kGpu };
+
+// What is tested. Write-path cases (stage, pipeline) call backend->write.* and
+// cpu::QuantizeRows(*backend, ...); cache cases build a cpu::PagedKVCache whose write path is
+// *backend; attention cases build the cache with the scalar backend and call attend(cache, seq,
+// q [Hq, d], out [Hq, d]). A null backend skips the write-path and cache cases, an empty attend
+// skips the attention cases (reported as skipped, never as passed).
+struct ConformanceTarget {
+  std::string name;
+  const kvq::cpu::Backend* backend = nullptr;
+  std::function<void(const kvq::cpu::PagedKVCache&, int seq, const float* q, float* out)> attend;
+  ToleranceClass tolerance = ToleranceClass::kCpu;  // a CUDA target sets kGpu
+};
+
+// One target per entry of kvq::cpu::Backends() (scalar first), attend = kvq::cpu::Attend with
+// that backend.
+ConformanceTarget CpuTarget(const kvq::cpu::Backend& backend);
+std::vector<ConformanceTarget> CpuTargets();
+
+enum class CaseStatus { kPass, kFail, kSkipped };
+const char* CaseStatusName(CaseStatus status);
+
+// The first difference found in a failing case.
+struct Mismatch {
+  std::string stage;     // the output compared: "codes", "tau", "pool.key.scale", "out", ...
+  int64_t row = -1;      // flattened index over every dimension but the last (-1: none)
+  int64_t column = -1;   // index in the last dimension (-1: none)
+  std::string where;     // the full index, e.g. "[2, 1, 5, 7]", and what it means
+  std::string expected;  // bits and value, e.g. "0x3f800000 (1)"
+  std::string got;
+};
+
+struct CaseResult {
+  std::string name;  // the case path without ".safetensors", e.g. "pipeline/d128_g64_b2_..."
+  std::string kind;
+  CaseStatus status = CaseStatus::kPass;
+  Mismatch mismatch;    // filled for kFail when outputs differ
+  std::string message;  // why it failed (mismatch summary or the error thrown) or was skipped
+};
+
+// A verified, parsed vectors folder.
+struct VectorSet {
+  std::string dir;
+  Manifest manifest;
+  Fixtures fixtures;
+  std::vector<std::string> case_names;  // manifest order
+  std::vector<Safetensors> cases;
+};
+
+// Verifies manifest.json (every SHA-256; see ReadVerifiedFiles) and parses every file. Throws
+// kvq::Error: kMismatch for a failed hash check or another spec version, kMalformedFile for a
+// file that is not a case of this format.
+VectorSet LoadVectorSet(const std::string& dir);
+
+// Replays one case. Never throws for a target's misbehaviour: errors thrown while replaying
+// become a kFail result carrying the message.
+CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceTarget& target);
+std::vector<CaseResult> RunConformance(const VectorSet& vectors, const ConformanceTarget& target);
+// LoadVectorSet(dir) then RunConformance (throws as LoadVectorSet does).
+std::vector<CaseResult> RunConformance(const std::string& dir, const ConformanceTarget& target);
+
+// One line: "FAIL pipeline/...: codes differs at [row 3, column 17] (...): expected 2, got 1".
+std::string DescribeResult(const CaseResult& result);
+
+// The source tree's conformance/vectors (compiled in), the default of `kvq conform`.
+std::string DefaultVectorsDir();
+
+}  // namespace kvq::conformance

@@ -1,0 +1,344 @@
+// Metadata conversions, fixture look-ups and the cache script shared by the generator and the
+// runner (case_format.h).
+#include "kvq/conformance/case_format.h"
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kvq/common/error.h"
+#include "kvq/common/tensor.h"
+
+namespace kvq::conformance {
+namespace {
+
+std::string CaseName(const Safetensors& file) {
+  auto it = file.metadata.find("case");
+  return it == file.metadata.end() ? std::string("<unnamed case>") : it->second;
+}
+
+[[noreturn]] void BadValue(const Safetensors& file, const std::string& key,
+                           const std::string& text, const char* expected) {
+  throw Error(ErrorCode::kMalformedFile,
+              detail::Concat("case ", CaseName(file), ": metadata '", key, "' = '", text,
+                             "' is not ", expected));
+}
+
+const char* RotationName(RotationKind kind) {
+  switch (kind) {
+    case RotationKind::kIdentity:
+      return "identity";
+    case RotationKind::kDense:
+      return "dense";
+    case RotationKind::kHadamard:
+      return "hadamard";
+  }
+  return "?";
+}
+
+}  // namespace
+
+const char* CaseKindName(CaseKind kind) {
+  switch (kind) {
+    case CaseKind::kStage:
+      return "stage";
+    case CaseKind::kPipeline:
+      return "pipeline";
+    case CaseKind::kCache:
+      return "cache";
+    case CaseKind::kAttention:
+      return "attention";
+  }
+  return "?";
+}
+
+CaseKind ParseCaseKind(const std::string& name) {
+  for (CaseKind kind :
+       {CaseKind::kStage, CaseKind::kPipeline, CaseKind::kCache, CaseKind::kAttention}) {
+    if (name == CaseKindName(kind)) return kind;
+  }
+  throw Error(ErrorCode::kMalformedFile, "unknown case kind '" + name + "'");
+}
+
+std::string FormatFloat(float v) {
+  char text[64];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(v));
+    const float back = std::strtof(text, nullptr);
+    if (std::memcmp(&back, &v, sizeof v) == 0) break;
+  }
+  return text;
+}
+
+std::string FormatDouble(double v) {
+  char text[64];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, v);
+    const double back = std::strtod(text, nullptr);
+    if (std::memcmp(&back, &v, sizeof v) == 0) break;
+  }
+  return text;
+}
+
+const std::string& MetaString(const Safetensors& file, const std::string& key) {
+  auto it = file.metadata.find(key);
+  KVQ_CHECK(it != file.metadata.end(), kMalformedFile, "case ", CaseName(file),
+            ": metadata key '", key, "' is missing");
+  return it->second;
+}
+
+int64_t MetaInt(const Safetensors& file, const std::string& key) {
+  const std::string& text = MetaString(file, key);
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || *end != '\0') BadValue(file, key, text, "an integer");
+  return value;
+}
+
+uint64_t MetaU64(const Safetensors& file, const std::string& key) {
+  const std::string& text = MetaString(file, key);
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || text[0] == '-' || errno != 0 || *end != '\0') {
+    BadValue(file, key, text, "an unsigned integer");
+  }
+  return value;
+}
+
+float MetaFloat(const Safetensors& file, const std::string& key) {
+  const std::string& text = MetaString(file, key);
+  char* end = nullptr;
+  const float value = std::strtof(text.c_str(), &end);
+  if (text.empty() || *end != '\0') BadValue(file, key, text, "a number");
+  return value;
+}
+
+double MetaDouble(const Safetensors& file, const std::string& key) {
+  const std::string& text = MetaString(file, key);
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0') BadValue(file, key, text, "a number");
+  return value;
+}
+
+bool MetaBool(const Safetensors& file, const std::string& key) {
+  const std::string& text = MetaString(file, key);
+  if (text == "1") return true;
+  if (text == "0") return false;
+  BadValue(file, key, text, "0 or 1");
+}
+
+void PutWriteParams(const WriteParams& p, const std::string& prefix, Safetensors* file) {
+  auto& m = file->metadata;
+  m[prefix + "head_dim"] = std::to_string(p.head_dim);
+  m[prefix + "group"] = std::to_string(p.group);
+  m[prefix + "bits"] = std::to_string(p.bits);
+  m[prefix + "clip"] = FormatFloat(p.clip);
+  m[prefix + "rotation"] = RotationName(p.rotation);
+  m[prefix + "hadamard_block"] = std::to_string(p.hadamard_block);
+  m[prefix + "bitrev"] = p.bitrev ? "1" : "0";
+}
+
+WriteParams GetWriteParams(const Safetensors& file, const std::string& prefix) {
+  WriteParams p;
+  p.head_dim = static_cast<int>(MetaInt(file, prefix + "head_dim"));
+  p.group = static_cast<int>(MetaInt(file, prefix + "group"));
+  p.bits = static_cast<int>(MetaInt(file, prefix + "bits"));
+  p.clip = MetaFloat(file, prefix + "clip");
+  const std::string& rotation = MetaString(file, prefix + "rotation");
+  bool known = false;
+  for (RotationKind kind :
+       {RotationKind::kIdentity, RotationKind::kDense, RotationKind::kHadamard}) {
+    if (rotation == RotationName(kind)) {
+      p.rotation = kind;
+      known = true;
+    }
+  }
+  if (!known) BadValue(file, prefix + "rotation", rotation, "identity, dense or hadamard");
+  p.hadamard_block = static_cast<int>(MetaInt(file, prefix + "hadamard_block"));
+  p.bitrev = MetaBool(file, prefix + "bitrev");
+  try {
+    p.Validate();
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kMalformedFile,
+                detail::Concat("case ", CaseName(file), ": ", prefix, "parameters: ", e.what()));
+  }
+  return p;
+}
+
+void PutCacheParams(const CacheParams& p, Safetensors* file) {
+  auto& m = file->metadata;
+  m["num_kv_heads"] = std::to_string(p.num_kv_heads);
+  m["num_q_heads"] = std::to_string(p.num_q_heads);
+  m["sink"] = std::to_string(p.sink);
+  m["recent"] = std::to_string(p.recent);
+  m["page_size"] = std::to_string(p.page_size);
+  m["quantized"] = p.quantized ? "1" : "0";
+  m["softmax_scale"] = FormatFloat(p.softmax_scale);
+  PutWriteParams(p.key, "key.", file);
+  PutWriteParams(p.value, "value.", file);
+}
+
+CacheParams GetCacheParams(const Safetensors& file) {
+  CacheParams p;
+  p.num_kv_heads = static_cast<int>(MetaInt(file, "num_kv_heads"));
+  p.num_q_heads = static_cast<int>(MetaInt(file, "num_q_heads"));
+  p.sink = static_cast<int>(MetaInt(file, "sink"));
+  p.recent = static_cast<int>(MetaInt(file, "recent"));
+  p.page_size = static_cast<int>(MetaInt(file, "page_size"));
+  p.quantized = MetaBool(file, "quantized");
+  p.softmax_scale = MetaFloat(file, "softmax_scale");
+  p.key = GetWriteParams(file, "key.");
+  p.value = GetWriteParams(file, "value.");
+  try {
+    p.Validate();
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kMalformedFile,
+                detail::Concat("case ", CaseName(file), ": cache parameters: ", e.what()));
+  }
+  return p;
+}
+
+std::vector<float> GatherRotations(const Safetensors& file, const Fixtures& fixtures,
+                                   const std::string& index_tensor, int head_dim) {
+  const std::string& path = MetaString(file, "rotation_fixture");
+  const std::string& sha = MetaString(file, "rotation_fixture_sha256");
+  auto it = fixtures.find(path);
+  KVQ_CHECK(it != fixtures.end(), kMalformedFile, "case ", CaseName(file), ": rotation fixture '",
+            path, "' is not in the manifest");
+  KVQ_CHECK(it->second.sha256 == sha, kMalformedFile, "case ", CaseName(file),
+            ": rotation fixture '", path, "' has SHA-256 ", it->second.sha256,
+            " but the case was generated against ", sha);
+  const Tensor& rotations = it->second.file.Get("rotations");
+  const int64_t d = head_dim;
+  KVQ_CHECK(rotations.dtype == DType::kF32 && rotations.shape.size() == 3 &&
+                rotations.shape[1] == d && rotations.shape[2] == d,
+            kMalformedFile, "fixture '", path, "': rotations must be F32 [m, ", d, ", ", d,
+            "], got ", DTypeName(rotations.dtype), " ", rotations.ShapeString());
+  const Tensor& index = file.Get(index_tensor);
+  KVQ_CHECK(index.dtype == DType::kI32 && index.shape.size() == 1, kMalformedFile, "case ",
+            CaseName(file), ": ", index_tensor, " must be I32 [m], got ", DTypeName(index.dtype),
+            " ", index.ShapeString());
+  const size_t matrix = static_cast<size_t>(d * d);
+  std::vector<float> out;
+  out.reserve(index.numel() * matrix);
+  const float* all = rotations.data<float>();
+  for (size_t k = 0; k < index.numel(); ++k) {
+    const int32_t i = index.data<int32_t>()[k];
+    KVQ_CHECK(i >= 0 && i < rotations.shape[0], kMalformedFile, "case ", CaseName(file), ": ",
+              index_tensor, "[", k, "] = ", i, " is outside the fixture's ", rotations.shape[0],
+              " matrices");
+    out.insert(out.end(), all + i * matrix, all + (i + 1) * matrix);
+  }
+  return out;
+}
+
+ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixtures,
+                                const cpu::Backend& write_backend) {
+  const CacheParams params = GetCacheParams(file);
+  const int hkv = params.num_kv_heads;
+  const int d = params.head_dim();
+  std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
+  if (params.quantized) {
+    if (params.key.rotation == RotationKind::kDense) {
+      rotation_k = GatherRotations(file, fixtures, "in.rotation_k_index", d);
+    }
+    if (params.value.rotation == RotationKind::kDense) {
+      rotation_v = GatherRotations(file, fixtures, "in.rotation_v_index", d);
+    }
+    if (const Tensor* t = file.Find("in.clip_k")) clip_k = t->ToF32();
+    if (const Tensor* t = file.Find("in.clip_v")) clip_v = t->ToF32();
+  }
+  ReplayedCache out;
+  out.cache = std::make_unique<cpu::PagedKVCache>(params, std::move(rotation_k),
+                                                  std::move(rotation_v), std::move(clip_k),
+                                                  std::move(clip_v), write_backend);
+  const Tensor& ops = file.Get("in.ops");
+  const Tensor& k = file.Get("in.k");
+  const Tensor& v = file.Get("in.v");
+  KVQ_CHECK(ops.dtype == DType::kI32 && ops.shape.size() == 2 && ops.shape[1] == 3,
+            kMalformedFile, "case ", CaseName(file), ": in.ops must be I32 [n, 3], got ",
+            ops.ShapeString());
+  KVQ_CHECK(k.dtype == DType::kBF16 && v.dtype == DType::kBF16, kMalformedFile, "case ",
+            CaseName(file), ": in.k and in.v must be BF16");
+  ExpectShape(k, {-1, hkv, d}, "in.k");
+  ExpectShape(v, k.shape, "in.v");
+  const size_t row = static_cast<size_t>(hkv * d);
+  const size_t total = static_cast<size_t>(k.shape[0]);
+  size_t next_row = 0;
+  const int32_t* op = ops.data<int32_t>();
+  for (int64_t i = 0; i < ops.shape[0]; ++i, op += 3) {
+    const int32_t code = op[0], slot = op[1], tokens = op[2];
+    auto id_of = [&]() {
+      KVQ_CHECK(slot >= 0 && static_cast<size_t>(slot) < out.slot_ids.size() &&
+                    out.slot_ids[slot] >= 0,
+                kMalformedFile, "case ", CaseName(file), ": op ", i, " names slot ", slot,
+                " which is not a live sequence");
+      return out.slot_ids[slot];
+    };
+    switch (static_cast<CacheOp>(code)) {
+      case CacheOp::kAddSequence:
+        KVQ_CHECK(static_cast<size_t>(slot) == out.slot_ids.size(), kMalformedFile, "case ",
+                  CaseName(file), ": op ", i, " adds slot ", slot, " but the next slot is ",
+                  out.slot_ids.size());
+        out.slot_ids.push_back(out.cache->AddSequence());
+        break;
+      case CacheOp::kPrefill:
+      case CacheOp::kAppend: {
+        const bool append = static_cast<CacheOp>(code) == CacheOp::kAppend;
+        KVQ_CHECK(tokens >= 1 && (!append || tokens == 1) &&
+                      next_row + static_cast<size_t>(tokens) <= total,
+                  kMalformedFile, "case ", CaseName(file), ": op ", i, " asks for ", tokens,
+                  " rows with ", total - next_row, " left in in.k");
+        const int id = id_of();
+        const uint16_t* krows = k.data<uint16_t>() + next_row * row;
+        const uint16_t* vrows = v.data<uint16_t>() + next_row * row;
+        if (append) {
+          out.cache->AppendBf16(id, krows, vrows);
+        } else {
+          out.cache->PrefillBf16(id, krows, vrows, static_cast<size_t>(tokens));
+        }
+        next_row += static_cast<size_t>(tokens);
+        break;
+      }
+      case CacheOp::kRemoveSequence:
+        out.cache->RemoveSequence(id_of());
+        out.slot_ids[slot] = -1;
+        break;
+      default:
+        KVQ_CHECK(false, kMalformedFile, "case ", CaseName(file), ": op ", i, " has unknown code ",
+                  code);
+    }
+  }
+  KVQ_CHECK(next_row == total, kMalformedFile, "case ", CaseName(file), ": the script uses ",
+            next_row, " of the ", total, " rows of in.k");
+  return out;
+}
+
+std::vector<uint8_t> F64ToBytes(const std::vector<double>& values) {
+  std::vector<uint8_t> bytes(values.size() * 8);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint64_t u;
+    std::memcpy(&u, &values[i], 8);
+    for (int b = 0; b < 8; ++b) bytes[8 * i + b] = static_cast<uint8_t>(u >> (8 * b));
+  }
+  return bytes;
+}
+
+std::vector<double> BytesToF64(const std::vector<uint8_t>& bytes) {
+  KVQ_CHECK(bytes.size() % 8 == 0, kMalformedFile, "an f64 byte tensor has ", bytes.size(),
+            " bytes, not a multiple of 8");
+  std::vector<double> values(bytes.size() / 8);
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint64_t u = 0;
+    for (int b = 0; b < 8; ++b) u |= static_cast<uint64_t>(bytes[8 * i + b]) << (8 * b);
+    std::memcpy(&values[i], &u, 8);
+  }
+  return values;
+}
+
+}  // namespace kvq::conformance

@@ -1,0 +1,377 @@
+// Golden-vector cases of the paged cache (storage bits after prefill, appends with demotion and
+// sequence removal) and of decode attention (outputs against the fp64 reference).
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/common/tensor.h"
+#include "kvq/cpu_ref/attention.h"
+#include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/kernels.h"
+#include "generator_internal.h"
+
+namespace kvq::conformance::internal {
+namespace {
+
+int64_t I(size_t v) { return static_cast<int64_t>(v); }
+
+// A cache script as "in.ops" triples (op, slot, tokens), counting the rows it consumes.
+class Script {
+ public:
+  int Add() {
+    Push(CacheOp::kAddSequence, slots_, 0);
+    return slots_++;
+  }
+  void Prefill(int slot, int tokens) {
+    Push(CacheOp::kPrefill, slot, tokens);
+    rows_ += static_cast<size_t>(tokens);
+  }
+  void Append(int slot) {
+    Push(CacheOp::kAppend, slot, 1);
+    rows_ += 1;
+  }
+  void Remove(int slot) { Push(CacheOp::kRemoveSequence, slot, 0); }
+
+  const std::vector<int32_t>& ops() const { return ops_; }
+  size_t rows() const { return rows_; }
+
+ private:
+  void Push(CacheOp op, int slot, int tokens) {
+    ops_.insert(ops_.end(), {static_cast<int32_t>(op), slot, tokens});
+  }
+  std::vector<int32_t> ops_;
+  int slots_ = 0;
+  size_t rows_ = 0;
+};
+
+struct CacheConfig {
+  std::string name;
+  CacheParams params;
+  std::vector<int32_t> rotation_k, rotation_v;  // fixture indices per KV head (dense only)
+  std::vector<float> clip_k, clip_v;            // per-head clip ratios, or empty
+  std::function<void(Script*)> script;
+};
+
+WriteParams Write(int d, int group, int bits, float clip, RotationKind rotation, int block = 0,
+                  bool bitrev = false) {
+  WriteParams p;
+  p.head_dim = d;
+  p.group = group;
+  p.bits = bits;
+  p.clip = clip;
+  p.rotation = rotation;
+  p.hadamard_block = block;
+  p.bitrev = bitrev;
+  return p;
+}
+
+CacheParams Cache(int hkv, int hq, int sink, int recent, int page, const WriteParams& key,
+                  const WriteParams& value, float softmax_scale = 0.0f, bool quantized = true) {
+  CacheParams c;
+  c.num_kv_heads = hkv;
+  c.num_q_heads = hq;
+  c.sink = sink;
+  c.recent = recent;
+  c.page_size = page;
+  c.quantized = quantized;
+  c.key = key;
+  c.value = value;
+  c.softmax_scale = softmax_scale;
+  c.Validate();
+  return c;
+}
+
+std::vector<CacheConfig> CacheConfigs() {
+  std::vector<CacheConfig> configs;
+  {
+    // Per-head dense rotations and clip ratios; two sequences interleave their demotions, one
+    // is removed and a third reuses its freed page.
+    CacheConfig c;
+    c.name = "d64_b2_g32_dense_s4_w8_p16";
+    c.params = Cache(2, 4, 4, 8, 16, Write(64, 32, 2, 1.0f, RotationKind::kDense),
+                     Write(64, 32, 2, 1.0f, RotationKind::kDense));
+    c.rotation_k = {0, 1};
+    c.rotation_v = {2, 3};
+    c.clip_k = {0.96f, 1.0f};
+    c.clip_v = {0.92f, 0.96f};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 30);
+      const int b = s->Add();
+      s->Prefill(b, 3);
+      for (int i = 0; i < 16; ++i) {
+        s->Append(a);
+        s->Append(b);
+      }
+      const int c3 = s->Add();
+      s->Prefill(c3, 24);
+      s->Remove(b);
+      for (int i = 0; i < 12; ++i) s->Append(c3);
+    };
+    configs.push_back(c);
+  }
+  {
+    // No sink, a short window, Hadamard + bit reversal keys, identity INT4 values.
+    CacheConfig c;
+    c.name = "d128_b4_hadamard_bitrev_s0_w4_p16";
+    c.params = Cache(1, 2, 0, 4, 16, Write(128, 64, 4, 0.96f, RotationKind::kHadamard, 0, true),
+                     Write(128, 128, 4, 1.0f, RotationKind::kIdentity));
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 37);
+      const int b = s->Add();
+      s->Prefill(b, 1);
+      for (int i = 0; i < 10; ++i) {
+        s->Append(a);
+        if (i % 2 == 0) s->Append(b);
+      }
+    };
+    configs.push_back(c);
+  }
+  {
+    // Different bits and groups for K and V, block-diagonal FWHT keys, per-head clips, g = 1.
+    CacheConfig c;
+    c.name = "d128_kb2_vb4_block32_s8_w16_p16";
+    c.params = Cache(2, 2, 8, 16, 16, Write(128, 128, 2, 1.0f, RotationKind::kHadamard, 32),
+                     Write(128, 32, 4, 1.0f, RotationKind::kHadamard, 0, true));
+    c.clip_k = {0.92f, 0.96f};
+    c.clip_v = {1.0f, 0.5f};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 40);
+      for (int i = 0; i < 6; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    CacheConfig c;
+    c.name = "d256_b2_g64_identity_s2_w4_p16";
+    c.params = Cache(1, 2, 2, 4, 16, Write(256, 64, 2, 0.92f, RotationKind::kIdentity),
+                     Write(256, 64, 2, 0.96f, RotationKind::kIdentity));
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 30);
+      for (int i = 0; i < 6; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // The bf16 baseline: every token kept as bf16, no pages.
+    CacheConfig c;
+    c.name = "bf16_d64";
+    c.params = Cache(2, 4, 4, 8, 16, Write(64, 32, 2, 1.0f, RotationKind::kIdentity),
+                     Write(64, 32, 2, 1.0f, RotationKind::kIdentity), 0.0f, false);
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 10);
+      const int b = s->Add();
+      s->Prefill(b, 3);
+      for (int i = 0; i < 5; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  return configs;
+}
+
+// Attention-only configurations: a history longer than one chunk of pages next to a sink-only
+// and a history-free sequence; GQA g = 4 with an explicit softmax scale.
+std::vector<CacheConfig> AttentionOnlyConfigs() {
+  std::vector<CacheConfig> configs;
+  {
+    CacheConfig c;
+    c.name = "d128_b2_g64_dense_long";
+    c.params = Cache(1, 4, 4, 8, 16, Write(128, 64, 2, 0.96f, RotationKind::kDense),
+                     Write(128, 64, 2, 0.92f, RotationKind::kDense));
+    c.rotation_k = {0};
+    c.rotation_v = {1};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 80);  // 68 history tokens: 5 pages, more than one 4-page chunk
+      for (int i = 0; i < 3; ++i) s->Append(a);
+      const int b = s->Add();
+      s->Prefill(b, 3);  // sink only
+      const int c3 = s->Add();
+      s->Prefill(c3, 10);  // sink and recent, no history
+    };
+    configs.push_back(c);
+  }
+  {
+    CacheConfig c;
+    c.name = "d64_b4_g64_hadamard_gqa4_scale0p25";
+    c.params = Cache(2, 8, 4, 8, 16, Write(64, 64, 4, 0.96f, RotationKind::kHadamard),
+                     Write(64, 32, 4, 0.92f, RotationKind::kHadamard, 0, true), 0.25f);
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 45);
+      for (int i = 0; i < 4; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  return configs;
+}
+
+// The common inputs of cache and attention cases: parameters, rotations, clips, script, rows.
+// Keys are bell-shaped with one 6x outlier channel per KV head (as real keys have); values
+// uniform; all rounded to bf16.
+Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const std::string& name,
+                        CaseKind kind, SplitMix64* rng) {
+  Safetensors file = out->NewCase(name, kind, rng);
+  const CacheParams& p = config.params;
+  PutCacheParams(p, &file);
+  const int d = p.head_dim();
+  const int hkv = p.num_kv_heads;
+  if (p.quantized) {
+    if (p.key.rotation == RotationKind::kDense) {
+      out->UseRotations(&file, d, "in.rotation_k_index", config.rotation_k);
+    }
+    if (p.value.rotation == RotationKind::kDense) {
+      out->UseRotations(&file, d, "in.rotation_v_index", config.rotation_v);
+    }
+    if (!config.clip_k.empty()) file.Add("in.clip_k", Tensor::F32({hkv}, config.clip_k));
+    if (!config.clip_v.empty()) file.Add("in.clip_v", Tensor::F32({hkv}, config.clip_v));
+  }
+  Script script;
+  config.script(&script);
+  file.Add("in.ops", Tensor::I32({I(script.ops().size() / 3), 3}, script.ops()));
+  std::vector<int> outlier(hkv);
+  for (int h = 0; h < hkv; ++h) outlier[h] = static_cast<int>(rng->Below(d));
+  const size_t count = script.rows() * hkv * d;
+  std::vector<uint16_t> k(count), v(count);
+  for (size_t i = 0; i < count; ++i) {
+    const int channel = static_cast<int>(i % d);
+    const int head = static_cast<int>((i / d) % hkv);
+    const float key = rng->Bell() * 1.5f * (channel == outlier[head] ? 6.0f : 1.0f);
+    k[i] = Bf16FromF32(key);
+    v[i] = Bf16FromF32(rng->Uniform());
+  }
+  file.Add("in.k", Tensor::BF16({I(script.rows()), hkv, d}, k));
+  file.Add("in.v", Tensor::BF16({I(script.rows()), hkv, d}, v));
+  return file;
+}
+
+// What the runner compares for a cache case (runner.cc ReplayCache reads the same names).
+void AddCacheExpectations(const ReplayedCache& replayed, Safetensors* file) {
+  const cpu::PagedKVCache& cache = *replayed.cache;
+  const CacheParams& p = cache.params();
+  const int hkv = p.num_kv_heads, d = p.head_dim(), psize = p.page_size;
+  const size_t row = static_cast<size_t>(hkv * d);
+  file->Add("expect.pool_pages", Tensor::I32({2}, {cache.NumPages(), cache.NumFreePages()}));
+  const char* names[2] = {"key", "value"};
+  const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
+  const int64_t pages = cache.NumPages();
+  if (p.quantized) {
+    for (int h = 0; h < 2; ++h) {
+      const WriteParams& wp = h == 0 ? p.key : p.value;
+      const std::string base = std::string("expect.pool.") + names[h];
+      const uint8_t* codes = cache.PoolCodes(kvs[h]);
+      const size_t code_bytes = static_cast<size_t>(pages) * cache.PageCodeBytes(kvs[h]);
+      file->Add(base + ".codes", Tensor::U8({pages, hkv, psize, wp.code_bytes()},
+                                            std::vector<uint8_t>(codes, codes + code_bytes)));
+      const size_t meta = static_cast<size_t>(pages) * cache.PageMetadataCount(kvs[h]);
+      const uint16_t* scale = cache.PoolScale(kvs[h]);
+      const uint16_t* min = cache.PoolMin(kvs[h]);
+      file->Add(base + ".scale", Tensor::BF16({pages, hkv, psize, wp.num_groups()},
+                                              std::vector<uint16_t>(scale, scale + meta)));
+      file->Add(base + ".min", Tensor::BF16({pages, hkv, psize, wp.num_groups()},
+                                            std::vector<uint16_t>(min, min + meta)));
+    }
+  }
+  for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
+    const int id = replayed.slot_ids[slot];
+    if (id < 0) continue;
+    const std::string base = "expect.seq" + std::to_string(slot);
+    const size_t t = cache.Length(id);
+    file->Add(base + ".shape",
+              Tensor::I32({4}, {static_cast<int32_t>(t), static_cast<int32_t>(cache.SinkLength(id)),
+                                static_cast<int32_t>(cache.HistoryLength(id)),
+                                static_cast<int32_t>(cache.RecentBegin(id))}));
+    const std::vector<int32_t>& table = cache.PageTable(id);
+    file->Add(base + ".page_table", Tensor::I32({I(table.size())}, table));
+    for (int h = 0; h < 2; ++h) {
+      if (!p.quantized) {
+        const uint16_t* dense = cache.DenseRows(id, kvs[h]);
+        file->Add(base + ".dense." + names[h],
+                  Tensor::BF16({I(t), hkv, d}, std::vector<uint16_t>(dense, dense + t * row)));
+        continue;
+      }
+      const size_t sink = cache.SinkLength(id);
+      const uint16_t* sink_rows = cache.SinkRows(id, kvs[h]);
+      file->Add(base + ".sink." + names[h],
+                Tensor::BF16({I(sink), hkv, d},
+                             std::vector<uint16_t>(sink_rows, sink_rows + sink * row)));
+      std::vector<uint16_t> recent;
+      const size_t begin = cache.RecentBegin(id);
+      for (size_t pos = begin; pos < t; ++pos) {
+        const uint16_t* r = cache.Bf16Row(id, pos, kvs[h]);
+        recent.insert(recent.end(), r, r + row);
+      }
+      file->Add(base + ".recent." + names[h], Tensor::BF16({I(t - begin), hkv, d}, recent));
+    }
+  }
+}
+
+void AddCacheCase(VectorCollector* out, const CacheConfig& config) {
+  const std::string name = "cache/" + config.name;
+  SplitMix64 rng(0);
+  Safetensors file = CacheInputs(out, config, name, CaseKind::kCache, &rng);
+  const ReplayedCache replayed = ReplayCacheScript(file, out->fixtures(), cpu::ScalarBackend());
+  AddCacheExpectations(replayed, &file);
+  out->AddCase(name, CaseKind::kCache, file);
+}
+
+void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
+  const std::string name = "attention/" + config.name;
+  SplitMix64 rng(0);
+  Safetensors file = CacheInputs(out, config, name, CaseKind::kAttention, &rng);
+  const ReplayedCache replayed = ReplayCacheScript(file, out->fixtures(), cpu::ScalarBackend());
+  const cpu::PagedKVCache& cache = *replayed.cache;
+  const int hq = cache.params().num_q_heads, d = cache.params().head_dim();
+  const size_t per_query = static_cast<size_t>(hq * d);
+  std::vector<int32_t> slots;
+  for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
+    if (replayed.slot_ids[slot] >= 0) slots.push_back(static_cast<int32_t>(slot));
+  }
+  std::vector<float> q(slots.size() * per_query), expected(q.size());
+  std::vector<double> reference(q.size());
+  for (float& v : q) v = rng.Bell();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int id = replayed.slot_ids[slots[i]];
+    double* ref = reference.data() + i * per_query;
+    cpu::AttendReferenceF64(cache, id, q.data() + i * per_query, ref);
+    for (size_t j = 0; j < per_query; ++j) expected[i * per_query + j] = static_cast<float>(ref[j]);
+    // The scalar oracle must meet its own tolerance, or the case would be useless.
+    std::vector<float> oracle(per_query);
+    cpu::Attend(cpu::ScalarBackend(), cache, id, q.data() + i * per_query, oracle.data());
+    const std::vector<double> errors = cpu::RelativeErrorPerHead(oracle.data(), ref, hq, d);
+    for (int h = 0; h < hq; ++h) {
+      KVQ_CHECK(errors[h] <= kAttentionCpuTolerance, kMismatch, "generator: ", name,
+                ": the scalar oracle's relative error ", errors[h], " at query ", i, ", head ", h,
+                " exceeds ", kAttentionCpuTolerance);
+    }
+  }
+  file.metadata["tolerance"] = FormatDouble(kAttentionCpuTolerance);
+  file.metadata["tolerance_gpu"] = FormatDouble(kAttentionGpuTolerance);
+  file.metadata["tolerance_measure"] =
+      "per query head: max_j |out - reference| / max_j |reference| (spec/cache.md 5)";
+  const int64_t nq = I(slots.size());
+  file.Add("in.query_slots", Tensor::I32({nq}, slots));
+  file.Add("in.q", Tensor::F32({nq, hq, d}, q));
+  file.Add("expect.out", Tensor::F32({nq, hq, d}, expected));
+  file.Add("expect.reference_f64", Tensor::U8({nq, hq, d, 8}, F64ToBytes(reference)));
+  out->AddCase(name, CaseKind::kAttention, file);
+}
+
+}  // namespace
+
+void AddCacheAndAttentionCases(VectorCollector* out) {
+  for (const CacheConfig& config : CacheConfigs()) {
+    AddCacheCase(out, config);
+    AddAttentionCase(out, config);
+  }
+  for (const CacheConfig& config : AttentionOnlyConfigs()) AddAttentionCase(out, config);
+}
+
+}  // namespace kvq::conformance::internal

@@ -1,0 +1,383 @@
+// Golden-vector cases of the write path: one family per WriteKernels stage (called directly)
+// and the whole QuantizeRows pipeline over the spec's parameter grid. Expected values are the
+// scalar backend's outputs.
+#include <string>
+#include <vector>
+
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/common/tensor.h"
+#include "kvq/cpu_ref/kernels.h"
+#include "kvq/cpu_ref/write_path.h"
+#include "generator_internal.h"
+#include "rows.h"
+
+namespace kvq::conformance::internal {
+namespace {
+
+constexpr int kHeadDims[] = {64, 128, 256};
+constexpr int kGroups[] = {32, 64, 128};
+constexpr int kBits[] = {2, 4};
+constexpr float kGridClips[] = {1.0f, 0.96f, 0.92f};
+
+WriteParams Params(int d, int group, int bits, float clip = 1.0f,
+                   RotationKind rotation = RotationKind::kIdentity, int block = 0,
+                   bool bitrev = false) {
+  WriteParams p;
+  p.head_dim = d;
+  p.group = group;
+  p.bits = bits;
+  p.clip = clip;
+  p.rotation = rotation;
+  p.hadamard_block = block;
+  p.bitrev = bitrev;
+  p.Validate();
+  return p;
+}
+
+int64_t I(size_t v) { return static_cast<int64_t>(v); }
+
+// The rotation variants of the pipeline grid and the edge cases.
+struct RotationVariant {
+  const char* name;
+  RotationKind kind;
+  int block;
+  bool bitrev;
+};
+constexpr RotationVariant kGridRotations[] = {
+    {"identity", RotationKind::kIdentity, 0, false},
+    {"dense", RotationKind::kDense, 0, false},
+    {"hadamard", RotationKind::kHadamard, 0, false},
+    {"hadamard_bitrev", RotationKind::kHadamard, 0, true},
+};
+// Every edge row goes through these (the grid's dense and hadamard_bitrev are close cousins).
+constexpr RotationVariant kEdgeRotations[] = {
+    {"identity", RotationKind::kIdentity, 0, false},
+    {"dense_bitrev", RotationKind::kDense, 0, true},
+    {"hadamard", RotationKind::kHadamard, 0, false},
+    {"hadamard_h16", RotationKind::kHadamard, 16, false},
+};
+
+// The stage case's metadata: which stage, its parameters, the rows.
+void SetStage(Safetensors* file, const std::string& stage, const WriteParams& p, size_t rows,
+              const std::string& row_kinds) {
+  file->metadata["stage"] = stage;
+  PutWriteParams(p, "", file);
+  file->metadata["rows"] = std::to_string(rows);
+  file->metadata["row_kinds"] = row_kinds;
+}
+
+// ---- rotate_dense, fwht, bitrev ----
+void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
+  for (int d : kHeadDims) {
+    const std::string name = "stage/rotate_dense_d" + std::to_string(d);
+    const WriteParams p = Params(d, 32, 2, 1.0f, RotationKind::kDense);
+    const std::vector<RowKind> kinds = {RowKind::kRandom,    RowKind::kHeavyTail,
+                                        RowKind::kOutlier,   RowKind::kSubnormal,
+                                        RowKind::kHuge,      RowKind::kMixedZeros};
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+    std::string names;
+    const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+    SetStage(&file, "rotate_dense", p, kinds.size(), names);
+    out->UseRotations(&file, d, "in.rotation_index", {0});
+    const std::vector<float> r = GatherRotations(file, out->fixtures(), "in.rotation_index", d);
+    std::vector<float> y(x.size());
+    scalar.write.rotate_dense(x.data(), r.data(), y.data(), kinds.size(), p);
+    file.Add("in.x", Tensor::F32({I(kinds.size()), d}, x));
+    file.Add("expect.y", Tensor::F32({I(kinds.size()), d}, y));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  const std::pair<int, int> fwht_sizes[] = {{64, 0},   {128, 0},  {256, 0},  {64, 16},
+                                            {128, 16}, {128, 32}, {256, 64}, {256, 128}};
+  for (const auto& [d, block] : fwht_sizes) {
+    const std::string name = "stage/fwht_d" + std::to_string(d) + "_h" +
+                             std::to_string(block == 0 ? d : block);
+    const WriteParams p = Params(d, 32, 2, 1.0f, RotationKind::kHadamard, block);
+    const std::vector<RowKind> kinds = {RowKind::kRandom,  RowKind::kHeavyTail,
+                                        RowKind::kConstant, RowKind::kOutlier,
+                                        RowKind::kSubnormal, RowKind::kHuge};
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+    std::string names;
+    const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+    SetStage(&file, "fwht", p, kinds.size(), names);
+    std::vector<float> y = x;
+    scalar.write.fwht(y.data(), kinds.size(), p);
+    file.Add("in.x", Tensor::F32({I(kinds.size()), d}, x));
+    file.Add("expect.y", Tensor::F32({I(kinds.size()), d}, y));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  for (int d : kHeadDims) {
+    const std::string name = "stage/bitrev_d" + std::to_string(d);
+    const WriteParams p = Params(d, 32, 2, 1.0f, RotationKind::kIdentity, 0, true);
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+    // Two ramps (each output value names its source channel) and two random rows.
+    const size_t rows = 4;
+    std::vector<float> x(rows * d);
+    for (int j = 0; j < d; ++j) {
+      x[j] = static_cast<float>(j + 1);
+      x[d + j] = -static_cast<float>(1000 + j);
+    }
+    FillRow(RowKind::kRandom, p, &rng, x.data() + 2 * d);
+    FillRow(RowKind::kMixedZeros, p, &rng, x.data() + 3 * d);
+    SetStage(&file, "bitrev", p, rows, "ramp,ramp,random,mixed_zeros");
+    std::vector<float> y(x.size());
+    scalar.write.bitrev(x.data(), y.data(), rows, p);
+    file.Add("in.x", Tensor::F32({I(rows), d}, x));
+    file.Add("expect.y", Tensor::F32({I(rows), d}, y));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+}
+
+// ---- clip ----
+void AddClipStages(VectorCollector* out, const cpu::Backend& scalar) {
+  // The grid's ratios and the minimum (k = 0) at every d; at d = 64 also an exact floor
+  // (0.96875 * 64 = 62) and the median.
+  const std::vector<RowKind> kinds = {
+      RowKind::kRandom,        RowKind::kHeavyTail,  RowKind::kDuplicates, RowKind::kOutlier,
+      RowKind::kNegativeZeros, RowKind::kMixedZeros, RowKind::kSubnormal,  RowKind::kHuge};
+  for (int d : kHeadDims) {
+    std::vector<float> clips = {1.0f, 0.92f, 0.001f};
+    if (d != 256) clips.push_back(0.96f);
+    if (d == 64) clips.insert(clips.end(), {0.96875f, 0.5f});
+    for (float rho : clips) {
+      const std::string name = "stage/clip_d" + std::to_string(d) + "_" + RhoTag(rho);
+      const WriteParams p = Params(d, 32, 2, rho);
+      SplitMix64 rng(0);
+      Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+      std::string names;
+      const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+      SetStage(&file, "clip", p, kinds.size(), names);
+      std::vector<float> y = x;
+      std::vector<float> tau(kinds.size());
+      scalar.write.clip(y.data(), tau.data(), kinds.size(), p);
+      file.Add("in.x", Tensor::F32({I(kinds.size()), d}, x));
+      file.Add("expect.x", Tensor::F32({I(kinds.size()), d}, y));
+      file.Add("expect.tau", Tensor::F32({I(kinds.size())}, tau));
+      out->AddCase(name, CaseKind::kStage, file);
+    }
+  }
+}
+
+// ---- quantize, dequantize ----
+void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
+  for (int d : kHeadDims) {
+    for (int g : kGroups) {
+      if (g > d) continue;
+      for (int b : kBits) {
+        const WriteParams p = Params(d, g, b);
+        const std::string suffix =
+            "_d" + std::to_string(d) + "_g" + std::to_string(g) + "_b" + std::to_string(b);
+        const size_t groups = static_cast<size_t>(p.num_groups());
+        {
+          const std::string name = "stage/quantize" + suffix;
+          // Every row kind; at d = 256 the edge rows only (the pipeline grid has random rows).
+          const std::vector<RowKind>& kinds = d == 256 ? EdgeRowKinds() : AllRowKinds();
+          SplitMix64 rng(0);
+          Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+          std::string names;
+          const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+          const size_t n = kinds.size();
+          SetStage(&file, "quantize", p, n, names);
+          std::vector<uint8_t> codes(n * d);
+          std::vector<uint16_t> scale(n * groups), min(n * groups);
+          scalar.write.quantize(x.data(), codes.data(), scale.data(), min.data(), n, p);
+          file.Add("in.x", Tensor::F32({I(n), d}, x));
+          file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
+          file.Add("expect.scale", Tensor::BF16({I(n), I(groups)}, scale));
+          file.Add("expect.min", Tensor::BF16({I(n), I(groups)}, min));
+          out->AddCase(name, CaseKind::kStage, file);
+        }
+        {
+          const std::string name = "stage/dequantize" + suffix;
+          SplitMix64 rng(0);
+          Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+          const size_t n = 4;
+          std::vector<uint8_t> codes(n * d);
+          for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Below(p.levels() + 1));
+          // Scales: zero, normal, bf16 subnormal, large; minimums of both signs (and -0).
+          std::vector<uint16_t> scale(n * groups), min(n * groups);
+          // One draw per statement: the order of calls inside an expression is unspecified.
+          auto bf16_bits = [&rng](uint32_t sign, uint32_t first_exponent, uint32_t exponents) {
+            const uint32_t exponent = first_exponent + rng.Below(exponents);
+            const uint32_t mantissa = rng.Below(128);
+            return static_cast<uint16_t>(sign | (exponent << 7) | mantissa);
+          };
+          for (size_t i = 0; i < n * groups; ++i) {
+            switch (rng.Below(4)) {
+              case 0:
+                scale[i] = 0;
+                break;
+              case 1:
+                scale[i] = bf16_bits(0, 107, 40);  // 2^-20 .. 2^19
+                break;
+              case 2:
+                scale[i] = static_cast<uint16_t>(1 + rng.Below(127));  // subnormal
+                break;
+              default:
+                scale[i] = bf16_bits(0, 200, 20);  // 2^73 .. 2^92
+            }
+            const uint32_t sign = rng.Bit() ? 0x8000u : 0u;
+            const bool zero = rng.Below(8) == 0;
+            min[i] = zero ? static_cast<uint16_t>(sign) : bf16_bits(sign, 107, 40);
+          }
+          SetStage(&file, "dequantize", p, n, "random_codes,scales_zero_normal_subnormal_large");
+          std::vector<float> y(n * d);
+          scalar.write.dequantize(codes.data(), scale.data(), min.data(), y.data(), n, p);
+          file.Add("in.codes", Tensor::U8({I(n), d}, codes));
+          file.Add("in.scale", Tensor::BF16({I(n), I(groups)}, scale));
+          file.Add("in.min", Tensor::BF16({I(n), I(groups)}, min));
+          file.Add("expect.y", Tensor::F32({I(n), d}, y));
+          out->AddCase(name, CaseKind::kStage, file);
+        }
+      }
+    }
+  }
+}
+
+// ---- pack, unpack: every byte value, then one random row ----
+void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
+  for (int d : kHeadDims) {
+    for (int b : kBits) {
+      const WriteParams p = Params(d, 32, b);
+      const size_t cb = static_cast<size_t>(p.code_bytes());
+      const size_t enumerating = (256 + cb - 1) / cb;
+      const size_t n = enumerating + 1;
+      const std::string suffix = "_d" + std::to_string(d) + "_b" + std::to_string(b);
+      for (const char* stage : {"pack", "unpack"}) {
+        const std::string name = std::string("stage/") + stage + suffix;
+        SplitMix64 rng(0);
+        Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+        std::vector<uint8_t> packed(n * cb);
+        for (size_t i = 0; i < enumerating * cb; ++i) packed[i] = static_cast<uint8_t>(i % 256);
+        for (size_t i = enumerating * cb; i < n * cb; ++i) {
+          packed[i] = static_cast<uint8_t>(rng.Below(256));
+        }
+        std::vector<uint8_t> codes(n * d);
+        scalar.write.unpack(packed.data(), codes.data(), n, p);
+        SetStage(&file, stage, p, n, "every_byte_value,random");
+        if (std::string(stage) == "pack") {
+          std::vector<uint8_t> repacked(n * cb);
+          scalar.write.pack(codes.data(), repacked.data(), n, p);
+          file.Add("in.codes", Tensor::U8({I(n), d}, codes));
+          file.Add("expect.packed", Tensor::U8({I(n), I(cb)}, repacked));
+        } else {
+          file.Add("in.packed", Tensor::U8({I(n), I(cb)}, packed));
+          file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
+        }
+        out->AddCase(name, CaseKind::kStage, file);
+      }
+    }
+  }
+}
+
+// ---- the whole write path ----
+void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std::string& name,
+                     const WriteParams& p, const std::vector<RowKind>& kinds, int rotation_index) {
+  SplitMix64 rng(0);
+  Safetensors file = out->NewCase(name, CaseKind::kPipeline, &rng);
+  std::string names;
+  const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+  const size_t n = kinds.size();
+  const int d = p.head_dim;
+  PutWriteParams(p, "", &file);
+  file.metadata["rows"] = std::to_string(n);
+  file.metadata["row_kinds"] = names;
+  std::vector<float> rotation;
+  if (p.rotation == RotationKind::kDense) {
+    out->UseRotations(&file, d, "in.rotation_index", {rotation_index});
+    rotation = GatherRotations(file, out->fixtures(), "in.rotation_index", d);
+  }
+  const cpu::QuantizedRows q =
+      cpu::QuantizeRows(scalar, p, rotation.empty() ? nullptr : rotation.data(), x.data(), n);
+  const int64_t groups = p.num_groups();
+  file.Add("in.x", Tensor::F32({I(n), d}, x));
+  file.Add("expect.rotated", Tensor::F32({I(n), d}, q.rotated));
+  file.Add("expect.tau", Tensor::F32({I(n)}, q.tau));
+  file.Add("expect.codes", Tensor::U8({I(n), d}, q.codes));
+  file.Add("expect.packed", Tensor::U8({I(n), p.code_bytes()}, q.packed));
+  file.Add("expect.scale", Tensor::BF16({I(n), groups}, q.scale));
+  file.Add("expect.min", Tensor::BF16({I(n), groups}, q.min));
+  file.Add("expect.dequantized", Tensor::F32({I(n), d}, q.dequantized));
+  out->AddCase(name, CaseKind::kPipeline, file);
+}
+
+}  // namespace
+
+void AddStageCases(VectorCollector* out) {
+  const cpu::Backend& scalar = cpu::ScalarBackend();
+  AddRotationStages(out, scalar);
+  AddClipStages(out, scalar);
+  AddQuantizerStages(out, scalar);
+  AddPackingStages(out, scalar);
+}
+
+void AddPipelineCases(VectorCollector* out) {
+  const cpu::Backend& scalar = cpu::ScalarBackend();
+  // The grid: d x G x bits x rho x rotation. Few rows per case, to keep the set small: one
+  // random row (uniform or heavy-tailed in turn) and edge rows taken in turn from the edge
+  // list (two at d = 64 and 128, one at d = 256), so every edge kind meets many
+  // configurations.
+  const std::vector<RowKind>& edges = EdgeRowKinds();
+  size_t index = 0, next_edge = 0;
+  for (int d : kHeadDims) {
+    const int edge_rows = d == 256 ? 1 : 2;
+    for (int g : kGroups) {
+      if (g > d) continue;
+      for (int b : kBits) {
+        for (float rho : kGridClips) {
+          for (const RotationVariant& rot : kGridRotations) {
+            const WriteParams p = Params(d, g, b, rho, rot.kind, rot.block, rot.bitrev);
+            const std::string name = "pipeline/d" + std::to_string(d) + "_g" + std::to_string(g) +
+                                     "_b" + std::to_string(b) + "_" + RhoTag(rho) + "_" +
+                                     rot.name;
+            std::vector<RowKind> kinds = {index % 2 == 0 ? RowKind::kRandom
+                                                         : RowKind::kHeavyTail};
+            for (int e = 0; e < edge_rows; ++e) {
+              kinds.push_back(edges[next_edge++ % edges.size()]);
+            }
+            AddPipelineCase(out, scalar, name, p, kinds,
+                            static_cast<int>(index % out->FixtureMatrices(d)));
+            ++index;
+          }
+        }
+      }
+    }
+  }
+  // Every edge row through every rotation variant at the smallest size.
+  for (int b : kBits) {
+    for (float rho : {1.0f, 0.92f}) {
+      for (const RotationVariant& rot : kEdgeRotations) {
+        const WriteParams p = Params(64, 32, b, rho, rot.kind, rot.block, rot.bitrev);
+        const std::string name = "pipeline/edges_d64_g32_b" + std::to_string(b) + "_" +
+                                 RhoTag(rho) + "_" + rot.name;
+        AddPipelineCase(out, scalar, name, p, AllRowKinds(), 1);
+      }
+    }
+  }
+  // Block-diagonal Hadamard (SAW-INT4 style).
+  struct Block {
+    int d, g, b;
+    float rho;
+    int block;
+    bool bitrev;
+  };
+  const Block blocks[] = {{128, 32, 4, 1.0f, 16, false},   {128, 32, 4, 1.0f, 32, false},
+                          {128, 32, 4, 0.96f, 64, false},  {256, 128, 4, 0.96f, 32, false},
+                          {256, 64, 2, 0.92f, 128, true}};
+  const std::vector<RowKind> block_kinds = {RowKind::kRandom, RowKind::kHeavyTail,
+                                            RowKind::kOutlier, RowKind::kTies};
+  for (const Block& bl : blocks) {
+    const WriteParams p =
+        Params(bl.d, bl.g, bl.b, bl.rho, RotationKind::kHadamard, bl.block, bl.bitrev);
+    const std::string name = "pipeline/block_d" + std::to_string(bl.d) + "_g" +
+                             std::to_string(bl.g) + "_b" + std::to_string(bl.b) + "_" +
+                             RhoTag(bl.rho) + "_h" + std::to_string(bl.block) +
+                             (bl.bitrev ? "_bitrev" : "");
+    AddPipelineCase(out, scalar, name, p, block_kinds, 0);
+  }
+}
+
+}  // namespace kvq::conformance::internal

@@ -1,0 +1,189 @@
+// The golden-vector generator: collects the cases of every family, the fixtures they share,
+// and writes them with manifest.json (generator.h).
+#include "kvq/conformance/generator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+#include "kvq/common/error.h"
+#include "kvq/common/io.h"
+#include "kvq/common/tensor.h"
+#include "kvq/conformance/case_format.h"
+#include "kvq/conformance/manifest.h"
+#include "kvq/conformance/sha256.h"
+#include "generator_internal.h"
+
+namespace kvq::conformance {
+namespace internal {
+namespace {
+
+// How many matrices each fixture holds: enough for per-head K and V rotations of the cache
+// cases at d = 64, while the d = 256 fixture (256 KiB a matrix) stays at one.
+int MatricesFor(int head_dim) { return head_dim == 64 ? 4 : head_dim == 128 ? 2 : 1; }
+
+// A random orthogonal matrix: modified Gram-Schmidt (twice) in double over rows of uniform
+// values, rounded once to fp32. Only +, -, *, / and sqrt, all correctly rounded: the same
+// matrix on every machine.
+std::vector<float> RandomOrthogonal(int d, SplitMix64* rng) {
+  const size_t n = static_cast<size_t>(d);
+  std::vector<double> q(n * n);
+  for (double& v : q) v = rng->Uniform();
+  for (size_t i = 0; i < n; ++i) {
+    double* v = q.data() + i * n;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t j = 0; j < i; ++j) {
+        const double* u = q.data() + j * n;
+        double dot = 0.0;
+        for (size_t k = 0; k < n; ++k) dot += v[k] * u[k];
+        for (size_t k = 0; k < n; ++k) v[k] -= dot * u[k];
+      }
+    }
+    double norm = 0.0;
+    for (size_t k = 0; k < n; ++k) norm += v[k] * v[k];
+    norm = std::sqrt(norm);
+    for (size_t k = 0; k < n; ++k) v[k] /= norm;
+  }
+  std::vector<float> r(n * n);
+  for (size_t k = 0; k < n * n; ++k) r[k] = static_cast<float>(q[k]);
+  return r;
+}
+
+void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_seed) {
+  file->metadata["spec_version"] = kSpecVersion;
+  file->metadata["generator"] = kGeneratorName;
+  file->metadata["generator_version"] = kGeneratorVersion;
+  file->metadata["seed"] = std::to_string(case_seed);
+  file->metadata["global_seed"] = std::to_string(global_seed);
+}
+
+}  // namespace
+
+std::string RhoTag(float rho) {
+  std::string text = FormatFloat(rho);
+  std::replace(text.begin(), text.end(), '.', 'p');
+  return "rho" + text;
+}
+
+Safetensors VectorCollector::NewCase(const std::string& name, CaseKind kind,
+                                     SplitMix64* rng) const {
+  const uint64_t case_seed = CaseSeed(seed_, name);
+  *rng = SplitMix64(case_seed);
+  Safetensors file;
+  file.metadata["format"] = kCaseFormat;
+  PutCommonMetadata(&file, case_seed, seed_);
+  file.metadata["case"] = name;
+  file.metadata["kind"] = CaseKindName(kind);
+  return file;
+}
+
+void VectorCollector::AddCase(const std::string& name, CaseKind kind, const Safetensors& file) {
+  const std::string path = name + ".safetensors";
+  for (const Entry& e : entries_) {
+    KVQ_CHECK(e.path != path, kInvalidArgument, "generator: duplicate case '", name, "'");
+  }
+  entries_.push_back(Entry{path, "case", CaseKindName(kind), SerializeSafetensors(file)});
+}
+
+std::string VectorCollector::EnsureFixture(int head_dim) {
+  const std::string path = "fixtures/rotations_d" + std::to_string(head_dim) + ".safetensors";
+  if (fixtures_.count(path) != 0) return path;
+  const int m = MatricesFor(head_dim);
+  SplitMix64 rng(CaseSeed(seed_, path));
+  std::vector<float> all;
+  for (int i = 0; i < m; ++i) {
+    const std::vector<float> r = RandomOrthogonal(head_dim, &rng);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  Safetensors file;
+  file.metadata["format"] = kFixtureFormat;
+  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_);
+  file.metadata["description"] =
+      "random orthogonal matrices (Gram-Schmidt in fp64, rounded once to fp32), row-major";
+  file.Add("rotations", Tensor::F32({m, head_dim, head_dim}, all));
+  std::vector<uint8_t> bytes = SerializeSafetensors(file);
+  fixtures_[path] = Fixture{Sha256Hex(bytes), std::move(file)};
+  entries_.push_back(Entry{path, "fixture", "", std::move(bytes)});
+  return path;
+}
+
+int VectorCollector::FixtureMatrices(int head_dim) { return MatricesFor(head_dim); }
+
+void VectorCollector::UseRotations(Safetensors* file, int head_dim, const std::string& index_tensor,
+                                   const std::vector<int32_t>& indices) {
+  const std::string path = EnsureFixture(head_dim);
+  for (int32_t i : indices) {
+    KVQ_CHECK(i >= 0 && i < MatricesFor(head_dim), kInvalidArgument, "generator: rotation index ",
+              i, " past the d=", head_dim, " fixture");
+  }
+  file->metadata["rotation_fixture"] = path;
+  file->metadata["rotation_fixture_sha256"] = fixtures_.at(path).sha256;
+  file->Add(index_tensor, Tensor::I32({static_cast<int64_t>(indices.size())}, indices));
+}
+
+}  // namespace internal
+
+std::vector<GeneratedFile> GenerateVectorFiles(uint64_t seed) {
+  internal::VectorCollector collector(seed);
+  internal::AddStageCases(&collector);
+  internal::AddPipelineCases(&collector);
+  internal::AddCacheAndAttentionCases(&collector);
+
+  std::vector<GeneratedFile> files;
+  Manifest manifest;
+  manifest.spec_version = kSpecVersion;
+  manifest.generator_version = kGeneratorVersion;
+  manifest.seed = seed;
+  for (const internal::VectorCollector::Entry& e : collector.entries()) {
+    manifest.files.push_back(ManifestEntry{e.path, e.role, e.kind, Sha256Hex(e.bytes),
+                                           static_cast<uint64_t>(e.bytes.size())});
+    files.push_back(GeneratedFile{e.path, e.bytes});
+  }
+  std::sort(manifest.files.begin(), manifest.files.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
+  std::sort(files.begin(), files.end(),
+            [](const GeneratedFile& a, const GeneratedFile& b) { return a.path < b.path; });
+  files.push_back(GeneratedFile{kManifestFileName, SerializeManifest(manifest)});
+  return files;
+}
+
+GenerateSummary GenerateVectors(const std::string& out_dir, uint64_t seed) {
+  namespace fs = std::filesystem;
+  const std::vector<GeneratedFile> files = GenerateVectorFiles(seed);
+  const fs::path root(out_dir);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  KVQ_CHECK(!ec && fs::is_directory(root), kIoError, "cannot create folder '", out_dir,
+            "': ", ec.message());
+  // Remove an earlier set's files so that no stale case survives a regeneration.
+  for (const char* folder : {"stage", "pipeline", "cache", "attention", "fixtures"}) {
+    const fs::path sub = root / folder;
+    if (!fs::is_directory(sub)) continue;
+    for (const fs::directory_entry& entry : fs::directory_iterator(sub)) {
+      if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
+        fs::remove(entry.path(), ec);
+        KVQ_CHECK(!ec, kIoError, "cannot remove stale '", entry.path().string(), "': ",
+                  ec.message());
+      }
+    }
+  }
+  GenerateSummary summary;
+  for (const GeneratedFile& f : files) {
+    const fs::path path = root / f.path;
+    fs::create_directories(path.parent_path(), ec);
+    KVQ_CHECK(!ec, kIoError, "cannot create folder '", path.parent_path().string(), "': ",
+              ec.message());
+    WriteFileAtomic(path.string(), f.bytes);
+    ++summary.files;
+    summary.bytes += f.bytes.size();
+    if (f.path.rfind("fixtures/", 0) == 0) {
+      ++summary.fixtures;
+    } else if (f.path != kManifestFileName) {
+      ++summary.cases;
+    }
+  }
+  return summary;
+}
+
+}  // namespace kvq::conformance

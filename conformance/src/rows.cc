@@ -1,0 +1,172 @@
+// Row generators for the golden vectors (rows.h). Every value is built with exact arithmetic
+// from the generator's bits, so a seed gives the same rows everywhere.
+#include "rows.h"
+
+#include <cstring>
+
+#include "kvq/common/numeric.h"
+
+namespace kvq::conformance::internal {
+namespace {
+
+// 2^e for e in [-149, 127], built from the bits (no libm).
+float PowerOfTwo(int e) {
+  if (e >= -126) return F32FromBits(static_cast<uint32_t>(e + 127) << 23);
+  return F32FromBits(1u << (e + 149));  // subnormal
+}
+
+}  // namespace
+
+const char* RowKindName(RowKind kind) {
+  switch (kind) {
+    case RowKind::kRandom:
+      return "random";
+    case RowKind::kHeavyTail:
+      return "heavy_tail";
+    case RowKind::kZeros:
+      return "zeros";
+    case RowKind::kNegativeZeros:
+      return "negative_zeros";
+    case RowKind::kMixedZeros:
+      return "mixed_zeros";
+    case RowKind::kConstant:
+      return "constant";
+    case RowKind::kOutlier:
+      return "outlier";
+    case RowKind::kSubnormal:
+      return "subnormal";
+    case RowKind::kTies:
+      return "ties";
+    case RowKind::kHuge:
+      return "huge";
+    case RowKind::kDuplicates:
+      return "duplicates";
+  }
+  return "?";
+}
+
+const std::vector<RowKind>& EdgeRowKinds() {
+  static const std::vector<RowKind> kinds = {
+      RowKind::kZeros,     RowKind::kNegativeZeros, RowKind::kMixedZeros, RowKind::kConstant,
+      RowKind::kOutlier,   RowKind::kSubnormal,     RowKind::kTies,       RowKind::kHuge,
+      RowKind::kDuplicates};
+  return kinds;
+}
+
+const std::vector<RowKind>& AllRowKinds() {
+  static const std::vector<RowKind> kinds = [] {
+    std::vector<RowKind> all = {RowKind::kRandom, RowKind::kHeavyTail};
+    all.insert(all.end(), EdgeRowKinds().begin(), EdgeRowKinds().end());
+    return all;
+  }();
+  return kinds;
+}
+
+void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
+  const int d = p.head_dim;
+  switch (kind) {
+    case RowKind::kRandom: {
+      const float scale = PowerOfTwo(static_cast<int>(rng->Below(9)) - 4);
+      for (int j = 0; j < d; ++j) row[j] = rng->Uniform() * scale;
+      break;
+    }
+    case RowKind::kHeavyTail: {
+      for (int j = 0; j < d; ++j) row[j] = rng->Bell();
+      for (int k = 0; k < 2; ++k) row[rng->Below(d)] *= 8.0f;
+      break;
+    }
+    case RowKind::kZeros:
+      for (int j = 0; j < d; ++j) row[j] = 0.0f;
+      break;
+    case RowKind::kNegativeZeros:
+      for (int j = 0; j < d; ++j) row[j] = -0.0f;
+      break;
+    case RowKind::kMixedZeros:
+      for (int j = 0; j < d; ++j) row[j] = rng->Bit() ? -0.0f : 0.0f;
+      break;
+    case RowKind::kConstant: {
+      const float c = rng->Uniform() * 4.0f;
+      for (int j = 0; j < d; ++j) row[j] = c;
+      break;
+    }
+    case RowKind::kOutlier: {
+      for (int j = 0; j < d; ++j) row[j] = rng->Uniform() * 0.5f;
+      const float big = 960.0f + rng->Uniform01() * 64.0f;
+      const uint32_t channel = rng->Below(d);
+      row[channel] = rng->Bit() ? big : -big;
+      break;
+    }
+    case RowKind::kSubnormal: {
+      for (int j = 0; j < d; ++j) {
+        const uint32_t mantissa = static_cast<uint32_t>(rng->NextU64() >> 41);  // 23 bits
+        const uint32_t sign = rng->Bit() ? 0x80000000u : 0u;
+        const bool zero = rng->Below(8) == 0;
+        row[j] = zero ? 0.0f : F32FromBits(sign | mantissa);
+      }
+      break;
+    }
+    case RowKind::kTies: {
+      const int levels = p.levels();
+      for (int g0 = 0; g0 < d; g0 += p.group) {
+        float* x = row + g0;
+        const float unit = PowerOfTwo(static_cast<int>(rng->Below(5)) - 2);
+        float lo, hi;
+        if ((g0 / p.group) % 2 == 0) {
+          // s = unit exactly, min exact in bf16: (x - m) / s = k + 0.5 exactly.
+          lo = -static_cast<float>(rng->Below(8)) * unit;
+          hi = lo + static_cast<float>(levels) * unit;
+          for (int j = 0; j < p.group; ++j) {
+            x[j] = lo + (static_cast<float>(rng->Below(levels)) + 0.5f) * unit;
+          }
+        } else {
+          // s = (1 + 2^-8) * unit and min = -(1 + 2^-8) * unit: both halfway between two bf16
+          // values (bf16 keeps 7 fraction bits), so RNE decides.
+          const float tie = 1.00390625f;  // 1 + 2^-8
+          lo = -tie * unit;
+          hi = lo + static_cast<float>(levels) * tie * unit;
+          for (int j = 0; j < p.group; ++j) x[j] = lo + (hi - lo) * rng->Uniform01();
+        }
+        // The extremes at random places of the group.
+        const int a = static_cast<int>(rng->Below(p.group));
+        int b = static_cast<int>(rng->Below(p.group - 1));
+        if (b >= a) ++b;
+        x[a] = lo;
+        x[b] = hi;
+      }
+      break;
+    }
+    case RowKind::kHuge: {
+      for (int j = 0; j < d; ++j) {
+        // One draw per statement: the order of calls inside an expression is unspecified.
+        float magnitude;
+        if (rng->Bit()) {
+          const float power = PowerOfTwo(96 + static_cast<int>(rng->Below(15)));
+          magnitude = power * (1.0f + rng->Uniform01());
+        } else {
+          magnitude = rng->Uniform();
+        }
+        row[j] = rng->Bit() ? -magnitude : magnitude;
+      }
+      break;
+    }
+    case RowKind::kDuplicates: {
+      static const float kValues[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 1.5f, -1.5f, 2.0f, -2.0f};
+      for (int j = 0; j < d; ++j) row[j] = kValues[rng->Below(9)];
+      break;
+    }
+  }
+}
+
+std::vector<float> MakeRows(const std::vector<RowKind>& kinds, const WriteParams& p,
+                            SplitMix64* rng, std::string* names) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  std::vector<float> rows(kinds.size() * d);
+  names->clear();
+  for (size_t r = 0; r < kinds.size(); ++r) {
+    FillRow(kinds[r], p, rng, rows.data() + r * d);
+    *names += (r ? "," : "") + std::string(RowKindName(kinds[r]));
+  }
+  return rows;
+}
+
+}  // namespace kvq::conformance::internal

@@ -1,0 +1,510 @@
+// Replays golden-vector cases against a ConformanceTarget and reports the first mismatch of
+// each failing case (runner.h).
+#include "kvq/conformance/runner.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <limits>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <utility>
+
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/common/tensor.h"
+#include "kvq/cpu_ref/attention.h"
+#include "kvq/cpu_ref/write_path.h"
+
+#ifndef KVQ_CONFORMANCE_VECTORS_DIR
+#error "KVQ_CONFORMANCE_VECTORS_DIR must be defined by conformance/CMakeLists.txt"
+#endif
+
+namespace kvq::conformance {
+namespace {
+
+// Fills output buffers before a kernel runs, so an element the kernel forgets to write shows
+// up as a mismatch instead of passing by luck.
+constexpr uint8_t kPoison = 0xA5;
+
+std::string FormatElement(const Tensor& t, size_t i) {
+  char text[96];
+  switch (t.dtype) {
+    case DType::kF32: {
+      uint32_t bits;
+      std::memcpy(&bits, t.bytes.data() + 4 * i, 4);
+      std::snprintf(text, sizeof text, "0x%08" PRIx32 " (%.9g)", bits,
+                    static_cast<double>(F32FromBits(bits)));
+      break;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      uint16_t bits;
+      std::memcpy(&bits, t.bytes.data() + 2 * i, 2);
+      const float value = t.dtype == DType::kBF16 ? F32FromBf16(bits) : F32FromF16(bits);
+      std::snprintf(text, sizeof text, "0x%04x (%.9g)", static_cast<unsigned>(bits),
+                    static_cast<double>(value));
+      break;
+    }
+    case DType::kU8:
+      std::snprintf(text, sizeof text, "%u", static_cast<unsigned>(t.bytes[i]));
+      break;
+    case DType::kI32: {
+      int32_t v;
+      std::memcpy(&v, t.bytes.data() + 4 * i, 4);
+      std::snprintf(text, sizeof text, "%" PRId32, v);
+      break;
+    }
+  }
+  return text;
+}
+
+std::string IndexString(const std::vector<int64_t>& shape, size_t flat) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t k = shape.size(); k-- > 0;) {
+    index[k] = static_cast<int64_t>(flat % static_cast<size_t>(shape[k]));
+    flat /= static_cast<size_t>(shape[k]);
+  }
+  std::ostringstream os;
+  os << "[";
+  for (size_t k = 0; k < index.size(); ++k) os << (k ? ", " : "") << index[k];
+  os << "] of " << "[";
+  for (size_t k = 0; k < shape.size(); ++k) os << (k ? ", " : "") << shape[k];
+  os << "]";
+  return os.str();
+}
+
+// The failure a replay reports: thrown inside a case, caught by ReplayCase.
+struct CaseFailure {
+  Mismatch mismatch;
+  std::string message;
+};
+
+// Compares `got` (raw bytes laid out as `expected`) bit for bit; throws CaseFailure at the
+// first differing element. `axes` names the dimensions for the message ("row", "column").
+void ExpectBits(const std::string& stage, const Tensor& expected, const void* got_data,
+                size_t got_bytes, const std::string& axes = "") {
+  KVQ_CHECK(got_bytes == expected.bytes.size(), kShapeMismatch, stage, ": the target produced ",
+            got_bytes, " bytes, the case expects ", expected.bytes.size());
+  const uint8_t* got = static_cast<const uint8_t*>(got_data);
+  if (std::memcmp(got, expected.bytes.data(), got_bytes) == 0) return;
+  const size_t item = DTypeSize(expected.dtype);
+  size_t i = 0;
+  while (std::memcmp(got + i * item, expected.bytes.data() + i * item, item) == 0) ++i;
+  Tensor got_tensor;
+  got_tensor.dtype = expected.dtype;
+  got_tensor.shape = expected.shape;
+  got_tensor.bytes.assign(got, got + got_bytes);
+  CaseFailure f;
+  f.mismatch.stage = stage;
+  // Row: the index over every dimension but the last; column: the last. A 1-D tensor (tau,
+  // per-row values) has rows only.
+  std::string at;
+  if (expected.shape.size() <= 1) {
+    f.mismatch.row = static_cast<int64_t>(i);
+    at = "row " + std::to_string(f.mismatch.row);
+  } else {
+    const int64_t last = expected.shape.back();
+    f.mismatch.row = static_cast<int64_t>(i) / last;
+    f.mismatch.column = static_cast<int64_t>(i) % last;
+    at = "row " + std::to_string(f.mismatch.row) + ", column " +
+         std::to_string(f.mismatch.column);
+  }
+  f.mismatch.where = IndexString(expected.shape, i) + (axes.empty() ? "" : " (" + axes + ")");
+  f.mismatch.expected = FormatElement(expected, i);
+  f.mismatch.got = FormatElement(got_tensor, i);
+  f.message = stage + " differs at " + at + " " + f.mismatch.where + ": expected " +
+              f.mismatch.expected + ", got " + f.mismatch.got;
+  throw f;
+}
+
+template <typename T>
+void ExpectBits(const std::string& stage, const Tensor& expected, const std::vector<T>& got,
+                const std::string& axes = "") {
+  ExpectBits(stage, expected, got.data(), got.size() * sizeof(T), axes);
+}
+
+const Tensor& Input(const Safetensors& c, const std::string& name, DType dtype,
+                    const std::vector<int64_t>& shape) {
+  const Tensor& t = c.Get(name);
+  KVQ_CHECK(t.dtype == dtype, kMalformedFile, name, " is ", DTypeName(t.dtype), ", expected ",
+            DTypeName(dtype));
+  ExpectShape(t, shape, name);
+  return t;
+}
+
+template <typename T>
+std::vector<T> Poisoned(size_t count) {
+  std::vector<T> v(count);
+  std::memset(v.data(), kPoison, count * sizeof(T));
+  return v;
+}
+
+// ---- Write-path stages, called directly through the target's kernel table ----
+void ReplayStage(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
+  const std::string& stage = MetaString(c, "stage");
+  const WriteParams p = GetWriteParams(c, "");
+  const int64_t n = MetaInt(c, "rows");
+  const int64_t d = p.head_dim, groups = p.num_groups(), cb = p.code_bytes();
+  const size_t rows = static_cast<size_t>(n);
+  const cpu::WriteKernels& k = backend.write;
+  auto require = [&](const void* fn) {
+    KVQ_CHECK(fn != nullptr, kUnsupported, "backend '", backend.name, "' has no ", stage,
+              " kernel");
+  };
+  const std::string rc = "row, column";
+  if (stage == "rotate_dense") {
+    require(reinterpret_cast<const void*>(k.rotate_dense));
+    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
+    const std::vector<float> r = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
+    KVQ_CHECK(r.size() == static_cast<size_t>(d * d), kMalformedFile,
+              "in.rotation_index must pick one matrix");
+    std::vector<float> y = Poisoned<float>(rows * d);
+    k.rotate_dense(x.data<float>(), r.data(), y.data(), rows, p);
+    ExpectBits("y", c.Get("expect.y"), y, rc);
+  } else if (stage == "fwht" || stage == "bitrev") {
+    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
+    std::vector<float> y;
+    if (stage == "fwht") {
+      require(reinterpret_cast<const void*>(k.fwht));
+      y = x.ToF32();
+      k.fwht(y.data(), rows, p);
+    } else {
+      require(reinterpret_cast<const void*>(k.bitrev));
+      y = Poisoned<float>(rows * d);
+      k.bitrev(x.data<float>(), y.data(), rows, p);
+    }
+    ExpectBits("y", c.Get("expect.y"), y, rc);
+  } else if (stage == "clip") {
+    require(reinterpret_cast<const void*>(k.clip));
+    std::vector<float> y = Input(c, "in.x", DType::kF32, {n, d}).ToF32();
+    std::vector<float> tau = Poisoned<float>(rows);
+    k.clip(y.data(), tau.data(), rows, p);
+    ExpectBits("tau", c.Get("expect.tau"), tau, "row");
+    ExpectBits("x", c.Get("expect.x"), y, rc);
+  } else if (stage == "quantize") {
+    require(reinterpret_cast<const void*>(k.quantize));
+    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
+    std::vector<uint8_t> codes = Poisoned<uint8_t>(rows * d);
+    std::vector<uint16_t> scale = Poisoned<uint16_t>(rows * groups);
+    std::vector<uint16_t> min = Poisoned<uint16_t>(rows * groups);
+    k.quantize(x.data<float>(), codes.data(), scale.data(), min.data(), rows, p);
+    ExpectBits("scale", c.Get("expect.scale"), scale, "row, group");
+    ExpectBits("min", c.Get("expect.min"), min, "row, group");
+    ExpectBits("codes", c.Get("expect.codes"), codes, rc);
+  } else if (stage == "pack") {
+    require(reinterpret_cast<const void*>(k.pack));
+    const Tensor& codes = Input(c, "in.codes", DType::kU8, {n, d});
+    std::vector<uint8_t> packed = Poisoned<uint8_t>(rows * cb);
+    k.pack(codes.data<uint8_t>(), packed.data(), rows, p);
+    ExpectBits("packed", c.Get("expect.packed"), packed, "row, byte");
+  } else if (stage == "unpack") {
+    require(reinterpret_cast<const void*>(k.unpack));
+    const Tensor& packed = Input(c, "in.packed", DType::kU8, {n, cb});
+    std::vector<uint8_t> codes = Poisoned<uint8_t>(rows * d);
+    k.unpack(packed.data<uint8_t>(), codes.data(), rows, p);
+    ExpectBits("codes", c.Get("expect.codes"), codes, rc);
+  } else if (stage == "dequantize") {
+    require(reinterpret_cast<const void*>(k.dequantize));
+    const Tensor& codes = Input(c, "in.codes", DType::kU8, {n, d});
+    const Tensor& scale = Input(c, "in.scale", DType::kBF16, {n, groups});
+    const Tensor& min = Input(c, "in.min", DType::kBF16, {n, groups});
+    std::vector<float> y = Poisoned<float>(rows * d);
+    k.dequantize(codes.data<uint8_t>(), scale.data<uint16_t>(), min.data<uint16_t>(), y.data(),
+                 rows, p);
+    ExpectBits("y", c.Get("expect.y"), y, rc);
+  } else {
+    KVQ_CHECK(false, kMalformedFile, "unknown stage '", stage, "'");
+  }
+}
+
+// ---- The whole write path through the validating entry point ----
+void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
+  const WriteParams p = GetWriteParams(c, "");
+  const int64_t n = MetaInt(c, "rows");
+  const Tensor& x = Input(c, "in.x", DType::kF32, {n, p.head_dim});
+  std::vector<float> rotation;
+  if (p.rotation == RotationKind::kDense) {
+    rotation = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
+  }
+  const cpu::QuantizedRows out = cpu::QuantizeRows(
+      backend, p, rotation.empty() ? nullptr : rotation.data(), x.data<float>(),
+      static_cast<size_t>(n));
+  // In write-path order, so the first mismatch names the earliest stage that went wrong.
+  ExpectBits("rotated", c.Get("expect.rotated"), out.rotated, "row, column");
+  ExpectBits("tau", c.Get("expect.tau"), out.tau, "row");
+  ExpectBits("scale", c.Get("expect.scale"), out.scale, "row, group");
+  ExpectBits("min", c.Get("expect.min"), out.min, "row, group");
+  ExpectBits("codes", c.Get("expect.codes"), out.codes, "row, column");
+  ExpectBits("packed", c.Get("expect.packed"), out.packed, "row, byte");
+  ExpectBits("dequantized", c.Get("expect.dequantized"), out.dequantized, "row, column");
+}
+
+// ---- Paged cache storage ----
+void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
+  const ReplayedCache replayed = ReplayCacheScript(c, vs.fixtures, backend);
+  const cpu::PagedKVCache& cache = *replayed.cache;
+  const CacheParams& params = cache.params();
+  const size_t row = static_cast<size_t>(params.num_kv_heads * params.head_dim());
+  ExpectBits("pool_pages", c.Get("expect.pool_pages"),
+             std::vector<int32_t>{cache.NumPages(), cache.NumFreePages()},
+             "pages created, pages free");
+  const char* kv_names[2] = {"key", "value"};
+  const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
+  if (params.quantized) {
+    for (int h = 0; h < 2; ++h) {
+      const std::string base = std::string("pool.") + kv_names[h];
+      const size_t pages = static_cast<size_t>(cache.NumPages());
+      ExpectBits(base + ".codes", c.Get("expect." + base + ".codes"), cache.PoolCodes(kvs[h]),
+                 pages * cache.PageCodeBytes(kvs[h]), "page, KV head, slot, byte");
+      const size_t meta = pages * cache.PageMetadataCount(kvs[h]) * sizeof(uint16_t);
+      ExpectBits(base + ".scale", c.Get("expect." + base + ".scale"), cache.PoolScale(kvs[h]),
+                 meta, "page, KV head, slot, group");
+      ExpectBits(base + ".min", c.Get("expect." + base + ".min"), cache.PoolMin(kvs[h]), meta,
+                 "page, KV head, slot, group");
+    }
+  }
+  for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
+    const int id = replayed.slot_ids[slot];
+    const std::string base = "seq" + std::to_string(slot);
+    if (id < 0) {
+      KVQ_CHECK(c.Find("expect." + base + ".shape") == nullptr, kMalformedFile, "slot ", slot,
+                " was removed but the case has expectations for it");
+      continue;
+    }
+    const size_t t = cache.Length(id);
+    const std::vector<int32_t> shape = {
+        static_cast<int32_t>(t), static_cast<int32_t>(cache.SinkLength(id)),
+        static_cast<int32_t>(cache.HistoryLength(id)), static_cast<int32_t>(cache.RecentBegin(id))};
+    ExpectBits(base + ".shape", c.Get("expect." + base + ".shape"), shape,
+               "length, sink, history, recent begin");
+    ExpectBits(base + ".page_table", c.Get("expect." + base + ".page_table"),
+               cache.PageTable(id), "page index");
+    for (int h = 0; h < 2; ++h) {
+      const std::string kv = kv_names[h];
+      if (!params.quantized) {
+        ExpectBits(base + ".dense." + kv, c.Get("expect." + base + ".dense." + kv),
+                   cache.DenseRows(id, kvs[h]), t * row * sizeof(uint16_t),
+                   "position, KV head, channel");
+        continue;
+      }
+      ExpectBits(base + ".sink." + kv, c.Get("expect." + base + ".sink." + kv),
+                 cache.SinkRows(id, kvs[h]), cache.SinkLength(id) * row * sizeof(uint16_t),
+                 "position, KV head, channel");
+      // Recent rows in position order, read from the ring at slot position % W (the layout).
+      const size_t begin = cache.RecentBegin(id);
+      std::vector<uint16_t> recent;
+      const uint16_t* ring = cache.RecentRing(id, kvs[h]);
+      for (size_t pos = begin; pos < t; ++pos) {
+        const uint16_t* r = ring + (pos % static_cast<size_t>(params.recent)) * row;
+        recent.insert(recent.end(), r, r + row);
+      }
+      ExpectBits(base + ".recent." + kv, c.Get("expect." + base + ".recent." + kv), recent,
+                 "position - recent begin, KV head, channel");
+    }
+  }
+}
+
+// ---- Decode attention against the fp64 reference ----
+void ReplayAttention(const VectorSet& vs, const Safetensors& c, const ConformanceTarget& target) {
+  const ReplayedCache replayed = ReplayCacheScript(c, vs.fixtures, cpu::ScalarBackend());
+  const cpu::PagedKVCache& cache = *replayed.cache;
+  const CacheParams& params = cache.params();
+  const int hq = params.num_q_heads, d = params.head_dim();
+  const Tensor& slots = c.Get("in.query_slots");
+  const int64_t nq = static_cast<int64_t>(slots.numel());
+  const Tensor& q = Input(c, "in.q", DType::kF32, {nq, hq, d});
+  const Tensor& ref_bytes = Input(c, "expect.reference_f64", DType::kU8, {nq, hq, d, 8});
+  const std::vector<double> ref = BytesToF64(ref_bytes.bytes);
+  const double tolerance = MetaDouble(
+      c, target.tolerance == ToleranceClass::kGpu ? "tolerance_gpu" : "tolerance");
+  const size_t per_query = static_cast<size_t>(hq * d);
+  for (int64_t i = 0; i < nq; ++i) {
+    const int32_t slot = slots.data<int32_t>()[i];
+    KVQ_CHECK(slot >= 0 && static_cast<size_t>(slot) < replayed.slot_ids.size() &&
+                  replayed.slot_ids[slot] >= 0,
+              kMalformedFile, "in.query_slots[", i, "] = ", slot, " is not a live sequence");
+    std::vector<float> out(per_query, std::numeric_limits<float>::quiet_NaN());
+    target.attend(cache, replayed.slot_ids[slot], q.data<float>() + i * per_query, out.data());
+    const double* r = ref.data() + i * per_query;
+    const std::vector<double> errors = cpu::RelativeErrorPerHead(out.data(), r, hq, d);
+    for (int h = 0; h < hq; ++h) {
+      const float* o = out.data() + static_cast<size_t>(h) * d;
+      const double* rh = r + static_cast<size_t>(h) * d;
+      bool finite = true;
+      for (int j = 0; j < d; ++j) finite = finite && std::isfinite(o[j]);
+      if (finite && errors[h] <= tolerance) continue;
+      // Name the channel with the largest error (or the first non-finite one).
+      int worst = 0;
+      double worst_error = -1.0, max_ref = 0.0;
+      for (int j = 0; j < d; ++j) {
+        max_ref = std::max(max_ref, std::fabs(rh[j]));
+        const double e = std::isfinite(o[j]) ? std::fabs(o[j] - rh[j])
+                                             : std::numeric_limits<double>::infinity();
+        if (e > worst_error) {
+          worst_error = e;
+          worst = j;
+        }
+      }
+      CaseFailure f;
+      f.mismatch.stage = "out";
+      f.mismatch.row = i * hq + h;
+      f.mismatch.column = worst;
+      f.mismatch.where = "[query " + std::to_string(i) + " (slot " + std::to_string(slot) +
+                         "), head " + std::to_string(h) + ", channel " + std::to_string(worst) +
+                         "] (row = query * Hq + head)";
+      char text[160];
+      std::snprintf(text, sizeof text, "%.17g (fp64 reference; max|ref| of the head %.9g)",
+                    rh[worst], max_ref);
+      f.mismatch.expected = text;
+      std::snprintf(text, sizeof text, "%.9g (relative error of the head %.3g > tolerance %.3g)",
+                    static_cast<double>(o[worst]), errors[h], tolerance);
+      f.mismatch.got = text;
+      f.message = "attention output out of tolerance at row " + std::to_string(f.mismatch.row) +
+                  ", column " + std::to_string(worst) + " " + f.mismatch.where + ": expected " +
+                  f.mismatch.expected + ", got " + f.mismatch.got;
+      throw f;
+    }
+  }
+}
+
+}  // namespace
+
+ConformanceTarget CpuTarget(const cpu::Backend& backend) {
+  ConformanceTarget target;
+  target.name = backend.name;
+  target.backend = &backend;
+  const cpu::Backend* b = &backend;
+  target.attend = [b](const cpu::PagedKVCache& cache, int seq, const float* q, float* out) {
+    cpu::Attend(*b, cache, seq, q, out);
+  };
+  target.tolerance = ToleranceClass::kCpu;
+  return target;
+}
+
+std::vector<ConformanceTarget> CpuTargets() {
+  std::vector<ConformanceTarget> targets;
+  for (const cpu::Backend& backend : cpu::Backends()) targets.push_back(CpuTarget(backend));
+  return targets;
+}
+
+const char* CaseStatusName(CaseStatus status) {
+  switch (status) {
+    case CaseStatus::kPass:
+      return "PASS";
+    case CaseStatus::kFail:
+      return "FAIL";
+    case CaseStatus::kSkipped:
+      return "SKIP";
+  }
+  return "?";
+}
+
+VectorSet LoadVectorSet(const std::string& dir) {
+  VectorSet vs;
+  vs.dir = dir;
+  std::vector<VerifiedFile> files = ReadVerifiedFiles(dir, &vs.manifest);
+  for (VerifiedFile& f : files) {
+    Safetensors parsed;
+    try {
+      parsed = ParseSafetensors(f.bytes.data(), f.bytes.size());
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kMalformedFile, "'" + f.entry.path + "': " + e.what());
+    }
+    if (f.entry.role == "fixture") {
+      KVQ_CHECK(MetaString(parsed, "format") == kFixtureFormat, kMalformedFile, "'",
+                f.entry.path, "' is listed as a fixture but its format is '",
+                MetaString(parsed, "format"), "'");
+      vs.fixtures[f.entry.path] = Fixture{f.entry.sha256, std::move(parsed)};
+      continue;
+    }
+    KVQ_CHECK(MetaString(parsed, "format") == kCaseFormat, kMalformedFile, "'", f.entry.path,
+              "' has format '", MetaString(parsed, "format"), "', expected ", kCaseFormat);
+    KVQ_CHECK(MetaString(parsed, "spec_version") == kSpecVersion, kMismatch, "'", f.entry.path,
+              "' is for spec ", MetaString(parsed, "spec_version"), ", this build implements ",
+              kSpecVersion);
+    KVQ_CHECK(MetaString(parsed, "kind") == f.entry.kind, kMalformedFile, "'", f.entry.path,
+              "' has kind '", MetaString(parsed, "kind"), "' but manifest.json says '",
+              f.entry.kind, "'");
+    ParseCaseKind(f.entry.kind);
+    std::string name = f.entry.path;
+    const std::string suffix = ".safetensors";
+    if (name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      name.resize(name.size() - suffix.size());
+    }
+    vs.case_names.push_back(name);
+    vs.cases.push_back(std::move(parsed));
+  }
+  return vs;
+}
+
+CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceTarget& target) {
+  KVQ_CHECK(index < vectors.cases.size(), kInvalidArgument, "case index ", index, " of ",
+            vectors.cases.size());
+  const Safetensors& c = vectors.cases[index];
+  CaseResult result;
+  result.name = vectors.case_names[index];
+  result.kind = MetaString(c, "kind");
+  const CaseKind kind = ParseCaseKind(result.kind);
+  const bool needs_backend = kind != CaseKind::kAttention;
+  if (needs_backend && target.backend == nullptr) {
+    result.status = CaseStatus::kSkipped;
+    result.message = "target '" + target.name + "' has no write backend";
+    return result;
+  }
+  if (kind == CaseKind::kAttention && !target.attend) {
+    result.status = CaseStatus::kSkipped;
+    result.message = "target '" + target.name + "' has no attention function";
+    return result;
+  }
+  try {
+    switch (kind) {
+      case CaseKind::kStage:
+        ReplayStage(vectors, c, *target.backend);
+        break;
+      case CaseKind::kPipeline:
+        ReplayPipeline(vectors, c, *target.backend);
+        break;
+      case CaseKind::kCache:
+        ReplayCache(vectors, c, *target.backend);
+        break;
+      case CaseKind::kAttention:
+        ReplayAttention(vectors, c, target);
+        break;
+    }
+    result.status = CaseStatus::kPass;
+  } catch (const CaseFailure& f) {
+    result.status = CaseStatus::kFail;
+    result.mismatch = f.mismatch;
+    result.message = f.message;
+  } catch (const std::exception& e) {
+    result.status = CaseStatus::kFail;
+    result.message = std::string("error: ") + e.what();
+  }
+  return result;
+}
+
+std::vector<CaseResult> RunConformance(const VectorSet& vectors, const ConformanceTarget& target) {
+  std::vector<CaseResult> results;
+  results.reserve(vectors.cases.size());
+  for (size_t i = 0; i < vectors.cases.size(); ++i) {
+    results.push_back(ReplayCase(vectors, i, target));
+  }
+  return results;
+}
+
+std::vector<CaseResult> RunConformance(const std::string& dir, const ConformanceTarget& target) {
+  return RunConformance(LoadVectorSet(dir), target);
+}
+
+std::string DescribeResult(const CaseResult& result) {
+  std::string line = std::string(CaseStatusName(result.status)) + " " + result.name;
+  if (!result.message.empty()) line += ": " + result.message;
+  return line;
+}
+
+std::string DefaultVectorsDir() { return KVQ_CONFORMANCE_VECTORS_DIR; }
+
+}  // namespace kvq::conformance
