@@ -145,7 +145,8 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
   KVQ_CHECK(layer >= 0 && layer < info.num_layers, kInvalidArgument, "layer ", layer,
             " out of range [0, ", info.num_layers, ")");
   if (entry.info.needs_calibration) {
-    KVQ_CHECK(cal != nullptr, kInvalidArgument, "scheme '", name, "' needs a calibration");
+    KVQ_CHECK(cal != nullptr, kInvalidArgument, "scheme '", name,
+              "' needs a calibration (kvq calibrate; kvq eval --calibration FILE)");
     CheckCalibrationMatches(acts, *cal);
   }
   const int d = info.head_dim;

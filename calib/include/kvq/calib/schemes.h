@@ -36,8 +36,9 @@ struct SchemeInfo {
 };
 
 // Every scheme, in the order tables list them: bf16, naive, hadamard, hadamard_bitrev,
-// clip_only, random_orthogonal, raw_target, oscar_no_hadamard, oscar_no_bitrev, oscar,
-// saw_int4.
+// clip_only, random_orthogonal, raw_target, eigenbasis_only, oscar_no_hadamard,
+// oscar_no_bitrev, oscar, saw_int4. (KIVI's per-channel keys are not here: they need a
+// quantizer grouped along tokens, which the cache layout does not have.)
 const std::vector<SchemeInfo>& Schemes();
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing every valid name.
 const SchemeInfo& SchemeByName(const std::string& name);

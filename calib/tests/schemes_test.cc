@@ -1,0 +1,231 @@
+// The scheme catalogue: names, errors, and the CacheParams / rotations / clips each entry makes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+
+#include "kvq/calib/calibrate.h"
+#include "kvq/calib/covariance.h"
+#include "kvq/calib/rotation.h"
+#include "kvq/calib/schemes.h"
+#include "kvq/calib/synth.h"
+#include "kvq/common/error.h"
+#include "kvq/cpu_ref/kernels.h"
+
+namespace kvq::calib {
+namespace {
+
+struct Fixture {
+  Activations acts;
+  Calibration cal;
+};
+
+const Fixture& Small() {
+  static const Fixture f = [] {
+    SynthOptions o;
+    o.seed = 11;
+    o.num_layers = 2;
+    o.num_q_heads = 4;
+    o.num_kv_heads = 2;
+    o.head_dim = 64;
+    o.tokens = 512;
+    Fixture fx;
+    fx.acts = Synthesize(o);
+    CalibrationOptions c;
+    c.sink = 16;
+    c.recent = 32;
+    fx.cal = Calibrate(fx.acts, c, cpu::BestBackend());
+    return fx;
+  }();
+  return f;
+}
+
+SchemeOptions SmallOptions() {
+  SchemeOptions o;
+  o.group = 32;
+  o.sink = 16;
+  o.recent = 32;
+  o.page = 16;
+  return o;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+std::vector<float> PerHead(int hkv, const std::function<MatrixXd(int)>& make) {
+  std::vector<float> all;
+  for (int h = 0; h < hkv; ++h) {
+    const std::vector<float> m = ToRowMajorF32(make(h));
+    all.insert(all.end(), m.begin(), m.end());
+  }
+  return all;
+}
+
+TEST(Schemes, UnknownNameIsRejectedNamingItAndTheValidNames) {
+  try {
+    SchemeByName("osCar");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'osCar'"), std::string::npos) << what;
+    for (const SchemeInfo& s : Schemes()) EXPECT_NE(what.find(s.name), std::string::npos) << what;
+  }
+  EXPECT_THROW(BuildLayerScheme("kivi2", Small().acts, &Small().cal, 0, SmallOptions()), Error);
+}
+
+TEST(Schemes, ListParsing) {
+  const std::vector<std::string> all = ParseSchemeList("all");
+  ASSERT_EQ(all.size(), Schemes().size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], Schemes()[i].name);
+  EXPECT_EQ(ParseSchemeList("oscar,naive"), (std::vector<std::string>{"oscar", "naive"}));
+  EXPECT_THROW(ParseSchemeList("oscar,oscar"), Error);
+  EXPECT_THROW(ParseSchemeList("oscar,,naive"), Error);
+  EXPECT_THROW(ParseSchemeList(""), Error);
+  EXPECT_THROW(ParseSchemeList("oscar,nope"), Error);
+}
+
+TEST(Schemes, EveryNameBuildsAValidCacheConfiguration) {
+  const Fixture& f = Small();
+  for (const SchemeInfo& s : Schemes()) {
+    for (int layer = 0; layer < 2; ++layer) {
+      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, layer, SmallOptions());
+      EXPECT_NO_THROW(ls.params.Validate()) << s.name;
+      EXPECT_EQ(ls.params.num_kv_heads, 2) << s.name;
+      EXPECT_EQ(ls.params.num_q_heads, 4) << s.name;
+      EXPECT_EQ(ls.params.head_dim(), 64) << s.name;
+      EXPECT_EQ(ls.params.sink, 16) << s.name;
+      EXPECT_EQ(ls.params.recent, 32) << s.name;
+      EXPECT_EQ(ls.params.page_size, 16) << s.name;
+      const bool dense = ls.params.key.rotation == RotationKind::kDense;
+      EXPECT_EQ(ls.rotation_k.size(), dense ? 2u * 64 * 64 : 0u) << s.name;
+      EXPECT_EQ(ls.rotation_v.size(), dense ? 2u * 64 * 64 : 0u) << s.name;
+    }
+  }
+}
+
+TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
+  const Fixture& f = Small();
+  const SchemeOptions o = SmallOptions();
+  const LayerScheme bf16 = BuildLayerScheme("bf16", f.acts, nullptr, 0, o);
+  EXPECT_FALSE(bf16.params.quantized);
+
+  const LayerScheme naive = BuildLayerScheme("naive", f.acts, nullptr, 0, o);
+  EXPECT_TRUE(naive.params.quantized);
+  for (const WriteParams& w : {naive.params.key, naive.params.value}) {
+    EXPECT_EQ(w.rotation, RotationKind::kIdentity);
+    EXPECT_EQ(w.bits, 2);
+    EXPECT_EQ(w.group, 32);
+    EXPECT_EQ(w.clip, 1.0f);
+    EXPECT_FALSE(w.bitrev);
+  }
+  EXPECT_TRUE(naive.clip_k.empty() && naive.clip_v.empty());
+
+  const LayerScheme had = BuildLayerScheme("hadamard", f.acts, nullptr, 0, o);
+  EXPECT_EQ(had.params.key.rotation, RotationKind::kHadamard);
+  EXPECT_EQ(had.params.key.fwht_block(), 64);
+  EXPECT_FALSE(had.params.key.bitrev);
+  EXPECT_EQ(had.params.value.clip, 1.0f);
+  const LayerScheme hb = BuildLayerScheme("hadamard_bitrev", f.acts, nullptr, 0, o);
+  EXPECT_EQ(hb.params.value.rotation, RotationKind::kHadamard);
+  EXPECT_TRUE(hb.params.key.bitrev && hb.params.value.bitrev);
+
+  SchemeOptions saw_options = o;
+  saw_options.saw_block = 16;
+  const LayerScheme saw = BuildLayerScheme("saw_int4", f.acts, nullptr, 0, saw_options);
+  EXPECT_EQ(saw.params.key.bits, 4);
+  EXPECT_EQ(saw.params.value.bits, 4);
+  EXPECT_EQ(saw.params.key.fwht_block(), 16);
+  saw_options.saw_block = 48;
+  EXPECT_THROW(BuildLayerScheme("saw_int4", f.acts, nullptr, 0, saw_options), Error);
+
+  EXPECT_THROW(BuildLayerScheme("oscar", f.acts, nullptr, 0, o), Error);
+  EXPECT_THROW(BuildLayerScheme("naive", f.acts, nullptr, 2, o), Error);
+  SchemeOptions bad = o;
+  bad.group = 48;
+  EXPECT_THROW(BuildLayerScheme("naive", f.acts, nullptr, 0, bad), Error);
+}
+
+TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
+  const Fixture& f = Small();
+  const SchemeOptions o = SmallOptions();
+  const int d = 64;
+  for (int layer = 0; layer < 2; ++layer) {
+    const LayerCalibration& lc = f.cal.layers[layer];
+    auto basis = [&](const std::vector<float>& all, int h) {
+      return FromRowMajorF32(all.data() + static_cast<size_t>(h) * d * d, d, d);
+    };
+    const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, layer, o);
+    EXPECT_EQ(oscar.params.key.rotation, RotationKind::kDense);
+    EXPECT_TRUE(SameBits(oscar.rotation_k, lc.k_rotation));
+    EXPECT_TRUE(SameBits(oscar.rotation_v, lc.v_rotation));
+    EXPECT_TRUE(SameBits(oscar.clip_k, lc.k_clip));
+    EXPECT_TRUE(SameBits(oscar.clip_v, lc.v_clip));
+
+    const LayerScheme nb = BuildLayerScheme("oscar_no_bitrev", f.acts, &f.cal, layer, o);
+    EXPECT_TRUE(SameBits(nb.rotation_k, PerHead(2, [&](int h) {
+                           return BasisHadamard(basis(lc.k_basis, h));
+                         })));
+    EXPECT_TRUE(SameBits(nb.rotation_v, PerHead(2, [&](int h) {
+                           return BasisHadamard(basis(lc.v_basis, h));
+                         })));
+    EXPECT_TRUE(SameBits(nb.clip_k, lc.k_clip));
+    const LayerScheme nh = BuildLayerScheme("oscar_no_hadamard", f.acts, &f.cal, layer, o);
+    EXPECT_TRUE(SameBits(nh.rotation_k, PerHead(2, [&](int h) {
+                           return BasisBitReversal(basis(lc.k_basis, h));
+                         })));
+    const LayerScheme raw = BuildLayerScheme("raw_target", f.acts, &f.cal, layer, o);
+    EXPECT_TRUE(SameBits(raw.rotation_v, PerHead(2, [&](int h) {
+                           return OscarRotation(
+                               SortedEigenBasis(RawCovariance(f.acts, layer, h, false,
+                                                              f.acts.info.calib_tokens))
+                                   .vectors);
+                         })));
+    EXPECT_TRUE(SameBits(raw.clip_v, lc.v_clip));
+    const LayerScheme clip = BuildLayerScheme("clip_only", f.acts, &f.cal, layer, o);
+    EXPECT_EQ(clip.params.key.rotation, RotationKind::kIdentity);
+    EXPECT_TRUE(SameBits(clip.clip_k, lc.k_clip));
+    EXPECT_TRUE(SameBits(clip.clip_v, lc.v_clip));
+  }
+}
+
+TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
+  const Fixture& f = Small();
+  SchemeOptions o = SmallOptions();
+  const LayerScheme a = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
+  const LayerScheme b = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
+  EXPECT_TRUE(SameBits(a.rotation_k, b.rotation_k));
+  o.seed = 1;
+  const LayerScheme c = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
+  EXPECT_FALSE(SameBits(a.rotation_k, c.rotation_k));
+  const int d = 64;
+  const MatrixXd k0 = FromRowMajorF32(a.rotation_k.data(), d, d);
+  const MatrixXd k1 = FromRowMajorF32(a.rotation_k.data() + d * d, d, d);
+  const MatrixXd v0 = FromRowMajorF32(a.rotation_v.data(), d, d);
+  EXPECT_LT((k0.transpose() * k0 - MatrixXd::Identity(d, d)).cwiseAbs().maxCoeff(), 1e-5);
+  EXPECT_GT((k0 - k1).cwiseAbs().maxCoeff(), 0.1);
+  EXPECT_GT((k0 - v0).cwiseAbs().maxCoeff(), 0.1);
+}
+
+TEST(Schemes, SliceKvHeadKeepsOneHeadsData) {
+  const Fixture& f = Small();
+  const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, 0, SmallOptions());
+  const LayerScheme one = SliceKvHead(oscar, 1);
+  EXPECT_EQ(one.params.num_kv_heads, 1);
+  EXPECT_EQ(one.params.num_q_heads, 2);
+  ASSERT_EQ(one.rotation_k.size(), 64u * 64);
+  EXPECT_EQ(0, std::memcmp(one.rotation_k.data(), oscar.rotation_k.data() + 64 * 64,
+                           64 * 64 * sizeof(float)));
+  ASSERT_EQ(one.clip_v.size(), 1u);
+  EXPECT_EQ(one.clip_v[0], oscar.clip_v[1]);
+  EXPECT_THROW(SliceKvHead(oscar, 2), Error);
+  const LayerScheme naive_one =
+      SliceKvHead(BuildLayerScheme("naive", f.acts, nullptr, 0, SmallOptions()), 0);
+  EXPECT_TRUE(naive_one.rotation_k.empty() && naive_one.clip_k.empty());
+}
+
+}  // namespace
+}  // namespace kvq::calib
