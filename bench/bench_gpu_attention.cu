@@ -12,7 +12,9 @@
 // bandwidth (bytes read + written) is measured in the same run.
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
-// (prints a markdown table; --batch / --len run one row, e.g. under ncu)
+//                                [--chunks-per-warp 1|2]
+// (prints a markdown table; --batch / --len run one row, e.g. under ncu; --chunks-per-warp
+// overrides the plan's loop shape of the quantized-history kernel)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,6 +33,9 @@
 #include "kvq/gpu/cuda_check.h"
 
 namespace {
+
+int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
+
 
 using kvq::CacheParams;
 
@@ -197,7 +202,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   KVQ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (pool_bytes + window_bytes + (size_t{3} << 30) > free_bytes) return r;
 
-  const kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
+  kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
+  if (g_chunks_per_warp > 0) plan.chunks_per_warp = g_chunks_per_warp;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
   uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
   RandomBytes(k_codes, pages * page_codes, 11);
@@ -310,6 +316,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) only_len = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--int2-only")) int2_only = true;
+    else if (!std::strcmp(argv[i], "--chunks-per-warp") && i + 1 < argc) g_chunks_per_warp = std::atoi(argv[++i]);
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -320,8 +327,11 @@ int main(int argc, char** argv) {
     std::printf("# kvq decode attention, %s, %d SMs, L2 %d MB; d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
-    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2\n\n",
-                copy_bw / 1e9, iters);
+    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2%s\n\n",
+                copy_bw / 1e9, iters,
+                g_chunks_per_warp > 0 ? (g_chunks_per_warp == 1 ? "; 1 chunk per warp step"
+                                                                : "; 2 chunks per warp step")
+                                      : "");
     std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | kvq BF16 us | "
                 "BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");

@@ -25,6 +25,12 @@
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
 
+// Defined in gpu/src/write_kernels.cu for this benchmark only: selects the fused kernel as it
+// was before the 2026-11-21 speed-up (d 128, G 64, INT2), so one run times both.
+namespace kvq::gpu::benchmark_only {
+void UseBaselineFusedWrite(bool use);
+}  // namespace kvq::gpu::benchmark_only
+
 namespace {
 
 using kvq::CacheParams;
@@ -219,9 +225,13 @@ int main(int argc, char** argv) {
                                 {"dense R per head, rho=0.96", RotationKind::kDense, 0.96f},
                                 {"FWHT, rho=1", RotationKind::kHadamard, 1.0f},
                                 {"FWHT, rho=0.96", RotationKind::kHadamard, 0.96f},
-                                {"FWHT, rho=0.80 (radix select)", RotationKind::kHadamard, 0.80f},
+                                {"FWHT, rho=0.92", RotationKind::kHadamard, 0.92f},
+                                {"FWHT, rho=0.80", RotationKind::kHadamard, 0.80f},
                                 {"identity, rho=1", RotationKind::kIdentity, 1.0f}};
-    for (const Variant& v : variants) {
+    // Each variant with the current kernel, then with the pre-speed-up one (same inputs, same
+    // run); the first variant is timed once more at the end to show the run-to-run spread.
+    auto time_prefill = [&](const Variant& v, bool baseline) {
+      kvq::gpu::benchmark_only::UseBaselineFusedWrite(baseline);
       const CacheParams c = BenchCache(v.kind, v.clip);
       kvq::gpu::HeadData hk, hv;
       if (v.kind == RotationKind::kDense) {
@@ -235,8 +245,23 @@ int main(int argc, char** argv) {
                                    pool[0], pool[1], windows, flags);
           },
           [](int) {});
+      kvq::gpu::benchmark_only::UseBaselineFusedWrite(false);
+      return ms;
+    };
+    for (const Variant& v : variants) {
+      const double ms = time_prefill(v, false);
+      const double before = time_prefill(v, true);
       rows.push_back({"prefill K+V write", std::string(v.name) + ", T=32768 Hkv=8 d=128 G=64 INT2",
-                      ms, Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9)});
+                      ms,
+                      Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9) +
+                          Format("; before: %.4f ms", before) +
+                          Format(" = %.0f GB/s", input_bytes / (before * 1e-3) / 1e9) +
+                          Format("; speed-up %.2fx", before / ms)});
+    }
+    {
+      const double ms = time_prefill(variants[2], false);
+      rows.push_back({"prefill K+V write (repeat)", std::string(variants[2].name), ms,
+                      Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9)});
     }
     kvq::gpu::CheckErrorFlags(flags, "prefill benchmark");
 

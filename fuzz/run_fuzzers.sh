@@ -11,12 +11,12 @@ jobs="${KVQ_FUZZ_BUILD_JOBS:-2}"
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DKVQ_FUZZERS=ON -DKVQ_SANITIZE=ON -DKVQ_ENABLE_CUDA=OFF -DKVQ_BUILD_BENCH=OFF >/dev/null
-cmake --build "$build" --target fuzz_npy fuzz_safetensors -j"$jobs"
+cmake --build "$build" --target fuzz_npy fuzz_safetensors fuzz_vectors -j"$jobs"
 
 work="$(mktemp -d /tmp/kvq_fuzz.XXXXXX)"
 trap 'rm -rf "$work"' EXIT
 status=0
-for name in npy safetensors; do
+for name in npy safetensors vectors; do
   harness="$build/fuzz/fuzz_$name"
   artifacts="$build/fuzz/artifacts/fuzz_$name/"
   mkdir -p "$work/$name" "$artifacts"
@@ -27,7 +27,7 @@ for name in npy safetensors; do
     args=(-max_total_time="$seconds")
   fi
   echo "== fuzz_$name: ${seconds}s"
-  if ! "$harness" "${args[@]}" -max_len=4096 -print_final_stats=1 -artifact_prefix="$artifacts" \
+  if ! "$harness" "${args[@]}" -max_len=16384 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$artifacts" \
        "$work/$name" 2>"$work/$name.log"; then
     status=1
     tail -n 40 "$work/$name.log"

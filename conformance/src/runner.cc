@@ -479,6 +479,12 @@ CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceT
     result.status = CaseStatus::kFail;
     result.mismatch = f.mismatch;
     result.message = f.message;
+  } catch (const Error& e) {
+    // A configuration the target declares unsupported (e.g. a GPU kernel's documented limits)
+    // is reported as skipped, with the target's reason; every other error is a failure.
+    result.status = e.code() == ErrorCode::kUnsupported ? CaseStatus::kSkipped : CaseStatus::kFail;
+    result.message = std::string(e.code() == ErrorCode::kUnsupported ? "unsupported: " : "error: ") +
+                     e.what();
   } catch (const std::exception& e) {
     result.status = CaseStatus::kFail;
     result.message = std::string("error: ") + e.what();

@@ -7,19 +7,22 @@
 #   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
 #   ncu.txt        Nsight Compute speed-of-light / occupancy of the fused write kernel
 #   summary.md     the table printed last
-# Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-bench] [--no-ncu]
+# Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-bench] [--no-ncu] [--write-only]
+#   --write-only: only the write path's tests (gpu_write_*) and sanitizer runs, no other
+#                 engineers' gpu tests (saves device time when only write code changed)
 set -uo pipefail
 
 OUT=${OUT:-/tmp/kvq_device_out}
 mkdir -p "$OUT"
 carry=.carry
 export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-run_ncu=1; run_bench=1; run_tests=1
+run_ncu=1; run_bench=1; run_tests=1; write_only=0
 for arg in "$@"; do
   case "$arg" in
     --no-ncu) run_ncu=0 ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
+    --write-only) write_only=1 ;;
   esac
 done
 summary="$OUT/summary.md"
@@ -42,6 +45,7 @@ row "device" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 (( run_tests )) && for t in "$carry"/bin/gpu_*_test; do
   [[ -x "$t" ]] || continue
   name=$(basename "$t")
+  (( write_only )) && [[ $name != gpu_write_* ]] && continue
   start=$(date +%s)
   one="$OUT/current_test.log"
   "$t" --gtest_brief=1 > "$one" 2>&1
@@ -61,7 +65,7 @@ sanitize() {  # tool binary filter
   [[ -x "$bin" ]] || { row "sanitizer $tool $2" "binary missing"; return; }
   echo "===== $tool $2 --gtest_filter=$filter =====" >> "$OUT/sanitizer.log"
   local start=$(date +%s)
-  compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" --gtest_brief=1 \
+  timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" --gtest_brief=1 \
     --gtest_filter="$filter" >> "$OUT/sanitizer.log" 2>&1
   local rc=$?
   local errors
@@ -80,6 +84,7 @@ if command -v compute-sanitizer >/dev/null; then
   # Other engineers' gpu tests (attention): a short memcheck of whatever they register.
   for t in "$carry"/bin/gpu_attention*_test; do
     [[ -x "$t" ]] || continue
+    (( write_only )) && continue
     sanitize memcheck "$(basename "$t")" '*'
   done
 else
@@ -97,11 +102,11 @@ if (( run_bench )); then
   done
 fi
 
-# ---- Nsight Compute: the fused kernel, dense (first launch) and FWHT (after 52 launches of
-# the quick run: 2 dense variants x 13 calls x 2 launches) ----
+# ---- Nsight Compute: the fused kernel, dense (first launch) and FWHT rho = 1 (after 104
+# launches of the quick run: 2 dense variants x (new, baseline) x 13 calls x 2 launches) ----
 if (( run_ncu )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_write ]]; then
   : > "$OUT/ncu.txt"
-  for skip in 0 52; do
+  for skip in 0 104; do
     timeout 120 ncu --clock-control none -k regex:FusedWriteKernel --launch-skip "$skip" \
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
       "$carry/bin/kvq_bench_gpu_write" --quick >> "$OUT/ncu.txt" 2>&1

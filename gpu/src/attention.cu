@@ -20,7 +20,10 @@ using attention::kTileTokens;
 
 constexpr int kWindowTokensPerSplit = 128;
 constexpr int kMinHistTokensPerSplit = 4 * kTileTokens;
-constexpr int kBlocksPerSm = 8;  // target blocks per multiprocessor over the whole grid
+// Decode blocks a multiprocessor holds at once (the kernel's launch bounds: 128 registers a
+// thread at d <= 128, and its shared memory at d = 256).
+int ResidentBlocksPerSm(int head_dim) { return head_dim >= 256 ? 2 : 4; }
+constexpr int kBf16BlocksPerSm = 8;  // bf16 cache: target blocks per multiprocessor
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -71,14 +74,37 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int64_t paged_tokens =
       c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
                   : max_seq_len;
-  if (paged_tokens > 0) {
-    const int64_t target_splits =
-        std::max<int64_t>(1, (static_cast<int64_t>(kBlocksPerSm) * num_sms + blocks_per_split - 1) /
-                                 blocks_per_split);
+  if (paged_tokens > 0 && !c.quantized) {
+    // bf16 cache: memory-bound with a 2-stage pipeline, it wants many blocks in flight: about
+    // kBf16BlocksPerSm blocks per multiprocessor over the grid (on an H100, one wave of long
+    // splits measured 10-17% slower for it).
+    const int64_t target_splits = std::max<int64_t>(
+        1, (static_cast<int64_t>(kBf16BlocksPerSm) * num_sms + blocks_per_split - 1) /
+               blocks_per_split);
     int64_t tokens = (paged_tokens + target_splits - 1) / target_splits;
     tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
     tokens = std::max<int64_t>(tokens, kMinHistTokensPerSplit);
     tokens = std::min<int64_t>(tokens, attention::kMaxSplitTokens);
+    plan.hist_tokens_per_split = static_cast<int>(tokens);
+    plan.hist_splits = CeilDiv(paged_tokens, tokens);
+  } else if (paged_tokens > 0) {
+    // Quantized history: whole waves of history blocks: the fewest waves w (w * resident blocks) whose splits stay
+    // within kMaxSplitTokens. Every history block of a step does about the same work, so a
+    // partial last wave would cost a whole block time; the window blocks (short, highest
+    // blockIdx.z, so scheduled last) fill the slots that free up first.
+    const int64_t resident = static_cast<int64_t>(ResidentBlocksPerSm(c.head_dim())) * num_sms;
+    const int64_t min_splits = (paged_tokens + attention::kMaxSplitTokens - 1) /
+                               attention::kMaxSplitTokens;
+    int64_t waves = std::max<int64_t>(1, (min_splits * blocks_per_split + resident - 1) / resident);
+    int64_t tokens = 0;
+    for (;; ++waves) {
+      const int64_t splits = waves * resident / blocks_per_split;
+      if (splits < 1) continue;
+      tokens = (paged_tokens + splits - 1) / splits;
+      tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
+      tokens = std::max<int64_t>(tokens, kMinHistTokensPerSplit);
+      if (tokens <= attention::kMaxSplitTokens) break;
+    }
     plan.hist_tokens_per_split = static_cast<int>(tokens);
     plan.hist_splits = CeilDiv(paged_tokens, tokens);
   } else {
@@ -119,6 +145,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                 plan.hist_tokens_per_split <= attention::kMaxSplitTokens,
             kInvalidArgument, "invalid plan: ", plan.hist_splits, " history splits of ",
             plan.hist_tokens_per_split, " tokens");
+  KVQ_CHECK(plan.chunks_per_warp == 1 || plan.chunks_per_warp == 2, kInvalidArgument,
+            "invalid plan: chunks_per_warp ", plan.chunks_per_warp, " (1 or 2)");
   // The plan must cover the longest sequence.
   const int64_t paged_tokens =
       c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
@@ -199,6 +227,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.hist_tokens_per_split = plan.hist_tokens_per_split;
   kp.window_splits = c.quantized ? plan.window_splits : 0;
   kp.window_tokens_per_split = std::max(plan.window_tokens_per_split, 1);
+  kp.chunks_per_warp = plan.chunks_per_warp;
   kp.logit_scale_log2 = static_cast<float>(static_cast<double>(c.scale()) * 1.4426950408889634);
   kp.seq_lens = in.seq_lens;
   kp.page_tables = in.page_tables;
@@ -227,6 +256,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   }
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
+  kp.programmatic_launch = c.quantized;  // right after the query rotation
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
   if (!kp.k_codes) kp.k_codes = reinterpret_cast<const uint8_t*>(in.q);
@@ -251,6 +281,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.part_ml = part_ml;
   mp.part_acc = part_acc;
   mp.out = out;
+  mp.programmatic_launch = true;
   KVQ_CUDA_CHECK(attention::DispatchMergePartials(d, mp, stream));
 }
 

@@ -62,6 +62,52 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// mbarrier (one arrival + a transaction count) completed by cp.async.bulk copies.
+__device__ __forceinline__ void MbarrierInit(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddress(bar)), "r"(count)
+               : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (the bulk copies).
+__device__ __forceinline__ void FenceMbarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddress(bar)),
+      "r"(parity)
+      : "memory");
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) global -> shared by the copy engine;
+// completion is counted on bar.
+__device__ __forceinline__ void BulkCopy(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                         uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SmemAddress(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(SmemAddress(bar))
+      : "memory");
+}
+
+// Programmatic dependent launch: the kernel launched after this one on the stream (with the
+// programmatic-serialization attribute) may start now; and: wait until the grid this one
+// depends on has finished and its writes are visible (a no-op without the attribute).
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                         uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -201,9 +247,23 @@ struct WarpState {
   // (h0, h0+1) in accumulator layout, rescales the state and returns p = exp2(sl - m) in pr.
   // The max reduces over the 8 lanes that share lane % 4. Requires a finite logit per head in
   // the 16 rows (the caller skips chunks without a valid token).
-  __device__ __forceinline__ void Update(const float (&sl)[4], float (&pr)[4], float (&alpha)[2]) {
-    float mx0 = fmaxf(sl[0], sl[2]);
-    float mx1 = fmaxf(sl[1], sl[3]);
+  // Returns whether any lane rescaled (alpha != 1 somewhere in the warp).
+  __device__ __forceinline__ bool Update(const float (&sl)[4], float (&pr)[4], float (&alpha)[2]) {
+    return UpdateN<1>(reinterpret_cast<const float(&)[1][4]>(sl),
+                      reinterpret_cast<float(&)[1][4]>(pr), alpha);
+  }
+  // The same over N chunks of 16 rows at once (one max reduction and rescale for all).
+  // Requires a finite logit per head in the first chunk.
+  template <int N>
+  __device__ __forceinline__ bool UpdateN(const float (&sl)[N][4], float (&pr)[N][4],
+                                          float (&alpha)[2]) {
+    float mx0 = fmaxf(sl[0][0], sl[0][2]);
+    float mx1 = fmaxf(sl[0][1], sl[0][3]);
+#pragma unroll
+    for (int n = 1; n < N; ++n) {
+      mx0 = fmaxf(mx0, fmaxf(sl[n][0], sl[n][2]));
+      mx1 = fmaxf(mx1, fmaxf(sl[n][1], sl[n][3]));
+    }
 #pragma unroll
     for (int o = 4; o < 32; o <<= 1) {
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
@@ -216,14 +276,21 @@ struct WarpState {
     alpha[1] = Exp2(m[1] - mn1);
     m[0] = mn0;
     m[1] = mn1;
-    pr[0] = Exp2(sl[0] - mn0);
-    pr[1] = Exp2(sl[1] - mn1);
-    pr[2] = Exp2(sl[2] - mn0);
-    pr[3] = Exp2(sl[3] - mn1);
-    l[0] = l[0] * alpha[0] + (pr[0] + pr[2]);
-    l[1] = l[1] * alpha[1] + (pr[1] + pr[3]);
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      pr[n][0] = Exp2(sl[n][0] - mn0);
+      pr[n][1] = Exp2(sl[n][1] - mn1);
+      pr[n][2] = Exp2(sl[n][2] - mn0);
+      pr[n][3] = Exp2(sl[n][3] - mn1);
+      sum0 += pr[n][0] + pr[n][2];
+      sum1 += pr[n][1] + pr[n][3];
+    }
+    l[0] = l[0] * alpha[0] + sum0;
+    l[1] = l[1] * alpha[1] + sum1;
     // Once the running max settles (long histories), most chunks skip the rescale.
-    if (__any_sync(0xffffffffu, moved)) {
+    const bool rescale = __any_sync(0xffffffffu, moved);
+    if (rescale) {
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) {
         acc[i][0] *= alpha[0];
@@ -232,6 +299,7 @@ struct WarpState {
         acc[i][3] *= alpha[1];
       }
     }
+    return rescale;
   }
 };
 
@@ -497,19 +565,21 @@ struct QuantGeometry {
   static constexpr int kCodesBytes = kTileTokens * kRowBytes;      // K or V codes of a stage
   static constexpr int kMetaBytes = kTileTokens * kMaxGroups * 2;  // one metadata array
   static constexpr int kStageBytes = 2 * kCodesBytes + 4 * kMetaBytes;
-  static constexpr int kCodePiecesPerThread = 4 * 2 * kRowBytes / kThreads;  // 16-byte copies
-  // q~ [8][D] fp32, then per (group, head) the sums of the represented q~ and of its scaled
-  // parts: [2][kMaxGroups][8] fp32.
-  // and the B fragments of the query, uint4 {hi k-lo, hi k-hi, lo k-lo, lo k-hi} per
-  // (k-step, lane): [D/16][32].
+  static constexpr int kBarrierBytes = 8 * kStages;  // one mbarrier per stage
+  // q~ [8][D] fp32, then per (field, head) the sums of the represented q~ and of its scaled
+  // parts: [2][kFields][8] fp32, and the B fragments of the query, uint4 {hi k-lo, hi k-hi,
+  // lo k-lo, lo k-hi} per (k-step, lane): [D/16][32].
   static constexpr int kQueryBytes = kMaxHeadsPerBlock * D * 4 +
-                                     2 * kMaxGroups * kMaxHeadsPerBlock * 4 + (D / 16) * 32 * 16;
+                                     2 * kFields * kMaxHeadsPerBlock * 4 + (D / 16) * 32 * 16;
   static_assert(kFields * kQkWords == D / 16, "QK k-steps");
   static_assert(kFields * kPvPairs == D / 16, "PV m-tiles");
-  static_assert(4 * 2 * kRowBytes % kThreads == 0, "code copies per thread");
+  static_assert(kStageBytes % 16 == 0 && kQueryBytes % 16 == 0, "bulk copy alignment");
 };
 
-template <int D, int BITS>
+// CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
+// chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
+// twice the independent work between the dependent steps, half the barriers and reductions.
+template <int D, int BITS, int CPW>
 __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
                                            int kvh, int head0, int b, int split, int begin,
                                            int end) {
@@ -534,97 +604,96 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   const int n_tiles = (n_tokens + kTileTokens - 1) / kTileTokens;
   const int page_size = 1 << p.page_size_log2;
   float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
-  int* page_ids = reinterpret_cast<int*>(smem + Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes);
+  uint64_t* stage_full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes +
+                                                     Geo::kQueryBytes);  // [kStages]
+  int* page_ids = reinterpret_cast<int*>(smem + Geo::kStages * Geo::kStageBytes +
+                                         Geo::kQueryBytes + Geo::kBarrierBytes);
   LoadSplitPages(p, b, begin, end, page_ids);
   const int first_page = begin >> p.page_size_log2;
-
-  // Each thread's copies are the same every stage: code pieces idx = tid + 128*i over
-  // 4 chunks x {K, V} x RB pieces, and at most one metadata piece over
-  // 4 chunks x {K scale, K min, V scale, V min} x 2*ng pieces.
-  const int meta_per_chunk = 4 * ngk + 4 * ngv;
-  int meta_chunk = -1, meta_array = 0, meta_piece = 0, meta_ng = 0;
-  if (threadIdx.x < 4 * meta_per_chunk) {
-    meta_chunk = threadIdx.x / meta_per_chunk;
-    int rem = threadIdx.x - meta_chunk * meta_per_chunk;
-    if (rem < 4 * ngk) {
-      meta_array = rem / (2 * ngk);
-      meta_piece = rem - meta_array * 2 * ngk;
-      meta_ng = ngk;
-    } else {
-      rem -= 4 * ngk;
-      meta_array = 2 + rem / (2 * ngv);
-      meta_piece = rem - (meta_array - 2) * 2 * ngv;
-      meta_ng = ngv;
-    }
-  }
-  const unsigned char* meta_base = reinterpret_cast<const unsigned char*>(
-      meta_array == 0 ? p.k_scale : meta_array == 1 ? p.k_min : meta_array == 2 ? p.v_scale : p.v_min);
-  const int64_t meta_stride = meta_array < 2 ? p.k_meta_page_stride : p.v_meta_page_stride;
-
-  auto issue = [&](int tile, int stage) {
-    unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
-    const int first = begin + tile * kTileTokens;
-    __syncwarp();
+  if (threadIdx.x == 0) {
 #pragma unroll
-    for (int i = 0; i < Geo::kCodePiecesPerThread; ++i) {
-      const int idx = threadIdx.x + kThreads * i;
-      const int chunk = idx / (2 * RB);
-      const int rem = idx - chunk * 2 * RB;
-      const int kv = rem / RB;
-      const int piece = rem - kv * RB;
-      const int tok = first + chunk * kChunkTokens;
-      if (tok >= end) continue;
+    for (int s = 0; s < Geo::kStages; ++s) MbarrierInit(&stage_full[s], 1);
+    FenceMbarrierInit();
+  }
+
+  // A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales and
+  // mins of this KV head are contiguous runs ([Hkv, P, row] layout), so the copy engine moves a
+  // tile with 6 bulk copies per page run ({K, V} codes, K scale, K min, V scale, V min), issued
+  // by lanes of warp 0 (lane = 6 * run + kind) and counted on the stage's mbarrier. Rows are
+  // copied in whole 16-token chunks (a page holds whole chunks: P >= 16); rows past `end` in the
+  // last chunk are read but masked.
+  const int run_tokens = min(page_size, kTileTokens);
+  const int end16 = (end + kChunkTokens - 1) & ~(kChunkTokens - 1);
+  const uint32_t bytes_per_token = 2 * RB + 4 * (ngk + ngv);
+  const int copy_kind = lane % 6;
+  const int copy_run = lane / 6;
+  const int copy_ng = copy_kind < 2 ? 0 : (copy_kind < 4 ? ngk : ngv);
+  const unsigned char* copy_pool;
+  int64_t copy_page_stride;
+  int copy_row_bytes;
+  int copy_dst;
+  switch (copy_kind) {
+    case 0: copy_pool = p.k_codes; copy_page_stride = p.k_codes_page_stride; break;
+    case 1: copy_pool = p.v_codes; copy_page_stride = p.v_codes_page_stride; break;
+    case 2: copy_pool = reinterpret_cast<const unsigned char*>(p.k_scale); copy_page_stride = p.k_meta_page_stride; break;
+    case 3: copy_pool = reinterpret_cast<const unsigned char*>(p.k_min); copy_page_stride = p.k_meta_page_stride; break;
+    case 4: copy_pool = reinterpret_cast<const unsigned char*>(p.v_scale); copy_page_stride = p.v_meta_page_stride; break;
+    default: copy_pool = reinterpret_cast<const unsigned char*>(p.v_min); copy_page_stride = p.v_meta_page_stride; break;
+  }
+  copy_row_bytes = copy_kind < 2 ? RB : 2 * copy_ng;
+  copy_dst = copy_kind < 2 ? copy_kind * Geo::kCodesBytes
+                           : 2 * Geo::kCodesBytes + (copy_kind - 2) * Geo::kMetaBytes;
+  // Called by warp 0 only, for a tile < n_tiles.
+  auto issue = [&](int tile, int stage) {
+    const int first = begin + tile * kTileTokens;
+    const int n_tok = min(kTileTokens, end16 - first);
+    if (lane == 0) MbarrierArriveExpectTx(&stage_full[stage], n_tok * bytes_per_token);
+    __syncwarp();
+    const int r0 = copy_run * run_tokens;
+    if (lane < 6 * (kTileTokens / 16) && r0 < n_tok) {
+      const int n = min(run_tokens, n_tok - r0);
+      const int tok = first + r0;
       const int page = page_ids[(tok >> p.page_size_log2) - first_page];
       const int slot = tok & (page_size - 1);
-      const uint8_t* src = (kv ? p.v_codes : p.k_codes) +
-                           page * (kv ? p.v_codes_page_stride : p.k_codes_page_stride) +
-                           (static_cast<int64_t>(kvh) * page_size + slot) * RB + piece * 16;
-      CpAsync16(dst_stage + kv * Geo::kCodesBytes + chunk * kChunkTokens * RB + piece * 16, src,
-                true);
-    }
-    if (meta_chunk >= 0) {
-      const int tok = first + meta_chunk * kChunkTokens;
-      if (tok < end) {
-        const int page = page_ids[(tok >> p.page_size_log2) - first_page];
-        const int slot = tok & (page_size - 1);
-        const unsigned char* src = meta_base + page * meta_stride +
-                                   (static_cast<int64_t>(kvh) * page_size + slot) * meta_ng * 2 +
-                                   meta_piece * 16;
-        CpAsync16(dst_stage + 2 * Geo::kCodesBytes + meta_array * Geo::kMetaBytes +
-                      meta_chunk * kChunkTokens * meta_ng * 2 + meta_piece * 16,
-                  src, true);
-      }
+      const unsigned char* src = copy_pool + page * copy_page_stride +
+                                 (static_cast<int64_t>(kvh) * page_size + slot) * copy_row_bytes;
+      BulkCopy(smem + stage * Geo::kStageBytes + copy_dst + r0 * copy_row_bytes, src,
+               n * copy_row_bytes, &stage_full[stage]);
     }
   };
 
   // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
   // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
   // field the sum of the represented q~ (hi + lo) over the field's channels (min term).
+  __syncthreads();  // publishes page_ids and the initialised barriers
+  // Start the pipeline (the pages were written before the rotation kernel started, so this may
+  // run before the wait below); the fragment setup overlaps the first loads.
+  static_assert(CPW == 1 || CPW == 2, "chunks per warp step");
+  if (warp == 0) {
+#pragma unroll
+    for (int s = 0; s < Geo::kStages - CPW; ++s) {
+      if (s < n_tiles) issue(s, s);
+    }
+  }
+  // q_rot is written by the rotation kernel launched just before this one.
+  WaitForPrerequisiteGrid();
   for (int i = threadIdx.x; i < kMaxHeadsPerBlock * D; i += kThreads) {
     const int h = i / D;
     q_s[i] = h < p.heads_per_block
                  ? p.q_rot[(static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D + (i - h * D)]
                  : 0.0f;
   }
-  __syncthreads();  // also publishes page_ids
-
-  // Start the pipeline; the fragment setup below overlaps the first loads.
-#pragma unroll
-  for (int s = 0; s < Geo::kStages - 1; ++s) {
-    if (s < n_tiles) issue(s, s);
-    CpAsyncCommit();
-  }
+  __syncthreads();
 
   // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
   // 2^-shift(f) (exact) and the bias removed in the epilogue through bias_sum.
   // The query fragments live in shared memory (read once per k-step, 16 bytes a lane) rather
   // than in 4*D/16 registers, which keeps the kernel under 128 registers without spills.
-  uint4* bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D +
-                                         2 * Geo::kMaxGroups * kMaxHeadsPerBlock);
-  // qsum_s[g][h]: sum of the represented q~ (hi + lo) of head h over group g's channels;
-  // bias_s[g][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
+  uint4* bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D + 2 * F * kMaxHeadsPerBlock);
+  // qsum_s[f][h]: sum of the represented q~ (hi + lo) of head h over field f's channels;
+  // bias_s[f][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
   float* qsum_s = q_s + kMaxHeadsPerBlock * D;
-  float* bias_s = qsum_s + Geo::kMaxGroups * kMaxHeadsPerBlock;
+  float* bias_s = qsum_s + F * kMaxHeadsPerBlock;
   {
     const float* qh = q_s + gi * D;
     StaticFor<F>([&](auto fc) {
@@ -649,11 +718,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       if (warp == 0 && t4 == 0) {  // one writer per head; read after the loop's first barrier
-        const int g = f >> fpg_k_log2;
-        const int at = g * kMaxHeadsPerBlock + gi;
-        const bool first = (f & (fpg_k - 1)) == 0;
-        bias_s[at] = (first ? 0.0f : bias_s[at]) + sum;
-        qsum_s[at] = (first ? 0.0f : qsum_s[at]) + sum / kScale;  // exact: a power of two
+        const int at = f * kMaxHeadsPerBlock + gi;
+        bias_s[at] = sum;
+        qsum_s[at] = sum / kScale;  // exact: a power of two
       }
     });
   }
@@ -670,146 +737,179 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   const int vrow[4] = {ChunkRow(2 * t4), ChunkRow(2 * t4 + 1), ChunkRow(2 * t4 + 8),
                        ChunkRow(2 * t4 + 9)};
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    CpAsyncWait<Geo::kStages - 2>();
+  for (int tile = 0; tile < n_tiles; tile += CPW) {
+    // Every warp is done with the previous step's tiles, whose stages the next issues refill.
     __syncthreads();
-    {
-      const int next = tile + Geo::kStages - 1;
-      if (next < n_tiles) issue(next, next % Geo::kStages);
-      CpAsyncCommit();
+    if (warp == 0) {
+#pragma unroll
+      for (int u = 0; u < CPW; ++u) {
+        const int next = tile + Geo::kStages - CPW + u;
+        if (next < n_tiles) issue(next, next % Geo::kStages);
+      }
     }
-    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
-    if (chunk_first >= end) continue;
-    const unsigned char* stage = smem + (tile % Geo::kStages) * Geo::kStageBytes;
-    const unsigned char* kc = stage + warp * kChunkTokens * RB;
-    const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
-    const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes) +
-                         warp * kChunkTokens * ngk;
-    const uint16_t* km = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                           Geo::kMetaBytes) +
-                         warp * kChunkTokens * ngk;
-    const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                            2 * Geo::kMetaBytes) +
-                          warp * kChunkTokens * ngv;
-    const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                            3 * Geo::kMetaBytes) +
-                          warp * kChunkTokens * ngv;
-    const bool valid_a = chunk_first + row_a < end;
-    const bool valid_b = chunk_first + row_b < end;
+    // Sub-chunk u: this warp's 16 rows of tile + u.
+    const unsigned char* stage[CPW];
+    int chunk_first[CPW];
+    bool has[CPW];
+#pragma unroll
+    for (int u = 0; u < CPW; ++u) {
+      const int t = tile + u;
+      chunk_first[u] = begin + t * kTileTokens + warp * kChunkTokens;
+      has[u] = t < n_tiles && chunk_first[u] < end;
+      if (t < n_tiles) MbarrierWait(&stage_full[t % Geo::kStages], (t / Geo::kStages) & 1);
+      // A sub-chunk without rows reads the first one's (loaded) rows, all masked.
+      stage[u] = smem + ((has[u] ? t : tile) % Geo::kStages) * Geo::kStageBytes;
+    }
+    if (!has[0]) continue;  // has[u] implies has[0]
+    bool valid_a[CPW], valid_b[CPW];
+#pragma unroll
+    for (int u = 0; u < CPW; ++u) {
+      valid_a[u] = has[u] && chunk_first[u] + row_a < end;
+      valid_b[u] = has[u] && chunk_first[u] + row_b < end;
+    }
 
     // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
-    uint32_t ka[NW], kb[NW];
-    LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
-    LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    float s[CPW][4];
     {
-      uint32_t ka8[NW], kb8[NW];  // bytes 1 and 3 moved down to 0 and 2
+      uint32_t ka[CPW][NW], kb[CPW][NW], ka8[CPW][NW], kb8[CPW][NW];  // 8: bytes 1, 3 moved down
 #pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        ka8[w] = ka[w] >> 8;
-        kb8[w] = kb[w] >> 8;
+      for (int u = 0; u < CPW; ++u) {
+        const unsigned char* kc = stage[u] + warp * kChunkTokens * RB;
+        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka[u]);
+        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb[u]);
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          ka8[u][w] = ka[u][w] >> 8;
+          kb8[u][w] = kb[u][w] >> 8;
+        }
+        s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
       }
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
+      // One accumulator per (field, sub-chunk), finished by its own epilogue with its group's
+      // scale and min (the sum over the fields of a group is the group's term): no run-time
+      // branch on the group size, and F * CPW independent HMMA chains of 2*NW.
       StaticFor<F>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
         using Field = CodeField<BITS, f>;
+        const int g = f >> fpg_k_log2;
+        const float2 qs = *reinterpret_cast<const float2*>(qsum_s + f * kMaxHeadsPerBlock + h0);
+        const float2 qb = *reinterpret_cast<const float2*>(bias_s + f * kMaxHeadsPerBlock + h0);
 #pragma unroll
-        for (int w = 0; w < NW; ++w) {
-          const uint32_t a0 = Field::Biased(ka[w], code_bias);
-          const uint32_t a1 = Field::Biased(kb[w], code_bias);
-          const uint32_t a2 = Field::Biased(ka8[w], code_bias);
-          const uint32_t a3 = Field::Biased(kb8[w], code_bias);
-          const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
-          MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
-          MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
-        }
-        if (((f + 1) & (fpg_k - 1)) == 0) {
-          const int g = f >> fpg_k_log2;
-          const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
-          const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
-          const float qs0 = qs.x, qs1 = qs.y, qb0 = qb.x, qb1 = qb.y;
+        for (int u = 0; u < CPW; ++u) {
+          float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int w = 0; w < NW; ++w) {
+            const uint32_t a0 = Field::Biased(ka[u][w], code_bias);
+            const uint32_t a1 = Field::Biased(kb[u][w], code_bias);
+            const uint32_t a2 = Field::Biased(ka8[u][w], code_bias);
+            const uint32_t a3 = Field::Biased(kb8[u][w], code_bias);
+            const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
+            MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+            MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
+          }
+          const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes) +
+                               warp * kChunkTokens * ngk;
+          const uint16_t* km = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
+                                                                 Geo::kMetaBytes) +
+                               warp * kChunkTokens * ngk;
           const float sfa = Bf16ToFloat(ks[row_a * ngk + g]);
           const float sfb = Bf16ToFloat(ks[row_b * ngk + g]);
           const float mfa = Bf16ToFloat(km[row_a * ngk + g]);
           const float mfb = Bf16ToFloat(km[row_b * ngk + g]);
           // The codes carried +128 against the scaled query parts: remove 128 * bias sum.
-          const float c0 = c[0] - 128.0f * qb0, c1 = c[1] - 128.0f * qb1;
-          const float c2 = c[2] - 128.0f * qb0, c3 = c[3] - 128.0f * qb1;
-          s[0] += sfa * c0 + mfa * qs0;
-          s[1] += sfa * c1 + mfa * qs1;
-          s[2] += sfb * c2 + mfb * qs0;
-          s[3] += sfb * c3 + mfb * qs1;
-          c[0] = c[1] = c[2] = c[3] = 0.0f;
+          const float c0 = c[0] - 128.0f * qb.x, c1 = c[1] - 128.0f * qb.y;
+          const float c2 = c[2] - 128.0f * qb.x, c3 = c[3] - 128.0f * qb.y;
+          s[u][0] += sfa * c0 + mfa * qs.x;
+          s[u][1] += sfa * c1 + mfa * qs.y;
+          s[u][2] += sfb * c2 + mfb * qs.x;
+          s[u][3] += sfb * c3 + mfb * qs.y;
         }
       });
     }
-    const float sl[4] = {valid_a ? s[0] * fac : -INFINITY, valid_a ? s[1] * fac : -INFINITY,
-                         valid_b ? s[2] * fac : -INFINITY, valid_b ? s[3] * fac : -INFINITY};
-    float pr[4];
-    float alpha[2];
-    st.Update(sl, pr, alpha);
+    float sl[CPW][4];
 #pragma unroll
-    for (int f = 0; f < F; ++f) {
-      min_sum[f][0] *= alpha[0];
-      min_sum[f][1] *= alpha[1];
+    for (int u = 0; u < CPW; ++u) {
+      sl[u][0] = valid_a[u] ? s[u][0] * fac : -INFINITY;
+      sl[u][1] = valid_a[u] ? s[u][1] * fac : -INFINITY;
+      sl[u][2] = valid_b[u] ? s[u][2] * fac : -INFINITY;
+      sl[u][3] = valid_b[u] ? s[u][3] * fac : -INFINITY;
+    }
+    float pr[CPW][4];
+    float alpha[2];
+    if (st.template UpdateN<CPW>(sl, pr, alpha)) {  // alpha == 1 on lanes whose max did not move
+#pragma unroll
+      for (int f = 0; f < F; ++f) {
+        min_sum[f][0] *= alpha[0];
+        min_sum[f][1] *= alpha[1];
+      }
     }
 
     // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
-    uint32_t vw[4][Geo::kPvWords];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const unsigned char* src = vc + vrow[r] * RB + gi * Geo::kPvBytes;
-      if constexpr (Geo::kPvBytes == 2) {
-        vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
-      } else {
-        LoadWords<Geo::kPvWords>(src, vw[r]);
-      }
-    }
-    uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
-    float mfa = 0.0f, mfb = 0.0f;
-    uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
+    for (int u = 0; u < CPW; ++u) {
+      const unsigned char* vc = stage[u] + Geo::kCodesBytes + warp * kChunkTokens * RB;
+      const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
+                                                              2 * Geo::kMetaBytes) +
+                            warp * kChunkTokens * ngv;
+      const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
+                                                              3 * Geo::kMetaBytes) +
+                            warp * kChunkTokens * ngv;
+      const bool va = valid_a[u], vb = valid_b[u];
+      const float(&pu)[4] = pr[u];
+      uint32_t vw[4][Geo::kPvWords];
 #pragma unroll
-    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-      const int u = jp >> 1;
-      const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
-      x01[jp] = __byte_perm(vw[0][u], vw[1][u], sel);
-      x89[jp] = __byte_perm(vw[2][u], vw[3][u], sel);
-      y01[jp] = x01[jp] >> 8;
-      y89[jp] = x89[jp] >> 8;
-    }
-    StaticFor<F>([&](auto fc) {
-      constexpr int f = decltype(fc)::value;
-      using Field = CodeField<BITS, f>;
-      if ((f & (fpg_v - 1)) == 0) {
-        const int g = f >> fpg_v_log2;
-        // Select, not multiply: rows past the end may hold any bits.
-        const float sfa = valid_a ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
-        const float sfb = valid_b ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
-        mfa = valid_a ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
-        mfb = valid_b ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
-        uint32_t hi_a, lo_a, hi_b, lo_b;
-        SplitBf16(pr[0] * sfa, pr[1] * sfa, hi_a, lo_a);
-        SplitBf16(pr[2] * sfb, pr[3] * sfb, hi_b, lo_b);
-        bh0 = Transpose8x8(hi_a);
-        bh1 = Transpose8x8(hi_b);
-        bl0 = Transpose8x8(lo_a);
-        bl1 = Transpose8x8(lo_b);
+      for (int r = 0; r < 4; ++r) {
+        const unsigned char* src = vc + vrow[r] * RB + gi * Geo::kPvBytes;
+        if constexpr (Geo::kPvBytes == 2) {
+          vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
+        } else {
+          LoadWords<Geo::kPvWords>(src, vw[r]);
+        }
       }
-      min_sum[f][0] += pr[0] * mfa + pr[2] * mfb;
-      min_sum[f][1] += pr[1] * mfa + pr[3] * mfb;
+      uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
+      float mfa = 0.0f, mfb = 0.0f;
+      uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
 #pragma unroll
       for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-        const uint32_t a0 = Field::Unbiased(x01[jp], code_bias);
-        const uint32_t a1 = Field::Unbiased(y01[jp], code_bias);
-        const uint32_t a2 = Field::Unbiased(x89[jp], code_bias);
-        const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
-        const int mt = f * Geo::kPvPairs + jp;
-        MmaBf16(st.acc[mt], a0, a1, a2, a3, bh0, bh1);
-        MmaBf16(st.acc[mt], a0, a1, a2, a3, bl0, bl1);
+        const int wi = jp >> 1;
+        const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
+        x01[jp] = __byte_perm(vw[0][wi], vw[1][wi], sel);
+        x89[jp] = __byte_perm(vw[2][wi], vw[3][wi], sel);
+        y01[jp] = x01[jp] >> 8;
+        y89[jp] = x89[jp] >> 8;
       }
-    });
+      StaticFor<F>([&](auto fc) {
+        constexpr int f = decltype(fc)::value;
+        using Field = CodeField<BITS, f>;
+        if ((f & (fpg_v - 1)) == 0) {
+          const int g = f >> fpg_v_log2;
+          // Select, not multiply: rows past the end may hold any bits.
+          const float sfa = va ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
+          const float sfb = vb ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
+          mfa = va ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
+          mfb = vb ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
+          uint32_t hi_a, lo_a, hi_b, lo_b;
+          SplitBf16(pu[0] * sfa, pu[1] * sfa, hi_a, lo_a);
+          SplitBf16(pu[2] * sfb, pu[3] * sfb, hi_b, lo_b);
+          bh0 = Transpose8x8(hi_a);
+          bh1 = Transpose8x8(hi_b);
+          bl0 = Transpose8x8(lo_a);
+          bl1 = Transpose8x8(lo_b);
+        }
+        min_sum[f][0] += pu[0] * mfa + pu[2] * mfb;
+        min_sum[f][1] += pu[1] * mfa + pu[3] * mfb;
+#pragma unroll
+        for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+          const uint32_t a0 = Field::Unbiased(x01[jp], code_bias);
+          const uint32_t a1 = Field::Unbiased(y01[jp], code_bias);
+          const uint32_t a2 = Field::Unbiased(x89[jp], code_bias);
+          const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
+          const int mt = f * Geo::kPvPairs + jp;
+          MmaBf16(st.acc[mt], a0, a1, a2, a3, bh0, bh1);
+          MmaBf16(st.acc[mt], a0, a1, a2, a3, bl0, bl1);
+        }
+      });
+    }
   }
-  CpAsyncWait<0>();
   // Fields kept in place accumulated 2^shift * code; then the min term: sum_t p_t * min_t of
   // each field's group, the same for every channel of it.
   StaticFor<F>([&](auto fc) {
@@ -867,7 +967,11 @@ __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
-      QuantSplit<D, static_cast<int>(FORMAT)>(p, smem, kvh, head0, b, z, begin, end);
+      if (p.chunks_per_warp == 2) {
+        QuantSplit<D, static_cast<int>(FORMAT), 2>(p, smem, kvh, head0, b, z, begin, end);
+      } else {
+        QuantSplit<D, static_cast<int>(FORMAT), 1>(p, smem, kvh, head0, b, z, begin, end);
+      }
     } else {
       const int n_sink = min(p.sink, t);
       const int recent_begin = max(p.sink, t - p.recent);
@@ -883,6 +987,25 @@ __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
   }
 }
 
+// Launches kernel(p); with `programmatic` the launch may overlap the tail of the previous
+// kernel on the stream (programmatic dependent launch): the kernel must call
+// WaitForPrerequisiteGrid() before it touches memory that kernel writes or reads.
+template <typename Params>
+cudaError_t LaunchKernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, bool programmatic, const Params& p) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 template <int D, HistoryFormat FORMAT>
 constexpr int DecodeSharedBytesFor() {
   constexpr int combine = (kWarps * kMaxHeadsPerBlock * D + 2 * kWarps * kMaxHeadsPerBlock) * 4;
@@ -892,7 +1015,8 @@ constexpr int DecodeSharedBytesFor() {
     return pipeline > combine ? pipeline : combine;
   } else {
     using Geo = QuantGeometry<D, static_cast<int>(FORMAT)>;
-    constexpr int quant = Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes + page_ids;
+    constexpr int quant =
+        Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes + Geo::kBarrierBytes + page_ids;
     constexpr int window = Bf16Geometry<D>::kStageBytes;
     constexpr int m = quant > window ? quant : window;
     return m > combine ? m : combine;
@@ -917,7 +1041,9 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stre
   if (p.batch < 1 || p.batch > 65535 || splits < 1 || splits > 65535 || p.num_kv_heads < 1)
     return cudaErrorInvalidValue;
   const dim3 grid(p.num_kv_heads * p.head_chunks, p.batch, splits);
-  kernel<<<grid, detail::kThreads, kSmem, stream>>>(p);
+  const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(detail::kThreads), kSmem,
+                                                    stream, p.programmatic_launch, p);
+  if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
 

@@ -52,6 +52,9 @@ __global__ void __launch_bounds__(D) RotateQueriesKernel(const __grid_constant__
   const int b = blockIdx.y;
   const int j = threadIdx.x;
   const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + h) * D;
+  // The decode kernel after this one may launch now: its blocks set up and start their page
+  // copies, then wait for this grid to finish before reading q_rot.
+  detail::LaunchDependents();
   x[j] = p.q[row + j];
   __syncthreads();
   float v = x[j];
@@ -92,10 +95,11 @@ __global__ void __launch_bounds__(D) RotateQueriesKernel(const __grid_constant__
   p.q_rot[row + j] = v;
 }
 
-// One block per (query head, sequence); thread c owns channel c (and c + 128 for d = 256).
+// One block per (query head, sequence); 16 warps, so at B = 1 the few blocks still have many
+// loads in flight: warp w reads splits 4w .. 4w+3, 4w+64, ... and rows 8w .. 8w+7 of R_V.
 // The split weights 2^(m_s - M) go through shared memory, so the loop over splits issues
 // independent loads; R_V^T is applied warp per output row (coalesced rows of R_V).
-constexpr int kMergeThreads = 128;
+constexpr int kMergeThreads = 512;
 constexpr int kMergeSplitChunk = 1024;  // splits whose weights are staged at a time
 
 template <int D>
@@ -104,6 +108,8 @@ __global__ void __launch_bounds__(kMergeThreads) MergePartialsKernel(const __gri
   __shared__ float y[D];      // history sum, un-bit-reversed
   __shared__ float back[D];   // mapped back to the original space
   __shared__ float red[kMergeThreads / 32];
+  // Everything below reads the decode kernel's partials.
+  detail::WaitForPrerequisiteGrid();
   const int hq = blockIdx.x;
   const int b = blockIdx.y;
   const int kvh = hq / p.q_per_kv;
@@ -258,8 +264,10 @@ template <int HEAD_DIM>
 cudaError_t LaunchMergePartials(const MergeParams& p, cudaStream_t stream) {
   if (p.batch < 1 || p.batch > 65535 || p.num_kv_heads < 1 || p.total_splits < 1)
     return cudaErrorInvalidValue;
-  MergePartialsKernel<HEAD_DIM>
-      <<<dim3(p.num_q_heads, p.batch), kMergeThreads, 0, stream>>>(p);
+  const cudaError_t launched =
+      detail::LaunchKernel(MergePartialsKernel<HEAD_DIM>, dim3(p.num_q_heads, p.batch),
+                           dim3(kMergeThreads), 0, stream, p.programmatic_launch, p);
+  if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 // rows of R for d = 256) with each thread accumulating 4 channels x 4 rows in i order; then each
 // warp takes whole rows and runs FWHT / bit reversal / clip / quantize / pack in registers
 // (write_row.cuh) and stores codes and bf16 (scale, min) to flat rows or cache pages.
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "kvq/common/params.h"
 #include "kvq/gpu/write.h"
 #include "write_row.cuh"
+#include "write_row_baseline.cuh"
 
 namespace kvq::gpu {
 namespace {
@@ -42,6 +44,10 @@ struct TileTraits {
   static constexpr bool kRResident = kRChunk == D;
   static constexpr size_t kTileBytes = sizeof(float) * kTileFloats;
   static constexpr size_t kRBytes = sizeof(float) * kRChunk * D;
+  // bf16 input: the next tile's raw rows, copied asynchronously while this tile is processed.
+  static constexpr int kStagingVectors = kTileRows * D / 8;  // 16-byte chunks
+  static constexpr size_t kStagingBytes = 16 * kStagingVectors;
+  static_assert(kStagingVectors % kThreads == 0, "every thread stages whole chunks");
 };
 
 // ---- Row addressing of the three modes --------------------------------------------------------
@@ -161,6 +167,47 @@ __device__ __forceinline__ void LoadTile(const FusedWriteArgs& a, float* tile, i
   }
 }
 
+// bf16 input, double-buffered: thread i copies 16-byte chunks i, i + kThreads, ... of the
+// tile's rows (row r = chunk / (D/8)) into `staging` with cp.async, zero-filled for rows that
+// are not written; the caller commits. Each thread later converts exactly the chunks it copied
+// (ConvertStagedTile), so the copy needs no barrier of its own: cp.async wait_all orders a
+// thread's own copies before its reads.
+template <int D>
+__device__ __forceinline__ void StageTileAsync(const FusedWriteArgs& a, uint4* staging, int t0,
+                                               int head) {
+  constexpr int kVectors = D / 8;
+#pragma unroll
+  for (int i = 0; i < TileTraits<D>::kStagingVectors / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int t = t0 + idx / kVectors;
+    const uint16_t* src = t < a.num_tokens ? RowSource<uint16_t>(a, t, head, D) : nullptr;
+    if (src != nullptr) {
+      __pipeline_memcpy_async(staging + idx, reinterpret_cast<const uint4*>(src) + idx % kVectors,
+                              16);
+    } else {
+      __pipeline_memcpy_async(staging + idx, a.x, 16, 16);  // reads nothing, writes zeros
+    }
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void ConvertStagedTile(const uint4* staging, float* tile) {
+  using Tile = TileTraits<D>;
+  constexpr int kVectors = D / 8;
+#pragma unroll
+  for (int i = 0; i < Tile::kStagingVectors / kThreads; ++i) {
+    const int idx = static_cast<int>(threadIdx.x) + i * kThreads;
+    const uint4 raw = staging[idx];
+    // Little-endian: the low half of each word is the even element. bf16 -> fp32 exact.
+    float4* dst = reinterpret_cast<float4*>(tile + (idx / kVectors) * Tile::kStride +
+                                            (idx % kVectors) * 8);
+    dst[0] = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                         __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+    dst[1] = make_float4(__uint_as_float(raw.z << 16), __uint_as_float(raw.z & 0xffff0000u),
+                         __uint_as_float(raw.w << 16), __uint_as_float(raw.w & 0xffff0000u));
+  }
+}
+
 // Rows [first, first + kRChunk) of R into shared memory.
 template <int D>
 __device__ __forceinline__ void LoadRotationChunk(float* shared_r, const float* r, int first) {
@@ -226,7 +273,8 @@ __device__ __forceinline__ void RotateTileDense(float* tile, float* shared_r, co
 }
 
 // One staged row (already rotated when dense) through FWHT / P_br / clip / quantize / pack.
-template <int D, int G, int BITS>
+// kBaseline: the row functions as they were before the 2026-11-21 speed-up (benchmark only).
+template <int D, int G, int BITS, bool kBaseline>
 __device__ __forceinline__ void WriteRow(const FusedWriteArgs& a, float* row, int clip_rank,
                                          const RowDestination& dest) {
   constexpr int kPer = D / 32;
@@ -235,7 +283,11 @@ __device__ __forceinline__ void WriteRow(const FusedWriteArgs& a, float* row, in
   if (a.rotation == kRotationHadamard) {
 #pragma unroll
     for (int s = 0; s < kPer; ++s) v[s] = row[lane + 32 * s];
-    detail::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
+    if constexpr (kBaseline) {
+      detail::baseline::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
+    } else {
+      detail::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
+    }
     if (a.bitrev) {
 #pragma unroll
       for (int s = 0; s < kPer; ++s) row[lane + 32 * s] = v[s];
@@ -251,55 +303,96 @@ __device__ __forceinline__ void WriteRow(const FusedWriteArgs& a, float* row, in
     for (int s = 0; s < kPer; ++s) v[s] = row[lane + 32 * s];
   }
 
-  bool out_of_range = false;
+  // |x| > 2^126, Inf or NaN anywhere in the row <=> the largest magnitude's bits exceed those
+  // of 2^126 (unsigned order of non-negative floats; NaN and Inf rank above). The maximum is
+  // also tau when rho = 1.
+  const uint32_t max_bits = detail::MaxMagnitudeBits<D>(v);
+  if constexpr (kBaseline) {
+    bool out_of_range = false;
 #pragma unroll
-  for (int s = 0; s < kPer; ++s) out_of_range |= !(fabsf(v[s]) <= kMaxRotatedAbs);
-  if (__any_sync(kFullMask, out_of_range)) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
+    for (int s = 0; s < kPer; ++s) out_of_range |= !(fabsf(v[s]) <= kMaxRotatedAbs);
+    if (__any_sync(kFullMask, out_of_range)) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
+  } else {
+    if (max_bits > __float_as_uint(kMaxRotatedAbs)) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
+  }
 
   if (a.rotated != nullptr && dest.flat_row >= 0) {
     float* out = a.rotated + dest.flat_row * D;
 #pragma unroll
     for (int s = 0; s < kPer; ++s) out[lane + 32 * s] = v[s];
   }
-  const float tau = detail::ClipRow<D>(v, clip_rank);
-  if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
-
-  detail::QuantizedRow<D, G> q;
-  detail::QuantizeRow<D, G, BITS>(v, q);
-  detail::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
-  detail::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
+  if constexpr (kBaseline) {
+    const float tau = detail::baseline::ClipRow<D>(v, clip_rank);
+    if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
+    detail::baseline::QuantizedRow<D, G> q;
+    detail::baseline::QuantizeRow<D, G, BITS>(v, q);
+    detail::baseline::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
+    detail::baseline::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G),
+                                          a.min + dest.row * (D / G));
+  } else {
+    const float tau = detail::ClipRow<D>(v, clip_rank, max_bits);
+    if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
+    detail::QuantizedRow<D, G> q;
+    detail::QuantizeRow<D, G, BITS>(v, q);
+    detail::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
+    detail::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
+  }
 }
 
-template <int D, int G, int BITS>
-__global__ void __launch_bounds__(kThreads)
+// 4 resident blocks (64 registers, no spills: ptxas -v) so that the non-dense paths keep 50 %
+// occupancy whatever the instantiation needs.
+template <int D, int G, int BITS, bool kBaseline>
+__global__ void __launch_bounds__(kThreads, 4)
     FusedWriteKernel(const __grid_constant__ FusedWriteArgs args) {
   using Tile = TileTraits<D>;
   extern __shared__ float4 shared_words[];
+  // Shared memory: tile (fp32) | staging (bf16 chunks; unused by the baseline) | R (dense).
   float* tile = reinterpret_cast<float*>(shared_words);
-  float* shared_r = tile + Tile::kTileFloats;
+  uint4* staging = reinterpret_cast<uint4*>(tile + Tile::kTileFloats);
+  float* shared_r = tile + Tile::kTileFloats + Tile::kStagingBytes / sizeof(float);
   const int head = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const bool dense = args.rotation == kRotationDense;
   const float* r = dense ? args.rotations + static_cast<int64_t>(head) * D * D : nullptr;
-  if (dense && Tile::kRResident) LoadRotationChunk<D>(shared_r, r, 0);
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
   const int clip_rank = detail::ClipRank(rho, D);
+  // bf16 tiles are prefetched (cp.async) while the previous one is processed. A macro, not a
+  // local or a lambda: args lives in the constant bank, so re-reading the field costs no
+  // register (both alternatives cost the d = 128 kernels a 4-byte spill under the 64-register
+  // bound, ptxas -v).
+#define KVQ_WRITE_PREFETCH (!kBaseline && args.x_is_bf16)
 
   const int num_tiles = (args.num_tokens + Tile::kTileRows - 1) / Tile::kTileRows;
+  if (KVQ_WRITE_PREFETCH && static_cast<int>(blockIdx.x) < num_tiles) {
+    StageTileAsync<D>(args, staging, static_cast<int>(blockIdx.x) * Tile::kTileRows, head);
+    __pipeline_commit();
+  }
+  if (dense && Tile::kRResident) LoadRotationChunk<D>(shared_r, r, 0);
   for (int tile_index = blockIdx.x; tile_index < num_tiles; tile_index += gridDim.x) {
     const int t0 = tile_index * Tile::kTileRows;
     __syncthreads();  // the previous tile's rows are consumed (and R is in place)
-    LoadTile<D>(args, tile, t0, head);
+    if (KVQ_WRITE_PREFETCH) {
+      __pipeline_wait_prior(0);
+      ConvertStagedTile<D>(staging, tile);
+      const int next = tile_index + static_cast<int>(gridDim.x);
+      if (next < num_tiles) {
+        StageTileAsync<D>(args, staging, next * Tile::kTileRows, head);
+        __pipeline_commit();
+      }
+    } else {
+      LoadTile<D>(args, tile, t0, head);
+    }
     __syncthreads();
-    if (dense) RotateTileDense<D>(tile, shared_r, r);
+    if (args.rotation == kRotationDense) RotateTileDense<D>(tile, shared_r, r);
     for (int rr = warp; rr < Tile::kTileRows; rr += kWarps) {
       const int t = t0 + rr;
       if (t >= args.num_tokens) break;
       const RowDestination dest = ResolveDestination(args, t, head);
       if (dest.row < 0) continue;
-      WriteRow<D, G, BITS>(args, tile + rr * Tile::kStride, clip_rank, dest);
+      WriteRow<D, G, BITS, kBaseline>(args, tile + rr * Tile::kStride, clip_rank, dest);
     }
   }
+#undef KVQ_WRITE_PREFETCH
 }
 
 // ---- Stage kernels (the CUDA side of cpu::WriteKernels) ----------------------------------------
@@ -464,30 +557,32 @@ constexpr int kMaxDevices = 64;
 struct LaunchCache {
   std::once_flag once[kMaxDevices];
   cudaError_t status[kMaxDevices] = {};
-  int resident_blocks[kMaxDevices] = {};
+  int resident_blocks[kMaxDevices][2] = {};  // with [0] the light, [1] the full shared memory
 };
 
+// shared[0], shared[1]: the two dynamic shared memory sizes a launch may ask for (the larger is
+// the limit); *resident_blocks: how many blocks of size shared[which] fit on the device.
 template <typename Kernel>
-cudaError_t PrepareKernel(LaunchCache& cache, Kernel kernel, size_t max_shared,
-                          size_t shared_for_occupancy, int* resident_blocks) {
+cudaError_t PrepareKernel(LaunchCache& cache, Kernel kernel, const size_t (&shared)[2], int which,
+                          int* resident_blocks) {
   const int device = CurrentDevice();
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
   std::call_once(cache.once[device], [&] {
     cudaError_t status = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_shared));
-    int per_sm = 0;
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared[1]));
     int sms = 0;
-    if (status == cudaSuccess) {
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
-                                                            shared_for_occupancy);
-    }
     if (status == cudaSuccess) {
       status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     }
+    for (int k = 0; k < 2 && status == cudaSuccess; ++k) {
+      int per_sm = 0;
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
+                                                            shared[k]);
+      cache.resident_blocks[device][k] = per_sm * sms;
+    }
     cache.status[device] = status;
-    cache.resident_blocks[device] = per_sm * sms;
   });
-  *resident_blocks = cache.resident_blocks[device];
+  *resident_blocks = cache.resident_blocks[device][which];
   return cache.status[device];
 }
 
@@ -498,6 +593,19 @@ int64_t Blocks(int64_t threads, int block) { return (threads + block - 1) / bloc
 constexpr int kStageBlock = 256;
 
 }  // namespace
+
+// ---- Benchmark-only switch -------------------------------------------------------------------
+
+namespace {
+bool g_use_baseline_fused_write = false;
+}  // namespace
+
+namespace benchmark_only {
+// Selects the fused kernel as it was before the 2026-11-21 speed-up for (d 128, G 64, INT2), so
+// that kvq_bench_gpu_write times old and new in one device run. Not thread safe; declared by the
+// benchmark itself, not in write.h. Remove with write_row_baseline.cuh.
+void UseBaselineFusedWrite(bool use) { g_use_baseline_fused_write = use; }
+}  // namespace benchmark_only
 
 // ---- Layer (b) ---------------------------------------------------------------------------------
 
@@ -533,20 +641,30 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
 
-  auto kernel = FusedWriteKernel<HEAD_DIM, GROUP, BITS>;
-  static LaunchCache cache;
+  // The pre-speed-up kernel exists for the benchmark's configuration only (d 128, G 64, INT2).
+  constexpr bool kHasBaseline = HEAD_DIM == 128 && GROUP == 64 && BITS == 2;
+  const bool baseline = kHasBaseline && g_use_baseline_fused_write;
+  auto kernel = FusedWriteKernel<HEAD_DIM, GROUP, BITS, false>;
+  if constexpr (kHasBaseline) {
+    if (baseline) kernel = FusedWriteKernel<HEAD_DIM, GROUP, BITS, true>;
+  }
+  static LaunchCache caches[2];
+  LaunchCache& cache = caches[baseline ? 1 : 0];
   const bool dense = args.rotation == kRotationDense;
-  const size_t shared = Tile::kTileBytes + (dense ? Tile::kRBytes : 0);
+  const size_t shared_sizes[2] = {Tile::kTileBytes + Tile::kStagingBytes,
+                                  Tile::kTileBytes + Tile::kStagingBytes + Tile::kRBytes};
+  const size_t shared = shared_sizes[dense ? 1 : 0];
   int resident = 0;
-  const cudaError_t prepared = PrepareKernel(cache, kernel, Tile::kTileBytes + Tile::kRBytes,
-                                             Tile::kTileBytes + Tile::kRBytes, &resident);
+  const cudaError_t prepared = PrepareKernel(cache, kernel, shared_sizes, dense ? 1 : 0,
+                                             &resident);
   if (prepared != cudaSuccess) return prepared;
 
   const int64_t tiles = (static_cast<int64_t>(args.num_tokens) + Tile::kTileRows - 1) /
                         Tile::kTileRows;
   int64_t blocks_x = tiles;
-  if (dense && Tile::kRResident) {
-    // Persistent over tiles: R is loaded once per block, so keep the grid to what is resident.
+  if ((dense && Tile::kRResident) || (!baseline && args.x_is_bf16)) {
+    // Persistent over tiles: R is loaded once per block, and bf16 tiles are prefetched while
+    // the block works on the previous one, so keep the grid to what is resident.
     const int64_t per_head = std::max<int64_t>(1, resident / args.num_heads);
     blocks_x = std::min(tiles, per_head);
   }

@@ -326,9 +326,11 @@ struct TestCase {
   }
 
   // Runs the GPU attention on poisoned (NaN) output and returns it, [B, Hq, d].
-  std::vector<float> RunGpu() const {
+  // chunks_per_warp: the plan's knob of the quantized-history loop (1 or 2).
+  std::vector<float> RunGpu(int chunks_per_warp) const {
     const int batch = static_cast<int>(seqs.size());
-    const DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
+    DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
+    plan.chunks_per_warp = chunks_per_warp;
     DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
     KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
     DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
@@ -340,44 +342,48 @@ struct TestCase {
 };
 
 // Checks every output against the fp64 reference and the oracle; reports the worst error.
+// Quantized caches run both loop shapes of the history kernel (1 and 2 chunks per warp step).
 void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_oracle = true) {
-  const std::vector<float> gpu = tc.RunGpu();
   const int batch = static_cast<int>(tc.seqs.size());
   const int hq = tc.cfg.hq, d = tc.cfg.d;
-  std::vector<float> oracle(gpu.size());
+  std::vector<float> oracle(static_cast<size_t>(batch) * hq * d);
   if (check_oracle) cpu::AttendBatch(cpu::BestBackend(), tc.cache, tc.seqs, tc.q.data(), oracle.data());
-  double worst_ref = 0.0, worst_oracle = 0.0;
-  for (int b = 0; b < batch; ++b) {
-    const float* out = &gpu[static_cast<size_t>(b) * hq * d];
-    for (int i = 0; i < hq * d; ++i) {
-      ASSERT_TRUE(std::isfinite(out[i])) << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence "
-                                         << b << " (t = " << tc.cache.Length(tc.seqs[b])
-                                         << ") head " << i / d << " channel " << i % d
-                                         << " not written or not finite: " << out[i];
-    }
-    std::vector<double> ref(static_cast<size_t>(hq) * d);
-    cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], ref.data());
-    const std::vector<double> err = cpu::RelativeErrorPerHead(out, ref.data(), hq, d);
-    for (int h = 0; h < hq; ++h) {
-      worst_ref = std::max(worst_ref, err[h]);
-      EXPECT_LE(err[h], tolerance) << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence " << b
-                                   << " (t = " << tc.cache.Length(tc.seqs[b]) << ") head " << h
-                                   << " vs fp64 reference";
-    }
-    if (check_oracle) {
-      std::vector<double> oracle_d(oracle.begin() + static_cast<size_t>(b) * hq * d,
-                                   oracle.begin() + static_cast<size_t>(b + 1) * hq * d);
-      const std::vector<double> e2 = cpu::RelativeErrorPerHead(out, oracle_d.data(), hq, d);
+  for (int chunks_per_warp = tc.params.quantized ? 1 : 2; chunks_per_warp <= 2; ++chunks_per_warp) {
+    SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp);
+    const std::vector<float> gpu = tc.RunGpu(chunks_per_warp);
+    double worst_ref = 0.0, worst_oracle = 0.0;
+    for (int b = 0; b < batch; ++b) {
+      const float* out = &gpu[static_cast<size_t>(b) * hq * d];
+      for (int i = 0; i < hq * d; ++i) {
+        ASSERT_TRUE(std::isfinite(out[i])) << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence "
+                                           << b << " (t = " << tc.cache.Length(tc.seqs[b])
+                                           << ") head " << i / d << " channel " << i % d
+                                           << " not written or not finite: " << out[i];
+      }
+      std::vector<double> ref(static_cast<size_t>(hq) * d);
+      cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], ref.data());
+      const std::vector<double> err = cpu::RelativeErrorPerHead(out, ref.data(), hq, d);
       for (int h = 0; h < hq; ++h) {
-        worst_oracle = std::max(worst_oracle, e2[h]);
-        EXPECT_LE(e2[h], tolerance + cpu::kAttentionOracleTolerance)
-            << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence " << b << " head " << h
-            << " vs CPU oracle";
+        worst_ref = std::max(worst_ref, err[h]);
+        EXPECT_LE(err[h], tolerance) << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence " << b
+                                     << " (t = " << tc.cache.Length(tc.seqs[b]) << ") head " << h
+                                     << " vs fp64 reference";
+      }
+      if (check_oracle) {
+        std::vector<double> oracle_d(oracle.begin() + static_cast<size_t>(b) * hq * d,
+                                     oracle.begin() + static_cast<size_t>(b + 1) * hq * d);
+        const std::vector<double> e2 = cpu::RelativeErrorPerHead(out, oracle_d.data(), hq, d);
+        for (int h = 0; h < hq; ++h) {
+          worst_oracle = std::max(worst_oracle, e2[h]);
+          EXPECT_LE(e2[h], tolerance + cpu::kAttentionOracleTolerance)
+              << tc.cfg.name << " seed " << tc.cfg.seed << ": sequence " << b << " head " << h
+              << " vs CPU oracle";
+        }
       }
     }
+    std::printf("[ %s, %d chunk(s)/warp ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+                tc.cfg.name.c_str(), chunks_per_warp, worst_ref, worst_oracle, tolerance);
   }
-  std::printf("[ %s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
-              tc.cfg.name.c_str(), worst_ref, worst_oracle, tolerance);
 }
 
 #define REQUIRE_GPU()                                          \
@@ -621,6 +627,38 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
   EXPECT_EQ(plan.window_splits, 3);
   EXPECT_THROW(PlanDecodeAttention(MakeParams(ok), 0, 100, 132), Error);
+}
+
+// The plan fills whole waves of resident decode blocks (4 per SM at d = 128) with history
+// blocks and covers every paged token with splits of at most kMaxSplitTokens.
+TEST(GpuAttention, PlanFillsWholeWaves) {
+  Config ok;  // d = 128, S0 = 64, W = 256
+  ok.hq = 32;
+  ok.hkv = 8;
+  for (const int batch : {1, 3, 8, 32, 128}) {
+    for (const int len : {400, 8192, 32768, 131072}) {
+      const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), batch, len, 132);
+      const int64_t paged = len - 320;
+      const int64_t hist_blocks = static_cast<int64_t>(plan.hist_splits) * 8 * batch;
+      EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, paged)
+          << "B " << batch << " T " << len;
+      EXPECT_LE(plan.hist_tokens_per_split, attention::kMaxSplitTokens) << "B " << batch << " T " << len;
+      EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
+      EXPECT_EQ(plan.chunks_per_warp, 1);
+      // No more waves than the split cap forces, and a long single sequence fills its wave.
+      const int64_t min_splits = (paged + attention::kMaxSplitTokens - 1) / attention::kMaxSplitTokens;
+      const int64_t waves = (min_splits * 8 * batch + 4 * 132 - 1) / (4 * 132);
+      EXPECT_LE(hist_blocks, waves * 4 * 132) << "B " << batch << " T " << len;
+      if (batch == 1 && len == 131072) EXPECT_GE(hist_blocks, 4 * 132 * 9 / 10);
+    }
+  }
+  // The bf16 cache keeps about 8 blocks per SM over the grid (its pipeline is shallow).
+  Config bf16 = ok;
+  bf16.quantized = false;
+  const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(bf16), 1, 131072, 132);
+  EXPECT_EQ(plan.hist_tokens_per_split, 1024);  // ceil(131072 / ceil(8 * 132 / 8)) -> 64s
+  EXPECT_EQ(plan.hist_splits, 128);
+  EXPECT_EQ(plan.window_splits, 0);
 }
 
 }  // namespace

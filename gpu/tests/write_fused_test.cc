@@ -128,6 +128,29 @@ TEST(FusedWriteLarge, PersistentTilesMatchScalar) {
   }
 }
 
+// bf16 input on the non-dense paths: the grid is persistent and each block prefetches its next
+// tile (cp.async) while it processes the current one. Enough rows for every resident block
+// (at most 4 per SM) to loop over at least three tiles, the last one partial.
+TEST(FusedWriteLarge, PrefetchedTilesMatchScalar) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  int device = 0;
+  int sms = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  std::mt19937 rng(4242);
+  for (int d : {64, 128, 256}) {
+    for (size_t variant : {size_t{0}, size_t{5}}) {  // identity; fwht_bitrev
+      const WriteParams p = MakeParams(d, 32, 4, RotationVariants()[variant], 0.92f);
+      const size_t tile_rows = 4096 / d;
+      const size_t rows = 3 * 4 * static_cast<size_t>(sms) * tile_rows + 7;
+      const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(rows, d, p.group, p.levels(), rng));
+      ExpectFusedMatchesOracle(p, RandomRotations(1, d, rng), FromBf16(x_bf16), &x_bf16, rows,
+                               ParamsString(p) + " variant=" + RotationVariants()[variant].name +
+                                   " prefetched");
+    }
+  }
+}
+
 // Rows the validating CPU path rejects raise kErrorFlagNonFinite instead of passing silently.
 TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
   KVQ_SKIP_WITHOUT_CUDA();

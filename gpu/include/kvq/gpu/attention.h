@@ -67,11 +67,16 @@ struct DecodeAttentionPlan {
   int hist_tokens_per_split = 0;   // multiple of 64
   int window_splits = 0;           // bf16 window splits (quantized cache)
   int window_tokens_per_split = 0;
+  // Quantized history: 16-token chunks each warp of the decode kernel takes per loop step, 1 or
+  // 2 (2: two chunks side by side per warp; measured 2-7% slower on H100, kept as a knob).
+  int chunks_per_warp = 1;
   size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
 };
 
-// Splits so that Hkv * B * splits blocks fill `num_sms` multiprocessors several times over
-// (num_sms <= 0: ask the current device). Throws kvq::Error like DecodeAttention.
+// Quantized cache: history splits in whole waves of resident decode blocks (4 per SM, 2 at
+// d = 256), the fewest waves with splits of at most 8192 tokens; bf16 cache: about 8 blocks per
+// SM over the grid (num_sms <= 0: ask the current device). Throws kvq::Error like
+// DecodeAttention.
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms = 0);
 

@@ -3,12 +3,14 @@
 // validates CacheParams and sizes the grid is kvq/gpu/attention.h; use that unless you are a
 // test or a benchmark that needs one kernel alone.
 //
-// One decode step is three kernels on one stream:
+// One decode step is three kernels on one stream (the second and third launched with
+// programmatic dependent launch, so each starts while its predecessor drains):
 //   1. RotateQueries: q~ = q·R_K (then P_br), fp32, the spec's rotation rule bit for bit.
 //   2. DecodeAttention: grid (Hkv * head_chunks, B, hist_splits + window_splits). A block owns
 //      one KV head, one sequence and one split, and serves all (up to 8) query heads that read
 //      the KV head, so every K/V byte is loaded once per step. History splits stream INT-b pages
-//      (or bf16 pages for the bf16 cache) through a cp.async pipeline and run QK^T and PV on the
+//      (or bf16 pages for the bf16 cache) through a copy pipeline (INT-b: cp.async.bulk page runs
+//      completing on one mbarrier per stage; bf16: cp.async) and run QK^T and PV on the
 //      tensor cores (mma.sync m16n8k16); window splits do the same over the bf16 sink + recent
 //      rows. Each block writes one partial (m, l, acc[d]) per query head.
 //   3. MergePartials: log-sum-exp over the splits, R_V^T (RotateInverse of the value params)
@@ -61,6 +63,9 @@ struct DecodeKernelParams {
   int window_splits = 0;
   int window_tokens_per_split = kTileTokens;
 
+  // Quantized history: 16-token chunks a warp takes per loop step (1 or 2; see QuantSplit).
+  int chunks_per_warp = 1;
+
   float logit_scale_log2 = 0.0f;  // softmax scale * log2(e): logits in the exp2 domain
   uint32_t code_bias = 0x43004300u;  // two bf16 128.0: codes enter the MMA as 128 + q
 
@@ -96,6 +101,12 @@ struct DecodeKernelParams {
   // part_acc [B, Hq, splits, d]. An empty split writes m = -inf, l = 0 and no acc.
   float* part_ml = nullptr;
   float* part_acc = nullptr;
+
+  // Launch with programmatic dependent launch after RotateQueries on the same stream: blocks
+  // set up and start their page copies while the rotation finishes, and wait for it before
+  // reading q_rot. Only when that kernel is the one launched just before on the stream (and
+  // everything the pages, tables and windows depend on finished before it started).
+  bool programmatic_launch = false;
 };
 
 struct RotateQueriesParams {
@@ -130,6 +141,9 @@ struct MergeParams {
   const float* part_ml = nullptr;
   const float* part_acc = nullptr;
   float* out = nullptr;              // [B, Hq, d] fp32
+  // Launch with programmatic dependent launch after the decode kernel on the same stream (the
+  // merge waits for it before reading anything).
+  bool programmatic_launch = false;
 };
 
 // Layer (b). HEAD_DIM in {64, 128, 256}; the launchers trust their parameters (the runtime API

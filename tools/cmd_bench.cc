@@ -1,0 +1,180 @@
+// kvq bench: decode attention of the CPU oracle (best Highway target) and the CUDA path side by
+// side, on the same caches: INT-b OSCAR-style cache and the bf16 baseline for each shape.
+// Times: CPU wall clock (median of --iters), GPU CUDA events with a cold L2 (median of --iters).
+// GB/s counts the K and V bytes the cache holds for the batch (what a decode step must read).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvq/calib/rotation.h"
+#include "kvq/common/error.h"
+#include "kvq/cpu_ref/attention.h"
+#include "kvq/cpu_ref/cache.h"
+#ifdef KVQ_HAVE_CUDA
+#include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/device_cache.h"
+#endif
+
+namespace {
+
+struct BenchOptions {
+  std::string backend = "all";  // cpu | gpu | all
+  std::vector<int> batches{1};
+  std::vector<int> lengths{4096, 32768};
+  int iters = 5;
+  int head_dim = 128;
+  int q_heads = 32;
+  int kv_heads = 8;
+  int group = 64;
+  int bits = 2;
+  int sink = 64;
+  int recent = 256;
+  int page = 64;
+  uint64_t seed = 1;
+};
+
+kvq::CacheParams MakeParams(const BenchOptions& o, bool quantized) {
+  kvq::CacheParams p;
+  p.num_kv_heads = o.kv_heads;
+  p.num_q_heads = o.q_heads;
+  p.sink = o.sink;
+  p.recent = o.recent;
+  p.page_size = o.page;
+  p.quantized = quantized;
+  for (kvq::WriteParams* w : {&p.key, &p.value}) {
+    w->head_dim = o.head_dim;
+    w->group = o.group;
+    w->bits = o.bits;
+    w->rotation = kvq::RotationKind::kDense;
+  }
+  p.key.clip = 0.96f;
+  p.value.clip = 0.92f;
+  p.Validate();
+  return p;
+}
+
+// One random orthogonal matrix per KV head (OSCAR-shaped: a dense R per head).
+std::vector<float> HeadRotations(const BenchOptions& o, uint64_t salt) {
+  std::vector<float> all;
+  for (int h = 0; h < o.kv_heads; ++h) {
+    const std::vector<float> r =
+        kvq::calib::ToRowMajorF32(kvq::calib::RandomOrthogonal(o.head_dim, o.seed * 1000 + salt + h));
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  return all;
+}
+
+std::vector<float> NormalValues(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+double MedianCpuMicros(const kvq::cpu::PagedKVCache& cache, const std::vector<int>& seqs,
+                       const std::vector<float>& q, int iters) {
+  const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
+  std::vector<float> out(q.size());
+  std::vector<double> times;
+  kvq::cpu::AttendBatch(backend, cache, seqs, q.data(), out.data());  // warm-up
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    kvq::cpu::AttendBatch(backend, cache, seqs, q.data(), out.data());
+    const auto stop = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+void RunBench(const BenchOptions& o) {
+  KVQ_CHECK(o.backend == "cpu" || o.backend == "gpu" || o.backend == "all", kInvalidArgument,
+            "--backend '", o.backend, "' is not one of cpu, gpu, all");
+  KVQ_CHECK(o.iters >= 1, kInvalidArgument, "--iters ", o.iters, " must be at least 1");
+  const bool run_cpu = o.backend != "gpu";
+  bool run_gpu = o.backend != "cpu";
+#ifdef KVQ_HAVE_CUDA
+  if (run_gpu && !kvq::gpu::HasCudaDevice()) {
+    KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: no CUDA device on this machine");
+    std::fprintf(stderr, "kvq bench: no CUDA device, GPU column omitted\n");
+    run_gpu = false;
+  }
+#else
+  KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: kvq was built without CUDA");
+  run_gpu = false;
+#endif
+  const std::vector<float> rotation_k = HeadRotations(o, 1), rotation_v = HeadRotations(o, 2);
+  std::printf("decode attention, d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d; CPU backend %s\n",
+              o.head_dim, o.q_heads, o.kv_heads, o.group, o.sink, o.recent, o.page,
+              kvq::cpu::BestBackend().name.c_str());
+  std::printf("%-6s %5s %8s %10s %12s %9s %12s %9s %9s\n", "cache", "B", "T", "MB", "cpu_us",
+              "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu");
+  for (int batch : o.batches) {
+    for (int length : o.lengths) {
+      KVQ_CHECK(batch >= 1 && length >= 1, kInvalidArgument, "batch ", batch, " / length ",
+                length, " must be positive");
+      for (const bool quantized : {true, false}) {
+        const kvq::CacheParams params = MakeParams(o, quantized);
+        kvq::cpu::PagedKVCache cache =
+            quantized ? kvq::cpu::PagedKVCache(params, rotation_k, rotation_v)
+                      : kvq::cpu::PagedKVCache(params, {}, {});
+        std::mt19937_64 rng(o.seed + batch * 7919 + length);
+        std::vector<int> seqs;
+        size_t bytes = 0;
+        for (int b = 0; b < batch; ++b) {
+          const int s = cache.AddSequence();
+          const size_t n = static_cast<size_t>(length) * o.kv_heads * o.head_dim;
+          const std::vector<float> k = NormalValues(n, rng), v = NormalValues(n, rng);
+          cache.Prefill(s, k.data(), v.data(), length);
+          bytes += cache.Bytes(s).total();
+          seqs.push_back(s);
+        }
+        const std::vector<float> q =
+            NormalValues(static_cast<size_t>(batch) * o.q_heads * o.head_dim, rng);
+        double cpu_us = 0, gpu_us = 0;
+        if (run_cpu) cpu_us = MedianCpuMicros(cache, seqs, q, o.iters);
+#ifdef KVQ_HAVE_CUDA
+        if (run_gpu) {
+          kvq::gpu::DeviceCache device(cache, seqs);
+          gpu_us = device.MedianAttendMicros(q.data(), std::max(o.iters, 20), 3, true);
+        }
+#endif
+        auto gbps = [bytes](double us) { return us > 0 ? bytes / (us * 1e3) : 0.0; };
+        std::printf("%-6s %5d %8d %10.1f %12.1f %9.2f %12.1f %9.1f %9s\n",
+                    quantized ? ("int" + std::to_string(o.bits)).c_str() : "bf16", batch, length,
+                    bytes / 1e6, cpu_us, gbps(cpu_us), gpu_us, gbps(gpu_us),
+                    (run_cpu && run_gpu) ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
+                                         : "-");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void setup_bench(CLI::App& app) {
+  auto options = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Decode attention: CPU oracle and CUDA path side by side on the same caches");
+  cmd->add_option("--backend", options->backend, "cpu, gpu or all (default all)");
+  cmd->add_option("--batch", options->batches, "batch sizes B (default 1)")->delimiter(',');
+  cmd->add_option("--seq-len", options->lengths, "sequence lengths T (default 4096,32768)")
+      ->delimiter(',');
+  cmd->add_option("--iters", options->iters, "timed runs per point (median; default 5)");
+  cmd->add_option("--head-dim", options->head_dim, "d (default 128)");
+  cmd->add_option("--q-heads", options->q_heads, "Hq (default 32)");
+  cmd->add_option("--kv-heads", options->kv_heads, "Hkv (default 8)");
+  cmd->add_option("--group", options->group, "G (default 64)");
+  cmd->add_option("--bits", options->bits, "2 or 4 (default 2)");
+  cmd->add_option("--sink", options->sink, "S0 (default 64)");
+  cmd->add_option("--recent", options->recent, "W (default 256)");
+  cmd->add_option("--page", options->page, "P (default 64)");
+  cmd->add_option("--seed", options->seed, "data seed (default 1)");
+  cmd->callback([options] { RunBench(*options); });
+}
