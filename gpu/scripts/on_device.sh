@@ -6,6 +6,7 @@
 #   sanitizer.log  compute-sanitizer memcheck and racecheck on reduced runs of every kernel
 #   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
 #   ncu.txt        Nsight Compute speed-of-light / occupancy of the fused write kernel
+#   conform.log    kvq conform --backend gpu, then kvq bench --backend all
 #   summary.md     the table printed last
 # Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-bench] [--no-ncu] [--write-only]
 #   --write-only: only the write path's tests (gpu_write_*) and sanitizer runs, no other
@@ -81,12 +82,17 @@ if command -v compute-sanitizer >/dev/null; then
     sanitize "$tool" gpu_write_fused_test "$fused"
     sanitize "$tool" gpu_write_paged_test "$paged"
   done
-  # Other engineers' gpu tests (attention): a short memcheck of whatever they register.
-  for t in "$carry"/bin/gpu_attention*_test; do
-    [[ -x "$t" ]] || continue
-    (( write_only )) && continue
-    sanitize memcheck "$(basename "$t")" '*'
-  done
+  if (( ! write_only )); then
+    # Decode attention: the reduced cases its tests provide for the sanitizers.
+    attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*'
+    for tool in memcheck racecheck synccheck; do
+      sanitize "$tool" gpu_attention_test "$attention"
+    done
+    # The CPU-cache mirror (uploads, then the decode kernels).
+    for tool in memcheck racecheck; do
+      sanitize "$tool" gpu_device_cache_test '*'
+    done
+  fi
 else
   row "compute-sanitizer" "not found"
 fi
@@ -100,6 +106,21 @@ if (( run_bench )); then
     rc=$?
     row "$(basename "$b")" "rc=$rc"
   done
+  # PyTorch SDPA (cuDNN and flash backends) on the attention benchmark's shapes, same method.
+  if (( ! write_only )) && [[ -f bench/bench_sdpa.py ]]; then
+    python3 bench/bench_sdpa.py --iters 30 >> "$OUT/bench.md" 2>&1
+    row "bench_sdpa.py" "rc=$?"
+  fi
+fi
+
+# ---- The CLI on the device: GPU conformance and the CPU/GPU side-by-side benchmark ----
+if (( ! write_only )) && [[ -x $carry/bin/kvq ]]; then
+  "$carry/bin/kvq" conform --backend gpu > "$OUT/conform.log" 2>&1
+  row "kvq conform --backend gpu" "rc=$?, $(tail -n1 "$OUT/conform.log")"
+  if (( run_bench )); then
+    "$carry/bin/kvq" bench --backend all --batch 1 --seq-len 4096,32768 --iters 5 >> "$OUT/conform.log" 2>&1
+    row "kvq bench --backend all" "rc=$?"
+  fi
 fi
 
 # ---- Nsight Compute: the fused kernel, dense (first launch) and FWHT rho = 1 (after 104

@@ -1,11 +1,13 @@
 // CUDA kernels of the write path (layer a) and their launchers (layer b); see write.h.
 //
 // The fused kernel works on tiles of rows of one KV head (blockIdx.y). A tile is staged in
-// shared memory as fp32 (16-byte loads, bf16 widened exactly); a dense rotation multiplies the
-// tile by R (also in shared memory, loaded once per block when it fits, streamed in chunks of
-// rows of R for d = 256) with each thread accumulating 4 channels x 4 rows in i order; then each
-// warp takes whole rows and runs FWHT / bit reversal / clip / quantize / pack in registers
-// (write_row.cuh) and stores codes and bf16 (scale, min) to flat rows or cache pages.
+// shared memory as fp32 (16-byte loads, bf16 widened exactly; bf16 input is double-buffered:
+// the next tile's raw rows arrive by cp.async while the block works on the current one, over
+// a persistent grid); a dense rotation multiplies the tile by R (also in shared memory, loaded
+// once per block when it fits, streamed in chunks of rows of R for d = 256) with each thread
+// accumulating 4 channels x 4 rows in i order; then each warp takes whole rows and runs FWHT /
+// bit reversal / clip / quantize / pack in registers (write_row.cuh) and stores codes and bf16
+// (scale, min) to flat rows or cache pages.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
@@ -360,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   // local or a lambda: args lives in the constant bank, so re-reading the field costs no
   // register (both alternatives cost the d = 128 kernels a 4-byte spill under the 64-register
   // bound, ptxas -v).
-#define KVQ_WRITE_PREFETCH (!kBaseline && args.x_is_bf16)
+#define KVQ_WRITE_PREFETCH (!kBaseline && args.x_is_bf16 && args.rotation == kRotationDense)
 
   const int num_tiles = (args.num_tokens + Tile::kTileRows - 1) / Tile::kTileRows;
   if (KVQ_WRITE_PREFETCH && static_cast<int>(blockIdx.x) < num_tiles) {
@@ -662,7 +664,7 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   const int64_t tiles = (static_cast<int64_t>(args.num_tokens) + Tile::kTileRows - 1) /
                         Tile::kTileRows;
   int64_t blocks_x = tiles;
-  if ((dense && Tile::kRResident) || (!baseline && args.x_is_bf16)) {
+  if (dense && (Tile::kRResident || (!baseline && args.x_is_bf16))) {
     // Persistent over tiles: R is loaded once per block, and bf16 tiles are prefetched while
     // the block works on the previous one, so keep the grid to what is resident.
     const int64_t per_head = std::max<int64_t>(1, resident / args.num_heads);
