@@ -9,32 +9,14 @@
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
 
-Activations Small() {
-  SynthOptions o;
-  o.num_layers = 2;
-  o.num_q_heads = 4;
-  o.num_kv_heads = 2;
-  o.head_dim = 64;
-  o.tokens = 16;
-  o.seed = 5;
-  return Synthesize(o);
-}
+using testing::ExpectError;
 
-// Expects `fn` to throw kvq::Error with `code` and a message containing `needle`.
-template <typename Fn>
-void ExpectError(Fn fn, ErrorCode code, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+Activations Small() { return Synthesize(testing::SmallSynthOptions(2, 16, 5)); }
 
 TEST(Activations, RoundTripThroughAFileInEveryDtype) {
   const Activations acts = Small();

@@ -14,21 +14,18 @@
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
 
 using Eigen::MatrixXd;
+using testing::ExpectError;
+using testing::SameBits;
 
 const Activations& Capture() {
   static const Activations* acts = [] {
-    SynthOptions o;
-    o.num_layers = 2;
-    o.num_q_heads = 8;
-    o.num_kv_heads = 2;
-    o.tokens = 384;
-    o.seed = 9;
-    return new Activations(Synthesize(o));
+    return new Activations(Synthesize(testing::SynthShape(2, 8, 2, 128, 384, 9)));
   }();
   return *acts;
 }
@@ -38,21 +35,6 @@ CalibrationOptions SmallOptions() {
   o.sink = 4;
   o.source = "capture.safetensors";
   return o;
-}
-
-template <typename Fn>
-void ExpectError(Fn fn, ErrorCode code, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
 TEST(Calibrate, PerKvHeadMatchesItsDefinition) {

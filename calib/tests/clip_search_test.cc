@@ -10,6 +10,7 @@
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/write_path.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
@@ -26,13 +27,7 @@ struct Fixture {
 const Fixture& Data() {
   static const Fixture* f = [] {
     auto* fx = new Fixture;
-    SynthOptions o;
-    o.num_layers = 1;
-    o.num_q_heads = 4;
-    o.num_kv_heads = 2;
-    o.tokens = 400;
-    o.seed = 21;
-    fx->acts = Synthesize(o);
+    fx->acts = Synthesize(testing::SynthShape(1, 4, 2, 128, 400, 21));
     for (int h = 0; h < 2; ++h) {
       fx->target[h] = QueryCovariance(fx->acts, 0, h, 200);
       fx->rotation[h] = ToRowMajorF32(OscarRotation(SortedEigenBasis(fx->target[h]).vectors));

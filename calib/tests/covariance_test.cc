@@ -7,6 +7,7 @@
 #include "kvq/calib/covariance.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
@@ -16,14 +17,8 @@ using Eigen::VectorXd;
 
 const Activations& SmallCapture() {
   static const Activations* acts = [] {
-    SynthOptions o;
-    o.num_layers = 2;
-    o.num_q_heads = 6;
-    o.num_kv_heads = 2;
-    o.head_dim = 64;
-    o.tokens = 600;
+    SynthOptions o = testing::SynthShape(2, 6, 2, 64, 600, 3);
     o.calib_tokens = 300;  // not a multiple of the block sizes tested
-    o.seed = 3;
     return new Activations(Synthesize(o));
   }();
   return *acts;

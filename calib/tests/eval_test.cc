@@ -14,6 +14,7 @@
 #include "kvq/calib/report.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
@@ -26,15 +27,8 @@ struct Small {
 
 const Small& SmallEval() {
   static const Small s = [] {
-    SynthOptions o;
-    o.seed = 3;
-    o.num_layers = 2;
-    o.num_q_heads = 4;
-    o.num_kv_heads = 2;
-    o.head_dim = 64;
-    o.tokens = 640;
     Small small;
-    small.acts = Synthesize(o);
+    small.acts = Synthesize(testing::SmallSynthOptions(2, 640, 3));
     CalibrationOptions c;
     c.group = 32;
     c.sink = 16;

@@ -14,9 +14,12 @@
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
+
+using testing::SmallSchemeOptions;
 
 TEST(MetricBlocks, SoftmaxByHand) {
   const double logits[3] = {0.0, std::log(2.0), std::log(5.0)};
@@ -73,26 +76,8 @@ TEST(MetricBlocks, ErrorSumRelative) {
 
 // A small capture: d = 64, g = 2, 256 calibration + 256 held-out tokens.
 const Activations& SmallActs() {
-  static const Activations acts = [] {
-    SynthOptions o;
-    o.seed = 5;
-    o.num_layers = 1;
-    o.num_q_heads = 4;
-    o.num_kv_heads = 2;
-    o.head_dim = 64;
-    o.tokens = 512;
-    return Synthesize(o);
-  }();
+  static const Activations acts = Synthesize(testing::SmallSynthOptions(1, 512, 5));
   return acts;
-}
-
-SchemeOptions SmallOptions() {
-  SchemeOptions o;
-  o.group = 32;
-  o.sink = 16;
-  o.recent = 32;
-  o.page = 16;
-  return o;
 }
 
 MetricOptions AllQueries() {
@@ -104,8 +89,8 @@ MetricOptions AllQueries() {
 
 TEST(EvaluateHead, Bf16SchemeHasZeroErrorAndFullOverlap) {
   const HeldOutHead data = PrepareHeldOut(SmallActs(), 0, 1, AllQueries());
-  const LayerScheme s = SliceKvHead(BuildLayerScheme("bf16", SmallActs(), nullptr, 0,
-                                                     SmallOptions()), 1);
+  const LayerScheme s =
+      SliceKvHead(BuildLayerScheme("bf16", SmallActs(), nullptr, 0, SmallSchemeOptions()), 1);
   const HeadMetrics m = EvaluateHead(data, s, cpu::BestBackend(), AllQueries());
   EXPECT_EQ(m.k_rel_mse, 0.0);
   EXPECT_EQ(m.v_rel_mse, 0.0);
@@ -236,7 +221,7 @@ TEST(EvaluateHead, MatchesBruteForceAppendAtEveryQueryLength) {
   const HeldOutHead data = PrepareHeldOut(acts, 0, 1, options);
   for (const char* name : {"naive", "hadamard_bitrev", "saw_int4"}) {
     const LayerScheme s =
-        SliceKvHead(BuildLayerScheme(name, acts, nullptr, 0, SmallOptions()), 1);
+        SliceKvHead(BuildLayerScheme(name, acts, nullptr, 0, SmallSchemeOptions()), 1);
     const HeadMetrics m = EvaluateHead(data, s, cpu::BestBackend(), options);
     const HeadMetrics b = BruteForce(data, s, options.top_k);
     ExpectClose(m.k_rel_mse, b.k_rel_mse, "k_rel_mse", name);
@@ -259,7 +244,7 @@ TEST(EvaluateHead, TrEkOfTheIdentitySchemeIsThePerTokenKeyResidual) {
   const Activations& acts = SmallActs();
   const HeldOutHead data = PrepareHeldOut(acts, 0, 0, AllQueries());
   const LayerScheme s =
-      SliceKvHead(BuildLayerScheme("naive", acts, nullptr, 0, SmallOptions()), 0);
+      SliceKvHead(BuildLayerScheme("naive", acts, nullptr, 0, SmallSchemeOptions()), 0);
   const HeadMetrics m = EvaluateHead(data, s, cpu::BestBackend(), AllQueries());
   ASSERT_EQ(m.history_tokens, 16 + 256 - 16 - 32);
   EXPECT_NEAR(m.tr_ek * m.history_tokens, m.k_rel_mse * data.k.squaredNorm(),
@@ -285,7 +270,7 @@ TEST(EvaluateHead, TrEkOfTheIdentitySchemeIsThePerTokenKeyResidual) {
 TEST(EvaluateHead, RejectsAMultiHeadScheme) {
   const Activations& acts = SmallActs();
   const HeldOutHead data = PrepareHeldOut(acts, 0, 0, AllQueries());
-  const LayerScheme layer = BuildLayerScheme("naive", acts, nullptr, 0, SmallOptions());
+  const LayerScheme layer = BuildLayerScheme("naive", acts, nullptr, 0, SmallSchemeOptions());
   EXPECT_THROW(EvaluateHead(data, layer, cpu::BestBackend(), AllQueries()), Error);
 }
 

@@ -10,6 +10,7 @@
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
@@ -109,12 +110,7 @@ TEST(BitReversal, MatchesPaperPlacementAndIsAnInvolution) {
 
 // A realistic target: C_Q of one KV head of a small synthetic capture.
 MatrixXd SyntheticQueryCovariance() {
-  SynthOptions o;
-  o.num_layers = 1;
-  o.num_q_heads = 8;
-  o.num_kv_heads = 2;
-  o.tokens = 512;
-  const Activations acts = Synthesize(o);
+  const Activations acts = Synthesize(testing::SynthShape(1, 8, 2, 128, 512, 0));
   return QueryCovariance(acts, 0, 1, acts.info.calib_tokens);
 }
 

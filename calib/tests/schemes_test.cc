@@ -13,9 +13,13 @@
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "test_util.h"
 
 namespace kvq::calib {
 namespace {
+
+using testing::SameBits;
+using testing::SmallSchemeOptions;
 
 struct Fixture {
   Activations acts;
@@ -24,15 +28,8 @@ struct Fixture {
 
 const Fixture& Small() {
   static const Fixture f = [] {
-    SynthOptions o;
-    o.seed = 11;
-    o.num_layers = 2;
-    o.num_q_heads = 4;
-    o.num_kv_heads = 2;
-    o.head_dim = 64;
-    o.tokens = 512;
     Fixture fx;
-    fx.acts = Synthesize(o);
+    fx.acts = Synthesize(testing::SmallSynthOptions(2, 512, 11));
     CalibrationOptions c;
     c.sink = 16;
     c.recent = 32;
@@ -40,19 +37,6 @@ const Fixture& Small() {
     return fx;
   }();
   return f;
-}
-
-SchemeOptions SmallOptions() {
-  SchemeOptions o;
-  o.group = 32;
-  o.sink = 16;
-  o.recent = 32;
-  o.page = 16;
-  return o;
-}
-
-bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 std::vector<float> PerHead(int hkv, const std::function<MatrixXd(int)>& make) {
@@ -74,7 +58,8 @@ TEST(Schemes, UnknownNameIsRejectedNamingItAndTheValidNames) {
     EXPECT_NE(what.find("'osCar'"), std::string::npos) << what;
     for (const SchemeInfo& s : Schemes()) EXPECT_NE(what.find(s.name), std::string::npos) << what;
   }
-  EXPECT_THROW(BuildLayerScheme("kivi2", Small().acts, &Small().cal, 0, SmallOptions()), Error);
+  EXPECT_THROW(BuildLayerScheme("kivi2", Small().acts, &Small().cal, 0, SmallSchemeOptions()),
+               Error);
 }
 
 TEST(Schemes, ListParsing) {
@@ -92,7 +77,7 @@ TEST(Schemes, EveryNameBuildsAValidCacheConfiguration) {
   const Fixture& f = Small();
   for (const SchemeInfo& s : Schemes()) {
     for (int layer = 0; layer < 2; ++layer) {
-      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, layer, SmallOptions());
+      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, layer, SmallSchemeOptions());
       EXPECT_NO_THROW(ls.params.Validate()) << s.name;
       EXPECT_EQ(ls.params.num_kv_heads, 2) << s.name;
       EXPECT_EQ(ls.params.num_q_heads, 4) << s.name;
@@ -109,7 +94,7 @@ TEST(Schemes, EveryNameBuildsAValidCacheConfiguration) {
 
 TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
   const Fixture& f = Small();
-  const SchemeOptions o = SmallOptions();
+  const SchemeOptions o = SmallSchemeOptions();
   const LayerScheme bf16 = BuildLayerScheme("bf16", f.acts, nullptr, 0, o);
   EXPECT_FALSE(bf16.params.quantized);
 
@@ -151,7 +136,7 @@ TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
 
 TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
   const Fixture& f = Small();
-  const SchemeOptions o = SmallOptions();
+  const SchemeOptions o = SmallSchemeOptions();
   const int d = 64;
   for (int layer = 0; layer < 2; ++layer) {
     const LayerCalibration& lc = f.cal.layers[layer];
@@ -194,7 +179,7 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
 
 TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
   const Fixture& f = Small();
-  SchemeOptions o = SmallOptions();
+  SchemeOptions o = SmallSchemeOptions();
   const LayerScheme a = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
   const LayerScheme b = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
   EXPECT_TRUE(SameBits(a.rotation_k, b.rotation_k));
@@ -212,7 +197,7 @@ TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
 
 TEST(Schemes, SliceKvHeadKeepsOneHeadsData) {
   const Fixture& f = Small();
-  const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, 0, SmallOptions());
+  const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, 0, SmallSchemeOptions());
   const LayerScheme one = SliceKvHead(oscar, 1);
   EXPECT_EQ(one.params.num_kv_heads, 1);
   EXPECT_EQ(one.params.num_q_heads, 2);
@@ -223,7 +208,7 @@ TEST(Schemes, SliceKvHeadKeepsOneHeadsData) {
   EXPECT_EQ(one.clip_v[0], oscar.clip_v[1]);
   EXPECT_THROW(SliceKvHead(oscar, 2), Error);
   const LayerScheme naive_one =
-      SliceKvHead(BuildLayerScheme("naive", f.acts, nullptr, 0, SmallOptions()), 0);
+      SliceKvHead(BuildLayerScheme("naive", f.acts, nullptr, 0, SmallSchemeOptions()), 0);
   EXPECT_TRUE(naive_one.rotation_k.empty() && naive_one.clip_k.empty());
 }
 

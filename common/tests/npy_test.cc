@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@ namespace {
 
 using testing::Bytes;
 using testing::ExpectError;
+using testing::RandomTensor;
 
 // What np.save(f, np.array([[1, 2, 3], [4, 5, 6.5]], dtype='<f4')) writes with NumPy >= 1.24
 // (header dict, 21 - len('2') growth spaces, padding to 64 bytes, '\n'), typed in as bytes.
@@ -52,16 +52,6 @@ Tensor ParseString(const std::string& s) {
 
 void ExpectMalformed(const std::string& file, const std::vector<std::string>& needles) {
   ExpectError([&] { ParseString(file); }, ErrorCode::kMalformedFile, needles);
-}
-
-Tensor RandomTensor(DType dtype, std::vector<int64_t> shape, uint32_t seed) {
-  Tensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.bytes.resize(t.numel() * DTypeSize(dtype));
-  std::mt19937 rng(seed);
-  for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(rng());
-  return t;
 }
 
 TEST(Npy, RoundTripsEveryDtypeAndShape) {

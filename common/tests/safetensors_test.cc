@@ -2,7 +2,6 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@ namespace {
 
 using testing::Bytes;
 using testing::ExpectError;
+using testing::RandomTensor;
 
 // 8-byte little-endian length, then the header text, then the data buffer.
 std::string MakeFile(const std::string& header, const std::string& data) {
@@ -30,16 +30,6 @@ Safetensors ParseString(const std::string& s) {
 
 void ExpectMalformed(const std::string& file, const std::vector<std::string>& needles) {
   ExpectError([&] { ParseString(file); }, ErrorCode::kMalformedFile, needles);
-}
-
-Tensor RandomTensor(DType dtype, std::vector<int64_t> shape, uint32_t seed) {
-  Tensor t;
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.bytes.resize(t.numel() * DTypeSize(dtype));
-  std::mt19937 rng(seed);
-  for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(rng());
-  return t;
 }
 
 // The golden file: metadata, tensors b, a, z added out of order (the writer sorts them),
@@ -143,6 +133,12 @@ std::string Entry(const std::string& name, const std::string& dtype, const std::
          ",\"data_offsets\":" + offsets + "}";
 }
 
+// A file whose header holds one tensor entry "a" and nothing else.
+std::string OneTensorFile(const std::string& dtype, const std::string& shape,
+                          const std::string& offsets, const std::string& data) {
+  return MakeFile("{" + Entry("a", dtype, shape, offsets) + "}", data);
+}
+
 TEST(Safetensors, RejectsBadLengthField) {
   ExpectMalformed(std::string("\x02\0\0", 3), {"3 bytes"});
   ExpectMalformed(MakeFile("", ""), {"must start with '{'"});
@@ -178,34 +174,25 @@ TEST(Safetensors, RejectsBadJson) {
 }
 
 TEST(Safetensors, RejectsBadEntries) {
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"F64\"", "[1]", "[0,8]") + "}", "12345678"),
+  ExpectMalformed(OneTensorFile("\"F64\"", "[1]", "[0,8]", "12345678"),
                   {"'a'", "unsupported dtype \"F64\""});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"I64\"", "[1]", "[0,8]") + "}", "12345678"),
-                  {"\"I64\""});
-  ExpectMalformed(MakeFile("{" + Entry("a", "5", "[1]", "[0,1]") + "}", "1"),
-                  {"must be a string, got 5"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "3", "[0,3]") + "}", "123"),
-                  {"must be an array, got 3"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[-1]", "[0,0]") + "}", ""), {"got -1"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[2.5]", "[0,0]") + "}", ""), {"got 2.5"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[9223372036854775808]", "[0,0]") + "}", ""),
+  ExpectMalformed(OneTensorFile("\"I64\"", "[1]", "[0,8]", "12345678"), {"\"I64\""});
+  ExpectMalformed(OneTensorFile("5", "[1]", "[0,1]", "1"), {"must be a string, got 5"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "3", "[0,3]", "123"), {"must be an array, got 3"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[-1]", "[0,0]", ""), {"got -1"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[2.5]", "[0,0]", ""), {"got 2.5"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[9223372036854775808]", "[0,0]", ""),
                   {"9223372036854775808", "overflows int64"});
-  ExpectMalformed(
-      MakeFile("{" + Entry("a", "\"F32\"", "[4294967296,4294967296]", "[0,0]") + "}", ""),
-      {"4294967296", "overflows"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"F32\"", "[3]", "[0,8]") + "}", "12345678"),
+  ExpectMalformed(OneTensorFile("\"F32\"", "[4294967296,4294967296]", "[0,0]", ""),
+                  {"4294967296", "overflows"});
+  ExpectMalformed(OneTensorFile("\"F32\"", "[3]", "[0,8]", "12345678"),
                   {"spans 8 bytes", "needs 12"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[1]", "[0]") + "}", "1"),
-                  {"[begin, end], got [0]"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[1]", "[0,1,2]") + "}", "1"),
-                  {"got [0,1,2]"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[0]", "[4,0]") + "}", "1234"),
-                  {"begin 4 > end 0"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[5]", "[0,5]") + "}", "1234"),
-                  {"ends at 5", "4-byte"});
-  ExpectMalformed(
-      MakeFile("{" + Entry("a", "\"U8\"", "[1]", "[0,18446744073709551616]") + "}", "1"),
-      {"got 1.8446744073709552e+19"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[1]", "[0]", "1"), {"[begin, end], got [0]"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[1]", "[0,1,2]", "1"), {"got [0,1,2]"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[0]", "[4,0]", "1234"), {"begin 4 > end 0"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[5]", "[0,5]", "1234"), {"ends at 5", "4-byte"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[1]", "[0,18446744073709551616]", "1"),
+                  {"got 1.8446744073709552e+19"});
   ExpectMalformed(MakeFile("{\"a\":[1]}", ""), {"'a'", "must be an object, got [1]"});
   ExpectMalformed(MakeFile("{\"a\":{\"dtype\":\"U8\",\"shape\":[0]}}", ""),
                   {"'a'", "needs dtype, shape and data_offsets"});
@@ -223,10 +210,8 @@ TEST(Safetensors, RejectsOffsetsThatDoNotTileTheBuffer) {
                                Entry("b", "\"U8\"", "[4]", "[8,12]") + "}",
                            "123456789012"),
                   {"bytes [4, 8)", "belong to no tensor"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[4]", "[4,8]") + "}", "12345678"),
-                  {"bytes [0, 4)"});
-  ExpectMalformed(MakeFile("{" + Entry("a", "\"U8\"", "[8]", "[0,8]") + "}", "123456789012"),
-                  {"bytes [8, 12)"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[4]", "[4,8]", "12345678"), {"bytes [0, 4)"});
+  ExpectMalformed(OneTensorFile("\"U8\"", "[8]", "[0,8]", "123456789012"), {"bytes [8, 12)"});
   ExpectMalformed(MakeFile("{}", "x"), {"bytes [0, 1)"});
 }
 

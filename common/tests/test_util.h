@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvq/common/error.h"
+#include "kvq/common/tensor.h"
 
 namespace kvq::testing {
 
@@ -34,6 +38,18 @@ inline void ExpectError(const std::function<void()>& body, ErrorCode code,
     return;
   }
   ADD_FAILURE() << "no kvq::Error thrown; expected " << ErrorCodeName(code);
+}
+
+// A tensor of `dtype` and `shape` filled with seeded random bytes (any bit pattern, NaNs
+// included: the file formats carry bytes, not values).
+inline Tensor RandomTensor(DType dtype, std::vector<int64_t> shape, uint32_t seed) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.bytes.resize(t.numel() * DTypeSize(dtype));
+  std::mt19937 rng(seed);
+  for (uint8_t& b : t.bytes) b = static_cast<uint8_t>(rng());
+  return t;
 }
 
 // A unique scratch directory under /tmp, removed with its contents at scope exit.

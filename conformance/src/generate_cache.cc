@@ -55,19 +55,6 @@ struct CacheConfig {
   std::function<void(Script*)> script;
 };
 
-WriteParams Write(int d, int group, int bits, float clip, RotationKind rotation, int block = 0,
-                  bool bitrev = false) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = group;
-  p.bits = bits;
-  p.clip = clip;
-  p.rotation = rotation;
-  p.hadamard_block = block;
-  p.bitrev = bitrev;
-  return p;
-}
-
 CacheParams Cache(int hkv, int hq, int sink, int recent, int page, const WriteParams& key,
                   const WriteParams& value, float softmax_scale = 0.0f, bool quantized = true) {
   CacheParams c;
@@ -91,8 +78,8 @@ std::vector<CacheConfig> CacheConfigs() {
     // is removed and a third reuses its freed page.
     CacheConfig c;
     c.name = "d64_b2_g32_dense_s4_w8_p16";
-    c.params = Cache(2, 4, 4, 8, 16, Write(64, 32, 2, 1.0f, RotationKind::kDense),
-                     Write(64, 32, 2, 1.0f, RotationKind::kDense));
+    c.params = Cache(2, 4, 4, 8, 16, MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kDense),
+                     MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kDense));
     c.rotation_k = {0, 1};
     c.rotation_v = {2, 3};
     c.clip_k = {0.96f, 1.0f};
@@ -117,8 +104,9 @@ std::vector<CacheConfig> CacheConfigs() {
     // No sink, a short window, Hadamard + bit reversal keys, identity INT4 values.
     CacheConfig c;
     c.name = "d128_b4_hadamard_bitrev_s0_w4_p16";
-    c.params = Cache(1, 2, 0, 4, 16, Write(128, 64, 4, 0.96f, RotationKind::kHadamard, 0, true),
-                     Write(128, 128, 4, 1.0f, RotationKind::kIdentity));
+    c.params =
+        Cache(1, 2, 0, 4, 16, MakeWriteParams(128, 64, 4, 0.96f, RotationKind::kHadamard, 0, true),
+              MakeWriteParams(128, 128, 4, 1.0f, RotationKind::kIdentity));
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 37);
@@ -135,8 +123,9 @@ std::vector<CacheConfig> CacheConfigs() {
     // Different bits and groups for K and V, block-diagonal FWHT keys, per-head clips, g = 1.
     CacheConfig c;
     c.name = "d128_kb2_vb4_block32_s8_w16_p16";
-    c.params = Cache(2, 2, 8, 16, 16, Write(128, 128, 2, 1.0f, RotationKind::kHadamard, 32),
-                     Write(128, 32, 4, 1.0f, RotationKind::kHadamard, 0, true));
+    c.params =
+        Cache(2, 2, 8, 16, 16, MakeWriteParams(128, 128, 2, 1.0f, RotationKind::kHadamard, 32),
+              MakeWriteParams(128, 32, 4, 1.0f, RotationKind::kHadamard, 0, true));
     c.clip_k = {0.92f, 0.96f};
     c.clip_v = {1.0f, 0.5f};
     c.script = [](Script* s) {
@@ -149,8 +138,8 @@ std::vector<CacheConfig> CacheConfigs() {
   {
     CacheConfig c;
     c.name = "d256_b2_g64_identity_s2_w4_p16";
-    c.params = Cache(1, 2, 2, 4, 16, Write(256, 64, 2, 0.92f, RotationKind::kIdentity),
-                     Write(256, 64, 2, 0.96f, RotationKind::kIdentity));
+    c.params = Cache(1, 2, 2, 4, 16, MakeWriteParams(256, 64, 2, 0.92f, RotationKind::kIdentity),
+                     MakeWriteParams(256, 64, 2, 0.96f, RotationKind::kIdentity));
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 30);
@@ -162,8 +151,8 @@ std::vector<CacheConfig> CacheConfigs() {
     // The bf16 baseline: every token kept as bf16, no pages.
     CacheConfig c;
     c.name = "bf16_d64";
-    c.params = Cache(2, 4, 4, 8, 16, Write(64, 32, 2, 1.0f, RotationKind::kIdentity),
-                     Write(64, 32, 2, 1.0f, RotationKind::kIdentity), 0.0f, false);
+    c.params = Cache(2, 4, 4, 8, 16, MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kIdentity),
+                     MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kIdentity), 0.0f, false);
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 10);
@@ -183,8 +172,8 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
   {
     CacheConfig c;
     c.name = "d128_b2_g64_dense_long";
-    c.params = Cache(1, 4, 4, 8, 16, Write(128, 64, 2, 0.96f, RotationKind::kDense),
-                     Write(128, 64, 2, 0.92f, RotationKind::kDense));
+    c.params = Cache(1, 4, 4, 8, 16, MakeWriteParams(128, 64, 2, 0.96f, RotationKind::kDense),
+                     MakeWriteParams(128, 64, 2, 0.92f, RotationKind::kDense));
     c.rotation_k = {0};
     c.rotation_v = {1};
     c.script = [](Script* s) {
@@ -201,8 +190,8 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
   {
     CacheConfig c;
     c.name = "d64_b4_g64_hadamard_gqa4_scale0p25";
-    c.params = Cache(2, 8, 4, 8, 16, Write(64, 64, 4, 0.96f, RotationKind::kHadamard),
-                     Write(64, 32, 4, 0.92f, RotationKind::kHadamard, 0, true), 0.25f);
+    c.params = Cache(2, 8, 4, 8, 16, MakeWriteParams(64, 64, 4, 0.96f, RotationKind::kHadamard),
+                     MakeWriteParams(64, 32, 4, 0.92f, RotationKind::kHadamard, 0, true), 0.25f);
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 45);

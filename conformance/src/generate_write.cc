@@ -20,21 +20,6 @@ constexpr int kGroups[] = {32, 64, 128};
 constexpr int kBits[] = {2, 4};
 constexpr float kGridClips[] = {1.0f, 0.96f, 0.92f};
 
-WriteParams Params(int d, int group, int bits, float clip = 1.0f,
-                   RotationKind rotation = RotationKind::kIdentity, int block = 0,
-                   bool bitrev = false) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = group;
-  p.bits = bits;
-  p.clip = clip;
-  p.rotation = rotation;
-  p.hadamard_block = block;
-  p.bitrev = bitrev;
-  p.Validate();
-  return p;
-}
-
 int64_t I(size_t v) { return static_cast<int64_t>(v); }
 
 // The rotation variants of the pipeline grid and the edge cases.
@@ -67,19 +52,29 @@ void SetStage(Safetensors* file, const std::string& stage, const WriteParams& p,
   file->metadata["row_kinds"] = row_kinds;
 }
 
+// A new stage case `name` of `stage` whose input is one row of each of `kinds`, drawn from the
+// case's own generator; the rows go to *x.
+Safetensors NewRowsStageCase(VectorCollector* out, const std::string& name,
+                             const std::string& stage, const WriteParams& p,
+                             const std::vector<RowKind>& kinds, std::vector<float>* x) {
+  SplitMix64 rng(0);
+  Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+  std::string names;
+  *x = MakeRows(kinds, p, &rng, &names);
+  SetStage(&file, stage, p, kinds.size(), names);
+  return file;
+}
+
 // ---- rotate_dense, fwht, bitrev ----
 void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     const std::string name = "stage/rotate_dense_d" + std::to_string(d);
-    const WriteParams p = Params(d, 32, 2, 1.0f, RotationKind::kDense);
+    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kDense);
     const std::vector<RowKind> kinds = {RowKind::kRandom,    RowKind::kHeavyTail,
                                         RowKind::kOutlier,   RowKind::kSubnormal,
                                         RowKind::kHuge,      RowKind::kMixedZeros};
-    SplitMix64 rng(0);
-    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
-    std::string names;
-    const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
-    SetStage(&file, "rotate_dense", p, kinds.size(), names);
+    std::vector<float> x;
+    Safetensors file = NewRowsStageCase(out, name, "rotate_dense", p, kinds, &x);
     out->UseRotations(&file, d, "in.rotation_index", {0});
     const std::vector<float> r = GatherRotations(file, out->fixtures(), "in.rotation_index", d);
     std::vector<float> y(x.size());
@@ -93,15 +88,12 @@ void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (const auto& [d, block] : fwht_sizes) {
     const std::string name = "stage/fwht_d" + std::to_string(d) + "_h" +
                              std::to_string(block == 0 ? d : block);
-    const WriteParams p = Params(d, 32, 2, 1.0f, RotationKind::kHadamard, block);
+    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kHadamard, block);
     const std::vector<RowKind> kinds = {RowKind::kRandom,  RowKind::kHeavyTail,
                                         RowKind::kConstant, RowKind::kOutlier,
                                         RowKind::kSubnormal, RowKind::kHuge};
-    SplitMix64 rng(0);
-    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
-    std::string names;
-    const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
-    SetStage(&file, "fwht", p, kinds.size(), names);
+    std::vector<float> x;
+    Safetensors file = NewRowsStageCase(out, name, "fwht", p, kinds, &x);
     std::vector<float> y = x;
     scalar.write.fwht(y.data(), kinds.size(), p);
     file.Add("in.x", Tensor::F32({I(kinds.size()), d}, x));
@@ -110,7 +102,7 @@ void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   }
   for (int d : kHeadDims) {
     const std::string name = "stage/bitrev_d" + std::to_string(d);
-    const WriteParams p = Params(d, 32, 2, 1.0f, RotationKind::kIdentity, 0, true);
+    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kIdentity, 0, true);
     SplitMix64 rng(0);
     Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
     // Two ramps (each output value names its source channel) and two random rows.
@@ -144,12 +136,9 @@ void AddClipStages(VectorCollector* out, const cpu::Backend& scalar) {
     if (d == 64) clips.insert(clips.end(), {0.96875f, 0.5f});
     for (float rho : clips) {
       const std::string name = "stage/clip_d" + std::to_string(d) + "_" + RhoTag(rho);
-      const WriteParams p = Params(d, 32, 2, rho);
-      SplitMix64 rng(0);
-      Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
-      std::string names;
-      const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
-      SetStage(&file, "clip", p, kinds.size(), names);
+      const WriteParams p = MakeWriteParams(d, 32, 2, rho);
+      std::vector<float> x;
+      Safetensors file = NewRowsStageCase(out, name, "clip", p, kinds, &x);
       std::vector<float> y = x;
       std::vector<float> tau(kinds.size());
       scalar.write.clip(y.data(), tau.data(), kinds.size(), p);
@@ -167,7 +156,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
     for (int g : kGroups) {
       if (g > d) continue;
       for (int b : kBits) {
-        const WriteParams p = Params(d, g, b);
+        const WriteParams p = MakeWriteParams(d, g, b);
         const std::string suffix =
             "_d" + std::to_string(d) + "_g" + std::to_string(g) + "_b" + std::to_string(b);
         const size_t groups = static_cast<size_t>(p.num_groups());
@@ -175,12 +164,9 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
           const std::string name = "stage/quantize" + suffix;
           // Every row kind; at d = 256 the edge rows only (the pipeline grid has random rows).
           const std::vector<RowKind>& kinds = d == 256 ? EdgeRowKinds() : AllRowKinds();
-          SplitMix64 rng(0);
-          Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
-          std::string names;
-          const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+          std::vector<float> x;
+          Safetensors file = NewRowsStageCase(out, name, "quantize", p, kinds, &x);
           const size_t n = kinds.size();
-          SetStage(&file, "quantize", p, n, names);
           std::vector<uint8_t> codes(n * d);
           std::vector<uint16_t> scale(n * groups), min(n * groups);
           scalar.write.quantize(x.data(), codes.data(), scale.data(), min.data(), n, p);
@@ -241,7 +227,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
 void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     for (int b : kBits) {
-      const WriteParams p = Params(d, 32, b);
+      const WriteParams p = MakeWriteParams(d, 32, b);
       const size_t cb = static_cast<size_t>(p.code_bytes());
       const size_t enumerating = (256 + cb - 1) / cb;
       const size_t n = enumerating + 1;
@@ -306,6 +292,20 @@ void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std
 
 }  // namespace
 
+WriteParams MakeWriteParams(int d, int group, int bits, float clip, RotationKind rotation,
+                            int block, bool bitrev) {
+  WriteParams p;
+  p.head_dim = d;
+  p.group = group;
+  p.bits = bits;
+  p.clip = clip;
+  p.rotation = rotation;
+  p.hadamard_block = block;
+  p.bitrev = bitrev;
+  p.Validate();
+  return p;
+}
+
 void AddStageCases(VectorCollector* out) {
   const cpu::Backend& scalar = cpu::ScalarBackend();
   AddRotationStages(out, scalar);
@@ -329,7 +329,7 @@ void AddPipelineCases(VectorCollector* out) {
       for (int b : kBits) {
         for (float rho : kGridClips) {
           for (const RotationVariant& rot : kGridRotations) {
-            const WriteParams p = Params(d, g, b, rho, rot.kind, rot.block, rot.bitrev);
+            const WriteParams p = MakeWriteParams(d, g, b, rho, rot.kind, rot.block, rot.bitrev);
             const std::string name = "pipeline/d" + std::to_string(d) + "_g" + std::to_string(g) +
                                      "_b" + std::to_string(b) + "_" + RhoTag(rho) + "_" +
                                      rot.name;
@@ -350,7 +350,7 @@ void AddPipelineCases(VectorCollector* out) {
   for (int b : kBits) {
     for (float rho : {1.0f, 0.92f}) {
       for (const RotationVariant& rot : kEdgeRotations) {
-        const WriteParams p = Params(64, 32, b, rho, rot.kind, rot.block, rot.bitrev);
+        const WriteParams p = MakeWriteParams(64, 32, b, rho, rot.kind, rot.block, rot.bitrev);
         const std::string name = "pipeline/edges_d64_g32_b" + std::to_string(b) + "_" +
                                  RhoTag(rho) + "_" + rot.name;
         AddPipelineCase(out, scalar, name, p, AllRowKinds(), 1);
@@ -371,7 +371,7 @@ void AddPipelineCases(VectorCollector* out) {
                                             RowKind::kOutlier, RowKind::kTies};
   for (const Block& bl : blocks) {
     const WriteParams p =
-        Params(bl.d, bl.g, bl.b, bl.rho, RotationKind::kHadamard, bl.block, bl.bitrev);
+        MakeWriteParams(bl.d, bl.g, bl.b, bl.rho, RotationKind::kHadamard, bl.block, bl.bitrev);
     const std::string name = "pipeline/block_d" + std::to_string(bl.d) + "_g" +
                              std::to_string(bl.g) + "_b" + std::to_string(bl.b) + "_" +
                              RhoTag(bl.rho) + "_h" + std::to_string(bl.block) +

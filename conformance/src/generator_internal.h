@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvq/common/io.h"
+#include "kvq/common/params.h"
 #include "kvq/conformance/case_format.h"
 #include "kvq/conformance/prng.h"
 
@@ -44,6 +45,12 @@ class VectorCollector {
   Fixtures fixtures_;
   std::vector<Entry> entries_;
 };
+
+// Write parameters from their fields, validated (an unsupported value throws kvq::Error
+// naming it, so a mistyped case never reaches a file).
+WriteParams MakeWriteParams(int d, int group, int bits, float clip = 1.0f,
+                            RotationKind rotation = RotationKind::kIdentity, int block = 0,
+                            bool bitrev = false);
 
 // "rho1", "rho0p96": the clip ratio in a file name.
 std::string RhoTag(float rho);

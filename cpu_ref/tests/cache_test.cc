@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -56,47 +57,36 @@ TEST(CacheParams, DefaultsAreValid) {
 }
 
 TEST(CacheParams, RejectsNamingTheValue) {
-  const auto expect_rejected = [](CacheParams p, const std::string& piece) {
+  // The defaults changed by `change` must be rejected with a message naming `piece`.
+  const auto expect_rejected = [](const std::function<void(CacheParams&)>& change,
+                                  const std::string& piece) {
+    CacheParams p;
+    change(p);
     ExpectError([&] { p.Validate(); }, ErrorCode::kInvalidArgument, {piece});
   };
-  CacheParams p;
-  p.num_q_heads = 12;
-  p.num_kv_heads = 8;
-  expect_rejected(p, "num_q_heads 12");
-  p = CacheParams();
-  p.num_kv_heads = 0;
-  expect_rejected(p, "num_kv_heads 0");
-  p = CacheParams();
-  p.num_q_heads = 0;
-  expect_rejected(p, "num_q_heads 0");
-  p = CacheParams();
-  p.key.head_dim = 64;
-  expect_rejected(p, "key head_dim 64");
-  p = CacheParams();
-  p.value.head_dim = 96;
-  expect_rejected(p, "value: head_dim 96");
+  expect_rejected(
+      [](CacheParams& p) {
+        p.num_q_heads = 12;
+        p.num_kv_heads = 8;
+      },
+      "num_q_heads 12");
+  expect_rejected([](CacheParams& p) { p.num_kv_heads = 0; }, "num_kv_heads 0");
+  expect_rejected([](CacheParams& p) { p.num_q_heads = 0; }, "num_q_heads 0");
+  expect_rejected([](CacheParams& p) { p.key.head_dim = 64; }, "key head_dim 64");
+  expect_rejected([](CacheParams& p) { p.value.head_dim = 96; }, "value: head_dim 96");
   for (int page : {0, 8, 48, 2048, -64}) {
-    p = CacheParams();
-    p.page_size = page;
-    expect_rejected(p, "page size " + std::to_string(page));
+    expect_rejected([&](CacheParams& p) { p.page_size = page; },
+                    "page size " + std::to_string(page));
   }
-  p = CacheParams();
-  p.sink = -1;
-  expect_rejected(p, "sink length -1");
-  p = CacheParams();
-  p.recent = 0;
-  expect_rejected(p, "recent window 0");
-  p = CacheParams();
-  p.key.bits = 3;
-  expect_rejected(p, "key: bits 3");
-  p = CacheParams();
-  p.softmax_scale = -1.0f;
-  expect_rejected(p, "softmax scale -1");
-  p = CacheParams();
-  p.softmax_scale = std::numeric_limits<float>::quiet_NaN();
-  expect_rejected(p, "softmax scale nan");
+  expect_rejected([](CacheParams& p) { p.sink = -1; }, "sink length -1");
+  expect_rejected([](CacheParams& p) { p.recent = 0; }, "recent window 0");
+  expect_rejected([](CacheParams& p) { p.key.bits = 3; }, "key: bits 3");
+  expect_rejected([](CacheParams& p) { p.softmax_scale = -1.0f; }, "softmax scale -1");
+  expect_rejected(
+      [](CacheParams& p) { p.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
+      "softmax scale nan");
   // Boundaries that are fine.
-  p = CacheParams();
+  CacheParams p;
   p.sink = 0;
   p.recent = 1;
   p.page_size = 16;

@@ -57,6 +57,18 @@ std::string Context(const char* stage, const WriteParams& p, uint64_t seed) {
   return os.str();
 }
 
+// Calls `test(p)` for every quantizer shape (d, G <= d, b) in a fixed order: the tests take one
+// seed per call, so the order is part of what they check.
+template <typename Test>
+void ForEachQuantizerShape(Test test) {
+  for (int d : kHeadDims) {
+    for (int g : kGroups) {
+      if (g > d) continue;
+      for (int bits : kBits) test(ShapeParams(d, g, bits));
+    }
+  }
+}
+
 class WriteStepTest : public ::testing::TestWithParam<std::string> {
  protected:
   const Backend& backend() const { return BackendByName(GetParam()); }
@@ -66,9 +78,7 @@ class WriteStepTest : public ::testing::TestWithParam<std::string> {
 TEST_P(WriteStepTest, RotateDenseMatchesScalar) {
   uint64_t seed = 1000;
   for (int d : kHeadDims) {
-    WriteParams p;
-    p.head_dim = d;
-    p.group = 32;
+    const WriteParams p = ShapeParams(d, 32, 2);
     ++seed;
     const std::vector<float> r = RandomMatrix(d, seed);
     const std::vector<float> x = TestRows(p, seed);
@@ -88,9 +98,7 @@ TEST_P(WriteStepTest, FwhtMatchesScalar) {
   uint64_t seed = 2000;
   for (int d : kHeadDims) {
     for (int block = 16; block <= d; block *= 2) {
-      WriteParams p;
-      p.head_dim = d;
-      p.group = 32;
+      WriteParams p = ShapeParams(d, 32, 2);
       p.rotation = RotationKind::kHadamard;
       p.hadamard_block = block;
       ++seed;
@@ -107,9 +115,7 @@ TEST_P(WriteStepTest, FwhtMatchesScalar) {
 TEST_P(WriteStepTest, BitrevMatchesScalar) {
   uint64_t seed = 3000;
   for (int d : kHeadDims) {
-    WriteParams p;
-    p.head_dim = d;
-    p.group = 32;
+    const WriteParams p = ShapeParams(d, 32, 2);
     ++seed;
     const std::vector<float> x = TestRows(p, seed);
     const size_t n = x.size() / d;
@@ -124,9 +130,7 @@ TEST_P(WriteStepTest, ClipMatchesScalar) {
   uint64_t seed = 4000;
   for (int d : kHeadDims) {
     for (float rho : kClips) {
-      WriteParams p;
-      p.head_dim = d;
-      p.group = 32;
+      WriteParams p = ShapeParams(d, 32, 2);
       p.clip = rho;
       ++seed;
       const std::vector<float> x = TestRows(p, seed);
@@ -143,41 +147,28 @@ TEST_P(WriteStepTest, ClipMatchesScalar) {
 
 TEST_P(WriteStepTest, QuantizeMatchesScalar) {
   uint64_t seed = 5000;
-  for (int d : kHeadDims) {
-    for (int g : kGroups) {
-      if (g > d) continue;
-      for (int bits : kBits) {
-        WriteParams p;
-        p.head_dim = d;
-        p.group = g;
-        p.bits = bits;
-        ++seed;
-        const std::vector<float> x = TestRows(p, seed);
-        const size_t n = x.size() / d;
-        const size_t groups = static_cast<size_t>(p.num_groups());
-        std::vector<uint8_t> want_codes(n * d), got_codes(n * d);
-        std::vector<uint16_t> want_scale(n * groups), got_scale(n * groups);
-        std::vector<uint16_t> want_min(n * groups), got_min(n * groups);
-        scalar().write.quantize(x.data(), want_codes.data(), want_scale.data(), want_min.data(),
-                                n, p);
-        backend().write.quantize(x.data(), got_codes.data(), got_scale.data(), got_min.data(),
-                                 n, p);
-        EXPECT_TRUE(SameBits(want_scale, got_scale, groups, Context("quantize scale", p, seed)));
-        EXPECT_TRUE(SameBits(want_min, got_min, groups, Context("quantize min", p, seed)));
-        EXPECT_TRUE(SameBits(want_codes, got_codes, d, Context("quantize codes", p, seed)));
-      }
-    }
-  }
+  ForEachQuantizerShape([&](const WriteParams& p) {
+    const int d = p.head_dim;
+    ++seed;
+    const std::vector<float> x = TestRows(p, seed);
+    const size_t n = x.size() / d;
+    const size_t groups = static_cast<size_t>(p.num_groups());
+    std::vector<uint8_t> want_codes(n * d), got_codes(n * d);
+    std::vector<uint16_t> want_scale(n * groups), got_scale(n * groups);
+    std::vector<uint16_t> want_min(n * groups), got_min(n * groups);
+    scalar().write.quantize(x.data(), want_codes.data(), want_scale.data(), want_min.data(), n, p);
+    backend().write.quantize(x.data(), got_codes.data(), got_scale.data(), got_min.data(), n, p);
+    EXPECT_TRUE(SameBits(want_scale, got_scale, groups, Context("quantize scale", p, seed)));
+    EXPECT_TRUE(SameBits(want_min, got_min, groups, Context("quantize min", p, seed)));
+    EXPECT_TRUE(SameBits(want_codes, got_codes, d, Context("quantize codes", p, seed)));
+  });
 }
 
 TEST_P(WriteStepTest, PackAndUnpackMatchScalar) {
   uint64_t seed = 6000;
   for (int d : kHeadDims) {
     for (int bits : kBits) {
-      WriteParams p;
-      p.head_dim = d;
-      p.group = 32;
-      p.bits = bits;
+      const WriteParams p = ShapeParams(d, 32, bits);
       ++seed;
       std::mt19937_64 rng(seed);
       const size_t n = 37;
@@ -201,36 +192,28 @@ TEST_P(WriteStepTest, PackAndUnpackMatchScalar) {
 
 TEST_P(WriteStepTest, DequantizeMatchesScalar) {
   uint64_t seed = 7000;
-  for (int d : kHeadDims) {
-    for (int g : kGroups) {
-      if (g > d) continue;
-      for (int bits : kBits) {
-        WriteParams p;
-        p.head_dim = d;
-        p.group = g;
-        p.bits = bits;
-        ++seed;
-        std::mt19937_64 rng(seed);
-        const size_t n = 41;
-        const size_t groups = static_cast<size_t>(p.num_groups());
-        std::vector<uint8_t> codes(n * d);
-        for (auto& c : codes) c = static_cast<uint8_t>(rng() % (p.levels() + 1));
-        // Finite bf16 scale (non-negative, as the quantizer makes them) and min, over the
-        // whole exponent range that keeps q*s + m finite; zeros and subnormals included.
-        std::vector<uint16_t> scale(n * groups), min(n * groups);
-        for (size_t i = 0; i < scale.size(); ++i) {
-          const uint16_t exponent = static_cast<uint16_t>(rng() % 250);  // below 2^123
-          scale[i] = static_cast<uint16_t>((exponent << 7) | (rng() & 0x7f));
-          min[i] = static_cast<uint16_t>((rng() & 0x8000) | (rng() % 250) << 7 | (rng() & 0x7f));
-          if (rng() % 16 == 0) scale[i] = 0;
-        }
-        std::vector<float> want(n * d), got(n * d);
-        scalar().write.dequantize(codes.data(), scale.data(), min.data(), want.data(), n, p);
-        backend().write.dequantize(codes.data(), scale.data(), min.data(), got.data(), n, p);
-        EXPECT_TRUE(SameBits(want, got, d, Context("dequantize", p, seed)));
-      }
+  ForEachQuantizerShape([&](const WriteParams& p) {
+    const int d = p.head_dim;
+    ++seed;
+    std::mt19937_64 rng(seed);
+    const size_t n = 41;
+    const size_t groups = static_cast<size_t>(p.num_groups());
+    std::vector<uint8_t> codes(n * d);
+    for (auto& c : codes) c = static_cast<uint8_t>(rng() % (p.levels() + 1));
+    // Finite bf16 scale (non-negative, as the quantizer makes them) and min, over the whole
+    // exponent range that keeps q*s + m finite; zeros and subnormals included.
+    std::vector<uint16_t> scale(n * groups), min(n * groups);
+    for (size_t i = 0; i < scale.size(); ++i) {
+      const uint16_t exponent = static_cast<uint16_t>(rng() % 250);  // below 2^123
+      scale[i] = static_cast<uint16_t>((exponent << 7) | (rng() & 0x7f));
+      min[i] = static_cast<uint16_t>((rng() & 0x8000) | (rng() % 250) << 7 | (rng() & 0x7f));
+      if (rng() % 16 == 0) scale[i] = 0;
     }
-  }
+    std::vector<float> want(n * d), got(n * d);
+    scalar().write.dequantize(codes.data(), scale.data(), min.data(), want.data(), n, p);
+    backend().write.dequantize(codes.data(), scale.data(), min.data(), got.data(), n, p);
+    EXPECT_TRUE(SameBits(want, got, d, Context("dequantize", p, seed)));
+  });
 }
 
 // The whole pipeline, every field of QuantizedRows, over every supported configuration.
@@ -247,10 +230,7 @@ TEST_P(WriteStepTest, QuantizeRowsMatchesScalar) {
         for (float rho : kClips) {
           for (const auto& [kind, block] : rotations) {
             for (bool bitrev : {false, true}) {
-              WriteParams p;
-              p.head_dim = d;
-              p.group = g;
-              p.bits = bits;
+              WriteParams p = ShapeParams(d, g, bits);
               p.clip = rho;
               p.rotation = kind;
               p.hadamard_block = block;

@@ -187,6 +187,16 @@ inline std::vector<float> EdgeRows(const WriteParams& p, uint64_t seed) {
   return rows;
 }
 
+// Write parameters of head_dim `d`, group `group` and `bits` bits; every other field keeps its
+// default (identity rotation, clip 1, no bit reversal).
+inline WriteParams ShapeParams(int d, int group, int bits) {
+  WriteParams p;
+  p.head_dim = d;
+  p.group = group;
+  p.bits = bits;
+  return p;
+}
+
 // A dense d x d matrix of N(0, 1/d) entries, with a few exact zeros and negative zeros.
 inline std::vector<float> RandomMatrix(int d, uint64_t seed) {
   std::mt19937_64 rng(seed);

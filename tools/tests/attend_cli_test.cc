@@ -2,22 +2,18 @@
 // through std::system, the output compared bit for bit with PagedKVCache + Attend called
 // directly; every error exits non-zero with one `kvq: error:` line naming the value and leaves
 // no output file.
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
 #include "kvq/common/numeric.h"
@@ -30,59 +26,25 @@
 namespace kvq {
 namespace {
 
-class Scratch {
+using cli_testing::RunKvq;
+using cli_testing::RunResult;
+
+// Every file of a case lives in one scratch directory, the binary's working directory.
+class Scratch : public cli_testing::ScratchDir {
  public:
-  Scratch() {
-    char pattern[] = "/tmp/kvq_attend_test_XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~Scratch() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-bool Exists(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct RunResult {
-  int exit_code;
-  std::string err;
+  Scratch() : ScratchDir("kvq_attend_test") {}
 };
 
 RunResult Run(const Scratch& dir, const std::string& args) {
-  const std::string out = dir.File("stdout.txt"), err = dir.File("stderr.txt");
-  const std::string command = std::string("cd '") + dir.File("") + "' && '" + KVQ_BINARY +
-                              "' attend " + args + " >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(command.c_str());
-  RunResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  result.err = Slurp(err);
-  return result;
+  return RunKvq(dir, "attend " + args);
 }
 
+// `kvq attend <args> --out o.npy` must fail with one error line naming every needle and leave
+// no o.npy.
 void ExpectFailure(const Scratch& dir, const std::string& args,
                    const std::vector<std::string>& needles) {
   std::remove(dir.File("o.npy").c_str());
-  const RunResult r = Run(dir, args + " --out o.npy");
-  EXPECT_NE(r.exit_code, 0) << args;
-  EXPECT_EQ(r.err.rfind("kvq: error: ", 0), 0u) << args << "\nstderr: " << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-  for (const std::string& needle : needles) {
-    EXPECT_NE(r.err.find(needle), std::string::npos)
-        << args << "\nstderr lacks '" << needle << "': " << r.err;
-  }
-  EXPECT_FALSE(Exists(dir.File("o.npy"))) << args;
+  cli_testing::ExpectFailure(dir, "attend " + args + " --out o.npy", dir.File("o.npy"), needles);
 }
 
 std::vector<float> Random(size_t n, std::mt19937_64& rng) {

@@ -3,19 +3,16 @@
 // RotateInverse called directly; every error exits non-zero with one `kvq: error:` line naming
 // the value and leaves no output file.
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <functional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
 #include "kvq/common/numeric.h"
@@ -26,63 +23,15 @@
 namespace kvq {
 namespace {
 
-class Scratch {
+using cli_testing::ExpectFailure;
+using cli_testing::Exists;
+using cli_testing::RunKvq;
+using cli_testing::RunResult;
+
+class Scratch : public cli_testing::ScratchDir {
  public:
-  Scratch() {
-    char pattern[] = "/tmp/kvq_cli_test_XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~Scratch() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  Scratch() : ScratchDir("kvq_cli_test") {}
 };
-
-bool Exists(const std::string& path) {
-  struct stat info;
-  return ::stat(path.c_str(), &info) == 0;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct RunResult {
-  int exit_code;
-  std::string out, err;
-};
-
-RunResult RunKvq(const Scratch& dir, const std::string& args) {
-  const std::string out = dir.File("stdout.txt"), err = dir.File("stderr.txt");
-  const std::string command =
-      std::string("'") + KVQ_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(command.c_str());
-  RunResult result;
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-  result.out = Slurp(out);
-  result.err = Slurp(err);
-  return result;
-}
-
-// The command must fail with exactly one line `kvq: error: ...` naming every needle, and
-// leave no file at `output`.
-void ExpectFailure(const Scratch& dir, const std::string& args, const std::string& output,
-                   const std::vector<std::string>& needles) {
-  const RunResult r = RunKvq(dir, args);
-  EXPECT_NE(r.exit_code, 0) << args;
-  EXPECT_EQ(r.err.rfind("kvq: error: ", 0), 0u) << args << "\nstderr: " << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line: " << r.err;
-  for (const std::string& needle : needles) {
-    EXPECT_NE(r.err.find(needle), std::string::npos)
-        << "stderr \"" << r.err << "\" lacks \"" << needle << "\"";
-  }
-  EXPECT_FALSE(Exists(output)) << output << " left behind by: " << args;
-}
 
 std::vector<float> RandomRows(size_t n, int d, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -345,39 +294,25 @@ TEST(Cli, InputErrorsAreOneLineAndLeaveNoOutput) {
   WriteNpy(dir.File("r.npy"), Matrix(RandomRows(128, 128, 2), 128, 128));
   ExpectFailure(dir, args + " --in '" + dir.File("nan.npy") + "'" + out, out_path,
                 {"nan", "row 2", "column 5"});
+  // `quantize` with valid options on the scratch file `name`: only the input can be at fault.
+  const auto quantize_identity = [&](const std::string& name) {
+    return "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File(name) + "'" + out;
+  };
   // Unsupported head_dim, dtype and rank.
   WriteNpy(dir.File("d96.npy"), Matrix(RandomRows(2, 96, 4), 2, 96));
-  ExpectFailure(
-      dir,
-      "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("d96.npy") + "'" + out,
-      out_path, {"head_dim 96"});
+  ExpectFailure(dir, quantize_identity("d96.npy"), out_path, {"head_dim 96"});
   WriteNpy(dir.File("i32.npy"), Tensor::I32({1, 64}, std::vector<int32_t>(64)));
-  ExpectFailure(
-      dir,
-      "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("i32.npy") + "'" + out,
-      out_path, {"i32.npy", "I32"});
+  ExpectFailure(dir, quantize_identity("i32.npy"), out_path, {"i32.npy", "I32"});
   WriteNpy(dir.File("1d.npy"), Tensor::F32({64}, std::vector<float>(64)));
-  ExpectFailure(
-      dir,
-      "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("1d.npy") + "'" + out,
-      out_path, {"1d.npy", "[64]"});
+  ExpectFailure(dir, quantize_identity("1d.npy"), out_path, {"1d.npy", "[64]"});
   // Malformed npy: bad magic, and a truncated file.
   WriteFileAtomic(dir.File("bad.npy"), {'N', 'O', 'T', 'N', 'P', 'Y', 1, 0, 0, 0, 0});
-  ExpectFailure(
-      dir,
-      "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("bad.npy") + "'" + out,
-      out_path, {"bad.npy", "magic", "NOTNPY"});
+  ExpectFailure(dir, quantize_identity("bad.npy"), out_path, {"bad.npy", "magic", "NOTNPY"});
   std::vector<uint8_t> truncated = ReadFileBytes(dir.File("x.npy"));
   truncated.resize(truncated.size() - 4);
   WriteFileAtomic(dir.File("short.npy"), truncated);
-  ExpectFailure(
-      dir,
-      "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("short.npy") + "'" + out,
-      out_path, {"short.npy", "truncated"});
-  ExpectFailure(dir,
-                "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("absent.npy") +
-                    "'" + out,
-                out_path, {"absent.npy"});
+  ExpectFailure(dir, quantize_identity("short.npy"), out_path, {"short.npy", "truncated"});
+  ExpectFailure(dir, quantize_identity("absent.npy"), out_path, {"absent.npy"});
   // An output directory that does not exist: the write fails, nothing is created.
   ExpectFailure(dir,
                 "quantize --identity --clip 1 --bits 2 --group 32 --in '" + dir.File("x.npy") +
@@ -404,53 +339,46 @@ TEST(Cli, DequantizeChecksTheFileAgainstItself) {
                 {"--bitrev missing"});
   ExpectFailure(dir, "dequantize --hadamard --block 16 --bitrev" + in("q.safetensors") + out,
                 out_path, {"--block 16", "hadamard_block 64"});
+  // `good` changed by `change`, written to `file`: dequantizing it must fail naming `needles`.
+  const auto expect_rejected = [&](const std::string& file,
+                                   const std::function<void(Safetensors&)>& change,
+                                   const std::vector<std::string>& needles) {
+    Safetensors bad = good;
+    change(bad);
+    WriteSafetensors(dir.File(file), bad);
+    ExpectFailure(dir, "dequantize --hadamard --bitrev" + in(file) + out, out_path, needles);
+  };
+  // A change to the tensor called `tensor` alone.
+  const auto in_tensor = [](const std::string& tensor, const std::function<void(Tensor&)>& change) {
+    return [=](Safetensors& file) {
+      for (auto& [name, t] : file.tensors) {
+        if (name == tensor) change(t);
+      }
+    };
+  };
   // A stored dequantized value that codes/scale/min do not produce.
-  Safetensors tampered = good;
-  for (auto& [name, t] : tampered.tensors) {
-    if (name == "dequantized") t.data<float>()[1 * 64 + 7] += 1.0f;
-  }
-  WriteSafetensors(dir.File("tampered.safetensors"), tampered);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("tampered.safetensors") + out, out_path,
-                {"dequantized value at row 1, column 7"});
+  expect_rejected("tampered.safetensors",
+                  in_tensor("dequantized", [](Tensor& t) { t.data<float>()[1 * 64 + 7] += 1.0f; }),
+                  {"dequantized value at row 1, column 7"});
   // Stored rotated rows that do not give the stored tau/codes/scale/min.
-  Safetensors bad_rotated = good;
-  for (auto& [name, t] : bad_rotated.tensors) {
-    if (name == "rotated") t.data<float>()[2 * 64 + 0] = 1e6f;
-  }
-  WriteSafetensors(dir.File("bad_rotated.safetensors"), bad_rotated);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("bad_rotated.safetensors") + out,
-                out_path, {"at row 2", "not what clipping and quantizing 'rotated' gives"});
+  expect_rejected("bad_rotated.safetensors",
+                  in_tensor("rotated", [](Tensor& t) { t.data<float>()[2 * 64 + 0] = 1e6f; }),
+                  {"at row 2", "not what clipping and quantizing 'rotated' gives"});
   // A code out of range, and packed bytes that disagree with the codes.
-  Safetensors big_code = good;
-  for (auto& [name, t] : big_code.tensors) {
-    if (name == "codes") t.bytes[5] = 9;
-  }
-  WriteSafetensors(dir.File("big_code.safetensors"), big_code);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("big_code.safetensors") + out, out_path,
-                {"code 9 at row 0, column 5"});
-  Safetensors bad_pack = good;
-  for (auto& [name, t] : bad_pack.tensors) {
-    if (name == "packed") t.bytes[16 + 3] ^= 1;
-  }
-  WriteSafetensors(dir.File("bad_pack.safetensors"), bad_pack);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("bad_pack.safetensors") + out, out_path,
-                {"packed byte at row 1, column 3"});
+  expect_rejected("big_code.safetensors", in_tensor("codes", [](Tensor& t) { t.bytes[5] = 9; }),
+                  {"code 9 at row 0, column 5"});
+  expect_rejected("bad_pack.safetensors",
+                  in_tensor("packed", [](Tensor& t) { t.bytes[16 + 3] ^= 1; }),
+                  {"packed byte at row 1, column 3"});
   // Metadata and shapes.
-  Safetensors wrong_format = good;
-  wrong_format.metadata["format"] = "other";
-  WriteSafetensors(dir.File("format.safetensors"), wrong_format);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("format.safetensors") + out, out_path,
-                {"'other'"});
-  Safetensors wrong_group = good;
-  wrong_group.metadata["group"] = "64";
-  WriteSafetensors(dir.File("group.safetensors"), wrong_group);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("group.safetensors") + out, out_path,
-                {"'scale'", "[3, 2]", "[3, 1]"});
-  Safetensors missing = good;
-  missing.tensors.erase(missing.tensors.begin());
-  WriteSafetensors(dir.File("missing.safetensors"), missing);
-  ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("missing.safetensors") + out, out_path,
-                {"no tensor '" + good.tensors.front().first + "'"});
+  expect_rejected(
+      "format.safetensors", [](Safetensors& f) { f.metadata["format"] = "other"; }, {"'other'"});
+  expect_rejected(
+      "group.safetensors", [](Safetensors& f) { f.metadata["group"] = "64"; },
+      {"'scale'", "[3, 2]", "[3, 1]"});
+  expect_rejected(
+      "missing.safetensors", [](Safetensors& f) { f.tensors.erase(f.tensors.begin()); },
+      {"no tensor '" + good.tensors.front().first + "'"});
   ExpectFailure(dir, "dequantize --hadamard --bitrev" + in("x.npy") + out, out_path, {"x.npy"});
   // And the untouched file still works.
   ASSERT_EQ(RunKvq(dir, "dequantize --hadamard --bitrev" + in("q.safetensors") + out).exit_code, 0);
