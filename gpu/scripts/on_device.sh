@@ -7,6 +7,7 @@
 #   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
 #   ncu.txt        Nsight Compute speed-of-light / occupancy of the fused write kernel
 #   conform.log    kvq conform --backend gpu, then kvq bench --backend all
+#   dump.log       tools/tests/dump_activations_test.py (torch + transformers on the device)
 #   summary.md     the table printed last
 # Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-bench] [--no-ncu] [--write-only]
 #   --write-only: only the write path's tests (gpu_write_*) and sanitizer runs, no other
@@ -121,6 +122,12 @@ if (( ! write_only )) && [[ -x $carry/bin/kvq ]]; then
     "$carry/bin/kvq" bench --backend all --batch 1 --seq-len 4096,32768 --iters 5 >> "$OUT/conform.log" 2>&1
     row "kvq bench --backend all" "rc=$?"
   fi
+fi
+
+# ---- The activation dumper (tools/dump_activations.py) on small random Llama/Qwen models ----
+if (( ! write_only )) && python3 -c 'import torch, transformers, safetensors' 2>/dev/null; then
+  python3 tools/tests/dump_activations_test.py --out /tmp/kvq_dump > "$OUT/dump.log" 2>&1
+  row "dump_activations_test.py" "rc=$?, $(tail -n1 "$OUT/dump.log")"
 fi
 
 # ---- Nsight Compute: the fused kernel, dense (first launch) and FWHT rho = 1 (after 104
