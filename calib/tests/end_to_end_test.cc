@@ -10,7 +10,8 @@
 namespace kvq::calib {
 namespace {
 
-TEST(EndToEnd, DefaultsSynthesiseAndCalibrateWellUnderAMinute) {
+// Time is measured by `kvq demo` and recorded in docs/accuracy.md, not asserted here.
+TEST(EndToEnd, DefaultsCalibrateAndClipTheOutlierHeavyKeys) {
   const auto start = std::chrono::steady_clock::now();
   const Activations acts = Synthesize(SynthOptions());
   const auto synthesised = std::chrono::steady_clock::now();
@@ -26,7 +27,6 @@ TEST(EndToEnd, DefaultsSynthesiseAndCalibrateWellUnderAMinute) {
     // INT2 on outlier-heavy rows: the selected clip actually clips (ρ < 1).
     EXPECT_LT(cal.layers[l].k_clip[0], 1.0f) << "layer " << l;
   }
-  EXPECT_LT(synth_s + calib_s, 60.0);
 }
 
 }  // namespace

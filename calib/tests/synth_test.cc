@@ -67,15 +67,6 @@ TEST(Synth, DefaultShapesAndMetadata) {
   EXPECT_NO_THROW(ValidateActivations(acts));
 }
 
-TEST(Synth, GeneratesDefaultsQuickly) {
-  const auto start = std::chrono::steady_clock::now();
-  const Activations acts = Synthesize(SynthOptions());
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("[ synth    ] defaults: %.2f s\n", seconds);
-  EXPECT_LT(seconds, 10.0);
-}
-
 TEST(Synth, RejectsUnsupportedShapes) {
   SynthOptions o;
   o.head_dim = 96;
