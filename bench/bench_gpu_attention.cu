@@ -12,9 +12,11 @@
 // bandwidth (bytes read + written) is measured in the same run.
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
-//                                [--chunks-per-warp 1|2]
-// (prints a markdown table; --batch / --len run one row, e.g. under ncu; --chunks-per-warp
-// overrides the plan's loop shape of the quantized-history kernel)
+//                                [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
+// (prints a markdown table; --batch / --len run one row, e.g. under ncu; --chunks-per-warp and
+// --pack-hi-lo override the plan's loop shape of the quantized-history kernel. Without
+// --pack-hi-lo, when the plan packs (g <= 4) the INT2 step is also timed with the two-MMA loop
+// in the same process, same data: column "INT2 us, unpacked")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +37,7 @@
 namespace {
 
 int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
+int g_pack_hi_lo = -1;      // --pack-hi-lo (-1: the plan's choice, and time the other too)
 
 
 using kvq::CacheParams;
@@ -163,6 +166,7 @@ double CopyBandwidth(L2Flusher& flusher) {
 struct Result {
   bool ran = false;
   double us = 0.0;
+  double us_unpacked = 0.0;   // the plan packs hi / lo: the same step with the two-MMA loop
   double cache_bytes = 0.0;   // K/V rows read
   double other_bytes = 0.0;   // queries, rotations, partials (write + read)
   int splits = 0;
@@ -204,6 +208,7 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
 
   kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
   if (g_chunks_per_warp > 0) plan.chunks_per_warp = g_chunks_per_warp;
+  if (g_pack_hi_lo >= 0) plan.pack_hi_lo = g_pack_hi_lo != 0;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
   uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
   RandomBytes(k_codes, pages * page_codes, 11);
@@ -277,6 +282,15 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
         kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
       },
       flusher, iters);
+  if (quantized && plan.pack_hi_lo && g_pack_hi_lo < 0) {
+    kvq::gpu::DecodeAttentionPlan unpacked = plan;
+    unpacked.pack_hi_lo = false;
+    r.us_unpacked = MedianMicros(
+        [&] {
+          kvq::gpu::DecodeAttention(c, in, unpacked, ws, unpacked.workspace_bytes, out);
+        },
+        flusher, iters);
+  }
   std::vector<float> host(q_elems);
   KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
   for (float v : host) {
@@ -317,6 +331,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--int2-only")) int2_only = true;
     else if (!std::strcmp(argv[i], "--chunks-per-warp") && i + 1 < argc) g_chunks_per_warp = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--pack-hi-lo") && i + 1 < argc) g_pack_hi_lo = std::atoi(argv[++i]);
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -327,14 +342,15 @@ int main(int argc, char** argv) {
     std::printf("# kvq decode attention, %s, %d SMs, L2 %d MB; d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
-    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2%s\n\n",
+    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2%s%s\n\n",
                 copy_bw / 1e9, iters,
                 g_chunks_per_warp > 0 ? (g_chunks_per_warp == 1 ? "; 1 chunk per warp step"
                                                                 : "; 2 chunks per warp step")
-                                      : "");
-    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | kvq BF16 us | "
-                "BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+                                      : "",
+                g_pack_hi_lo < 0 ? "" : (g_pack_hi_lo ? "; packed hi/lo" : "; two-MMA loop"));
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | INT2 us, unpacked | "
+                "kvq BF16 us | BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
     std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
     if (only_batch > 0) batches = {only_batch};
@@ -343,11 +359,13 @@ int main(int argc, char** argv) {
       for (int len : lens) {
         const Result a = RunOne(true, batch, len, flusher, iters);
         const Result b = int2_only ? Result{} : RunOne(false, batch, len, flusher, iters);
-        char int2[160] = "| skipped (memory) | | | ", bf16[160] = "| skipped (memory) | | ";
+        char int2[160] = "| skipped (memory) | | | | ", bf16[160] = "| skipped (memory) | | ";
         if (a.ran) {
-          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d ", a.us,
+          char alt[32] = "-";
+          if (a.us_unpacked > 0) std::snprintf(alt, sizeof alt, "%.1f", a.us_unpacked);
+          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %s ", a.us,
                         a.cache_bytes / (a.us * 1e-6) / 1e9,
-                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits);
+                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, alt);
         }
         if (b.ran) {
           std::snprintf(bf16, sizeof bf16, "| %.1f | %.0f | %.0f%% ", b.us,

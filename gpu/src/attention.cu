@@ -115,6 +115,7 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     plan.window_tokens_per_split = kWindowTokensPerSplit;
     plan.window_splits = CeilDiv(window, kWindowTokensPerSplit);
   }
+  plan.pack_hi_lo = c.quantized && heads_per_block <= 4;
   const int splits = plan.hist_splits + plan.window_splits;
   KVQ_CHECK(splits <= 65535, kUnsupported, "max_seq_len ", max_seq_len, " needs ", splits,
             " splits (at most 65535)");
@@ -147,6 +148,9 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             plan.hist_tokens_per_split, " tokens");
   KVQ_CHECK(plan.chunks_per_warp == 1 || plan.chunks_per_warp == 2, kInvalidArgument,
             "invalid plan: chunks_per_warp ", plan.chunks_per_warp, " (1 or 2)");
+  KVQ_CHECK(!plan.pack_hi_lo || std::min(c.group_size(), attention::kMaxHeadsPerBlock) <= 4,
+            kInvalidArgument, "invalid plan: pack_hi_lo needs at most 4 query heads per block, g = ",
+            c.group_size());
   // The plan must cover the longest sequence.
   const int64_t paged_tokens =
       c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
@@ -228,6 +232,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.window_splits = c.quantized ? plan.window_splits : 0;
   kp.window_tokens_per_split = std::max(plan.window_tokens_per_split, 1);
   kp.chunks_per_warp = plan.chunks_per_warp;
+  kp.pack_hi_lo = plan.pack_hi_lo;
   kp.logit_scale_log2 = static_cast<float>(static_cast<double>(c.scale()) * 1.4426950408889634);
   kp.seq_lens = in.seq_lens;
   kp.page_tables = in.page_tables;

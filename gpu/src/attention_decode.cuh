@@ -76,6 +76,11 @@ __device__ __forceinline__ void MbarrierArriveExpectTx(uint64_t* bar, uint32_t b
                "r"(bytes)
                : "memory");
 }
+// One arrival of this thread (release: its earlier shared-memory reads are ordered before the
+// phase completes).
+__device__ __forceinline__ void MbarrierArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddress(bar)) : "memory");
+}
 __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"
@@ -228,6 +233,12 @@ __device__ __forceinline__ float Exp2(float x) {
   return y;
 }
 
+// The running max moves only when a chunk's max exceeds it by more than this (exp2 domain), so
+// after the first chunks the accumulator rescale (D/4 + 8 FMUL and a warp vote) is rare. The
+// max is only a stabiliser: p = exp2(s - m) <= 2^8 stays exact to fp32 rounding, l and acc stay
+// far inside the fp32 range, and the merge uses each partial's own m.
+inline constexpr float kRescaleThresholdLog2 = 8.0f;
+
 // Online-softmax state of one thread: heads h0 = 2*(lane%4) and h0 + 1 (accumulator columns),
 // acc rows as the channel map of the path says.
 template <int D>
@@ -244,7 +255,8 @@ struct WarpState {
   }
 
   // Takes the logits sl (exp2 domain; -inf for masked tokens) of rows (gi, gi+8) x heads
-  // (h0, h0+1) in accumulator layout, rescales the state and returns p = exp2(sl - m) in pr.
+  // (h0, h0+1) in accumulator layout, rescales the state and returns p = exp2(sl - m) in pr
+  // (m: the running max, moved lazily, see kRescaleThresholdLog2).
   // The max reduces over the 8 lanes that share lane % 4. Requires a finite logit per head in
   // the 16 rows (the caller skips chunks without a valid token).
   // Returns whether any lane rescaled (alpha != 1 somewhere in the warp).
@@ -269,8 +281,9 @@ struct WarpState {
       mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
       mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
     }
-    const float mn0 = fmaxf(m[0], mx0);
-    const float mn1 = fmaxf(m[1], mx1);
+    // m = -inf before the first chunk: -inf + 8 = -inf, so the first finite max is taken.
+    const float mn0 = mx0 > m[0] + kRescaleThresholdLog2 ? mx0 : m[0];
+    const float mn1 = mx1 > m[1] + kRescaleThresholdLog2 ? mx1 : m[1];
     const bool moved = mn0 != m[0] || mn1 != m[1];
     alpha[0] = Exp2(m[0] - mn0);  // m = -inf on the first chunk: alpha = 0
     alpha[1] = Exp2(m[1] - mn1);
@@ -565,7 +578,7 @@ struct QuantGeometry {
   static constexpr int kCodesBytes = kTileTokens * kRowBytes;      // K or V codes of a stage
   static constexpr int kMetaBytes = kTileTokens * kMaxGroups * 2;  // one metadata array
   static constexpr int kStageBytes = 2 * kCodesBytes + 4 * kMetaBytes;
-  static constexpr int kBarrierBytes = 8 * kStages;  // one mbarrier per stage
+  static constexpr int kBarrierBytes = 16 * kStages;  // full + empty mbarrier per stage
   // q~ [8][D] fp32, then per (field, head) the sums of the represented q~ and of its scaled
   // parts: [2][kFields][8] fp32, and the B fragments of the query, uint4 {hi k-lo, hi k-hi,
   // lo k-lo, lo k-hi} per (k-step, lane): [D/16][32].
@@ -579,7 +592,13 @@ struct QuantGeometry {
 // CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
 // chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
 // twice the independent work between the dependent steps, half the barriers and reductions.
-template <int D, int BITS, int CPW>
+// PACK (heads_per_block <= 4): the bf16 hi and lo parts of the query and of p * scale use the
+// two halves of the MMA's N = 8 columns: column h < 4 carries head h's hi part, column h + 4
+// its lo part. QK^T and PV are one MMA each instead of two; the hi and lo columns are added by
+// one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at the end
+// of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits and run
+// the same softmax, so their m, l and p agree bit for bit.
+template <int D, int BITS, int CPW, bool PACK>
 __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
                                            int kvh, int head0, int b, int split, int begin,
                                            int end) {
@@ -606,13 +625,19 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
   uint64_t* stage_full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes +
                                                      Geo::kQueryBytes);  // [kStages]
+  // stage_empty[s]: every thread of the block arrives once it read its rows of the stage's tile;
+  // the refill of the stage waits for that phase (no block-wide barrier in the loop).
+  uint64_t* stage_empty = stage_full + Geo::kStages;
   int* page_ids = reinterpret_cast<int*>(smem + Geo::kStages * Geo::kStageBytes +
                                          Geo::kQueryBytes + Geo::kBarrierBytes);
   LoadSplitPages(p, b, begin, end, page_ids);
   const int first_page = begin >> p.page_size_log2;
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < Geo::kStages; ++s) MbarrierInit(&stage_full[s], 1);
+    for (int s = 0; s < Geo::kStages; ++s) {
+      MbarrierInit(&stage_full[s], 1);
+      MbarrierInit(&stage_empty[s], kThreads);
+    }
     FenceMbarrierInit();
   }
 
@@ -643,7 +668,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   copy_row_bytes = copy_kind < 2 ? RB : 2 * copy_ng;
   copy_dst = copy_kind < 2 ? copy_kind * Geo::kCodesBytes
                            : 2 * Geo::kCodesBytes + (copy_kind - 2) * Geo::kMetaBytes;
-  // Called by warp 0 only, for a tile < n_tiles.
+  // Called by a whole warp (warp 0 in the prologue, then the step's producer), for a tile < n_tiles.
   auto issue = [&](int tile, int stage) {
     const int first = begin + tile * kTileTokens;
     const int n_tok = min(kTileTokens, end16 - first);
@@ -694,8 +719,11 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   // bias_s[f][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
   float* qsum_s = q_s + kMaxHeadsPerBlock * D;
   float* bias_s = qsum_s + F * kMaxHeadsPerBlock;
+  uint2* bq2_s = reinterpret_cast<uint2*>(bq_s);  // PACK: {part k-lo, part k-hi} per lane
   {
-    const float* qh = q_s + gi * D;
+    // PACK: column gi carries the hi (gi < 4) or lo (gi >= 4) part of head gi & 3.
+    const float* qh = q_s + (PACK ? (gi & 3) : gi) * D;
+    const bool lo_column = PACK && gi >= 4;
     StaticFor<F>([&](auto fc) {
       constexpr int f = decltype(fc)::value;
       constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
@@ -707,17 +735,30 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
         uint32_t hi[2], lo[2];
         SplitBf16(qh[c] * kScale, qh[c + 2] * kScale, hi[0], lo[0]);
         SplitBf16(qh[c + 1] * kScale, qh[c + 3] * kScale, hi[1], lo[1]);
-        if (warp == 0) bq_s[(f * NW + w) * 32 + lane] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+        if constexpr (PACK) {
+          const uint32_t part0 = lo_column ? lo[0] : hi[0];
+          const uint32_t part1 = lo_column ? lo[1] : hi[1];
+          if (warp == 0) bq2_s[(f * NW + w) * 32 + lane] = make_uint2(part0, part1);
+          // The column's own part: the sums of columns h and h + 4 add up to head h's.
+          const uint32_t part[2] = {part0, part1};
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float2 hf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[k]));
-          const float2 lf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[k]));
-          sum += (hf.x + lf.x) + (hf.y + lf.y);
+          for (int k = 0; k < 2; ++k) {
+            const float2 pf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&part[k]));
+            sum += pf.x + pf.y;
+          }
+        } else {
+          if (warp == 0) bq_s[(f * NW + w) * 32 + lane] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const float2 hf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[k]));
+            const float2 lf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[k]));
+            sum += (hf.x + lf.x) + (hf.y + lf.y);
+          }
         }
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (warp == 0 && t4 == 0) {  // one writer per head; read after the loop's first barrier
+      if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
         const int at = f * kMaxHeadsPerBlock + gi;
         bias_s[at] = sum;
         qsum_s[at] = sum / kScale;  // exact: a power of two
@@ -737,16 +778,30 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   const int vrow[4] = {ChunkRow(2 * t4), ChunkRow(2 * t4 + 1), ChunkRow(2 * t4 + 8),
                        ChunkRow(2 * t4 + 9)};
 
-  for (int tile = 0; tile < n_tiles; tile += CPW) {
-    // Every warp is done with the previous step's tiles, whose stages the next issues refill.
-    __syncthreads();
-    if (warp == 0) {
+  // Publishes the query fragments and sums (written by warp 0) before the loop; the loop itself
+  // has no block-wide barrier: stage_full says a tile arrived, stage_empty that every thread
+  // read it, so warps drift apart by up to the pipeline depth instead of meeting every tile.
+  __syncthreads();
+  // Refill of the stages of the previous step's tiles: step i's producer is warp i % 4 (the role
+  // rotates, so no warp carries it every step). Tile `next` goes into the stage of tile
+  // next - kStages, which every thread must have released. With CPW = 1 the producer issues at
+  // the end of its step (tile + 3, needed two steps later; the others have usually released
+  // tile - 1 by then); with CPW = 2 at the start (the tiles are needed in the next step).
+  auto produce = [&](int tile) {
+    if (warp != (tile / CPW) % kWarps) return;
 #pragma unroll
-      for (int u = 0; u < CPW; ++u) {
-        const int next = tile + Geo::kStages - CPW + u;
-        if (next < n_tiles) issue(next, next % Geo::kStages);
+    for (int u = 0; u < CPW; ++u) {
+      const int next = tile + Geo::kStages - CPW + u;
+      if (next < n_tiles) {
+        if (next >= Geo::kStages) {
+          MbarrierWait(&stage_empty[next % Geo::kStages], ((next / Geo::kStages) - 1) & 1);
+        }
+        issue(next, next % Geo::kStages);
       }
     }
+  };
+  for (int tile = 0; tile < n_tiles; tile += CPW) {
+    if constexpr (CPW > 1) produce(tile);
     // Sub-chunk u: this warp's 16 rows of tile + u.
     const unsigned char* stage[CPW];
     int chunk_first[CPW];
@@ -760,7 +815,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       // A sub-chunk without rows reads the first one's (loaded) rows, all masked.
       stage[u] = smem + ((has[u] ? t : tile) % Geo::kStages) * Geo::kStageBytes;
     }
-    if (!has[0]) continue;  // has[u] implies has[0]
+    do {
+    if (!has[0]) break;  // has[u] implies has[0]
     bool valid_a[CPW], valid_b[CPW];
 #pragma unroll
     for (int u = 0; u < CPW; ++u) {
@@ -802,9 +858,14 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
             const uint32_t a1 = Field::Biased(kb[u][w], code_bias);
             const uint32_t a2 = Field::Biased(ka8[u][w], code_bias);
             const uint32_t a3 = Field::Biased(kb8[u][w], code_bias);
-            const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
-            MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
-            MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
+            if constexpr (PACK) {
+              const uint2 bq = bq2_s[(f * NW + w) * 32 + lane];
+              MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+            } else {
+              const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
+              MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+              MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
+            }
           }
           const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes) +
                                warp * kChunkTokens * ngk;
@@ -824,6 +885,14 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
           s[u][3] += sfb * c3 + mfb * qs.y;
         }
       });
+      if constexpr (PACK) {
+        // Head h's logit = column h (hi part) + column h + 4 (lo part).
+#pragma unroll
+        for (int u = 0; u < CPW; ++u) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], 2);
+        }
+      }
     }
     float sl[CPW][4];
 #pragma unroll
@@ -890,10 +959,16 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
           uint32_t hi_a, lo_a, hi_b, lo_b;
           SplitBf16(pu[0] * sfa, pu[1] * sfa, hi_a, lo_a);
           SplitBf16(pu[2] * sfb, pu[3] * sfb, hi_b, lo_b);
-          bh0 = Transpose8x8(hi_a);
-          bh1 = Transpose8x8(hi_b);
-          bl0 = Transpose8x8(lo_a);
-          bl1 = Transpose8x8(lo_b);
+          if constexpr (PACK) {
+            // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
+            bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
+            bh1 = Transpose8x8(t4 >= 2 ? lo_b : hi_b);
+          } else {
+            bh0 = Transpose8x8(hi_a);
+            bh1 = Transpose8x8(hi_b);
+            bl0 = Transpose8x8(lo_a);
+            bl1 = Transpose8x8(lo_b);
+          }
         }
         min_sum[f][0] += pu[0] * mfa + pu[2] * mfb;
         min_sum[f][1] += pu[1] * mfa + pu[3] * mfb;
@@ -905,9 +980,25 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
           const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
           const int mt = f * Geo::kPvPairs + jp;
           MmaBf16(st.acc[mt], a0, a1, a2, a3, bh0, bh1);
-          MmaBf16(st.acc[mt], a0, a1, a2, a3, bl0, bl1);
+          if constexpr (!PACK) MmaBf16(st.acc[mt], a0, a1, a2, a3, bl0, bl1);
         }
       });
+    }
+    } while (false);
+    // This thread is done reading the step's stages (tile + u).
+#pragma unroll
+    for (int u = 0; u < CPW; ++u) {
+      if (tile + u < n_tiles) MbarrierArrive(&stage_empty[(tile + u) % Geo::kStages]);
+    }
+    if constexpr (CPW == 1) produce(tile);
+  }
+  if constexpr (PACK) {
+    // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then
+    // hold copies for the unused heads 4..7, which CombineAndStore never writes out.
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.acc[mt][i] += __shfl_xor_sync(0xffffffffu, st.acc[mt][i], 2);
     }
   }
   // Fields kept in place accumulated 2^shift * code; then the min term: sum_t p_t * min_t of
@@ -940,7 +1031,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
-template <int D, HistoryFormat FORMAT>
+// PACK: the quantized history runs QuantSplit<..., PACK = true> (p.pack_hi_lo); a separate
+// kernel so that each loop variant gets its own register allocation.
+template <int D, HistoryFormat FORMAT, bool PACK>
 __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
     DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -967,10 +1060,11 @@ __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
+      constexpr int kBits = static_cast<int>(FORMAT);
       if (p.chunks_per_warp == 2) {
-        QuantSplit<D, static_cast<int>(FORMAT), 2>(p, smem, kvh, head0, b, z, begin, end);
+        QuantSplit<D, kBits, 2, PACK>(p, smem, kvh, head0, b, z, begin, end);
       } else {
-        QuantSplit<D, static_cast<int>(FORMAT), 1>(p, smem, kvh, head0, b, z, begin, end);
+        QuantSplit<D, kBits, 1, PACK>(p, smem, kvh, head0, b, z, begin, end);
       }
     } else {
       const int n_sink = min(p.sink, t);
@@ -1030,11 +1124,20 @@ namespace kvq::gpu::attention {
 template <int HEAD_DIM, HistoryFormat FORMAT>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
-  auto kernel = detail::DecodeAttentionKernel<HEAD_DIM, FORMAT>;
+  constexpr bool kCanPack = FORMAT != HistoryFormat::kBf16;
+  auto kernel = kCanPack && p.pack_hi_lo ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kCanPack>
+                                         : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, false>;
   if (kSmem > 48 * 1024) {
-    // Once per process (and device 0's limit is the same on every Hopper part).
-    static const cudaError_t raised =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    // Once per process and kernel (device 0's limit is the same on every Hopper part).
+    static const cudaError_t raised = [] {
+      cudaError_t e = cudaFuncSetAttribute(detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, false>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (e == cudaSuccess && kCanPack) {
+        e = cudaFuncSetAttribute(detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kCanPack>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      }
+      return e;
+    }();
     if (raised != cudaSuccess) return raised;
   }
   const int splits = p.hist_splits + p.window_splits;

@@ -326,11 +326,12 @@ struct TestCase {
   }
 
   // Runs the GPU attention on poisoned (NaN) output and returns it, [B, Hq, d].
-  // chunks_per_warp: the plan's knob of the quantized-history loop (1 or 2).
-  std::vector<float> RunGpu(int chunks_per_warp) const {
+  // chunks_per_warp, pack_hi_lo: the plan's knobs of the quantized-history loop.
+  std::vector<float> RunGpu(int chunks_per_warp, bool pack_hi_lo) const {
     const int batch = static_cast<int>(seqs.size());
     DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
     plan.chunks_per_warp = chunks_per_warp;
+    plan.pack_hi_lo = pack_hi_lo;
     DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
     KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
     DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
@@ -342,15 +343,35 @@ struct TestCase {
 };
 
 // Checks every output against the fp64 reference and the oracle; reports the worst error.
-// Quantized caches run both loop shapes of the history kernel (1 and 2 chunks per warp step).
+// Quantized caches run every loop variant of the history kernel: 1 and 2 chunks per warp step,
+// each with and (when heads per block <= 4) without the hi / lo column packing.
 void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_oracle = true) {
   const int batch = static_cast<int>(tc.seqs.size());
   const int hq = tc.cfg.hq, d = tc.cfg.d;
   std::vector<float> oracle(static_cast<size_t>(batch) * hq * d);
   if (check_oracle) cpu::AttendBatch(cpu::BestBackend(), tc.cache, tc.seqs, tc.q.data(), oracle.data());
-  for (int chunks_per_warp = tc.params.quantized ? 1 : 2; chunks_per_warp <= 2; ++chunks_per_warp) {
-    SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp);
-    const std::vector<float> gpu = tc.RunGpu(chunks_per_warp);
+  std::vector<std::vector<double>> refs(batch);  // fp64 reference, once for every variant
+  for (int b = 0; b < batch; ++b) {
+    refs[b].resize(static_cast<size_t>(hq) * d);
+    cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
+  }
+  const bool can_pack = tc.params.quantized && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
+  struct Variant {
+    int chunks_per_warp;
+    bool pack_hi_lo;
+  };
+  std::vector<Variant> variants;
+  if (tc.params.quantized) variants.push_back({1, false});
+  variants.push_back({2, false});
+  if (can_pack) {
+    variants.push_back({1, true});
+    variants.push_back({2, true});
+  }
+  for (const Variant& v : variants) {
+    const int chunks_per_warp = v.chunks_per_warp;
+    SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp << " pack_hi_lo "
+                                      << v.pack_hi_lo);
+    const std::vector<float> gpu = tc.RunGpu(chunks_per_warp, v.pack_hi_lo);
     double worst_ref = 0.0, worst_oracle = 0.0;
     for (int b = 0; b < batch; ++b) {
       const float* out = &gpu[static_cast<size_t>(b) * hq * d];
@@ -360,8 +381,7 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
                                            << ") head " << i / d << " channel " << i % d
                                            << " not written or not finite: " << out[i];
       }
-      std::vector<double> ref(static_cast<size_t>(hq) * d);
-      cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], ref.data());
+      const std::vector<double>& ref = refs[b];
       const std::vector<double> err = cpu::RelativeErrorPerHead(out, ref.data(), hq, d);
       for (int h = 0; h < hq; ++h) {
         worst_ref = std::max(worst_ref, err[h]);
@@ -381,8 +401,9 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
         }
       }
     }
-    std::printf("[ %s, %d chunk(s)/warp ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
-                tc.cfg.name.c_str(), chunks_per_warp, worst_ref, worst_oracle, tolerance);
+    std::printf("[ %s, %d chunk(s)/warp%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+                tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "", worst_ref,
+                worst_oracle, tolerance);
   }
 }
 
@@ -645,6 +666,7 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
       EXPECT_LE(plan.hist_tokens_per_split, attention::kMaxSplitTokens) << "B " << batch << " T " << len;
       EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
       EXPECT_EQ(plan.chunks_per_warp, 1);
+      EXPECT_TRUE(plan.pack_hi_lo) << "g = 4 packs the hi / lo parts";
       // No more waves than the split cap forces, and a long single sequence fills its wave.
       const int64_t min_splits = (paged + attention::kMaxSplitTokens - 1) / attention::kMaxSplitTokens;
       const int64_t waves = (min_splits * 8 * batch + 4 * 132 - 1) / (4 * 132);
@@ -659,6 +681,11 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
   EXPECT_EQ(plan.hist_tokens_per_split, 1024);  // ceil(131072 / ceil(8 * 132 / 8)) -> 64s
   EXPECT_EQ(plan.hist_splits, 128);
   EXPECT_EQ(plan.window_splits, 0);
+  EXPECT_FALSE(plan.pack_hi_lo);
+  // g = 8 fills all N = 8 columns with heads: no packing.
+  Config wide = ok;
+  wide.hq = 64;
+  EXPECT_FALSE(PlanDecodeAttention(MakeParams(wide), 1, 131072, 132).pack_hi_lo);
 }
 
 }  // namespace

@@ -70,6 +70,10 @@ struct DecodeAttentionPlan {
   // Quantized history: 16-token chunks each warp of the decode kernel takes per loop step, 1 or
   // 2 (2: two chunks side by side per warp; measured 2-7% slower on H100, kept as a knob).
   int chunks_per_warp = 1;
+  // Quantized history with at most 4 query heads per block (g <= 4): the bf16 hi and lo parts
+  // of the query (QK^T) and of p * scale (PV) ride in the two halves of the MMA's N = 8 columns
+  // (heads h and h + 4), so each product is one MMA instead of two. false: the two-MMA loop.
+  bool pack_hi_lo = false;
   size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
 };
 

@@ -10,7 +10,8 @@
 //      one KV head, one sequence and one split, and serves all (up to 8) query heads that read
 //      the KV head, so every K/V byte is loaded once per step. History splits stream INT-b pages
 //      (or bf16 pages for the bf16 cache) through a copy pipeline (INT-b: cp.async.bulk page runs
-//      completing on one mbarrier per stage; bf16: cp.async) and run QK^T and PV on the
+//      completing on one mbarrier per stage, released by a second one once every thread read
+//      the stage, so the INT-b loop has no block-wide barrier; bf16: cp.async) and run QK^T and PV on the
 //      tensor cores (mma.sync m16n8k16); window splits do the same over the bf16 sink + recent
 //      rows. Each block writes one partial (m, l, acc[d]) per query head.
 //   3. MergePartials: log-sum-exp over the splits, R_V^T (RotateInverse of the value params)
@@ -65,6 +66,9 @@ struct DecodeKernelParams {
 
   // Quantized history: 16-token chunks a warp takes per loop step (1 or 2; see QuantSplit).
   int chunks_per_warp = 1;
+  // Quantized history, heads_per_block <= 4: hi / lo parts in MMA columns h / h + 4 (one MMA
+  // per product; see DecodeAttentionPlan::pack_hi_lo).
+  bool pack_hi_lo = false;
 
   float logit_scale_log2 = 0.0f;  // softmax scale * log2(e): logits in the exp2 domain
   uint32_t code_bias = 0x43004300u;  // two bf16 128.0: codes enter the MMA as 128 + q
