@@ -12,11 +12,13 @@
 // bandwidth (bytes read + written) is measured in the same run.
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
-//                                [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
-// (prints a markdown table; --batch / --len run one row, e.g. under ncu; --chunks-per-warp and
-// --pack-hi-lo override the plan's loop shape of the quantized-history kernel. Without
-// --pack-hi-lo, when the plan packs (g <= 4) the INT2 step is also timed with the two-MMA loop
-// in the same process, same data: column "INT2 us, unpacked")
+//                                [--chunks-per-warp 1|2] [--pack-hi-lo 0|1] [--group-epilogue 0|1]
+// (prints a markdown table; --batch / --len run one row, e.g. under ncu; --chunks-per-warp,
+// --pack-hi-lo and --group-epilogue override the plan's loop shape of the quantized-history
+// kernel (--chunks-per-warp 2 implies the per-field epilogue). Without --pack-hi-lo, when the
+// plan packs (g <= 4) the INT2 step is also timed with the two-MMA loop in the same process,
+// same data: column "INT2 us, unpacked"; without --group-epilogue (and with 1 chunk per warp
+// step) also with the other QK epilogue: column "INT2 us, other QK epilogue")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -38,6 +40,7 @@ namespace {
 
 int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
 int g_pack_hi_lo = -1;      // --pack-hi-lo (-1: the plan's choice, and time the other too)
+int g_group_epilogue = -1;  // --group-epilogue (-1: the plan's choice, and time the other too)
 
 
 using kvq::CacheParams;
@@ -166,6 +169,7 @@ double CopyBandwidth(L2Flusher& flusher) {
 struct Result {
   bool ran = false;
   double us = 0.0;
+  double us_other_epilogue = 0.0;  // the same step with the other QK epilogue (per group / field)
   double us_unpacked = 0.0;   // the plan packs hi / lo: the same step with the two-MMA loop
   double cache_bytes = 0.0;   // K/V rows read
   double other_bytes = 0.0;   // queries, rotations, partials (write + read)
@@ -209,6 +213,12 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
   if (g_chunks_per_warp > 0) plan.chunks_per_warp = g_chunks_per_warp;
   if (g_pack_hi_lo >= 0) plan.pack_hi_lo = g_pack_hi_lo != 0;
+  if (g_group_epilogue >= 0) {
+    plan.group_epilogue = g_group_epilogue != 0;
+  } else if (plan.chunks_per_warp == 2) {
+    plan.group_epilogue = false;  // 2 chunks per warp step exist with the per-field epilogue only
+  }
+  if (plan.group_epilogue) plan.chunks_per_warp = 1;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
   uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
   RandomBytes(k_codes, pages * page_codes, 11);
@@ -291,6 +301,15 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
         },
         flusher, iters);
   }
+  if (quantized && g_group_epilogue < 0 && plan.chunks_per_warp == 1) {
+    kvq::gpu::DecodeAttentionPlan other = plan;
+    other.group_epilogue = !plan.group_epilogue;
+    r.us_other_epilogue = MedianMicros(
+        [&] {
+          kvq::gpu::DecodeAttention(c, in, other, ws, other.workspace_bytes, out);
+        },
+        flusher, iters);
+  }
   std::vector<float> host(q_elems);
   KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
   for (float v : host) {
@@ -332,6 +351,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--int2-only")) int2_only = true;
     else if (!std::strcmp(argv[i], "--chunks-per-warp") && i + 1 < argc) g_chunks_per_warp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pack-hi-lo") && i + 1 < argc) g_pack_hi_lo = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--group-epilogue") && i + 1 < argc) g_group_epilogue = std::atoi(argv[++i]);
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -348,9 +368,9 @@ int main(int argc, char** argv) {
                                                                 : "; 2 chunks per warp step")
                                       : "",
                 g_pack_hi_lo < 0 ? "" : (g_pack_hi_lo ? "; packed hi/lo" : "; two-MMA loop"));
-    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | INT2 us, unpacked | "
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | INT2 us, unpacked | INT2 us, other QK epilogue | "
                 "kvq BF16 us | BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
     std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
     if (only_batch > 0) batches = {only_batch};
@@ -359,13 +379,15 @@ int main(int argc, char** argv) {
       for (int len : lens) {
         const Result a = RunOne(true, batch, len, flusher, iters);
         const Result b = int2_only ? Result{} : RunOne(false, batch, len, flusher, iters);
-        char int2[160] = "| skipped (memory) | | | | ", bf16[160] = "| skipped (memory) | | ";
+        char int2[192] = "| skipped (memory) | | | | | ", bf16[160] = "| skipped (memory) | | ";
         if (a.ran) {
           char alt[32] = "-";
+          char other[32] = "-";
           if (a.us_unpacked > 0) std::snprintf(alt, sizeof alt, "%.1f", a.us_unpacked);
-          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %s ", a.us,
+          if (a.us_other_epilogue > 0) std::snprintf(other, sizeof other, "%.1f", a.us_other_epilogue);
+          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %s | %s ", a.us,
                         a.cache_bytes / (a.us * 1e-6) / 1e9,
-                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, alt);
+                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, alt, other);
         }
         if (b.ran) {
           std::snprintf(bf16, sizeof bf16, "| %.1f | %.0f | %.0f%% ", b.us,

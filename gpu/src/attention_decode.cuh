@@ -147,6 +147,25 @@ __device__ __forceinline__ uint32_t BitsOf(__nv_bfloat162 h) {
 __device__ __forceinline__ float Bf16ToFloat(uint16_t bits) {
   return __uint_as_float(static_cast<uint32_t>(bits) << 16);
 }
+// The N bf16 of a row (N = 1, 2, 4; 2N-byte aligned) in one shared-memory load, two a word.
+template <int N>
+__device__ __forceinline__ void LoadBf16Row(const unsigned char* p, uint32_t (&w)[(N + 1) / 2]) {
+  if constexpr (N == 1) {
+    w[0] = *reinterpret_cast<const uint16_t*>(p);
+  } else if constexpr (N == 2) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    static_assert(N == 4, "bf16 values a row");
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  }
+}
+// Value I of a row loaded by LoadBf16Row, as fp32 (low half: shift; high half: mask).
+template <int I, int W>
+__device__ __forceinline__ float Bf16OfRow(const uint32_t (&w)[W]) {
+  return (I & 1) ? __uint_as_float(w[I / 2] & 0xffff0000u) : __uint_as_float(w[I / 2] << 16);
+}
 
 // Field f of the codes (bits [f*BITS, (f+1)*BITS) of a byte) of bytes 0 and 2 of x, as bf16
 // 128 + 2^kShift * q (exact), kShift = f*BITS when that still fits the 7-bit mantissa (no
@@ -598,7 +617,12 @@ struct QuantGeometry {
 // one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at the end
 // of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits and run
 // the same softmax, so their m, l and p agree bit for bit.
-template <int D, int BITS, int CPW, bool PACK>
+// FPGK, FPGV: fields per quantization group of K and of V (G / RB) as compile-time values
+// (1, 2 or 4; the group epilogue), or 0: the group of a field looked up at run time and QK^T
+// finished per field (the per-field epilogue). With FPGK > 0 the fields of a group share one
+// accumulator and one epilogue, and a row's scales / mins (D / G bf16) are one 2-, 4- or
+// 8-byte load each.
+template <int D, int BITS, int CPW, bool PACK, int FPGK = 0, int FPGV = 0>
 __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
                                            int kvh, int head0, int b, int split, int begin,
                                            int end) {
@@ -724,6 +748,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
     // PACK: column gi carries the hi (gi < 4) or lo (gi >= 4) part of head gi & 3.
     const float* qh = q_s + (PACK ? (gi & 3) : gi) * D;
     const bool lo_column = PACK && gi >= 4;
+    float group_bias = 0.0f, group_qsum = 0.0f;  // FPGK > 0
     StaticFor<F>([&](auto fc) {
       constexpr int f = decltype(fc)::value;
       constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
@@ -758,7 +783,19 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
+      if constexpr (FPGK > 0) {
+        // Group epilogue: the sums over the fields of group f / FPGK.
+        group_bias += sum;
+        group_qsum += sum / kScale;  // exact: a power of two
+        if (f % FPGK == FPGK - 1) {
+          if (warp == 0 && t4 == 0) {
+            const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
+            bias_s[at] = group_bias;
+            qsum_s[at] = group_qsum;
+          }
+          group_bias = group_qsum = 0.0f;
+        }
+      } else if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
         const int at = f * kMaxHeadsPerBlock + gi;
         bias_s[at] = sum;
         qsum_s[at] = sum / kScale;  // exact: a power of two
@@ -840,6 +877,53 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
         }
         s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
       }
+      if constexpr (FPGK > 0) {
+        // One accumulator per (group, sub-chunk): the fields of a group add up before one
+        // epilogue with the group's scale and min; NGK = D / G scales (mins) of a row in one load.
+        constexpr int NGK = F / FPGK;
+#pragma unroll
+        for (int u = 0; u < CPW; ++u) {
+          const unsigned char* meta = stage[u] + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
+          uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
+          LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
+          LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
+          LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
+          LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
+          StaticFor<NGK>([&](auto gc) {
+            constexpr int g = decltype(gc)::value;
+            float c[4] = {0.f, 0.f, 0.f, 0.f};
+            StaticFor<FPGK>([&](auto jc) {
+              constexpr int f = g * FPGK + decltype(jc)::value;
+              using Field = CodeField<BITS, f>;
+#pragma unroll
+              for (int w = 0; w < NW; ++w) {
+                const uint32_t a0 = Field::Biased(ka[u][w], code_bias);
+                const uint32_t a1 = Field::Biased(kb[u][w], code_bias);
+                const uint32_t a2 = Field::Biased(ka8[u][w], code_bias);
+                const uint32_t a3 = Field::Biased(kb8[u][w], code_bias);
+                if constexpr (PACK) {
+                  const uint2 bq = bq2_s[(f * NW + w) * 32 + lane];
+                  MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+                } else {
+                  const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
+                  MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+                  MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
+                }
+              }
+            });
+            const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
+            const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
+            const float sfa = Bf16OfRow<g>(sa), sfb = Bf16OfRow<g>(sb);
+            const float mfa = Bf16OfRow<g>(ma), mfb = Bf16OfRow<g>(mb);
+            const float c0 = c[0] - 128.0f * qb.x, c1 = c[1] - 128.0f * qb.y;
+            const float c2 = c[2] - 128.0f * qb.x, c3 = c[3] - 128.0f * qb.y;
+            s[u][0] += sfa * c0 + mfa * qs.x;
+            s[u][1] += sfa * c1 + mfa * qs.y;
+            s[u][2] += sfb * c2 + mfb * qs.x;
+            s[u][3] += sfb * c3 + mfb * qs.y;
+          });
+        }
+      } else {
       // One accumulator per (field, sub-chunk), finished by its own epilogue with its group's
       // scale and min (the sum over the fields of a group is the group's term): no run-time
       // branch on the group size, and F * CPW independent HMMA chains of 2*NW.
@@ -885,6 +969,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
           s[u][3] += sfb * c3 + mfb * qs.y;
         }
       });
+      }  // FPGK == 0
       if constexpr (PACK) {
         // Head h's logit = column h (hi part) + column h + 4 (lo part).
 #pragma unroll
@@ -934,6 +1019,15 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
           LoadWords<Geo::kPvWords>(src, vw[r]);
         }
       }
+      // FPGV > 0: the row's NGV scales and mins, one load each.
+      constexpr int NGV = FPGV > 0 ? F / FPGV : 1;
+      uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
+      if constexpr (FPGV > 0) {
+        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
+        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
+        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
+        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
+      }
       uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
       float mfa = 0.0f, mfb = 0.0f;
       uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
@@ -949,13 +1043,22 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       StaticFor<F>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
         using Field = CodeField<BITS, f>;
-        if ((f & (fpg_v - 1)) == 0) {
-          const int g = f >> fpg_v_log2;
+        if (FPGV > 0 ? f % (FPGV > 0 ? FPGV : 1) == 0 : (f & (fpg_v - 1)) == 0) {
+          float sfa, sfb;
           // Select, not multiply: rows past the end may hold any bits.
-          const float sfa = va ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
-          const float sfb = vb ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
-          mfa = va ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
-          mfb = vb ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
+          if constexpr (FPGV > 0) {
+            constexpr int g = f / (FPGV > 0 ? FPGV : 1);
+            sfa = va ? Bf16OfRow<g>(vsa) : 0.0f;
+            sfb = vb ? Bf16OfRow<g>(vsb) : 0.0f;
+            mfa = va ? Bf16OfRow<g>(vma) : 0.0f;
+            mfb = vb ? Bf16OfRow<g>(vmb) : 0.0f;
+          } else {
+            const int g = f >> fpg_v_log2;
+            sfa = va ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
+            sfb = vb ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
+            mfa = va ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
+            mfb = vb ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
+          }
           uint32_t hi_a, lo_a, hi_b, lo_b;
           SplitBf16(pu[0] * sfa, pu[1] * sfa, hi_a, lo_a);
           SplitBf16(pu[2] * sfb, pu[3] * sfb, hi_b, lo_b);
@@ -1028,6 +1131,50 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       smem, b, head0, split);
 }
 
+// Fields per group F' is usable when the group G = F' * RB is one of 32, 64, 128 and <= D.
+template <int D, int BITS, int FPG>
+inline constexpr bool kFieldsPerGroupValid =
+    FPG * QuantGeometry<D, BITS>::kRowBytes >= 32 && FPG * QuantGeometry<D, BITS>::kRowBytes <= 128 &&
+    FPG <= QuantGeometry<D, BITS>::kFields;
+
+// QuantSplit with the group epilogue: FPGK = fpg_k and FPGV = fpg_v as compile-time values
+// (fields per group of K and of V; the launcher admits only valid groups).
+template <int D, int BITS, bool PACK, int FPGK, int FPGV = 1>
+__device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
+                                                   int kvh, int head0, int b, int split,
+                                                   int begin, int end, int fpg_v) {
+  if constexpr (kFieldsPerGroupValid<D, BITS, FPGV>) {
+    if (fpg_v == FPGV) {
+      QuantSplit<D, BITS, 1, PACK, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+      return;
+    }
+  }
+  if constexpr (FPGV < 4) {
+    QuantSplitGroupedV<D, BITS, PACK, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split, begin, end,
+                                                      fpg_v);
+  } else {
+    __trap();  // unreachable: the launcher refuses other groups
+  }
+}
+template <int D, int BITS, bool PACK, int FPGK = 1>
+__device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
+                                                  int kvh, int head0, int b, int split, int begin,
+                                                  int end) {
+  constexpr int RB = QuantGeometry<D, BITS>::kRowBytes;
+  if constexpr (kFieldsPerGroupValid<D, BITS, FPGK>) {
+    if (p.key_group == FPGK * RB) {
+      QuantSplitGroupedV<D, BITS, PACK, FPGK>(p, smem, kvh, head0, b, split, begin, end,
+                                              p.value_group / RB);
+      return;
+    }
+  }
+  if constexpr (FPGK < 4) {
+    QuantSplitGrouped<D, BITS, PACK, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
+  } else {
+    __trap();  // unreachable: the launcher refuses other groups
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
@@ -1061,7 +1208,9 @@ __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
         return;
       }
       constexpr int kBits = static_cast<int>(FORMAT);
-      if (p.chunks_per_warp == 2) {
+      if (p.group_epilogue) {
+        QuantSplitGrouped<D, kBits, PACK>(p, smem, kvh, head0, b, z, begin, end);
+      } else if (p.chunks_per_warp == 2) {
         QuantSplit<D, kBits, 2, PACK>(p, smem, kvh, head0, b, z, begin, end);
       } else {
         QuantSplit<D, kBits, 1, PACK>(p, smem, kvh, head0, b, z, begin, end);

@@ -94,6 +94,7 @@ std::vector<float> RandomRows(size_t tokens, int hkv, int d, std::mt19937_64& rn
 struct Config {
   std::string name;
   int hq = 8, hkv = 2, d = 128, bits = 2, group = 64, sink = 64, recent = 256, page = 64;
+  int value_group = 0;  // 0: the same as group
   bool quantized = true;
   RotationKind key_rotation = RotationKind::kDense;
   RotationKind value_rotation = RotationKind::kDense;
@@ -115,7 +116,7 @@ CacheParams MakeParams(const Config& cfg) {
   for (int kv = 0; kv < 2; ++kv) {
     WriteParams& w = kv == 0 ? c.key : c.value;
     w.head_dim = cfg.d;
-    w.group = cfg.group;
+    w.group = kv == 1 && cfg.value_group > 0 ? cfg.value_group : cfg.group;
     w.bits = cfg.bits;
     w.rotation = kv == 0 ? cfg.key_rotation : cfg.value_rotation;
     w.bitrev = kv == 0 ? cfg.key_bitrev : cfg.value_bitrev;
@@ -326,12 +327,13 @@ struct TestCase {
   }
 
   // Runs the GPU attention on poisoned (NaN) output and returns it, [B, Hq, d].
-  // chunks_per_warp, pack_hi_lo: the plan's knobs of the quantized-history loop.
-  std::vector<float> RunGpu(int chunks_per_warp, bool pack_hi_lo) const {
+  // chunks_per_warp, pack_hi_lo, group_epilogue: the plan's knobs of the quantized-history loop.
+  std::vector<float> RunGpu(int chunks_per_warp, bool pack_hi_lo, bool group_epilogue) const {
     const int batch = static_cast<int>(seqs.size());
     DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
     plan.chunks_per_warp = chunks_per_warp;
     plan.pack_hi_lo = pack_hi_lo;
+    plan.group_epilogue = group_epilogue;
     DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
     KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
     DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
@@ -343,8 +345,9 @@ struct TestCase {
 };
 
 // Checks every output against the fp64 reference and the oracle; reports the worst error.
-// Quantized caches run every loop variant of the history kernel: 1 and 2 chunks per warp step,
-// each with and (when heads per block <= 4) without the hi / lo column packing.
+// Quantized caches run every loop variant of the history kernel: 1 and 2 chunks per warp step
+// with the per-field QK epilogue and 1 with the per-group one, each without and (when heads per
+// block <= 4) with the hi / lo column packing.
 void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_oracle = true) {
   const int batch = static_cast<int>(tc.seqs.size());
   const int hq = tc.cfg.hq, d = tc.cfg.d;
@@ -359,19 +362,24 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
   struct Variant {
     int chunks_per_warp;
     bool pack_hi_lo;
+    bool group_epilogue;
   };
   std::vector<Variant> variants;
-  if (tc.params.quantized) variants.push_back({1, false});
-  variants.push_back({2, false});
+  if (tc.params.quantized) {
+    variants.push_back({1, false, false});
+    variants.push_back({1, false, true});
+  }
+  variants.push_back({2, false, false});
   if (can_pack) {
-    variants.push_back({1, true});
-    variants.push_back({2, true});
+    variants.push_back({1, true, false});
+    variants.push_back({2, true, false});
+    variants.push_back({1, true, true});
   }
   for (const Variant& v : variants) {
     const int chunks_per_warp = v.chunks_per_warp;
     SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp << " pack_hi_lo "
-                                      << v.pack_hi_lo);
-    const std::vector<float> gpu = tc.RunGpu(chunks_per_warp, v.pack_hi_lo);
+                                      << v.pack_hi_lo << " group_epilogue " << v.group_epilogue);
+    const std::vector<float> gpu = tc.RunGpu(chunks_per_warp, v.pack_hi_lo, v.group_epilogue);
     double worst_ref = 0.0, worst_oracle = 0.0;
     for (int b = 0; b < batch; ++b) {
       const float* out = &gpu[static_cast<size_t>(b) * hq * d];
@@ -401,8 +409,9 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
         }
       }
     }
-    std::printf("[ %s, %d chunk(s)/warp%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
-                tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "", worst_ref,
+    std::printf("[ %s, %d chunk(s)/warp%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+                tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "",
+                v.group_epilogue ? ", group epilogue" : "", worst_ref,
                 worst_oracle, tolerance);
   }
 }
@@ -449,6 +458,20 @@ TEST(GpuAttention, Int2Hadamard_Gqa1_Group32_Page16) {
   cfg.value_bitrev = false;
   cfg.lengths = {1, 321, 336, 337, 999, 3000};
   cfg.seed = 2;
+  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+}
+
+// Different K and V groups (the group epilogue takes each as its own compile-time value).
+TEST(GpuAttention, Int2Dense_Gqa4_KeyGroup32_ValueGroup128) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "int2 d128 G_K32 G_V128 g4";
+  cfg.hq = 8;
+  cfg.hkv = 2;
+  cfg.group = 32;
+  cfg.value_group = 128;
+  cfg.lengths = {65, 385, 2000};
+  cfg.seed = 9;
   CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
 }
 
@@ -647,7 +670,30 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, 131072 - 320);
   EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
   EXPECT_EQ(plan.window_splits, 3);
+  EXPECT_TRUE(plan.group_epilogue) << "quantized caches take the group epilogue";
   EXPECT_THROW(PlanDecodeAttention(MakeParams(ok), 0, 100, 132), Error);
+  // The group epilogue runs one chunk per warp step: a plan asking for two is refused before
+  // anything is launched (the pointers below are never dereferenced).
+  DecodeAttentionPlan two = plan;
+  two.chunks_per_warp = 2;
+  alignas(256) static unsigned char workspace[256];
+  static int32_t lens[1] = {131072};
+  static float q[128], out[128];
+  DecodeAttentionInputs in;
+  in.batch = 1;
+  in.max_seq_len = 131072;
+  in.seq_lens = lens;
+  in.q = q;
+  EXPECT_THROW(
+      {
+        try {
+          DecodeAttention(MakeParams(ok), in, two, workspace, two.workspace_bytes, out);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("group_epilogue"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
 }
 
 // The plan fills whole waves of resident decode blocks (4 per SM at d = 128) with history

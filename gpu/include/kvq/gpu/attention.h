@@ -74,6 +74,11 @@ struct DecodeAttentionPlan {
   // of the query (QK^T) and of p * scale (PV) ride in the two halves of the MMA's N = 8 columns
   // (heads h and h + 4), so each product is one MMA instead of two. false: the two-MMA loop.
   bool pack_hi_lo = false;
+  // Quantized history: QK^T finished once per quantization group (the group size a
+  // compile-time value: one accumulator and one scale / min epilogue per group, a row's scales
+  // and mins one load each) instead of once per code field (false: the per-field epilogue,
+  // kept as a knob). The plan's choice for quantized caches. Needs chunks_per_warp == 1.
+  bool group_epilogue = false;
   size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
 };
 

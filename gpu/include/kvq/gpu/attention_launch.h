@@ -69,6 +69,9 @@ struct DecodeKernelParams {
   // Quantized history, heads_per_block <= 4: hi / lo parts in MMA columns h / h + 4 (one MMA
   // per product; see DecodeAttentionPlan::pack_hi_lo).
   bool pack_hi_lo = false;
+  // Quantized history: QK^T finished once per quantization group with G as a compile-time
+  // value (chunks_per_warp must be 1); false: once per code field.
+  bool group_epilogue = false;
 
   float logit_scale_log2 = 0.0f;  // softmax scale * log2(e): logits in the exp2 domain
   uint32_t code_bias = 0x43004300u;  // two bf16 128.0: codes enter the MMA as 128 + q
