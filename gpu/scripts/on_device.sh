@@ -17,6 +17,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/kvq_device_out}
 mkdir -p "$OUT"
 carry=.carry
+# stage_device.sh packs the binaries; unpack them once.
+if [[ -f $carry/bundle.tar.gz && ! -d $carry/bin ]]; then tar -C "$carry" -xzf "$carry/bundle.tar.gz"; fi
 export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 run_ncu=1; run_bench=1; run_tests=1; write_only=0
 for arg in "$@"; do

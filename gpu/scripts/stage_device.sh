@@ -56,6 +56,8 @@ for t in "${targets[@]}"; do
   binaries+=("$path")
 done
 if (( have_cli )); then cp "$build/tools/kvq" "$carry/bin/"; binaries+=("$build/tools/kvq"); fi
+# The device call carries at most 64 MiB: drop host debug sections (device code stays).
+strip --strip-debug "$carry"/bin/*
 
 # Shared libraries the device image does not have (it has CUDA 13.0 and a newer libstdc++).
 for b in "${binaries[@]}"; do
@@ -63,9 +65,15 @@ for b in "${binaries[@]}"; do
 done | sort -u | while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 
 
+# Every binary links all kernels statically, so the fatbins repeat: pack them (gzip is on every
+# image) to stay under the 64 MiB a device call carries; on_device.sh unpacks the bundle.
+tar -C "$carry" -czf "$carry/bundle.tar.gz" bin lib
+staged_bins=$(ls "$carry/bin" | tr '\n' ' ')
+staged_libs=$(ls "$carry/lib" | tr '\n' ' ')
+rm -rf "$carry/bin" "$carry/lib"
 du -sh "$carry"
-echo "staged: $(ls "$carry/bin" | tr '\n' ' ')"
-echo "libs:   $(ls "$carry/lib" | tr '\n' ' ')"
+echo "staged: $staged_bins"
+echo "libs:   $staged_libs"
 echo
 echo "device command (run with carry=[\".carry\"], timeout_s <= 480):"
 echo "  bash gpu/scripts/on_device.sh"
