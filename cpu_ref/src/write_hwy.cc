@@ -9,7 +9,7 @@
 //    IEEE arithmetic, so computing a lane's sum as partner+self changes nothing);
 //  - clip: the order statistic is found by an exact radix select on the bits of |x|;
 //  - quantize: exact min/max, the scalar metadata math, IEEE division, clamp then
-//    round-half-to-even (NearestInt under the default MXCSR mode);
+//    round-half-to-even by adding and subtracting 2^23 (exact for codes 0..15);
 //  - pack/unpack/dequantize are integer or exact operations.
 //
 // Requires Highway 1.0.3 only (no LoadN, ReduceSum or HWY_EXPORT_T).
@@ -251,8 +251,10 @@ void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, si
   const size_t groups = d / group;
   const float levels = static_cast<float>(p.levels());
   HWY_ASSERT(group % lanes == 0);
+  const DI di;
   const auto zero = hn::Zero(df);
   const auto top = hn::Set(df, levels);
+  const auto round_magic = hn::Set(df, 8388608.0f);  // 2^23
   for (size_t row = 0; row < n; ++row) {
     for (size_t g = 0; g < groups; ++g) {
       const float* xg = x + row * d + g * group;
@@ -286,7 +288,11 @@ void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, si
         // Clamping to the integers [0, L] before rounding gives the same code as rounding
         // first, and keeps the conversion in range.
         t = hn::Min(hn::Max(t, zero), top);
-        const auto q = hn::NearestInt(t);
+        // Round half to even by adding and subtracting 2^23: for 0 <= t <= 15 the sum's unit
+        // in the last place is 1, so the addition rounds t to an integer (ties to even under
+        // the default rounding mode) and the subtraction is exact. NearestInt is avoided: on
+        // Highway's portable targets it adds 0.5 and truncates, and 0.49999997f + 0.5f is 1.
+        const auto q = hn::ConvertTo(di, hn::Sub(hn::Add(t, round_magic), round_magic));
         hn::StoreU(hn::DemoteTo(d8, q), d8, qg + j);
       }
     }
