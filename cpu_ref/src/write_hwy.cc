@@ -1,5 +1,6 @@
 // Highway implementation of every write-path stage, compiled once per Highway target
-// (HWY_COMPILE_ALL_ATTAINABLE: EMU128, SSSE3, SSE4, AVX2, AVX3, AVX3_DL on x86), each one
+// (HWY_COMPILE_ALL_ATTAINABLE: the portable target (HWY_SCALAR with GCC 12, else EMU128), SSSE3,
+// SSE4, AVX2, AVX3, AVX3_DL on x86), each one
 // bit-identical to the scalar reference in write_scalar.cc.
 //
 // How the bits are kept identical:

@@ -15,7 +15,8 @@ namespace kvq::cpu::internal {
 WriteKernels ScalarWriteKernels();
 
 // One Backend per Highway target compiled into write_hwy.cc and supported by this CPU, best
-// first (write_hwy.cc). Built once; never empty (EMU128 is always compiled and supported).
+// first (write_hwy.cc). Built once; never empty (the portable target, HWY_SCALAR with GCC 12 or EMU128
+// elsewhere, is always compiled and supported).
 const std::vector<Backend>& HwyBackends();
 
 // log2 of a power of two.

@@ -77,7 +77,7 @@ struct AttentionKernels {
 };
 
 struct Backend {
-  std::string name;      // "scalar", "hwy_avx3", "hwy_avx2", "hwy_sse4", "hwy_emu128", ...
+  std::string name;      // "scalar", "hwy_avx3", "hwy_avx2", "hwy_sse4", "hwy_scalar", ...
   int64_t hwy_target;    // Highway target bit, 0 for the scalar reference
   WriteKernels write;
   AttentionKernels attention;  // decode attention (attention.h)
