@@ -138,6 +138,23 @@ __device__ __forceinline__ float ClipRow(float (&v)[D / 32], int k, uint32_t max
       }
     }
     int remaining = above;
+    // Bulk rounds first: let `second` be the warp maximum of the lanes' second-largest keys.
+    // Every remaining element other than a head is <= its lane's second <= `second`, so the
+    // heads > `second` are exactly the elements > `second`: the `count` largest remaining ones,
+    // strictly above all others (no ties to break). While count <= remaining they all rank
+    // above k: pop them in one round (often several elements, where the loop below pops one
+    // value). Empty slots hold key 0 and never count. kPer >= 2 (d >= 64). Not at d = 256:
+    // there the extra live values cost the 64-register kernels a spill (ptxas -v).
+    while (kPer <= 4 && remaining > 0) {
+      const uint32_t second = __reduce_max_sync(kFullMask, top[1]);
+      const bool big = top[0] > second;
+      const int count = __popc(__ballot_sync(kFullMask, big));
+      if (count == 0 || count > remaining) break;
+      remaining -= count;
+#pragma unroll
+      for (int s = 0; s < kPer - 1; ++s) top[s] = big ? top[s + 1] : top[s];
+      top[kPer - 1] = big ? 0u : top[kPer - 1];
+    }
     while (true) {
       const uint32_t m = __reduce_max_sync(kFullMask, top[0]);
       const bool hit = top[0] == m;
@@ -259,6 +276,20 @@ __device__ __forceinline__ float QuantizeReciprocal(float sf) {
   return (sf >= 0x1p-125f && sf <= 0x1p125f) ? __frcp_rn(sf) : 0.0f;
 }
 
+// (Bf16FromF32(high) << 16) | Bf16FromF32(low). cvt.rn.bf16x2.f32 rounds both to nearest even
+// in one instruction (no .ftz: subnormals round like any value, overflow gives Inf), the same
+// bits as Bf16FromF32 for every non-NaN input. NaN (only from rows that raise
+// kErrorFlagNonFinite) takes Bf16FromF32 itself, whose NaN payload differs from the hardware's
+// canonical NaN.
+__device__ __forceinline__ uint32_t PackBf16Pair(float high, float low) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(high), "f"(low));
+  if (isnan(high) || isnan(low)) {
+    packed = (static_cast<uint32_t>(Bf16FromF32(high)) << 16) | Bf16FromF32(low);
+  }
+  return packed;
+}
+
 // The asymmetric quantizer of spec/numerics.md §5 on one clipped row.
 template <int D, int G, int BITS>
 __device__ __forceinline__ void QuantizeRow(const float (&v)[D / 32], QuantizedRow<D, G>& out) {
@@ -295,15 +326,17 @@ __device__ __forceinline__ void QuantizeRow(const float (&v)[D / 32], QuantizedR
   const float lo = __fadd_rn(FromOrderedKey(my_min), 0.0f);  // -0 -> +0
   const float hi = __fadd_rn(FromOrderedKey(my_max), 0.0f);
   const float step = __fdiv_rn(__fsub_rn(hi, lo), kLevels);
-  out.scale = Bf16FromF32(step);
-  out.min = Bf16FromF32(lo);
-  const float my_sf = F32FromBf16(out.scale);
-  const float my_mf = F32FromBf16(out.min);
-  const float my_inv = QuantizeReciprocal(my_sf);
+  // Both bf16 roundings in one instruction, packed as (min << 16) | scale; one shuffle then
+  // broadcasts both to the group's lanes.
+  const uint32_t my_meta = PackBf16Pair(lo, step);
+  out.scale = static_cast<uint16_t>(my_meta & 0xffffu);
+  out.min = static_cast<uint16_t>(my_meta >> 16);
+  const float my_inv = QuantizeReciprocal(__uint_as_float(my_meta << 16));
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    const float sf = kGroups == 1 ? my_sf : __shfl_sync(kFullMask, my_sf, g);
-    const float mf = kGroups == 1 ? my_mf : __shfl_sync(kFullMask, my_mf, g);
+    const uint32_t meta = kGroups == 1 ? my_meta : __shfl_sync(kFullMask, my_meta, g);
+    const float sf = __uint_as_float(meta << 16);          // F32FromBf16(scale), exact
+    const float mf = __uint_as_float(meta & 0xffff0000u);  // F32FromBf16(min), exact
     const float inv = kGroups == 1 ? my_inv : __shfl_sync(kFullMask, my_inv, g);
     // QuantizeCode, with one warp vote per group deciding whether any lane divides.
     float a[kSlots];
