@@ -8,7 +8,6 @@
 // build machine is shared, so wall time is inflated by other processes).
 #include <benchmark/benchmark.h>
 
-#include <cmath>
 #include <map>
 #include <memory>
 #include <random>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "kvq/common/params.h"
+#include "kvq/calib/rotation.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -26,20 +26,7 @@ namespace {
 constexpr int kQHeads = 32, kKVHeads = 8, kHeadDim = 128;
 
 std::vector<float> RandomOrthogonal(int d, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> m(static_cast<size_t>(d) * d);
-  for (double& x : m) x = normal(rng);
-  for (int i = 0; i < d; ++i) {
-    for (int k = 0; k < i; ++k) {
-      double dot = 0.0;
-      for (int j = 0; j < d; ++j) dot += m[i * d + j] * m[k * d + j];
-      for (int j = 0; j < d; ++j) m[i * d + j] -= dot * m[k * d + j];
-    }
-    double norm = 0.0;
-    for (int j = 0; j < d; ++j) norm += m[i * d + j] * m[i * d + j];
-    for (int j = 0; j < d; ++j) m[i * d + j] /= std::sqrt(norm);
-  }
-  return std::vector<float>(m.begin(), m.end());
+  return kvq::calib::ToRowMajorF32(kvq::calib::RandomOrthogonal(d, rng()));
 }
 
 struct Fixture {

@@ -4,7 +4,6 @@
 // no output file.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -15,6 +14,7 @@
 
 #include "cli_test_util.h"
 #include "kvq/common/error.h"
+#include "kvq/calib/rotation.h"
 #include "kvq/common/io.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
@@ -54,23 +54,10 @@ std::vector<float> Random(size_t n, std::mt19937_64& rng) {
   return x;
 }
 
-// An orthogonal-enough matrix is not needed for bitwise agreement; use a random orthogonal
-// one anyway (Gram-Schmidt) so the case is meaningful.
+// Bitwise agreement does not need an orthogonal matrix; a random orthogonal one (calib's)
+// keeps the case meaningful.
 std::vector<float> Orthogonal(int d, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> m(static_cast<size_t>(d) * d);
-  for (double& x : m) x = normal(rng);
-  for (int i = 0; i < d; ++i) {
-    for (int k = 0; k < i; ++k) {
-      double dot = 0.0;
-      for (int j = 0; j < d; ++j) dot += m[i * d + j] * m[k * d + j];
-      for (int j = 0; j < d; ++j) m[i * d + j] -= dot * m[k * d + j];
-    }
-    double norm = 0.0;
-    for (int j = 0; j < d; ++j) norm += m[i * d + j] * m[i * d + j];
-    for (int j = 0; j < d; ++j) m[i * d + j] /= std::sqrt(norm);
-  }
-  return std::vector<float>(m.begin(), m.end());
+  return kvq::calib::ToRowMajorF32(kvq::calib::RandomOrthogonal(d, rng()));
 }
 
 struct Case {
