@@ -115,7 +115,7 @@ std::string Format(const char* fmt, double v) {
   return buf;
 }
 
-CacheParams BenchCache(RotationKind kind, float clip) {
+CacheParams BenchCache(RotationKind kind, float clip, bool bitrev = false) {
   CacheParams c;
   c.num_kv_heads = 8;
   c.num_q_heads = 32;
@@ -128,6 +128,7 @@ CacheParams BenchCache(RotationKind kind, float clip) {
     p->bits = 2;
     p->rotation = kind;
     p->clip = clip;
+    p->bitrev = bitrev;
   }
   c.Validate();
   return c;
@@ -220,6 +221,7 @@ int main(int argc, char** argv) {
       const char* name;
       RotationKind kind;
       float clip;
+      bool bitrev = false;
     };
     const Variant variants[] = {{"dense R per head, rho=1", RotationKind::kDense, 1.0f},
                                 {"dense R per head, rho=0.96", RotationKind::kDense, 0.96f},
@@ -227,12 +229,14 @@ int main(int argc, char** argv) {
                                 {"FWHT, rho=0.96", RotationKind::kHadamard, 0.96f},
                                 {"FWHT, rho=0.92", RotationKind::kHadamard, 0.92f},
                                 {"FWHT, rho=0.80", RotationKind::kHadamard, 0.80f},
-                                {"identity, rho=1", RotationKind::kIdentity, 1.0f}};
+                                {"identity, rho=1", RotationKind::kIdentity, 1.0f},
+                                {"FWHT + P_br, rho=1", RotationKind::kHadamard, 1.0f, true},
+                                {"FWHT + P_br, rho=0.96", RotationKind::kHadamard, 0.96f, true}};
     // Each variant with the current kernel, then with the pre-speed-up one (same inputs, same
     // run); the first variant is timed once more at the end to show the run-to-run spread.
     auto time_prefill = [&](const Variant& v, bool baseline) {
       kvq::gpu::benchmark_only::UseBaselineFusedWrite(baseline);
-      const CacheParams c = BenchCache(v.kind, v.clip);
+      const CacheParams c = BenchCache(v.kind, v.clip, v.bitrev);
       kvq::gpu::HeadData hk, hv;
       if (v.kind == RotationKind::kDense) {
         hk.rotation = d_rot_k;

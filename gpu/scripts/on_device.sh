@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Runs on the device machine, from the repository root, over binaries staged by
-# gpu/scripts/stage_device.sh in .carry/. Writes under $OUT (at most 8 files, flat):
+# gpu/scripts/stage_device.sh in .carry/. Writes under $OUT (at most 9 files, flat):
 #   device.txt     nvidia-smi, compute-sanitizer / ncu versions
 #   tests.log      every gpu test binary's gtest output
 #   sanitizer.log  compute-sanitizer memcheck and racecheck on reduced runs of every kernel
 #   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
-#   ncu.txt        Nsight Compute speed-of-light / occupancy of the fused write kernel
+#   ncu.txt        Nsight Compute speed-of-light / occupancy / warp state of the fused write kernel
+#   fwht_sass.csv  executed instructions per SASS line of its FWHT launch
 #   conform.log    kvq conform --backend gpu, then kvq bench --backend all
 #   dump.log       tools/tests/dump_activations_test.py (torch + transformers on the device)
 #   summary.md     the table printed last
-# Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-bench] [--no-ncu] [--write-only]
-#   --write-only: only the write path's tests (gpu_write_*) and sanitizer runs, no other
+# Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-sanitizer] [--no-bench] [--no-ncu]
+#                                      [--write-only]
+#   --write-only: only the write path's tests (gpu_write_*), sanitizer runs and benchmark, no other
 #                 engineers' gpu tests (saves device time when only write code changed)
 set -uo pipefail
 
@@ -20,12 +22,13 @@ carry=.carry
 # stage_device.sh packs the binaries; unpack them once.
 if [[ -f $carry/bundle.tar.gz && ! -d $carry/bin ]]; then tar -C "$carry" -xzf "$carry/bundle.tar.gz"; fi
 export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-run_ncu=1; run_bench=1; run_tests=1; write_only=0
+run_ncu=1; run_bench=1; run_tests=1; run_sanitizer=1; write_only=0
 for arg in "$@"; do
   case "$arg" in
     --no-ncu) run_ncu=0 ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
+    --no-sanitizer) run_sanitizer=0 ;;
     --write-only) write_only=1 ;;
   esac
 done
@@ -76,7 +79,9 @@ sanitize() {  # tool binary filter
   errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -n1)
   row "sanitizer $tool $2" "rc=$rc, $(( $(date +%s) - start ))s, ${errors:-no summary line}"
 }
-if command -v compute-sanitizer >/dev/null; then
+if (( ! run_sanitizer )); then
+  row "compute-sanitizer" "skipped (--no-sanitizer)"
+elif command -v compute-sanitizer >/dev/null; then
   stages='Grid/WriteStagesTest.*/d64_g32_int2__cuda:Grid/WriteStagesTest.*/d256_g128_int4__cuda'
   fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*'
   paged='Caches/PagedWriteTest.*'
@@ -105,6 +110,7 @@ if (( run_bench )); then
   : > "$OUT/bench.md"
   for b in "$carry"/bin/kvq_bench_gpu_*; do
     [[ -x "$b" ]] || continue
+    (( write_only )) && [[ $(basename "$b") != kvq_bench_gpu_write ]] && continue
     "$b" >> "$OUT/bench.md" 2>&1
     rc=$?
     row "$(basename "$b")" "rc=$rc"
@@ -132,17 +138,27 @@ if (( ! write_only )) && python3 -c 'import torch, transformers, safetensors' 2>
   row "dump_activations_test.py" "rc=$?, $(tail -n1 "$OUT/dump.log")"
 fi
 
-# ---- Nsight Compute: the fused kernel, dense (first launch) and FWHT rho = 1 (after 104
+# ---- Nsight Compute: the fused kernels, dense (first launch) and FWHT rho = 1 (after 104
 # launches of the quick run: 2 dense variants x (new, baseline) x 13 calls x 2 launches) ----
 if (( run_ncu )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_write ]]; then
   : > "$OUT/ncu.txt"
   for skip in 0 104; do
-    timeout 120 ncu --clock-control none -k regex:FusedWriteKernel --launch-skip "$skip" \
+    timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip "$skip" \
       --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats --section InstructionStats \
       "$carry/bin/kvq_bench_gpu_write" --quick >> "$OUT/ncu.txt" 2>&1
     rc=$?
     row "ncu fused (launch-skip $skip)" "rc=$rc"
   done
+  # Executed instructions per SASS line of the FWHT rho = 1 launch (the write kernel's
+  # instruction budget, docs/gpu_write.md), as CSV.
+  timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip 104 \
+    --launch-count 1 --section SourceCounters -o "$OUT/fwht_sass" -f \
+    "$carry/bin/kvq_bench_gpu_write" --quick > /dev/null 2>&1 &&
+    ncu -i "$OUT/fwht_sass.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/fwht_sass.csv" 2>&1
+  row "ncu SASS counts (FWHT rho=1)" "rc=$?"
+  rm -f "$OUT/fwht_sass.ncu-rep"
 fi
 
 echo

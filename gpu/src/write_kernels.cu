@@ -1,13 +1,17 @@
 // CUDA kernels of the write path (layer a) and their launchers (layer b); see write.h.
 //
-// The fused kernel works on tiles of rows of one KV head (blockIdx.y). A tile is staged in
-// shared memory as fp32 (16-byte loads, bf16 widened exactly; bf16 input is double-buffered:
-// the next tile's raw rows arrive by cp.async while the block works on the current one, over
-// a persistent grid); a dense rotation multiplies the tile by R (also in shared memory, loaded
-// once per block when it fits, streamed in chunks of rows of R for d = 256) with each thread
-// accumulating 4 channels x 4 rows in i order; then each warp takes whole rows and runs FWHT /
-// bit reversal / clip / quantize / pack in registers (write_row.cuh) and stores codes and bf16
-// (scale, min) to flat rows or cache pages.
+// Two fused kernels, one row per slice of d/16 lanes (write_row.cuh):
+//  - FusedWriteStreamKernel (identity and FWHT rotations): every warp streams batches of
+//    32/(d/16) rows of one KV head straight from global memory into registers, rotates,
+//    clips, quantizes, packs and stores them; no shared memory, no barriers, a persistent
+//    grid.
+//  - FusedWriteTileKernel (dense rotation): a tile of rows of one KV head (blockIdx.y) is
+//    staged in shared memory as fp32 (bf16 input double-buffered: the next tile's raw rows
+//    arrive by cp.async while the block works on the current one, over a persistent grid),
+//    multiplied by R (in shared memory, loaded once per block when it fits, streamed in chunks
+//    of rows of R for d = 256) with each thread accumulating 4 channels x 4 rows in i order;
+//    then each slice takes a row of the tile through the same steps.
+// Both store codes and bf16 (scale, min) to flat rows or cache pages.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
@@ -39,8 +43,9 @@ struct TileTraits {
   // A tile is what one pass of the dense product covers: kThreads threads x 4 channels x
   // kRowsPerThread rows = D x kTileRows.
   static constexpr int kTileRows = kThreads * 4 * kRowsPerThread / D;  // 64, 32, 16
-  static constexpr int kStride = D + 4;  // padded row: the two row groups of a warp at d = 64
-                                         // read different banks
+  // Padded row: the slices of a half-warp (lanes reading 8-byte pairs of consecutive rows) hit
+  // different banks.
+  static constexpr int kStride = D + 2 * detail::SliceTraits<D>::kLanes;
   static constexpr int kTileFloats = kTileRows * kStride;
   static constexpr int kRChunk = D <= 128 ? D : 64;  // rows of R held in shared memory at once
   static constexpr bool kRResident = kRChunk == D;
@@ -80,13 +85,14 @@ struct RowDestination {
   int64_t flat_row = -1;  // kRows: index for the optional rotated / tau outputs
 };
 
-__device__ __forceinline__ void RaiseFlag(int* flags, int bit) {
-  if (flags != nullptr && LaneId() == 0) atomicOr(flags, bit);
+// `leader`: one lane per row raises it.
+__device__ __forceinline__ void RaiseFlag(int* flags, int bit, bool leader) {
+  if (flags != nullptr && leader) atomicOr(flags, bit);
 }
 
-// Where row (t, head) is stored; uniform across the warp.
+// Where row (t, head) is stored; `leader` raises the row's error flags.
 __device__ __forceinline__ RowDestination ResolveDestination(const FusedWriteArgs& a, int t,
-                                                             int head) {
+                                                             int head, bool leader) {
   RowDestination dest;
   if (a.mode == WriteMode::kRows) {
     dest.row = static_cast<int64_t>(t) * a.num_heads + head;
@@ -103,7 +109,7 @@ __device__ __forceinline__ RowDestination ResolveDestination(const FusedWriteArg
   } else {
     const int len = a.seq_lengths[t];
     if (len < 0) {
-      RaiseFlag(a.error_flags, kErrorFlagBadLength);
+      RaiseFlag(a.error_flags, kErrorFlagBadLength, leader);
       return dest;
     }
     if (len - a.recent < a.sink) return dest;  // nothing to demote in this step
@@ -113,12 +119,12 @@ __device__ __forceinline__ RowDestination ResolveDestination(const FusedWriteArg
   }
   const int64_t page_index = history_index >> a.page_size_log2;
   if (page_index >= table_size) {
-    RaiseFlag(a.error_flags, kErrorFlagBadPage);
+    RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
     return dest;
   }
   const int32_t page = table[page_index];
   if (page < 0 || page >= a.num_pages) {
-    RaiseFlag(a.error_flags, kErrorFlagBadPage);
+    RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
     return dest;
   }
   const int64_t slot = history_index & ((int64_t{1} << a.page_size_log2) - 1);
@@ -274,78 +280,96 @@ __device__ __forceinline__ void RotateTileDense(float* tile, float* shared_r, co
   __syncthreads();
 }
 
-// One staged row (already rotated when dense) through FWHT / P_br / clip / quantize / pack.
-// kBaseline: the row functions as they were before the 2026-11-21 speed-up (benchmark only).
-template <int D, int G, int BITS, bool kBaseline>
-__device__ __forceinline__ void WriteRow(const FusedWriteArgs& a, float* row, int clip_rank,
-                                         const RowDestination& dest) {
+// Everything after the rotation for one row per slice: range check, the optional rotated /
+// tau outputs, clip, quantize, pack and the stores. v is the rotated row in pair-strided order
+// held by logical slice lane rho. Rows with dest.row < 0 (not written) go through the
+// arithmetic with the rest of the warp, whose shuffles need every lane, but store nothing.
+template <int D, int G, int BITS>
+__device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (&v)[16], int rho,
+                                                int clip_rank, const RowDestination& dest) {
+  const bool leader = detail::SliceLane<D>() == 0;
+  const bool stored = dest.row >= 0;
+  const detail::GroupRanges<D, G> ranges = detail::ComputeGroupRanges<D, G>(v);
+  if (stored && ranges.OutOfRange(kMaxRotatedAbs)) {
+    RaiseFlag(a.error_flags, kErrorFlagNonFinite, leader);
+  }
+  if (a.rotated != nullptr && dest.flat_row >= 0) {
+    float* out = a.rotated + dest.flat_row * D;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      *reinterpret_cast<float2*>(out + detail::RowPosition<D>(2 * s, rho)) =
+          make_float2(v[2 * s], v[2 * s + 1]);
+    }
+  }
+  const uint32_t max_bits = ranges.MaxMagnitudeBits();
+  const uint32_t tau_bits = detail::ClipThresholdBits<D>(v, clip_rank, max_bits);
+  const float tau = __uint_as_float(tau_bits);
+  // tau = max |v| (rho = 1, or the rank of the maximum) changes no value: skip the clip.
+  const bool clipped = __any_sync(kFullMask, tau_bits != max_bits);
+  if (clipped) {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) v[k] = detail::ClipValue(v[k], tau);
+  }
+  if (a.tau != nullptr && dest.flat_row >= 0 && leader) a.tau[dest.flat_row] = tau;
+  detail::QuantizedSlice<D, G> q;
+  detail::QuantizeSlice<D, G, BITS>(v, ranges, clipped ? tau : -1.0f, q);
+  if (stored) {
+    detail::StorePackedSlice<D, BITS>(detail::PackCodes<BITS>(q.code), rho,
+                                      a.codes + dest.row * (D * BITS / 8));
+    detail::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
+  }
+}
+
+// The pre-2026-11-21 kernel's row (a warp per row, write_row_baseline.cuh): benchmark only.
+template <int D, int G, int BITS>
+__device__ __forceinline__ void BaselineWriteRow(const FusedWriteArgs& a, float* row,
+                                                 int clip_rank, const RowDestination& dest) {
+  namespace base = detail::baseline;
   constexpr int kPer = D / 32;
   const int lane = LaneId();
   float v[kPer];
   if (a.rotation == kRotationHadamard) {
 #pragma unroll
     for (int s = 0; s < kPer; ++s) v[s] = row[lane + 32 * s];
-    if constexpr (kBaseline) {
-      detail::baseline::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
-    } else {
-      detail::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
-    }
+    base::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
     if (a.bitrev) {
 #pragma unroll
       for (int s = 0; s < kPer; ++s) row[lane + 32 * s] = v[s];
       __syncwarp();
 #pragma unroll
-      for (int s = 0; s < kPer; ++s) v[s] = row[detail::BitReverse<D>(lane + 32 * s)];
+      for (int s = 0; s < kPer; ++s) v[s] = row[base::BitReverse<D>(lane + 32 * s)];
     }
   } else if (a.bitrev) {
 #pragma unroll
-    for (int s = 0; s < kPer; ++s) v[s] = row[detail::BitReverse<D>(lane + 32 * s)];
+    for (int s = 0; s < kPer; ++s) v[s] = row[base::BitReverse<D>(lane + 32 * s)];
   } else {
 #pragma unroll
     for (int s = 0; s < kPer; ++s) v[s] = row[lane + 32 * s];
   }
-
-  // |x| > 2^126, Inf or NaN anywhere in the row <=> the largest magnitude's bits exceed those
-  // of 2^126 (unsigned order of non-negative floats; NaN and Inf rank above). The maximum is
-  // also tau when rho = 1.
-  const uint32_t max_bits = detail::MaxMagnitudeBits<D>(v);
-  if constexpr (kBaseline) {
-    bool out_of_range = false;
+  bool out_of_range = false;
 #pragma unroll
-    for (int s = 0; s < kPer; ++s) out_of_range |= !(fabsf(v[s]) <= kMaxRotatedAbs);
-    if (__any_sync(kFullMask, out_of_range)) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
-  } else {
-    if (max_bits > __float_as_uint(kMaxRotatedAbs)) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
+  for (int s = 0; s < kPer; ++s) out_of_range |= !(fabsf(v[s]) <= kMaxRotatedAbs);
+  if (__any_sync(kFullMask, out_of_range)) {
+    RaiseFlag(a.error_flags, kErrorFlagNonFinite, lane == 0);
   }
-
   if (a.rotated != nullptr && dest.flat_row >= 0) {
     float* out = a.rotated + dest.flat_row * D;
 #pragma unroll
     for (int s = 0; s < kPer; ++s) out[lane + 32 * s] = v[s];
   }
-  if constexpr (kBaseline) {
-    const float tau = detail::baseline::ClipRow<D>(v, clip_rank);
-    if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
-    detail::baseline::QuantizedRow<D, G> q;
-    detail::baseline::QuantizeRow<D, G, BITS>(v, q);
-    detail::baseline::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
-    detail::baseline::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G),
-                                          a.min + dest.row * (D / G));
-  } else {
-    const float tau = detail::ClipRow<D>(v, clip_rank, max_bits);
-    if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
-    detail::QuantizedRow<D, G> q;
-    detail::QuantizeRow<D, G, BITS>(v, q);
-    detail::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
-    detail::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
-  }
+  const float tau = base::ClipRow<D>(v, clip_rank);
+  if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
+  base::QuantizedRow<D, G> q;
+  base::QuantizeRow<D, G, BITS>(v, q);
+  base::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
+  base::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
 }
 
-// 4 resident blocks (64 registers, no spills: ptxas -v) so that the non-dense paths keep 50 %
-// occupancy whatever the instantiation needs.
+// The dense rotation (and, for the benchmark's baseline, every rotation with the pre-2026-11-21
+// row functions). 4 resident blocks at most (64 registers).
 template <int D, int G, int BITS, bool kBaseline>
 __global__ void __launch_bounds__(kThreads, 4)
-    FusedWriteKernel(const __grid_constant__ FusedWriteArgs args) {
+    FusedWriteTileKernel(const __grid_constant__ FusedWriteArgs args) {
   using Tile = TileTraits<D>;
   extern __shared__ float4 shared_words[];
   // Shared memory: tile (fp32) | staging (bf16 chunks; unused by the baseline) | R (dense).
@@ -386,15 +410,74 @@ __global__ void __launch_bounds__(kThreads, 4)
     }
     __syncthreads();
     if (args.rotation == kRotationDense) RotateTileDense<D>(tile, shared_r, r);
-    for (int rr = warp; rr < Tile::kTileRows; rr += kWarps) {
+    if constexpr (kBaseline) {
+      for (int rr = warp; rr < Tile::kTileRows; rr += kWarps) {
+        const int t = t0 + rr;
+        if (t >= args.num_tokens) break;
+        const RowDestination dest = ResolveDestination(args, t, head, LaneId() == 0);
+        if (dest.row < 0) continue;
+        BaselineWriteRow<D, G, BITS>(args, tile + rr * Tile::kStride, clip_rank, dest);
+      }
+    } else {
+      // Warp w takes rows w*R .. w*R + R - 1 of the tile, R = rows per warp, one per slice
+      // (kWarps * R = kTileRows: one batch per warp and tile).
+      constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;
+      static_assert(kWarps * kRowsPerWarp == Tile::kTileRows, "one slice row per tile row");
+      const int rr = warp * kRowsPerWarp + detail::SliceIndex<D>();
       const int t = t0 + rr;
-      if (t >= args.num_tokens) break;
-      const RowDestination dest = ResolveDestination(args, t, head);
-      if (dest.row < 0) continue;
-      WriteRow<D, G, BITS, kBaseline>(args, tile + rr * Tile::kStride, clip_rank, dest);
+      RowDestination dest;
+      if (t < args.num_tokens) {
+        dest = ResolveDestination(args, t, head, detail::SliceLane<D>() == 0);
+      }
+      if (__any_sync(kFullMask, dest.row >= 0)) {
+        float v[16];
+        const int rho = detail::LoadRow<D>(
+            static_cast<const float*>(tile + rr * Tile::kStride), args.bitrev != 0,
+            args.rotation == kRotationHadamard ? args.fwht_block : 0, args.fwht_scale, v);
+        WriteRotatedRow<D, G, BITS>(args, v, rho, clip_rank, dest);
+      }
     }
   }
 #undef KVQ_WRITE_PREFETCH
+}
+
+// Identity and FWHT rotations. Warp w of the grid takes batches w, w + W, ... (W = warps in
+// the grid's row for this head) of R = 32/(d/16) consecutive tokens, one per slice, and loads
+// each row straight into registers (pair-strided or reversal-source order: 32-bit or 16-byte
+// loads of whole sectors). No shared memory and no barrier, so a warp whose rows take longer
+// (clip rounds, the rare exact divisions) holds up nobody. 4 resident blocks at most.
+template <int D, int G, int BITS>
+__global__ void __launch_bounds__(kThreads, 4)
+    FusedWriteStreamKernel(const __grid_constant__ FusedWriteArgs args) {
+  constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;
+  const int head = static_cast<int>(blockIdx.y);
+  const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
+  const int clip_rank = detail::ClipRank(rho, D);
+  const int fwht_block = args.rotation == kRotationHadamard ? args.fwht_block : 0;
+  const bool leader = detail::SliceLane<D>() == 0;
+  const int64_t batches = (static_cast<int64_t>(args.num_tokens) + kRowsPerWarp - 1) / kRowsPerWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t batch = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+       batch < batches; batch += stride) {
+    const int t = static_cast<int>(batch * kRowsPerWarp) + detail::SliceIndex<D>();
+    RowDestination dest;
+    if (t < args.num_tokens) dest = ResolveDestination(args, t, head, leader);
+    if (!__any_sync(kFullMask, dest.row >= 0)) continue;
+    // A row that is not stored reads token 0's row (always there) and computes on it.
+    const int source_token = dest.row >= 0 ? t : 0;
+    float v[16];
+    int lane_rho;
+    if (args.x_is_bf16) {
+      const uint16_t* src = RowSource<uint16_t>(args, source_token, head, D);
+      if (src == nullptr) src = static_cast<const uint16_t*>(args.x);
+      lane_rho = detail::LoadRow<D>(src, args.bitrev != 0, fwht_block, args.fwht_scale, v);
+    } else {
+      const float* src = RowSource<float>(args, source_token, head, D);
+      if (src == nullptr) src = static_cast<const float*>(args.x);
+      lane_rho = detail::LoadRow<D>(src, args.bitrev != 0, fwht_block, args.fwht_scale, v);
+    }
+    WriteRotatedRow<D, G, BITS>(args, v, lane_rho, clip_rank, dest);
+  }
 }
 
 // ---- Stage kernels (the CUDA side of cpu::WriteKernels) ----------------------------------------
@@ -424,51 +507,77 @@ __global__ void BitrevKernel(const __grid_constant__ StageArgs a) {
   a.y[idx] = a.x[row * d + source];
 }
 
-// Warp per row kernels: row = global warp index.
-__device__ __forceinline__ int64_t WarpRow() {
-  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+// Slice per row kernels (write_row.cuh): row = global slice index. Every lane of a warp takes
+// part in the shuffles; the slices past the last row compute on zeros and store nothing.
+template <int D>
+__device__ __forceinline__ int64_t SliceRowIndex() {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  return warp * detail::SliceTraits<D>::kRowsPerWarp + detail::SliceIndex<D>();
+}
+
+// This lane's values of row `row` of x (pair-strided order, rho = slice lane); a row past the
+// last one reads row 0 (its results are not stored).
+template <int D>
+__device__ __forceinline__ void LoadStageRow(const float* x, int64_t row, int64_t rows,
+                                             float (&v)[16]) {
+  detail::LoadRowValues<D>(x + (row < rows ? row : 0) * D, false, v);
+}
+
+template <int D>
+__device__ __forceinline__ void StoreStageRow(const float (&v)[16], int64_t row, int64_t rows,
+                                              float* y) {
+  if (row >= rows) return;
+  const int r = detail::SliceLane<D>();
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    *reinterpret_cast<float2*>(y + row * D + detail::RowPosition<D>(2 * s, r)) =
+        make_float2(v[2 * s], v[2 * s + 1]);
+  }
 }
 
 template <int D>
 __global__ void FwhtKernel(const __grid_constant__ StageArgs a) {
-  const int64_t row = WarpRow();
-  if (row >= a.rows) return;  // uniform per warp
-  float* x = a.y + row * D;
-  float v[D / 32];
-#pragma unroll
-  for (int s = 0; s < D / 32; ++s) v[s] = x[LaneId() + 32 * s];
-  detail::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
-#pragma unroll
-  for (int s = 0; s < D / 32; ++s) x[LaneId() + 32 * s] = v[s];
+  const int64_t row = SliceRowIndex<D>();
+  if (__all_sync(kFullMask, row >= a.rows)) return;  // whole warps only
+  float v[16];
+  LoadStageRow<D>(a.y, row, a.rows, v);
+  detail::Fwht<D, false>(v, a.fwht_block, a.fwht_scale);
+  StoreStageRow<D>(v, row, a.rows, a.y);
 }
 
 template <int D>
 __global__ void ClipKernel(const __grid_constant__ StageArgs a) {
-  const int64_t row = WarpRow();
-  if (row >= a.rows) return;
-  float* x = a.y + row * D;
-  float v[D / 32];
+  const int64_t row = SliceRowIndex<D>();
+  if (__all_sync(kFullMask, row >= a.rows)) return;
+  float v[16];
+  LoadStageRow<D>(a.y, row, a.rows, v);
+  uint32_t max_bits = 0;
 #pragma unroll
-  for (int s = 0; s < D / 32; ++s) v[s] = x[LaneId() + 32 * s];
-  const float tau = detail::ClipRow<D>(v, detail::ClipRank(a.clip, D));
+  for (int s = 0; s < 16; ++s) max_bits = max(max_bits, __float_as_uint(v[s]) & 0x7fffffffu);
+  max_bits = detail::SliceMax<D>(max_bits);
+  const float tau =
+      __uint_as_float(detail::ClipThresholdBits<D>(v, detail::ClipRank(a.clip, D), max_bits));
 #pragma unroll
-  for (int s = 0; s < D / 32; ++s) x[LaneId() + 32 * s] = v[s];
-  if (LaneId() == 0) a.tau[row] = tau;
+  for (int s = 0; s < 16; ++s) v[s] = detail::ClipValue(v[s], tau);
+  StoreStageRow<D>(v, row, a.rows, a.y);
+  if (row < a.rows && detail::SliceLane<D>() == 0) a.tau[row] = tau;
 }
 
+// The quantize stage alone: its input is already clipped, so no tau.
 template <int D, int G, int BITS>
 __global__ void QuantizeKernel(const __grid_constant__ StageArgs a) {
-  const int64_t row = WarpRow();
+  const int64_t row = SliceRowIndex<D>();
+  if (__all_sync(kFullMask, row >= a.rows)) return;
+  float v[16];
+  LoadStageRow<D>(a.x, row, a.rows, v);
+  const detail::GroupRanges<D, G> ranges = detail::ComputeGroupRanges<D, G>(v);
+  detail::QuantizedSlice<D, G> q;
+  detail::QuantizeSlice<D, G, BITS>(v, ranges, -1.0f, q);
   if (row >= a.rows) return;
-  const float* x = a.x + row * D;
-  float v[D / 32];
+  const int r = detail::SliceLane<D>();
 #pragma unroll
-  for (int s = 0; s < D / 32; ++s) v[s] = x[LaneId() + 32 * s];
-  detail::QuantizedRow<D, G> q;
-  detail::QuantizeRow<D, G, BITS>(v, q);
-#pragma unroll
-  for (int s = 0; s < D / 32; ++s) {
-    a.codes[row * D + LaneId() + 32 * s] = static_cast<uint8_t>(q.code[s]);
+  for (int k = 0; k < 16; ++k) {
+    a.codes[row * D + detail::RowPosition<D>(k, r)] = static_cast<uint8_t>(q.code[k]);
   }
   detail::StoreMetadata<D, G>(q, a.scale + row * (D / G), a.min + row * (D / G));
 }
@@ -643,16 +752,36 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
 
+  const int64_t tiles = (static_cast<int64_t>(args.num_tokens) + Tile::kTileRows - 1) /
+                        Tile::kTileRows;
   // The pre-speed-up kernel exists for the benchmark's configuration only (d 128, G 64, INT2).
   constexpr bool kHasBaseline = HEAD_DIM == 128 && GROUP == 64 && BITS == 2;
   const bool baseline = kHasBaseline && g_use_baseline_fused_write;
-  auto kernel = FusedWriteKernel<HEAD_DIM, GROUP, BITS, false>;
+  const bool dense = args.rotation == kRotationDense;
+  if (!dense && !baseline) {
+    auto kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS>;
+    static LaunchCache cache;
+    const size_t no_shared[2] = {0, 0};
+    int resident = 0;
+    const cudaError_t prepared = PrepareKernel(cache, kernel, no_shared, 0, &resident);
+    if (prepared != cudaSuccess) return prepared;
+    // Persistent: at most the resident warps, shared among the heads.
+    const int64_t warps_needed =
+        (args.num_tokens + detail::SliceTraits<HEAD_DIM>::kRowsPerWarp - 1) /
+        detail::SliceTraits<HEAD_DIM>::kRowsPerWarp;
+    const int64_t per_head = std::max<int64_t>(1, resident / args.num_heads);
+    const int64_t blocks_x = std::min((warps_needed + kWarps - 1) / kWarps, per_head);
+    const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(args.num_heads));
+    kernel<<<grid, kThreads, 0, stream>>>(args);
+    return cudaGetLastError();
+  }
+
+  auto kernel = FusedWriteTileKernel<HEAD_DIM, GROUP, BITS, false>;
   if constexpr (kHasBaseline) {
-    if (baseline) kernel = FusedWriteKernel<HEAD_DIM, GROUP, BITS, true>;
+    if (baseline) kernel = FusedWriteTileKernel<HEAD_DIM, GROUP, BITS, true>;
   }
   static LaunchCache caches[2];
   LaunchCache& cache = caches[baseline ? 1 : 0];
-  const bool dense = args.rotation == kRotationDense;
   const size_t shared_sizes[2] = {Tile::kTileBytes + Tile::kStagingBytes,
                                   Tile::kTileBytes + Tile::kStagingBytes + Tile::kRBytes};
   const size_t shared = shared_sizes[dense ? 1 : 0];
@@ -661,8 +790,6 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
                                              &resident);
   if (prepared != cudaSuccess) return prepared;
 
-  const int64_t tiles = (static_cast<int64_t>(args.num_tokens) + Tile::kTileRows - 1) /
-                        Tile::kTileRows;
   int64_t blocks_x = tiles;
   if (dense && (Tile::kRResident || (!baseline && args.x_is_bf16))) {
     // Persistent over tiles: R is loaded once per block, and bf16 tiles are prefetched while
@@ -750,7 +877,8 @@ cudaError_t DispatchStage(Stage stage, const StageArgs& a, cudaStream_t stream) 
   if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return cudaErrorInvalidValue;
   if (a.rows == 0) return cudaSuccess;
   const int64_t elements = a.rows * a.head_dim;
-  const int64_t warp_blocks = Blocks(a.rows * 32, kStageBlock);
+  // Slice kernels: d/16 threads per row.
+  const int64_t slice_blocks = Blocks(a.rows * (a.head_dim / 16), kStageBlock);
   if (Blocks(elements, kStageBlock) > INT32_MAX) return cudaErrorInvalidValue;
   const bool packing = stage == Stage::kPack || stage == Stage::kUnpack;
   if ((packing || stage == Stage::kQuantize) && a.bits != 2 && a.bits != 4) {
@@ -782,20 +910,20 @@ cudaError_t DispatchStage(Stage stage, const StageArgs& a, cudaStream_t stream) 
         return cudaErrorInvalidValue;
       }
       KVQ_DISPATCH_HEAD_DIM(a.head_dim, HEAD_DIM, {
-        FwhtKernel<HEAD_DIM><<<warp_blocks, kStageBlock, 0, stream>>>(a);
+        FwhtKernel<HEAD_DIM><<<slice_blocks, kStageBlock, 0, stream>>>(a);
         return cudaGetLastError();
       })
     case Stage::kClip:
       if (!(a.clip > 0.0f && a.clip <= 1.0f)) return cudaErrorInvalidValue;
       KVQ_DISPATCH_HEAD_DIM(a.head_dim, HEAD_DIM, {
-        ClipKernel<HEAD_DIM><<<warp_blocks, kStageBlock, 0, stream>>>(a);
+        ClipKernel<HEAD_DIM><<<slice_blocks, kStageBlock, 0, stream>>>(a);
         return cudaGetLastError();
       })
     case Stage::kQuantize:
       KVQ_DISPATCH_HEAD_DIM(a.head_dim, HEAD_DIM, {
         KVQ_DISPATCH_GROUP(a.group, GROUP, {
           KVQ_DISPATCH_BITS(a.bits, BITS, {
-            return LaunchQuantizeIfValid<HEAD_DIM, GROUP, BITS>(a, warp_blocks, stream);
+            return LaunchQuantizeIfValid<HEAD_DIM, GROUP, BITS>(a, slice_blocks, stream);
           })
         })
       })

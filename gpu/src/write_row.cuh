@@ -1,15 +1,26 @@
-// Warp-level building blocks of the write path, shared by the stage kernels and the fused
+// Slice-level building blocks of the write path, shared by the stage kernels and the fused
 // kernel so that what the stage tests check is what the fused kernel runs.
 //
-// Register layout of one row: a warp holds the d channels, lane l keeping channels
-// l + 32*s for s = 0 .. d/32 - 1 (v[s]). Every group of G >= 32 channels is then a run of whole
-// slots across all 32 lanes, and the packed bytes of a row are (almost always) built from one
-// lane's own codes.
+// Layout. A row of d channels is held by a *slice* of kLanes = d/16 consecutive lanes, 16
+// values per lane, so a warp holds 32/kLanes rows at once (8, 4, 2 for d = 64, 128, 256).
+// Lane r of a slice (r = lane % kLanes) holds, in "pair-strided" order, the positions
+//   RowPosition(k, rho) = (k & 1) + 2 rho + 2 kLanes (k >> 1)   in v[k], k = 0..15,
+// where rho is the slice lane's *logical* index: rho = r, except after a bit reversal, which
+// is done by relabelling instead of moving data (see LoadRow). In this order
+//  - a lane's values come in adjacent pairs: one 32-bit load of two bf16, one 16-bit store of
+//    two packed bytes;
+//  - every quantization group (G >= 32) is the run of registers [g G/kLanes, ..), held by all
+//    lanes of the slice, so group statistics are in-register reductions followed by
+//    log2(kLanes) shuffle steps;
+//  - every packed byte is built from one lane's own codes (PackCodes).
+// Against a warp per row this divides the per-row reductions, group metadata (one IEEE
+// division, reciprocal and bf16 rounding per group), addressing and control by 32/kLanes.
 //
 // Bit-exactness (spec/numerics.md): every arithmetic step is an explicit _rn intrinsic (never
 // contracted) or an operation proven to give the same bits (the FWHT's fmaf with a +-1 factor,
 // the quantizer's reciprocal estimate with an exact fallback near half-integers: see there), and
 // reductions are exact (min, max, order statistics over integer keys), so their order is free.
+// Shuffles always use the full warp mask; every function is called by all 32 lanes.
 #pragma once
 
 #include <cstdint>
@@ -21,61 +32,233 @@ namespace kvq::gpu::detail {
 constexpr unsigned kFullMask = 0xffffffffu;
 
 template <int D>
-struct RowTraits {
+struct SliceTraits {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256");
-  static constexpr int kPerLane = D / 32;  // channels per lane
+  static constexpr int kPer = 16;                   // values per lane
+  static constexpr int kLanes = D / kPer;           // lanes per row: 4, 8, 16
+  static constexpr int kRowsPerWarp = 32 / kLanes;  // 8, 4, 2
   static constexpr int kLog2 = D == 64 ? 6 : (D == 128 ? 7 : 8);
+  static constexpr int kLaneBits = kLog2 - 4;       // log2(kLanes)
 };
 
 __device__ __forceinline__ int LaneId() { return static_cast<int>(threadIdx.x & 31u); }
 
-// beta(c): the log2(D) low bits of c reversed.
+// r: this lane's index within its slice; the slice index within the warp is LaneId() / kLanes.
 template <int D>
-__device__ __forceinline__ int BitReverse(int c) {
-  return static_cast<int>(__brev(static_cast<unsigned>(c)) >> (32 - RowTraits<D>::kLog2));
+__device__ __forceinline__ int SliceLane() {
+  return LaneId() & (SliceTraits<D>::kLanes - 1);
+}
+template <int D>
+__device__ __forceinline__ int SliceIndex() {
+  return LaneId() / SliceTraits<D>::kLanes;
+}
+// The ballot bits of this lane's slice.
+template <int D>
+__device__ __forceinline__ unsigned SliceBallotMask() {
+  constexpr int kLanes = SliceTraits<D>::kLanes;
+  return ((1u << kLanes) - 1u) << (LaneId() & ~(kLanes - 1));
 }
 
-// Normalised FWHT on each contiguous block of `block` channels (a power of two in [16, D]).
-// Stages with stride h = 1, 2, ..., block/2 in that order, exactly as the scalar loop: strides
-// below 32 pair lanes l and l^h (one shuffle per value; the lane with bit h clear computes
-// a + b, its partner a - b), larger strides pair slots of the same lane. Then one multiply by
-// `scale` = fp32(1/sqrt(block)).
+// Reductions over the lanes of a slice (xor butterflies with offsets below kLanes stay inside
+// the slice); the result is the same in every lane of the slice.
 template <int D>
-__device__ __forceinline__ void FwhtRow(float (&v)[D / 32], int block, float scale) {
-  constexpr int kPer = D / 32;
-  const int lane = LaneId();
+__device__ __forceinline__ uint32_t SliceMax(uint32_t v) {
 #pragma unroll
-  for (int h = 1; h < 32; h <<= 1) {
-    if (h < block) {
-      // Pair (k, k+h): the lane holding k keeps x[k] + x[k+h] = other + mine; the one holding
-      // k+h keeps x[k] - x[k+h] = other + (-mine) (IEEE defines a - b as a + (-b)). sign * mine
-      // is exact (+-mine, zeros keep their signs), so fmaf rounds exactly once, the sum: the
-      // same bits as __fadd_rn / __fsub_rn, in one instruction instead of add, sub and select.
-      const float sign = (lane & h) ? -1.0f : 1.0f;
-#pragma unroll
-      for (int s = 0; s < kPer; ++s) {
-        const float other = __shfl_xor_sync(kFullMask, v[s], h);
-        v[s] = fmaf(sign, v[s], other);
-      }
-    }
+  for (int offset = 1; offset < SliceTraits<D>::kLanes; offset <<= 1) {
+    v = max(v, __shfl_xor_sync(kFullMask, v, offset));
   }
+  return v;
+}
+template <int D>
+__device__ __forceinline__ uint32_t SliceMin(uint32_t v) {
 #pragma unroll
-  for (int hs = 1; hs < kPer; hs <<= 1) {
-    if (hs * 32 < block) {
+  for (int offset = 1; offset < SliceTraits<D>::kLanes; offset <<= 1) {
+    v = min(v, __shfl_xor_sync(kFullMask, v, offset));
+  }
+  return v;
+}
+template <int D>
+__device__ __forceinline__ int SliceSum(int v) {
 #pragma unroll
-      for (int s = 0; s < kPer; ++s) {
-        if ((s & hs) == 0) {
-          const float a = v[s];
-          const float b = v[s + hs];
-          v[s] = __fadd_rn(a, b);
-          v[s + hs] = __fsub_rn(a, b);
+  for (int offset = 1; offset < SliceTraits<D>::kLanes; offset <<= 1) {
+    v += __shfl_xor_sync(kFullMask, v, offset);
+  }
+  return v;
+}
+
+// The low `bits` bits of c reversed.
+template <int kBits>
+__device__ __host__ constexpr int ReverseBits(int c) {
+  int out = 0;
+  for (int b = 0; b < kBits; ++b) out |= ((c >> b) & 1) << (kBits - 1 - b);
+  return out;
+}
+
+// ---- Loading a row, rotation by FWHT and bit reversal ------------------------------------------
+//
+// Without bit reversal a row is loaded in pair-strided order (rho = r) and an FWHT runs in that
+// order. With bit reversal the lane loads, in "reversal-source" order, the two runs of 8
+// positions w[t + 8 e] = x'[t + 8 r + 8 kLanes e] (t < 8, e < 2) of the rotated row x'; the FWHT
+// runs in that order, and since beta (bit reversal over log2(d) bits) sends t + 8 r +
+// 8 kLanes e to e + 2 rev(r) + 2 kLanes rev3(t), v[e + 2 rev3(t)] = w[t + 8 e] with
+// rho = rev(r) is the bit-reversed row in pair-strided order: a register renaming and a
+// relabelled lane, no data movement.
+
+// Position (within the row) of v[k] held by logical slice lane rho.
+template <int D>
+__device__ __forceinline__ int RowPosition(int k, int rho) {
+  return (k & 1) + 2 * rho + 2 * SliceTraits<D>::kLanes * (k >> 1);
+}
+
+// Where position bit b of a loaded order lives: a stage with stride 2^b pairs registers k and
+// k ^ RegisterMask(b) when that is nonzero, else lanes r and r ^ LaneMask(b).
+template <int D, bool kReversalSource>
+struct LoadOrder {
+  static constexpr int kLaneBits = SliceTraits<D>::kLaneBits;
+  static constexpr int RegisterMask(int b) {
+    return kReversalSource ? (b < 3 ? 1 << b : (b == 3 + kLaneBits ? 8 : 0))
+                           : (b == 0 ? 1 : (b > kLaneBits ? 1 << (b - kLaneBits) : 0));
+  }
+  static constexpr int LaneMask(int b) {
+    return kReversalSource ? ((b >= 3 && b < 3 + kLaneBits) ? 1 << (b - 3) : 0)
+                           : ((b >= 1 && b <= kLaneBits) ? 1 << (b - 1) : 0);
+  }
+};
+
+// Normalised FWHT on each contiguous block of 2^kBlockLog2 channels, stages h = 1, 2, ...,
+// block/2 in that order (spec/numerics.md §3.2), then one multiply by `scale` =
+// fp32(1/sqrt(block)). Pairs in one lane: a + b, a - b. Pairs across lanes use one shuffle per
+// value: the lane holding k keeps x[k] + x[k+h] = other + mine, the one holding k+h keeps
+// x[k] - x[k+h] = other + (-mine) (IEEE defines a - b as a + (-b)); sign * mine is exact, so
+// fmaf rounds once, the sum: the same bits as __fadd_rn / __fsub_rn in one instruction.
+// The block size is a template parameter so that no stage is conditional at run time.
+template <int D, bool kReversalSource, int kBlockLog2>
+__device__ __forceinline__ void FwhtStages(float (&w)[16], float scale) {
+  using Order = LoadOrder<D, kReversalSource>;
+  const int r = SliceLane<D>();
+#pragma unroll
+  for (int b = 0; b < kBlockLog2; ++b) {
+    const int register_mask = Order::RegisterMask(b);
+    if (register_mask != 0) {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        if ((k & register_mask) == 0) {
+          const float lo = w[k];
+          const float hi = w[k | register_mask];
+          w[k] = __fadd_rn(lo, hi);
+          w[k | register_mask] = __fsub_rn(lo, hi);
         }
       }
+    } else {
+      const int lane_mask = Order::LaneMask(b);
+      const float sign = (r & lane_mask) ? -1.0f : 1.0f;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const float other = __shfl_xor_sync(kFullMask, w[k], lane_mask);
+        w[k] = fmaf(sign, w[k], other);
+      }
     }
   }
 #pragma unroll
-  for (int s = 0; s < kPer; ++s) v[s] = __fmul_rn(v[s], scale);
+  for (int k = 0; k < 16; ++k) w[k] = __fmul_rn(w[k], scale);
 }
+
+// The FWHT for a run-time block size (a power of two in [16, D]; anything else does nothing:
+// the launchers refuse it).
+template <int D, bool kReversalSource>
+__device__ __forceinline__ void Fwht(float (&w)[16], int block, float scale) {
+  switch (block) {
+    case 16: FwhtStages<D, kReversalSource, 4>(w, scale); break;
+    case 32: FwhtStages<D, kReversalSource, 5>(w, scale); break;
+    case 64: FwhtStages<D, kReversalSource, 6>(w, scale); break;
+    case 128:
+      if constexpr (D >= 128) FwhtStages<D, kReversalSource, 7>(w, scale);
+      break;
+    case 256:
+      if constexpr (D >= 256) FwhtStages<D, kReversalSource, 8>(w, scale);
+      break;
+    default: break;
+  }
+}
+
+// Input rows: fp32, or bf16 (widened exactly: the bits shifted into the high half).
+__device__ __forceinline__ float WidenBf16Low(uint32_t pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float WidenBf16High(uint32_t pair) {
+  return __uint_as_float(pair & 0xffff0000u);
+}
+
+// This lane's values of a row (T = float or uint16_t bf16 bits, in shared or global memory;
+// 16-byte aligned) in the order that LoadRow's rotation needs: pair-strided, or
+// reversal-source when `reversal_source`.
+template <int D, typename T>
+__device__ __forceinline__ void LoadRowValues(const T* row, bool reversal_source,
+                                              float (&w)[16]) {
+  constexpr int kLanes = SliceTraits<D>::kLanes;
+  const int r = SliceLane<D>();
+  if (!reversal_source) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int position = 2 * r + 2 * kLanes * s;
+      if constexpr (sizeof(T) == 4) {
+        const float2 pair = *reinterpret_cast<const float2*>(row + position);
+        w[2 * s] = pair.x;
+        w[2 * s + 1] = pair.y;
+      } else {
+        const uint32_t pair = *reinterpret_cast<const uint32_t*>(row + position);
+        w[2 * s] = WidenBf16Low(pair);
+        w[2 * s + 1] = WidenBf16High(pair);
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const T* run = row + 8 * r + 8 * kLanes * e;
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float4 q = *reinterpret_cast<const float4*>(run + 4 * i);
+        w[8 * e + 4 * i] = q.x;
+        w[8 * e + 4 * i + 1] = q.y;
+        w[8 * e + 4 * i + 2] = q.z;
+        w[8 * e + 4 * i + 3] = q.w;
+      }
+    } else {
+      const uint4 q = *reinterpret_cast<const uint4*>(run);
+      const uint32_t pairs[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[8 * e + 2 * i] = WidenBf16Low(pairs[i]);
+        w[8 * e + 2 * i + 1] = WidenBf16High(pairs[i]);
+      }
+    }
+  }
+}
+
+// Loads this lane's part of a row of D values (see LoadRowValues), applies the FWHT when
+// `fwht_block` > 0 and the bit reversal when `bitrev`, and returns the rotated row in
+// pair-strided order in v. Returns rho.
+template <int D, typename T>
+__device__ __forceinline__ int LoadRow(const T* row, bool bitrev, int fwht_block,
+                                       float fwht_scale, float (&v)[16]) {
+  if (!bitrev) {
+    LoadRowValues<D>(row, false, v);
+    if (fwht_block > 0) Fwht<D, false>(v, fwht_block, fwht_scale);
+    return SliceLane<D>();
+  }
+  float w[16];
+  LoadRowValues<D>(row, true, w);
+  if (fwht_block > 0) Fwht<D, true>(w, fwht_block, fwht_scale);
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    v[2 * ReverseBits<3>(t)] = w[t];
+    v[2 * ReverseBits<3>(t) + 1] = w[t + 8];
+  }
+  return static_cast<int>(__brev(static_cast<unsigned>(SliceLane<D>())) >>
+                          (32 - SliceTraits<D>::kLaneBits));
+}
+
+// ---- Clip (order statistic) -------------------------------------------------------------------
 
 // k = min(floor(rho * d), d - 1) with rho * d computed in double (spec/numerics.md §4).
 __device__ __forceinline__ int ClipRank(float rho, int d) {
@@ -83,137 +266,198 @@ __device__ __forceinline__ int ClipRank(float rho, int d) {
   return position < static_cast<double>(d - 1) ? static_cast<int>(position) : d - 1;
 }
 
-// Up to this many elements over the order statistic, merging the lanes' sorted magnitudes
-// from the top (one warp max + one ballot per round, at most 33 rounds) costs fewer
-// instructions than the 31-pass bitwise radix select (estimated ~(8 + d/32) instructions per
-// round against ~(5 + 2d/32) per pass; H100, FWHT prefill at d = 128, rho = 0.80, i.e. 25
-// elements above: 0.94 ms with the radix select, 0.57 ms with this, other changes included).
+// Up to this many elements above the order statistic, merging the lanes' sorted magnitudes
+// from the top costs fewer instructions than the 31-pass bitwise radix select.
 constexpr int kTopSelectLimit = 32;
 
-// The largest |v| of the row as fp32 bits (unsigned order = numeric order for non-negative
-// floats; NaN and Inf rank above every finite value). The same in every lane.
-template <int D>
-__device__ __forceinline__ uint32_t MaxMagnitudeBits(const float (&v)[D / 32]) {
-  uint32_t m = 0;
+// Sorts 16 keys descending in registers (bitonic network, 80 compare-exchanges).
+__device__ __forceinline__ void SortDescending16(uint32_t (&key)[16]) {
 #pragma unroll
-  for (int s = 0; s < D / 32; ++s) m = max(m, __float_as_uint(v[s]) & 0x7fffffffu);
-  return __reduce_max_sync(kFullMask, m);
+  for (int size = 2; size <= 16; size <<= 1) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const uint32_t a = key[i];
+          const uint32_t b = key[j];
+          const bool descending = (i & size) == 0;
+          key[i] = descending ? max(a, b) : min(a, b);
+          key[j] = descending ? min(a, b) : max(a, b);
+        }
+      }
+    }
+  }
 }
 
-// tau = the k-th smallest (0-based) of |v| over the row, an exact order statistic on the bit
-// patterns (for non-negative floats, unsigned order = numeric order; |-0| = +0). Then clips
-// v in place with the spec's comparisons and returns tau. All lanes return the same tau.
-// max_bits = MaxMagnitudeBits<D>(v) (the caller has it from the range check).
+// Drops the head of a descending key list where `pop` (0 enters at the tail).
+__device__ __forceinline__ void PopHead16(uint32_t (&key)[16], bool pop) {
+#pragma unroll
+  for (int s = 0; s < 15; ++s) key[s] = pop ? key[s + 1] : key[s];
+  key[15] = pop ? 0u : key[15];
+}
+
+// The bits of tau = the k-th smallest (0-based) of |v| over the slice's row: an exact order
+// statistic on bit patterns (unsigned order = numeric order for non-negative floats;
+// |-0| = +0). k may differ between the slices of a warp. `max_magnitude_bits`: the row's largest
+// |v| (the answer where k = D - 1).
 template <int D>
-__device__ __forceinline__ float ClipRow(float (&v)[D / 32], int k, uint32_t max_bits) {
-  constexpr int kPer = D / 32;
+__device__ __forceinline__ uint32_t ClipThresholdBits(const float (&v)[16], int k,
+                                                      uint32_t max_magnitude_bits) {
   const int above = D - 1 - k;  // elements ranked above the order statistic
-  if (above == 0) {
-    // tau = max |v|: no x > tau and no x < -tau (NaN compares false), so the clip keeps every
-    // bit and is skipped.
-    return __uint_as_float(max_bits);
-  }
-  uint32_t mag[kPer];
-#pragma unroll
-  for (int s = 0; s < kPer; ++s) mag[s] = __float_as_uint(v[s]) & 0x7fffffffu;
-
-  uint32_t threshold;
-  if (above <= kTopSelectLimit) {
+  if (__all_sync(kFullMask, above == 0)) return max_magnitude_bits;
+  const unsigned slice_mask = SliceBallotMask<D>();
+  if (__all_sync(kFullMask, above <= kTopSelectLimit)) {
     // Merge from the top: each lane sorts its magnitudes descending (keys mag + 1, so that the
-    // 0 a lane shifts in when it runs out ranks below every element), then each round takes
-    // the warp maximum m of the lanes' heads and counts the heads equal to it (ballot); those
-    // are the next largest elements of the row. Lanes holding m pop their head. The round whose
-    // count passes the elements still to skip has reached rank k: tau = m.
-    uint32_t top[kPer];
+    // 0 a lane shifts in when it runs out ranks below every element). A round takes the slice
+    // maximum m of the lanes' heads and counts the heads equal to it: those are the next
+    // largest elements of the row; lanes holding m pop their head. The round whose count
+    // passes the elements still to skip has reached rank k: tau = m.
+    uint32_t top[16];
 #pragma unroll
-    for (int s = 0; s < kPer; ++s) top[s] = mag[s] + 1u;
-#pragma unroll
-    for (int i = 0; i < kPer - 1; ++i) {
-#pragma unroll
-      for (int j = 0; j < kPer - 1 - i; ++j) {
-        const uint32_t a = top[j];
-        const uint32_t b = top[j + 1];
-        top[j] = max(a, b);
-        top[j + 1] = min(a, b);
-      }
-    }
+    for (int s = 0; s < 16; ++s) top[s] = (__float_as_uint(v[s]) & 0x7fffffffu) + 1u;
+    SortDescending16(top);
     int remaining = above;
-    // Bulk rounds first: let `second` be the warp maximum of the lanes' second-largest keys.
-    // Every remaining element other than a head is <= its lane's second <= `second`, so the
-    // heads > `second` are exactly the elements > `second`: the `count` largest remaining ones,
-    // strictly above all others (no ties to break). While count <= remaining they all rank
-    // above k: pop them in one round (often several elements, where the loop below pops one
-    // value). Empty slots hold key 0 and never count. kPer >= 2 (d >= 64). Not at d = 256:
-    // there the extra live values cost the 64-register kernels a spill (ptxas -v).
-    while (kPer <= 4 && remaining > 0) {
-      const uint32_t second = __reduce_max_sync(kFullMask, top[1]);
+    // Bulk rounds first: `second` = the slice maximum of the lanes' second keys. Every
+    // remaining element other than a head is <= its lane's second <= `second`, so the heads
+    // > `second` are exactly the elements > `second`: the `count` largest remaining ones,
+    // strictly above all others. While count <= remaining they all rank above k: pop them in
+    // one round. A slice leaves this phase at the first round that cannot pop.
+    bool bulk = remaining > 0;
+    while (__any_sync(kFullMask, bulk)) {
+      const uint32_t second = SliceMax<D>(top[1]);
       const bool big = top[0] > second;
-      const int count = __popc(__ballot_sync(kFullMask, big));
-      if (count == 0 || count > remaining) break;
-      remaining -= count;
-#pragma unroll
-      for (int s = 0; s < kPer - 1; ++s) top[s] = big ? top[s + 1] : top[s];
-      top[kPer - 1] = big ? 0u : top[kPer - 1];
+      const int count = __popc(__ballot_sync(kFullMask, big) & slice_mask);
+      if (bulk) {
+        if (count == 0 || count > remaining) {
+          bulk = false;
+        } else {
+          remaining -= count;
+          PopHead16(top, big);
+          bulk = remaining > 0;
+        }
+      }
     }
-    while (true) {
-      const uint32_t m = __reduce_max_sync(kFullMask, top[0]);
+    bool done = false;
+    uint32_t threshold = 0;
+    while (__any_sync(kFullMask, !done)) {
+      const uint32_t m = SliceMax<D>(top[0]);
       const bool hit = top[0] == m;
-      const int count = __popc(__ballot_sync(kFullMask, hit));
-      if (count > remaining) {
-        threshold = m - 1u;
-        break;
-      }
-      remaining -= count;
-#pragma unroll
-      for (int s = 0; s < kPer - 1; ++s) top[s] = hit ? top[s + 1] : top[s];
-      top[kPer - 1] = hit ? 0u : top[kPer - 1];
-    }
-  } else {
-    // Bitwise radix select from bit 30 (bit 31 of a magnitude is 0): count the candidates that
-    // match the prefix so far with this bit 0; descend into the half that holds rank k.
-    uint32_t prefix = 0;
-    int rank = k;
-#pragma unroll 1
-    for (int bit = 30; bit >= 0; --bit) {
-      const uint32_t limit = 1u << bit;
-      uint32_t zeros = 0;
-#pragma unroll
-      for (int s = 0; s < kPer; ++s) zeros += ((mag[s] ^ prefix) < limit) ? 1u : 0u;
-      const int count = static_cast<int>(__reduce_add_sync(kFullMask, zeros));
-      if (rank >= count) {
-        rank -= count;
-        prefix |= limit;
+      const int count = __popc(__ballot_sync(kFullMask, hit) & slice_mask);
+      if (!done) {
+        if (count > remaining) {
+          threshold = m - 1u;
+          done = true;
+        } else {
+          remaining -= count;
+          PopHead16(top, hit);
+        }
       }
     }
-    threshold = prefix;
+    return threshold;
   }
-  const float tau = __uint_as_float(threshold);
+  // Bitwise radix select from bit 30 (bit 31 of a magnitude is 0): count the elements that
+  // match the prefix so far with this bit 0; descend into the half that holds rank k.
+  uint32_t prefix = 0;
+  int rank = k;
+#pragma unroll 1
+  for (int bit = 30; bit >= 0; --bit) {
+    const uint32_t limit = 1u << bit;
+    int zeros = 0;
 #pragma unroll
-  for (int s = 0; s < kPer; ++s) v[s] = (v[s] > tau) ? tau : ((v[s] < -tau) ? -tau : v[s]);
-  return tau;
+    for (int s = 0; s < 16; ++s) {
+      zeros += (((__float_as_uint(v[s]) & 0x7fffffffu) ^ prefix) < limit) ? 1 : 0;
+    }
+    const int count = SliceSum<D>(zeros);
+    if (rank >= count) {
+      rank -= count;
+      prefix |= limit;
+    }
+  }
+  return prefix;
 }
 
-template <int D>
-__device__ __forceinline__ float ClipRow(float (&v)[D / 32], int k) {
-  return ClipRow<D>(v, k, MaxMagnitudeBits<D>(v));
+// The spec's clip of one value against tau (comparisons, so +-0 are kept).
+__device__ __forceinline__ float ClipValue(float x, float tau) {
+  return (x > tau) ? tau : ((x < -tau) ? -tau : x);
 }
 
-// A total order on fp32 bit patterns as unsigned integers (-0 sorts just below +0), so warp
-// min/max run on the integer reduction unit and are exact.
-__device__ __forceinline__ uint32_t OrderedKey(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+// ---- Row statistics ---------------------------------------------------------------------------
+
+// fp32 min / max that return NaN when either input is NaN (PTX min.NaN / max.NaN, sm_80+), so a
+// NaN anywhere in a group reaches its reduced extremes. Between -0 and +0 either may come back;
+// the quantizer adds +0 to both extremes first (spec/numerics.md §5), which makes that moot.
+__device__ __forceinline__ float MinNaN(float a, float b) {
+  float d;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
 }
-__device__ __forceinline__ float FromOrderedKey(uint32_t key) {
-  return __uint_as_float((key & 0x80000000u) ? (key ^ 0x80000000u) : ~key);
+__device__ __forceinline__ float MaxNaN(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
 }
+
+// Min / max of each quantization group, reduced over the slice (exact: min and max round
+// nothing). The row's extremes follow: its range check (|x| > 2^126, Inf, NaN) and its largest
+// magnitude.
+template <int D, int G>
+struct GroupRanges {
+  static constexpr int kGroups = D / G;
+  float lo[kGroups];
+  float hi[kGroups];
+
+  __device__ __forceinline__ float RowMin() const {
+    float m = lo[0];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) m = MinNaN(m, lo[g]);
+    return m;
+  }
+  __device__ __forceinline__ float RowMax() const {
+    float m = hi[0];
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) m = MaxNaN(m, hi[g]);
+    return m;
+  }
+  // |x| > limit, +-Inf or NaN somewhere in the row (NaN fails the comparison).
+  __device__ __forceinline__ bool OutOfRange(float limit) const {
+    return !(fmaxf(fabsf(RowMin()), fabsf(RowMax())) <= limit);
+  }
+  // The bits of max |x| over the row (for rows that are in range): the largest magnitude is
+  // the row's min or its max.
+  __device__ __forceinline__ uint32_t MaxMagnitudeBits() const {
+    return max(__float_as_uint(RowMin()) & 0x7fffffffu, __float_as_uint(RowMax()) & 0x7fffffffu);
+  }
+};
 
 template <int D, int G>
-struct QuantizedRow {
-  uint32_t code[D / 32];  // the lane's codes, slot s = channel lane + 32*s
-  uint16_t scale;         // lanes g < D/G: bf16 bits of group g's scale
-  uint16_t min;           // lanes g < D/G: bf16 bits of group g's min
-};
+__device__ __forceinline__ GroupRanges<D, G> ComputeGroupRanges(const float (&v)[16]) {
+  static_assert(G >= 32 && G <= D, "group must be in [32, head_dim]");
+  constexpr int kLanes = SliceTraits<D>::kLanes;
+  constexpr int kSlots = G / kLanes;  // slots per group (>= 2)
+  GroupRanges<D, G> ranges;
+#pragma unroll
+  for (int g = 0; g < GroupRanges<D, G>::kGroups; ++g) {
+    float lo = v[g * kSlots];
+    float hi = lo;
+#pragma unroll
+    for (int s = 1; s < kSlots; ++s) {
+      lo = MinNaN(lo, v[g * kSlots + s]);
+      hi = MaxNaN(hi, v[g * kSlots + s]);
+    }
+#pragma unroll
+    for (int offset = 1; offset < kLanes; offset <<= 1) {
+      lo = MinNaN(lo, __shfl_xor_sync(kFullMask, lo, offset));
+      hi = MaxNaN(hi, __shfl_xor_sync(kFullMask, hi, offset));
+    }
+    ranges.lo[g] = lo;
+    ranges.hi[g] = hi;
+  }
+  return ranges;
+}
+
+// ---- Quantizer --------------------------------------------------------------------------------
 
 // rint half-to-even by addition: for 0 <= c <= 2^22, c + 1.5*2^23 lies in [2^23, 2^24) where
 // the fp32 spacing is 1, so the RN sum is 1.5*2^23 + rint(c) and its low mantissa bits are
@@ -242,18 +486,30 @@ constexpr float kHalfMinusMargin = 0.5f - 0x1p-12f;
 //    [0, L] matches clamping fl(Q) first: the half-integers -1/2 and L + 1/2 need no margin
 //    because both of their neighbours clamp to the same code.
 // Otherwise (|frac(c)| > 1/2 - 2^-12, about 1 code in 2000 on random data) the code is the
-// division's, exactly as spec/numerics.md §5 writes it (QuantizeCodeByDivision). gpu_write_numerics_test compares this
-// with __fdiv_rn on every positive bf16 scale against quotients at and around every
-// half-integer, and on random pairs.
+// division's, exactly as spec/numerics.md §5 writes it (QuantizeCodeByDivision).
+// gpu_write_numerics_test compares this with __fdiv_rn on every positive bf16 scale against
+// quotients at and around every half-integer, and on random pairs.
+// The estimate as a code word: bits [0, 8) hold the code, bits [8, 16) are 0 (the word is
+// 1.5 * 2^23 + code as an fp32 bit pattern); PackCodes reads only those two bytes. frac_max
+// accumulates |c - rint(c)|: the estimate of this code is uncertain when it exceeds
+// kHalfMinusMargin (or when inv == 0).
 template <int BITS>
-__device__ __forceinline__ uint32_t QuantizeCodeEstimate(float a, float inv, bool& uncertain) {
+__device__ __forceinline__ uint32_t QuantizeCodeWord(float a, float inv, float& frac_max) {
   constexpr float kLevels = static_cast<float>((1 << BITS) - 1);
   const float y = __fmul_rn(a, inv);
   const float c = fminf(fmaxf(y, 0.0f), kLevels);  // (NaN input: 0, as the division path)
   const float t = __fadd_rn(c, kRoundMagic);
   const float frac = __fsub_rn(c, __fsub_rn(t, kRoundMagic));  // exact: c - rint(c)
-  uncertain = inv == 0.0f || fabsf(frac) > kHalfMinusMargin;
-  return __float_as_uint(t) & 0xffu;  // t = 1.5 * 2^23 + rint(c), rint(c) in [0, 15]
+  frac_max = fmaxf(frac_max, fabsf(frac));
+  return __float_as_uint(t);  // t = 1.5 * 2^23 + rint(c), rint(c) in [0, 15]
+}
+
+template <int BITS>
+__device__ __forceinline__ uint32_t QuantizeCodeEstimate(float a, float inv, bool& uncertain) {
+  float frac_max = 0.0f;
+  const uint32_t word = QuantizeCodeWord<BITS>(a, inv, frac_max);
+  uncertain = inv == 0.0f || frac_max > kHalfMinusMargin;
+  return word & 0xffu;
 }
 
 // The spec's formula itself. Clamp first, then round: the same q as rounding first (0 and L
@@ -290,120 +546,146 @@ __device__ __forceinline__ uint32_t PackBf16Pair(float high, float low) {
   return packed;
 }
 
-// The asymmetric quantizer of spec/numerics.md §5 on one clipped row.
+// One quantized row, slice-distributed.
+template <int D, int G>
+struct QuantizedSlice {
+  // v[k]'s code in bits [0, 8) of code[k], bits [8, 16) zero (QuantizeCodeWord).
+  uint32_t code[16];
+  // Lanes r < d/G: (min << 16) | scale of group r, the bf16 bits (spec/numerics.md §5).
+  uint32_t meta;
+};
+
+// The asymmetric quantizer of spec/numerics.md §5 on one row. `ranges` are the group extremes
+// of the row before the clip (finite for every row that is stored); `tau` the clip threshold,
+// or negative when the row is not clipped (rho = 1). The values v must already be clipped. The
+// clip is monotone (x <= y implies clip(x) <= clip(y)), so a group's clipped min / max are the
+// clipped unclipped extremes (and -0 / +0 become +0 either way).
 template <int D, int G, int BITS>
-__device__ __forceinline__ void QuantizeRow(const float (&v)[D / 32], QuantizedRow<D, G>& out) {
-  static_assert(G >= 32 && G <= D, "group must be in [32, head_dim]");
-  constexpr int kSlots = G / 32;
+__device__ __forceinline__ void QuantizeSlice(const float (&v)[16], const GroupRanges<D, G>& ranges,
+                                              float tau, QuantizedSlice<D, G>& out) {
+  constexpr int kLanes = SliceTraits<D>::kLanes;
   constexpr int kGroups = D / G;
+  constexpr int kSlots = G / kLanes;
   constexpr float kLevels = static_cast<float>((1 << BITS) - 1);
-  const int lane = LaneId();
-  // Exact group min / max as ordered integer keys, reduced over the warp.
-  uint32_t key_min[kGroups];
-  uint32_t key_max[kGroups];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    uint32_t lo_key = 0xffffffffu;
-    uint32_t hi_key = 0u;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const uint32_t key = OrderedKey(v[g * kSlots + s]);
-      lo_key = min(lo_key, key);
-      hi_key = max(hi_key, key);
-    }
-    key_min[g] = __reduce_min_sync(kFullMask, lo_key);
-    key_max[g] = __reduce_max_sync(kFullMask, hi_key);
-  }
-  // Lane g < kGroups derives group g's metadata: one IEEE division, two bf16 roundings and one
-  // reciprocal per lane instead of one per group in every lane.
-  uint32_t my_min = key_min[0];
-  uint32_t my_max = key_max[0];
+  const int r = SliceLane<D>();
+  // Slice lane r derives group (r mod kGroups)'s metadata: one IEEE division, two bf16
+  // roundings and one reciprocal per lane, then shuffles broadcast it to the slice.
+  const int my_group = r & (kGroups - 1);
+  float lo = ranges.lo[0];
+  float hi = ranges.hi[0];
 #pragma unroll
   for (int g = 1; g < kGroups; ++g) {
-    my_min = lane == g ? key_min[g] : my_min;
-    my_max = lane == g ? key_max[g] : my_max;
+    lo = my_group == g ? ranges.lo[g] : lo;
+    hi = my_group == g ? ranges.hi[g] : hi;
   }
-  const float lo = __fadd_rn(FromOrderedKey(my_min), 0.0f);  // -0 -> +0
-  const float hi = __fadd_rn(FromOrderedKey(my_max), 0.0f);
+  if (tau >= 0.0f) {
+    lo = ClipValue(lo, tau);
+    hi = ClipValue(hi, tau);
+  }
+  lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
+  hi = __fadd_rn(hi, 0.0f);
   const float step = __fdiv_rn(__fsub_rn(hi, lo), kLevels);
-  // Both bf16 roundings in one instruction, packed as (min << 16) | scale; one shuffle then
-  // broadcasts both to the group's lanes.
+  // Both bf16 roundings in one instruction, packed as (min << 16) | scale.
   const uint32_t my_meta = PackBf16Pair(lo, step);
-  out.scale = static_cast<uint16_t>(my_meta & 0xffffu);
-  out.min = static_cast<uint16_t>(my_meta >> 16);
+  out.meta = my_meta;
   const float my_inv = QuantizeReciprocal(__uint_as_float(my_meta << 16));
+  const int slice_base = LaneId() & ~(kLanes - 1);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    const uint32_t meta = kGroups == 1 ? my_meta : __shfl_sync(kFullMask, my_meta, g);
+    const uint32_t meta = __shfl_sync(kFullMask, my_meta, slice_base + g);
+    const float inv = __shfl_sync(kFullMask, my_inv, slice_base + g);
     const float sf = __uint_as_float(meta << 16);          // F32FromBf16(scale), exact
     const float mf = __uint_as_float(meta & 0xffff0000u);  // F32FromBf16(min), exact
-    const float inv = kGroups == 1 ? my_inv : __shfl_sync(kFullMask, my_inv, g);
-    // QuantizeCode, with one warp vote per group deciding whether any lane divides.
-    float a[kSlots];
-    bool uncertain[kSlots];
-    bool any_uncertain = false;
+    // QuantizeCode, with one warp vote per group deciding whether any lane divides; that rare
+    // pass recomputes which codes need it.
+    float frac_max = 0.0f;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      a[s] = __fsub_rn(v[g * kSlots + s], mf);
-      out.code[g * kSlots + s] = QuantizeCodeEstimate<BITS>(a[s], inv, uncertain[s]);
-      any_uncertain |= uncertain[s];
+      out.code[g * kSlots + s] =
+          QuantizeCodeWord<BITS>(__fsub_rn(v[g * kSlots + s], mf), inv, frac_max);
     }
     // sf == 0 gives inv == 0, so every code of such a group is decided here: 0 (spec §5).
-    if (__any_sync(kFullMask, any_uncertain)) {
+    if (__any_sync(kFullMask, inv == 0.0f || frac_max > kHalfMinusMargin)) {
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) {
-        if (uncertain[s]) {
-          out.code[g * kSlots + s] = sf != 0.0f ? QuantizeCodeByDivision<BITS>(a[s], sf) : 0u;
+        const float a = __fsub_rn(v[g * kSlots + s], mf);
+        bool uncertain;
+        QuantizeCodeEstimate<BITS>(a, inv, uncertain);
+        if (uncertain) {
+          out.code[g * kSlots + s] = sf != 0.0f ? QuantizeCodeByDivision<BITS>(a, sf) : 0u;
         }
       }
     }
   }
 }
 
-// Packs the row's codes (spec/numerics.md §8) and stores its d*b/8 bytes at dst.
-// INT2, byte i < d/4 holds channels i + q*d/4 (q = 0..3); INT4, byte i < d/2 holds i and d/2+i.
-// Lane l writes bytes l + 32*t; for d >= 128 (INT2) or any d (INT4) the four (two) channels of
-// those bytes are slots of lane l itself; INT2 at d = 64 takes two codes from lane l + 16.
-template <int D, int BITS>
-__device__ __forceinline__ void StorePackedRow(const uint32_t (&code)[D / 32], uint8_t* dst) {
-  const int lane = LaneId();
+// ---- Packing and stores -------------------------------------------------------------------------
+
+// The row's packed bytes (spec/numerics.md §8) held by this lane, as words: byte b of the lane
+// is the row's byte (b & 1) + 2 rho + 2 kLanes (b >> 1), so consecutive byte pairs are stored
+// with one 16-bit store.
+//  INT2: byte i < d/4 holds positions i + q d/4 (q = 0..3, bits 2q); d/4 = 2 kLanes * 2, so
+//        lane byte b (< 4) holds v[b + 4q].
+//  INT4: byte i < d/2 holds positions i (low nibble) and i + d/2; d/2 = 2 kLanes * 4, so lane
+//        byte b (< 8) holds v[b] and v[b + 8].
+template <int BITS>
+struct PackedSlice {
+  static constexpr int kBytes = BITS == 2 ? 4 : 8;
+  uint32_t word[kBytes / 4];
+};
+
+// Bytes [code0, code1, code2, code3] of four code words (bits [8, 16) of each are zero).
+__device__ __forceinline__ uint32_t GatherCodeBytes(uint32_t c0, uint32_t c1, uint32_t c2,
+                                                    uint32_t c3) {
+  const uint32_t low = __byte_perm(c0, c1, 0x5540);   // c0.b0, c1.b0, 0, 0
+  const uint32_t high = __byte_perm(c2, c3, 0x5540);  // c2.b0, c3.b0, 0, 0
+  return __byte_perm(low, high, 0x5410);
+}
+
+template <int BITS>
+__device__ __forceinline__ PackedSlice<BITS> PackCodes(const uint32_t (&code)[16]) {
+  PackedSlice<BITS> p;
   if constexpr (BITS == 2) {
-    if constexpr (D == 64) {
-      // byte i < 16: channels i (lane i, slot 0), 16+i (lane i+16, slot 0), 32+i (lane i,
-      // slot 1), 48+i (lane i+16, slot 1).
-      const uint32_t up0 = __shfl_down_sync(kFullMask, code[0], 16);
-      const uint32_t up1 = __shfl_down_sync(kFullMask, code[1], 16);
-      if (lane < 16) {
-        dst[lane] = static_cast<uint8_t>(code[0] | (up0 << 2) | (code[1] << 4) | (up1 << 6));
-      }
-    } else {
-      constexpr int kBytesPerLane = D / 128;  // byte l + 32t: slots t + q*kBytesPerLane
+    uint32_t w = 0;
 #pragma unroll
-      for (int t = 0; t < kBytesPerLane; ++t) {
-        uint32_t byte = 0;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) byte |= code[t + q * kBytesPerLane] << (2 * q);
-        dst[lane + 32 * t] = static_cast<uint8_t>(byte);
-      }
+    for (int q = 0; q < 4; ++q) {
+      w |= GatherCodeBytes(code[4 * q], code[4 * q + 1], code[4 * q + 2], code[4 * q + 3])
+           << (2 * q);
     }
+    p.word[0] = w;
   } else {
     static_assert(BITS == 4, "bits must be 2 or 4");
-    constexpr int kBytesPerLane = D / 64;  // byte l + 32t: slot t (low), t + kBytesPerLane
 #pragma unroll
-    for (int t = 0; t < kBytesPerLane; ++t) {
-      dst[lane + 32 * t] = static_cast<uint8_t>(code[t] | (code[t + kBytesPerLane] << 4));
+    for (int half = 0; half < 2; ++half) {
+      const int b = 4 * half;
+      p.word[half] =
+          GatherCodeBytes(code[b], code[b + 1], code[b + 2], code[b + 3]) |
+          (GatherCodeBytes(code[b + 8], code[b + 9], code[b + 10], code[b + 11]) << 4);
     }
+  }
+  return p;
+}
+
+// Stores the lane's packed bytes of a row whose d*b/8 bytes start at dst (2-byte aligned).
+template <int D, int BITS>
+__device__ __forceinline__ void StorePackedSlice(const PackedSlice<BITS>& p, int rho,
+                                                 uint8_t* dst) {
+  constexpr int kLanes = SliceTraits<D>::kLanes;
+#pragma unroll
+  for (int pair = 0; pair < PackedSlice<BITS>::kBytes / 2; ++pair) {
+    *reinterpret_cast<uint16_t*>(dst + 2 * rho + 2 * kLanes * pair) =
+        static_cast<uint16_t>(p.word[pair / 2] >> (16 * (pair % 2)));
   }
 }
 
-// Lane g < d/G stores group g's (scale, min).
+// Slice lanes r < d/G store group r's (scale, min).
 template <int D, int G>
-__device__ __forceinline__ void StoreMetadata(const QuantizedRow<D, G>& row, uint16_t* scale,
+__device__ __forceinline__ void StoreMetadata(const QuantizedSlice<D, G>& q, uint16_t* scale,
                                               uint16_t* min) {
-  const int lane = LaneId();
-  if (lane < D / G) {
-    scale[lane] = row.scale;
-    min[lane] = row.min;
+  const int r = SliceLane<D>();
+  if (r < D / G) {
+    scale[r] = static_cast<uint16_t>(q.meta & 0xffffu);
+    min[r] = static_cast<uint16_t>(q.meta >> 16);
   }
 }
 

@@ -174,21 +174,34 @@ TEST(QuantizeCodeTest, Int4MatchesIeeeDivisionEverywhere) {
 
 // ---- ClipRow: every rank ---------------------------------------------------------------------
 
-// Warp w handles row w / D with rank k = w % D.
+// Slice i (d/16 lanes) handles row i / D with rank k = i % D: the slices of one warp ask for
+// different ranks.
 template <int D>
 __global__ void ClipEveryRankKernel(const float* rows, int num_rows, float* tau, float* clipped) {
+  constexpr int kLanes = detail::SliceTraits<D>::kLanes;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (warp >= static_cast<int64_t>(num_rows) * D) return;
-  const int64_t row = warp / D;
-  const int k = static_cast<int>(warp % D);
-  const int lane = detail::LaneId();
-  float v[D / 32];
+  const int64_t slice = warp * detail::SliceTraits<D>::kRowsPerWarp + detail::SliceIndex<D>();
+  const int64_t total = static_cast<int64_t>(num_rows) * D;
+  if (__all_sync(detail::kFullMask, slice >= total)) return;
+  const bool active = slice < total;
+  const int64_t row = active ? slice / D : 0;
+  const int k = active ? static_cast<int>(slice % D) : D - 1;
+  const int r = detail::SliceLane<D>();
+  float v[16];
+  uint32_t max_bits = 0;
 #pragma unroll
-  for (int s = 0; s < D / 32; ++s) v[s] = rows[row * D + lane + 32 * s];
-  const float t = detail::ClipRow<D>(v, k);
+  for (int s = 0; s < 16; ++s) {
+    v[s] = rows[row * D + r + kLanes * s];
+    max_bits = max(max_bits, __float_as_uint(v[s]) & 0x7fffffffu);
+  }
+  max_bits = detail::SliceMax<D>(max_bits);
+  const float t = __uint_as_float(detail::ClipThresholdBits<D>(v, k, max_bits));
+  if (!active) return;
 #pragma unroll
-  for (int s = 0; s < D / 32; ++s) clipped[warp * D + lane + 32 * s] = v[s];
-  if (lane == 0) tau[warp] = t;
+  for (int s = 0; s < 16; ++s) {
+    clipped[slice * D + r + kLanes * s] = detail::ClipValue(v[s], t);
+  }
+  if (r == 0) tau[slice] = t;
 }
 
 std::vector<float> SelectRows(int d, std::mt19937& rng) {
@@ -223,7 +236,7 @@ void ExpectEveryRankMatchesSort() {
   DeviceBuffer<float> clipped(static_cast<size_t>(num_rows) * D * D);
   tau.Fill(0xFF);
   clipped.Fill(0xFF);
-  const int64_t threads = static_cast<int64_t>(num_rows) * D * 32;
+  const int64_t threads = static_cast<int64_t>(num_rows) * D * (D / 16);
   ClipEveryRankKernel<D><<<static_cast<unsigned>((threads + 255) / 256), 256>>>(
       d_rows.get(), num_rows, tau.get(), clipped.get());
   KVQ_CUDA_CHECK(cudaGetLastError());
