@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Runs on the device machine, from the repository root, over binaries staged by
-# gpu/scripts/stage_device.sh in .carry/. Writes under $OUT (at most 9 files, flat):
+# gpu/scripts/stage_device.sh in .carry/. Writes under $OUT (at most 8 files, flat; a device
+# call brings back 8):
 #   device.txt     nvidia-smi, compute-sanitizer / ncu versions
 #   tests.log      every gpu test binary's gtest output
 #   sanitizer.log  compute-sanitizer memcheck and racecheck on reduced runs of every kernel
 #   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
-#   ncu.txt        Nsight Compute speed-of-light / occupancy / warp state of the fused write kernel
-#   fwht_sass.csv  executed instructions per SASS line of its FWHT launch
+#   ncu.txt        Nsight Compute speed of light / occupancy / warp state of the fused write
+#                  kernels (dense: the tile kernel; FWHT rho = 1: the streaming kernel)
+#   fwht_sass.csv  --sass only (with --write-only, so that the files stay within 8): executed
+#                  instructions per SASS line of the FWHT launch
 #   conform.log    kvq conform --backend gpu, then kvq bench --backend all
 #   dump.log       tools/tests/dump_activations_test.py (torch + transformers on the device)
 #   summary.md     the table printed last
 # Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-sanitizer] [--no-bench] [--no-ncu]
-#                                      [--write-only]
+#                                      [--write-only] [--sass]
 #   --write-only: only the write path's tests (gpu_write_*), sanitizer runs and benchmark, no other
 #                 engineers' gpu tests (saves device time when only write code changed)
 set -uo pipefail
@@ -22,13 +25,14 @@ carry=.carry
 # stage_device.sh packs the binaries; unpack them once.
 if [[ -f $carry/bundle.tar.gz && ! -d $carry/bin ]]; then tar -C "$carry" -xzf "$carry/bundle.tar.gz"; fi
 export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-run_ncu=1; run_bench=1; run_tests=1; run_sanitizer=1; write_only=0
+run_ncu=1; run_bench=1; run_tests=1; run_sanitizer=1; write_only=0; run_sass=0
 for arg in "$@"; do
   case "$arg" in
     --no-ncu) run_ncu=0 ;;
     --no-bench) run_bench=0 ;;
     --no-tests) run_tests=0 ;;
     --no-sanitizer) run_sanitizer=0 ;;
+    --sass) run_sass=1 ;;
     --write-only) write_only=1 ;;
   esac
 done
@@ -150,14 +154,14 @@ if (( run_ncu )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_
     rc=$?
     row "ncu fused (launch-skip $skip)" "rc=$rc"
   done
-  # Executed instructions per SASS line of the FWHT rho = 1 launch (the write kernel's
+  # --sass: executed instructions per SASS line of the FWHT rho = 1 launch (the write kernel's
   # instruction budget, docs/gpu_write.md), as CSV.
-  timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip 104 \
+  (( run_sass )) && timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip 104 \
     --launch-count 1 --section SourceCounters -o "$OUT/fwht_sass" -f \
     "$carry/bin/kvq_bench_gpu_write" --quick > /dev/null 2>&1 &&
     ncu -i "$OUT/fwht_sass.ncu-rep" --page source --csv --print-source sass \
-      > "$OUT/fwht_sass.csv" 2>&1
-  row "ncu SASS counts (FWHT rho=1)" "rc=$?"
+      > "$OUT/fwht_sass.csv" 2>&1 &&
+    row "ncu SASS counts (FWHT rho=1)" "fwht_sass.csv"
   rm -f "$OUT/fwht_sass.ncu-rep"
 fi
 

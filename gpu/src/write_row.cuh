@@ -70,14 +70,6 @@ __device__ __forceinline__ uint32_t SliceMax(uint32_t v) {
   return v;
 }
 template <int D>
-__device__ __forceinline__ uint32_t SliceMin(uint32_t v) {
-#pragma unroll
-  for (int offset = 1; offset < SliceTraits<D>::kLanes; offset <<= 1) {
-    v = min(v, __shfl_xor_sync(kFullMask, v, offset));
-  }
-  return v;
-}
-template <int D>
 __device__ __forceinline__ int SliceSum(int v) {
 #pragma unroll
   for (int offset = 1; offset < SliceTraits<D>::kLanes; offset <<= 1) {
