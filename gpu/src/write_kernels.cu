@@ -60,22 +60,30 @@ struct TileTraits {
 // ---- Row addressing of the three modes --------------------------------------------------------
 
 // Source of row (t, head), or null when the row is not written (append without demotion, bad
-// length). Elements, not bytes.
+// length). Elements, not bytes. kMode: the write mode, when the caller knows it at compile time
+// (the streaming kernel), so that the other modes' code and their 64-bit arithmetic go.
+template <WriteMode kMode, typename T>
+__device__ __forceinline__ const T* RowSourceIn(const FusedWriteArgs& a, int t, int head, int d) {
+  const T* x = static_cast<const T*>(a.x);
+  if constexpr (kMode == WriteMode::kRows) {
+    return x + static_cast<int64_t>(t) * a.token_stride + static_cast<int64_t>(head) * d;
+  } else if constexpr (kMode == WriteMode::kPrefill) {
+    return x + (a.first_token + t) * a.token_stride + static_cast<int64_t>(head) * d;
+  } else {
+    const int len = a.seq_lengths[t];
+    if (len < 0 || len - a.recent < a.sink) return nullptr;
+    return x + static_cast<int64_t>(t) * a.seq_stride +
+           static_cast<int64_t>(len % a.recent) * a.token_stride +
+           static_cast<int64_t>(head) * d;
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ const T* RowSource(const FusedWriteArgs& a, int t, int head, int d) {
-  const T* x = static_cast<const T*>(a.x);
   switch (a.mode) {
-    case WriteMode::kRows:
-      return x + static_cast<int64_t>(t) * a.token_stride + static_cast<int64_t>(head) * d;
-    case WriteMode::kPrefill:
-      return x + (a.first_token + t) * a.token_stride + static_cast<int64_t>(head) * d;
-    case WriteMode::kAppend: {
-      const int len = a.seq_lengths[t];
-      if (len < 0 || len - a.recent < a.sink) return nullptr;
-      return x + static_cast<int64_t>(t) * a.seq_stride +
-             static_cast<int64_t>(len % a.recent) * a.token_stride +
-             static_cast<int64_t>(head) * d;
-    }
+    case WriteMode::kRows: return RowSourceIn<WriteMode::kRows, T>(a, t, head, d);
+    case WriteMode::kPrefill: return RowSourceIn<WriteMode::kPrefill, T>(a, t, head, d);
+    case WriteMode::kAppend: return RowSourceIn<WriteMode::kAppend, T>(a, t, head, d);
   }
   return nullptr;
 }
@@ -90,46 +98,55 @@ __device__ __forceinline__ void RaiseFlag(int* flags, int bit, bool leader) {
   if (flags != nullptr && leader) atomicOr(flags, bit);
 }
 
-// Where row (t, head) is stored; `leader` raises the row's error flags.
-__device__ __forceinline__ RowDestination ResolveDestination(const FusedWriteArgs& a, int t,
-                                                             int head, bool leader) {
+// Where row (t, head) is stored in mode kMode; `leader` raises the row's error flags.
+template <WriteMode kMode>
+__device__ __forceinline__ RowDestination ResolveDestinationIn(const FusedWriteArgs& a, int t,
+                                                               int head, bool leader) {
   RowDestination dest;
-  if (a.mode == WriteMode::kRows) {
+  if constexpr (kMode == WriteMode::kRows) {
     dest.row = static_cast<int64_t>(t) * a.num_heads + head;
     dest.flat_row = dest.row;
     return dest;
-  }
-  int64_t history_index;
-  const int32_t* table;
-  int64_t table_size;
-  if (a.mode == WriteMode::kPrefill) {
-    history_index = t;
-    table = a.page_table;
-    table_size = INT64_MAX;  // the caller sized it ceil(history / P)
   } else {
-    const int len = a.seq_lengths[t];
-    if (len < 0) {
-      RaiseFlag(a.error_flags, kErrorFlagBadLength, leader);
+    int64_t history_index;
+    const int32_t* table;
+    if constexpr (kMode == WriteMode::kPrefill) {
+      history_index = t;  // the caller sized the table ceil(history / P)
+      table = a.page_table;
+    } else {
+      const int len = a.seq_lengths[t];
+      if (len < 0) {
+        RaiseFlag(a.error_flags, kErrorFlagBadLength, leader);
+        return dest;
+      }
+      if (len - a.recent < a.sink) return dest;  // nothing to demote in this step
+      history_index = static_cast<int64_t>(len) - a.recent - a.sink;
+      table = a.page_table + static_cast<int64_t>(t) * a.page_table_stride;
+    }
+    const int64_t page_index = history_index >> a.page_size_log2;
+    if (kMode == WriteMode::kAppend && page_index >= a.page_table_stride) {
+      RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
       return dest;
     }
-    if (len - a.recent < a.sink) return dest;  // nothing to demote in this step
-    history_index = static_cast<int64_t>(len) - a.recent - a.sink;
-    table = a.page_table + static_cast<int64_t>(t) * a.page_table_stride;
-    table_size = a.page_table_stride;
-  }
-  const int64_t page_index = history_index >> a.page_size_log2;
-  if (page_index >= table_size) {
-    RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
+    const int32_t page = table[page_index];
+    if (page < 0 || page >= a.num_pages) {
+      RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
+      return dest;
+    }
+    const int64_t slot = history_index & ((int64_t{1} << a.page_size_log2) - 1);
+    dest.row = ((static_cast<int64_t>(page) * a.num_heads + head) << a.page_size_log2) + slot;
     return dest;
   }
-  const int32_t page = table[page_index];
-  if (page < 0 || page >= a.num_pages) {
-    RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
-    return dest;
+}
+
+__device__ __forceinline__ RowDestination ResolveDestination(const FusedWriteArgs& a, int t,
+                                                             int head, bool leader) {
+  switch (a.mode) {
+    case WriteMode::kRows: return ResolveDestinationIn<WriteMode::kRows>(a, t, head, leader);
+    case WriteMode::kPrefill: return ResolveDestinationIn<WriteMode::kPrefill>(a, t, head, leader);
+    case WriteMode::kAppend: return ResolveDestinationIn<WriteMode::kAppend>(a, t, head, leader);
   }
-  const int64_t slot = history_index & ((int64_t{1} << a.page_size_log2) - 1);
-  dest.row = ((static_cast<int64_t>(page) * a.num_heads + head) << a.page_size_log2) + slot;
-  return dest;
+  return RowDestination();
 }
 
 // ---- Tile staging ------------------------------------------------------------------------------
@@ -284,7 +301,8 @@ __device__ __forceinline__ void RotateTileDense(float* tile, float* shared_r, co
 // tau outputs, clip, quantize, pack and the stores. v is the rotated row in pair-strided order
 // held by logical slice lane rho. Rows with dest.row < 0 (not written) go through the
 // arithmetic with the rest of the warp, whose shuffles need every lane, but store nothing.
-template <int D, int G, int BITS>
+// kRowOutputs: whether the optional rotated / tau outputs may be asked for (flat rows only).
+template <int D, int G, int BITS, bool kRowOutputs = true>
 __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (&v)[16], int rho,
                                                 int clip_rank, const RowDestination& dest) {
   const bool leader = detail::SliceLane<D>() == 0;
@@ -293,7 +311,7 @@ __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (
   if (stored && ranges.OutOfRange(kMaxRotatedAbs)) {
     RaiseFlag(a.error_flags, kErrorFlagNonFinite, leader);
   }
-  if (a.rotated != nullptr && dest.flat_row >= 0) {
+  if (kRowOutputs && a.rotated != nullptr && dest.flat_row >= 0) {
     float* out = a.rotated + dest.flat_row * D;
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
@@ -310,7 +328,7 @@ __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (
 #pragma unroll
     for (int k = 0; k < 16; ++k) v[k] = detail::ClipValue(v[k], tau);
   }
-  if (a.tau != nullptr && dest.flat_row >= 0 && leader) a.tau[dest.flat_row] = tau;
+  if (kRowOutputs && a.tau != nullptr && dest.flat_row >= 0 && leader) a.tau[dest.flat_row] = tau;
   detail::QuantizedSlice<D, G> q;
   detail::QuantizeSlice<D, G, BITS>(v, ranges, clipped ? tau : -1.0f, q);
   if (stored) {
@@ -446,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 4)
 // each row straight into registers (pair-strided or reversal-source order: 32-bit or 16-byte
 // loads of whole sectors). No shared memory and no barrier, so a warp whose rows take longer
 // (clip rounds, the rare exact divisions) holds up nobody. 4 resident blocks at most.
-template <int D, int G, int BITS>
+template <int D, int G, int BITS, WriteMode kMode>
 __global__ void __launch_bounds__(kThreads, 4)
     FusedWriteStreamKernel(const __grid_constant__ FusedWriteArgs args) {
   constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;
@@ -461,22 +479,22 @@ __global__ void __launch_bounds__(kThreads, 4)
        batch < batches; batch += stride) {
     const int t = static_cast<int>(batch * kRowsPerWarp) + detail::SliceIndex<D>();
     RowDestination dest;
-    if (t < args.num_tokens) dest = ResolveDestination(args, t, head, leader);
+    if (t < args.num_tokens) dest = ResolveDestinationIn<kMode>(args, t, head, leader);
     if (!__any_sync(kFullMask, dest.row >= 0)) continue;
     // A row that is not stored reads token 0's row (always there) and computes on it.
     const int source_token = dest.row >= 0 ? t : 0;
     float v[16];
     int lane_rho;
     if (args.x_is_bf16) {
-      const uint16_t* src = RowSource<uint16_t>(args, source_token, head, D);
+      const uint16_t* src = RowSourceIn<kMode, uint16_t>(args, source_token, head, D);
       if (src == nullptr) src = static_cast<const uint16_t*>(args.x);
       lane_rho = detail::LoadRow<D>(src, args.bitrev != 0, fwht_block, args.fwht_scale, v);
     } else {
-      const float* src = RowSource<float>(args, source_token, head, D);
+      const float* src = RowSourceIn<kMode, float>(args, source_token, head, D);
       if (src == nullptr) src = static_cast<const float*>(args.x);
       lane_rho = detail::LoadRow<D>(src, args.bitrev != 0, fwht_block, args.fwht_scale, v);
     }
-    WriteRotatedRow<D, G, BITS>(args, v, lane_rho, clip_rank, dest);
+    WriteRotatedRow<D, G, BITS, kMode == WriteMode::kRows>(args, v, lane_rho, clip_rank, dest);
   }
 }
 
@@ -738,6 +756,10 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
       (!IsPowerOfTwo(args.fwht_block) || args.fwht_block < 16 || args.fwht_block > HEAD_DIM)) {
     return cudaErrorInvalidValue;
   }
+  if (args.mode != WriteMode::kRows && args.mode != WriteMode::kPrefill &&
+      args.mode != WriteMode::kAppend) {
+    return cudaErrorInvalidValue;
+  }
   if (args.mode != WriteMode::kRows && (args.page_size_log2 < 4 || args.page_size_log2 > 10)) {
     return cudaErrorInvalidValue;
   }
@@ -759,8 +781,14 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   const bool baseline = kHasBaseline && g_use_baseline_fused_write;
   const bool dense = args.rotation == kRotationDense;
   if (!dense && !baseline) {
-    auto kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS>;
-    static LaunchCache cache;
+    auto kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kRows>;
+    if (args.mode == WriteMode::kPrefill) {
+      kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kPrefill>;
+    } else if (args.mode == WriteMode::kAppend) {
+      kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kAppend>;
+    }
+    static LaunchCache caches[3];
+    LaunchCache& cache = caches[static_cast<int>(args.mode)];
     const size_t no_shared[2] = {0, 0};
     int resident = 0;
     const cudaError_t prepared = PrepareKernel(cache, kernel, no_shared, 0, &resident);
