@@ -1,7 +1,14 @@
-// kvq bench: decode attention of the CPU oracle (best Highway target) and the CUDA path side by
-// side, on the same caches: INT-b OSCAR-style cache and the bf16 baseline for each shape.
-// Times: CPU wall clock (median of --iters), GPU CUDA events with a cold L2 (median of --iters).
-// GB/s counts the K and V bytes the cache holds for the batch (what a decode step must read).
+// kvq bench: the CPU oracle (best Highway target) and the CUDA path side by side on the same
+// inputs.
+//  - Decode attention on the same caches: INT-b OSCAR-style cache and the bf16 baseline for each
+//    shape. GB/s counts the K and V bytes the cache holds for the batch (what a decode step
+//    must read).
+//  - The write path (rotate, clip, quantize, pack) of the same fp32 rows, T tokens x Hkv heads,
+//    for a dense R, Hadamard + P_br and identity: cpu::QuantizeRows against gpu::WriteRows.
+//    GB/s counts the fp32 input. The two outputs (codes, scales, mins) must be identical: a
+//    difference is reported and fails the command.
+// Times: CPU wall clock (median of --iters), GPU CUDA events with a cold L2 (median of at
+// least 20).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -16,9 +23,11 @@
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/write_path.h"
 #ifdef KVQ_HAVE_CUDA
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/device_cache.h"
+#include "kvq/gpu/write.h"
 #endif
 
 namespace {
@@ -93,6 +102,84 @@ double MedianCpuMicros(const kvq::cpu::PagedKVCache& cache, const std::vector<in
   return times[times.size() / 2];
 }
 
+template <typename F>
+double MedianHostMicros(F&& run, int iters) {
+  run();  // warm-up
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    run();
+    const auto stop = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+// The write path of T x Hkv fp32 rows per length, for three rotations; returns how many
+// (length, rotation) points had CPU and GPU outputs that differ.
+int RunWriteBench(const BenchOptions& o, bool run_cpu, bool run_gpu) {
+  struct Variant {
+    const char* name;
+    kvq::RotationKind rotation;
+    bool bitrev;
+  };
+  const Variant variants[] = {{"dense", kvq::RotationKind::kDense, false},
+                              {"hadamard+P_br", kvq::RotationKind::kHadamard, true},
+                              {"identity", kvq::RotationKind::kIdentity, false}};
+  const float clip = MakeParams(o, true).key.clip;
+  std::printf("\nwrite path (rotate, clip %.2f, quantize, pack), d=%d G=%d INT%d, T x Hkv=%d fp32 "
+              "rows; CPU backend %s\n",
+              clip, o.head_dim, o.group, o.bits, o.kv_heads, kvq::cpu::BestBackend().name.c_str());
+  std::printf("%-14s %8s %10s %12s %9s %12s %9s %9s %6s\n", "rotation", "T", "MB", "cpu_us",
+              "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu", "bits");
+  const std::vector<float> dense =
+      kvq::calib::ToRowMajorF32(kvq::calib::RandomOrthogonal(o.head_dim, o.seed * 1000 + 7));
+  int differing = 0;
+  for (int length : o.lengths) {
+    const size_t rows = static_cast<size_t>(length) * o.kv_heads;
+    std::mt19937_64 rng(o.seed + 104729u * length);
+    const std::vector<float> x = NormalValues(rows * o.head_dim, rng);
+    const double megabytes = static_cast<double>(x.size() * sizeof(float)) / 1e6;
+    for (const Variant& v : variants) {
+      kvq::WriteParams p = MakeParams(o, true).key;
+      p.rotation = v.rotation;
+      p.bitrev = v.bitrev;
+      p.Validate();
+      const float* rotation = v.rotation == kvq::RotationKind::kDense ? dense.data() : nullptr;
+      const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
+      kvq::cpu::QuantizedRows cpu_out;
+      double cpu_us = 0, gpu_us = 0;
+      if (run_cpu) {
+        cpu_us = MedianHostMicros(
+            [&] { cpu_out = kvq::cpu::QuantizeRows(backend, p, rotation, x.data(), rows); },
+            o.iters);
+      }
+      std::string bits = "-";
+#ifdef KVQ_HAVE_CUDA
+      if (run_gpu) {
+        const kvq::gpu::TimedRowWrite gpu_out =
+            kvq::gpu::TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
+        gpu_us = gpu_out.median_us;
+        if (run_cpu) {
+          const bool same = gpu_out.packed == cpu_out.packed && gpu_out.scale == cpu_out.scale &&
+                            gpu_out.min == cpu_out.min;
+          bits = same ? "equal" : "DIFFER";
+          differing += same ? 0 : 1;
+        }
+      }
+#endif
+      auto gbps = [megabytes](double us) { return us > 0 ? megabytes / us * 1e3 : 0.0; };
+      std::printf("%-14s %8d %10.1f %12.1f %9.2f %12.1f %9.1f %9s %6s\n", v.name, length,
+                  megabytes, cpu_us, gbps(cpu_us), gpu_us, gbps(gpu_us),
+                  (run_cpu && run_gpu) ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
+                                       : "-",
+                  bits.c_str());
+    }
+  }
+  return differing;
+}
+
 void RunBench(const BenchOptions& o) {
   KVQ_CHECK(o.backend == "cpu" || o.backend == "gpu" || o.backend == "all", kInvalidArgument,
             "--backend '", o.backend, "' is not one of cpu, gpu, all");
@@ -154,6 +241,9 @@ void RunBench(const BenchOptions& o) {
       }
     }
   }
+  const int differing = RunWriteBench(o, run_cpu, run_gpu);
+  KVQ_CHECK(differing == 0, kMismatch, "kvq bench: the CPU and GPU write paths gave different "
+            "bits at ", differing, " point(s) (rows marked DIFFER)");
 }
 
 }  // namespace
@@ -161,7 +251,9 @@ void RunBench(const BenchOptions& o) {
 void setup_bench(CLI::App& app) {
   auto options = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Decode attention: CPU oracle and CUDA path side by side on the same caches");
+      "bench",
+      "CPU oracle and CUDA path side by side: decode attention on the same caches, and the write "
+      "path on the same rows (checked bit for bit)");
   cmd->add_option("--backend", options->backend, "cpu, gpu or all (default all)");
   cmd->add_option("--batch", options->batches, "batch sizes B (default 1)")->delimiter(',');
   cmd->add_option("--seq-len", options->lengths, "sequence lengths T (default 4096,32768)")

@@ -7,45 +7,17 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <utility>
 
 #include "kvq/common/params.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
+#include "device_array.h"
 
 namespace kvq::gpu {
 namespace {
 
-// An owning device allocation of `count` elements of T.
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t count) : count_(count) {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()));
-  }
-  DeviceArray(const T* host, size_t count) : DeviceArray(count) {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemcpy(data_, host, bytes(), cudaMemcpyHostToDevice));
-  }
-  ~DeviceArray() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  T* get() const { return data_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-  void Poison() const {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes()));
-  }
-  void CopyTo(T* host) const {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemcpy(host, data_, bytes(), cudaMemcpyDeviceToHost));
-  }
-
- private:
-  size_t count_ = 0;
-  T* data_ = nullptr;
-};
+using detail::DeviceArray;
 
 size_t Elements(size_t n, const WriteParams& p) { return n * static_cast<size_t>(p.head_dim); }
 size_t Groups(size_t n, const WriteParams& p) { return n * static_cast<size_t>(p.num_groups()); }

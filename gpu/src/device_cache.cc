@@ -7,39 +7,12 @@
 
 #include "kvq/common/error.h"
 #include "kvq/gpu/cuda_check.h"
+#include "device_array.h"
 
 namespace kvq::gpu {
 namespace {
 
-// An owning device allocation of `count` elements of T.
-template <typename T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  explicit DeviceArray(const std::vector<T>& host) : count_(host.size()) {
-    if (count_ == 0) return;
-    KVQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count_ * sizeof(T)));
-    KVQ_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  explicit DeviceArray(size_t count) : count_(count) {
-    if (count_) KVQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count_ * sizeof(T)));
-  }
-  ~DeviceArray() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceArray(DeviceArray&& other) noexcept { *this = std::move(other); }
-  DeviceArray& operator=(DeviceArray&& other) noexcept {
-    std::swap(ptr_, other.ptr_);
-    std::swap(count_, other.count_);
-    return *this;
-  }
-  T* get() const { return ptr_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-
- private:
-  T* ptr_ = nullptr;
-  size_t count_ = 0;
-};
+using detail::DeviceArray;
 
 constexpr uint16_t kBf16NaN = 0x7fc0;  // filler: a read of an unused slot shows as NaN
 
@@ -219,31 +192,8 @@ void DeviceCache::Attend(const float* q, float* out) {
 
 double DeviceCache::MedianAttendMicros(const float* q, int iters, int warmup, bool cold_l2) {
   Impl& m = *impl_;
-  KVQ_CHECK(iters >= 1 && warmup >= 0, kInvalidArgument, "iters ", iters, " / warmup ", warmup);
   KVQ_CUDA_CHECK(cudaMemcpy(m.q.get(), q, m.q.bytes(), cudaMemcpyHostToDevice));
-  int device = 0, l2_bytes = 0;
-  KVQ_CUDA_CHECK(cudaGetDevice(&device));
-  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  DeviceArray<uint8_t> flush(cold_l2 ? 2 * static_cast<size_t>(l2_bytes) : 0);
-  cudaEvent_t start, stop;
-  KVQ_CUDA_CHECK(cudaEventCreate(&start));
-  KVQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < warmup + iters; ++i) {
-    if (cold_l2) KVQ_CUDA_CHECK(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes()));
-    KVQ_CUDA_CHECK(cudaEventRecord(start));
-    m.Run(nullptr);
-    KVQ_CUDA_CHECK(cudaEventRecord(stop));
-    KVQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= warmup) times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+  return detail::MedianDeviceMicros([&m] { m.Run(nullptr); }, iters, warmup, cold_l2);
 }
 
 }  // namespace kvq::gpu

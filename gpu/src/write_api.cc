@@ -11,6 +11,7 @@
 #include "kvq/common/params.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
+#include "device_array.h"
 
 namespace kvq::gpu {
 namespace {
@@ -30,7 +31,7 @@ void CheckLaunch(cudaError_t status, const char* what, const WriteParams& p, con
                  int line) {
   if (status == cudaErrorInvalidValue) {
     throw Error(ErrorCode::kInvalidArgument,
-                detail::Concat(what, ": the CUDA launcher refused head_dim ", p.head_dim,
+                kvq::detail::Concat(what, ": the CUDA launcher refused head_dim ", p.head_dim,
                                ", group ", p.group, ", bits ", p.bits, ", rotation ",
                                RotationKindName(p.rotation), ", FWHT block ", p.fwht_block(),
                                " (or a pointer that is null or not 16-byte aligned)"));
@@ -274,6 +275,38 @@ void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, s
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags, cudaStream_t stream) {
   WriteRowsImpl(p, rotation, x, /*bf16=*/false, n, out, error_flags, stream);
+}
+
+TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
+                            int iters, int warmup) {
+  constexpr const char* kWhat = "TimeWriteRows";
+  p.Validate();
+  KVQ_CHECK(HasCudaDevice(), kUnsupported, kWhat, ": no CUDA device");
+  const int rows = CheckedRows(n, kWhat);
+  KVQ_CHECK(rows > 0, kInvalidArgument, kWhat, ": no rows to write");
+  KVQ_REQUIRE_POINTER(x, kWhat);
+  const bool dense = p.rotation == RotationKind::kDense;
+  if (dense) KVQ_REQUIRE_POINTER(rotation, kWhat);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  detail::DeviceArray<float> dx(x, n * d);
+  detail::DeviceArray<float> dr(dense ? rotation : nullptr, dense ? d * d : 0);
+  detail::DeviceArray<uint8_t> packed(n * static_cast<size_t>(p.code_bytes()));
+  detail::DeviceArray<uint16_t> scale(n * static_cast<size_t>(p.num_groups()));
+  detail::DeviceArray<uint16_t> min(n * static_cast<size_t>(p.num_groups()));
+  detail::DeviceArray<int> flags(1);
+  KVQ_CUDA_CHECK(cudaMemset(flags.get(), 0, flags.bytes()));
+  RowOutputs out;
+  out.packed = packed.get();
+  out.scale = scale.get();
+  out.min = min.get();
+  TimedRowWrite result;
+  result.median_us = detail::MedianDeviceMicros(
+      [&] { WriteRows(p, dr.get(), dx.get(), n, out, flags.get()); }, iters, warmup, true);
+  CheckErrorFlags(flags.get(), kWhat);
+  result.packed = packed.Download();
+  result.scale = scale.Download();
+  result.min = min.Download();
+  return result;
 }
 
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value, int tokens,

@@ -128,9 +128,9 @@ TEST(FusedWriteLarge, PersistentTilesMatchScalar) {
   }
 }
 
-// bf16 input on the non-dense paths: the grid is persistent and each block prefetches its next
-// tile (cp.async) while it processes the current one. Enough rows for every resident block
-// (at most 4 per SM) to loop over at least three tiles, the last one partial.
+// bf16 input on the non-dense paths: the streaming kernel's grid is persistent and each warp
+// loops over batches of rows. Enough rows for every resident warp (at most 4 blocks of 8 per
+// SM) to take at least three batches, the last one partial.
 TEST(FusedWriteLarge, PrefetchedTilesMatchScalar) {
   KVQ_SKIP_WITHOUT_CUDA();
   int device = 0;
@@ -173,6 +173,33 @@ TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
     EXPECT_EQ(flags.Download()[0], kErrorFlagNonFinite) << "value " << bad;
     EXPECT_THROW(CheckErrorFlags(flags.get(), "WriteRows"), Error);
   }
+}
+
+// The timing entry point of `kvq bench` returns the write's outputs: the oracle's bits.
+TEST(TimeWriteRowsTest, ReturnsTheOraclesBits) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(77);
+  for (size_t variant : {size_t{3}, size_t{5}}) {  // dense_bitrev; fwht_bitrev
+    const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[variant], 0.96f);
+    const std::vector<float> rotation = RandomRotations(1, 128, rng);
+    const size_t rows = 1000;
+    const std::vector<float> x = MixedRows(rows, 128, p.group, p.levels(), rng);
+    const cpu::QuantizedRows want =
+        cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x.data(), rows);
+    const TimedRowWrite got = TimeWriteRows(p, rotation.data(), x.data(), rows, 3, 1);
+    const std::string ctx = ParamsString(p) + " variant=" + RotationVariants()[variant].name;
+    EXPECT_GT(got.median_us, 0.0) << ctx;
+    EXPECT_TRUE(BitsEqual(want.packed, got.packed, p.code_bytes(), "packed", ctx));
+    EXPECT_TRUE(BitsEqual(want.scale, got.scale, p.num_groups(), "scale", ctx));
+    EXPECT_TRUE(BitsEqual(want.min, got.min, p.num_groups(), "min", ctx));
+  }
+  const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[0], 1.0f);
+  const std::vector<float> x(128, 1.0f);
+  EXPECT_THROW(TimeWriteRows(p, nullptr, x.data(), 0, 3, 1), Error);  // no rows
+  EXPECT_THROW(TimeWriteRows(p, nullptr, x.data(), 1, 0, 1), Error);  // no timed run
+  std::vector<float> bad = x;
+  bad[7] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(TimeWriteRows(p, nullptr, bad.data(), 1, 3, 1), Error);  // kNonFinite
 }
 
 }  // namespace

@@ -239,6 +239,30 @@ TEST(Cli, InfoListsTensorsAndMetadata) {
                 {"absent.npy"});
 }
 
+// `kvq bench` on the CPU alone (the GPU columns are covered on the device machine, where the
+// command also compares the two write paths bit for bit): both tables, every write rotation.
+TEST(Cli, BenchPrintsAttentionAndWriteTables) {
+  Scratch dir;
+  const RunResult r = RunKvq(
+      dir, "bench --backend cpu --seq-len 64,320 --iters 1 --kv-heads 2 --q-heads 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* needle :
+       {"decode attention, d=128 Hq/Hkv=4/2", "int2", "bf16", "write path (rotate, clip 0.96",
+        "T x Hkv=2 fp32 rows", "dense", "hadamard+P_br", "identity"}) {
+    EXPECT_NE(r.out.find(needle), std::string::npos) << needle << " not in:\n" << r.out;
+  }
+  // One write row per (length, rotation): T = 64 and 320 for each of the three rotations.
+  size_t rows = 0;
+  for (const char* rotation : {"dense ", "hadamard+P_br ", "identity "}) {
+    for (size_t at = r.out.find(std::string("\n") + rotation); at != std::string::npos;
+         at = r.out.find(std::string("\n") + rotation, at + 1)) {
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 6u) << r.out;
+  ExpectFailure(dir, "bench --backend tpu", dir.File("none"), {"--backend", "tpu"});
+}
+
 TEST(Cli, ParameterErrorsAreOneLineAndLeaveNoOutput) {
   Scratch dir;
   const std::vector<float> x = RandomRows(4, 128, 21);

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kvq/common/params.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -200,6 +201,21 @@ void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, s
                const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
+
+// Timing of the fused write of flat rows, for `kvq bench` (host pointers): uploads x [n, d]
+// fp32 and the rotation ([d, d] for kDense, else ignored), runs WriteRows `warmup` untimed and
+// `iters` timed times with a cold L2 (a buffer twice the L2 size is overwritten before each
+// run; CUDA events around each), checks the non-finite flag (kNonFinite), and returns the median
+// with the last run's outputs. Throws kvq::Error as WriteRows does, or kUnsupported without a
+// device.
+struct TimedRowWrite {
+  double median_us = 0;
+  std::vector<uint8_t> packed;   // [n, d*b/8]
+  std::vector<uint16_t> scale;   // [n, d/G] bf16 bits
+  std::vector<uint16_t> min;     // [n, d/G] bf16 bits
+};
+TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
+                            int iters, int warmup);
 
 // Per-KV-head write data of K or of V (device pointers).
 struct HeadData {

@@ -1,0 +1,95 @@
+// Host-side helpers of the gpu/ sources that talk to the CUDA runtime from C++ (the stage
+// wrappers of CudaBackend, DeviceCache, the write-path timing): an owning device allocation and
+// the benchmark loop with a cold L2. Internal to gpu/src; every CUDA call is checked.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "kvq/common/error.h"
+#include "kvq/gpu/cuda_check.h"
+
+namespace kvq::gpu::detail {
+
+// An owning device allocation of `count` elements of T (movable, not copyable).
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t count) : count_(count) {
+    if (count_ > 0) KVQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()));
+  }
+  DeviceArray(const T* host, size_t count) : DeviceArray(count) {
+    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemcpy(data_, host, bytes(), cudaMemcpyHostToDevice));
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.data(), host.size()) {}
+  ~DeviceArray() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  DeviceArray(DeviceArray&& other) noexcept { *this = std::move(other); }
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(count_, other.count_);
+    return *this;
+  }
+
+  T* get() const { return data_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  // 0xFF in every byte: NaN floats and bf16, code 255, so an element a kernel forgets cannot
+  // pass for a right answer.
+  void Poison() const {
+    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes()));
+  }
+  void CopyTo(T* host) const {
+    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemcpy(host, data_, bytes(), cudaMemcpyDeviceToHost));
+  }
+  std::vector<T> Download() const {
+    std::vector<T> host(count_);
+    CopyTo(host.data());
+    return host;
+  }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Median time in microseconds of `iters` runs of `step` (which enqueues work on the default
+// stream), CUDA events around each run, `warmup` untimed runs first. When `cold_l2` is set, a
+// buffer twice the L2 size is overwritten before every run.
+template <typename Step>
+double MedianDeviceMicros(Step&& step, int iters, int warmup, bool cold_l2) {
+  KVQ_CHECK(iters >= 1 && warmup >= 0, kInvalidArgument, "iters ", iters, " / warmup ", warmup);
+  int device = 0, l2_bytes = 0;
+  KVQ_CUDA_CHECK(cudaGetDevice(&device));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  DeviceArray<unsigned char> flush(cold_l2 ? 2 * static_cast<size_t>(l2_bytes) : 0);
+  cudaEvent_t start, stop;
+  KVQ_CUDA_CHECK(cudaEventCreate(&start));
+  KVQ_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int i = 0; i < warmup + iters; ++i) {
+    if (cold_l2) KVQ_CUDA_CHECK(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes()));
+    KVQ_CUDA_CHECK(cudaEventRecord(start));
+    step();
+    KVQ_CUDA_CHECK(cudaEventRecord(stop));
+    KVQ_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= warmup) times.push_back(ms * 1000.0f);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace kvq::gpu::detail
