@@ -88,6 +88,7 @@ enum class RowKind {
   kEqualMagnitudes,   // most entries +-c: the clip order statistic falls in a run of ties
   kFewValues,         // entries from {-2, -1, 0, 1, 2}
   kWideRange,         // magnitudes spread over 1e-30 .. 1e30
+  kOffset,            // a large common offset with a tiny spread: bf16(min) is steps off the min
   kCount,
 };
 
@@ -104,6 +105,7 @@ inline const char* RowKindName(RowKind kind) {
     case RowKind::kEqualMagnitudes: return "equal_magnitudes";
     case RowKind::kFewValues: return "few_values";
     case RowKind::kWideRange: return "wide_range";
+    case RowKind::kOffset: return "offset";
     case RowKind::kCount: break;
   }
   return "unknown";
@@ -173,6 +175,11 @@ inline void FillRow(RowKind kind, float* row, int d, int group, int levels, std:
                  (1.0f + static_cast<float>(rng() % 1000u) / 1000.0f);
       }
       break;
+    case RowKind::kOffset: {
+      const float c = 1000.0f * normal(rng);
+      for (int j = 0; j < d; ++j) row[j] = c + 1.0e-3f * normal(rng);
+      break;
+    }
     case RowKind::kCount:
       break;
   }
