@@ -11,13 +11,11 @@
 #include "kvq/common/params.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/device_array.h"
 #include "kvq/gpu/write.h"
-#include "device_array.h"
 
 namespace kvq::gpu {
 namespace {
-
-using detail::DeviceArray;
 
 size_t Elements(size_t n, const WriteParams& p) { return n * static_cast<size_t>(p.head_dim); }
 size_t Groups(size_t n, const WriteParams& p) { return n * static_cast<size_t>(p.num_groups()); }

@@ -7,12 +7,10 @@
 
 #include "kvq/common/error.h"
 #include "kvq/gpu/cuda_check.h"
-#include "device_array.h"
+#include "kvq/gpu/device_array.h"
 
 namespace kvq::gpu {
 namespace {
-
-using detail::DeviceArray;
 
 constexpr uint16_t kBf16NaN = 0x7fc0;  // filler: a read of an unused slot shows as NaN
 
@@ -193,7 +191,7 @@ void DeviceCache::Attend(const float* q, float* out) {
 double DeviceCache::MedianAttendMicros(const float* q, int iters, int warmup, bool cold_l2) {
   Impl& m = *impl_;
   KVQ_CUDA_CHECK(cudaMemcpy(m.q.get(), q, m.q.bytes(), cudaMemcpyHostToDevice));
-  return detail::MedianDeviceMicros([&m] { m.Run(nullptr); }, iters, warmup, cold_l2);
+  return MedianDeviceMicros([&m] { m.Run(nullptr); }, iters, warmup, cold_l2);
 }
 
 }  // namespace kvq::gpu

@@ -10,8 +10,8 @@
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/device_array.h"
 #include "kvq/gpu/write.h"
-#include "device_array.h"
 
 namespace kvq::gpu {
 namespace {
@@ -288,19 +288,19 @@ TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const f
   const bool dense = p.rotation == RotationKind::kDense;
   if (dense) KVQ_REQUIRE_POINTER(rotation, kWhat);
   const size_t d = static_cast<size_t>(p.head_dim);
-  detail::DeviceArray<float> dx(x, n * d);
-  detail::DeviceArray<float> dr(dense ? rotation : nullptr, dense ? d * d : 0);
-  detail::DeviceArray<uint8_t> packed(n * static_cast<size_t>(p.code_bytes()));
-  detail::DeviceArray<uint16_t> scale(n * static_cast<size_t>(p.num_groups()));
-  detail::DeviceArray<uint16_t> min(n * static_cast<size_t>(p.num_groups()));
-  detail::DeviceArray<int> flags(1);
+  DeviceArray<float> dx(x, n * d);
+  DeviceArray<float> dr(dense ? rotation : nullptr, dense ? d * d : 0);
+  DeviceArray<uint8_t> packed(n * static_cast<size_t>(p.code_bytes()));
+  DeviceArray<uint16_t> scale(n * static_cast<size_t>(p.num_groups()));
+  DeviceArray<uint16_t> min(n * static_cast<size_t>(p.num_groups()));
+  DeviceArray<int> flags(1);
   KVQ_CUDA_CHECK(cudaMemset(flags.get(), 0, flags.bytes()));
   RowOutputs out;
   out.packed = packed.get();
   out.scale = scale.get();
   out.min = min.get();
   TimedRowWrite result;
-  result.median_us = detail::MedianDeviceMicros(
+  result.median_us = MedianDeviceMicros(
       [&] { WriteRows(p, dr.get(), dx.get(), n, out, flags.get()); }, iters, warmup, true);
   CheckErrorFlags(flags.get(), kWhat);
   result.packed = packed.Download();

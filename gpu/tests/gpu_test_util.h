@@ -17,6 +17,7 @@
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/device_array.h"
 
 namespace kvq::gpu::testing {
 
@@ -26,51 +27,9 @@ namespace kvq::gpu::testing {
     if (!::kvq::gpu::HasCudaDevice()) GTEST_SKIP() << "no CUDA device";      \
   } while (0)
 
-// An owning device buffer of T with host round trips.
+// An owning device buffer of T with host round trips (the library's DeviceArray).
 template <typename T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t count) : count_(count) {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes()));
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { Upload(host); }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(count_, other.count_);
-    return *this;
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  T* get() const { return data_; }
-  size_t size() const { return count_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-  void Upload(const std::vector<T>& host) {
-    if (count_ > 0) {
-      KVQ_CUDA_CHECK(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
-    }
-  }
-  void Fill(uint8_t byte) {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemset(data_, byte, bytes()));
-  }
-  std::vector<T> Download() const {
-    std::vector<T> host(count_);
-    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-    if (count_ > 0) {
-      KVQ_CUDA_CHECK(cudaMemcpy(host.data(), data_, bytes(), cudaMemcpyDeviceToHost));
-    }
-    return host;
-  }
-
- private:
-  T* data_ = nullptr;
-  size_t count_ = 0;
-};
+using DeviceBuffer = DeviceArray<T>;
 
 // The two poison bytes every output is filled with before a run. Each byte value is a
 // legitimate packed byte, so a run with each proves every byte was written.

@@ -1,6 +1,6 @@
-// Host-side helpers of the gpu/ sources that talk to the CUDA runtime from C++ (the stage
-// wrappers of CudaBackend, DeviceCache, the write-path timing): an owning device allocation and
-// the benchmark loop with a cold L2. Internal to gpu/src; every CUDA call is checked.
+// Host-side helpers for code that talks to the CUDA runtime from C++ (CudaBackend's stage
+// wrappers, DeviceCache, the write-path timing, the GPU tests): an owning device allocation with
+// host round trips, and the timing loop with a cold L2. Every CUDA call is checked (kvq::Error).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,7 +13,7 @@
 #include "kvq/common/error.h"
 #include "kvq/gpu/cuda_check.h"
 
-namespace kvq::gpu::detail {
+namespace kvq::gpu {
 
 // An owning device allocation of `count` elements of T (movable, not copyable).
 template <typename T>
@@ -42,12 +42,21 @@ class DeviceArray {
   T* get() const { return data_; }
   size_t size() const { return count_; }
   size_t bytes() const { return count_ * sizeof(T); }
-  // 0xFF in every byte: NaN floats and bf16, code 255, so an element a kernel forgets cannot
-  // pass for a right answer.
-  void Poison() const {
-    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes()));
+  // Every byte set to `byte`; 0xFF poisons (NaN floats and bf16, code 255, so an element a
+  // kernel forgets cannot pass for a right answer).
+  void Fill(unsigned char byte) const {
+    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemset(data_, byte, bytes()));
   }
+  void Poison() const { Fill(0xFF); }
+  // host.size() must equal size().
+  void Upload(const std::vector<T>& host) const {
+    KVQ_CHECK(host.size() == count_, kShapeMismatch, "DeviceArray::Upload: ", host.size(),
+              " elements into ", count_);
+    if (count_ > 0) KVQ_CUDA_CHECK(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
+  }
+  // Waits for all device work first, so results of kernels on any stream are complete.
   void CopyTo(T* host) const {
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     if (count_ > 0) KVQ_CUDA_CHECK(cudaMemcpy(host, data_, bytes(), cudaMemcpyDeviceToHost));
   }
   std::vector<T> Download() const {
@@ -92,4 +101,4 @@ double MedianDeviceMicros(Step&& step, int iters, int warmup, bool cold_l2) {
   return times[times.size() / 2];
 }
 
-}  // namespace kvq::gpu::detail
+}  // namespace kvq::gpu
