@@ -86,22 +86,7 @@ std::vector<float> NormalValues(size_t n, std::mt19937_64& rng) {
   return v;
 }
 
-double MedianCpuMicros(const kvq::cpu::PagedKVCache& cache, const std::vector<int>& seqs,
-                       const std::vector<float>& q, int iters) {
-  const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
-  std::vector<float> out(q.size());
-  std::vector<double> times;
-  kvq::cpu::AttendBatch(backend, cache, seqs, q.data(), out.data());  // warm-up
-  for (int i = 0; i < iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    kvq::cpu::AttendBatch(backend, cache, seqs, q.data(), out.data());
-    const auto stop = std::chrono::steady_clock::now();
-    times.push_back(std::chrono::duration<double, std::micro>(stop - start).count());
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
-}
-
+// Median wall time in microseconds of `iters` calls of run, after one untimed call.
 template <typename F>
 double MedianHostMicros(F&& run, int iters) {
   run();  // warm-up
@@ -225,7 +210,14 @@ void RunBench(const BenchOptions& o) {
         const std::vector<float> q =
             NormalValues(static_cast<size_t>(batch) * o.q_heads * o.head_dim, rng);
         double cpu_us = 0, gpu_us = 0;
-        if (run_cpu) cpu_us = MedianCpuMicros(cache, seqs, q, o.iters);
+        if (run_cpu) {
+          std::vector<float> out(q.size());
+          cpu_us = MedianHostMicros(
+              [&] {
+                kvq::cpu::AttendBatch(kvq::cpu::BestBackend(), cache, seqs, q.data(), out.data());
+              },
+              o.iters);
+        }
 #ifdef KVQ_HAVE_CUDA
         if (run_gpu) {
           kvq::gpu::DeviceCache device(cache, seqs);

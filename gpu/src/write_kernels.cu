@@ -459,6 +459,16 @@ __global__ void __launch_bounds__(kThreads, 4)
 #undef KVQ_WRITE_PREFETCH
 }
 
+// Row `token` of the input (T: uint16_t bf16 bits or float), rotated into v (LoadRow); a token
+// without a source row (append without demotion) reads the first row of x instead. Returns rho.
+template <int D, WriteMode kMode, typename T>
+__device__ __forceinline__ int LoadSourceRow(const FusedWriteArgs& a, int token, int head,
+                                             int fwht_block, float (&v)[16]) {
+  const T* src = RowSourceIn<kMode, T>(a, token, head, D);
+  if (src == nullptr) src = static_cast<const T*>(a.x);
+  return detail::LoadRow<D>(src, a.bitrev != 0, fwht_block, a.fwht_scale, v);
+}
+
 // Identity and FWHT rotations. Warp w of the grid takes batches w, w + W, ... (W = warps in
 // the grid's row for this head) of R = 32/(d/16) consecutive tokens, one per slice, and loads
 // each row straight into registers (pair-strided or reversal-source order: 32-bit or 16-byte
@@ -484,16 +494,10 @@ __global__ void __launch_bounds__(kThreads, 4)
     // A row that is not stored reads token 0's row (always there) and computes on it.
     const int source_token = dest.row >= 0 ? t : 0;
     float v[16];
-    int lane_rho;
-    if (args.x_is_bf16) {
-      const uint16_t* src = RowSourceIn<kMode, uint16_t>(args, source_token, head, D);
-      if (src == nullptr) src = static_cast<const uint16_t*>(args.x);
-      lane_rho = detail::LoadRow<D>(src, args.bitrev != 0, fwht_block, args.fwht_scale, v);
-    } else {
-      const float* src = RowSourceIn<kMode, float>(args, source_token, head, D);
-      if (src == nullptr) src = static_cast<const float*>(args.x);
-      lane_rho = detail::LoadRow<D>(src, args.bitrev != 0, fwht_block, args.fwht_scale, v);
-    }
+    const int lane_rho =
+        args.x_is_bf16
+            ? LoadSourceRow<D, kMode, uint16_t>(args, source_token, head, fwht_block, v)
+            : LoadSourceRow<D, kMode, float>(args, source_token, head, fwht_block, v);
     WriteRotatedRow<D, G, BITS, kMode == WriteMode::kRows>(args, v, lane_rho, clip_rank, dest);
   }
 }
@@ -569,12 +573,8 @@ __global__ void ClipKernel(const __grid_constant__ StageArgs a) {
   if (__all_sync(kFullMask, row >= a.rows)) return;
   float v[16];
   LoadStageRow<D>(a.y, row, a.rows, v);
-  uint32_t max_bits = 0;
-#pragma unroll
-  for (int s = 0; s < 16; ++s) max_bits = max(max_bits, __float_as_uint(v[s]) & 0x7fffffffu);
-  max_bits = detail::SliceMax<D>(max_bits);
-  const float tau =
-      __uint_as_float(detail::ClipThresholdBits<D>(v, detail::ClipRank(a.clip, D), max_bits));
+  const float tau = __uint_as_float(detail::ClipThresholdBits<D>(
+      v, detail::ClipRank(a.clip, D), detail::SliceMaxMagnitudeBits<D>(v)));
 #pragma unroll
   for (int s = 0; s < 16; ++s) v[s] = detail::ClipValue(v[s], tau);
   StoreStageRow<D>(v, row, a.rows, a.y);

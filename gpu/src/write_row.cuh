@@ -370,6 +370,16 @@ __device__ __forceinline__ uint32_t ClipThresholdBits(const float (&v)[16], int 
   return prefix;
 }
 
+// The bits of max |v| over the slice's row (for rows without NaN), the same in every lane of
+// the slice.
+template <int D>
+__device__ __forceinline__ uint32_t SliceMaxMagnitudeBits(const float (&v)[16]) {
+  uint32_t bits = 0;
+#pragma unroll
+  for (int s = 0; s < 16; ++s) bits = max(bits, __float_as_uint(v[s]) & 0x7fffffffu);
+  return SliceMax<D>(bits);
+}
+
 // The spec's clip of one value against tau (comparisons, so +-0 are kept).
 __device__ __forceinline__ float ClipValue(float x, float tau) {
   return (x > tau) ? tau : ((x < -tau) ? -tau : x);

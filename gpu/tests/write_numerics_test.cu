@@ -188,14 +188,10 @@ __global__ void ClipEveryRankKernel(const float* rows, int num_rows, float* tau,
   const int k = active ? static_cast<int>(slice % D) : D - 1;
   const int r = detail::SliceLane<D>();
   float v[16];
-  uint32_t max_bits = 0;
 #pragma unroll
-  for (int s = 0; s < 16; ++s) {
-    v[s] = rows[row * D + r + kLanes * s];
-    max_bits = max(max_bits, __float_as_uint(v[s]) & 0x7fffffffu);
-  }
-  max_bits = detail::SliceMax<D>(max_bits);
-  const float t = __uint_as_float(detail::ClipThresholdBits<D>(v, k, max_bits));
+  for (int s = 0; s < 16; ++s) v[s] = rows[row * D + r + kLanes * s];
+  const float t = __uint_as_float(
+      detail::ClipThresholdBits<D>(v, k, detail::SliceMaxMagnitudeBits<D>(v)));
   if (!active) return;
 #pragma unroll
   for (int s = 0; s < 16; ++s) {
