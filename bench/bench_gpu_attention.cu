@@ -12,13 +12,14 @@
 // bandwidth (bytes read + written) is measured in the same run.
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
-//                                [--chunks-per-warp 1|2] [--pack-hi-lo 0|1] [--group-epilogue 0|1]
-// (prints a markdown table; --batch / --len run one row, e.g. under ncu; --chunks-per-warp,
-// --pack-hi-lo and --group-epilogue override the plan's loop shape of the quantized-history
-// kernel (--chunks-per-warp 2 implies the per-field epilogue). Without --pack-hi-lo, when the
-// plan packs (g <= 4) the INT2 step is also timed with the two-MMA loop in the same process,
-// same data: column "INT2 us, unpacked"; without --group-epilogue (and with 1 chunk per warp
-// step) also with the other QK epilogue: column "INT2 us, other QK epilogue")
+//                                [--int8-qk 0|1] [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
+//                                [--group-epilogue 0|1]
+// (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
+// override the plan's loop of the quantized-history kernel: --int8-qk 0 selects the bf16-MMA
+// loops, which the last three shape (--chunks-per-warp 2 implies the per-field epilogue).
+// Without --int8-qk, when the plan takes the int8 QK loop (g <= 4) the INT2 step is also timed
+// with the bf16-MMA loop the plan would take otherwise (packed hi/lo, group epilogue) in the
+// same process on the same data: column "INT2 us, bf16 QK loop")
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,7 +41,8 @@ namespace {
 
 int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
 int g_pack_hi_lo = -1;      // --pack-hi-lo (-1: the plan's choice, and time the other too)
-int g_group_epilogue = -1;  // --group-epilogue (-1: the plan's choice, and time the other too)
+int g_group_epilogue = -1;  // --group-epilogue (-1: the plan's choice)
+int g_int8_qk = -1;         // --int8-qk (-1: the plan's choice, and time the bf16 QK loop too)
 
 
 using kvq::CacheParams;
@@ -169,8 +171,7 @@ double CopyBandwidth(L2Flusher& flusher) {
 struct Result {
   bool ran = false;
   double us = 0.0;
-  double us_other_epilogue = 0.0;  // the same step with the other QK epilogue (per group / field)
-  double us_unpacked = 0.0;   // the plan packs hi / lo: the same step with the two-MMA loop
+  double us_bf16_qk = 0.0;    // the plan takes int8 QK: the same step with the bf16-MMA loop
   double cache_bytes = 0.0;   // K/V rows read
   double other_bytes = 0.0;   // queries, rotations, partials (write + read)
   int splits = 0;
@@ -219,6 +220,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     plan.group_epilogue = false;  // 2 chunks per warp step exist with the per-field epilogue only
   }
   if (plan.group_epilogue) plan.chunks_per_warp = 1;
+  const bool plan_int8 = plan.int8_qk;
+  if (g_int8_qk >= 0) plan.int8_qk = g_int8_qk != 0;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
   uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
   RandomBytes(k_codes, pages * page_codes, 11);
@@ -292,21 +295,12 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
         kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
       },
       flusher, iters);
-  if (quantized && plan.pack_hi_lo && g_pack_hi_lo < 0) {
-    kvq::gpu::DecodeAttentionPlan unpacked = plan;
-    unpacked.pack_hi_lo = false;
-    r.us_unpacked = MedianMicros(
+  if (quantized && plan_int8 && g_int8_qk < 0) {
+    kvq::gpu::DecodeAttentionPlan bf16_qk = plan;
+    bf16_qk.int8_qk = false;
+    r.us_bf16_qk = MedianMicros(
         [&] {
-          kvq::gpu::DecodeAttention(c, in, unpacked, ws, unpacked.workspace_bytes, out);
-        },
-        flusher, iters);
-  }
-  if (quantized && g_group_epilogue < 0 && plan.chunks_per_warp == 1) {
-    kvq::gpu::DecodeAttentionPlan other = plan;
-    other.group_epilogue = !plan.group_epilogue;
-    r.us_other_epilogue = MedianMicros(
-        [&] {
-          kvq::gpu::DecodeAttention(c, in, other, ws, other.workspace_bytes, out);
+          kvq::gpu::DecodeAttention(c, in, bf16_qk, ws, bf16_qk.workspace_bytes, out);
         },
         flusher, iters);
   }
@@ -352,6 +346,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--chunks-per-warp") && i + 1 < argc) g_chunks_per_warp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--pack-hi-lo") && i + 1 < argc) g_pack_hi_lo = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--group-epilogue") && i + 1 < argc) g_group_epilogue = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--int8-qk") && i + 1 < argc) g_int8_qk = std::atoi(argv[++i]);
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -362,15 +357,16 @@ int main(int argc, char** argv) {
     std::printf("# kvq decode attention, %s, %d SMs, L2 %d MB; d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
-    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2%s%s\n\n",
+    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2%s%s%s\n\n",
                 copy_bw / 1e9, iters,
+                g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"),
                 g_chunks_per_warp > 0 ? (g_chunks_per_warp == 1 ? "; 1 chunk per warp step"
                                                                 : "; 2 chunks per warp step")
                                       : "",
                 g_pack_hi_lo < 0 ? "" : (g_pack_hi_lo ? "; packed hi/lo" : "; two-MMA loop"));
-    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | INT2 us, unpacked | INT2 us, other QK epilogue | "
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | INT2 us, bf16 QK loop | "
                 "kvq BF16 us | BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
     std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
     if (only_batch > 0) batches = {only_batch};
@@ -379,15 +375,13 @@ int main(int argc, char** argv) {
       for (int len : lens) {
         const Result a = RunOne(true, batch, len, flusher, iters);
         const Result b = int2_only ? Result{} : RunOne(false, batch, len, flusher, iters);
-        char int2[192] = "| skipped (memory) | | | | | ", bf16[160] = "| skipped (memory) | | ";
+        char int2[192] = "| skipped (memory) | | | | ", bf16[160] = "| skipped (memory) | | ";
         if (a.ran) {
           char alt[32] = "-";
-          char other[32] = "-";
-          if (a.us_unpacked > 0) std::snprintf(alt, sizeof alt, "%.1f", a.us_unpacked);
-          if (a.us_other_epilogue > 0) std::snprintf(other, sizeof other, "%.1f", a.us_other_epilogue);
-          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %s | %s ", a.us,
+          if (a.us_bf16_qk > 0) std::snprintf(alt, sizeof alt, "%.1f", a.us_bf16_qk);
+          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %s ", a.us,
                         a.cache_bytes / (a.us * 1e-6) / 1e9,
-                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, alt, other);
+                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, alt);
         }
         if (b.ran) {
           std::snprintf(bf16, sizeof bf16, "| %.1f | %.0f | %.0f%% ", b.us,

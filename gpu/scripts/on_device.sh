@@ -13,10 +13,14 @@
 #   conform.log    kvq conform --backend gpu, then kvq bench --backend all
 #   dump.log       tools/tests/dump_activations_test.py (torch + transformers on the device)
 #   summary.md     the table printed last
+#   attn_sass.csv  --attn-only --sass: executed instructions per SASS line of the INT2 decode
+#                  kernel (B=1 T=128K)
 # Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-sanitizer] [--no-bench] [--no-ncu]
-#                                      [--write-only] [--sass]
+#                                      [--write-only | --attn-only] [--sass]
 #   --write-only: only the write path's tests (gpu_write_*), sanitizer runs and benchmark, no other
 #                 engineers' gpu tests (saves device time when only write code changed)
+#   --attn-only:  only the decode attention's test, sanitizer runs and benchmarks (with PyTorch
+#                 SDPA); ncu on the INT2 decode kernel instead of the write kernels
 set -uo pipefail
 
 OUT=${OUT:-/tmp/kvq_device_out}
@@ -25,7 +29,7 @@ carry=.carry
 # stage_device.sh packs the binaries; unpack them once.
 if [[ -f $carry/bundle.tar.gz && ! -d $carry/bin ]]; then tar -C "$carry" -xzf "$carry/bundle.tar.gz"; fi
 export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-run_ncu=1; run_bench=1; run_tests=1; run_sanitizer=1; write_only=0; run_sass=0
+run_ncu=1; run_bench=1; run_tests=1; run_sanitizer=1; write_only=0; attn_only=0; run_sass=0
 for arg in "$@"; do
   case "$arg" in
     --no-ncu) run_ncu=0 ;;
@@ -34,6 +38,7 @@ for arg in "$@"; do
     --no-sanitizer) run_sanitizer=0 ;;
     --sass) run_sass=1 ;;
     --write-only) write_only=1 ;;
+    --attn-only) attn_only=1 ;;
   esac
 done
 summary="$OUT/summary.md"
@@ -57,6 +62,7 @@ row "device" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   [[ -x "$t" ]] || continue
   name=$(basename "$t")
   (( write_only )) && [[ $name != gpu_write_* ]] && continue
+  (( attn_only )) && [[ $name != gpu_attention_test ]] && continue
   start=$(date +%s)
   one="$OUT/current_test.log"
   "$t" --gtest_brief=1 > "$one" 2>&1
@@ -89,7 +95,7 @@ elif command -v compute-sanitizer >/dev/null; then
   stages='Grid/WriteStagesTest.*/d64_g32_int2__cuda:Grid/WriteStagesTest.*/d256_g128_int4__cuda'
   fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*'
   paged='Caches/PagedWriteTest.*'
-  for tool in memcheck racecheck; do
+  (( ! attn_only )) && for tool in memcheck racecheck; do
     sanitize "$tool" gpu_write_stages_test "$stages"
     sanitize "$tool" gpu_write_fused_test "$fused"
     sanitize "$tool" gpu_write_paged_test "$paged"
@@ -101,7 +107,7 @@ elif command -v compute-sanitizer >/dev/null; then
       sanitize "$tool" gpu_attention_test "$attention"
     done
     # The CPU-cache mirror (uploads, then the decode kernels).
-    for tool in memcheck racecheck; do
+    (( ! attn_only )) && for tool in memcheck racecheck; do
       sanitize "$tool" gpu_device_cache_test '*'
     done
   fi
@@ -115,6 +121,7 @@ if (( run_bench )); then
   for b in "$carry"/bin/kvq_bench_gpu_*; do
     [[ -x "$b" ]] || continue
     (( write_only )) && [[ $(basename "$b") != kvq_bench_gpu_write ]] && continue
+    (( attn_only )) && [[ $(basename "$b") != kvq_bench_gpu_attention ]] && continue
     "$b" >> "$OUT/bench.md" 2>&1
     rc=$?
     row "$(basename "$b")" "rc=$rc"
@@ -127,7 +134,7 @@ if (( run_bench )); then
 fi
 
 # ---- The CLI on the device: GPU conformance and the CPU/GPU side-by-side benchmark ----
-if (( ! write_only )) && [[ -x $carry/bin/kvq ]]; then
+if (( ! write_only && ! attn_only )) && [[ -x $carry/bin/kvq ]]; then
   "$carry/bin/kvq" conform --backend gpu > "$OUT/conform.log" 2>&1
   row "kvq conform --backend gpu" "rc=$?, $(tail -n1 "$OUT/conform.log")"
   if (( run_bench )); then
@@ -137,14 +144,36 @@ if (( ! write_only )) && [[ -x $carry/bin/kvq ]]; then
 fi
 
 # ---- The activation dumper (tools/dump_activations.py) on small random Llama/Qwen models ----
-if (( ! write_only )) && python3 -c 'import torch, transformers, safetensors' 2>/dev/null; then
+if (( ! write_only && ! attn_only )) && python3 -c 'import torch, transformers, safetensors' 2>/dev/null; then
   python3 tools/tests/dump_activations_test.py --out /tmp/kvq_dump > "$OUT/dump.log" 2>&1
   row "dump_activations_test.py" "rc=$?, $(tail -n1 "$OUT/dump.log")"
 fi
 
 # ---- Nsight Compute: the fused kernels, dense (first launch) and FWHT rho = 1 (after 104
 # launches of the quick run: 2 dense variants x (new, baseline) x 13 calls x 2 launches) ----
-if (( run_ncu )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_write ]]; then
+# --attn-only: the INT2 decode kernel at B=1 T=128K and B=32 T=32K (the plan's loop), and with
+# --sass its executed instructions per SASS line at B=1 T=128K.
+if (( run_ncu && attn_only )) && command -v ncu >/dev/null; then
+  : > "$OUT/ncu.txt"
+  for shape in "1 131072" "32 32768"; do
+    set -- $shape
+    timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+      --section InstructionStats --section LaunchStats --section Occupancy \
+      "$carry/bin/kvq_bench_gpu_attention" --batch "$1" --len "$2" --int2-only --iters 3 \
+      --int8-qk 1 >> "$OUT/ncu.txt" 2>&1
+    row "ncu decode B=$1 T=$2" "rc=$?"
+  done
+  (( run_sass )) && timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 \
+    --launch-count 1 --section SourceCounters -o "$OUT/attn_sass" -f \
+    "$carry/bin/kvq_bench_gpu_attention" --batch 1 --len 131072 --int2-only --iters 3 \
+    --int8-qk 1 > /dev/null 2>&1 &&
+    ncu -i "$OUT/attn_sass.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/attn_sass.csv" 2>&1 &&
+    row "ncu SASS counts (decode B=1 T=128K)" "attn_sass.csv"
+  rm -f "$OUT/attn_sass.ncu-rep"
+fi
+if (( run_ncu && ! attn_only )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_write ]]; then
   : > "$OUT/ncu.txt"
   for skip in 0 104; do
     timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip "$skip" \

@@ -584,6 +584,13 @@ __device__ __forceinline__ void Bf16Split(const DecodeKernelParams& p, unsigned 
 // ------------------------------------------------------------------------------------------
 // INT-b history pages.
 
+// The loops of the quantized history (a kernel instantiation each).
+enum class QuantLoop : int {
+  kTwoMma = 0,  // bf16 MMAs, the hi and lo parts of the query and of p * scale in two MMAs
+  kPacked = 1,  // bf16 MMAs, hi and lo in columns h and h + 4 (heads per block <= 4)
+  kInt8Qk = 2,  // QK^T on the int8 tensor cores (QuantSplitInt8; heads per block <= 4)
+};
+
 template <int D, int BITS>
 struct QuantGeometry {
   static constexpr int kFields = 8 / BITS;            // codes per byte
@@ -607,6 +614,156 @@ struct QuantGeometry {
   static_assert(kFields * kPvPairs == D / 16, "PV m-tiles");
   static_assert(kStageBytes % 16 == 0 && kQueryBytes % 16 == 0, "bulk copy alignment");
 };
+
+// The copy pipeline of a quantized-history split: kStages shared-memory stages of one 64-token
+// tile each (K and V codes, K scale / min, V scale / min), filled by the copy engine and
+// released without a block-wide barrier. stage_full[s] completes when a tile's bytes arrived;
+// stage_empty[s] when every thread of the block read the stage, and the stage's refill waits for
+// that phase.
+//
+// A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales and mins
+// of this KV head are contiguous runs ([Hkv, P, row] layout), so a tile is 6 bulk copies per
+// page run ({K, V} codes, K scale, K min, V scale, V min), issued by lanes of one warp
+// (lane = 6 * run + kind) and counted on the stage's mbarrier. Rows are copied in whole
+// 16-token chunks (a page holds whole chunks: P >= 16); rows past `end` in the last chunk are
+// read but masked by the loop.
+template <int D, int BITS>
+struct QuantTilePipeline {
+  using Geo = QuantGeometry<D, BITS>;
+  static constexpr int kFullOffset = Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes;
+  const DecodeKernelParams& p;
+  unsigned char* smem;
+  const unsigned char* copy_src;  // this lane's pool, advanced to KV head kvh's rows of page 0
+  int64_t copy_page_stride;
+  int copy_row_bytes;
+  int copy_dst;
+  int begin;
+  int end16;
+  int n_tiles;
+  uint32_t bytes_per_token;
+
+  __device__ __forceinline__ uint64_t* Full(int stage) const {
+    return reinterpret_cast<uint64_t*>(smem + kFullOffset) + stage;
+  }
+  __device__ __forceinline__ uint64_t* Empty(int stage) const {
+    return reinterpret_cast<uint64_t*>(smem + kFullOffset) + Geo::kStages + stage;
+  }
+  __device__ __forceinline__ int* PageIds() const {
+    return reinterpret_cast<int*>(smem + kFullOffset + Geo::kBarrierBytes);
+  }
+
+  // Loads the split's page ids and initialises the barriers; Start() publishes them.
+  __device__ __forceinline__ QuantTilePipeline(const DecodeKernelParams& params,
+                                               unsigned char* smem_base, int kvh, int b,
+                                               int split_begin, int split_end)
+      : p(params), smem(smem_base), begin(split_begin) {
+    constexpr int RB = Geo::kRowBytes;
+    LoadSplitPages(p, b, split_begin, split_end, PageIds());
+    n_tiles = (split_end - split_begin + kTileTokens - 1) / kTileTokens;
+    end16 = (split_end + kChunkTokens - 1) & ~(kChunkTokens - 1);
+    const int ngk = D / p.key_group;
+    const int ngv = D / p.value_group;
+    bytes_per_token = 2 * RB + 4 * (ngk + ngv);
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int s = 0; s < Geo::kStages; ++s) {
+        MbarrierInit(Full(s), 1);
+        MbarrierInit(Empty(s), kThreads);
+      }
+      FenceMbarrierInit();
+    }
+    const int kind = (threadIdx.x & 31) % 6;
+    const int ng = kind < 2 ? 0 : (kind < 4 ? ngk : ngv);
+    const unsigned char* pool;
+    switch (kind) {
+      case 0: pool = p.k_codes; copy_page_stride = p.k_codes_page_stride; break;
+      case 1: pool = p.v_codes; copy_page_stride = p.v_codes_page_stride; break;
+      case 2: pool = reinterpret_cast<const unsigned char*>(p.k_scale); copy_page_stride = p.k_meta_page_stride; break;
+      case 3: pool = reinterpret_cast<const unsigned char*>(p.k_min); copy_page_stride = p.k_meta_page_stride; break;
+      case 4: pool = reinterpret_cast<const unsigned char*>(p.v_scale); copy_page_stride = p.v_meta_page_stride; break;
+      default: pool = reinterpret_cast<const unsigned char*>(p.v_min); copy_page_stride = p.v_meta_page_stride; break;
+    }
+    copy_row_bytes = kind < 2 ? RB : 2 * ng;
+    copy_dst = kind < 2 ? kind * Geo::kCodesBytes : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
+    copy_src = pool + (static_cast<int64_t>(kvh) << p.page_size_log2) * copy_row_bytes;
+  }
+
+  // Tile `tile` (< n_tiles) into stage `stage`; called by a whole warp.
+  __device__ __forceinline__ void Issue(int tile, int stage) const {
+    const int lane = threadIdx.x & 31;
+    const int page_size = 1 << p.page_size_log2;
+    const int run_tokens = min(page_size, kTileTokens);
+    const int first = begin + tile * kTileTokens;
+    const int n_tok = min(kTileTokens, end16 - first);
+    if (lane == 0) MbarrierArriveExpectTx(Full(stage), n_tok * bytes_per_token);
+    __syncwarp();
+    const int r0 = (lane / 6) * run_tokens;
+    if (lane < 6 * (kTileTokens / 16) && r0 < n_tok) {
+      const int n = min(run_tokens, n_tok - r0);
+      const int tok = first + r0;
+      const int page = PageIds()[(tok >> p.page_size_log2) - (begin >> p.page_size_log2)];
+      const int slot = tok & (page_size - 1);
+      const unsigned char* src = copy_src + page * copy_page_stride + slot * copy_row_bytes;
+      BulkCopy(smem + stage * Geo::kStageBytes + copy_dst + r0 * copy_row_bytes, src,
+               n * copy_row_bytes, Full(stage));
+    }
+  }
+
+  // Publishes the page ids and barriers, then warp 0 issues the first `tiles` tiles (the pages
+  // were written before the rotation kernel started, so this may run before the query wait).
+  __device__ __forceinline__ void Start(int tiles) const {
+    __syncthreads();
+    if ((threadIdx.x >> 5) == 0) {
+#pragma unroll
+      for (int s = 0; s < Geo::kStages; ++s) {
+        if (s < tiles && s < n_tiles) Issue(s, s);
+      }
+    }
+  }
+
+  __device__ __forceinline__ const unsigned char* Stage(int tile) const {
+    return smem + (tile % Geo::kStages) * Geo::kStageBytes;
+  }
+  __device__ __forceinline__ void WaitFull(int tile) const {
+    MbarrierWait(Full(tile % Geo::kStages), (tile / Geo::kStages) & 1);
+  }
+  // This thread is done reading tile's stage.
+  __device__ __forceinline__ void Release(int tile) const {
+    MbarrierArrive(Empty(tile % Geo::kStages));
+  }
+  // Refill of the stages of step `tile`'s predecessors: step i's producer is warp (i / cpw) % 4
+  // (the role rotates, so no warp carries it every step). Tile `next` goes into the stage of
+  // tile next - kStages, which every thread must have released. With cpw = 1 the producer
+  // issues at the end of its step (tile + 3, needed two steps later; the others have usually
+  // released tile - 1 by then); with cpw = 2 at the start (the tiles are needed next step).
+  __device__ __forceinline__ void Produce(int tile, int cpw) const {
+    if ((threadIdx.x >> 5) != (tile / cpw) % kWarps) return;
+    for (int u = 0; u < cpw; ++u) {
+      const int next = tile + Geo::kStages - cpw + u;
+      if (next < n_tiles) {
+        if (next >= Geo::kStages) {
+          MbarrierWait(Empty(next % Geo::kStages), ((next / Geo::kStages) - 1) & 1);
+        }
+        Issue(next, next % Geo::kStages);
+      }
+    }
+  }
+};
+
+// q~ of the block's heads (0 past heads_per_block) into q_s [kMaxHeadsPerBlock][D]; waits for
+// the rotation kernel first (q_rot is its output) and ends with a block barrier.
+template <int D>
+__device__ __forceinline__ void LoadRotatedQueries(const DecodeKernelParams& p, int b, int head0,
+                                                   float* q_s) {
+  WaitForPrerequisiteGrid();
+  for (int i = threadIdx.x; i < kMaxHeadsPerBlock * D; i += kThreads) {
+    const int h = i / D;
+    q_s[i] = h < p.heads_per_block
+                 ? p.q_rot[(static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D + (i - h * D)]
+                 : 0.0f;
+  }
+  __syncthreads();
+}
 
 // CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
 // chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
@@ -643,96 +800,17 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   const int fpg_v_log2 = __ffs(fpg_v) - 1;
   const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
 
-  const int n_tokens = end - begin;
-  const int n_tiles = (n_tokens + kTileTokens - 1) / kTileTokens;
-  const int page_size = 1 << p.page_size_log2;
+  using Pipeline = QuantTilePipeline<D, BITS>;
+  const Pipeline pipe(p, smem, kvh, b, begin, end);
+  const int n_tiles = pipe.n_tiles;
   float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
-  uint64_t* stage_full = reinterpret_cast<uint64_t*>(smem + Geo::kStages * Geo::kStageBytes +
-                                                     Geo::kQueryBytes);  // [kStages]
-  // stage_empty[s]: every thread of the block arrives once it read its rows of the stage's tile;
-  // the refill of the stage waits for that phase (no block-wide barrier in the loop).
-  uint64_t* stage_empty = stage_full + Geo::kStages;
-  int* page_ids = reinterpret_cast<int*>(smem + Geo::kStages * Geo::kStageBytes +
-                                         Geo::kQueryBytes + Geo::kBarrierBytes);
-  LoadSplitPages(p, b, begin, end, page_ids);
-  const int first_page = begin >> p.page_size_log2;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < Geo::kStages; ++s) {
-      MbarrierInit(&stage_full[s], 1);
-      MbarrierInit(&stage_empty[s], kThreads);
-    }
-    FenceMbarrierInit();
-  }
-
-  // A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales and
-  // mins of this KV head are contiguous runs ([Hkv, P, row] layout), so the copy engine moves a
-  // tile with 6 bulk copies per page run ({K, V} codes, K scale, K min, V scale, V min), issued
-  // by lanes of warp 0 (lane = 6 * run + kind) and counted on the stage's mbarrier. Rows are
-  // copied in whole 16-token chunks (a page holds whole chunks: P >= 16); rows past `end` in the
-  // last chunk are read but masked.
-  const int run_tokens = min(page_size, kTileTokens);
-  const int end16 = (end + kChunkTokens - 1) & ~(kChunkTokens - 1);
-  const uint32_t bytes_per_token = 2 * RB + 4 * (ngk + ngv);
-  const int copy_kind = lane % 6;
-  const int copy_run = lane / 6;
-  const int copy_ng = copy_kind < 2 ? 0 : (copy_kind < 4 ? ngk : ngv);
-  const unsigned char* copy_pool;
-  int64_t copy_page_stride;
-  int copy_row_bytes;
-  int copy_dst;
-  switch (copy_kind) {
-    case 0: copy_pool = p.k_codes; copy_page_stride = p.k_codes_page_stride; break;
-    case 1: copy_pool = p.v_codes; copy_page_stride = p.v_codes_page_stride; break;
-    case 2: copy_pool = reinterpret_cast<const unsigned char*>(p.k_scale); copy_page_stride = p.k_meta_page_stride; break;
-    case 3: copy_pool = reinterpret_cast<const unsigned char*>(p.k_min); copy_page_stride = p.k_meta_page_stride; break;
-    case 4: copy_pool = reinterpret_cast<const unsigned char*>(p.v_scale); copy_page_stride = p.v_meta_page_stride; break;
-    default: copy_pool = reinterpret_cast<const unsigned char*>(p.v_min); copy_page_stride = p.v_meta_page_stride; break;
-  }
-  copy_row_bytes = copy_kind < 2 ? RB : 2 * copy_ng;
-  copy_dst = copy_kind < 2 ? copy_kind * Geo::kCodesBytes
-                           : 2 * Geo::kCodesBytes + (copy_kind - 2) * Geo::kMetaBytes;
-  // Called by a whole warp (warp 0 in the prologue, then the step's producer), for a tile < n_tiles.
-  auto issue = [&](int tile, int stage) {
-    const int first = begin + tile * kTileTokens;
-    const int n_tok = min(kTileTokens, end16 - first);
-    if (lane == 0) MbarrierArriveExpectTx(&stage_full[stage], n_tok * bytes_per_token);
-    __syncwarp();
-    const int r0 = copy_run * run_tokens;
-    if (lane < 6 * (kTileTokens / 16) && r0 < n_tok) {
-      const int n = min(run_tokens, n_tok - r0);
-      const int tok = first + r0;
-      const int page = page_ids[(tok >> p.page_size_log2) - first_page];
-      const int slot = tok & (page_size - 1);
-      const unsigned char* src = copy_pool + page * copy_page_stride +
-                                 (static_cast<int64_t>(kvh) * page_size + slot) * copy_row_bytes;
-      BulkCopy(smem + stage * Geo::kStageBytes + copy_dst + r0 * copy_row_bytes, src,
-               n * copy_row_bytes, &stage_full[stage]);
-    }
-  };
 
   // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
   // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
   // field the sum of the represented q~ (hi + lo) over the field's channels (min term).
-  __syncthreads();  // publishes page_ids and the initialised barriers
-  // Start the pipeline (the pages were written before the rotation kernel started, so this may
-  // run before the wait below); the fragment setup overlaps the first loads.
   static_assert(CPW == 1 || CPW == 2, "chunks per warp step");
-  if (warp == 0) {
-#pragma unroll
-    for (int s = 0; s < Geo::kStages - CPW; ++s) {
-      if (s < n_tiles) issue(s, s);
-    }
-  }
-  // q_rot is written by the rotation kernel launched just before this one.
-  WaitForPrerequisiteGrid();
-  for (int i = threadIdx.x; i < kMaxHeadsPerBlock * D; i += kThreads) {
-    const int h = i / D;
-    q_s[i] = h < p.heads_per_block
-                 ? p.q_rot[(static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D + (i - h * D)]
-                 : 0.0f;
-  }
-  __syncthreads();
+  pipe.Start(Geo::kStages - CPW);
+  LoadRotatedQueries<D>(p, b, head0, q_s);
 
   // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
   // 2^-shift(f) (exact) and the bias removed in the epilogue through bias_sum.
@@ -816,29 +894,11 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
                        ChunkRow(2 * t4 + 9)};
 
   // Publishes the query fragments and sums (written by warp 0) before the loop; the loop itself
-  // has no block-wide barrier: stage_full says a tile arrived, stage_empty that every thread
-  // read it, so warps drift apart by up to the pipeline depth instead of meeting every tile.
+  // has no block-wide barrier (QuantTilePipeline), so warps drift apart by up to the pipeline
+  // depth instead of meeting every tile.
   __syncthreads();
-  // Refill of the stages of the previous step's tiles: step i's producer is warp i % 4 (the role
-  // rotates, so no warp carries it every step). Tile `next` goes into the stage of tile
-  // next - kStages, which every thread must have released. With CPW = 1 the producer issues at
-  // the end of its step (tile + 3, needed two steps later; the others have usually released
-  // tile - 1 by then); with CPW = 2 at the start (the tiles are needed in the next step).
-  auto produce = [&](int tile) {
-    if (warp != (tile / CPW) % kWarps) return;
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      const int next = tile + Geo::kStages - CPW + u;
-      if (next < n_tiles) {
-        if (next >= Geo::kStages) {
-          MbarrierWait(&stage_empty[next % Geo::kStages], ((next / Geo::kStages) - 1) & 1);
-        }
-        issue(next, next % Geo::kStages);
-      }
-    }
-  };
   for (int tile = 0; tile < n_tiles; tile += CPW) {
-    if constexpr (CPW > 1) produce(tile);
+    if constexpr (CPW > 1) pipe.Produce(tile, CPW);
     // Sub-chunk u: this warp's 16 rows of tile + u.
     const unsigned char* stage[CPW];
     int chunk_first[CPW];
@@ -848,9 +908,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       const int t = tile + u;
       chunk_first[u] = begin + t * kTileTokens + warp * kChunkTokens;
       has[u] = t < n_tiles && chunk_first[u] < end;
-      if (t < n_tiles) MbarrierWait(&stage_full[t % Geo::kStages], (t / Geo::kStages) & 1);
+      if (t < n_tiles) pipe.WaitFull(t);
       // A sub-chunk without rows reads the first one's (loaded) rows, all masked.
-      stage[u] = smem + ((has[u] ? t : tile) % Geo::kStages) * Geo::kStageBytes;
+      stage[u] = pipe.Stage(has[u] ? t : tile);
     }
     do {
     if (!has[0]) break;  // has[u] implies has[0]
@@ -1091,9 +1151,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
     // This thread is done reading the step's stages (tile + u).
 #pragma unroll
     for (int u = 0; u < CPW; ++u) {
-      if (tile + u < n_tiles) MbarrierArrive(&stage_empty[(tile + u) % Geo::kStages]);
+      if (tile + u < n_tiles) pipe.Release(tile + u);
     }
-    if constexpr (CPW == 1) produce(tile);
+    if constexpr (CPW == 1) pipe.Produce(tile, CPW);
   }
   if constexpr (PACK) {
     // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then
@@ -1131,6 +1191,376 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       smem, b, head0, split);
 }
 
+// ------------------------------------------------------------------------------------------
+// INT-b history with QK^T on the integer tensor cores (DecodeAttentionPlan::int8_qk; at most 4
+// query heads per block).
+//
+// QK^T: mma.sync m16n8k32, A = code bytes as u8, B = the query as int8 digits, int32
+// accumulators (exact). A k-step of 32 takes one field of 32 code bytes straight from the
+// packed words with one mask: INT2 fields 0 and 1 as q (field 1 from the word shifted by 2),
+// fields 2 and 3 as 16 q; INT4 field 0 as q, field 1 as 16 q ("class" 0 and 1). On the
+// channels of K group g, the query of head h is q~ ~ sq * Q with Q = round(q~ / sq),
+// sq = max over the group of |q~_h| / 32512 (so |Q| <= 127 * 256), and Q = 256 * hi + lo with
+// int8 digits hi, lo: column 2h of the MMA carries hi, column 2h + 1 lo, so a thread
+// (lane % 4 = h) ends up with both digit sums of head h for its two rows and adds them exactly:
+// sum_c code_c * Q_c. Per (token, group) the fp32 epilogue is
+// s = scale * sq * sum + min * sum_c sq * Q_c. Logits keep ~15 significant bits of the query
+// relative to the largest channel of each group (the bf16 loops: ~16 bits per channel); the
+// tolerance the tests hold is unchanged.
+//
+// PV is the bf16 loop's (A = V^T codes, exact), but the hi and lo parts of p * scale ride in
+// columns 2h and 2h + 1, so a thread's softmax covers one head for two rows and the two columns
+// add up in-thread at the end of the split.
+
+// mma.sync m16n8k32, u8 x s8 -> s32.
+__device__ __forceinline__ void MmaU8S8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Field f of the four code bytes of a word as u8 16^kClass * q: one mask of the word (w) or of
+// the word shifted right by 2 (w2, INT2 odd fields).
+template <int BITS, int FIELD>
+struct CodeByteField {
+  static constexpr int kClass = BITS == 2 ? FIELD / 2 : FIELD;
+  static constexpr bool kShifted = BITS == 2 && (FIELD & 1);
+  static constexpr uint32_t kMask =
+      (BITS == 2 ? 0x03030303u : 0x0F0F0F0Fu) << (4 * kClass);
+  __device__ __forceinline__ static uint32_t Get(uint32_t w, uint32_t w2) {
+    return (kShifted ? w2 : w) & kMask;
+  }
+};
+
+// The largest |Q| of the int8-digit query (127 * 256: the hi digit stays in int8).
+inline constexpr float kQueryIntMax = 32512.0f;
+
+// The int8 MMAs of a 16-token chunk: MMA i takes slots (word, field) s0 into a0 / a1 (rows gi,
+// gi + 8) and s1 into a2 / a3. A thread holds NW words of a row (bytes [4 NW t4, 4 NW (t4 + 1))).
+// NW >= 2: MMA (f, j) takes words 2j and 2j + 1 of field f; NW = 1 (d = 64 INT2): fields 2i and
+// 2i + 1 of the one word (same group: G >= 32 = 2 RB, and the same class).
+template <int D, int BITS>
+struct Int8QkSlots {
+  using Geo = QuantGeometry<D, BITS>;
+  static constexpr int kFields = Geo::kFields;
+  static constexpr int kWords = Geo::kQkWords;
+  static constexpr int kMmas = kWords * kFields / 2;
+  static_assert(kWords >= 2 || BITS == 2, "one word a thread only for INT2 (d = 64)");
+  static constexpr int Word(int mma, int half) {
+    return kWords >= 2 ? 2 * (mma % (kWords / 2)) + half : 0;
+  }
+  static constexpr int Field(int mma, int half) {
+    return kWords >= 2 ? mma / (kWords / 2) : 2 * mma + half;
+  }
+  // Channel of byte i (0..3) of slot `half` of MMA `mma` for thread t4.
+  __device__ __forceinline__ static int Channel(int mma, int half, int t4, int i) {
+    return Field(mma, half) * Geo::kRowBytes + 4 * (t4 * kWords + Word(mma, half)) + i;
+  }
+};
+
+// Packs x into bf16x2 {hi = bf16(x), lo = bf16(x - hi)} (low half: hi).
+__device__ __forceinline__ uint32_t PackHiLo(float x) {
+  const float hi = __bfloat162float(__float2bfloat16_rn(x));
+  return BitsOf(__floats2bfloat162_rn(x, __fsub_rn(x, hi)));
+}
+
+template <int D, int BITS, int FPGK, int FPGV>
+__device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsigned char* smem,
+                                               int kvh, int head0, int b, int split, int begin,
+                                               int end) {
+  using Geo = QuantGeometry<D, BITS>;
+  using Slots = Int8QkSlots<D, BITS>;
+  constexpr int F = Geo::kFields;
+  constexpr int RB = Geo::kRowBytes;
+  constexpr int NW = Geo::kQkWords;
+  constexpr int NGK = F / FPGK;
+  constexpr int NGV = F / FPGV;
+  static_assert(FPGK >= 1 && FPGV >= 1 && F % FPGK == 0 && F % FPGV == 0, "fields per group");
+  static_assert(NW >= 2 || FPGK >= 2, "d = 64: an MMA's two fields share a group");
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int gi = lane >> 2;
+  const int t4 = lane & 3;
+  const uint32_t code_bias = p.code_bias;
+
+  using Pipeline = QuantTilePipeline<D, BITS>;
+  const Pipeline pipe(p, smem, kvh, b, begin, end);
+  const int n_tiles = pipe.n_tiles;
+  float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
+  pipe.Start(Geo::kStages - 1);
+  LoadRotatedQueries<D>(p, b, head0, q_s);
+
+  // ---- Query prologue (every warp for itself: no barrier) ----
+  // Per head h and K group g the scale sq = max|q~| / kQueryIntMax over the group's channels
+  // (a group's sum has its own epilogue, so its query needs no common scale with the others).
+  constexpr int G = FPGK * RB;  // channels of a K group: [g G, (g + 1) G)
+  float sq_of[4][NGK], inv_of[4][NGK];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+#pragma unroll
+    for (int g = 0; g < NGK; ++g) {
+      float m = 0.0f;
+#pragma unroll
+      for (int c = lane; c < G; c += 32) m = fmaxf(m, fabsf(q_s[h * D + g * G + c]));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      sq_of[h][g] = m / kQueryIntMax;
+      inv_of[h][g] = m > 0.0f ? kQueryIntMax / m : 0.0f;
+    }
+  }
+  // Q of head h, channel c (the same rounding wherever it is formed).
+  auto q_int = [&](int h, float inv, int c) { return __float2int_rn(q_s[h * D + c] * inv); };
+  auto pick = [](const float (&v)[4][NGK], int i, int g) {  // v[i][g] without local memory
+    return i == 0 ? v[0][g] : (i == 1 ? v[1][g] : (i == 2 ? v[2][g] : v[3][g]));
+  };
+  // B fragments: column gi = digit (gi & 1: 0 hi, 1 lo) of head gi >> 1.
+  uint32_t bq[Slots::kMmas][2];
+  {
+    const int hb = gi >> 1;
+    const bool lo_digit = gi & 1;
+#pragma unroll
+    for (int m = 0; m < Slots::kMmas; ++m) {
+      const float inv_b = pick(inv_of, hb, Slots::Field(m, 0) / FPGK);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int qi = q_int(hb, inv_b, Slots::Channel(m, half, t4, i));
+          const int lo = ((qi + 128) & 255) - 128;
+          const int digit = lo_digit ? lo : (qi - lo) >> 8;
+          word |= (static_cast<uint32_t>(digit) & 0xffu) << (8 * i);
+        }
+        bq[m][half] = word;
+      }
+    }
+  }
+  // Epilogue factors of head t4 per K group, with the logit scale (exp2 domain) folded in:
+  // sqg = sq * 16^-class (classes mixed in a group: the sum is formed as 16 * class 0 + class 1),
+  // qsg = sum over the group's channels of sq * Q.
+  const float fac = p.logit_scale_log2;
+  float sqg[NGK], qsg[NGK];
+  {
+    int qsum[NGK];
+#pragma unroll
+    for (int g = 0; g < NGK; ++g) qsum[g] = 0;
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      // Channel gi + 8 i lies in group 8 i / G (G is a multiple of 16).
+      qsum[(8 * i) / G] += q_int(t4, pick(inv_of, t4, (8 * i) / G), gi + 8 * i);
+    }
+    StaticFor<NGK>([&](auto gc) {
+      constexpr int g = decltype(gc)::value;
+      constexpr int kLo = CodeByteField<BITS, g * FPGK>::kClass;
+      constexpr int kHi = CodeByteField<BITS, g * FPGK + FPGK - 1>::kClass;
+      constexpr float kUnscale = kHi == 0 ? 1.0f : 1.0f / 16.0f;  // kLo != kHi: 16 * c0 + c1
+      static_assert(kLo == kHi || (kLo == 0 && kHi == 1), "classes of a group");
+      int s = qsum[g];
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const float sq = pick(sq_of, t4, g);
+      sqg[g] = sq * kUnscale * fac;
+      qsg[g] = static_cast<float>(s) * sq * fac;
+    });
+  }
+
+  // Online softmax of head t4 over rows (gi, gi + 8); acc columns 2 t4 (hi part of p * scale)
+  // and 2 t4 + 1 (lo part), rows as the PV channel map says.
+  float acc[D / 16][4];
+#pragma unroll
+  for (int i = 0; i < D / 16; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+  float m_run = -INFINITY, l_run = 0.0f;
+  float min_sum[NGV];
+#pragma unroll
+  for (int g = 0; g < NGV; ++g) min_sum[g] = 0.0f;
+
+  const int row_a = ChunkRow(gi);
+  const int row_b = ChunkRow(gi + 8);
+  const int vrow[4] = {ChunkRow(2 * t4), ChunkRow(2 * t4 + 1), ChunkRow(2 * t4 + 8),
+                       ChunkRow(2 * t4 + 9)};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    pipe.WaitFull(tile);
+    if (chunk_first < end) {
+      const unsigned char* stage = pipe.Stage(tile);
+      const bool va = chunk_first + row_a < end;
+      const bool vb = chunk_first + row_b < end;
+
+      // ---- QK^T ----
+      float s_a = 0.0f, s_b = 0.0f;
+      {
+        uint32_t ka[NW], kb[NW], ka2[NW], kb2[NW];
+        const unsigned char* kc = stage + warp * kChunkTokens * RB;
+        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
+        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          ka2[w] = ka[w] >> 2;
+          kb2[w] = kb[w] >> 2;
+        }
+        const unsigned char* meta = stage + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
+        uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
+        LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
+        LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
+        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
+        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
+        // c[g][class]: the group's digit sums per class.
+        int c[NGK][2][4];
+#pragma unroll
+        for (int g = 0; g < NGK; ++g) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k) c[g][k][0] = c[g][k][1] = c[g][k][2] = c[g][k][3] = 0;
+        }
+        StaticFor<Slots::kMmas>([&](auto mc) {
+          constexpr int m = decltype(mc)::value;
+          constexpr int w0 = Slots::Word(m, 0), w1 = Slots::Word(m, 1);
+          using F0 = CodeByteField<BITS, Slots::Field(m, 0)>;
+          using F1 = CodeByteField<BITS, Slots::Field(m, 1)>;
+          static_assert(F0::kClass == F1::kClass, "an MMA's slots share a class");
+          constexpr int g = Slots::Field(m, 0) / FPGK;
+          MmaU8S8(c[g][F0::kClass], F0::Get(ka[w0], ka2[w0]), F0::Get(kb[w0], kb2[w0]),
+                  F1::Get(ka[w1], ka2[w1]), F1::Get(kb[w1], kb2[w1]), bq[m][0], bq[m][1]);
+        });
+        StaticFor<NGK>([&](auto gc) {
+          constexpr int g = decltype(gc)::value;
+          constexpr int kLo = CodeByteField<BITS, g * FPGK>::kClass;
+          constexpr int kHi = CodeByteField<BITS, g * FPGK + FPGK - 1>::kClass;
+          int v[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[i] = kLo == kHi ? c[g][kLo][i] : 16 * c[g][0][i] + c[g][1][i];
+          // Columns 2 t4 (hi digit) and 2 t4 + 1 (lo digit) of head t4: sum_c code_c * Q_c.
+          const float dot_a = static_cast<float>(v[0] * 256 + v[1]);
+          const float dot_b = static_cast<float>(v[2] * 256 + v[3]);
+          s_a = fmaf(Bf16OfRow<g>(sa), dot_a * sqg[g], fmaf(Bf16OfRow<g>(ma), qsg[g], s_a));
+          s_b = fmaf(Bf16OfRow<g>(sb), dot_b * sqg[g], fmaf(Bf16OfRow<g>(mb), qsg[g], s_b));
+        });
+      }
+
+      // ---- Online softmax (head t4, rows a and b) ----
+      const float sl_a = va ? s_a : -INFINITY;
+      const float sl_b = vb ? s_b : -INFINITY;
+      float mx = fmaxf(sl_a, sl_b);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      // Lazy max as in WarpState::UpdateN (m = -inf before the first chunk).
+      const float m_new = mx > m_run + kRescaleThresholdLog2 ? mx : m_run;
+      const bool moved = m_new != m_run;
+      const float alpha = Exp2(m_run - m_new);
+      m_run = m_new;
+      const float pa = Exp2(sl_a - m_new);
+      const float pb = Exp2(sl_b - m_new);
+      l_run = fmaf(l_run, alpha, pa + pb);
+      if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+        for (int i = 0; i < D / 16; ++i) {
+          acc[i][0] *= alpha;
+          acc[i][1] *= alpha;
+          acc[i][2] *= alpha;
+          acc[i][3] *= alpha;
+        }
+#pragma unroll
+        for (int g = 0; g < NGV; ++g) min_sum[g] *= alpha;
+      }
+
+      // ---- PV: A = code (bf16, exact), B = p * scale hi | lo; min term on the side ----
+      const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
+      const unsigned char* vmeta = stage + 2 * Geo::kCodesBytes + 2 * Geo::kMetaBytes +
+                                   warp * kChunkTokens * NGV * 2;
+      uint32_t vw[4][Geo::kPvWords];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const unsigned char* src = vc + vrow[r] * RB + gi * Geo::kPvBytes;
+        if constexpr (Geo::kPvBytes == 2) {
+          vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
+        } else {
+          LoadWords<Geo::kPvWords>(src, vw[r]);
+        }
+      }
+      uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
+      LoadBf16Row<NGV>(vmeta + row_a * NGV * 2, vsa);
+      LoadBf16Row<NGV>(vmeta + row_b * NGV * 2, vsb);
+      LoadBf16Row<NGV>(vmeta + Geo::kMetaBytes + row_a * NGV * 2, vma);
+      LoadBf16Row<NGV>(vmeta + Geo::kMetaBytes + row_b * NGV * 2, vmb);
+      uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
+#pragma unroll
+      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        const int wi = jp >> 1;
+        const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
+        x01[jp] = __byte_perm(vw[0][wi], vw[1][wi], sel);
+        x89[jp] = __byte_perm(vw[2][wi], vw[3][wi], sel);
+        y01[jp] = x01[jp] >> 8;
+        y89[jp] = x89[jp] >> 8;
+      }
+      uint32_t b0 = 0, b1 = 0;
+      StaticFor<F>([&](auto fc) {
+        constexpr int f = decltype(fc)::value;
+        using Field = CodeField<BITS, f>;
+        if constexpr (f % FPGV == 0) {
+          constexpr int g = f / FPGV;
+          // Select, not multiply: rows past the end may hold any bits.
+          const float sfa = va ? Bf16OfRow<g>(vsa) : 0.0f;
+          const float sfb = vb ? Bf16OfRow<g>(vsb) : 0.0f;
+          const float mfa = va ? Bf16OfRow<g>(vma) : 0.0f;
+          const float mfb = vb ? Bf16OfRow<g>(vmb) : 0.0f;
+          b0 = Transpose8x8(PackHiLo(pa * sfa));
+          b1 = Transpose8x8(PackHiLo(pb * sfb));
+          min_sum[g] = fmaf(pa, mfa, fmaf(pb, mfb, min_sum[g]));
+        }
+#pragma unroll
+        for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+          const uint32_t a0 = Field::Unbiased(x01[jp], code_bias);
+          const uint32_t a1 = Field::Unbiased(y01[jp], code_bias);
+          const uint32_t a2 = Field::Unbiased(x89[jp], code_bias);
+          const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
+          MmaBf16(acc[f * Geo::kPvPairs + jp], a0, a1, a2, a3, b0, b1);
+        }
+      });
+    }
+    pipe.Release(tile);
+    pipe.Produce(tile, 1);
+  }
+
+  // Head t4's accumulator = column 2 t4 (hi part) + column 2 t4 + 1 (lo part); fields kept in
+  // place accumulated 2^shift * code; then the min term of each field's group. Then into the
+  // bf16 loops' layout (heads 2 t4', 2 t4' + 1 in lane t4' < 2) for CombineAndStore.
+  float msum[NGV];
+#pragma unroll
+  for (int g = 0; g < NGV; ++g) msum[g] = SumOverRows(min_sum[g]);
+  const int src0 = (lane & ~3) | ((2 * t4) & 3);
+  const int src1 = src0 + 1;
+  WarpState<D> st;
+  StaticFor<F>([&](auto fc) {
+    constexpr int f = decltype(fc)::value;
+    constexpr float kUnscale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
+#pragma unroll
+    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+      const int mt = f * Geo::kPvPairs + jp;
+      const float ra = (acc[mt][0] + acc[mt][1]) * kUnscale + msum[f / FPGV];
+      const float rb = (acc[mt][2] + acc[mt][3]) * kUnscale + msum[f / FPGV];
+      st.acc[mt][0] = __shfl_sync(0xffffffffu, ra, src0);
+      st.acc[mt][1] = __shfl_sync(0xffffffffu, ra, src1);
+      st.acc[mt][2] = __shfl_sync(0xffffffffu, rb, src0);
+      st.acc[mt][3] = __shfl_sync(0xffffffffu, rb, src1);
+    }
+  });
+  st.m[0] = __shfl_sync(0xffffffffu, m_run, src0);
+  st.m[1] = __shfl_sync(0xffffffffu, m_run, src1);
+  st.l[0] = __shfl_sync(0xffffffffu, l_run, src0);
+  st.l[1] = __shfl_sync(0xffffffffu, l_run, src1);
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st,
+      [&](int mt, int upper) {
+        const int f = mt / Geo::kPvPairs;
+        const int jp = mt - f * Geo::kPvPairs;
+        return f * RB + gi * Geo::kPvBytes + 2 * jp + upper;
+      },
+      smem, b, head0, split);
+}
+
 // Fields per group F' is usable when the group G = F' * RB is one of 32, 64, 128 and <= D.
 template <int D, int BITS, int FPG>
 inline constexpr bool kFieldsPerGroupValid =
@@ -1139,37 +1569,42 @@ inline constexpr bool kFieldsPerGroupValid =
 
 // QuantSplit with the group epilogue: FPGK = fpg_k and FPGV = fpg_v as compile-time values
 // (fields per group of K and of V; the launcher admits only valid groups).
-template <int D, int BITS, bool PACK, int FPGK, int FPGV = 1>
+template <int D, int BITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
 __device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
                                                    int kvh, int head0, int b, int split,
                                                    int begin, int end, int fpg_v) {
   if constexpr (kFieldsPerGroupValid<D, BITS, FPGV>) {
     if (fpg_v == FPGV) {
-      QuantSplit<D, BITS, 1, PACK, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+      if constexpr (LOOP == QuantLoop::kInt8Qk) {
+        QuantSplitInt8<D, BITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+      } else {
+        QuantSplit<D, BITS, 1, LOOP == QuantLoop::kPacked, FPGK, FPGV>(p, smem, kvh, head0, b,
+                                                                       split, begin, end);
+      }
       return;
     }
   }
   if constexpr (FPGV < 4) {
-    QuantSplitGroupedV<D, BITS, PACK, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split, begin, end,
+    QuantSplitGroupedV<D, BITS, LOOP, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split, begin, end,
                                                       fpg_v);
   } else {
     __trap();  // unreachable: the launcher refuses other groups
   }
 }
-template <int D, int BITS, bool PACK, int FPGK = 1>
+template <int D, int BITS, QuantLoop LOOP, int FPGK = 1>
 __device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
                                                   int kvh, int head0, int b, int split, int begin,
                                                   int end) {
   constexpr int RB = QuantGeometry<D, BITS>::kRowBytes;
   if constexpr (kFieldsPerGroupValid<D, BITS, FPGK>) {
     if (p.key_group == FPGK * RB) {
-      QuantSplitGroupedV<D, BITS, PACK, FPGK>(p, smem, kvh, head0, b, split, begin, end,
+      QuantSplitGroupedV<D, BITS, LOOP, FPGK>(p, smem, kvh, head0, b, split, begin, end,
                                               p.value_group / RB);
       return;
     }
   }
   if constexpr (FPGK < 4) {
-    QuantSplitGrouped<D, BITS, PACK, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
+    QuantSplitGrouped<D, BITS, LOOP, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
   } else {
     __trap();  // unreachable: the launcher refuses other groups
   }
@@ -1178,9 +1613,9 @@ __device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, u
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
-// PACK: the quantized history runs QuantSplit<..., PACK = true> (p.pack_hi_lo); a separate
-// kernel so that each loop variant gets its own register allocation.
-template <int D, HistoryFormat FORMAT, bool PACK>
+// LOOP: the quantized history's loop (DecodeAttentionPlan: int8_qk, pack_hi_lo); a kernel per
+// loop so that each gets its own register allocation. The bf16 cache takes kTwoMma.
+template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
 __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
     DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -1208,8 +1643,11 @@ __global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
         return;
       }
       constexpr int kBits = static_cast<int>(FORMAT);
-      if (p.group_epilogue) {
-        QuantSplitGrouped<D, kBits, PACK>(p, smem, kvh, head0, b, z, begin, end);
+      constexpr bool PACK = LOOP == QuantLoop::kPacked;
+      if constexpr (LOOP == QuantLoop::kInt8Qk) {
+        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
+      } else if (p.group_epilogue) {
+        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
       } else if (p.chunks_per_warp == 2) {
         QuantSplit<D, kBits, 2, PACK>(p, smem, kvh, head0, b, z, begin, end);
       } else {
@@ -1273,17 +1711,25 @@ namespace kvq::gpu::attention {
 template <int HEAD_DIM, HistoryFormat FORMAT>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
-  constexpr bool kCanPack = FORMAT != HistoryFormat::kBf16;
-  auto kernel = kCanPack && p.pack_hi_lo ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kCanPack>
-                                         : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, false>;
+  using detail::QuantLoop;
+  constexpr bool kQuantized = FORMAT != HistoryFormat::kBf16;
+  // The bf16 cache has one loop; a quantized cache's loops are instantiated only for it.
+  constexpr QuantLoop kPacked = kQuantized ? QuantLoop::kPacked : QuantLoop::kTwoMma;
+  constexpr QuantLoop kInt8Qk = kQuantized ? QuantLoop::kInt8Qk : QuantLoop::kTwoMma;
+  auto kernel = !kQuantized     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
+                : p.int8_qk     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>
+                : p.pack_hi_lo  ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>
+                                : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>;
   if (kSmem > 48 * 1024) {
     // Once per process and kernel (device 0's limit is the same on every Hopper part).
     static const cudaError_t raised = [] {
-      cudaError_t e = cudaFuncSetAttribute(detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, false>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (e == cudaSuccess && kCanPack) {
-        e = cudaFuncSetAttribute(detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kCanPack>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaError_t e = cudaSuccess;
+      for (auto k : {detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>,
+                     detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>,
+                     detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>}) {
+        if (e == cudaSuccess) {
+          e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        }
       }
       return e;
     }();

@@ -327,13 +327,16 @@ struct TestCase {
   }
 
   // Runs the GPU attention on poisoned (NaN) output and returns it, [B, Hq, d].
-  // chunks_per_warp, pack_hi_lo, group_epilogue: the plan's knobs of the quantized-history loop.
-  std::vector<float> RunGpu(int chunks_per_warp, bool pack_hi_lo, bool group_epilogue) const {
+  // chunks_per_warp, pack_hi_lo, group_epilogue, int8_qk: the plan's knobs of the
+  // quantized-history loop.
+  std::vector<float> RunGpu(int chunks_per_warp, bool pack_hi_lo, bool group_epilogue,
+                            bool int8_qk) const {
     const int batch = static_cast<int>(seqs.size());
     DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
     plan.chunks_per_warp = chunks_per_warp;
     plan.pack_hi_lo = pack_hi_lo;
     plan.group_epilogue = group_epilogue;
+    plan.int8_qk = int8_qk;
     DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
     KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
     DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
@@ -363,23 +366,27 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
     int chunks_per_warp;
     bool pack_hi_lo;
     bool group_epilogue;
+    bool int8_qk;
   };
   std::vector<Variant> variants;
   if (tc.params.quantized) {
-    variants.push_back({1, false, false});
-    variants.push_back({1, false, true});
+    variants.push_back({1, false, false, false});
+    variants.push_back({1, false, true, false});
   }
-  variants.push_back({2, false, false});
+  variants.push_back({2, false, false, false});
   if (can_pack) {
-    variants.push_back({1, true, false});
-    variants.push_back({2, true, false});
-    variants.push_back({1, true, true});
+    variants.push_back({1, true, false, false});
+    variants.push_back({2, true, false, false});
+    variants.push_back({1, true, true, false});
+    variants.push_back({1, false, true, true});
   }
   for (const Variant& v : variants) {
     const int chunks_per_warp = v.chunks_per_warp;
     SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp << " pack_hi_lo "
-                                      << v.pack_hi_lo << " group_epilogue " << v.group_epilogue);
-    const std::vector<float> gpu = tc.RunGpu(chunks_per_warp, v.pack_hi_lo, v.group_epilogue);
+                                      << v.pack_hi_lo << " group_epilogue " << v.group_epilogue
+                                      << " int8_qk " << v.int8_qk);
+    const std::vector<float> gpu =
+        tc.RunGpu(chunks_per_warp, v.pack_hi_lo, v.group_epilogue, v.int8_qk);
     double worst_ref = 0.0, worst_oracle = 0.0;
     for (int b = 0; b < batch; ++b) {
       const float* out = &gpu[static_cast<size_t>(b) * hq * d];
@@ -409,9 +416,9 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
         }
       }
     }
-    std::printf("[ %s, %d chunk(s)/warp%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+    std::printf("[ %s, %d chunk(s)/warp%s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
                 tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "",
-                v.group_epilogue ? ", group epilogue" : "", worst_ref,
+                v.group_epilogue ? ", group epilogue" : "", v.int8_qk ? ", int8 QK" : "", worst_ref,
                 worst_oracle, tolerance);
   }
 }
@@ -671,6 +678,7 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
   EXPECT_EQ(plan.window_splits, 3);
   EXPECT_TRUE(plan.group_epilogue) << "quantized caches take the group epilogue";
+  EXPECT_TRUE(plan.int8_qk) << "g = 4 takes the int8 QK loop";
   EXPECT_THROW(PlanDecodeAttention(MakeParams(ok), 0, 100, 132), Error);
   // The group epilogue runs one chunk per warp step: a plan asking for two is refused before
   // anything is launched (the pointers below are never dereferenced).
@@ -690,6 +698,22 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
           DecodeAttention(MakeParams(ok), in, two, workspace, two.workspace_bytes, out);
         } catch (const Error& e) {
           EXPECT_NE(std::string(e.what()).find("group_epilogue"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  // The int8 QK loop serves at most 4 heads per block: g = 8 with int8_qk is refused.
+  Config wide = ok;
+  wide.hq = 64;
+  DecodeAttentionPlan wide_plan = PlanDecodeAttention(MakeParams(wide), 1, 131072, 132);
+  EXPECT_FALSE(wide_plan.int8_qk);
+  wide_plan.int8_qk = true;
+  EXPECT_THROW(
+      {
+        try {
+          DecodeAttention(MakeParams(wide), in, wide_plan, workspace, wide_plan.workspace_bytes, out);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("int8_qk"), std::string::npos) << e.what();
           throw;
         }
       },
@@ -728,6 +752,7 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
   EXPECT_EQ(plan.hist_splits, 128);
   EXPECT_EQ(plan.window_splits, 0);
   EXPECT_FALSE(plan.pack_hi_lo);
+  EXPECT_FALSE(plan.int8_qk);
   // g = 8 fills all N = 8 columns with heads: no packing.
   Config wide = ok;
   wide.hq = 64;

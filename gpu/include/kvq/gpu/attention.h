@@ -79,6 +79,12 @@ struct DecodeAttentionPlan {
   // and mins one load each) instead of once per code field (false: the per-field epilogue,
   // kept as a knob). The plan's choice for quantized caches. Needs chunks_per_warp == 1.
   bool group_epilogue = false;
+  // Quantized history with at most 4 query heads per block: QK^T on the int8 tensor cores
+  // (mma m16n8k32 u8 x s8): the codes enter as bytes masked out of the packed words, the query
+  // as two int8 digits of Q = round(q~ / sq) (|Q| <= 32512, sq = max|q~| / 32512 per head), the
+  // sums are exact int32. The plan's choice where it applies; it takes precedence over the three
+  // knobs above (its loop has the group epilogue and one chunk per warp step).
+  bool int8_qk = false;
   size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
 };
 

@@ -72,6 +72,11 @@ struct DecodeKernelParams {
   // Quantized history: QK^T finished once per quantization group with G as a compile-time
   // value (chunks_per_warp must be 1); false: once per code field.
   bool group_epilogue = false;
+  // Quantized history, heads_per_block <= 4: QK^T on the int8 tensor cores (codes as u8, the
+  // query as two int8 digits; see DecodeAttentionPlan::int8_qk). Takes precedence over
+  // pack_hi_lo, chunks_per_warp and group_epilogue (it has one loop shape: the group epilogue,
+  // one chunk per warp step).
+  bool int8_qk = false;
 
   float logit_scale_log2 = 0.0f;  // softmax scale * log2(e): logits in the exp2 domain
   uint32_t code_bias = 0x43004300u;  // two bf16 128.0: codes enter the MMA as 128 + q
