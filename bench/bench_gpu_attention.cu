@@ -211,7 +211,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   KVQ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (pool_bytes + window_bytes + (size_t{3} << 30) > free_bytes) return r;
 
-  kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
+  kvq::gpu::DecodeAttentionPlan plan =
+      kvq::gpu::PlanDecodeAttention(c, batch, seq_len, 0, /*allow_int8_qk=*/g_int8_qk != 0);
   if (g_chunks_per_warp > 0) plan.chunks_per_warp = g_chunks_per_warp;
   if (g_pack_hi_lo >= 0) plan.pack_hi_lo = g_pack_hi_lo != 0;
   if (g_group_epilogue >= 0) {
@@ -296,8 +297,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
       },
       flusher, iters);
   if (quantized && plan_int8 && g_int8_qk < 0) {
-    kvq::gpu::DecodeAttentionPlan bf16_qk = plan;
-    bf16_qk.int8_qk = false;
+    // The plan the bf16 QK loop would get (its waves sized for its own residency).
+    kvq::gpu::DecodeAttentionPlan bf16_qk = kvq::gpu::PlanDecodeAttention(c, batch, seq_len, 0, false);
     r.us_bf16_qk = MedianMicros(
         [&] {
           kvq::gpu::DecodeAttention(c, in, bf16_qk, ws, bf16_qk.workspace_bytes, out);

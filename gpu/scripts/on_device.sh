@@ -164,6 +164,16 @@ if (( run_ncu && attn_only )) && command -v ncu >/dev/null; then
       --int8-qk 1 >> "$OUT/ncu.txt" 2>&1
     row "ncu decode B=$1 T=$2" "rc=$?"
   done
+  # The three kernels of one B=1 step (rotation, decode, merge; ncu runs them one at a time, so
+  # without the programmatic-launch overlap): duration each, at T = 8K and 128K.
+  for len in 8192 131072; do
+    echo "===== B=1 T=$len: the step's kernels =====" >> "$OUT/ncu.txt"
+    timeout 100 ncu --kernel-name regex:"RotateQueries|DecodeAttentionKernel|MergePartials" \
+      --launch-skip 9 --launch-count 3 --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second \
+      "$carry/bin/kvq_bench_gpu_attention" --batch 1 --len "$len" --int2-only --iters 3 \
+      --int8-qk 1 >> "$OUT/ncu.txt" 2>&1
+    row "ncu step kernels B=1 T=$len" "rc=$?"
+  done
   (( run_sass )) && timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 \
     --launch-count 1 --section SourceCounters -o "$OUT/attn_sass" -f \
     "$carry/bin/kvq_bench_gpu_attention" --batch 1 --len 131072 --int2-only --iters 3 \

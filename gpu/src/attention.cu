@@ -22,7 +22,6 @@ constexpr int kWindowTokensPerSplit = 128;
 constexpr int kMinHistTokensPerSplit = 4 * kTileTokens;
 // Decode blocks a multiprocessor holds at once (the kernel's launch bounds: 128 registers a
 // thread at d <= 128, and its shared memory at d = 256).
-int ResidentBlocksPerSm(int head_dim) { return head_dim >= 256 ? 2 : 4; }
 constexpr int kBf16BlocksPerSm = 8;  // bf16 cache: target blocks per multiprocessor
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -56,7 +55,7 @@ float FwhtScale(const WriteParams& p) {
 }  // namespace
 
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
-                                        int num_sms) {
+                                        int num_sms, bool allow_int8_qk) {
   CheckSupported(c);
   KVQ_CHECK(batch >= 1 && batch <= 65535, kInvalidArgument, "batch ", batch,
             " is outside [1, 65535]");
@@ -69,6 +68,7 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int g = c.group_size();
   const int heads_per_block = std::min(g, attention::kMaxHeadsPerBlock);
   const int64_t blocks_per_split = static_cast<int64_t>(c.num_kv_heads) * (g / heads_per_block) * batch;
+  const bool int8_qk = c.quantized && heads_per_block <= 4 && allow_int8_qk;
 
   DecodeAttentionPlan plan;
   const int64_t paged_tokens =
@@ -92,7 +92,8 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     // within kMaxSplitTokens. Every history block of a step does about the same work, so a
     // partial last wave would cost a whole block time; the window blocks (short, highest
     // blockIdx.z, so scheduled last) fill the slots that free up first.
-    const int64_t resident = static_cast<int64_t>(ResidentBlocksPerSm(c.head_dim())) * num_sms;
+    const int64_t resident =
+        static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
     const int64_t min_splits = (paged_tokens + attention::kMaxSplitTokens - 1) /
                                attention::kMaxSplitTokens;
     int64_t waves = std::max<int64_t>(1, (min_splits * blocks_per_split + resident - 1) / resident);
@@ -118,7 +119,7 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   plan.pack_hi_lo = c.quantized && heads_per_block <= 4;
   // The group epilogue: 16% fewer instructions than the per-field one, 8-17% faster (pass 3).
   plan.group_epilogue = c.quantized;
-  plan.int8_qk = c.quantized && heads_per_block <= 4;
+  plan.int8_qk = int8_qk;
   const int splits = plan.hist_splits + plan.window_splits;
   KVQ_CHECK(splits <= 65535, kUnsupported, "max_seq_len ", max_seq_len, " needs ", splits,
             " splits (at most 65535)");

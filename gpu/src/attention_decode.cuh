@@ -36,8 +36,7 @@ namespace kvq::gpu::attention::detail {
 inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kChunkTokens = 16;  // tokens per warp per stage
-// Blocks a multiprocessor must hold at once: caps registers at 128 per thread (16 warps).
-inline constexpr int kMinBlocksPerSm = 4;
+
 
 // ------------------------------------------------------------------------------------------
 // PTX helpers.
@@ -765,6 +764,57 @@ __device__ __forceinline__ void LoadRotatedQueries(const DecodeKernelParams& p, 
   __syncthreads();
 }
 
+// PV's A operands (V^T, exact codes) of a thread for one 16-token chunk: the code bytes
+// [gi * kPvBytes, (gi + 1) * kPvBytes) of chunk rows vrow = (2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9)
+// (ChunkRow order), interleaved by token pair so that one CodeField extraction gives the bf16
+// pair (token 2 t4, token 2 t4 + 1) of a channel: m-tile pair jp takes bytes 2 jp (x) and
+// 2 jp + 1 (y) of the thread's slice.
+template <int D, int BITS>
+struct PvCodes {
+  using Geo = QuantGeometry<D, BITS>;
+  uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
+
+  __device__ __forceinline__ PvCodes(const unsigned char* vc, const int (&vrow)[4], int gi) {
+    uint32_t vw[4][Geo::kPvWords];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const unsigned char* src = vc + vrow[r] * Geo::kRowBytes + gi * Geo::kPvBytes;
+      if constexpr (Geo::kPvBytes == 2) {
+        vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
+      } else {
+        LoadWords<Geo::kPvWords>(src, vw[r]);
+      }
+    }
+#pragma unroll
+    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+      const int wi = jp >> 1;
+      const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
+      x01[jp] = __byte_perm(vw[0][wi], vw[1][wi], sel);
+      x89[jp] = __byte_perm(vw[2][wi], vw[3][wi], sel);
+      y01[jp] = x01[jp] >> 8;
+      y89[jp] = x89[jp] >> 8;
+    }
+  }
+  // The A fragment of m-tile (FIELD, jp): exact bf16 2^shift * q.
+  template <int FIELD>
+  __device__ __forceinline__ void A(int jp, uint32_t code_bias, uint32_t (&a)[4]) const {
+    using Field = CodeField<BITS, FIELD>;
+    a[0] = Field::Unbiased(x01[jp], code_bias);
+    a[1] = Field::Unbiased(y01[jp], code_bias);
+    a[2] = Field::Unbiased(x89[jp], code_bias);
+    a[3] = Field::Unbiased(y89[jp], code_bias);
+  }
+};
+
+// The partial's channel of accumulator row gi (+ 8 when upper) of PV m-tile mt.
+template <int D, int BITS>
+__device__ __forceinline__ int PvChannel(int mt, int upper, int gi) {
+  using Geo = QuantGeometry<D, BITS>;
+  const int f = mt / Geo::kPvPairs;
+  const int jp = mt - f * Geo::kPvPairs;
+  return f * Geo::kRowBytes + gi * Geo::kPvBytes + 2 * jp + upper;
+}
+
 // CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
 // chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
 // twice the independent work between the dependent steps, half the barriers and reductions.
@@ -1069,16 +1119,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
                             warp * kChunkTokens * ngv;
       const bool va = valid_a[u], vb = valid_b[u];
       const float(&pu)[4] = pr[u];
-      uint32_t vw[4][Geo::kPvWords];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const unsigned char* src = vc + vrow[r] * RB + gi * Geo::kPvBytes;
-        if constexpr (Geo::kPvBytes == 2) {
-          vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
-        } else {
-          LoadWords<Geo::kPvWords>(src, vw[r]);
-        }
-      }
+      const PvCodes<D, BITS> codes(vc, vrow, gi);
       // FPGV > 0: the row's NGV scales and mins, one load each.
       constexpr int NGV = FPGV > 0 ? F / FPGV : 1;
       uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
@@ -1090,19 +1131,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       }
       uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
       float mfa = 0.0f, mfb = 0.0f;
-      uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
-#pragma unroll
-      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-        const int wi = jp >> 1;
-        const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
-        x01[jp] = __byte_perm(vw[0][wi], vw[1][wi], sel);
-        x89[jp] = __byte_perm(vw[2][wi], vw[3][wi], sel);
-        y01[jp] = x01[jp] >> 8;
-        y89[jp] = x89[jp] >> 8;
-      }
       StaticFor<F>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
-        using Field = CodeField<BITS, f>;
         if (FPGV > 0 ? f % (FPGV > 0 ? FPGV : 1) == 0 : (f & (fpg_v - 1)) == 0) {
           float sfa, sfb;
           // Select, not multiply: rows past the end may hold any bits.
@@ -1137,13 +1167,11 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
         min_sum[f][1] += pu[1] * mfa + pu[3] * mfb;
 #pragma unroll
         for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-          const uint32_t a0 = Field::Unbiased(x01[jp], code_bias);
-          const uint32_t a1 = Field::Unbiased(y01[jp], code_bias);
-          const uint32_t a2 = Field::Unbiased(x89[jp], code_bias);
-          const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
+          uint32_t a[4];
+          codes.template A<f>(jp, code_bias, a);
           const int mt = f * Geo::kPvPairs + jp;
-          MmaBf16(st.acc[mt], a0, a1, a2, a3, bh0, bh1);
-          if constexpr (!PACK) MmaBf16(st.acc[mt], a0, a1, a2, a3, bl0, bl1);
+          MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
+          if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
         }
       });
     }
@@ -1182,13 +1210,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   });
   __syncthreads();
   CombineAndStore<D>(
-      p, st,
-      [&](int mt, int upper) {
-        const int f = mt / Geo::kPvPairs;
-        const int jp = mt - f * Geo::kPvPairs;
-        return f * RB + gi * Geo::kPvBytes + 2 * jp + upper;
-      },
-      smem, b, head0, split);
+      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
+      head0, split);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1296,7 +1319,10 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
   // Per head h and K group g the scale sq = max|q~| / kQueryIntMax over the group's channels
   // (a group's sum has its own epilogue, so its query needs no common scale with the others).
   constexpr int G = FPGK * RB;  // channels of a K group: [g G, (g + 1) G)
-  float sq_of[4][NGK], inv_of[4][NGK];
+  // A lane keeps the inverse scales of head gi >> 1 (its B column) and the scales of head t4
+  // (its epilogue).
+  const int hb = gi >> 1;
+  float inv_b[NGK], inv_t[NGK], sq_t[NGK];
 #pragma unroll
   for (int h = 0; h < 4; ++h) {
 #pragma unroll
@@ -1306,29 +1332,29 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
       for (int c = lane; c < G; c += 32) m = fmaxf(m, fabsf(q_s[h * D + g * G + c]));
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      sq_of[h][g] = m / kQueryIntMax;
-      inv_of[h][g] = m > 0.0f ? kQueryIntMax / m : 0.0f;
+      const float inv = m > 0.0f ? kQueryIntMax / m : 0.0f;
+      if (h == hb) inv_b[g] = inv;
+      if (h == t4) {
+        inv_t[g] = inv;
+        sq_t[g] = m / kQueryIntMax;
+      }
     }
   }
   // Q of head h, channel c (the same rounding wherever it is formed).
   auto q_int = [&](int h, float inv, int c) { return __float2int_rn(q_s[h * D + c] * inv); };
-  auto pick = [](const float (&v)[4][NGK], int i, int g) {  // v[i][g] without local memory
-    return i == 0 ? v[0][g] : (i == 1 ? v[1][g] : (i == 2 ? v[2][g] : v[3][g]));
-  };
   // B fragments: column gi = digit (gi & 1: 0 hi, 1 lo) of head gi >> 1.
   uint32_t bq[Slots::kMmas][2];
   {
-    const int hb = gi >> 1;
     const bool lo_digit = gi & 1;
 #pragma unroll
     for (int m = 0; m < Slots::kMmas; ++m) {
-      const float inv_b = pick(inv_of, hb, Slots::Field(m, 0) / FPGK);
+      const float inv = inv_b[Slots::Field(m, 0) / FPGK];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         uint32_t word = 0;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int qi = q_int(hb, inv_b, Slots::Channel(m, half, t4, i));
+          const int qi = q_int(hb, inv, Slots::Channel(m, half, t4, i));
           const int lo = ((qi + 128) & 255) - 128;
           const int digit = lo_digit ? lo : (qi - lo) >> 8;
           word |= (static_cast<uint32_t>(digit) & 0xffu) << (8 * i);
@@ -1349,7 +1375,7 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       // Channel gi + 8 i lies in group 8 i / G (G is a multiple of 16).
-      qsum[(8 * i) / G] += q_int(t4, pick(inv_of, t4, (8 * i) / G), gi + 8 * i);
+      qsum[(8 * i) / G] += q_int(t4, inv_t[(8 * i) / G], gi + 8 * i);
     }
     StaticFor<NGK>([&](auto gc) {
       constexpr int g = decltype(gc)::value;
@@ -1360,9 +1386,8 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
       int s = qsum[g];
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      const float sq = pick(sq_of, t4, g);
-      sqg[g] = sq * kUnscale * fac;
-      qsg[g] = static_cast<float>(s) * sq * fac;
+      sqg[g] = sq_t[g] * kUnscale * fac;
+      qsg[g] = static_cast<float>(s) * sq_t[g] * fac;
     });
   }
 
@@ -1469,35 +1494,15 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
       const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
       const unsigned char* vmeta = stage + 2 * Geo::kCodesBytes + 2 * Geo::kMetaBytes +
                                    warp * kChunkTokens * NGV * 2;
-      uint32_t vw[4][Geo::kPvWords];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const unsigned char* src = vc + vrow[r] * RB + gi * Geo::kPvBytes;
-        if constexpr (Geo::kPvBytes == 2) {
-          vw[r][0] = *reinterpret_cast<const uint16_t*>(src);
-        } else {
-          LoadWords<Geo::kPvWords>(src, vw[r]);
-        }
-      }
+      const PvCodes<D, BITS> codes(vc, vrow, gi);
       uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
       LoadBf16Row<NGV>(vmeta + row_a * NGV * 2, vsa);
       LoadBf16Row<NGV>(vmeta + row_b * NGV * 2, vsb);
       LoadBf16Row<NGV>(vmeta + Geo::kMetaBytes + row_a * NGV * 2, vma);
       LoadBf16Row<NGV>(vmeta + Geo::kMetaBytes + row_b * NGV * 2, vmb);
-      uint32_t x01[Geo::kPvPairs], x89[Geo::kPvPairs], y01[Geo::kPvPairs], y89[Geo::kPvPairs];
-#pragma unroll
-      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-        const int wi = jp >> 1;
-        const uint32_t sel = (jp & 1) ? 0x7632u : 0x5410u;
-        x01[jp] = __byte_perm(vw[0][wi], vw[1][wi], sel);
-        x89[jp] = __byte_perm(vw[2][wi], vw[3][wi], sel);
-        y01[jp] = x01[jp] >> 8;
-        y89[jp] = x89[jp] >> 8;
-      }
       uint32_t b0 = 0, b1 = 0;
       StaticFor<F>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
-        using Field = CodeField<BITS, f>;
         if constexpr (f % FPGV == 0) {
           constexpr int g = f / FPGV;
           // Select, not multiply: rows past the end may hold any bits.
@@ -1511,11 +1516,9 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
         }
 #pragma unroll
         for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-          const uint32_t a0 = Field::Unbiased(x01[jp], code_bias);
-          const uint32_t a1 = Field::Unbiased(y01[jp], code_bias);
-          const uint32_t a2 = Field::Unbiased(x89[jp], code_bias);
-          const uint32_t a3 = Field::Unbiased(y89[jp], code_bias);
-          MmaBf16(acc[f * Geo::kPvPairs + jp], a0, a1, a2, a3, b0, b1);
+          uint32_t a[4];
+          codes.template A<f>(jp, code_bias, a);
+          MmaBf16(acc[f * Geo::kPvPairs + jp], a[0], a[1], a[2], a[3], b0, b1);
         }
       });
     }
@@ -1552,13 +1555,8 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
   st.l[1] = __shfl_sync(0xffffffffu, l_run, src1);
   __syncthreads();
   CombineAndStore<D>(
-      p, st,
-      [&](int mt, int upper) {
-        const int f = mt / Geo::kPvPairs;
-        const int jp = mt - f * Geo::kPvPairs;
-        return f * RB + gi * Geo::kPvBytes + 2 * jp + upper;
-      },
-      smem, b, head0, split);
+      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
+      head0, split);
 }
 
 // Fields per group F' is usable when the group G = F' * RB is one of 32, 64, 128 and <= D.
@@ -1616,7 +1614,7 @@ __device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, u
 // LOOP: the quantized history's loop (DecodeAttentionPlan: int8_qk, pack_hi_lo); a kernel per
 // loop so that each gets its own register allocation. The bf16 cache takes kTwoMma.
 template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
-__global__ void __launch_bounds__(kThreads, D >= 256 ? 2 : kMinBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
     DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int kvh = blockIdx.x / p.head_chunks;

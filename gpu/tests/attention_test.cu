@@ -721,27 +721,34 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
 }
 
 // The plan fills whole waves of resident decode blocks (4 per SM at d = 128) with history
-// blocks and covers every paged token with splits of at most kMaxSplitTokens.
+// blocks and covers every paged token with splits of at most kMaxSplitTokens, for the int8 QK
+// loop and for the bf16 loops alike.
 TEST(GpuAttention, PlanFillsWholeWaves) {
   Config ok;  // d = 128, S0 = 64, W = 256
   ok.hq = 32;
   ok.hkv = 8;
-  for (const int batch : {1, 3, 8, 32, 128}) {
-    for (const int len : {400, 8192, 32768, 131072}) {
-      const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), batch, len, 132);
-      const int64_t paged = len - 320;
-      const int64_t hist_blocks = static_cast<int64_t>(plan.hist_splits) * 8 * batch;
-      EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, paged)
-          << "B " << batch << " T " << len;
-      EXPECT_LE(plan.hist_tokens_per_split, attention::kMaxSplitTokens) << "B " << batch << " T " << len;
-      EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
-      EXPECT_EQ(plan.chunks_per_warp, 1);
-      EXPECT_TRUE(plan.pack_hi_lo) << "g = 4 packs the hi / lo parts";
-      // No more waves than the split cap forces, and a long single sequence fills its wave.
-      const int64_t min_splits = (paged + attention::kMaxSplitTokens - 1) / attention::kMaxSplitTokens;
-      const int64_t waves = (min_splits * 8 * batch + 4 * 132 - 1) / (4 * 132);
-      EXPECT_LE(hist_blocks, waves * 4 * 132) << "B " << batch << " T " << len;
-      if (batch == 1 && len == 131072) EXPECT_GE(hist_blocks, 4 * 132 * 9 / 10);
+  for (const bool allow_int8 : {true, false}) {
+    for (const int batch : {1, 3, 8, 32, 128}) {
+      for (const int len : {400, 8192, 32768, 131072}) {
+        SCOPED_TRACE(::testing::Message() << "B " << batch << " T " << len << " int8 " << allow_int8);
+        const DecodeAttentionPlan plan =
+            PlanDecodeAttention(MakeParams(ok), batch, len, 132, allow_int8);
+        EXPECT_EQ(plan.int8_qk, allow_int8) << "g = 4 takes the int8 QK loop unless refused";
+        const int resident = attention::ResidentDecodeBlocksPerSm(128) * 132;
+        EXPECT_EQ(resident, 4 * 132);
+        const int64_t paged = len - 320;
+        const int64_t hist_blocks = static_cast<int64_t>(plan.hist_splits) * 8 * batch;
+        EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, paged);
+        EXPECT_LE(plan.hist_tokens_per_split, attention::kMaxSplitTokens);
+        EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
+        EXPECT_EQ(plan.chunks_per_warp, 1);
+        EXPECT_TRUE(plan.pack_hi_lo) << "g = 4 packs the hi / lo parts (bf16 QK loops)";
+        // No more waves than the split cap forces, and a long single sequence fills its wave.
+        const int64_t min_splits = (paged + attention::kMaxSplitTokens - 1) / attention::kMaxSplitTokens;
+        const int64_t waves = (min_splits * 8 * batch + resident - 1) / resident;
+        EXPECT_LE(hist_blocks, waves * resident);
+        if (batch == 1 && len == 131072) EXPECT_GE(hist_blocks, resident * 9 / 10);
+      }
     }
   }
   // The bf16 cache keeps about 8 blocks per SM over the grid (its pipeline is shallow).

@@ -88,12 +88,13 @@ struct DecodeAttentionPlan {
   size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
 };
 
-// Quantized cache: history splits in whole waves of resident decode blocks (4 per SM, 2 at
-// d = 256), the fewest waves with splits of at most 8192 tokens; bf16 cache: about 8 blocks per
-// SM over the grid (num_sms <= 0: ask the current device). Throws kvq::Error like
-// DecodeAttention.
+// Quantized cache: history splits in whole waves of resident decode blocks
+// (attention::ResidentDecodeBlocksPerSm: 4 per SM, 2 at d = 256), the fewest waves with splits
+// of at most 8192 tokens; bf16 cache: about 8 blocks per SM over the grid (num_sms <= 0: ask the
+// current device). allow_int8_qk = false plans for the bf16 QK loops (a baseline). Throws
+// kvq::Error like DecodeAttention.
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
-                                        int num_sms = 0);
+                                        int num_sms = 0, bool allow_int8_qk = true);
 
 // out [B, Hq, d] fp32 = attention of q over each sequence's cache. `workspace` (device, at
 // least plan.workspace_bytes, 256-byte aligned) holds q~ and the split partials. Queues three

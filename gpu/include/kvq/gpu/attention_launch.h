@@ -39,6 +39,11 @@ inline constexpr int kMaxSplitTokens = 8192;
 // Most query heads one block serves (the N = 8 side of the tensor-core tiles).
 inline constexpr int kMaxHeadsPerBlock = 8;
 
+// Decode blocks a multiprocessor holds at once, which the kernel's register cap guarantees
+// (__launch_bounds__: <= 128 registers a thread at d <= 128) and the planner sizes its waves
+// with. (Five blocks of the int8 QK loop, <= 102 registers, spilled and measured no faster.)
+constexpr int ResidentDecodeBlocksPerSm(int head_dim) { return head_dim >= 256 ? 2 : 4; }
+
 struct DecodeKernelParams {
   int batch = 0;
   int num_kv_heads = 0;
