@@ -692,32 +692,27 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   in.max_seq_len = 131072;
   in.seq_lens = lens;
   in.q = q;
-  EXPECT_THROW(
-      {
-        try {
-          DecodeAttention(MakeParams(ok), in, two, workspace, two.workspace_bytes, out);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("group_epilogue"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  // DecodeAttention refuses `plan` with an error that names `knob`.
+  auto expect_refused = [&](const Config& cfg, const DecodeAttentionPlan& bad, const char* knob) {
+    EXPECT_THROW(
+        {
+          try {
+            DecodeAttention(MakeParams(cfg), in, bad, workspace, bad.workspace_bytes, out);
+          } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(knob), std::string::npos) << e.what();
+            throw;
+          }
+        },
+        Error);
+  };
+  expect_refused(ok, two, "group_epilogue");
   // The int8 QK loop serves at most 4 heads per block: g = 8 with int8_qk is refused.
   Config wide = ok;
   wide.hq = 64;
   DecodeAttentionPlan wide_plan = PlanDecodeAttention(MakeParams(wide), 1, 131072, 132);
   EXPECT_FALSE(wide_plan.int8_qk);
   wide_plan.int8_qk = true;
-  EXPECT_THROW(
-      {
-        try {
-          DecodeAttention(MakeParams(wide), in, wide_plan, workspace, wide_plan.workspace_bytes, out);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("int8_qk"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_refused(wide, wide_plan, "int8_qk");
 }
 
 // The plan fills whole waves of resident decode blocks (4 per SM at d = 128) with history
