@@ -13,13 +13,19 @@
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
 //                                [--int8-qk 0|1] [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
-//                                [--group-epilogue 0|1]
+//                                [--group-epilogue 0|1] [--aux-heads N] [--window-split N]
+//                                [--hist-split N] [--timeline]
 // (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
 // override the plan's loop of the quantized-history kernel: --int8-qk 0 selects the bf16-MMA
 // loops, which the last three shape (--chunks-per-warp 2 implies the per-field epilogue).
 // Without --int8-qk, when the plan takes the int8 QK loop (g <= 4) the INT2 step is also timed
 // with the bf16-MMA loop the plan would take otherwise (packed hi/lo, group epilogue) in the
-// same process on the same data: column "INT2 us, bf16 QK loop")
+// same process on the same data: column "INT2 us, bf16 QK loop". --aux-heads N: query heads
+// per block of the rotation and merge kernels instead of the plan's; --window-split N: N
+// window tokens per window block (the history split stays the plan's); --hist-split N: N
+// history tokens per history block (a multiple of 64). --timeline: after the
+// timings of each INT2 row, one more cold step records every block's entry / exit
+// (DecodeAttentionInputs::timeline) and a per-kernel summary follows the table.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +49,11 @@ int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
 int g_pack_hi_lo = -1;      // --pack-hi-lo (-1: the plan's choice, and time the other too)
 int g_group_epilogue = -1;  // --group-epilogue (-1: the plan's choice)
 int g_int8_qk = -1;         // --int8-qk (-1: the plan's choice, and time the bf16 QK loop too)
+int g_aux_heads = 0;        // --aux-heads (0: the plan's choice)
+int g_window_split = 0;     // --window-split (0: the plan's choice)
+int g_hist_split = 0;       // --hist-split (0: the plan's choice)
+bool g_timeline = false;    // --timeline
+std::string g_timelines;    // the summaries, printed after the table
 
 
 using kvq::CacheParams;
@@ -177,6 +188,52 @@ struct Result {
   int splits = 0;
 };
 
+// Per-kind summary of one step's block records (attention::BlockKind; times in us from the
+// first block's entry): entries, exits, durations (exit - entry), and for history blocks the
+// wait from entry until their queries were ready.
+std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* title) {
+  const size_t n = rec.size() / 4;
+  uint64_t t0 = UINT64_MAX;
+  for (size_t i = 0; i < n; ++i) t0 = std::min(t0, rec[4 * i]);
+  auto us = [&](uint64_t t) { return (static_cast<double>(t) - static_cast<double>(t0)) * 1e-3; };
+  auto pct = [](std::vector<double> v, double q) {
+    std::sort(v.begin(), v.end());
+    return v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+  };
+  std::string out = std::string("timeline ") + title + " (us from the first block's entry):\n";
+  const char* names[] = {"rotate", "history", "window", "empty", "merge"};
+  for (uint32_t kind = 0; kind < 5; ++kind) {
+    std::vector<double> entry, exit, dur, ready;
+    std::vector<int> sms;
+    for (size_t i = 0; i < n; ++i) {
+      if ((rec[4 * i + 3] >> 32) != kind) continue;
+      entry.push_back(us(rec[4 * i]));
+      exit.push_back(us(rec[4 * i + 2]));
+      dur.push_back((static_cast<double>(rec[4 * i + 2]) - static_cast<double>(rec[4 * i])) * 1e-3);
+      if (rec[4 * i + 1]) ready.push_back((static_cast<double>(rec[4 * i + 1]) - static_cast<double>(rec[4 * i])) * 1e-3);
+      sms.push_back(static_cast<int>(rec[4 * i + 3] & 0xffffffffu));
+    }
+    if (entry.empty()) continue;
+    std::sort(sms.begin(), sms.end());
+    const size_t distinct = std::unique(sms.begin(), sms.end()) - sms.begin();
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "  %-7s %6zu blocks on %3zu SMs | entry %7.2f .. %7.2f (median %7.2f) | exit %7.2f .. "
+                  "%7.2f (median %7.2f) | duration median %7.2f, min %7.2f, max %7.2f",
+                  names[kind], entry.size(), distinct, pct(entry, 0), pct(entry, 1),
+                  pct(entry, 0.5), pct(exit, 0), pct(exit, 1), pct(exit, 0.5), pct(dur, 0.5),
+                  pct(dur, 0), pct(dur, 1));
+    out += line;
+    if (!ready.empty()) {
+      std::snprintf(line, sizeof line, " | queries ready after entry: median %.2f, max %.2f",
+                    pct(ready, 0.5), pct(ready, 1));
+      out += line;
+    }
+    out += "\n";
+  }
+  return out;
+}
+
 CacheParams MakeParams(bool quantized) {
   CacheParams c;
   c.num_q_heads = kHq;
@@ -221,6 +278,19 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     plan.group_epilogue = false;  // 2 chunks per warp step exist with the per-field epilogue only
   }
   if (plan.group_epilogue) plan.chunks_per_warp = 1;
+  if (g_aux_heads > 0) plan.aux_heads_per_block = g_aux_heads;
+  if (g_window_split > 0 && quantized) {
+    plan.window_tokens_per_split = g_window_split;
+    plan.window_splits = (std::min(seq_len, kSink + kRecent) + g_window_split - 1) / g_window_split;
+    // More window partials than the plan sized for: twice its workspace holds them.
+    plan.workspace_bytes = kvq::gpu::PlanDecodeAttention(c, batch, seq_len).workspace_bytes * 2;
+  }
+  if (g_hist_split > 0 && quantized) {
+    plan.hist_tokens_per_split = g_hist_split;
+    plan.hist_splits = static_cast<int>((paged + g_hist_split - 1) / g_hist_split);
+    // More history partials than the plan sized for: room for 8 times its splits.
+    plan.workspace_bytes = kvq::gpu::PlanDecodeAttention(c, batch, seq_len).workspace_bytes * 8;
+  }
   const bool plan_int8 = plan.int8_qk;
   if (g_int8_qk >= 0) plan.int8_qk = g_int8_qk != 0;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
@@ -299,11 +369,30 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   if (quantized && plan_int8 && g_int8_qk < 0) {
     // The plan the bf16 QK loop would get (its waves sized for its own residency).
     kvq::gpu::DecodeAttentionPlan bf16_qk = kvq::gpu::PlanDecodeAttention(c, batch, seq_len, 0, false);
+    if (g_aux_heads > 0) bf16_qk.aux_heads_per_block = g_aux_heads;
     r.us_bf16_qk = MedianMicros(
         [&] {
           kvq::gpu::DecodeAttention(c, in, bf16_qk, ws, bf16_qk.workspace_bytes, out);
         },
         flusher, iters);
+  }
+  if (g_timeline && quantized) {
+    const kvq::gpu::DecodeStepBlocks blocks = kvq::gpu::DecodeAttentionBlocks(c, batch, plan);
+    uint64_t* timeline = Alloc<uint64_t>(4 * blocks.total());
+    in.timeline = timeline;
+    flusher.Flush(nullptr);
+    kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint64_t> rec(4 * blocks.total());
+    KVQ_CUDA_CHECK(cudaMemcpy(rec.data(), timeline, rec.size() * 8, cudaMemcpyDeviceToHost));
+    cudaFree(timeline);
+    in.timeline = nullptr;
+    const std::string title = "INT2 B=" + std::to_string(batch) + " T=" + std::to_string(seq_len) +
+                              " (" + std::to_string(plan.hist_splits) + " history splits of " +
+                              std::to_string(plan.hist_tokens_per_split) + " tokens, " +
+                              std::to_string(plan.window_splits) + " window splits; step " +
+                              std::to_string(r.us).substr(0, 6) + " us timed)";
+    g_timelines += SummarizeTimeline(rec, title.c_str());
   }
   std::vector<float> host(q_elems);
   KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
@@ -348,6 +437,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--pack-hi-lo") && i + 1 < argc) g_pack_hi_lo = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--group-epilogue") && i + 1 < argc) g_group_epilogue = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--int8-qk") && i + 1 < argc) g_int8_qk = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--aux-heads") && i + 1 < argc) g_aux_heads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--window-split") && i + 1 < argc) g_window_split = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--hist-split") && i + 1 < argc) g_hist_split = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--timeline")) g_timeline = true;
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -397,6 +490,7 @@ int main(int argc, char** argv) {
     std::printf("\nGB/s counts the K/V cache bytes each step must read (INT2: 80 B per history token "
                 "and KV head, 512 B per bf16 token); queries, rotations and split partials are "
                 "extra traffic not counted.\n");
+    if (!g_timelines.empty()) std::printf("\n%s", g_timelines.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -102,7 +102,7 @@ elif command -v compute-sanitizer >/dev/null; then
   done
   if (( ! write_only )); then
     # Decode attention: the reduced cases its tests provide for the sanitizers.
-    attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*'
+    attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*:*Timeline*'
     for tool in memcheck racecheck synccheck; do
       sanitize "$tool" gpu_attention_test "$attention"
     done

@@ -18,7 +18,14 @@ namespace {
 using attention::HistoryFormat;
 using attention::kTileTokens;
 
-constexpr int kWindowTokensPerSplit = 128;
+constexpr int kWindowTokensPerSplit = 64;
+// A window block (64 bf16 tokens) takes about as long as a history block needs for this many
+// INT-b tokens (H100, B = 1: ~7.7 us against ~44 history tokens a microsecond per block; with
+// 128 tokens a window block took ~11.5 us and the B = 8, T = 32K step was 2.4% slower).
+constexpr int64_t kWindowBlockTokens = 320;
+// The rotation and merge take a block per query head while there are at most this many query
+// heads a multiprocessor (H200, B = 8 with 32 heads: a block per KV head made both 2x longer).
+constexpr int64_t kAuxHeadBlocksPerSm = 2;
 constexpr int kMinHistTokensPerSplit = 4 * kTileTokens;
 // Decode blocks a multiprocessor holds at once (the kernel's launch bounds: 128 registers a
 // thread at d <= 128, and its shared memory at d = 256).
@@ -71,6 +78,9 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const bool int8_qk = c.quantized && heads_per_block <= 4 && allow_int8_qk;
 
   DecodeAttentionPlan plan;
+  // Quantized cache: sink + recent rows (bf16, the window blocks) and paged history rows.
+  const int64_t window_tokens =
+      c.quantized ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent) : 0;
   const int64_t paged_tokens =
       c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
                   : max_seq_len;
@@ -88,23 +98,38 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     plan.hist_tokens_per_split = static_cast<int>(tokens);
     plan.hist_splits = CeilDiv(paged_tokens, tokens);
   } else if (paged_tokens > 0) {
-    // Quantized history: whole waves of history blocks: the fewest waves w (w * resident blocks) whose splits stay
-    // within kMaxSplitTokens. Every history block of a step does about the same work, so a
-    // partial last wave would cost a whole block time; the window blocks (short, highest
-    // blockIdx.z, so scheduled last) fill the slots that free up first.
+    // Quantized history: whole waves of history blocks: the fewest waves w (w * resident
+    // blocks) whose splits stay within kMaxSplitTokens. Every history block of a step does
+    // about the same work, so a partial last wave would cost a whole block time. The window
+    // blocks (highest blockIdx.z, so dispatched last) take the slots that free up first, i.e.
+    // they run after a one-wave history unless it leaves them their own slots; it does when
+    // that lengthens its splits by less than the history tokens a window block's time is worth
+    // (kWindowBlockTokens).
     const int64_t resident =
         static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
+    const int64_t window_blocks = blocks_per_split * CeilDiv(window_tokens, kWindowTokensPerSplit);
+    // Tokens per split when `slots` history blocks share the paged tokens (0: none fits).
+    auto split_tokens = [&](int64_t slots) -> int64_t {
+      const int64_t splits = slots / blocks_per_split;
+      if (splits < 1) return 0;
+      int64_t tokens = (paged_tokens + splits - 1) / splits;
+      tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
+      return std::max<int64_t>(tokens, kMinHistTokensPerSplit);
+    };
     const int64_t min_splits = (paged_tokens + attention::kMaxSplitTokens - 1) /
                                attention::kMaxSplitTokens;
     int64_t waves = std::max<int64_t>(1, (min_splits * blocks_per_split + resident - 1) / resident);
     int64_t tokens = 0;
     for (;; ++waves) {
-      const int64_t splits = waves * resident / blocks_per_split;
-      if (splits < 1) continue;
-      tokens = (paged_tokens + splits - 1) / splits;
-      tokens = (tokens + kTileTokens - 1) / kTileTokens * kTileTokens;
-      tokens = std::max<int64_t>(tokens, kMinHistTokensPerSplit);
-      if (tokens <= attention::kMaxSplitTokens) break;
+      tokens = split_tokens(waves * resident);
+      if (tokens > 0 && tokens <= attention::kMaxSplitTokens) break;
+    }
+    if (waves == 1 && window_blocks < resident) {
+      const int64_t beside = split_tokens(resident - window_blocks);
+      if (beside > 0 && beside <= attention::kMaxSplitTokens &&
+          beside - tokens < kWindowBlockTokens) {
+        tokens = beside;
+      }
     }
     plan.hist_tokens_per_split = static_cast<int>(tokens);
     plan.hist_splits = CeilDiv(paged_tokens, tokens);
@@ -112,14 +137,16 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     plan.hist_tokens_per_split = kTileTokens;
   }
   if (c.quantized) {
-    const int64_t window = std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent);
     plan.window_tokens_per_split = kWindowTokensPerSplit;
-    plan.window_splits = CeilDiv(window, kWindowTokensPerSplit);
+    plan.window_splits = CeilDiv(window_tokens, kWindowTokensPerSplit);
   }
   plan.pack_hi_lo = c.quantized && heads_per_block <= 4;
   // The group epilogue: 16% fewer instructions than the per-field one, 8-17% faster (pass 3).
   plan.group_epilogue = c.quantized;
   plan.int8_qk = int8_qk;
+  plan.aux_heads_per_block = static_cast<int64_t>(batch) * c.num_q_heads <= kAuxHeadBlocksPerSm * num_sms
+                                    ? 1
+                                    : attention::WidestAuxHeads(g, c.head_dim());
   const int splits = plan.hist_splits + plan.window_splits;
   KVQ_CHECK(splits <= 65535, kUnsupported, "max_seq_len ", max_seq_len, " needs ", splits,
             " splits (at most 65535)");
@@ -128,6 +155,18 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   plan.workspace_bytes = AlignUp(rows * d * 4, 256) + AlignUp(rows * splits * 2 * 4, 256) +
                          AlignUp(rows * splits * d * 4, 256);
   return plan;
+}
+
+DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
+                                       const DecodeAttentionPlan& plan) {
+  const int g = c.group_size();
+  const int64_t rows = static_cast<int64_t>(batch) * c.num_q_heads;
+  DecodeStepBlocks n;
+  n.rotate = c.quantized ? rows / std::max(plan.aux_heads_per_block, 1) : 0;
+  n.decode = static_cast<int64_t>(c.num_kv_heads) * (g / std::min(g, attention::kMaxHeadsPerBlock)) *
+             batch * (plan.hist_splits + (c.quantized ? plan.window_splits : 0));
+  n.merge = rows / std::max(plan.aux_heads_per_block, 1);
+  return n;
 }
 
 void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
@@ -160,6 +199,11 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   KVQ_CHECK(!plan.int8_qk || (c.quantized && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
             kInvalidArgument, "invalid plan: int8_qk needs a quantized cache and at most 4 query "
             "heads per block, g = ", g);
+  KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
+                plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
+                g % plan.aux_heads_per_block == 0,
+            kInvalidArgument, "invalid plan: aux_heads_per_block ", plan.aux_heads_per_block,
+            " (1 .. ", attention::MaxAuxHeads(d), " at d = ", d, ", dividing g = ", g, ")");
   // The plan must cover the longest sequence.
   const int64_t paged_tokens =
       c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
@@ -195,8 +239,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                   in.recent_key && in.recent_value && Aligned16(in.recent_key) &&
                   Aligned16(in.recent_value),
               kInvalidArgument, "null or misaligned sink / recent windows");
-    KVQ_CHECK(c.key.rotation != RotationKind::kDense || in.rotation_key, kInvalidArgument,
-              "null key rotation for a dense key write path");
+    KVQ_CHECK(c.key.rotation != RotationKind::kDense || (in.rotation_key && Aligned16(in.rotation_key)),
+              kInvalidArgument, "null or misaligned key rotation for a dense key write path");
     KVQ_CHECK(c.value.rotation != RotationKind::kDense || in.rotation_value, kInvalidArgument,
               "null value rotation for a dense value write path");
   }
@@ -213,6 +257,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
     rq.batch = in.batch;
     rq.num_q_heads = c.num_q_heads;
     rq.q_per_kv = g;
+    rq.heads_per_block = plan.aux_heads_per_block;
     rq.rotation = static_cast<int>(c.key.rotation);
     rq.rotations = in.rotation_key;
     rq.fwht_block = c.key.fwht_block();
@@ -220,6 +265,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
     rq.bitrev = c.key.bitrev;
     rq.q = in.q;
     rq.q_rot = q_rot;
+    rq.timeline = in.timeline;
     KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rq, stream));
   }
 
@@ -272,6 +318,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   }
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
+  const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
+  kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
   kp.programmatic_launch = c.quantized;  // right after the query rotation
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
@@ -284,6 +332,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.num_kv_heads = c.num_kv_heads;
   mp.num_q_heads = c.num_q_heads;
   mp.q_per_kv = g;
+  mp.heads_per_block = plan.aux_heads_per_block;
   mp.hist_splits = plan.hist_splits;
   mp.total_splits = splits;
   mp.max_seq_len = in.max_seq_len;
@@ -297,6 +346,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.part_ml = part_ml;
   mp.part_acc = part_acc;
   mp.out = out;
+  mp.timeline = in.timeline ? in.timeline + 4 * (blocks.rotate + blocks.decode) : nullptr;
   mp.programmatic_launch = true;
   KVQ_CUDA_CHECK(attention::DispatchMergePartials(d, mp, stream));
 }

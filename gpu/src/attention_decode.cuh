@@ -112,6 +112,49 @@ __device__ __forceinline__ void WaitForPrerequisiteGrid() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
+// Profiling record of one block (DecodeKernelParams::timeline; null: nothing is written):
+// {globaltimer ns at entry, when its queries were ready (0: not stamped), at exit,
+// SM id | BlockKind << 32}, written by thread 0. Static calls that keep nothing live between
+// them, so a kernel's register allocation does not change.
+struct BlockTimeline {
+  __device__ __forceinline__ static void Enter(uint64_t* timeline, BlockKind kind) {
+    if (timeline && threadIdx.x == 0) {
+      uint64_t* r = Record(timeline);
+      r[0] = Now();
+      r[1] = 0;
+      r[2] = 0;
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      r[3] = sm | static_cast<uint64_t>(kind) << 32;
+    }
+  }
+  __device__ __forceinline__ static void SetKind(uint64_t* timeline, BlockKind kind) {
+    if (timeline && threadIdx.x == 0) {
+      uint64_t* r = Record(timeline);
+      r[3] = (r[3] & 0xffffffffu) | static_cast<uint64_t>(kind) << 32;
+    }
+  }
+  __device__ __forceinline__ static void QueriesReady(uint64_t* timeline) {
+    if (timeline && threadIdx.x == 0) Record(timeline)[1] = Now();
+  }
+  __device__ __forceinline__ static void Exit(uint64_t* timeline) {
+    if (timeline && threadIdx.x == 0) Record(timeline)[2] = Now();
+  }
+
+ private:
+  __device__ __forceinline__ static uint64_t* Record(uint64_t* timeline) {
+    const uint64_t block =
+        blockIdx.x + static_cast<uint64_t>(gridDim.x) *
+                         (blockIdx.y + static_cast<uint64_t>(gridDim.y) * blockIdx.z);
+    return timeline + 4 * block;
+  }
+  __device__ __forceinline__ static uint64_t Now() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+};
+
 __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                         uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -762,6 +805,7 @@ __device__ __forceinline__ void LoadRotatedQueries(const DecodeKernelParams& p, 
                  : 0.0f;
   }
   __syncthreads();
+  BlockTimeline::QueriesReady(p.timeline);
 }
 
 // PV's A operands (V^T, exact codes) of a thread for one 16-token chunk: the code bytes
@@ -1611,12 +1655,9 @@ __device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, u
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
-// LOOP: the quantized history's loop (DecodeAttentionPlan: int8_qk, pack_hi_lo); a kernel per
-// loop so that each gets its own register allocation. The bf16 cache takes kTwoMma.
+// One block's split: history (INT-b or bf16 pages), bf16 window, or an empty partial.
 template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
-__global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
-    DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
-  extern __shared__ __align__(128) unsigned char smem[];
+__device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigned char* smem) {
   const int kvh = blockIdx.x / p.head_chunks;
   const int chunk = blockIdx.x - kvh * p.head_chunks;
   const int b = blockIdx.y;
@@ -1627,6 +1668,7 @@ __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
     const int begin = z * p.hist_tokens_per_split;
     const int end = min(begin + p.hist_tokens_per_split, t);
     if (begin >= end) {
+      BlockTimeline::SetKind(p.timeline, BlockKind::kEmpty);
       StoreEmptyPartial(p, b, head0, z);
       return;
     }
@@ -1637,6 +1679,7 @@ __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
       const int begin = z * p.hist_tokens_per_split;
       const int end = min(begin + p.hist_tokens_per_split, n_hist);
       if (begin >= end) {
+        BlockTimeline::SetKind(p.timeline, BlockKind::kEmpty);
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
@@ -1658,12 +1701,29 @@ __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
       const int begin = (z - p.hist_splits) * p.window_tokens_per_split;
       const int end = min(begin + p.window_tokens_per_split, n_window);
       if (begin >= end) {
+        BlockTimeline::SetKind(p.timeline, BlockKind::kEmpty);
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
       Bf16Split<D, false, 1>(p, smem, kvh, head0, b, z, begin, end, n_sink, recent_begin);
     }
   }
+}
+
+// LOOP: the quantized history's loop (DecodeAttentionPlan: int8_qk, pack_hi_lo); a kernel per
+// loop so that each gets its own register allocation. The bf16 cache takes kTwoMma.
+template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
+__global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
+    DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  // The merge launched after this grid may launch once every block of it has started: its
+  // blocks take the slots this grid's blocks leave, load R_V and wait for the partials.
+  LaunchDependents();
+  BlockTimeline::Enter(p.timeline, FORMAT == HistoryFormat::kBf16 || blockIdx.z < p.hist_splits
+                                       ? BlockKind::kHistory
+                                       : BlockKind::kWindow);
+  DecodeBlock<D, FORMAT, LOOP>(p, smem);
+  BlockTimeline::Exit(p.timeline);
 }
 
 // Launches kernel(p); with `programmatic` the launch may overlap the tail of the previous

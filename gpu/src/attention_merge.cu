@@ -37,218 +37,317 @@ __device__ __forceinline__ int BitReverse(int c) {
   return static_cast<int>(__brev(static_cast<unsigned>(c)) >> (32 - kBits));
 }
 
-// One block per (query head, sequence), thread j computes channel j. The spec's rules bit for
-// bit (spec/numerics.md §2-3): dense y[j] = sum_i x[i]*R[i][j], i ascending from +0, each
-// product and sum rounded separately; FWHT butterflies with strides 1, 2, ..., block/2 then one
-// multiply by fp32(1/sqrt(block)); then y[j] = x[beta(j)].
+// One block per (head chunk, sequence) and D x H threads: heads [blockIdx.x * H,
+// (blockIdx.x + 1) * H), H = p.heads_per_block, all of one KV head (they share R_K, which the
+// block stages once); thread (h, j) = threadIdx.x / D, % D computes channel j of head h.
+// The spec's rules bit for bit (spec/numerics.md §2-3): dense y[j] = sum_i x[i]*R[i][j], i
+// ascending from +0, each product and sum rounded separately; FWHT butterflies with strides
+// 1, 2, ..., block/2 then one multiply by fp32(1/sqrt(block)); then y[j] = x[beta(j)].
 template <int D>
-__global__ void __launch_bounds__(D) RotateQueriesKernel(const __grid_constant__ RotateQueriesParams p) {
+__device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
   // Rows of R staged per pass: 32 KB, and never more than the D rows R has.
   constexpr int kRows = 8192 / D < D ? 8192 / D : D;
-  __shared__ float x[D];
-  __shared__ float y[D];
+  __shared__ float x[kAuxMaxThreads / D][D];
   __shared__ __align__(16) float rows[kRows][D];
-  const int h = blockIdx.x;
+  const int heads = p.heads_per_block;
+  const int threads = heads * D;
+  const int h = threadIdx.x / D;
+  const int j = threadIdx.x - h * D;
+  const int head0 = blockIdx.x * heads;
   const int b = blockIdx.y;
-  const int j = threadIdx.x;
-  const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + h) * D;
+  const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D;
   // The decode kernel after this one may launch now: its blocks set up and start their page
   // copies, then wait for this grid to finish before reading q_rot.
   detail::LaunchDependents();
-  x[j] = p.q[row + j];
+  x[h][j] = p.q[row + j];
   __syncthreads();
-  float v = x[j];
+  float v = x[h][j];
   if (p.rotation == kRotationDense) {
-    // All loads of a pass are issued before the first use: one memory latency per pass, then
+    // A pass's rows are copied in together (one memory latency a pass), then each thread runs
     // the spec's sequential sum over i from shared memory.
-    const float4* r = reinterpret_cast<const float4*>(p.rotations + static_cast<int64_t>(h / p.q_per_kv) * D * D);
+    const float4* r = reinterpret_cast<const float4*>(
+        p.rotations + static_cast<int64_t>(head0 / p.q_per_kv) * D * D);
+    constexpr int kChunk4 = kRows * D / 4;  // float4s of a pass
     float acc = 0.0f;
     for (int i0 = 0; i0 < D; i0 += kRows) {
-      float4 stage[kRows / 4];
-#pragma unroll
-      for (int k = 0; k < kRows / 4; ++k) stage[k] = r[(i0 * D) / 4 + j + D * k];
-#pragma unroll
-      for (int k = 0; k < kRows / 4; ++k) reinterpret_cast<float4*>(&rows[0][0])[j + D * k] = stage[k];
+      for (int e = threadIdx.x; e < kChunk4; e += threads) {
+        detail::CpAsync16(reinterpret_cast<float4*>(&rows[0][0]) + e, r + (i0 * D) / 4 + e, true);
+      }
+      detail::CpAsyncCommit();
+      detail::CpAsyncWait<0>();
       __syncthreads();
 #pragma unroll 16
-      for (int i = 0; i < kRows; ++i) acc = __fadd_rn(acc, __fmul_rn(x[i0 + i], rows[i][j]));
+      for (int i = 0; i < kRows; ++i) acc = __fadd_rn(acc, __fmul_rn(x[h][i0 + i], rows[i][j]));
       __syncthreads();
     }
     v = acc;
   } else if (p.rotation == kRotationHadamard) {
     for (int s = 1; s < p.fwht_block; s <<= 1) {
       if ((j & s) == 0) {
-        const float a = x[j];
-        const float c = x[j + s];
-        x[j] = __fadd_rn(a, c);
-        x[j + s] = __fsub_rn(a, c);
+        const float a = x[h][j];
+        const float c = x[h][j + s];
+        x[h][j] = __fadd_rn(a, c);
+        x[h][j + s] = __fsub_rn(a, c);
       }
       __syncthreads();
     }
-    v = __fmul_rn(x[j], p.fwht_scale);
+    v = __fmul_rn(x[h][j], p.fwht_scale);
   }
   if (p.bitrev) {
-    y[j] = v;
+    __syncthreads();  // every read of x above is done
+    x[h][j] = v;
     __syncthreads();
-    v = y[BitReverse<D>(j)];
+    v = x[h][BitReverse<D>(j)];
   }
   p.q_rot[row + j] = v;
 }
 
-// One block per (query head, sequence); 16 warps, so at B = 1 the few blocks still have many
-// loads in flight: warp w reads splits 4w .. 4w+3, 4w+64, ... and rows 8w .. 8w+7 of R_V.
-// The split weights 2^(m_s - M) go through shared memory, so the loop over splits issues
-// independent loads; R_V^T is applied warp per output row (coalesced rows of R_V).
-constexpr int kMergeThreads = 512;
-constexpr int kMergeSplitChunk = 1024;  // splits whose weights are staged at a time
-
 template <int D>
-__global__ void __launch_bounds__(kMergeThreads) MergePartialsKernel(const __grid_constant__ MergeParams p) {
-  __shared__ float weight[kMergeSplitChunk];
-  __shared__ float y[D];      // history sum, un-bit-reversed
-  __shared__ float back[D];   // mapped back to the original space
-  __shared__ float red[kMergeThreads / 32];
-  // Everything below reads the decode kernel's partials.
-  detail::WaitForPrerequisiteGrid();
-  const int hq = blockIdx.x;
+__global__ void __launch_bounds__(kAuxMaxThreads) RotateQueriesKernel(const __grid_constant__ RotateQueriesParams p) {
+  detail::BlockTimeline::Enter(p.timeline, BlockKind::kRotate);
+  RotateQuery<D>(p);
+  detail::BlockTimeline::Exit(p.timeline);
+}
+
+// Sums N values a lane over the warp (N a power of two <= 32) by recursive halving: N - 1 +
+// 5 - log2(N) shuffles instead of 5 N. Returns, in v[0], the total of value
+// i = lane >> (5 - log2 N) on the lanes whose low 5 - log2 N bits are 0, and their i (-1 on the
+// other lanes, which hold a copy).
+template <int N, int O = 16>
+__device__ __forceinline__ int WarpReduceScatter(float (&v)[N], int lane) {
+  if constexpr (O == 0) {
+    return 0;
+  } else if constexpr (N > 1) {
+    // Lanes with bit O set keep the upper half of the values, the others the lower half.
+    const bool upper = (lane & O) != 0;
+    float half[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float send = upper ? v[i] : v[i + N / 2];
+      const float keep = upper ? v[i + N / 2] : v[i];
+      half[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    const int rest = WarpReduceScatter<N / 2, O / 2>(half, lane);
+    v[0] = half[0];
+    if (rest < 0) return -1;
+    return (upper ? N / 2 : 0) + rest;
+  } else {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+    const int rest = WarpReduceScatter<1, O / 2>(v, lane);
+    return ((lane & O) != 0 || rest < 0) ? -1 : 0;
+  }
+}
+
+constexpr int kMergeThreads = 512;
+constexpr int kMergeWarps = kMergeThreads / 32;
+
+template <int D, int MAX_HEADS>
+__device__ __forceinline__ void MergeHeads(const MergeParams& p) {
+  constexpr int kWarpsPerHead = kMergeWarps / MAX_HEADS;
+  constexpr int kSplitChunk = 1024 / MAX_HEADS;  // splits whose weights are staged at a time
+  constexpr int kPerLane = D / 32;
+  static_assert(kMergeWarps % MAX_HEADS == 0, "warps per head");
+  __shared__ float weight[MAX_HEADS][kSplitChunk];
+  __shared__ float y[MAX_HEADS][D];     // history sum, un-bit-reversed
+  __shared__ float back[MAX_HEADS][D];  // the history sum mapped back to the original space
+  __shared__ float win[MAX_HEADS][D];   // window sum
+  __shared__ float part[kMergeWarps][D];
+  __shared__ float red[kMergeWarps];
+  const int heads = MAX_HEADS == 1 ? 1 : p.heads_per_block;
+  const int head0 = blockIdx.x * heads;
   const int b = blockIdx.y;
-  const int kvh = hq / p.q_per_kv;
+  const int kvh = head0 / p.q_per_kv;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int splits = p.total_splits;
-  const int t = p.seq_lens[b];
+  // R_V^T (dense): a warp takes kRows rows of R_V a step. R_V is not the decode kernel's
+  // output, so the first step's rows load before the wait, while the decode grid drains (the
+  // decode blocks let this grid launch early).
+  const bool dense = p.rotate_history && p.rotation == kRotationDense;
+  const float* r = p.rotations + static_cast<int64_t>(kvh) * D * D;
+  constexpr int kRows = 4;
+  float rv[kRows][kPerLane];
+  auto load_rows = [&](int j0) {
+#pragma unroll
+    for (int jj = 0; jj < kRows; ++jj)
+#pragma unroll
+      for (int k = 0; k < kPerLane; ++k) rv[jj][k] = r[(j0 + jj) * D + lane + 32 * k];
+  };
+  if (dense && warp * kRows < D) load_rows(warp * kRows);
+  const int t = p.seq_lens[b];  // not the decode kernel's output either
   const bool bad_length = t < 1 || t > p.max_seq_len;
-  const int64_t base = (static_cast<int64_t>(b) * p.num_q_heads + hq) * splits;
-
-  // M = max_s m_s, then L = sum_s l_s 2^(m_s - M).
-  float big = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += kMergeThreads) big = fmaxf(big, p.part_ml[2 * (base + s)]);
+  // Everything below reads the decode kernel's partials.
+  detail::WaitForPrerequisiteGrid();
+  const int hw = warp / kWarpsPerHead;  // this warp's head
+  const int wi = warp % kWarpsPerHead;  // and its index among the head's warps
+  const bool active = hw < heads;
+  const int splits = p.total_splits;
+  const int64_t base = (static_cast<int64_t>(b) * p.num_q_heads + head0 + (active ? hw : 0)) * splits;
+  // Sum over the head's warps of a per-warp value (through red[]; ends with a barrier).
+  auto head_reduce = [&](float v, bool is_max) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, o));
-  if (lane == 0) red[warp] = big;
-  __syncthreads();
-  big = red[0];
+    for (int o = 16; o > 0; o >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, other) : v + other;
+    }
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[hw * kWarpsPerHead];
 #pragma unroll
-  for (int w = 1; w < kMergeThreads / 32; ++w) big = fmaxf(big, red[w]);
-  __syncthreads();
-
-  // Warp w takes splits w, w + 4, ... (4 at a time, loads issued unconditionally: an empty
-  // split's weight is 0 and its unwritten values are selected away), lane takes channels
-  // lane + 32k; the 4 warps' sums then meet in shared memory.
-  constexpr int kWarpsM = kMergeThreads / 32;
-  constexpr int kPerLane = D / 32;
-  float hist[kPerLane], win[kPerLane];
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) hist[k] = win[k] = 0.0f;
-  float sum = 0.0f;
-  for (int s0 = 0; s0 < splits; s0 += kMergeSplitChunk) {
-    const int n = min(kMergeSplitChunk, splits - s0);
-    for (int s = threadIdx.x; s < n; s += kMergeThreads) {
-      const float l = p.part_ml[2 * (base + s0 + s) + 1];
-      const float w = l > 0.0f ? exp2f(p.part_ml[2 * (base + s0 + s)] - big) : 0.0f;
-      weight[s] = w;
-      sum += l > 0.0f ? l * w : 0.0f;
+    for (int u = 1; u < kWarpsPerHead; ++u) {
+      r = is_max ? fmaxf(r, red[hw * kWarpsPerHead + u]) : r + red[hw * kWarpsPerHead + u];
     }
     __syncthreads();
-    const float* acc = p.part_acc + (base + s0) * D + lane;
-    for (int s = 4 * warp; s < n; s += 4 * kWarpsM) {
-      float v[4][kPerLane];
+    return r;
+  };
+
+  // Lane takes channels lane + 32k; warp wi of a head takes splits 4 wi .. 4 wi + 3, then every
+  // 4 * kWarpsPerHead-th, and weighs splits wi * 32 + lane, then every 32 * kWarpsPerHead-th.
+  // The first chunk's (m, l) load once, for the max and for the weights.
+  const int n0 = min(kSplitChunk, splits);
+  const int s_ml = wi * 32 + lane;
+  float2 ml0 = make_float2(-INFINITY, 0.0f);
+  if (active && s_ml < n0) ml0 = reinterpret_cast<const float2*>(p.part_ml)[base + s_ml];
+
+  // M = max_s m_s of the warp's head, then L = sum_s l_s 2^(m_s - M).
+  float big = ml0.x;
+  if (active) {
+    for (int s = s_ml + kWarpsPerHead * 32; s < splits; s += kWarpsPerHead * 32) {
+      big = fmaxf(big, p.part_ml[2 * (base + s)]);
+    }
+  }
+  big = head_reduce(big, true);
+
+  float hist[kPerLane], wsum[kPerLane];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int su = min(s + u, n - 1);
-#pragma unroll
-        for (int k = 0; k < kPerLane; ++k) v[u][k] = acc[static_cast<int64_t>(su) * D + 32 * k];
+  for (int k = 0; k < kPerLane; ++k) hist[k] = wsum[k] = 0.0f;
+  float sum = 0.0f;
+  for (int s0 = 0; s0 < splits; s0 += kSplitChunk) {
+    const int n = min(kSplitChunk, splits - s0);
+    if (active) {
+      for (int s = s_ml; s < n; s += kWarpsPerHead * 32) {
+        const float2 ml = s0 == 0 && s == s_ml
+                              ? ml0
+                              : reinterpret_cast<const float2*>(p.part_ml)[base + s0 + s];
+        const float w = ml.y > 0.0f ? exp2f(ml.x - big) : 0.0f;
+        weight[hw][s] = w;
+        sum += ml.y > 0.0f ? ml.y * w : 0.0f;
       }
+    }
+    __syncthreads();
+    if (active) {
+      const float* acc = p.part_acc + (base + s0) * D + lane;
+      for (int s = 4 * wi; s < n; s += 4 * kWarpsPerHead) {
+        float v[4][kPerLane];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const bool in = s + u < n;
-        const float w = in ? weight[s + u] : 0.0f;
-        const bool is_hist = s0 + s + u < p.hist_splits;
+        for (int u = 0; u < 4; ++u) {
+          const int su = min(s + u, n - 1);
 #pragma unroll
-        for (int k = 0; k < kPerLane; ++k) {
-          const float a = w != 0.0f ? v[u][k] * w : 0.0f;
-          hist[k] += is_hist ? a : 0.0f;
-          win[k] += is_hist ? 0.0f : a;
+          for (int k = 0; k < kPerLane; ++k) v[u][k] = acc[static_cast<int64_t>(su) * D + 32 * k];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const bool in = s + u < n;
+          const float w = in ? weight[hw][s + u] : 0.0f;
+          const bool is_hist = s0 + s + u < p.hist_splits;
+#pragma unroll
+          for (int k = 0; k < kPerLane; ++k) {
+            const float a = w != 0.0f ? v[u][k] * w : 0.0f;
+            hist[k] += is_hist ? a : 0.0f;
+            wsum[k] += is_hist ? 0.0f : a;
+          }
         }
       }
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) red[warp] = sum;
-  // Cross-warp sums: back[] holds the window part for now, y[] the history part.
-  __shared__ float part_hist[kWarpsM][D];
-  __shared__ float part_win[kWarpsM][D];
-#pragma unroll
-  for (int k = 0; k < kPerLane; ++k) {
-    part_hist[warp][lane + 32 * k] = hist[k];
-    part_win[warp][lane + 32 * k] = win[k];
-  }
-  __syncthreads();
-  float win_c[D / kMergeThreads > 0 ? D / kMergeThreads : 1];
-  for (int c = threadIdx.x, k = 0; c < D; c += kMergeThreads, ++k) {
-    float h = 0.0f, w = 0.0f;
-#pragma unroll
-    for (int u = 0; u < kWarpsM; ++u) {
-      h += part_hist[u][c];
-      w += part_win[u][c];
-    }
-    // The history accumulated in the bit-reversed space: y[beta(c)] = o~[c].
-    y[(p.rotate_history && p.bitrev) ? BitReverse<D>(c) : c] = h;
-    win_c[k] = w;
-  }
-  __syncthreads();
-  sum = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarpsM; ++w) sum += red[w];
+  sum = head_reduce(sum, false);
 
-  if (p.rotate_history && p.rotation == kRotationDense) {
-    // back[j] = sum_i y[i] * R[j][i]  (o = y · R^T)
-    // kRows rows per warp step, their loads issued together (one latency per step).
-    const float* r = p.rotations + static_cast<int64_t>(kvh) * D * D;
-    constexpr int kRows = D >= 256 ? 4 : 8;
-    float yv[D / 32];
+  // The head's warps' sums meet in part[]: the history part (into y, in the bit-reversed
+  // space the history accumulated in: y[beta(c)] = o~[c]), then the window part.
+  for (int round = 0; round < 2; ++round) {
 #pragma unroll
-    for (int k = 0; k < D / 32; ++k) yv[k] = y[lane + 32 * k];
-    for (int j0 = warp * kRows; j0 < D; j0 += kWarpsM * kRows) {
-      float rv[kRows][D / 32];
+    for (int k = 0; k < kPerLane; ++k) part[warp][lane + 32 * k] = round == 0 ? hist[k] : wsum[k];
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) {
+      const int h = i / D;
+      const int c = i - h * D;
+      float v = 0.0f;
 #pragma unroll
-      for (int jj = 0; jj < kRows; ++jj)
-#pragma unroll
-        for (int k = 0; k < D / 32; ++k) rv[jj][k] = r[(j0 + jj) * D + lane + 32 * k];
-#pragma unroll
-      for (int jj = 0; jj < kRows; ++jj) {
-        float part = 0.0f;
-#pragma unroll
-        for (int k = 0; k < D / 32; ++k) part += yv[k] * rv[jj][k];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-        if (lane == 0) back[j0 + jj] = part;
+      for (int u = 0; u < kWarpsPerHead; ++u) v += part[h * kWarpsPerHead + u][c];
+      if (round == 0) {
+        y[h][(p.rotate_history && p.bitrev) ? BitReverse<D>(c) : c] = v;
+      } else {
+        win[h][c] = v;
       }
+    }
+    __syncthreads();
+  }
+
+  if (dense) {
+    // back[h][j] = sum_i y[h][i] * R[j][i]  (o = y · R^T). A step's row loads are issued
+    // together (one latency a step); a lane forms its partial dot of every (head, row) pair
+    // and one reduce-scatter leaves each pair's sum on one lane.
+    constexpr int kPairs = MAX_HEADS * kRows;
+    static_assert(kPairs <= 32 && (kPairs & (kPairs - 1)) == 0, "pairs of a warp step");
+    for (int j0 = warp * kRows; j0 < D; j0 += kMergeWarps * kRows) {
+      if (j0 != warp * kRows) load_rows(j0);
+      float dot[kPairs];
+#pragma unroll
+      for (int h = 0; h < MAX_HEADS; ++h) {
+        float yv[kPerLane];
+#pragma unroll
+        for (int k = 0; k < kPerLane; ++k) yv[k] = h < heads ? y[h][lane + 32 * k] : 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < kRows; ++jj) {
+          float d = 0.0f;
+#pragma unroll
+          for (int k = 0; k < kPerLane; ++k) d += yv[k] * rv[jj][k];
+          dot[h * kRows + jj] = d;
+        }
+      }
+      const int pair = WarpReduceScatter(dot, lane);
+      if (pair >= 0 && pair / kRows < heads) back[pair / kRows][j0 + pair % kRows] = dot[0];
     }
   } else if (p.rotate_history && p.rotation == kRotationHadamard) {
     // The normalised (block) Hadamard transform is its own inverse.
     for (int s = 1; s < p.fwht_block; s <<= 1) {
-      for (int c = threadIdx.x; c < D; c += kMergeThreads) {
+      for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) {
+        const int h = i / D;
+        const int c = i - h * D;
         if ((c & s) == 0) {
-          const float a = y[c];
-          const float e = y[c + s];
-          y[c] = a + e;
-          y[c + s] = a - e;
+          const float a = y[h][c];
+          const float e = y[h][c + s];
+          y[h][c] = a + e;
+          y[h][c + s] = a - e;
         }
       }
       __syncthreads();
     }
-    for (int c = threadIdx.x; c < D; c += kMergeThreads) back[c] = y[c] * p.fwht_scale;
+    for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) {
+      back[i / D][i % D] = y[i / D][i % D] * p.fwht_scale;
+    }
   } else {
-    for (int c = threadIdx.x; c < D; c += kMergeThreads) back[c] = y[c];
+    for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) back[i / D][i % D] = y[i / D][i % D];
   }
+  // The head sums L, one a head (red[] still holds the last head_reduce's per-warp values).
+  if (lane == 0) red[warp] = sum;
   __syncthreads();
-  for (int c = threadIdx.x, k = 0; c < D; c += kMergeThreads, ++k) {
-    const float o = (back[c] + win_c[k]) / sum;
-    p.out[(static_cast<int64_t>(b) * p.num_q_heads + hq) * D + c] = bad_length ? NAN : o;
+  for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) {
+    const int h = i / D;
+    const int c = i - h * D;
+    const float o = (back[h][c] + win[h][c]) / red[h * kWarpsPerHead];
+    p.out[(static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D + c] = bad_length ? NAN : o;
   }
+}
+
+// Two blocks a multiprocessor at d <= 128 (<= 64 registers): with one, as 98 registers gave,
+// the 256 blocks of a B = 32 step ran in two rounds after the decode grid.
+template <int D, int MAX_HEADS>
+__global__ void __launch_bounds__(kMergeThreads, D >= 256 ? 1 : 2)
+    MergePartialsKernel(const __grid_constant__ MergeParams p) {
+  detail::BlockTimeline::Enter(p.timeline, BlockKind::kMerge);
+  MergeHeads<D, MAX_HEADS>(p);
+  detail::BlockTimeline::Exit(p.timeline);
 }
 
 }  // namespace
@@ -256,7 +355,12 @@ __global__ void __launch_bounds__(kMergeThreads) MergePartialsKernel(const __gri
 template <int HEAD_DIM>
 cudaError_t LaunchRotateQueries(const RotateQueriesParams& p, cudaStream_t stream) {
   if (p.batch < 1 || p.batch > 65535 || p.num_q_heads < 1) return cudaErrorInvalidValue;
-  RotateQueriesKernel<HEAD_DIM><<<dim3(p.num_q_heads, p.batch), HEAD_DIM, 0, stream>>>(p);
+  const int heads = p.heads_per_block;
+  if (p.q_per_kv < 1 || p.num_q_heads % p.q_per_kv != 0 || heads < 1 ||
+      heads > MaxAuxHeads(HEAD_DIM) || p.q_per_kv % heads != 0)
+    return cudaErrorInvalidValue;
+  RotateQueriesKernel<HEAD_DIM>
+      <<<dim3(p.num_q_heads / heads, p.batch), heads * HEAD_DIM, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -264,9 +368,16 @@ template <int HEAD_DIM>
 cudaError_t LaunchMergePartials(const MergeParams& p, cudaStream_t stream) {
   if (p.batch < 1 || p.batch > 65535 || p.num_kv_heads < 1 || p.total_splits < 1)
     return cudaErrorInvalidValue;
+  const int heads = p.heads_per_block;
+  if (p.q_per_kv < 1 || p.num_q_heads % p.q_per_kv != 0 || heads < 1 ||
+      heads > MaxAuxHeads(HEAD_DIM) || p.q_per_kv % heads != 0)
+    return cudaErrorInvalidValue;
+  const dim3 grid(p.num_q_heads / heads, p.batch);
   const cudaError_t launched =
-      detail::LaunchKernel(MergePartialsKernel<HEAD_DIM>, dim3(p.num_q_heads, p.batch),
-                           dim3(kMergeThreads), 0, stream, p.programmatic_launch, p);
+      heads == 1 ? detail::LaunchKernel(MergePartialsKernel<HEAD_DIM, 1>, grid, dim3(kMergeThreads),
+                                        0, stream, p.programmatic_launch, p)
+                 : detail::LaunchKernel(MergePartialsKernel<HEAD_DIM, kAuxMaxHeads>, grid,
+                                        dim3(kMergeThreads), 0, stream, p.programmatic_launch, p);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }

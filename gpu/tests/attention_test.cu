@@ -156,6 +156,17 @@ struct DeviceBuffer {
   }
 };
 
+// The knobs of a plan the tests set: the quantized-history loop (chunks per warp step, hi / lo
+// packing, group epilogue, int8 QK^T) and the heads per block of the rotation and merge
+// (0: the plan's).
+struct Variant {
+  int chunks_per_warp = 1;
+  bool pack_hi_lo = false;
+  bool group_epilogue = false;
+  bool int8_qk = false;
+  int aux_heads = 0;
+};
+
 // The cache of cfg.lengths sequences on the host (cpu::PagedKVCache) and on the device, page
 // ids shuffled on upload.
 struct TestCase {
@@ -326,22 +337,23 @@ struct TestCase {
     return in;
   }
 
-  // Runs the GPU attention on poisoned (NaN) output and returns it, [B, Hq, d].
-  // chunks_per_warp, pack_hi_lo, group_epilogue, int8_qk: the plan's knobs of the
-  // quantized-history loop.
-  std::vector<float> RunGpu(int chunks_per_warp, bool pack_hi_lo, bool group_epilogue,
-                            bool int8_qk) const {
+  // Runs the GPU attention with the plan's knobs set as `v` says on poisoned (NaN) output and
+  // returns it, [B, Hq, d]. timeline: DecodeAttentionInputs::timeline (null: off).
+  std::vector<float> RunGpu(const Variant& v, uint64_t* timeline = nullptr) const {
     const int batch = static_cast<int>(seqs.size());
     DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
-    plan.chunks_per_warp = chunks_per_warp;
-    plan.pack_hi_lo = pack_hi_lo;
-    plan.group_epilogue = group_epilogue;
-    plan.int8_qk = int8_qk;
+    plan.chunks_per_warp = v.chunks_per_warp;
+    plan.pack_hi_lo = v.pack_hi_lo;
+    plan.group_epilogue = v.group_epilogue;
+    plan.int8_qk = v.int8_qk;
+    if (v.aux_heads > 0) plan.aux_heads_per_block = v.aux_heads;
     DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
     KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
     DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
     KVQ_CUDA_CHECK(cudaMemset(out.ptr, 0xFF, out.count * sizeof(float)));
-    DecodeAttention(params, Inputs(), plan, ws.ptr, plan.workspace_bytes, out.ptr);
+    DecodeAttentionInputs in = Inputs();
+    in.timeline = timeline;
+    DecodeAttention(params, in, plan, ws.ptr, plan.workspace_bytes, out.ptr);
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     return out.ToHost();
   }
@@ -362,12 +374,6 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
   const bool can_pack = tc.params.quantized && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
-  struct Variant {
-    int chunks_per_warp;
-    bool pack_hi_lo;
-    bool group_epilogue;
-    bool int8_qk;
-  };
   std::vector<Variant> variants;
   if (tc.params.quantized) {
     variants.push_back({1, false, false, false});
@@ -380,13 +386,20 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
     variants.push_back({1, true, true, false});
     variants.push_back({1, false, true, true});
   }
+  // The plan's loop with the rotation and merge a block per KV head (or 8 heads), as large
+  // batches take them (the small test batches plan a block per query head).
+  const int g = hq / tc.cfg.hkv;
+  if (g > 1) {
+    Variant wide = can_pack ? Variant{1, false, true, true} : Variant{1, false, tc.params.quantized};
+    wide.aux_heads = attention::WidestAuxHeads(g, d);
+    variants.push_back(wide);
+  }
   for (const Variant& v : variants) {
     const int chunks_per_warp = v.chunks_per_warp;
     SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp << " pack_hi_lo "
                                       << v.pack_hi_lo << " group_epilogue " << v.group_epilogue
-                                      << " int8_qk " << v.int8_qk);
-    const std::vector<float> gpu =
-        tc.RunGpu(chunks_per_warp, v.pack_hi_lo, v.group_epilogue, v.int8_qk);
+                                      << " int8_qk " << v.int8_qk << " aux_heads " << v.aux_heads);
+    const std::vector<float> gpu = tc.RunGpu(v);
     double worst_ref = 0.0, worst_oracle = 0.0;
     for (int b = 0; b < batch; ++b) {
       const float* out = &gpu[static_cast<size_t>(b) * hq * d];
@@ -416,10 +429,11 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
         }
       }
     }
-    std::printf("[ %s, %d chunk(s)/warp%s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+    std::printf("[ %s, %d chunk(s)/warp%s%s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
                 tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "",
-                v.group_epilogue ? ", group epilogue" : "", v.int8_qk ? ", int8 QK" : "", worst_ref,
-                worst_oracle, tolerance);
+                v.group_epilogue ? ", group epilogue" : "", v.int8_qk ? ", int8 QK" : "",
+                v.aux_heads > 0 ? (", rotation/merge " + std::to_string(v.aux_heads) + " heads a block").c_str() : "",
+                worst_ref, worst_oracle, tolerance);
   }
 }
 
@@ -606,50 +620,74 @@ TEST(GpuAttention, Sanitizer_Small) {
 TEST(GpuAttention, RotateQueries_BitExact) {
   REQUIRE_GPU();
   std::mt19937_64 rng(21);
-  for (int d : {64, 128, 256}) {
-    for (int kind = 0; kind < 3; ++kind) {
-      WriteParams wp;
-      wp.head_dim = d;
-      wp.group = 32;
-      wp.rotation = static_cast<RotationKind>(kind);
-      wp.hadamard_block = kind == 2 ? 32 : 0;
-      wp.bitrev = kind != 0;
-      const int hkv = 2, g = 3, batch = 2, hq = hkv * g;
-      std::vector<float> rot = HeadRotations(wp, hkv, rng);
-      std::normal_distribution<float> normal(0.0f, 2.0f);
-      std::vector<float> q(static_cast<size_t>(batch) * hq * d);
-      for (float& x : q) x = normal(rng);
-      DeviceBuffer<float> q_dev(q), rot_dev(rot), out(q.size());
-      attention::RotateQueriesParams rp;
-      rp.batch = batch;
-      rp.num_q_heads = hq;
-      rp.q_per_kv = g;
-      rp.rotation = kind;
-      rp.rotations = rot_dev.ptr;
-      rp.fwht_block = wp.fwht_block();
-      rp.fwht_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(wp.fwht_block())));
-      rp.bitrev = wp.bitrev;
-      rp.q = q_dev.ptr;
-      rp.q_rot = out.ptr;
-      KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rp, nullptr));
-      KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-      const std::vector<float> got = out.ToHost();
-      for (int b = 0; b < batch; ++b) {
-        for (int h = 0; h < hq; ++h) {
-          const size_t off = (static_cast<size_t>(b) * hq + h) * d;
-          std::vector<float> want(d);
-          cpu::Rotate(cpu::ScalarBackend(), wp,
-                      kind == 1 ? &rot[static_cast<size_t>(h / g) * d * d] : nullptr, &q[off],
-                      want.data(), 1);
-          for (int j = 0; j < d; ++j) {
-            ASSERT_EQ(F32Bits(got[off + j]), F32Bits(want[j]))
-                << "d " << d << " rotation " << kind << " batch " << b << " head " << h
-                << " channel " << j << ": gpu " << got[off + j] << " cpu " << want[j];
-          }
+  // One (d, rotation, g, heads per block) case: every head of a batch of 2 over 2 KV heads.
+  auto check = [&](int d, int kind, int g, int heads_per_block) {
+    WriteParams wp;
+    wp.head_dim = d;
+    wp.group = 32;
+    wp.rotation = static_cast<RotationKind>(kind);
+    wp.hadamard_block = kind == 2 ? 32 : 0;
+    wp.bitrev = kind != 0;
+    const int hkv = 2, batch = 2, hq = hkv * g;
+    std::vector<float> rot = HeadRotations(wp, hkv, rng);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::vector<float> q(static_cast<size_t>(batch) * hq * d);
+    for (float& x : q) x = normal(rng);
+    DeviceBuffer<float> q_dev(q), rot_dev(rot), out(q.size());
+    attention::RotateQueriesParams rp;
+    rp.batch = batch;
+    rp.num_q_heads = hq;
+    rp.q_per_kv = g;
+    rp.heads_per_block = heads_per_block;
+    rp.rotation = kind;
+    rp.rotations = rot_dev.ptr;
+    rp.fwht_block = wp.fwht_block();
+    rp.fwht_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(wp.fwht_block())));
+    rp.bitrev = wp.bitrev;
+    rp.q = q_dev.ptr;
+    rp.q_rot = out.ptr;
+    KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rp, nullptr));
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = out.ToHost();
+    for (int b = 0; b < batch; ++b) {
+      for (int h = 0; h < hq; ++h) {
+        const size_t off = (static_cast<size_t>(b) * hq + h) * d;
+        std::vector<float> want(d);
+        cpu::Rotate(cpu::ScalarBackend(), wp,
+                    kind == 1 ? &rot[static_cast<size_t>(h / g) * d * d] : nullptr, &q[off],
+                    want.data(), 1);
+        for (int j = 0; j < d; ++j) {
+          ASSERT_EQ(F32Bits(got[off + j]), F32Bits(want[j]))
+              << "d " << d << " rotation " << kind << " g " << g << " heads per block "
+              << heads_per_block << " batch " << b << " head " << h << " channel " << j
+              << ": gpu " << got[off + j] << " cpu " << want[j];
         }
       }
     }
+  };
+  for (int d : {64, 128, 256}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      for (const int g : {3, 8, 16}) {
+        check(d, kind, g, 1);
+        check(d, kind, g, attention::WidestAuxHeads(g, d));
+      }
+    }
   }
+  // A block size that does not divide g is refused, not run.
+  attention::RotateQueriesParams bad;
+  bad.batch = 1;
+  bad.num_q_heads = 6;
+  bad.q_per_kv = 3;
+  bad.heads_per_block = 2;
+  EXPECT_EQ(attention::DispatchRotateQueries(128, bad, nullptr), cudaErrorInvalidValue);
+  // More heads than a block has threads for (d = 256: 4 heads of 256 threads).
+  bad.num_q_heads = 16;
+  bad.q_per_kv = 8;
+  bad.heads_per_block = 8;
+  EXPECT_EQ(attention::DispatchRotateQueries(256, bad, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(attention::WidestAuxHeads(8, 256), 4);
+  EXPECT_EQ(attention::WidestAuxHeads(6, 256), 3);
+  EXPECT_EQ(attention::WidestAuxHeads(16, 128), 8);
 }
 
 // Configurations the kernels do not cover are refused by name, without a device.
@@ -676,7 +714,8 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), 1, 131072, 132);
   EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, 131072 - 320);
   EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
-  EXPECT_EQ(plan.window_splits, 3);
+  EXPECT_EQ(plan.window_tokens_per_split, 64);
+  EXPECT_EQ(plan.window_splits, 5);
   EXPECT_TRUE(plan.group_epilogue) << "quantized caches take the group epilogue";
   EXPECT_TRUE(plan.int8_qk) << "g = 4 takes the int8 QK loop";
   EXPECT_THROW(PlanDecodeAttention(MakeParams(ok), 0, 100, 132), Error);
@@ -715,6 +754,93 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   expect_refused(wide, wide_plan, "int8_qk");
 }
 
+// The profiling records (DecodeAttentionInputs::timeline): one per block of the three kernels,
+// each block of the kind its split implies, and the stamps in the order the kernels' programmatic
+// dependencies promise: a history block has its rotated queries only after every rotation block
+// finished, and the merge ends after every decode block. Profiling does not change the output.
+TEST(GpuAttention, Timeline_RecordsEveryBlockInDependencyOrder) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.name = "timeline";
+  cfg.sink = 8;
+  cfg.recent = 16;
+  cfg.page = 16;
+  cfg.lengths = {1, 20, 500, 3000};  // window only, window only, both, both
+  cfg.seed = 14;
+  const TestCase tc(cfg);
+  const int batch = static_cast<int>(tc.seqs.size());
+  const DecodeAttentionPlan plan = PlanDecodeAttention(tc.params, batch, tc.max_len);
+  const DecodeStepBlocks blocks = DecodeAttentionBlocks(tc.params, batch, plan);
+  ASSERT_EQ(blocks.rotate, batch * cfg.hq / plan.aux_heads_per_block);
+  ASSERT_EQ(blocks.merge, batch * cfg.hq / plan.aux_heads_per_block);
+  const int heads_x = cfg.hkv;  // g = 4: one head chunk per KV head
+  ASSERT_EQ(blocks.decode,
+            static_cast<int64_t>(heads_x) * batch * (plan.hist_splits + plan.window_splits));
+  DeviceBuffer<uint64_t> timeline(4 * blocks.total());
+  KVQ_CUDA_CHECK(cudaMemset(timeline.ptr, 0, timeline.count * 8));
+  const Variant loop{1, true, true, plan.int8_qk};
+  const std::vector<float> profiled = tc.RunGpu(loop, timeline.ptr);
+  const std::vector<float> plain = tc.RunGpu(loop);
+  ASSERT_EQ(profiled.size(), plain.size());
+  EXPECT_EQ(std::memcmp(profiled.data(), plain.data(), plain.size() * 4), 0);
+
+  const std::vector<uint64_t> rec = timeline.ToHost();
+  using attention::BlockKind;
+  auto kind = [&](int64_t i) { return static_cast<BlockKind>(rec[4 * i + 3] >> 32); };
+  uint64_t rotate_last_exit = 0, decode_last_exit = 0;
+  int64_t history = 0, window = 0, empty = 0;
+  for (int64_t i = 0; i < blocks.total(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "block record " << i);
+    ASSERT_GT(rec[4 * i], 0u) << "entry stamped";
+    ASSERT_GE(rec[4 * i + 2], rec[4 * i]) << "exit after entry";
+    if (i < blocks.rotate) {
+      EXPECT_EQ(kind(i), BlockKind::kRotate);
+      rotate_last_exit = std::max(rotate_last_exit, rec[4 * i + 2]);
+      continue;
+    }
+    if (i >= blocks.rotate + blocks.decode) {
+      EXPECT_EQ(kind(i), BlockKind::kMerge);
+      continue;
+    }
+    // Decode block (x, y = sequence, z = split); what its split holds.
+    const int64_t d = i - blocks.rotate;
+    const int b = static_cast<int>((d / heads_x) % batch);
+    const int z = static_cast<int>(d / (heads_x * batch));
+    const int t = static_cast<int>(tc.cache.Length(tc.seqs[b]));
+    const int n_hist = std::max(0, t - cfg.recent - cfg.sink);
+    const int n_window = std::min(t, cfg.sink) + std::max(0, t - std::max(cfg.sink, t - cfg.recent));
+    BlockKind want;
+    if (z < plan.hist_splits) {
+      want = z * plan.hist_tokens_per_split < n_hist ? BlockKind::kHistory : BlockKind::kEmpty;
+    } else {
+      want = (z - plan.hist_splits) * plan.window_tokens_per_split < n_window ? BlockKind::kWindow
+                                                                             : BlockKind::kEmpty;
+    }
+    EXPECT_EQ(kind(d + blocks.rotate), want) << "b " << b << " z " << z;
+    decode_last_exit = std::max(decode_last_exit, rec[4 * i + 2]);
+    history += want == BlockKind::kHistory;
+    window += want == BlockKind::kWindow;
+    empty += want == BlockKind::kEmpty;
+    if (want == BlockKind::kHistory) {
+      EXPECT_GE(rec[4 * i + 1], rec[4 * i]) << "queries ready after entry";
+      EXPECT_LE(rec[4 * i + 1], rec[4 * i + 2]) << "and before exit";
+    } else {
+      EXPECT_EQ(rec[4 * i + 1], 0u) << "only history blocks read the rotated queries";
+    }
+  }
+  EXPECT_GT(history, 0);
+  EXPECT_GT(window, 0);
+  EXPECT_GT(empty, 0);
+  for (int64_t i = blocks.rotate; i < blocks.rotate + blocks.decode; ++i) {
+    if (kind(i) == BlockKind::kHistory) {
+      EXPECT_GE(rec[4 * i + 1], rotate_last_exit) << "block record " << i;
+    }
+  }
+  for (int64_t i = blocks.rotate + blocks.decode; i < blocks.total(); ++i) {
+    EXPECT_GE(rec[4 * i + 2], decode_last_exit) << "merge block record " << i;
+  }
+}
+
 // The plan fills whole waves of resident decode blocks (4 per SM at d = 128) with history
 // blocks and covers every paged token with splits of at most kMaxSplitTokens, for the int8 QK
 // loop and for the bf16 loops alike.
@@ -743,6 +869,12 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
         const int64_t waves = (min_splits * 8 * batch + resident - 1) / resident;
         EXPECT_LE(hist_blocks, waves * resident);
         if (batch == 1 && len == 131072) EXPECT_GE(hist_blocks, resident * 9 / 10);
+        // One sequence: the window blocks get slots beside the one history wave (they would
+        // otherwise run after it).
+        const int64_t window_blocks = static_cast<int64_t>(plan.window_splits) * 8 * batch;
+        if (batch == 1) EXPECT_LE(hist_blocks + window_blocks, resident);
+        // The rotation: a block per query head while they fit on the SMs, else per KV head.
+        EXPECT_EQ(plan.aux_heads_per_block, batch * 32 <= 2 * 132 ? 1 : 4);
       }
     }
   }

@@ -59,6 +59,10 @@ struct DecodeAttentionInputs {
   const float* rotation_key = nullptr;
   const float* rotation_value = nullptr;
   const float* q = nullptr;              // [B, Hq, d] fp32 (bf16 values are the fast case)
+  // Profiling, null in production: device u64 [4 * DecodeStepBlocks::total()] that receives one
+  // record per block of the step's kernels, the rotation's blocks first, then the decode
+  // kernel's, then the merge's (attention::BlockKind, DecodeKernelParams::timeline).
+  uint64_t* timeline = nullptr;
 };
 
 // How the work is cut; PlanDecodeAttention picks it from the shapes and the device.
@@ -85,6 +89,13 @@ struct DecodeAttentionPlan {
   // sums are exact int32. The plan's choice where it applies; it takes precedence over the three
   // knobs above (its loop has the group epilogue and one chunk per warp step).
   bool int8_qk = false;
+  // Query heads per block of the step's two small kernels, the query rotation and the merge:
+  // 1 while the step has at most 2 query heads per multiprocessor (the lowest latency: the
+  // rotation stands between the step's start and the history blocks' first logits, the merge
+  // at its end), else min(g, 8), so that R_K and R_V are read from L2 once per KV head instead
+  // of once per query head and the blocks fit one wave (H100, B = 32: 1024 merge blocks
+  // reading 64 KB of R_V each took 16 us of a 303 us step).
+  int aux_heads_per_block = 1;
   size_t workspace_bytes = 0;      // device scratch DecodeAttention needs
 };
 
@@ -95,6 +106,16 @@ struct DecodeAttentionPlan {
 // kvq::Error like DecodeAttention.
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms = 0, bool allow_int8_qk = true);
+
+// Blocks of each kernel of a step (the rotation runs only for a quantized cache).
+struct DecodeStepBlocks {
+  int64_t rotate = 0;
+  int64_t decode = 0;
+  int64_t merge = 0;
+  int64_t total() const { return rotate + decode + merge; }
+};
+DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
+                                       const DecodeAttentionPlan& plan);
 
 // out [B, Hq, d] fp32 = attention of q over each sequence's cache. `workspace` (device, at
 // least plan.workspace_bytes, 256-byte aligned) holds q~ and the split partials. Queues three

@@ -5,7 +5,8 @@
 //
 // One decode step is three kernels on one stream (the second and third launched with
 // programmatic dependent launch, so each starts while its predecessor drains):
-//   1. RotateQueries: q~ = q·R_K (then P_br), fp32, the spec's rotation rule bit for bit.
+//   1. RotateQueries: q~ = q·R_K (then P_br), fp32, the spec's rotation rule bit for bit; a
+//      block per query head, or per 2-8 heads of one KV head at large batches (they share R_K).
 //   2. DecodeAttention: grid (Hkv * head_chunks, B, hist_splits + window_splits). A block owns
 //      one KV head, one sequence and one split, and serves all (up to 8) query heads that read
 //      the KV head, so every K/V byte is loaded once per step. History splits stream INT-b pages
@@ -14,8 +15,13 @@
 //      the stage, so the INT-b loop has no block-wide barrier; bf16: cp.async) and run QK^T and PV on the
 //      tensor cores (mma.sync m16n8k16); window splits do the same over the bf16 sink + recent
 //      rows. Each block writes one partial (m, l, acc[d]) per query head.
+//      Every block lets the merge launch as it starts, so the merge's blocks take the slots
+//      the decode blocks leave and wait there.
 //   3. MergePartials: log-sum-exp over the splits, R_V^T (RotateInverse of the value params)
-//      applied once to the history partial, plus the bf16 partial, divided by the sum.
+//      applied once to the history partial, plus the bf16 partial, divided by the sum; blocks
+//      as the rotation's.
+// DecodeKernelParams::timeline (and the other two kernels' timeline) records when each block
+// ran, for profiling (kvq_bench_gpu_attention --timeline).
 //
 // All pointers are device pointers. Launchers launch and return cudaGetLastError(); they do
 // not synchronise.
@@ -43,6 +49,9 @@ inline constexpr int kMaxHeadsPerBlock = 8;
 // (__launch_bounds__: <= 128 registers a thread at d <= 128) and the planner sizes its waves
 // with. (Five blocks of the int8 QK loop, <= 102 registers, spilled and measured no faster.)
 constexpr int ResidentDecodeBlocksPerSm(int head_dim) { return head_dim >= 256 ? 2 : 4; }
+
+// What a block of a decode step's kernels did, in BlockTimeline records (profiling).
+enum class BlockKind : uint32_t { kRotate = 0, kHistory = 1, kWindow = 2, kEmpty = 3, kMerge = 4 };
 
 struct DecodeKernelParams {
   int batch = 0;
@@ -119,6 +128,10 @@ struct DecodeKernelParams {
   float* part_ml = nullptr;
   float* part_acc = nullptr;
 
+  // Profiling, null in production: block i (x fastest, then y, then z) writes BlockTimeline's
+  // record to timeline[4 i .. 4 i + 3] (entry, queries ready, exit, SM and kind).
+  uint64_t* timeline = nullptr;
+
   // Launch with programmatic dependent launch after RotateQueries on the same stream: blocks
   // set up and start their page copies while the rotation finishes, and wait for it before
   // reading q_rot. Only when that kernel is the one launched just before on the stream (and
@@ -126,10 +139,29 @@ struct DecodeKernelParams {
   bool programmatic_launch = false;
 };
 
+// Most query heads one block of the rotation or of the merge takes (heads of one KV head,
+// which share its R_K / R_V): 8, and at most kAuxMaxThreads / d (a rotation block has a
+// thread per channel and head).
+inline constexpr int kAuxMaxHeads = 8;
+inline constexpr int kAuxMaxThreads = 1024;
+constexpr int MaxAuxHeads(int head_dim) {
+  return kAuxMaxThreads / head_dim < kAuxMaxHeads ? kAuxMaxThreads / head_dim : kAuxMaxHeads;
+}
+// The most heads of one KV head a rotation / merge block can take: the largest divisor of g
+// within MaxAuxHeads(head_dim).
+constexpr int WidestAuxHeads(int g, int head_dim) {
+  int h = MaxAuxHeads(head_dim) < g ? MaxAuxHeads(head_dim) : g;
+  while (g % h != 0) --h;
+  return h;
+}
+
 struct RotateQueriesParams {
   int batch = 0;
   int num_q_heads = 0;
   int q_per_kv = 1;
+  // Query heads a block rotates (consecutive heads of one KV head): 1 (the most blocks, the
+  // lowest latency) .. MaxAuxHeads(d); q_per_kv % heads_per_block == 0.
+  int heads_per_block = 1;
   int rotation = 0;                 // kvq::RotationKind as int
   const float* rotations = nullptr; // [Hkv, d, d] (kDense)
   int fwht_block = 0;
@@ -137,6 +169,7 @@ struct RotateQueriesParams {
   bool bitrev = false;
   const float* q = nullptr;         // [B, Hq, d]
   float* q_rot = nullptr;           // [B, Hq, d]
+  uint64_t* timeline = nullptr;     // profiling, as DecodeKernelParams::timeline
 };
 
 struct MergeParams {
@@ -144,6 +177,8 @@ struct MergeParams {
   int num_kv_heads = 0;
   int num_q_heads = 0;
   int q_per_kv = 1;
+  // Query heads a block merges, as RotateQueriesParams::heads_per_block.
+  int heads_per_block = 1;
   int hist_splits = 0;    // partials [0, hist_splits) are history partials
   int total_splits = 0;   // then window partials up to total_splits
   int max_seq_len = 0;    // a sequence with t < 1 or t > max_seq_len gets NaN outputs
@@ -158,6 +193,7 @@ struct MergeParams {
   const float* part_ml = nullptr;
   const float* part_acc = nullptr;
   float* out = nullptr;              // [B, Hq, d] fp32
+  uint64_t* timeline = nullptr;      // profiling, as DecodeKernelParams::timeline
   // Launch with programmatic dependent launch after the decode kernel on the same stream (the
   // merge waits for it before reading anything).
   bool programmatic_launch = false;
