@@ -752,6 +752,10 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   EXPECT_FALSE(wide_plan.int8_qk);
   wide_plan.int8_qk = true;
   expect_refused(wide, wide_plan, "int8_qk");
+  // Rotation / merge blocks must take a divisor of g heads (g = 4 here).
+  DecodeAttentionPlan aux = plan;
+  aux.aux_heads_per_block = 3;
+  expect_refused(ok, aux, "aux_heads_per_block");
 }
 
 // The profiling records (DecodeAttentionInputs::timeline): one per block of the three kernels,
