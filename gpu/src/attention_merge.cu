@@ -182,7 +182,7 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
   const bool active = hw < heads;
   const int splits = p.total_splits;
   const int64_t base = (static_cast<int64_t>(b) * p.num_q_heads + head0 + (active ? hw : 0)) * splits;
-  // Sum over the head's warps of a per-warp value (through red[]; ends with a barrier).
+  // Sum (or max) over the head's warps of a per-warp value (through red[]; ends with a barrier).
   auto head_reduce = [&](float v, bool is_max) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -191,13 +191,14 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
     }
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    float r = red[hw * kWarpsPerHead];
+    float total = red[hw * kWarpsPerHead];
 #pragma unroll
     for (int u = 1; u < kWarpsPerHead; ++u) {
-      r = is_max ? fmaxf(r, red[hw * kWarpsPerHead + u]) : r + red[hw * kWarpsPerHead + u];
+      const float other = red[hw * kWarpsPerHead + u];
+      total = is_max ? fmaxf(total, other) : total + other;
     }
     __syncthreads();
-    return r;
+    return total;
   };
 
   // Lane takes channels lane + 32k; warp wi of a head takes splits 4 wi .. 4 wi + 3, then every
