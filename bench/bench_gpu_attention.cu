@@ -282,15 +282,12 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   if (g_window_split > 0 && quantized) {
     plan.window_tokens_per_split = g_window_split;
     plan.window_splits = (std::min(seq_len, kSink + kRecent) + g_window_split - 1) / g_window_split;
-    // More window partials than the plan sized for: twice its workspace holds them.
-    plan.workspace_bytes = kvq::gpu::PlanDecodeAttention(c, batch, seq_len).workspace_bytes * 2;
   }
   if (g_hist_split > 0 && quantized) {
     plan.hist_tokens_per_split = g_hist_split;
     plan.hist_splits = static_cast<int>((paged + g_hist_split - 1) / g_hist_split);
-    // More history partials than the plan sized for: room for 8 times its splits.
-    plan.workspace_bytes = kvq::gpu::PlanDecodeAttention(c, batch, seq_len).workspace_bytes * 8;
   }
+  plan.workspace_bytes = kvq::gpu::DecodeAttentionWorkspaceBytes(c, batch, plan);
   const bool plan_int8 = plan.int8_qk;
   if (g_int8_qk >= 0) plan.int8_qk = g_int8_qk != 0;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);

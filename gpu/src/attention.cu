@@ -55,6 +55,20 @@ HistoryFormat CheckSupported(const CacheParams& c) {
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// The workspace of a step: q~ [rows, d] fp32, then the partials' (m, l) [rows, splits, 2] and
+// acc [rows, splits, d], each 256-byte aligned.
+struct WorkspaceLayout {
+  size_t part_ml = 0, part_acc = 0, bytes = 0;
+  WorkspaceLayout(const CacheParams& c, int64_t batch, const DecodeAttentionPlan& plan) {
+    const int64_t rows = batch * c.num_q_heads;
+    const int64_t splits = plan.hist_splits + plan.window_splits;
+    const int64_t d = c.head_dim();
+    part_ml = AlignUp(rows * d * 4, 256);
+    part_acc = part_ml + AlignUp(rows * splits * 2 * 4, 256);
+    bytes = part_acc + AlignUp(rows * splits * d * 4, 256);
+  }
+};
+
 float FwhtScale(const WriteParams& p) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.fwht_block())));
 }
@@ -150,11 +164,13 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int splits = plan.hist_splits + plan.window_splits;
   KVQ_CHECK(splits <= 65535, kUnsupported, "max_seq_len ", max_seq_len, " needs ", splits,
             " splits (at most 65535)");
-  const int64_t rows = static_cast<int64_t>(batch) * c.num_q_heads;
-  const size_t d = static_cast<size_t>(c.head_dim());
-  plan.workspace_bytes = AlignUp(rows * d * 4, 256) + AlignUp(rows * splits * 2 * 4, 256) +
-                         AlignUp(rows * splits * d * 4, 256);
+  plan.workspace_bytes = DecodeAttentionWorkspaceBytes(c, batch, plan);
   return plan;
+}
+
+size_t DecodeAttentionWorkspaceBytes(const CacheParams& c, int batch,
+                                     const DecodeAttentionPlan& plan) {
+  return WorkspaceLayout(c, batch, plan).bytes;
 }
 
 DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
@@ -217,8 +233,11 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
               kInvalidArgument, "plan covers ", plan.window_splits * plan.window_tokens_per_split,
               " window tokens, ", window, " needed");
   }
-  KVQ_CHECK(workspace_bytes >= plan.workspace_bytes, kInvalidArgument, "workspace of ",
-            workspace_bytes, " bytes is below the plan's ", plan.workspace_bytes);
+  // The layout follows the plan's splits (plan.workspace_bytes may predate a change to them).
+  const WorkspaceLayout layout(c, in.batch, plan);
+  KVQ_CHECK(workspace_bytes >= plan.workspace_bytes && workspace_bytes >= layout.bytes,
+            kInvalidArgument, "workspace of ", workspace_bytes, " bytes is below the plan's ",
+            std::max(plan.workspace_bytes, layout.bytes));
   if (paged_tokens > 0) {
     KVQ_CHECK(in.page_tables && in.max_pages >= CeilDiv(paged_tokens, c.page_size),
               kInvalidArgument, "page tables: null or max_pages ", in.max_pages, " below ",
@@ -245,12 +264,10 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
               "null value rotation for a dense value write path");
   }
 
-  const int64_t rows = static_cast<int64_t>(in.batch) * c.num_q_heads;
   unsigned char* ws = static_cast<unsigned char*>(workspace);
   float* q_rot = reinterpret_cast<float*>(ws);
-  float* part_ml = reinterpret_cast<float*>(ws + AlignUp(rows * d * 4, 256));
-  float* part_acc = reinterpret_cast<float*>(ws + AlignUp(rows * d * 4, 256) +
-                                             AlignUp(rows * splits * 2 * 4, 256));
+  float* part_ml = reinterpret_cast<float*>(ws + layout.part_ml);
+  float* part_acc = reinterpret_cast<float*>(ws + layout.part_acc);
 
   if (c.quantized) {
     attention::RotateQueriesParams rq;

@@ -107,6 +107,11 @@ struct DecodeAttentionPlan {
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms = 0, bool allow_int8_qk = true);
 
+// Device scratch a step with `plan` needs (q~ and the partials of its splits); the planner's
+// plan.workspace_bytes. Call it again after changing a plan's splits.
+size_t DecodeAttentionWorkspaceBytes(const CacheParams& c, int batch,
+                                     const DecodeAttentionPlan& plan);
+
 // Blocks of each kernel of a step (the rotation runs only for a quantized cache).
 struct DecodeStepBlocks {
   int64_t rotate = 0;
