@@ -189,8 +189,8 @@ struct Result {
 };
 
 // Per-kind summary of one step's block records (attention::BlockKind; times in us from the
-// first block's entry): entries, exits, durations (exit - entry), and for history blocks the
-// wait from entry until their queries were ready.
+// first block's entry): entries, exits, durations (exit - entry), and for history and merge
+// blocks the wait from entry until their inputs (queries, partials) were ready and when.
 std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* title) {
   const size_t n = rec.size() / 4;
   uint64_t t0 = UINT64_MAX;
@@ -203,14 +203,17 @@ std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* titl
   std::string out = std::string("timeline ") + title + " (us from the first block's entry):\n";
   const char* names[] = {"rotate", "history", "window", "empty", "merge"};
   for (uint32_t kind = 0; kind < 5; ++kind) {
-    std::vector<double> entry, exit, dur, ready;
+    std::vector<double> entry, exit, dur, ready, ready_at;
     std::vector<int> sms;
     for (size_t i = 0; i < n; ++i) {
       if ((rec[4 * i + 3] >> 32) != kind) continue;
       entry.push_back(us(rec[4 * i]));
       exit.push_back(us(rec[4 * i + 2]));
       dur.push_back((static_cast<double>(rec[4 * i + 2]) - static_cast<double>(rec[4 * i])) * 1e-3);
-      if (rec[4 * i + 1]) ready.push_back((static_cast<double>(rec[4 * i + 1]) - static_cast<double>(rec[4 * i])) * 1e-3);
+      if (rec[4 * i + 1]) {
+        ready.push_back((static_cast<double>(rec[4 * i + 1]) - static_cast<double>(rec[4 * i])) * 1e-3);
+        ready_at.push_back(us(rec[4 * i + 1]));
+      }
       sms.push_back(static_cast<int>(rec[4 * i + 3] & 0xffffffffu));
     }
     if (entry.empty()) continue;
@@ -225,8 +228,10 @@ std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* titl
                   pct(dur, 0), pct(dur, 1));
     out += line;
     if (!ready.empty()) {
-      std::snprintf(line, sizeof line, " | queries ready after entry: median %.2f, max %.2f",
-                    pct(ready, 0.5), pct(ready, 1));
+      std::snprintf(line, sizeof line,
+                    " | %s ready after entry: median %.2f, max %.2f; at %.2f .. %.2f",
+                    kind == 4 ? "partials" : "queries", pct(ready, 0.5), pct(ready, 1),
+                    pct(ready_at, 0), pct(ready_at, 1));
       out += line;
     }
     out += "\n";

@@ -113,7 +113,8 @@ __device__ __forceinline__ void WaitForPrerequisiteGrid() {
 }
 
 // Profiling record of one block (DecodeKernelParams::timeline; null: nothing is written):
-// {globaltimer ns at entry, when its queries were ready (0: not stamped), at exit,
+// {globaltimer ns at entry, when its inputs from the previous kernel were ready (a history
+// block's rotated queries, a merge block's partials; 0: not stamped), at exit,
 // SM id | BlockKind << 32}, written by thread 0. Static calls that keep nothing live between
 // them, so a kernel's register allocation does not change.
 struct BlockTimeline {
@@ -134,7 +135,7 @@ struct BlockTimeline {
       r[3] = (r[3] & 0xffffffffu) | static_cast<uint64_t>(kind) << 32;
     }
   }
-  __device__ __forceinline__ static void QueriesReady(uint64_t* timeline) {
+  __device__ __forceinline__ static void InputsReady(uint64_t* timeline) {
     if (timeline && threadIdx.x == 0) Record(timeline)[1] = Now();
   }
   __device__ __forceinline__ static void Exit(uint64_t* timeline) {
@@ -805,7 +806,7 @@ __device__ __forceinline__ void LoadRotatedQueries(const DecodeKernelParams& p, 
                  : 0.0f;
   }
   __syncthreads();
-  BlockTimeline::QueriesReady(p.timeline);
+  BlockTimeline::InputsReady(p.timeline);
 }
 
 // PV's A operands (V^T, exact codes) of a thread for one 16-token chunk: the code bytes

@@ -59,21 +59,34 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
   // The decode kernel after this one may launch now: its blocks set up and start their page
   // copies, then wait for this grid to finish before reading q_rot.
   detail::LaunchDependents();
+  const bool dense = p.rotation == kRotationDense;
+  const float4* r = reinterpret_cast<const float4*>(
+      p.rotations + static_cast<int64_t>(head0 / p.q_per_kv) * D * D);
+  constexpr int kChunk4 = kRows * D / 4;  // float4s of a pass
+  // A pass's rows are copied in together (one memory latency a pass), then each thread runs the
+  // spec's sequential sum over i from shared memory. The first pass's copy and an L2 prefetch
+  // of the later passes' rows are issued before the query's own load, so that the query and R
+  // share one memory latency and the later passes read L2.
+  auto copy_pass = [&](int i0) {
+    for (int e = threadIdx.x; e < kChunk4; e += threads) {
+      detail::CpAsync16(reinterpret_cast<float4*>(&rows[0][0]) + e, r + (i0 * D) / 4 + e, true);
+    }
+    detail::CpAsyncCommit();
+  };
+  if (dense) {
+    copy_pass(0);
+    const char* later = reinterpret_cast<const char*>(r + kChunk4);
+    for (int line = threadIdx.x; line < (D - kRows) * D * 4 / 128; line += threads) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(later + 128 * line)));
+    }
+  }
   x[h][j] = p.q[row + j];
   __syncthreads();
   float v = x[h][j];
-  if (p.rotation == kRotationDense) {
-    // A pass's rows are copied in together (one memory latency a pass), then each thread runs
-    // the spec's sequential sum over i from shared memory.
-    const float4* r = reinterpret_cast<const float4*>(
-        p.rotations + static_cast<int64_t>(head0 / p.q_per_kv) * D * D);
-    constexpr int kChunk4 = kRows * D / 4;  // float4s of a pass
+  if (dense) {
     float acc = 0.0f;
     for (int i0 = 0; i0 < D; i0 += kRows) {
-      for (int e = threadIdx.x; e < kChunk4; e += threads) {
-        detail::CpAsync16(reinterpret_cast<float4*>(&rows[0][0]) + e, r + (i0 * D) / 4 + e, true);
-      }
-      detail::CpAsyncCommit();
+      if (i0 > 0) copy_pass(i0);
       detail::CpAsyncWait<0>();
       __syncthreads();
 #pragma unroll 16
@@ -177,6 +190,7 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
   const bool bad_length = t < 1 || t > p.max_seq_len;
   // Everything below reads the decode kernel's partials.
   detail::WaitForPrerequisiteGrid();
+  detail::BlockTimeline::InputsReady(p.timeline);
   const int hw = warp / kWarpsPerHead;  // this warp's head
   const int wi = warp % kWarpsPerHead;  // and its index among the head's warps
   const bool active = hw < heads;

@@ -165,6 +165,7 @@ struct Variant {
   bool group_epilogue = false;
   bool int8_qk = false;
   int aux_heads = 0;
+  int window_split = 0;  // window tokens per window block (0: the plan's)
 };
 
 // The cache of cfg.lengths sequences on the host (cpu::PagedKVCache) and on the device, page
@@ -347,6 +348,12 @@ struct TestCase {
     plan.group_epilogue = v.group_epilogue;
     plan.int8_qk = v.int8_qk;
     if (v.aux_heads > 0) plan.aux_heads_per_block = v.aux_heads;
+    if (v.window_split > 0 && params.quantized) {
+      const int window = std::min(max_len, params.sink + params.recent);
+      plan.window_tokens_per_split = v.window_split;
+      plan.window_splits = (window + v.window_split - 1) / v.window_split;
+      plan.workspace_bytes = DecodeAttentionWorkspaceBytes(params, batch, plan);
+    }
     DeviceBuffer<unsigned char> ws(plan.workspace_bytes);
     KVQ_CUDA_CHECK(cudaMemset(ws.ptr, 0xFF, plan.workspace_bytes));
     DeviceBuffer<float> out(static_cast<size_t>(batch) * cfg.hq * cfg.d);
@@ -394,11 +401,19 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
     wide.aux_heads = attention::WidestAuxHeads(g, d);
     variants.push_back(wide);
   }
+  // The plan's loop with the whole window in one block per sequence and head chunk, as the
+  // planner cuts it for large batches (the small test batches get 64-token window blocks).
+  if (tc.params.quantized) {
+    Variant one_window = can_pack ? Variant{1, false, true, true} : Variant{1, false, true};
+    one_window.window_split = 320;
+    variants.push_back(one_window);
+  }
   for (const Variant& v : variants) {
     const int chunks_per_warp = v.chunks_per_warp;
     SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp << " pack_hi_lo "
                                       << v.pack_hi_lo << " group_epilogue " << v.group_epilogue
-                                      << " int8_qk " << v.int8_qk << " aux_heads " << v.aux_heads);
+                                      << " int8_qk " << v.int8_qk << " aux_heads " << v.aux_heads
+                                      << " window_split " << v.window_split);
     const std::vector<float> gpu = tc.RunGpu(v);
     double worst_ref = 0.0, worst_oracle = 0.0;
     for (int b = 0; b < batch; ++b) {
@@ -429,10 +444,11 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
         }
       }
     }
-    std::printf("[ %s, %d chunk(s)/warp%s%s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+    std::printf("[ %s, %d chunk(s)/warp%s%s%s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
                 tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "",
                 v.group_epilogue ? ", group epilogue" : "", v.int8_qk ? ", int8 QK" : "",
-                v.aux_heads > 0 ? (", rotation/merge " + std::to_string(v.aux_heads) + " heads a block").c_str() : "",
+                (v.aux_heads > 0 ? ", rotation/merge " + std::to_string(v.aux_heads) + " heads a block" : std::string()).c_str(),
+                v.window_split > 0 ? (", " + std::to_string(v.window_split) + "-token window blocks").c_str() : "",
                 worst_ref, worst_oracle, tolerance);
   }
 }
@@ -841,7 +857,8 @@ TEST(GpuAttention, Timeline_RecordsEveryBlockInDependencyOrder) {
     }
   }
   for (int64_t i = blocks.rotate + blocks.decode; i < blocks.total(); ++i) {
-    EXPECT_GE(rec[4 * i + 2], decode_last_exit) << "merge block record " << i;
+    EXPECT_GE(rec[4 * i + 1], decode_last_exit) << "merge block record " << i << ": partials ready";
+    EXPECT_GE(rec[4 * i + 2], rec[4 * i + 1]) << "merge block record " << i;
   }
 }
 
@@ -877,6 +894,16 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
         // otherwise run after it).
         const int64_t window_blocks = static_cast<int64_t>(plan.window_splits) * 8 * batch;
         if (batch == 1) EXPECT_LE(hist_blocks + window_blocks, resident);
+        // Window blocks of 64 tokens while they fit one wave, else the fewest splits that fit
+        // (one split of the whole window at least), in multiples of 64 tokens.
+        EXPECT_EQ(plan.window_tokens_per_split % 64, 0);
+        EXPECT_GE(static_cast<int64_t>(plan.window_splits) * plan.window_tokens_per_split, std::min(len, 320));
+        if (8 * batch * 5 <= resident) {
+          EXPECT_EQ(plan.window_tokens_per_split, 64);
+        } else {
+          EXPECT_TRUE(window_blocks <= resident || plan.window_splits == 1) << window_blocks;
+          EXPECT_GT(plan.window_tokens_per_split, 64);
+        }
         // The rotation: a block per query head while they fit on the SMs, else per KV head.
         EXPECT_EQ(plan.aux_heads_per_block, batch * 32 <= 2 * 132 ? 1 : 4);
       }
