@@ -388,11 +388,13 @@ cudaError_t LaunchMergePartials(const MergeParams& p, cudaStream_t stream) {
       heads > MaxAuxHeads(HEAD_DIM) || p.q_per_kv % heads != 0)
     return cudaErrorInvalidValue;
   const dim3 grid(p.num_q_heads / heads, p.batch);
-  const cudaError_t launched =
-      heads == 1 ? detail::LaunchKernel(MergePartialsKernel<HEAD_DIM, 1>, grid, dim3(kMergeThreads),
-                                        0, stream, p.programmatic_launch, p)
-                 : detail::LaunchKernel(MergePartialsKernel<HEAD_DIM, kAuxMaxHeads>, grid,
-                                        dim3(kMergeThreads), 0, stream, p.programmatic_launch, p);
+  // The narrowest instantiation that holds the block's heads: its warps split over exactly
+  // that many heads (a 4-head block on the 8-head one would leave half its warps idle).
+  auto kernel = heads == 1   ? MergePartialsKernel<HEAD_DIM, 1>
+                : heads <= 4 ? MergePartialsKernel<HEAD_DIM, 4>
+                             : MergePartialsKernel<HEAD_DIM, kAuxMaxHeads>;
+  const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(kMergeThreads), 0, stream,
+                                                    p.programmatic_launch, p);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
