@@ -104,12 +104,13 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int64_t paged_tokens =
       c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
                   : max_seq_len;
+  // Decode blocks resident at once: a wave.
+  const int64_t resident =
+      static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
   // Window splits: 64 tokens each while the window blocks fit one wave, else the fewest that
   // do (at least one split: the whole window, in multiples of 64 tokens).
   int64_t window_split_tokens = kWindowTokensPerSplit;
   if (window_tokens > 0) {
-    const int64_t resident =
-        static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
     const int64_t splits = std::max<int64_t>(
         1, std::min<int64_t>(CeilDiv(window_tokens, kWindowTokensPerSplit), resident / blocks_per_split));
     window_split_tokens = CeilDiv(CeilDiv(window_tokens, splits), kWindowTokensPerSplit) *
@@ -136,8 +137,6 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     // they run after a one-wave history unless it leaves them their own slots; it does when
     // that lengthens its splits by less than the history tokens a window block's time is worth
     // (kWindowBlockTokens).
-    const int64_t resident =
-        static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
     const int64_t window_blocks = blocks_per_split * CeilDiv(window_tokens, window_split_tokens);
     // Tokens per split when `slots` history blocks share the paged tokens (0: none fits).
     auto split_tokens = [&](int64_t slots) -> int64_t {

@@ -70,6 +70,8 @@ struct DecodeAttentionPlan {
   int hist_splits = 0;             // history (bf16 cache: all tokens) splits per sequence
   int hist_tokens_per_split = 0;   // multiple of 64
   int window_splits = 0;           // bf16 window splits (quantized cache)
+  // Multiple of 64: 64 while the window blocks fit one wave of resident decode blocks, else
+  // longer (the fewest splits that fit, at least one of the whole window).
   int window_tokens_per_split = 0;
   // Quantized history: 16-token chunks each warp of the decode kernel takes per loop step, 1 or
   // 2 (2: two chunks side by side per warp; measured 2-7% slower on H100, kept as a knob).
@@ -101,9 +103,9 @@ struct DecodeAttentionPlan {
 
 // Quantized cache: history splits in whole waves of resident decode blocks
 // (attention::ResidentDecodeBlocksPerSm: 4 per SM, 2 at d = 256), the fewest waves with splits
-// of at most 8192 tokens; bf16 cache: about 8 blocks per SM over the grid (num_sms <= 0: ask the
-// current device). allow_int8_qk = false plans for the bf16 QK loops (a baseline). Throws
-// kvq::Error like DecodeAttention.
+// of at most 8192 tokens, and window splits as DecodeAttentionPlan says; bf16 cache: about 8
+// blocks per SM over the grid (num_sms <= 0: ask the current device). allow_int8_qk = false
+// plans for the bf16 QK loops (a baseline). Throws kvq::Error like DecodeAttention.
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms = 0, bool allow_int8_qk = true);
 
