@@ -41,6 +41,7 @@
 
 #include "kvq/common/params.h"
 #include "kvq/gpu/attention.h"
+#include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
 
 namespace {
@@ -230,7 +231,10 @@ std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* titl
     if (!ready.empty()) {
       std::snprintf(line, sizeof line,
                     " | %s ready after entry: median %.2f, max %.2f; at %.2f .. %.2f",
-                    kind == 4 ? "partials" : "queries", pct(ready, 0.5), pct(ready, 1),
+                    kind == static_cast<uint32_t>(kvq::gpu::attention::BlockKind::kMerge)
+                        ? "partials"
+                        : "queries",
+                    pct(ready, 0.5), pct(ready, 1),
                     pct(ready_at, 0), pct(ready_at, 1));
       out += line;
     }

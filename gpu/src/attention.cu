@@ -33,9 +33,9 @@ constexpr int64_t kWindowBlockTokens = 320;
 // heads a multiprocessor (H200, B = 8 with 32 heads: a block per KV head made both 2x longer).
 constexpr int64_t kAuxHeadBlocksPerSm = 2;
 constexpr int kMinHistTokensPerSplit = 4 * kTileTokens;
-// Decode blocks a multiprocessor holds at once (the kernel's launch bounds: 128 registers a
-// thread at d <= 128, and its shared memory at d = 256).
-constexpr int kBf16BlocksPerSm = 8;  // bf16 cache: target blocks per multiprocessor
+// bf16 cache: blocks per multiprocessor over the grid the planner aims at (its pipeline is
+// shallow; the quantized cache sizes waves by attention::ResidentDecodeBlocksPerSm instead).
+constexpr int kBf16BlocksPerSm = 8;
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }

@@ -129,7 +129,7 @@ struct DecodeKernelParams {
   float* part_acc = nullptr;
 
   // Profiling, null in production: block i (x fastest, then y, then z) writes BlockTimeline's
-  // record to timeline[4 i .. 4 i + 3] (entry, queries ready, exit, SM and kind).
+  // record to timeline[4 i .. 4 i + 3] (entry, inputs ready: a history block's rotated queries, exit, SM and kind).
   uint64_t* timeline = nullptr;
 
   // Launch with programmatic dependent launch after RotateQueries on the same stream: blocks
