@@ -5,7 +5,11 @@
 //
 // Timing: CUDA events around each call, median of many runs after warm-up. Cold L2: prefill
 // rotates among input sets whose total exceeds L2 several times; before every timed append
-// step a scratch buffer larger than L2 is overwritten (outside the timed region).
+// step a scratch buffer larger than L2 is overwritten (outside the timed region). GPU time:
+// before each timed call the GPU is kept busy (a 100 us spin before every prefill, the L2
+// overwrite before every append) while the host queues the call's launches, so the host's
+// enqueue time stays off the clock, as nvbench's blocking kernel does; one extra prefill row
+// is timed without the spin to show what the enqueue costs an idle GPU.
 //
 // Usage: kvq_bench_gpu_write [--quick]  (prints a markdown table; --quick: fewer runs)
 #include <cuda_runtime.h>
@@ -34,6 +38,15 @@ void UseBaselineFusedWrite(bool use);
 namespace {
 
 using kvq::CacheParams;
+
+// Keeps one warp of the GPU busy for `ns` nanoseconds (%globaltimer).
+__global__ void HoldGpu(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
 using kvq::RotationKind;
 using kvq::WriteParams;
 
@@ -234,7 +247,7 @@ int main(int argc, char** argv) {
                                 {"FWHT + P_br, rho=0.96", RotationKind::kHadamard, 0.96f, true}};
     // Each variant with the current kernel, then with the pre-speed-up one (same inputs, same
     // run); the first variant is timed once more at the end to show the run-to-run spread.
-    auto time_prefill = [&](const Variant& v, bool baseline) {
+    auto time_prefill = [&](const Variant& v, bool baseline, bool hold = true) {
       kvq::gpu::benchmark_only::UseBaselineFusedWrite(baseline);
       const CacheParams c = BenchCache(v.kind, v.clip, v.bitrev);
       kvq::gpu::HeadData hk, hv;
@@ -248,7 +261,11 @@ int main(int argc, char** argv) {
             kvq::gpu::PrefillWrite(c, keys[i % kSets], values[i % kSets], tokens, d_table, hk, hv,
                                    pool[0], pool[1], windows, flags);
           },
-          [](int) {});
+          [&](int) {
+            if (!hold) return;
+            HoldGpu<<<1, 32>>>(100000);
+            KVQ_CUDA_CHECK(cudaGetLastError());
+          });
       kvq::gpu::benchmark_only::UseBaselineFusedWrite(false);
       return ms;
     };
@@ -266,6 +283,10 @@ int main(int argc, char** argv) {
       const double ms = time_prefill(variants[2], false);
       rows.push_back({"prefill K+V write (repeat)", std::string(variants[2].name), ms,
                       Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9)});
+      const double idle = time_prefill(variants[2], false, /*hold=*/false);
+      rows.push_back({"prefill K+V write (no spin: host enqueue on the clock)",
+                      std::string(variants[2].name), idle,
+                      Format("%.0f GB/s of bf16 input", input_bytes / (idle * 1e-3) / 1e9)});
     }
     kvq::gpu::CheckErrorFlags(flags, "prefill benchmark");
 

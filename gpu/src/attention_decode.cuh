@@ -9,8 +9,9 @@
 //         ~16 significant bits); per (token, group) the fp32 epilogue applies
 //         s = scale * (C - 128 * sum q~') + min * sum q~. bf16 rows: A = K (ldmatrix),
 //         B = q split into hi + lo (lo = 0 for bf16 queries is skipped).
-//   PV:   M = 16 channels, N = 8 heads, K = 16 tokens. A = V^T (INT-b: exact bf16 2^s*q),
-//         B = p * scale (INT-b) or p (bf16 rows) split into bf16 hi + lo; the min term
+//   PV:   M = 16 channels, N = 8 heads, K = 16 tokens. A = V^T (INT-b: each code field in
+//         place, exactly 2^(f*b) * q * 2^-133 as a bf16 subnormal, one AND a register),
+//         B = p * scale * 2^64 (INT-b) or p (bf16 rows) split into bf16 hi + lo; the min term
 //         sum_t p_t * min_t is a per-group scalar added at the end. The S accumulator
 //         (tokens x heads) becomes the B operand of PV through movmatrix (an 8x8 transpose in
 //         registers).
@@ -30,6 +31,7 @@
 #include <cstdint>
 
 #include "kvq/gpu/attention_launch.h"
+#include "launch.cuh"
 
 namespace kvq::gpu::attention::detail {
 
@@ -102,15 +104,9 @@ __device__ __forceinline__ void BulkCopy(void* smem_dst, const void* gmem_src, u
       : "memory");
 }
 
-// Programmatic dependent launch: the kernel launched after this one on the stream (with the
-// programmatic-serialization attribute) may start now; and: wait until the grid this one
-// depends on has finished and its writes are visible (a no-op without the attribute).
-__device__ __forceinline__ void LaunchDependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-__device__ __forceinline__ void WaitForPrerequisiteGrid() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
+// Programmatic dependent launch (launch.cuh).
+using launch::LaunchDependents;
+using launch::WaitForPrerequisiteGrid;
 
 // Profiling record of one block (DecodeKernelParams::timeline; null: nothing is written):
 // {globaltimer ns at entry, when its inputs from the previous kernel were ready (a history
@@ -231,15 +227,31 @@ struct CodeField {
     }
     return y;
   }
-  // 2^kShift * q as exact bf16.
-  __device__ __forceinline__ static uint32_t Unbiased(uint32_t x, uint32_t bias) {
-    const uint32_t biased = Biased(x, bias);
-    const __nv_bfloat162 b128 =
-        __halves2bfloat162(__ushort_as_bfloat16(0x4300), __ushort_as_bfloat16(0x4300));
-    const __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased), b128);
-    return BitsOf(r);
+  // PV's A operand: the field in place in the low byte of each 16-bit half, everything else
+  // masked: one AND, no bias. As a bf16 pattern a value v < 256 is exactly v * 2^-133
+  // (exponent field 0 holds the subnormals, exponent field 1 the first normal binade, whose
+  // spacing is the subnormals'), so the operand is 2^(FIELD*BITS) * q * 2^-133 for every field
+  // (FIELD*BITS + BITS <= 8). The tensor cores keep bf16 subnormal inputs exactly
+  // (GpuAttention.TensorCoresKeepBf16Subnormals checks it on the device); the B operand
+  // carries kPvOperandScale and the accumulator is unscaled by PvUnscale<BITS, FIELD>().
+  __device__ __forceinline__ static uint32_t InPlace(uint32_t x) {
+    return x & (kMask << kBitPos);
   }
 };
+
+// PV on in-place code fields (CodeField::InPlace): the B operand is p * scale * 2^64, so with
+// A = 2^(f*b) q * 2^-133 each product is 2^(f*b - 69) * p * scale * q: far inside fp32's normal
+// range for p * scale in [2^-57, 2^56] (p <= 2^8; the kernel's range for V group scales), and
+// the field's accumulator is 2^(f*b - 69) times the value sum.
+inline constexpr float kPvOperandScale = 18446744073709551616.0f;  // 2^64
+inline constexpr int kPvUnscaleLog2 = 133 - 64;
+template <int BITS, int FIELD>
+__host__ __device__ constexpr float PvUnscale() {
+  float x = 1.0f;
+  for (int i = 0; i < kPvUnscaleLog2 - FIELD * BITS; ++i) x *= 2.0f;
+  return x;
+}
+
 template <int N>
 struct IntC {
   static constexpr int value = N;
@@ -322,6 +334,13 @@ struct WarpState {
   // The max reduces over the 8 lanes that share lane % 4. Requires a finite logit per head in
   // the 16 rows (the caller skips chunks without a valid token).
   // Returns whether any lane rescaled (alpha != 1 somewhere in the warp).
+  //
+  // The max reduction (three dependent shuffles) runs only when some lane of the warp holds a
+  // logit above its head's running max + kRescaleThresholdLog2: otherwise no head's max could
+  // move (the reduced max would not exceed the threshold either), alpha = 1 and p follows
+  // directly. The result is bit-identical to reducing on every chunk; after the first chunks
+  // of a split the vote is almost always false, which takes the reduction's latency off the
+  // chunk's critical path.
   __device__ __forceinline__ bool Update(const float (&sl)[4], float (&pr)[4], float (&alpha)[2]) {
     return UpdateN<1>(reinterpret_cast<const float(&)[1][4]>(sl),
                       reinterpret_cast<float(&)[1][4]>(pr), alpha);
@@ -338,34 +357,22 @@ struct WarpState {
       mx0 = fmaxf(mx0, fmaxf(sl[n][0], sl[n][2]));
       mx1 = fmaxf(mx1, fmaxf(sl[n][1], sl[n][3]));
     }
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-    }
     // m = -inf before the first chunk: -inf + 8 = -inf, so the first finite max is taken.
-    const float mn0 = mx0 > m[0] + kRescaleThresholdLog2 ? mx0 : m[0];
-    const float mn1 = mx1 > m[1] + kRescaleThresholdLog2 ? mx1 : m[1];
-    const bool moved = mn0 != m[0] || mn1 != m[1];
-    alpha[0] = Exp2(m[0] - mn0);  // m = -inf on the first chunk: alpha = 0
-    alpha[1] = Exp2(m[1] - mn1);
-    m[0] = mn0;
-    m[1] = mn1;
-    float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      pr[n][0] = Exp2(sl[n][0] - mn0);
-      pr[n][1] = Exp2(sl[n][1] - mn1);
-      pr[n][2] = Exp2(sl[n][2] - mn0);
-      pr[n][3] = Exp2(sl[n][3] - mn1);
-      sum0 += pr[n][0] + pr[n][2];
-      sum1 += pr[n][1] + pr[n][3];
-    }
-    l[0] = l[0] * alpha[0] + sum0;
-    l[1] = l[1] * alpha[1] + sum1;
-    // Once the running max settles (long histories), most chunks skip the rescale.
-    const bool rescale = __any_sync(0xffffffffu, moved);
+    const bool above = mx0 > m[0] + kRescaleThresholdLog2 || mx1 > m[1] + kRescaleThresholdLog2;
+    alpha[0] = alpha[1] = 1.0f;
+    const bool rescale = __any_sync(0xffffffffu, above);
     if (rescale) {
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+      }
+      const float mn0 = mx0 > m[0] + kRescaleThresholdLog2 ? mx0 : m[0];
+      const float mn1 = mx1 > m[1] + kRescaleThresholdLog2 ? mx1 : m[1];
+      alpha[0] = Exp2(m[0] - mn0);  // m = -inf on the first chunk: alpha = 0
+      alpha[1] = Exp2(m[1] - mn1);
+      m[0] = mn0;
+      m[1] = mn1;
 #pragma unroll
       for (int i = 0; i < D / 16; ++i) {
         acc[i][0] *= alpha[0];
@@ -374,6 +381,18 @@ struct WarpState {
         acc[i][3] *= alpha[1];
       }
     }
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      pr[n][0] = Exp2(sl[n][0] - m[0]);
+      pr[n][1] = Exp2(sl[n][1] - m[1]);
+      pr[n][2] = Exp2(sl[n][2] - m[0]);
+      pr[n][3] = Exp2(sl[n][3] - m[1]);
+      sum0 += pr[n][0] + pr[n][2];
+      sum1 += pr[n][1] + pr[n][3];
+    }
+    l[0] = l[0] * alpha[0] + sum0;
+    l[1] = l[1] * alpha[1] + sum1;
     return rescale;
   }
 };
@@ -840,14 +859,14 @@ struct PvCodes {
       y89[jp] = x89[jp] >> 8;
     }
   }
-  // The A fragment of m-tile (FIELD, jp): exact bf16 2^shift * q.
+  // The A fragment of m-tile (FIELD, jp): 2^(FIELD*BITS) * q * 2^-133, exact (CodeField::InPlace).
   template <int FIELD>
-  __device__ __forceinline__ void A(int jp, uint32_t code_bias, uint32_t (&a)[4]) const {
+  __device__ __forceinline__ void A(int jp, uint32_t (&a)[4]) const {
     using Field = CodeField<BITS, FIELD>;
-    a[0] = Field::Unbiased(x01[jp], code_bias);
-    a[1] = Field::Unbiased(y01[jp], code_bias);
-    a[2] = Field::Unbiased(x89[jp], code_bias);
-    a[3] = Field::Unbiased(y89[jp], code_bias);
+    a[0] = Field::InPlace(x01[jp]);
+    a[1] = Field::InPlace(y01[jp]);
+    a[2] = Field::InPlace(x89[jp]);
+    a[3] = Field::InPlace(y89[jp]);
   }
 };
 
@@ -1195,8 +1214,10 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
             mfb = vb ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
           }
           uint32_t hi_a, lo_a, hi_b, lo_b;
-          SplitBf16(pu[0] * sfa, pu[1] * sfa, hi_a, lo_a);
-          SplitBf16(pu[2] * sfb, pu[3] * sfb, hi_b, lo_b);
+          // B = p * scale * 2^64 against the in-place (subnormal) code fields.
+          const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
+          SplitBf16(pu[0] * sfa_v, pu[1] * sfa_v, hi_a, lo_a);
+          SplitBf16(pu[2] * sfb_v, pu[3] * sfb_v, hi_b, lo_b);
           if constexpr (PACK) {
             // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
             bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
@@ -1213,7 +1234,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 #pragma unroll
         for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
           uint32_t a[4];
-          codes.template A<f>(jp, code_bias, a);
+          codes.template A<f>(jp, a);
           const int mt = f * Geo::kPvPairs + jp;
           MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
           if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
@@ -1237,11 +1258,11 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       for (int i = 0; i < 4; ++i) st.acc[mt][i] += __shfl_xor_sync(0xffffffffu, st.acc[mt][i], 2);
     }
   }
-  // Fields kept in place accumulated 2^shift * code; then the min term: sum_t p_t * min_t of
-  // each field's group, the same for every channel of it.
+  // Field f accumulated 2^(f*b - 69) * sum p * scale * q (PvUnscale); then the min term:
+  // sum_t p_t * min_t of each field's group, the same for every channel of it.
   StaticFor<F>([&](auto fc) {
     constexpr int f = decltype(fc)::value;
-    constexpr float kUnscale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
+    constexpr float kUnscale = PvUnscale<BITS, f>();
     const float m0 = SumOverRows(min_sum[f][0]);
     const float m1 = SumOverRows(min_sum[f][1]);
 #pragma unroll
@@ -1351,7 +1372,6 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
   const int warp = threadIdx.x >> 5;
   const int gi = lane >> 2;
   const int t4 = lane & 3;
-  const uint32_t code_bias = p.code_bias;
 
   using Pipeline = QuantTilePipeline<D, BITS>;
   const Pipeline pipe(p, smem, kvh, b, begin, end);
@@ -1510,20 +1530,18 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
       }
 
       // ---- Online softmax (head t4, rows a and b) ----
+      // Lazy max as in WarpState::UpdateN (m = -inf before the first chunk): the reduction
+      // runs only when some lane's logit is above its head's max + the threshold.
       const float sl_a = va ? s_a : -INFINITY;
       const float sl_b = vb ? s_b : -INFINITY;
       float mx = fmaxf(sl_a, sl_b);
+      float alpha = 1.0f;
+      if (__any_sync(0xffffffffu, mx > m_run + kRescaleThresholdLog2)) {
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      // Lazy max as in WarpState::UpdateN (m = -inf before the first chunk).
-      const float m_new = mx > m_run + kRescaleThresholdLog2 ? mx : m_run;
-      const bool moved = m_new != m_run;
-      const float alpha = Exp2(m_run - m_new);
-      m_run = m_new;
-      const float pa = Exp2(sl_a - m_new);
-      const float pb = Exp2(sl_b - m_new);
-      l_run = fmaf(l_run, alpha, pa + pb);
-      if (__any_sync(0xffffffffu, moved)) {
+        for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float m_new = mx > m_run + kRescaleThresholdLog2 ? mx : m_run;
+        alpha = Exp2(m_run - m_new);
+        m_run = m_new;
 #pragma unroll
         for (int i = 0; i < D / 16; ++i) {
           acc[i][0] *= alpha;
@@ -1534,12 +1552,17 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
 #pragma unroll
         for (int g = 0; g < NGV; ++g) min_sum[g] *= alpha;
       }
+      const float pa = Exp2(sl_a - m_run);
+      const float pb = Exp2(sl_b - m_run);
+      l_run = fmaf(l_run, alpha, pa + pb);
 
       // ---- PV: A = code (bf16, exact), B = p * scale hi | lo; min term on the side ----
       const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
       const unsigned char* vmeta = stage + 2 * Geo::kCodesBytes + 2 * Geo::kMetaBytes +
                                    warp * kChunkTokens * NGV * 2;
       const PvCodes<D, BITS> codes(vc, vrow, gi);
+      // B = p * scale * 2^64 against the in-place (subnormal) code fields.
+      const float pa_v = pa * kPvOperandScale, pb_v = pb * kPvOperandScale;
       uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
       LoadBf16Row<NGV>(vmeta + row_a * NGV * 2, vsa);
       LoadBf16Row<NGV>(vmeta + row_b * NGV * 2, vsb);
@@ -1555,14 +1578,14 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
           const float sfb = vb ? Bf16OfRow<g>(vsb) : 0.0f;
           const float mfa = va ? Bf16OfRow<g>(vma) : 0.0f;
           const float mfb = vb ? Bf16OfRow<g>(vmb) : 0.0f;
-          b0 = Transpose8x8(PackHiLo(pa * sfa));
-          b1 = Transpose8x8(PackHiLo(pb * sfb));
+          b0 = Transpose8x8(PackHiLo(pa_v * sfa));
+          b1 = Transpose8x8(PackHiLo(pb_v * sfb));
           min_sum[g] = fmaf(pa, mfa, fmaf(pb, mfb, min_sum[g]));
         }
 #pragma unroll
         for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
           uint32_t a[4];
-          codes.template A<f>(jp, code_bias, a);
+          codes.template A<f>(jp, a);
           MmaBf16(acc[f * Geo::kPvPairs + jp], a[0], a[1], a[2], a[3], b0, b1);
         }
       });
@@ -1571,8 +1594,9 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
     pipe.Produce(tile, 1);
   }
 
-  // Head t4's accumulator = column 2 t4 (hi part) + column 2 t4 + 1 (lo part); fields kept in
-  // place accumulated 2^shift * code; then the min term of each field's group. Then into the
+  // Head t4's accumulator = column 2 t4 (hi part) + column 2 t4 + 1 (lo part); field f
+  // accumulated 2^(f*b - 69) * sum p * scale * q (PvUnscale); then the min term of each field's
+  // group. Then into the
   // bf16 loops' layout (heads 2 t4', 2 t4' + 1 in lane t4' < 2) for CombineAndStore.
   float msum[NGV];
 #pragma unroll
@@ -1582,7 +1606,7 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
   WarpState<D> st;
   StaticFor<F>([&](auto fc) {
     constexpr int f = decltype(fc)::value;
-    constexpr float kUnscale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
+    constexpr float kUnscale = PvUnscale<BITS, f>();
 #pragma unroll
     for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
       const int mt = f * Geo::kPvPairs + jp;
@@ -1727,24 +1751,7 @@ __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
   BlockTimeline::Exit(p.timeline);
 }
 
-// Launches kernel(p); with `programmatic` the launch may overlap the tail of the previous
-// kernel on the stream (programmatic dependent launch): the kernel must call
-// WaitForPrerequisiteGrid() before it touches memory that kernel writes or reads.
-template <typename Params>
-cudaError_t LaunchKernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
-                         cudaStream_t stream, bool programmatic, const Params& p) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
+using launch::LaunchKernel;
 
 template <int D, HistoryFormat FORMAT>
 constexpr int DecodeSharedBytesFor() {

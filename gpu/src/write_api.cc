@@ -152,21 +152,6 @@ void LaunchHistory(const WriteParams& p, const HeadData& heads, const PagePool& 
   KVQ_CHECK_LAUNCH(DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream), what, p);
 }
 
-// Copies positions [first, last) of x [T, Hkv, d] into the ring [W, Hkv, d] at slot p % W.
-void CopyToRing(uint16_t* ring, const uint16_t* x, int first, int last, int recent,
-                size_t row_elems, cudaStream_t stream) {
-  int position = first;
-  while (position < last) {
-    const int slot = position % recent;
-    const int run = std::min(last - position, recent - slot);
-    KVQ_CUDA_CHECK(cudaMemcpyAsync(ring + static_cast<size_t>(slot) * row_elems,
-                                   x + static_cast<size_t>(position) * row_elems,
-                                   static_cast<size_t>(run) * row_elems * sizeof(uint16_t),
-                                   cudaMemcpyDeviceToDevice, stream));
-    position += run;
-  }
-}
-
 }  // namespace
 
 // ---- Stages ------------------------------------------------------------------------------------
@@ -324,43 +309,58 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
             ": key / value rows are not 16-byte aligned");
   const size_t row_elems = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
 
-  const int sink_tokens = std::min(c.sink, tokens);
-  if (sink_tokens > 0) {
+  // Everything is validated before the first launch. The history goes first (two long
+  // launches), then both tensors' bf16 windows in one short one: queued behind the history,
+  // the window launch costs the stream no idle time.
+  const int history = tokens - c.recent - c.sink;
+  if (history > 0) {
+    KVQ_REQUIRE_POINTER(page_table, kWhat);
+    CheckPool(key_pool, kWhat);
+    CheckPool(value_pool, kWhat);
+  }
+  PrefillWindowsArgs w;
+  w.key = key;
+  w.value = value;
+  w.row_elems = static_cast<int64_t>(row_elems);
+  w.sink_tokens = std::min(c.sink, tokens);
+  w.recent_begin = std::max(w.sink_tokens, tokens - c.recent);  // tokens when all are sink
+  w.tokens = tokens;
+  w.recent = c.recent;
+  if (w.sink_tokens > 0) {
     KVQ_REQUIRE_POINTER(windows.sink_key, kWhat);
     KVQ_REQUIRE_POINTER(windows.sink_value, kWhat);
-    const size_t bytes = static_cast<size_t>(sink_tokens) * row_elems * sizeof(uint16_t);
-    KVQ_CUDA_CHECK(cudaMemcpyAsync(windows.sink_key, key, bytes, cudaMemcpyDeviceToDevice,
-                                   stream));
-    KVQ_CUDA_CHECK(cudaMemcpyAsync(windows.sink_value, value, bytes, cudaMemcpyDeviceToDevice,
-                                   stream));
+    w.sink_key = windows.sink_key;
+    w.sink_value = windows.sink_value;
   }
-  const int recent_begin = std::max(c.sink, tokens - c.recent);
-  if (recent_begin < tokens) {
+  if (w.recent_begin < tokens) {
     KVQ_REQUIRE_POINTER(windows.recent_key, kWhat);
     KVQ_REQUIRE_POINTER(windows.recent_value, kWhat);
-    CopyToRing(windows.recent_key, key, recent_begin, tokens, c.recent, row_elems, stream);
-    CopyToRing(windows.recent_value, value, recent_begin, tokens, c.recent, row_elems, stream);
+    w.recent_key = windows.recent_key;
+    w.recent_value = windows.recent_value;
   }
-  const int history = tokens - c.recent - c.sink;
-  if (history <= 0) return;
-  KVQ_REQUIRE_POINTER(page_table, kWhat);
-  CheckPool(key_pool, kWhat);
-  CheckPool(value_pool, kWhat);
+  KVQ_CHECK(Aligned16(w.sink_key) && Aligned16(w.sink_value) && Aligned16(w.recent_key) &&
+                Aligned16(w.recent_value),
+            kInvalidArgument, kWhat, ": sink / recent windows are not 16-byte aligned");
+  if (history > 0) {
+    FusedWriteArgs a;
+    a.x_is_bf16 = true;
+    a.num_heads = c.num_kv_heads;
+    a.num_tokens = history;
+    a.token_stride = static_cast<int64_t>(row_elems);
+    a.first_token = c.sink;
+    a.mode = WriteMode::kPrefill;
+    a.page_table = page_table;
+    a.page_size_log2 = Log2(c.page_size);
+    a.error_flags = error_flags;
+    a.x = key;
+    LaunchHistory(c.key, key_heads, key_pool, a, "PrefillWrite (key)", stream);
+    a.x = value;
+    a.overlap_previous = true;  // reads and writes nothing the key launch touches
+    LaunchHistory(c.value, value_heads, value_pool, a, "PrefillWrite (value)", stream);
+    w.overlap_previous = true;  // likewise
+  }
 
-  FusedWriteArgs a;
-  a.x_is_bf16 = true;
-  a.num_heads = c.num_kv_heads;
-  a.num_tokens = history;
-  a.token_stride = static_cast<int64_t>(row_elems);
-  a.first_token = c.sink;
-  a.mode = WriteMode::kPrefill;
-  a.page_table = page_table;
-  a.page_size_log2 = Log2(c.page_size);
-  a.error_flags = error_flags;
-  a.x = key;
-  LaunchHistory(c.key, key_heads, key_pool, a, "PrefillWrite (key)", stream);
-  a.x = value;
-  LaunchHistory(c.value, value_heads, value_pool, a, "PrefillWrite (value)", stream);
+  KVQ_CUDA_CHECK(LaunchPrefillWindows(w, stream));
 }
 
 void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,

@@ -22,6 +22,7 @@
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/write.h"
+#include "launch.cuh"
 #include "write_row.cuh"
 #include "write_row_baseline.cuh"
 
@@ -394,6 +395,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   float* tile = reinterpret_cast<float*>(shared_words);
   uint4* staging = reinterpret_cast<uint4*>(tile + Tile::kTileFloats);
   float* shared_r = tile + Tile::kTileFloats + Tile::kStagingBytes / sizeof(float);
+  launch::LaunchDependents();  // the next write (FusedWriteArgs::overlap_previous) may start
   const int head = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const bool dense = args.rotation == kRotationDense;
@@ -457,6 +459,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     }
   }
 #undef KVQ_WRITE_PREFETCH
+  launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
 }
 
 // Row `token` of the input (T: uint16_t bf16 bits or float), rotated into v (LoadRow); a token
@@ -478,6 +481,7 @@ template <int D, int G, int BITS, WriteMode kMode>
 __global__ void __launch_bounds__(kThreads, 4)
     FusedWriteStreamKernel(const __grid_constant__ FusedWriteArgs args) {
   constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;
+  launch::LaunchDependents();  // the next write (FusedWriteArgs::overlap_previous) may start
   const int head = static_cast<int>(blockIdx.y);
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
   const int clip_rank = detail::ClipRank(rho, D);
@@ -500,6 +504,7 @@ __global__ void __launch_bounds__(kThreads, 4)
             : LoadSourceRow<D, kMode, float>(args, source_token, head, fwht_block, v);
     WriteRotatedRow<D, G, BITS, kMode == WriteMode::kRows>(args, v, lane_rho, clip_rank, dest);
   }
+  launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
 }
 
 // ---- Stage kernels (the CUDA side of cpu::WriteKernels) ----------------------------------------
@@ -671,6 +676,36 @@ __global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
       __ldg(reinterpret_cast<const uint4*>(src) + vec);
 }
 
+// Thread per 16 bytes of a window row of a prefill: K rows, then V rows; each tensor's rows
+// are the sink positions, then the recent ones.
+__global__ void PrefillWindowsKernel(const __grid_constant__ PrefillWindowsArgs a) {
+  const int64_t vectors_per_row = a.row_elems / 8;
+  const int recent_rows = a.tokens - a.recent_begin;
+  const int64_t per_tensor = static_cast<int64_t>(a.sink_tokens + recent_rows) * vectors_per_row;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= 2 * per_tensor) {
+    launch::WaitForPrerequisiteGrid();
+    return;
+  }
+  const bool is_value = idx >= per_tensor;
+  const int64_t rest = is_value ? idx - per_tensor : idx;
+  const int row = static_cast<int>(rest / vectors_per_row);
+  const int64_t vec = rest - static_cast<int64_t>(row) * vectors_per_row;
+  int position;
+  uint16_t* dst;
+  if (row < a.sink_tokens) {
+    position = row;
+    dst = (is_value ? a.sink_value : a.sink_key) + static_cast<int64_t>(position) * a.row_elems;
+  } else {
+    position = a.recent_begin + (row - a.sink_tokens);
+    dst = (is_value ? a.recent_value : a.recent_key) +
+          static_cast<int64_t>(position % a.recent) * a.row_elems;
+  }
+  const uint16_t* src = (is_value ? a.value : a.key) + static_cast<int64_t>(position) * a.row_elems;
+  reinterpret_cast<uint4*>(dst)[vec] = __ldg(reinterpret_cast<const uint4*>(src) + vec);
+  launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
+}
+
 // ---- Launch helpers ----------------------------------------------------------------------------
 
 int CurrentDevice() {
@@ -800,8 +835,8 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
     const int64_t per_head = std::max<int64_t>(1, resident / args.num_heads);
     const int64_t blocks_x = std::min((warps_needed + kWarps - 1) / kWarps, per_head);
     const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(args.num_heads));
-    kernel<<<grid, kThreads, 0, stream>>>(args);
-    return cudaGetLastError();
+    return launch::LaunchKernel(kernel, grid, dim3(kThreads), 0, stream, args.overlap_previous,
+                                args);
   }
 
   auto kernel = FusedWriteTileKernel<HEAD_DIM, GROUP, BITS, false>;
@@ -827,8 +862,8 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   }
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks_x, INT32_MAX)),
                   static_cast<unsigned>(args.num_heads));
-  kernel<<<grid, kThreads, shared, stream>>>(args);
-  return cudaGetLastError();
+  return launch::LaunchKernel(kernel, grid, dim3(kThreads), shared, stream, args.overlap_previous,
+                              args);
 }
 
 // KVQ_DISPATCH_*: map a runtime value onto a constexpr one; anything else returns
@@ -968,6 +1003,30 @@ cudaError_t LaunchAppendCopy(const AppendCopyArgs& a, cudaStream_t stream) {
   const int64_t threads = 2 * static_cast<int64_t>(a.batch) * a.num_heads * (a.head_dim / 8);
   AppendCopyKernel<<<Blocks(threads, kStageBlock), kStageBlock, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& a, cudaStream_t stream) {
+  const bool sink = a.sink_tokens > 0;
+  const bool recent = a.recent_begin < a.tokens;
+  if (a.sink_tokens < 0 || a.recent < 1 || a.row_elems < 8 || a.row_elems % 8 != 0 ||
+      a.recent_begin < a.sink_tokens || a.tokens < a.recent_begin ||
+      a.tokens - a.recent_begin > a.recent || a.key == nullptr || a.value == nullptr ||
+      (sink && (a.sink_key == nullptr || a.sink_value == nullptr)) ||
+      (recent && (a.recent_key == nullptr || a.recent_value == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  for (const void* ptr : {static_cast<const void*>(a.key), static_cast<const void*>(a.value),
+                          static_cast<const void*>(a.sink_key),
+                          static_cast<const void*>(a.sink_value),
+                          static_cast<const void*>(a.recent_key),
+                          static_cast<const void*>(a.recent_value)}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorInvalidValue;
+  }
+  const int64_t rows = static_cast<int64_t>(a.sink_tokens) + (a.tokens - a.recent_begin);
+  if (rows == 0) return cudaSuccess;
+  const int64_t threads = 2 * rows * (a.row_elems / 8);
+  return launch::LaunchKernel(PrefillWindowsKernel, dim3(static_cast<unsigned>(Blocks(threads, kStageBlock))),
+                              dim3(kStageBlock), 0, stream, a.overlap_previous, a);
 }
 
 // The instantiations the Dispatch functions reach, for callers of layer (b) in other files.

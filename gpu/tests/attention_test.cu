@@ -102,6 +102,7 @@ struct Config {
   int hadamard_block = 0;
   std::vector<int> lengths;
   bool bf16_queries = false;  // queries that are exact bf16 values (the lo operand is skipped)
+  float value_magnitude = 1.0f;  // value rows are N(0, 1) times this (a power of two)
   uint64_t seed = 1;
 };
 
@@ -201,7 +202,8 @@ struct TestCase {
     for (int len : cfg.lengths) {
       const int s = cache.AddSequence();
       const std::vector<float> k = RandomRows(len, hkv, d, rng);
-      const std::vector<float> v = RandomRows(len, hkv, d, rng);
+      std::vector<float> v = RandomRows(len, hkv, d, rng);
+      for (float& x : v) x *= cfg.value_magnitude;
       cache.Prefill(s, k.data(), v.data(), len);
       seqs.push_back(s);
       max_len = std::max(max_len, len);
@@ -486,6 +488,22 @@ TEST(GpuAttention, Int2Dense_Gqa4_Bf16Queries) {
   CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
 }
 
+// Value rows far from unit magnitude: the INT-b PV loops carry p * scale * 2^64 against code
+// fields worth 2^-133 each (spec/cache.md §5: value group scales in [2^-50, 2^56]); rows of
+// magnitude 2^44 and 2^-40 put the scales near 2^43 and 2^-41. The error is relative to the
+// output's magnitude, so the tolerance is the usual one.
+TEST(GpuAttention, Int2Dense_Gqa4_ValueMagnitudes) {
+  REQUIRE_GPU();
+  for (const float magnitude : {0x1p44f, 0x1p-40f}) {
+    Config cfg;
+    cfg.name = std::string("int2 d128 G64 g4 values x ") + (magnitude > 1.0f ? "2^44" : "2^-40");
+    cfg.lengths = {65, 400, 3000};
+    cfg.value_magnitude = magnitude;
+    cfg.seed = 11;
+    CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
+  }
+}
+
 TEST(GpuAttention, Int2Hadamard_Gqa1_Group32_Page16) {
   REQUIRE_GPU();
   Config cfg;
@@ -634,6 +652,79 @@ TEST(GpuAttention, Sanitizer_Small) {
   bf.name = "sanitizer bf16";
   bf.quantized = false;
   CheckAgainstReferences(TestCase(bf), kBf16CacheTolerance);
+}
+
+// One mma.sync m16n8k16 (bf16 in, fp32 out) of a warp: A [16][16] row-major, B [16][8] (k, n),
+// D [16][8], all as the fragment layout of the PTX ISA places them.
+__global__ void MmaBf16Probe(const uint16_t* a, const uint16_t* b, float* d) {
+  const int lane = static_cast<int>(threadIdx.x);
+  const int gi = lane / 4, t4 = lane % 4;
+  auto pair = [](const uint16_t* p, int i, int j, int stride) {
+    return static_cast<uint32_t>(p[i * stride + j]) | static_cast<uint32_t>(p[i * stride + j + 1]) << 16;
+  };
+  auto kpair = [&](int k, int n) {  // B rows k, k + 1 of column n
+    return static_cast<uint32_t>(b[k * 8 + n]) | static_cast<uint32_t>(b[(k + 1) * 8 + n]) << 16;
+  };
+  const uint32_t a0 = pair(a, gi, 2 * t4, 16), a1 = pair(a, gi + 8, 2 * t4, 16);
+  const uint32_t a2 = pair(a, gi, 2 * t4 + 8, 16), a3 = pair(a, gi + 8, 2 * t4 + 8, 16);
+  const uint32_t b0 = kpair(2 * t4, gi), b1 = kpair(2 * t4 + 8, gi);
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  d[gi * 8 + 2 * t4] = c[0];
+  d[gi * 8 + 2 * t4 + 1] = c[1];
+  d[(gi + 8) * 8 + 2 * t4] = c[2];
+  d[(gi + 8) * 8 + 2 * t4 + 1] = c[3];
+}
+
+// The INT-b PV loops feed code fields to the tensor cores in place, as bf16 bit patterns
+// v < 256 worth exactly v * 2^-133 (subnormals, and the first normal binade for v >= 128),
+// against B operands near 2^64 (CodeField::InPlace, kPvOperandScale). That is only right if
+// the tensor cores keep bf16 subnormal inputs instead of flushing them: checked here on every
+// pattern, against B = +-m * 2^57 (m in [128, 255]), so every sum is a multiple of 2^-76
+// below 2^20 of them: exact in fp32 whatever the summation order.
+TEST(GpuAttention, TensorCoresKeepBf16Subnormals) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(133);
+  std::vector<uint16_t> a(16 * 16), b(16 * 8);
+  for (int trial = 0; trial < 17; ++trial) {
+    for (int i = 0; i < 256; ++i) {
+      // Trial 0..15: pattern v = 16 * trial + (i % 16) in row i / 16 spread over the tile, so
+      // every v in [0, 256) appears; trial 16: random patterns.
+      const int v = trial < 16 ? 16 * trial + (i % 16) : static_cast<int>(rng() % 256);
+      a[(i * 7) % 256] = static_cast<uint16_t>(v);
+    }
+    for (int i = 0; i < 16 * 8; ++i) {
+      // bf16 of +-m * 2^57: an 8-bit significand m in [128, 255].
+      const int m = 128 + static_cast<int>(rng() % 128);
+      const float x = std::ldexp(static_cast<float>(m), 57) * (rng() % 2 ? -1.0f : 1.0f);
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      b[i] = static_cast<uint16_t>(bits >> 16);  // exact: m has 8 significant bits
+    }
+    DeviceBuffer<uint16_t> a_dev(a), b_dev(b);
+    DeviceBuffer<float> d_dev(16 * 8);
+    MmaBf16Probe<<<1, 32>>>(a_dev.ptr, b_dev.ptr, d_dev.ptr);
+    KVQ_CUDA_CHECK(cudaGetLastError());
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = d_dev.ToHost();
+    for (int m = 0; m < 16; ++m) {
+      for (int n = 0; n < 8; ++n) {
+        double want = 0.0;
+        for (int k = 0; k < 16; ++k) {
+          uint32_t bits = static_cast<uint32_t>(b[k * 8 + n]) << 16;
+          float bf;
+          std::memcpy(&bf, &bits, 4);
+          want += std::ldexp(static_cast<double>(a[m * 16 + k]), -133) * bf;
+        }
+        ASSERT_EQ(static_cast<double>(got[m * 8 + n]), want)
+            << "trial " << trial << " row " << m << " column " << n
+            << ": the tensor cores do not keep bf16 subnormal operands exactly";
+      }
+    }
+  }
 }
 
 // The query rotation stage: the same bits as the CPU write path's Rotate (spec dense rule,

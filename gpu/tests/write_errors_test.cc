@@ -82,6 +82,38 @@ TEST(LauncherRefuses, UnsupportedStageConfigurations) {
   EXPECT_EQ(DispatchStage(Stage::kClip, a, nullptr), cudaErrorInvalidValue);
 }
 
+TEST(LauncherRefuses, InconsistentPrefillWindows) {
+  // No launch happens on any of these, so fake 16-byte aligned pointers do.
+  auto* row = reinterpret_cast<uint16_t*>(uintptr_t{4096});
+  PrefillWindowsArgs ok;
+  ok.key = ok.value = row;
+  ok.sink_key = ok.sink_value = ok.recent_key = ok.recent_value = row;
+  ok.row_elems = 1024;
+  ok.sink_tokens = 4;
+  ok.recent_begin = 10;
+  ok.tokens = 12;
+  ok.recent = 8;
+  PrefillWindowsArgs a = ok;
+  a.tokens = 19;  // 9 recent rows for a ring of 8
+  EXPECT_EQ(LaunchPrefillWindows(a, nullptr), cudaErrorInvalidValue);
+  a = ok;
+  a.recent_begin = 3;  // recent rows overlapping the sink
+  EXPECT_EQ(LaunchPrefillWindows(a, nullptr), cudaErrorInvalidValue);
+  a = ok;
+  a.row_elems = 1020;  // not whole 16-byte vectors
+  EXPECT_EQ(LaunchPrefillWindows(a, nullptr), cudaErrorInvalidValue);
+  a = ok;
+  a.recent_key = row + 1;  // not 16-byte aligned
+  EXPECT_EQ(LaunchPrefillWindows(a, nullptr), cudaErrorInvalidValue);
+  a = ok;
+  a.sink_value = nullptr;  // sink rows without a sink
+  EXPECT_EQ(LaunchPrefillWindows(a, nullptr), cudaErrorInvalidValue);
+  a = ok;
+  a.sink_tokens = 0;
+  a.recent_begin = a.tokens = 0;  // nothing to copy: no launch, no error
+  EXPECT_EQ(LaunchPrefillWindows(a, nullptr), cudaSuccess);
+}
+
 // The message must name the offending value.
 void ExpectInvalidArgument(const std::function<void()>& call, const std::string& needle) {
   try {

@@ -94,6 +94,12 @@ struct FusedWriteArgs {
   int64_t seq_stride = 0;  // elements per sequence of the ring buffer (W * Hkv * d)
 
   int* error_flags = nullptr;  // optional, kErrorFlag* bits
+
+  // The launch may start in the tail of the kernel before it on the stream (programmatic
+  // dependent launch), which must then write nothing this one reads or writes, apart from the
+  // error flags' atomic OR (PrefillWrite: the value launch after the key launch). The kernel's
+  // completion still implies the previous one's.
+  bool overlap_previous = false;
 };
 
 // Parameters of the stage kernels (one struct; each stage reads the fields it names).
@@ -153,6 +159,26 @@ struct AppendCopyArgs {
   int* error_flags = nullptr;
 };
 cudaError_t LaunchAppendCopy(const AppendCopyArgs& args, cudaStream_t stream);
+
+// The bf16 windows of a prefill, K and V in one launch: positions [0, sink_tokens) of x
+// [T, Hkv, d] into the sink [S0, Hkv, d], positions [recent_begin, tokens) into the recent ring
+// [W, Hkv, d] at slot p % W. Rows are copied in 16-byte vectors (row_elems a multiple of 8,
+// every pointer 16-byte aligned).
+struct PrefillWindowsArgs {
+  const uint16_t* key = nullptr;
+  const uint16_t* value = nullptr;
+  uint16_t* sink_key = nullptr;
+  uint16_t* sink_value = nullptr;
+  uint16_t* recent_key = nullptr;
+  uint16_t* recent_value = nullptr;
+  int64_t row_elems = 0;  // Hkv * d
+  int sink_tokens = 0;
+  int recent_begin = 0;
+  int tokens = 0;
+  int recent = 1;
+  bool overlap_previous = false;  // as FusedWriteArgs::overlap_previous
+};
+cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& args, cudaStream_t stream);
 
 // ----------------------------------------------------------------------------------------------
 // Layer (c): runtime API. Every function validates its parameters (kvq::Error kInvalidArgument

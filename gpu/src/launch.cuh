@@ -1,0 +1,42 @@
+// Programmatic dependent launch (PDL, sm_90), shared by the attention and write kernels.
+//
+// A kernel launched with LaunchKernel(..., programmatic = true, ...) may start while the kernel
+// before it on the stream is still running, as soon as every block of that kernel has called
+// LaunchDependents() (or exited). It must call WaitForPrerequisiteGrid() before it touches
+// memory the previous kernel writes or reads; a kernel that shares no memory with it calls it
+// just before it exits, so that its completion still implies the previous kernel's.
+// Both device calls are no-ops in a kernel launched without the attribute.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace kvq::gpu::launch {
+
+// The kernel launched after this one on the stream (with the programmatic attribute) may start.
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+// Waits until the grid this one depends on has finished and its writes are visible.
+__device__ __forceinline__ void WaitForPrerequisiteGrid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+// Launches kernel(p); with `programmatic` the launch may overlap the tail of the previous
+// kernel on the stream (see above).
+template <typename Params>
+cudaError_t LaunchKernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, bool programmatic, const Params& p) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+}  // namespace kvq::gpu::launch
