@@ -243,7 +243,7 @@ struct CodeField {
 // A = 2^(f*b) q * 2^-133 each product is 2^(f*b - 69) * p * scale * q: far inside fp32's normal
 // range for p * scale in [2^-57, 2^56] (p <= 2^8; the kernel's range for V group scales), and
 // the field's accumulator is 2^(f*b - 69) times the value sum.
-inline constexpr float kPvOperandScale = 18446744073709551616.0f;  // 2^64
+inline constexpr float kPvOperandScale = 0x1p64f;
 inline constexpr int kPvUnscaleLog2 = 133 - 64;
 template <int BITS, int FIELD>
 __host__ __device__ constexpr float PvUnscale() {
