@@ -268,11 +268,13 @@ struct Windows {
 
 // Prefill of one empty sequence with `tokens` tokens (spec/cache.md §2): copies positions
 // [0, min(S0, T)) into the sink, [max(S0, T - W), T) into the ring (slot p % W) and writes
-// history tokens i = 0 .. T - W - S0 - 1 into pages page_table[i / P], slot i % P.
+// history tokens i = 0 .. T - W - S0 - 1 into pages page_table[i / P], slot i % P. Three
+// launches: the key history, the value history (overlapping the key launch's tail) and both
+// windows; everything is validated before the first.
 // \param key, value [T, Hkv, d] bf16 bits, 16-byte aligned
 // \param page_table [ceil((T - W - S0) / P)] int32 page ids (device)
 // Throws kvq::Error: invalid CacheParams, quantized == false, null pointers, T < 0,
-// a null rotation for a dense write path.
+// windows or rows that are not 16-byte aligned, a null rotation for a dense write path.
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value,
                   int tokens, const int32_t* page_table, const HeadData& key_heads,
                   const HeadData& value_heads, const PagePool& key_pool,
