@@ -413,6 +413,7 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   a.x = windows.recent_key;
   LaunchHistory(c.key, key_heads, key_pool, a, "AppendStep (key)", stream);
   a.x = windows.recent_value;
+  a.overlap_previous = true;  // the value demotion touches nothing the key demotion does
   LaunchHistory(c.value, value_heads, value_pool, a, "AppendStep (value)", stream);
 
   AppendCopyArgs copy;
@@ -429,6 +430,7 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   copy.sink = c.sink;
   copy.recent = c.recent;
   copy.error_flags = error_flags;
+  copy.overlap_previous = true;  // starts in the demotions' tail, waits for them before a row
   KVQ_CHECK_LAUNCH(LaunchAppendCopy(copy, stream), kWhat, c.key);
 }
 

@@ -647,6 +647,8 @@ __global__ void DequantizeKernel(const __grid_constant__ StageArgs a) {
 
 // Thread per 16 bytes of a new token row: into the sink (position < S0) or the ring.
 __global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
+  // overlap_previous: the demotions read the ring slots this kernel overwrites.
+  launch::WaitForPrerequisiteGrid();
   const int vectors_per_row = a.head_dim / 8;
   const int64_t per_kv = static_cast<int64_t>(a.batch) * a.num_heads * vectors_per_row;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -1001,8 +1003,8 @@ cudaError_t LaunchAppendCopy(const AppendCopyArgs& a, cudaStream_t stream) {
   }
   if (a.batch == 0) return cudaSuccess;
   const int64_t threads = 2 * static_cast<int64_t>(a.batch) * a.num_heads * (a.head_dim / 8);
-  AppendCopyKernel<<<Blocks(threads, kStageBlock), kStageBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch::LaunchKernel(AppendCopyKernel, dim3(static_cast<unsigned>(Blocks(threads, kStageBlock))),
+                              dim3(kStageBlock), 0, stream, a.overlap_previous, a);
 }
 
 cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& a, cudaStream_t stream) {

@@ -157,6 +157,9 @@ struct AppendCopyArgs {
   int sink = 0;
   int recent = 1;
   int* error_flags = nullptr;
+  // Launched to overlap the demotions' tail (programmatic dependent launch): the kernel waits
+  // for the previous grid (and through it every earlier demotion) before it touches a row.
+  bool overlap_previous = false;
 };
 cudaError_t LaunchAppendCopy(const AppendCopyArgs& args, cudaStream_t stream);
 
