@@ -134,9 +134,10 @@ void CheckCacheParams(const CacheParams& c, const char* what) {
             " exceeds 65535");
 }
 
-// A history write (prefill or demotion) of K or V.
-void LaunchHistory(const WriteParams& p, const HeadData& heads, const PagePool& pool,
-                   FusedWriteArgs a, const char* what, cudaStream_t stream) {
+// The arguments of a history write (prefill or demotion) of K or V: `a` with the rotation,
+// clip and pool of that tensor (validated).
+FusedWriteArgs HistoryArgs(const WriteParams& p, const HeadData& heads, const PagePool& pool,
+                           FusedWriteArgs a, const char* what) {
   const FusedWriteArgs from_params = WriteArgsFor(p, heads, what);
   a.rotation = from_params.rotation;
   a.rotations = from_params.rotations;
@@ -149,7 +150,27 @@ void LaunchHistory(const WriteParams& p, const HeadData& heads, const PagePool& 
   a.scale = pool.scale;
   a.min = pool.min;
   a.num_pages = pool.num_pages;
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream), what, p);
+  return a;
+}
+
+// The key and the value history writes of `base` (rows key_rows / value_rows). Both are
+// validated before the key launch is queued, so a bad value argument writes nothing; the value
+// launch overlaps the key launch's tail (they share nothing but the error flags' atomic OR).
+void LaunchHistories(const CacheParams& c, const HeadData& key_heads, const HeadData& value_heads,
+                     const PagePool& key_pool, const PagePool& value_pool, FusedWriteArgs base,
+                     const void* key_rows, const void* value_rows, const char* what,
+                     cudaStream_t stream) {
+  const std::string key_what = std::string(what) + " (key)";
+  const std::string value_what = std::string(what) + " (value)";
+  base.x = key_rows;
+  const FusedWriteArgs k = HistoryArgs(c.key, key_heads, key_pool, base, key_what.c_str());
+  base.x = value_rows;
+  base.overlap_previous = true;
+  const FusedWriteArgs v = HistoryArgs(c.value, value_heads, value_pool, base, value_what.c_str());
+  KVQ_CHECK_LAUNCH(DispatchFusedWrite(c.key.head_dim, c.key.group, c.key.bits, k, stream),
+                   key_what.c_str(), c.key);
+  KVQ_CHECK_LAUNCH(DispatchFusedWrite(c.value.head_dim, c.value.group, c.value.bits, v, stream),
+                   value_what.c_str(), c.value);
 }
 
 }  // namespace
@@ -352,12 +373,9 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
     a.page_table = page_table;
     a.page_size_log2 = Log2(c.page_size);
     a.error_flags = error_flags;
-    a.x = key;
-    LaunchHistory(c.key, key_heads, key_pool, a, "PrefillWrite (key)", stream);
-    a.x = value;
-    a.overlap_previous = true;  // reads and writes nothing the key launch touches
-    LaunchHistory(c.value, value_heads, value_pool, a, "PrefillWrite (value)", stream);
-    w.overlap_previous = true;  // likewise
+    LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, key, value, kWhat,
+                    stream);
+    w.overlap_previous = true;  // shares nothing with the value launch
   }
 
   KVQ_CUDA_CHECK(LaunchPrefillWindows(w, stream));
@@ -410,11 +428,8 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   a.recent = c.recent;
   a.seq_stride = static_cast<int64_t>(c.recent) * row_elems;
   a.error_flags = error_flags;
-  a.x = windows.recent_key;
-  LaunchHistory(c.key, key_heads, key_pool, a, "AppendStep (key)", stream);
-  a.x = windows.recent_value;
-  a.overlap_previous = true;  // the value demotion touches nothing the key demotion does
-  LaunchHistory(c.value, value_heads, value_pool, a, "AppendStep (value)", stream);
+  LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, windows.recent_key,
+                  windows.recent_value, kWhat, stream);
 
   AppendCopyArgs copy;
   copy.key = key;

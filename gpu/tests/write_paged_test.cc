@@ -367,6 +367,57 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   }
 }
 
+// A bad value argument (a dense value rotation without its matrices) is refused before the key
+// write is queued: the call throws naming the value tensor, and neither pool nor window is
+// touched, for a prefill and for an append step.
+TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
+  CacheParams c = GetParam().params;
+  c.value.rotation = RotationKind::kDense;
+  c.value.hadamard_block = 0;
+  c.value.Validate();
+  const int tokens = c.sink + c.recent + 2 * c.page_size;
+  std::mt19937 rng(17);
+  const HeadsData heads = MakeHeads(c, rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  const std::vector<uint16_t> k = RandomTokens(tokens, c, rng), v = RandomTokens(tokens, c, rng);
+  DeviceCache dev(c, heads, 3);
+  DeviceBuffer<uint16_t> dk(k), dv(v);
+  DeviceBuffer<int32_t> dtable(std::vector<int32_t>{2, 0});
+  DeviceBuffer<uint16_t> sink_k(std::max<size_t>(c.sink * row, 8)),
+      sink_v(std::max<size_t>(c.sink * row, 8)), ring_k(c.recent * row), ring_v(c.recent * row);
+  for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) buffer->Fill(0xEE);
+  dev.Poison(0xEE);
+  HeadData bad_value = dev.Heads(KV::kValue);
+  bad_value.rotation = nullptr;
+  const Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
+  auto expect_untouched = [&](const char* call) {
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint8_t byte : dev.codes[kv].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
+    }
+    for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) {
+      for (uint16_t x : buffer->Download()) ASSERT_EQ(x, 0xEEEE) << call << " windows";
+    }
+  };
+  try {
+    PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey), bad_value,
+                 dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows);
+    ADD_FAILURE() << "PrefillWrite accepted a dense value rotation without matrices";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(value)"), std::string::npos) << e.what();
+  }
+  expect_untouched("PrefillWrite");
+  DeviceBuffer<int32_t> dlen(std::vector<int32_t>{tokens});
+  const std::vector<uint16_t> step = RandomTokens(1, c, rng);
+  DeviceBuffer<uint16_t> sk(step), sv(step);
+  EXPECT_THROW(AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), dtable.get(), 2,
+                          dev.Heads(KV::kKey), bad_value, dev.Pool(KV::kKey),
+                          dev.Pool(KV::kValue), windows),
+               Error);
+  expect_untouched("AppendStep");
+}
+
 // A page id outside the pool, and a sequence that must demote with no page table entry, raise
 // kErrorFlagBadPage and write nothing.
 TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
