@@ -38,6 +38,8 @@ void UseBaselineFusedWrite(bool use);
 namespace {
 
 using kvq::CacheParams;
+using kvq::RotationKind;
+using kvq::WriteParams;
 
 // Keeps one warp of the GPU busy for `ns` nanoseconds (%globaltimer).
 __global__ void HoldGpu(uint64_t ns) {
@@ -47,8 +49,6 @@ __global__ void HoldGpu(uint64_t ns) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   } while (now - start < ns);
 }
-using kvq::RotationKind;
-using kvq::WriteParams;
 
 template <typename T>
 T* DeviceAlloc(size_t count) {

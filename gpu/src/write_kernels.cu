@@ -685,10 +685,7 @@ __global__ void PrefillWindowsKernel(const __grid_constant__ PrefillWindowsArgs 
   const int recent_rows = a.tokens - a.recent_begin;
   const int64_t per_tensor = static_cast<int64_t>(a.sink_tokens + recent_rows) * vectors_per_row;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= 2 * per_tensor) {
-    launch::WaitForPrerequisiteGrid();
-    return;
-  }
+  if (idx >= 2 * per_tensor) return;  // thread 0 always copies, and waits below
   const bool is_value = idx >= per_tensor;
   const int64_t rest = is_value ? idx - per_tensor : idx;
   const int row = static_cast<int>(rest / vectors_per_row);
@@ -757,6 +754,14 @@ bool IsPowerOfTwo(int v) { return v > 0 && (v & (v - 1)) == 0; }
 int64_t Blocks(int64_t threads, int block) { return (threads + block - 1) / block; }
 
 constexpr int kStageBlock = 256;
+
+// kernel(args) over `threads` threads in blocks of kStageBlock (programmatic: launch.cuh).
+template <typename Args>
+cudaError_t LaunchThreads(void (*kernel)(Args), int64_t threads, cudaStream_t stream,
+                          bool programmatic, const Args& args) {
+  const dim3 grid(static_cast<unsigned>(Blocks(threads, kStageBlock)));
+  return launch::LaunchKernel(kernel, grid, dim3(kStageBlock), 0, stream, programmatic, args);
+}
 
 }  // namespace
 
@@ -1003,8 +1008,7 @@ cudaError_t LaunchAppendCopy(const AppendCopyArgs& a, cudaStream_t stream) {
   }
   if (a.batch == 0) return cudaSuccess;
   const int64_t threads = 2 * static_cast<int64_t>(a.batch) * a.num_heads * (a.head_dim / 8);
-  return launch::LaunchKernel(AppendCopyKernel, dim3(static_cast<unsigned>(Blocks(threads, kStageBlock))),
-                              dim3(kStageBlock), 0, stream, a.overlap_previous, a);
+  return LaunchThreads(AppendCopyKernel, threads, stream, a.overlap_previous, a);
 }
 
 cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& a, cudaStream_t stream) {
@@ -1027,8 +1031,7 @@ cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& a, cudaStream_t strea
   const int64_t rows = static_cast<int64_t>(a.sink_tokens) + (a.tokens - a.recent_begin);
   if (rows == 0) return cudaSuccess;
   const int64_t threads = 2 * rows * (a.row_elems / 8);
-  return launch::LaunchKernel(PrefillWindowsKernel, dim3(static_cast<unsigned>(Blocks(threads, kStageBlock))),
-                              dim3(kStageBlock), 0, stream, a.overlap_previous, a);
+  return LaunchThreads(PrefillWindowsKernel, threads, stream, a.overlap_previous, a);
 }
 
 // The instantiations the Dispatch functions reach, for callers of layer (b) in other files.

@@ -659,8 +659,9 @@ TEST(GpuAttention, Sanitizer_Small) {
 __global__ void MmaBf16Probe(const uint16_t* a, const uint16_t* b, float* d) {
   const int lane = static_cast<int>(threadIdx.x);
   const int gi = lane / 4, t4 = lane % 4;
-  auto pair = [](const uint16_t* p, int i, int j, int stride) {
-    return static_cast<uint32_t>(p[i * stride + j]) | static_cast<uint32_t>(p[i * stride + j + 1]) << 16;
+  auto pair = [](const uint16_t* p, int i, int j, int stride) {  // elements (i, j), (i, j + 1)
+    return static_cast<uint32_t>(p[i * stride + j]) |
+           static_cast<uint32_t>(p[i * stride + j + 1]) << 16;
   };
   auto kpair = [&](int k, int n) {  // B rows k, k + 1 of column n
     return static_cast<uint32_t>(b[k * 8 + n]) | static_cast<uint32_t>(b[(k + 1) * 8 + n]) << 16;
