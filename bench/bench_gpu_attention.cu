@@ -4,7 +4,9 @@
 // cache fits in device memory.
 //
 // Method: random cache contents (never zeros) with shuffled page tables; the L2 is flushed
-// before every timed run by writing a buffer twice its size; CUDA events around the whole
+// before every timed run by reading a buffer twice its size (bench/l2_flush.cuh: clean lines,
+// as rotating input buffers would leave; --flush write: the write pass of the runs before
+// pass 8, whose dirty lines the step pays to write back); CUDA events around the whole
 // decode step (query rotation + attention + merge); median of --iters runs after 3 warm-ups.
 // Bytes are those the step must read: the cache rows of every sequence (codes + scale/min for
 // the history, bf16 for sink/recent or the whole bf16 cache), the queries and rotations; the
@@ -14,7 +16,7 @@
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
 //                                [--int8-qk 0|1] [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
 //                                [--group-epilogue 0|1] [--aux-heads N] [--window-split N]
-//                                [--hist-split N] [--timeline]
+//                                [--hist-split N] [--timeline] [--flush read|write]
 // (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
 // override the plan's loop of the quantized-history kernel: --int8-qk 0 selects the bf16-MMA
 // loops, which the last three shape (--chunks-per-warp 2 implies the per-field epilogue).
@@ -43,6 +45,7 @@
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
+#include "l2_flush.cuh"
 
 namespace {
 
@@ -58,6 +61,8 @@ std::string g_timelines;    // the summaries, printed after the table
 
 
 using kvq::CacheParams;
+using kvq::bench::FlushMode;
+using kvq::bench::L2Flusher;
 
 constexpr int kHeadDim = 128;
 constexpr int kHq = 32;
@@ -104,12 +109,6 @@ __global__ void FillFloatBf16Valued(float* p, size_t n, uint32_t seed) {
   }
 }
 
-__global__ void TouchBuffer(uint32_t* p, size_t n, uint32_t v) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    p[i] = v + static_cast<uint32_t>(i);
-}
-
 template <typename T>
 T* Alloc(size_t count) {
   T* p = nullptr;
@@ -125,24 +124,6 @@ void RandomBf16(uint16_t* p, size_t n, float lo, float hi, uint32_t seed) {
   FillBf16<<<2048, 256>>>(p, n, lo, hi, seed);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
-
-struct L2Flusher {
-  uint32_t* buf = nullptr;
-  size_t words = 0;
-  uint32_t tick = 0;
-  L2Flusher() {
-    int device = 0, l2 = 0;
-    KVQ_CUDA_CHECK(cudaGetDevice(&device));
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-    words = 2 * static_cast<size_t>(l2) / 4;
-    buf = Alloc<uint32_t>(words);
-  }
-  ~L2Flusher() { cudaFree(buf); }
-  void Flush(cudaStream_t s) {
-    TouchBuffer<<<1024, 256, 0, s>>>(buf, words, ++tick);
-    KVQ_CUDA_CHECK(cudaGetLastError());
-  }
-};
 
 template <typename F>
 double MedianMicros(F&& step, L2Flusher& flusher, int iters) {
@@ -433,7 +414,15 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool int2_only = false;
   int only_batch = 0, only_len = 0;
+  FlushMode flush = FlushMode::kRead;
   for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--flush") && i + 1 < argc) {
+      if (!kvq::bench::ParseFlushMode(argv[++i], &flush)) {
+        std::fprintf(stderr, "error: --flush %s: expected read or write\n", argv[i]);
+        return 2;
+      }
+      continue;
+    }
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) only_batch = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) only_len = std::atoi(argv[++i]);
@@ -452,13 +441,14 @@ int main(int argc, char** argv) {
     kvq::gpu::RequireCudaDevice();
     cudaDeviceProp prop{};
     KVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    L2Flusher flusher;
+    L2Flusher flusher(flush);
     const double copy_bw = CopyBandwidth(flusher);
     std::printf("# kvq decode attention, %s, %d SMs, L2 %d MB; d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
-    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2%s%s%s\n\n",
-                copy_bw / 1e9, iters,
+    std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2 "
+                "(flushed by a %s pass)%s%s%s\n\n",
+                copy_bw / 1e9, iters, kvq::bench::FlushModeName(flush),
                 g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"),
                 g_chunks_per_warp > 0 ? (g_chunks_per_warp == 1 ? "; 1 chunk per warp step"
                                                                 : "; 2 chunks per warp step")

@@ -5,9 +5,9 @@
 //
 // Timing: CUDA events around each call, median of many runs after warm-up. Cold L2: prefill
 // rotates among input sets whose total exceeds L2 several times; before every timed append
-// step a scratch buffer larger than L2 is overwritten (outside the timed region). GPU time:
+// step a buffer twice the L2 is read (bench/l2_flush.cuh; outside the timed region). GPU time:
 // before each timed call the GPU is kept busy (a 100 us spin before every prefill, the L2
-// overwrite before every append) while the host queues the call's launches, so the host's
+// pass before every append) while the host queues the call's launches, so the host's
 // enqueue time stays off the clock, as nvbench's blocking kernel does; one extra prefill row
 // is timed without the spin to show what the enqueue costs an idle GPU.
 //
@@ -28,6 +28,7 @@
 #include "kvq/common/params.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
+#include "l2_flush.cuh"
 
 // Defined in gpu/src/write_kernels.cu for this benchmark only: selects the fused kernel as it
 // was before the 2026-11-21 speed-up (d 128, G 64, INT2), so one run times both.
@@ -291,8 +292,7 @@ int main(int argc, char** argv) {
     kvq::gpu::CheckErrorFlags(flags, "prefill benchmark");
 
     // ---- Append: one decode step for B sequences, each demoting one token. ----
-    const size_t flush_bytes = std::max<size_t>(static_cast<size_t>(prop.l2CacheSize) * 2, 1 << 27);
-    uint8_t* flush = DeviceAlloc<uint8_t>(flush_bytes);
+    kvq::bench::L2Flusher flusher;  // a read pass: clean lines (bench/l2_flush.cuh)
     for (int batch : {1, 32, 128}) {
       for (RotationKind kind : {RotationKind::kDense, RotationKind::kHadamard}) {
         const CacheParams c = BenchCache(kind, 0.96f);
@@ -327,7 +327,7 @@ int main(int argc, char** argv) {
               kvq::gpu::AppendStep(c, new_k, new_v, batch, d_lengths, d_tables, max_pages, hk,
                                    hv, pool[0], pool[1], bw, flags);
             },
-            [&](int) { KVQ_CUDA_CHECK(cudaMemsetAsync(flush, 0, flush_bytes)); });
+            [&](int) { flusher.Flush(nullptr); });
         rows.push_back({"append step (3 launches)",
                         std::string(kind == RotationKind::kDense ? "dense" : "FWHT") +
                             ", B=" + std::to_string(batch) + ", Hkv=8 d=128 G=64 INT2, rho=0.96",

@@ -3,12 +3,13 @@
 baseline for bench/bench_gpu_attention.cu on the same shapes: d = 128, Hq/Hkv = 32/8, dense bf16
 K/V [B, Hkv, T, d], q [B, Hq, 1, d], enable_gqa=True.
 
-Same method as the CUDA benchmark: L2 flushed before every timed run by writing a buffer twice
-its size, CUDA events around the call, median of --iters runs after 3 warm-ups; GB/s counts the
-K and V bytes (B * Hkv * T * d * 2 bytes each). Prints a markdown table (torch is on the device
-image only).
+Same method as the CUDA benchmark: L2 flushed before every timed run by reading a buffer twice
+its size (clean lines, bench/l2_flush.cuh; --flush write: by writing it, the method before pass
+8, which leaves the L2 dirty for the timed call to write back), CUDA events around the call,
+median of --iters runs after 3 warm-ups; GB/s counts the K and V bytes (B * Hkv * T * d * 2
+bytes each). Prints a markdown table (torch is on the device image only).
 
-Usage: python3 bench/bench_sdpa.py [--iters N] [--quick]
+Usage: python3 bench/bench_sdpa.py [--iters N] [--quick] [--batch B] [--len T] [--flush read|write]
 """
 import argparse
 import statistics
@@ -41,12 +42,16 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--flush", choices=["read", "write"], default="read")
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--len", type=int, default=0)
     args = parser.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
-    flush_buf = torch.empty(2 * l2 // 4, dtype=torch.int32, device=dev)
-    flush = lambda: flush_buf.add_(1)
+    flush_buf = torch.zeros(2 * l2 // 4, dtype=torch.int32, device=dev)
+    # A read pass (sum) leaves clean lines; add_ reads and writes every word.
+    flush = (lambda: flush_buf.add_(1)) if args.flush == "write" else (lambda: flush_buf.sum())
 
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_(0, 255)
     dst = torch.empty_like(src)
@@ -58,12 +63,16 @@ def main():
     print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {props.name}, "
           f"{props.multi_processor_count} SMs")
     print(f"# device-to-device copy: {copy_bw / 1e9:.0f} GB/s (read + write); median of "
-          f"{args.iters} runs, cold L2; d={D} Hq/Hkv={HQ}/{HKV}, bf16 K/V [B, Hkv, T, d]\n")
+          f"{args.iters} runs, cold L2 (flushed by a {args.flush} pass); d={D} Hq/Hkv={HQ}/{HKV}, bf16 K/V [B, Hkv, T, d]\n")
     print("| B | T | cuDNN us | cuDNN GB/s | of copy BW | flash us | flash GB/s | of copy BW |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     batches = [1, 32] if args.quick else [1, 8, 32, 128]
     lens = [32768] if args.quick else [8192, 32768, 131072]
     backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
+    if args.batch:
+        batches = [args.batch]
+    if args.len:
+        lens = [args.len]
     for b in batches:
         for t in lens:
             kv_bytes = 2 * b * HKV * t * D * 2

@@ -130,6 +130,18 @@ if (( run_bench )); then
   if (( ! write_only )) && [[ -f bench/bench_sdpa.py ]]; then
     python3 bench/bench_sdpa.py --iters 30 >> "$OUT/bench.md" 2>&1
     row "bench_sdpa.py" "rc=$?"
+    # The flush of the runs before pass 8 (a write pass: the timed call pays the L2's
+    # write-back), on the target shapes, for comparison with the tables above.
+    if [[ -x $carry/bin/kvq_bench_gpu_attention ]]; then
+      { echo; echo "## reference: L2 flushed by a write pass"; echo; } >> "$OUT/bench.md"
+      for bt in "1 131072" "8 32768"; do
+        set -- $bt
+        "$carry/bin/kvq_bench_gpu_attention" --int2-only --iters 30 --flush write --batch "$1" --len "$2" \
+          >> "$OUT/bench.md" 2>&1
+        python3 bench/bench_sdpa.py --iters 30 --flush write --batch "$1" --len "$2" >> "$OUT/bench.md" 2>&1
+      done
+      row "write-flush reference rows" "rc=$?"
+    fi
   fi
 fi
 
