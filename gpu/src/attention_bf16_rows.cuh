@@ -1,0 +1,170 @@
+// The decode kernel's loop over bf16 rows: the sink + recent window of a quantized cache and
+// the pages of the bf16 cache (Bf16Split).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention_common.cuh"
+#include "attention_split_state.cuh"
+#include "kvq/gpu/attention_launch.h"
+
+namespace kvq::gpu::attention::detail {
+
+// ------------------------------------------------------------------------------------------
+// bf16 rows: the sink + recent window of a quantized cache (PAGED = false) or the pages of the
+// bf16 cache (PAGED = true). Rows [begin, end) of the segment.
+
+template <int D>
+struct Bf16Geometry {
+  static constexpr int kRowStride = (D + 8) * 2;  // bytes; +16 keeps ldmatrix conflict-free
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowStride;
+  static constexpr int kPieces = D / 8;           // 16-byte pieces a row
+};
+
+template <int D, bool PAGED, int STAGES>
+__device__ __forceinline__ void Bf16Split(const DecodeKernelParams& p, unsigned char* smem,
+                                          int kvh, int head0, int b, int split, int begin,
+                                          int end, int n_sink, int recent_begin) {
+  using Geo = Bf16Geometry<D>;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int gi = lane >> 2;
+  const int t4 = lane & 3;
+
+  // Query fragments of head gi (B operand of QK, natural channel order), as bf16 hi + lo.
+  uint32_t bq_hi[D / 16][2];
+  uint32_t bq_lo[D / 16][2];
+  bool any_lo = false;
+  {
+    const bool real = gi < p.heads_per_block;
+    const float* q = p.q + (static_cast<int64_t>(b) * p.num_q_heads + head0 + (real ? gi : 0)) * D;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = 16 * kk + 8 * half + 2 * t4;
+        const float2 v = real ? *reinterpret_cast<const float2*>(q + c) : make_float2(0.f, 0.f);
+        SplitBf16(v.x, v.y, bq_hi[kk][half], bq_lo[kk][half]);
+        any_lo |= (bq_lo[kk][half] & 0x7fff7fffu) != 0u;
+      }
+    }
+  }
+  int* page_ids = reinterpret_cast<int*>(smem + STAGES * Geo::kStageBytes);
+  const int first_page = begin >> p.page_size_log2;
+  if constexpr (PAGED) LoadSplitPages(p, b, begin, end, page_ids);
+  const bool use_lo = __syncthreads_or(any_lo) != 0;  // also publishes page_ids
+
+  WarpState<D> st;
+  st.Init();
+
+  const int n_tokens = end - begin;
+  const int n_tiles = (n_tokens + kTileTokens - 1) / kTileTokens;
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * D;
+  const int page_size = 1 << p.page_size_log2;
+
+  auto issue = [&](int tile, int stage) {
+    unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
+    const int first = begin + tile * kTileTokens;
+    for (int idx = threadIdx.x; idx < 2 * kTileTokens * Geo::kPieces; idx += kThreads) {
+      const int kv = idx / (kTileTokens * Geo::kPieces);
+      const int rem = idx - kv * kTileTokens * Geo::kPieces;
+      const int r = rem / Geo::kPieces;
+      const int piece = rem - r * Geo::kPieces;
+      const int tok = first + r;
+      const bool valid = tok < end;
+      const uint16_t* src;
+      if constexpr (PAGED) {
+        const uint8_t* pool = kv ? p.v_codes : p.k_codes;
+        const int64_t stride = kv ? p.v_codes_page_stride : p.k_codes_page_stride;
+        if (valid) {
+          const int page = page_ids[(tok >> p.page_size_log2) - first_page];
+          const int slot = tok & (page_size - 1);
+          src = reinterpret_cast<const uint16_t*>(pool + page * stride) +
+                (static_cast<int64_t>(kvh) * page_size + slot) * D;
+        } else {
+          src = reinterpret_cast<const uint16_t*>(pool);
+        }
+      } else {
+        if (tok < n_sink) {
+          const uint16_t* sink = kv ? p.sink_v : p.sink_k;
+          src = sink + (static_cast<int64_t>(b) * p.sink + tok) * row_elems + kvh * D;
+        } else {
+          const uint16_t* ring = kv ? p.recent_v : p.recent_k;
+          const int pos = valid ? recent_begin + (tok - n_sink) : 0;
+          const int slot = pos % p.recent;
+          src = ring + (static_cast<int64_t>(b) * p.recent + slot) * row_elems + kvh * D;
+        }
+      }
+      CpAsync16(dst_stage + kv * kTileTokens * Geo::kRowStride + r * Geo::kRowStride + piece * 16,
+                src + piece * 8, valid);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < n_tiles) issue(s, s);
+    CpAsyncCommit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if constexpr (STAGES == 1) {
+      // No pipeline (the window is a few tiles): load, wait, compute, and keep the buffer
+      // until every warp is done with it.
+      if (tile > 0) __syncthreads();
+      issue(tile, 0);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+      __syncthreads();
+    } else {
+      CpAsyncWait<STAGES - 2>();
+      __syncthreads();
+      const int next = tile + STAGES - 1;
+      if (next < n_tiles) issue(next, next % STAGES);
+      CpAsyncCommit();
+    }
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    if (chunk_first < end) {
+      const unsigned char* ks =
+          smem + (tile % STAGES) * Geo::kStageBytes + warp * kChunkTokens * Geo::kRowStride;
+      const unsigned char* vs = ks + kTileTokens * Geo::kRowStride;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4];
+        LdMatrixX4(a, ks + ((lane & 7) + 8 * ((lane >> 3) & 1)) * Geo::kRowStride +
+                          (16 * kk + 8 * (lane >> 4)) * 2);
+        MmaBf16(c, a[0], a[1], a[2], a[3], bq_hi[kk][0], bq_hi[kk][1]);
+        if (use_lo) MmaBf16(c, a[0], a[1], a[2], a[3], bq_lo[kk][0], bq_lo[kk][1]);
+      }
+      const bool valid_a = chunk_first + gi < end;
+      const bool valid_b = chunk_first + gi + 8 < end;
+      const float f = p.logit_scale_log2;
+      const float sl[4] = {valid_a ? c[0] * f : -INFINITY, valid_a ? c[1] * f : -INFINITY,
+                           valid_b ? c[2] * f : -INFINITY, valid_b ? c[3] * f : -INFINITY};
+      float pr[4];
+      float alpha[2];
+      st.Update(sl, pr, alpha);
+      uint32_t hi_a, lo_a, hi_b, lo_b;
+      SplitBf16(pr[0], pr[1], hi_a, lo_a);
+      SplitBf16(pr[2], pr[3], hi_b, lo_b);
+      const uint32_t bh0 = Transpose8x8(hi_a), bh1 = Transpose8x8(hi_b);
+      const uint32_t bl0 = Transpose8x8(lo_a), bl1 = Transpose8x8(lo_b);
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+        uint32_t a[4];
+        LdMatrixX4Trans(a, vs + ((lane & 7) + 8 * (lane >> 4)) * Geo::kRowStride +
+                               (16 * mt + 8 * ((lane >> 3) & 1)) * 2);
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
+      }
+    }
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st, [&](int mt, int upper) { return 16 * mt + gi + 8 * upper; }, smem, b, head0, split);
+}
+
+}  // namespace kvq::gpu::attention::detail
