@@ -299,6 +299,33 @@ __device__ __forceinline__ int PvChannel(int mt, int upper, int gi) {
   return f * Geo::kRowBytes + gi * Geo::kPvBytes + 2 * jp + upper;
 }
 
+// QK^T of field FIELD into c over a thread's NW code words of rows a and b (bytes 0 and 2 in
+// ka / kb, bytes 1 and 3 moved down in ka8 / kb8): per word one MMA with the query's hi and lo
+// parts in the column halves (PACK), or two (hi, then lo). bq_s holds the query's B fragments
+// (uint2 a lane with PACK, uint4 without).
+template <int BITS, int FIELD, int NW, bool PACK>
+__device__ __forceinline__ void QkField(float (&c)[4], const uint32_t (&ka)[NW],
+                                        const uint32_t (&kb)[NW], const uint32_t (&ka8)[NW],
+                                        const uint32_t (&kb8)[NW], uint32_t code_bias,
+                                        const uint4* bq_s, int lane) {
+  using Field = CodeField<BITS, FIELD>;
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    const uint32_t a0 = Field::Biased(ka[w], code_bias);
+    const uint32_t a1 = Field::Biased(kb[w], code_bias);
+    const uint32_t a2 = Field::Biased(ka8[w], code_bias);
+    const uint32_t a3 = Field::Biased(kb8[w], code_bias);
+    if constexpr (PACK) {
+      const uint2 bq = reinterpret_cast<const uint2*>(bq_s)[(FIELD * NW + w) * 32 + lane];
+      MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+    } else {
+      const uint4 bq = bq_s[(FIELD * NW + w) * 32 + lane];
+      MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
+      MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
+    }
+  }
+}
+
 // CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
 // chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
 // twice the independent work between the dependent steps, half the barriers and reductions.
@@ -488,22 +515,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
             float c[4] = {0.f, 0.f, 0.f, 0.f};
             StaticFor<FPGK>([&](auto jc) {
               constexpr int f = g * FPGK + decltype(jc)::value;
-              using Field = CodeField<BITS, f>;
-#pragma unroll
-              for (int w = 0; w < NW; ++w) {
-                const uint32_t a0 = Field::Biased(ka[u][w], code_bias);
-                const uint32_t a1 = Field::Biased(kb[u][w], code_bias);
-                const uint32_t a2 = Field::Biased(ka8[u][w], code_bias);
-                const uint32_t a3 = Field::Biased(kb8[u][w], code_bias);
-                if constexpr (PACK) {
-                  const uint2 bq = bq2_s[(f * NW + w) * 32 + lane];
-                  MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
-                } else {
-                  const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
-                  MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
-                  MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
-                }
-              }
+              QkField<BITS, f, NW, PACK>(c, ka[u], kb[u], ka8[u], kb8[u], code_bias, bq_s, lane);
             });
             const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
             const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
@@ -523,28 +535,13 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       // branch on the group size, and F * CPW independent HMMA chains of 2*NW.
       StaticFor<F>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
-        using Field = CodeField<BITS, f>;
         const int g = f >> fpg_k_log2;
         const float2 qs = *reinterpret_cast<const float2*>(qsum_s + f * kMaxHeadsPerBlock + h0);
         const float2 qb = *reinterpret_cast<const float2*>(bias_s + f * kMaxHeadsPerBlock + h0);
 #pragma unroll
         for (int u = 0; u < CPW; ++u) {
           float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int w = 0; w < NW; ++w) {
-            const uint32_t a0 = Field::Biased(ka[u][w], code_bias);
-            const uint32_t a1 = Field::Biased(kb[u][w], code_bias);
-            const uint32_t a2 = Field::Biased(ka8[u][w], code_bias);
-            const uint32_t a3 = Field::Biased(kb8[u][w], code_bias);
-            if constexpr (PACK) {
-              const uint2 bq = bq2_s[(f * NW + w) * 32 + lane];
-              MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
-            } else {
-              const uint4 bq = bq_s[(f * NW + w) * 32 + lane];
-              MmaBf16(c, a0, a1, a2, a3, bq.x, bq.y);
-              MmaBf16(c, a0, a1, a2, a3, bq.z, bq.w);
-            }
-          }
+          QkField<BITS, f, NW, PACK>(c, ka[u], kb[u], ka8[u], kb8[u], code_bias, bq_s, lane);
           const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes) +
                                warp * kChunkTokens * ngk;
           const uint16_t* km = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
