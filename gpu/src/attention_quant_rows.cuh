@@ -326,6 +326,19 @@ __device__ __forceinline__ void QkField(float (&c)[4], const uint32_t (&ka)[NW],
   }
 }
 
+// The epilogue of one group's (or one field's) QK^T sums c: the codes carried +128 against the
+// scaled query parts, so 128 * bias sum (qb) comes off; then scale * c + min * q~ sum (qs) is
+// added to the logits of rows a (s[0], s[1]) and b (s[2], s[3]), heads h0 and h0 + 1.
+__device__ __forceinline__ void QkEpilogue(float (&s)[4], const float (&c)[4], float2 qb,
+                                           float2 qs, float sfa, float sfb, float mfa, float mfb) {
+  const float c0 = c[0] - 128.0f * qb.x, c1 = c[1] - 128.0f * qb.y;
+  const float c2 = c[2] - 128.0f * qb.x, c3 = c[3] - 128.0f * qb.y;
+  s[0] += sfa * c0 + mfa * qs.x;
+  s[1] += sfa * c1 + mfa * qs.y;
+  s[2] += sfb * c2 + mfb * qs.x;
+  s[3] += sfb * c3 + mfb * qs.y;
+}
+
 // CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
 // chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
 // twice the independent work between the dependent steps, half the barriers and reductions.
@@ -519,14 +532,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
             });
             const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
             const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
-            const float sfa = Bf16OfRow<g>(sa), sfb = Bf16OfRow<g>(sb);
-            const float mfa = Bf16OfRow<g>(ma), mfb = Bf16OfRow<g>(mb);
-            const float c0 = c[0] - 128.0f * qb.x, c1 = c[1] - 128.0f * qb.y;
-            const float c2 = c[2] - 128.0f * qb.x, c3 = c[3] - 128.0f * qb.y;
-            s[u][0] += sfa * c0 + mfa * qs.x;
-            s[u][1] += sfa * c1 + mfa * qs.y;
-            s[u][2] += sfb * c2 + mfb * qs.x;
-            s[u][3] += sfb * c3 + mfb * qs.y;
+            QkEpilogue(s[u], c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
+                       Bf16OfRow<g>(mb));
           });
         }
       } else {
@@ -547,17 +554,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
           const uint16_t* km = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
                                                                  Geo::kMetaBytes) +
                                warp * kChunkTokens * ngk;
-          const float sfa = Bf16ToFloat(ks[row_a * ngk + g]);
-          const float sfb = Bf16ToFloat(ks[row_b * ngk + g]);
-          const float mfa = Bf16ToFloat(km[row_a * ngk + g]);
-          const float mfb = Bf16ToFloat(km[row_b * ngk + g]);
-          // The codes carried +128 against the scaled query parts: remove 128 * bias sum.
-          const float c0 = c[0] - 128.0f * qb.x, c1 = c[1] - 128.0f * qb.y;
-          const float c2 = c[2] - 128.0f * qb.x, c3 = c[3] - 128.0f * qb.y;
-          s[u][0] += sfa * c0 + mfa * qs.x;
-          s[u][1] += sfa * c1 + mfa * qs.y;
-          s[u][2] += sfb * c2 + mfb * qs.x;
-          s[u][3] += sfb * c3 + mfb * qs.y;
+          QkEpilogue(s[u], c, qb, qs, Bf16ToFloat(ks[row_a * ngk + g]),
+                     Bf16ToFloat(ks[row_b * ngk + g]), Bf16ToFloat(km[row_a * ngk + g]),
+                     Bf16ToFloat(km[row_b * ngk + g]));
         }
       });
       }  // FPGK == 0
