@@ -67,8 +67,6 @@ class L2Flusher {
   L2Flusher(const L2Flusher&) = delete;
   L2Flusher& operator=(const L2Flusher&) = delete;
 
-  FlushMode mode() const { return mode_; }
-
   // Queues the pass on `stream` (outside the caller's timed region).
   void Flush(cudaStream_t stream) {
     if (mode_ == FlushMode::kRead) {
