@@ -34,6 +34,9 @@ inline const char* FlushModeName(FlushMode mode) {
   return mode == FlushMode::kRead ? "read" : "write";
 }
 
+// The passes' kernels: internal to each benchmark program that includes this header.
+namespace {
+
 // XOR of a thread's words, stored only when it equals an arbitrary constant, so that the loads
 // cannot be dropped; `sink` is a word of the flush buffer itself, so a (rare) store is harmless.
 __global__ void ReadEvery(const uint32_t* p, size_t n, uint32_t* sink) {
@@ -49,6 +52,8 @@ __global__ void WriteEvery(uint32_t* p, size_t n, uint32_t v) {
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
     p[i] = v + static_cast<uint32_t>(i);
 }
+
+}  // namespace
 
 class L2Flusher {
  public:

@@ -134,13 +134,15 @@ if (( run_bench )); then
     # write-back), on the target shapes, for comparison with the tables above.
     if [[ -x $carry/bin/kvq_bench_gpu_attention ]]; then
       { echo; echo "## reference: L2 flushed by a write pass"; echo; } >> "$OUT/bench.md"
+      rc=0
       for bt in "1 131072" "8 32768"; do
         set -- $bt
         "$carry/bin/kvq_bench_gpu_attention" --int2-only --iters 30 --flush write --batch "$1" --len "$2" \
-          >> "$OUT/bench.md" 2>&1
-        python3 bench/bench_sdpa.py --iters 30 --flush write --batch "$1" --len "$2" >> "$OUT/bench.md" 2>&1
+          >> "$OUT/bench.md" 2>&1 || rc=$?
+        python3 bench/bench_sdpa.py --iters 30 --flush write --batch "$1" --len "$2" \
+          >> "$OUT/bench.md" 2>&1 || rc=$?
       done
-      row "write-flush reference rows" "rc=$?"
+      row "write-flush reference rows" "rc=$rc"
     fi
   fi
 fi
