@@ -11,7 +11,8 @@
 // Bytes are those the step must read: the cache rows of every sequence (codes + scale/min for
 // the history, bf16 for sink/recent or the whole bf16 cache), the queries and rotations; the
 // split partials (written and read once) are listed separately. The device-to-device copy
-// bandwidth (bytes read + written) is measured in the same run.
+// bandwidth (bytes read + written) is measured in the same run, and so is each INT2 row's read
+// floor: one kernel reading the same pools whole, timed the same way (ReadRangesKernel).
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
 //                                [--int8-qk 0|1] [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
@@ -148,6 +149,47 @@ double MedianMicros(F&& step, L2Flusher& flusher, int iters) {
   return 1000.0 * ms[ms.size() / 2];
 }
 
+// The floor of a step: one kernel that reads the same cache bytes as the INT2 step (its pools,
+// whole and in address order, 16-byte loads, 4 in flight a thread) and does nothing else,
+// timed like the step (cold L2, events around the launch). Its time is the launch, the ramp and
+// the bytes at the rate one streaming kernel gets; no decode step that reads these bytes can
+// take less. The empty kernel's time is the launch and the events alone.
+struct ReadRanges {
+  static constexpr int kMax = 10;
+  const uint4* p[kMax];
+  size_t n[kMax];  // uint4s
+  int count = 0;
+  void Add(const void* ptr, size_t bytes) {
+    if (ptr == nullptr || bytes == 0) return;
+    p[count] = static_cast<const uint4*>(ptr);
+    n[count++] = bytes / 16;
+  }
+};
+
+__global__ void __launch_bounds__(256) ReadRangesKernel(const __grid_constant__ ReadRanges r,
+                                                        uint32_t* sink) {
+  uint32_t x = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (int k = 0; k < r.count; ++k) {
+    const uint4* p = r.p[k];
+    const size_t n = r.n[k];
+    size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+                  d = __ldcs(p + i + 3 * stride);
+      x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
+           d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+      const uint4 a = __ldcs(p + i);
+      x ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+  }
+  if (x == 0x9e3779b9u) *sink = x;
+}
+
+__global__ void EmptyKernel() {}
+
 // Device-to-device copy bandwidth, bytes read + written per second.
 double CopyBandwidth(L2Flusher& flusher) {
   const size_t bytes = size_t{1} << 30;
@@ -167,6 +209,7 @@ struct Result {
   double us_bf16_qk = 0.0;    // the plan takes int8 QK: the same step with the bf16-MMA loop
   double cache_bytes = 0.0;   // K/V rows read
   double other_bytes = 0.0;   // queries, rotations, partials (write + read)
+  double floor_us = 0.0;      // ReadRangesKernel over the same pools
   int splits = 0;
 };
 
@@ -353,6 +396,22 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
         kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
       },
       flusher, iters);
+  if (quantized) {
+    ReadRanges ranges;
+    ranges.Add(k_codes, pages * page_codes);
+    ranges.Add(v_codes, pages * page_codes);
+    for (const uint16_t* meta : {k_scale, k_min, v_scale, v_min}) ranges.Add(meta, pages * page_meta * 2);
+    for (const uint16_t* w : {sink_k, sink_v}) ranges.Add(w, window_elems * kSink * 2);
+    for (const uint16_t* w : {recent_k, recent_v}) ranges.Add(w, window_elems * kRecent * 2);
+    int sms = 0;
+    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    r.floor_us = MedianMicros(
+        [&] {
+          ReadRangesKernel<<<8 * sms, 256>>>(ranges, reinterpret_cast<uint32_t*>(out));
+          KVQ_CUDA_CHECK(cudaGetLastError());
+        },
+        flusher, iters);
+  }
   if (quantized && plan_int8 && g_int8_qk < 0) {
     // The plan the bf16 QK loop would get (its waves sized for its own residency).
     kvq::gpu::DecodeAttentionPlan bf16_qk = kvq::gpu::PlanDecodeAttention(c, batch, seq_len, 0, false);
@@ -443,6 +502,12 @@ int main(int argc, char** argv) {
     KVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     L2Flusher flusher(flush);
     const double copy_bw = CopyBandwidth(flusher);
+    const double empty_us = MedianMicros(
+        [&] {
+          EmptyKernel<<<1, 32>>>();
+          KVQ_CUDA_CHECK(cudaGetLastError());
+        },
+        flusher, iters);
     std::printf("# kvq decode attention, %s, %d SMs, L2 %d MB; d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d\n",
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
@@ -454,9 +519,11 @@ int main(int argc, char** argv) {
                                                                 : "; 2 chunks per warp step")
                                       : "",
                 g_pack_hi_lo < 0 ? "" : (g_pack_hi_lo ? "; packed hi/lo" : "; two-MMA loop"));
-    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | INT2 us, bf16 QK loop | "
-                "kvq BF16 us | BF16 GB/s | of copy BW | INT2 speedup vs kvq BF16 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::printf("# an empty kernel, timed the same way: %.1f us\n\n", empty_us);
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | read floor us | "
+                "INT2 / floor | INT2 us, bf16 QK loop | kvq BF16 us | BF16 GB/s | of copy BW | "
+                "INT2 speedup vs kvq BF16 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
     std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
     if (only_batch > 0) batches = {only_batch};
@@ -465,13 +532,14 @@ int main(int argc, char** argv) {
       for (int len : lens) {
         const Result a = RunOne(true, batch, len, flusher, iters);
         const Result b = int2_only ? Result{} : RunOne(false, batch, len, flusher, iters);
-        char int2[192] = "| skipped (memory) | | | | ", bf16[160] = "| skipped (memory) | | ";
+        char int2[224] = "| skipped (memory) | | | | | | ", bf16[160] = "| skipped (memory) | | ";
         if (a.ran) {
           char alt[32] = "-";
           if (a.us_bf16_qk > 0) std::snprintf(alt, sizeof alt, "%.1f", a.us_bf16_qk);
-          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %s ", a.us,
+          std::snprintf(int2, sizeof int2, "| %.1f | %.0f | %.0f%% | %d | %.1f | %.2f | %s ", a.us,
                         a.cache_bytes / (a.us * 1e-6) / 1e9,
-                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, alt);
+                        100.0 * a.cache_bytes / (a.us * 1e-6) / copy_bw, a.splits, a.floor_us,
+                        a.us / a.floor_us, alt);
         }
         if (b.ran) {
           std::snprintf(bf16, sizeof bf16, "| %.1f | %.0f | %.0f%% ", b.us,
@@ -485,7 +553,8 @@ int main(int argc, char** argv) {
     }
     std::printf("\nGB/s counts the K/V cache bytes each step must read (INT2: 80 B per history token "
                 "and KV head, 512 B per bf16 token); queries, rotations and split partials are "
-                "extra traffic not counted.\n");
+                "extra traffic not counted. The read floor is one kernel reading the INT2 step's pools whole, "
+                "in address order, timed the same way: no step over these bytes can be faster.\n");
     if (!g_timelines.empty()) std::printf("\n%s", g_timelines.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

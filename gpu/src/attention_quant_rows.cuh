@@ -187,7 +187,7 @@ struct QuantTilePipeline {
       const int slot = tok & (page_size - 1);
       const unsigned char* src = copy_src + page * copy_page_stride + slot * copy_row_bytes;
       BulkCopy(smem + stage * Geo::kStageBytes + copy_dst + r0 * copy_row_bytes, src,
-               n * copy_row_bytes, Full(stage));
+               n * copy_row_bytes, Full(stage), EvictFirstPolicy());
     }
   }
 
