@@ -152,8 +152,8 @@ double MedianMicros(F&& step, L2Flusher& flusher, int iters) {
 // The floor of a step: one kernel that reads the same cache bytes as the INT2 step (its pools,
 // whole and in address order, 16-byte loads, 4 in flight a thread) and does nothing else,
 // timed like the step (cold L2, events around the launch). Its time is the launch, the ramp and
-// the bytes at the rate one streaming kernel gets; no decode step that reads these bytes can
-// take less. The empty kernel's time is the launch and the events alone.
+// the bytes at the rate one streaming kernel gets: a decode step that reads these bytes once
+// cannot expect less. The empty kernel's time is the launch and the events alone.
 struct ReadRanges {
   static constexpr int kMax = 10;
   const uint4* p[kMax];
@@ -554,7 +554,8 @@ int main(int argc, char** argv) {
     std::printf("\nGB/s counts the K/V cache bytes each step must read (INT2: 80 B per history token "
                 "and KV head, 512 B per bf16 token); queries, rotations and split partials are "
                 "extra traffic not counted. The read floor is one kernel reading the INT2 step's pools whole, "
-                "in address order, timed the same way: no step over these bytes can be faster.\n");
+                "in address order, timed the same way: what one plain streaming kernel takes for the bytes the "
+                "step must read.\n");
     if (!g_timelines.empty()) std::printf("\n%s", g_timelines.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
