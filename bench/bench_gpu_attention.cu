@@ -161,6 +161,10 @@ struct ReadRanges {
   int count = 0;
   void Add(const void* ptr, size_t bytes) {
     if (ptr == nullptr || bytes == 0) return;
+    if (count == kMax) {
+      std::fprintf(stderr, "ReadRanges: more than %d ranges\n", kMax);
+      std::exit(1);
+    }
     p[count] = static_cast<const uint4*>(ptr);
     n[count++] = bytes / 16;
   }
@@ -407,7 +411,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     r.floor_us = MedianMicros(
         [&] {
-          ReadRangesKernel<<<8 * sms, 256>>>(ranges, reinterpret_cast<uint32_t*>(out));
+          // The sink is the workspace, which every step rewrites before reading.
+          ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
           KVQ_CUDA_CHECK(cudaGetLastError());
         },
         flusher, iters);
