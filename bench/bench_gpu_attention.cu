@@ -153,7 +153,9 @@ double MedianMicros(F&& step, L2Flusher& flusher, int iters) {
 // whole and in address order, 16-byte loads, 4 in flight a thread) and does nothing else,
 // timed like the step (cold L2, events around the launch). Its time is the launch, the ramp and
 // the bytes at the rate one streaming kernel gets: a decode step that reads these bytes once
-// cannot expect less. The empty kernel's time is the launch and the events alone.
+// cannot expect less. The empty kernel's time is the launch and the events alone. (Not the
+// L2 flush's ReadEvery: these loads are streaming (__ldcs), as the step's copies are, which a
+// flush must not be.)
 struct ReadRanges {
   static constexpr int kMax = 10;
   const uint4* p[kMax];

@@ -123,6 +123,7 @@ struct QuantTilePipeline {
   int end16;
   int n_tiles;
   uint32_t bytes_per_token;
+  uint64_t l2_policy;  // EvictFirstPolicy(): the pages are read once a step
 
   __device__ __forceinline__ uint64_t* Full(int stage) const {
     return reinterpret_cast<uint64_t*>(smem + kFullOffset) + stage;
@@ -146,6 +147,7 @@ struct QuantTilePipeline {
     const int ngk = D / p.key_group;
     const int ngv = D / p.value_group;
     bytes_per_token = 2 * RB + 4 * (ngk + ngv);
+    l2_policy = EvictFirstPolicy();
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < Geo::kStages; ++s) {
@@ -187,7 +189,7 @@ struct QuantTilePipeline {
       const int slot = tok & (page_size - 1);
       const unsigned char* src = copy_src + page * copy_page_stride + slot * copy_row_bytes;
       BulkCopy(smem + stage * Geo::kStageBytes + copy_dst + r0 * copy_row_bytes, src,
-               n * copy_row_bytes, Full(stage), EvictFirstPolicy());
+               n * copy_row_bytes, Full(stage), l2_policy);
     }
   }
 
