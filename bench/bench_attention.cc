@@ -42,7 +42,7 @@ const Fixture& GetFixture(bool quantized, int tokens) {
   if (f.cache) return f;
   std::mt19937_64 rng(static_cast<uint64_t>(tokens) * 2 + quantized);
   kvq::CacheParams p;  // defaults: Hkv 8, Hq 32, S0 64, W 256, P 64, d 128, G 64, INT2
-  p.quantized = quantized;
+  if (!quantized) p.key.format = p.value.format = kvq::Format::kBf16;
   std::vector<float> rk, rv;
   if (quantized) {
     p.key.rotation = p.value.rotation = kvq::RotationKind::kDense;

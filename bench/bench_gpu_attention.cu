@@ -280,7 +280,7 @@ CacheParams MakeParams(bool quantized) {
   c.sink = kSink;
   c.recent = kRecent;
   c.page_size = kPage;
-  c.quantized = quantized;
+  if (!quantized) c.key.format = c.value.format = kvq::Format::kBf16;
   for (kvq::WriteParams* w : {&c.key, &c.value}) {
     w->head_dim = kHeadDim;
     w->group = kGroup;

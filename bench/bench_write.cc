@@ -127,7 +127,7 @@ void QuantizePack(benchmark::State& state, const Backend& b) {
     benchmark::ClobberMemory();
   }
   // Reads fp32 rows, writes the stored form (packed codes + bf16 scale/min).
-  Report(state, in.n, in.p.head_dim * 4u + in.p.row_bytes());
+  Report(state, in.n, in.p.head_dim * 4u + in.p.code_bytes() + in.p.num_groups() * 4u);
 }
 
 void Pack(benchmark::State& state, const Backend& b) {

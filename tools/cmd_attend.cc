@@ -138,7 +138,7 @@ void RunAttend(const AttendOptions& given) {
   p.sink = o.sink;
   p.recent = o.recent;
   p.page_size = o.page;
-  p.quantized = quantized;
+  if (!quantized) p.key.format = p.value.format = kvq::Format::kBf16;
   const int d = static_cast<int>(k.shape[2]);
   for (kvq::WriteParams* w : {&p.key, &p.value}) {
     w->head_dim = d;

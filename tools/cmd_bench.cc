@@ -55,7 +55,7 @@ kvq::CacheParams MakeParams(const BenchOptions& o, bool quantized) {
   p.sink = o.sink;
   p.recent = o.recent;
   p.page_size = o.page;
-  p.quantized = quantized;
+  if (!quantized) p.key.format = p.value.format = kvq::Format::kBf16;
   for (kvq::WriteParams* w : {&p.key, &p.value}) {
     w->head_dim = o.head_dim;
     w->group = o.group;

@@ -236,7 +236,7 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
 
   // Attention over the query rows. Column r of a [keys, R] matrix is one query row.
   const int64_t rows = data.rows();
-  const int recent = cp.quantized ? cp.recent : 0;
+  const int recent = cp.quantized() ? cp.recent : 0;
   // History rows (cache index i ↔ position s0 + i) a query at position p reads quantized:
   // positions [s0, p + 1 − W), clamped to the history.
   auto history_end = [&](int64_t r) -> int64_t {

@@ -159,7 +159,7 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
   p.sink = o.sink;
   p.recent = o.recent;
   p.page_size = o.page;
-  p.quantized = entry.recipe != Recipe::kBf16;
+  if (entry.recipe == Recipe::kBf16) p.key.format = p.value.format = Format::kBf16;
   for (WriteParams* w : {&p.key, &p.value}) {
     w->head_dim = d;
     w->group = o.group;

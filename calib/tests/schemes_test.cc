@@ -96,10 +96,10 @@ TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
   const Fixture& f = Small();
   const SchemeOptions o = SmallSchemeOptions();
   const LayerScheme bf16 = BuildLayerScheme("bf16", f.acts, nullptr, 0, o);
-  EXPECT_FALSE(bf16.params.quantized);
+  EXPECT_FALSE(bf16.params.quantized());
 
   const LayerScheme naive = BuildLayerScheme("naive", f.acts, nullptr, 0, o);
-  EXPECT_TRUE(naive.params.quantized);
+  EXPECT_TRUE(naive.params.quantized());
   for (const WriteParams& w : {naive.params.key, naive.params.value}) {
     EXPECT_EQ(w.rotation, RotationKind::kIdentity);
     EXPECT_EQ(w.bits, 2);

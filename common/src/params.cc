@@ -34,6 +34,12 @@ bool IsSupportedGroup(int g) { return g == 32 || g == 64 || g == 128; }
 void WriteParams::Validate() const {
   KVQ_CHECK(IsSupportedHeadDim(head_dim), kInvalidArgument, "head_dim ", head_dim,
             " is not supported (64, 128 or 256)");
+  switch (format) {
+    case Format::kBf16: return;  // the original row is stored; nothing else applies
+    case Format::kAffineToken: break;
+    default:
+      KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " is unknown");
+  }
   KVQ_CHECK(IsSupportedGroup(group), kInvalidArgument, "group size ", group,
             " is not supported (32, 64 or 128)");
   KVQ_CHECK(group <= head_dim, kInvalidArgument, "group size ", group, " exceeds head_dim ",
@@ -63,6 +69,7 @@ void CacheParams::Validate() const {
             num_kv_heads);
   KVQ_CHECK(sink >= 0, kInvalidArgument, "sink length ", sink, " is negative");
   KVQ_CHECK(recent >= 1, kInvalidArgument, "recent window ", recent, " must be at least 1");
+  KVQ_CHECK(flush >= 1, kInvalidArgument, "flush granularity ", flush, " must be at least 1");
   KVQ_CHECK(page_size >= 16 && page_size <= 1024 && (page_size & (page_size - 1)) == 0,
             kInvalidArgument, "page size ", page_size,
             " is not a power of two in [16, 1024]");
@@ -78,8 +85,26 @@ void CacheParams::Validate() const {
   }
   KVQ_CHECK(key.head_dim == value.head_dim, kInvalidArgument, "key head_dim ", key.head_dim,
             " differs from value head_dim ", value.head_dim);
+  KVQ_CHECK(key.quantized() == value.quantized(), kInvalidArgument, "key format '",
+            FormatName(key.format), "' and value format '", FormatName(value.format),
+            "' mix a bf16 and a quantized history (not supported: the bf16 cache keeps both)");
   KVQ_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, kInvalidArgument,
             "softmax scale ", softmax_scale, " is not a finite value >= 0 (0 means 1/sqrt(d))");
+}
+
+float WriteParams::fwht_scale() const {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(fwht_block())));
+}
+
+int64_t CacheParams::HistoryTokens(int64_t t) const {
+  if (!quantized()) return 0;
+  const int64_t over = t - sink - recent;
+  return over <= 0 ? 0 : over / flush * flush;
+}
+
+int64_t CacheParams::RecentBegin(int64_t t) const {
+  const int64_t begin = static_cast<int64_t>(sink) + HistoryTokens(t);
+  return t < begin ? t : begin;
 }
 
 float CacheParams::scale() const {

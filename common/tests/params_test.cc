@@ -56,9 +56,11 @@ TEST(WriteParams, AcceptsEverySupportedConfiguration) {
   EXPECT_EQ(p.levels(), 3);
   EXPECT_EQ(p.num_groups(), 2);
   EXPECT_EQ(p.code_bytes(), 32);
-  EXPECT_EQ(p.row_bytes(), 40);
+  EXPECT_EQ(LayoutOf(p).Bytes(PlaneRole::kCodes, 1) + LayoutOf(p).Bytes(PlaneRole::kMetadata, 1),
+            40u);
   EXPECT_EQ(p.fwht_block(), 128);
-  EXPECT_EQ(Params(256, 32, 4).row_bytes(), 128 + 8 * 4);
+  const FormatLayout l = LayoutOf(Params(256, 32, 4));
+  EXPECT_EQ(l.Bytes(PlaneRole::kCodes, 1) + l.Bytes(PlaneRole::kMetadata, 1), 128u + 8 * 4);
 }
 
 TEST(WriteParams, RejectsEachUnsupportedValueByName) {

@@ -63,9 +63,9 @@ CacheParams Cache(int hkv, int hq, int sink, int recent, int page, const WritePa
   c.sink = sink;
   c.recent = recent;
   c.page_size = page;
-  c.quantized = quantized;
   c.key = key;
   c.value = value;
+  if (!quantized) c.key.format = c.value.format = Format::kBf16;
   c.softmax_scale = softmax_scale;
   c.Validate();
   return c;
@@ -209,10 +209,10 @@ Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const s
                         CaseKind kind, SplitMix64* rng) {
   Safetensors file = out->NewCase(name, kind, rng);
   const CacheParams& p = config.params;
-  PutCacheParams(p, &file);
+  PutCacheParams(p, &file.metadata);
   const int d = p.head_dim();
   const int hkv = p.num_kv_heads;
-  if (p.quantized) {
+  if (p.quantized()) {
     if (p.key.rotation == RotationKind::kDense) {
       out->UseRotations(&file, d, "in.rotation_k_index", config.rotation_k);
     }
@@ -251,21 +251,19 @@ void AddCacheExpectations(const ReplayedCache& replayed, Safetensors* file) {
   const char* names[2] = {"key", "value"};
   const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
   const int64_t pages = cache.NumPages();
-  if (p.quantized) {
+  if (p.quantized()) {
+    // Every plane of the format: [pages, Hkv, rows per page, elements] (formats.inc).
     for (int h = 0; h < 2; ++h) {
-      const WriteParams& wp = h == 0 ? p.key : p.value;
-      const std::string base = std::string("expect.pool.") + names[h];
-      const uint8_t* codes = cache.PoolCodes(kvs[h]);
-      const size_t code_bytes = static_cast<size_t>(pages) * cache.PageCodeBytes(kvs[h]);
-      file->Add(base + ".codes", Tensor::U8({pages, hkv, psize, wp.code_bytes()},
-                                            std::vector<uint8_t>(codes, codes + code_bytes)));
-      const size_t meta = static_cast<size_t>(pages) * cache.PageMetadataCount(kvs[h]);
-      const uint16_t* scale = cache.PoolScale(kvs[h]);
-      const uint16_t* min = cache.PoolMin(kvs[h]);
-      file->Add(base + ".scale", Tensor::BF16({pages, hkv, psize, wp.num_groups()},
-                                              std::vector<uint16_t>(scale, scale + meta)));
-      file->Add(base + ".min", Tensor::BF16({pages, hkv, psize, wp.num_groups()},
-                                            std::vector<uint16_t>(min, min + meta)));
+      const FormatLayout& layout = cache.Layout(kvs[h]);
+      for (int i = 0; i < layout.num_planes; ++i) {
+        const PlaneSpec& plane = layout.plane(i);
+        Tensor t;
+        t.dtype = plane.dtype;
+        t.shape = {pages, hkv, layout.RowsPerPage(i, psize), plane.elements};
+        const uint8_t* bytes = cache.PoolPlane(kvs[h], i);
+        t.bytes.assign(bytes, bytes + static_cast<size_t>(pages) * cache.PagePlaneBytes(kvs[h], i));
+        file->Add(std::string("expect.pool.") + names[h] + "." + plane.name, std::move(t));
+      }
     }
   }
   for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
@@ -280,7 +278,7 @@ void AddCacheExpectations(const ReplayedCache& replayed, Safetensors* file) {
     const std::vector<int32_t>& table = cache.PageTable(id);
     file->Add(base + ".page_table", Tensor::I32({I(table.size())}, table));
     for (int h = 0; h < 2; ++h) {
-      if (!p.quantized) {
+      if (!p.quantized()) {
         const uint16_t* dense = cache.DenseRows(id, kvs[h]);
         file->Add(base + ".dense." + names[h],
                   Tensor::BF16({I(t), hkv, d}, std::vector<uint16_t>(dense, dense + t * row)));
@@ -341,8 +339,8 @@ void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
                 " exceeds ", kAttentionCpuTolerance);
     }
   }
-  file.metadata["tolerance"] = FormatDouble(kAttentionCpuTolerance);
-  file.metadata["tolerance_gpu"] = FormatDouble(kAttentionGpuTolerance);
+  file.metadata["tolerance"] = ShortestDouble(kAttentionCpuTolerance);
+  file.metadata["tolerance_gpu"] = ShortestDouble(kAttentionGpuTolerance);
   file.metadata["tolerance_measure"] =
       "per query head: max_j |out - reference| / max_j |reference| (spec/cache.md 5)";
   const int64_t nq = I(slots.size());

@@ -47,7 +47,7 @@ constexpr RotationVariant kEdgeRotations[] = {
 void SetStage(Safetensors* file, const std::string& stage, const WriteParams& p, size_t rows,
               const std::string& row_kinds) {
   file->metadata["stage"] = stage;
-  PutWriteParams(p, "", file);
+  PutWriteParams(p, "", &file->metadata);
   file->metadata["rows"] = std::to_string(rows);
   file->metadata["row_kinds"] = row_kinds;
 }
@@ -268,7 +268,7 @@ void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std
   const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
   const size_t n = kinds.size();
   const int d = p.head_dim;
-  PutWriteParams(p, "", &file);
+  PutWriteParams(p, "", &file.metadata);
   file.metadata["rows"] = std::to_string(n);
   file.metadata["row_kinds"] = names;
   std::vector<float> rotation;

@@ -61,7 +61,7 @@ void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_se
 }  // namespace
 
 std::string RhoTag(float rho) {
-  std::string text = FormatFloat(rho);
+  std::string text = ShortestFloat(rho);
   std::replace(text.begin(), text.end(), '.', 'p');
   return "rho" + text;
 }

@@ -13,6 +13,7 @@
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
+#include "kvq/common/stages.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/write_path.h"
@@ -142,88 +143,62 @@ std::vector<T> Poisoned(size_t count) {
   return v;
 }
 
-// ---- Write-path stages, called directly through the target's kernel table ----
+// How the message names the axes of a stage argument.
+const char* Axes(Extent extent) {
+  switch (extent) {
+    case Extent::kRows: return "row, column";
+    case Extent::kRowScalars: return "row";
+    case Extent::kMatrix: return "row, column";
+    case Extent::kPacked: return "row, byte";
+    case Extent::kGroups: return "row, group";
+  }
+  return "";
+}
+
+// ---- Write-path stages, called directly through the backend's kernel table ----
+// Generic over kvq/common/stages.inc: inputs "in.<name>" (a matrix from the case's rotation
+// fixture), outputs poisoned, then compared with "expect.<expect>" in argument order.
 void ReplayStage(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
-  const std::string& stage = MetaString(c, "stage");
-  const WriteParams p = GetWriteParams(c, "");
-  const int64_t n = MetaInt(c, "rows");
-  const int64_t d = p.head_dim, groups = p.num_groups(), cb = p.code_bytes();
-  const size_t rows = static_cast<size_t>(n);
-  const cpu::WriteKernels& k = backend.write;
-  auto require = [&](const void* fn) {
-    KVQ_CHECK(fn != nullptr, kUnsupported, "backend '", backend.name, "' has no ", stage,
-              " kernel");
-  };
-  const std::string rc = "row, column";
-  if (stage == "rotate_dense") {
-    require(reinterpret_cast<const void*>(k.rotate_dense));
-    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
-    const std::vector<float> r = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
-    KVQ_CHECK(r.size() == static_cast<size_t>(d * d), kMalformedFile,
-              "in.rotation_index must pick one matrix");
-    std::vector<float> y = Poisoned<float>(rows * d);
-    k.rotate_dense(x.data<float>(), r.data(), y.data(), rows, p);
-    ExpectBits("y", c.Get("expect.y"), y, rc);
-  } else if (stage == "fwht" || stage == "bitrev") {
-    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
-    std::vector<float> y;
-    if (stage == "fwht") {
-      require(reinterpret_cast<const void*>(k.fwht));
-      y = x.ToF32();
-      k.fwht(y.data(), rows, p);
+  const MetadataReader meta = CaseMetadata(c);
+  const std::string& name = meta.String("stage");
+  const StageSpec* stage = FindStage(name);
+  KVQ_CHECK(stage != nullptr, kMalformedFile, "case ", meta.what(), ": unknown stage '", name,
+            "'");
+  const WriteParams p = GetWriteParams(meta, "");
+  const int64_t n = meta.Int("rows", 0, int64_t{1} << 32);
+  std::vector<std::vector<uint8_t>> buffers(static_cast<size_t>(stage->num_args));
+  void* args[kMaxStageArgs] = {};
+  for (int i = 0; i < stage->num_args; ++i) {
+    const StageArg& arg = stage->args[i];
+    std::vector<uint8_t>& buffer = buffers[static_cast<size_t>(i)];
+    const std::vector<int64_t> shape = ArgShape(arg.extent, n, p);
+    if (arg.extent == Extent::kMatrix) {
+      const std::vector<float> r = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
+      KVQ_CHECK(r.size() == static_cast<size_t>(p.head_dim) * p.head_dim, kMalformedFile,
+                "in.rotation_index must pick one matrix");
+      buffer.resize(r.size() * sizeof(float));
+      std::memcpy(buffer.data(), r.data(), buffer.size());
+    } else if (arg.is_input()) {
+      buffer = Input(c, std::string("in.") + arg.name, arg.dtype, shape).bytes;
     } else {
-      require(reinterpret_cast<const void*>(k.bitrev));
-      y = Poisoned<float>(rows * d);
-      k.bitrev(x.data<float>(), y.data(), rows, p);
+      buffer.assign(ArgElements(arg.extent, n, p) * DTypeSize(arg.dtype), kPoison);
     }
-    ExpectBits("y", c.Get("expect.y"), y, rc);
-  } else if (stage == "clip") {
-    require(reinterpret_cast<const void*>(k.clip));
-    std::vector<float> y = Input(c, "in.x", DType::kF32, {n, d}).ToF32();
-    std::vector<float> tau = Poisoned<float>(rows);
-    k.clip(y.data(), tau.data(), rows, p);
-    ExpectBits("tau", c.Get("expect.tau"), tau, "row");
-    ExpectBits("x", c.Get("expect.x"), y, rc);
-  } else if (stage == "quantize") {
-    require(reinterpret_cast<const void*>(k.quantize));
-    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
-    std::vector<uint8_t> codes = Poisoned<uint8_t>(rows * d);
-    std::vector<uint16_t> scale = Poisoned<uint16_t>(rows * groups);
-    std::vector<uint16_t> min = Poisoned<uint16_t>(rows * groups);
-    k.quantize(x.data<float>(), codes.data(), scale.data(), min.data(), rows, p);
-    ExpectBits("scale", c.Get("expect.scale"), scale, "row, group");
-    ExpectBits("min", c.Get("expect.min"), min, "row, group");
-    ExpectBits("codes", c.Get("expect.codes"), codes, rc);
-  } else if (stage == "pack") {
-    require(reinterpret_cast<const void*>(k.pack));
-    const Tensor& codes = Input(c, "in.codes", DType::kU8, {n, d});
-    std::vector<uint8_t> packed = Poisoned<uint8_t>(rows * cb);
-    k.pack(codes.data<uint8_t>(), packed.data(), rows, p);
-    ExpectBits("packed", c.Get("expect.packed"), packed, "row, byte");
-  } else if (stage == "unpack") {
-    require(reinterpret_cast<const void*>(k.unpack));
-    const Tensor& packed = Input(c, "in.packed", DType::kU8, {n, cb});
-    std::vector<uint8_t> codes = Poisoned<uint8_t>(rows * d);
-    k.unpack(packed.data<uint8_t>(), codes.data(), rows, p);
-    ExpectBits("codes", c.Get("expect.codes"), codes, rc);
-  } else if (stage == "dequantize") {
-    require(reinterpret_cast<const void*>(k.dequantize));
-    const Tensor& codes = Input(c, "in.codes", DType::kU8, {n, d});
-    const Tensor& scale = Input(c, "in.scale", DType::kBF16, {n, groups});
-    const Tensor& min = Input(c, "in.min", DType::kBF16, {n, groups});
-    std::vector<float> y = Poisoned<float>(rows * d);
-    k.dequantize(codes.data<uint8_t>(), scale.data<uint16_t>(), min.data<uint16_t>(), y.data(),
-                 rows, p);
-    ExpectBits("y", c.Get("expect.y"), y, rc);
-  } else {
-    KVQ_CHECK(false, kMalformedFile, "unknown stage '", stage, "'");
+    args[i] = buffer.data();
+  }
+  cpu::RunStage(backend.write, stage->id, args, static_cast<size_t>(n), p);
+  for (int i = 0; i < stage->num_args; ++i) {
+    const StageArg& arg = stage->args[i];
+    if (!arg.is_output()) continue;
+    const std::vector<uint8_t>& got = buffers[static_cast<size_t>(i)];
+    ExpectBits(arg.expect, c.Get(std::string("expect.") + arg.expect), got.data(), got.size(),
+               Axes(arg.extent));
   }
 }
 
 // ---- The whole write path through the validating entry point ----
 void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
-  const WriteParams p = GetWriteParams(c, "");
-  const int64_t n = MetaInt(c, "rows");
+  const WriteParams p = GetWriteParams(CaseMetadata(c), "");
+  const int64_t n = CaseMetadata(c).Int("rows");
   const Tensor& x = Input(c, "in.x", DType::kF32, {n, p.head_dim});
   std::vector<float> rotation;
   if (p.rotation == RotationKind::kDense) {
@@ -253,17 +228,16 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
              "pages created, pages free");
   const char* kv_names[2] = {"key", "value"};
   const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
-  if (params.quantized) {
+  if (params.quantized()) {
+    // Every plane of the format, in the layout's order (kvq/common/formats.inc).
     for (int h = 0; h < 2; ++h) {
-      const std::string base = std::string("pool.") + kv_names[h];
+      const FormatLayout& layout = cache.Layout(kvs[h]);
       const size_t pages = static_cast<size_t>(cache.NumPages());
-      ExpectBits(base + ".codes", c.Get("expect." + base + ".codes"), cache.PoolCodes(kvs[h]),
-                 pages * cache.PageCodeBytes(kvs[h]), "page, KV head, slot, byte");
-      const size_t meta = pages * cache.PageMetadataCount(kvs[h]) * sizeof(uint16_t);
-      ExpectBits(base + ".scale", c.Get("expect." + base + ".scale"), cache.PoolScale(kvs[h]),
-                 meta, "page, KV head, slot, group");
-      ExpectBits(base + ".min", c.Get("expect." + base + ".min"), cache.PoolMin(kvs[h]), meta,
-                 "page, KV head, slot, group");
+      for (int i = 0; i < layout.num_planes; ++i) {
+        const std::string name = std::string("pool.") + kv_names[h] + "." + layout.plane(i).name;
+        ExpectBits(name, c.Get("expect." + name), cache.PoolPlane(kvs[h], i),
+                   pages * cache.PagePlaneBytes(kvs[h], i), "page, KV head, slot, element");
+      }
     }
   }
   for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
@@ -284,7 +258,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
                cache.PageTable(id), "page index");
     for (int h = 0; h < 2; ++h) {
       const std::string kv = kv_names[h];
-      if (!params.quantized) {
+      if (!params.quantized()) {
         ExpectBits(base + ".dense." + kv, c.Get("expect." + base + ".dense." + kv),
                    cache.DenseRows(id, kvs[h]), t * row * sizeof(uint16_t),
                    "position, KV head, channel");
@@ -293,12 +267,12 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
       ExpectBits(base + ".sink." + kv, c.Get("expect." + base + ".sink." + kv),
                  cache.SinkRows(id, kvs[h]), cache.SinkLength(id) * row * sizeof(uint16_t),
                  "position, KV head, channel");
-      // Recent rows in position order, read from the ring at slot position % W (the layout).
+      // Recent rows in position order, read from the ring at slot position % (W + F - 1).
       const size_t begin = cache.RecentBegin(id);
       std::vector<uint16_t> recent;
       const uint16_t* ring = cache.RecentRing(id, kvs[h]);
       for (size_t pos = begin; pos < t; ++pos) {
-        const uint16_t* r = ring + (pos % static_cast<size_t>(params.recent)) * row;
+        const uint16_t* r = ring + (pos % static_cast<size_t>(params.ring_slots())) * row;
         recent.insert(recent.end(), r, r + row);
       }
       ExpectBits(base + ".recent." + kv, c.Get("expect." + base + ".recent." + kv), recent,
@@ -308,7 +282,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
 }
 
 // ---- Decode attention against the fp64 reference ----
-void ReplayAttention(const VectorSet& vs, const Safetensors& c, const ConformanceTarget& target) {
+void ReplayAttention(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
   const ReplayedCache replayed = ReplayCacheScript(c, vs.fixtures, cpu::ScalarBackend());
   const cpu::PagedKVCache& cache = *replayed.cache;
   const CacheParams& params = cache.params();
@@ -318,8 +292,9 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const Conformanc
   const Tensor& q = Input(c, "in.q", DType::kF32, {nq, hq, d});
   const Tensor& ref_bytes = Input(c, "expect.reference_f64", DType::kU8, {nq, hq, d, 8});
   const std::vector<double> ref = BytesToF64(ref_bytes.bytes);
-  const double tolerance = MetaDouble(
-      c, target.tolerance == ToleranceClass::kGpu ? "tolerance_gpu" : "tolerance");
+  // The CPU oracle's tolerance, or the CUDA path's (spec/cache.md §5).
+  const double tolerance = CaseMetadata(c).Double(
+      backend.device == cpu::Device::kCuda ? "tolerance_gpu" : "tolerance");
   const size_t per_query = static_cast<size_t>(hq * d);
   for (int64_t i = 0; i < nq; ++i) {
     const int32_t slot = slots.data<int32_t>()[i];
@@ -327,7 +302,7 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const Conformanc
                   replayed.slot_ids[slot] >= 0,
               kMalformedFile, "in.query_slots[", i, "] = ", slot, " is not a live sequence");
     std::vector<float> out(per_query, std::numeric_limits<float>::quiet_NaN());
-    target.attend(cache, replayed.slot_ids[slot], q.data<float>() + i * per_query, out.data());
+    backend.attend(cache, {replayed.slot_ids[slot]}, q.data<float>() + i * per_query, out.data());
     const double* r = ref.data() + i * per_query;
     const std::vector<double> errors = cpu::RelativeErrorPerHead(out.data(), r, hq, d);
     for (int h = 0; h < hq; ++h) {
@@ -372,24 +347,6 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const Conformanc
 
 }  // namespace
 
-ConformanceTarget CpuTarget(const cpu::Backend& backend) {
-  ConformanceTarget target;
-  target.name = backend.name;
-  target.backend = &backend;
-  const cpu::Backend* b = &backend;
-  target.attend = [b](const cpu::PagedKVCache& cache, int seq, const float* q, float* out) {
-    cpu::Attend(*b, cache, seq, q, out);
-  };
-  target.tolerance = ToleranceClass::kCpu;
-  return target;
-}
-
-std::vector<ConformanceTarget> CpuTargets() {
-  std::vector<ConformanceTarget> targets;
-  for (const cpu::Backend& backend : cpu::Backends()) targets.push_back(CpuTarget(backend));
-  return targets;
-}
-
 const char* CaseStatusName(CaseStatus status) {
   switch (status) {
     case CaseStatus::kPass:
@@ -414,19 +371,19 @@ VectorSet LoadVectorSet(const std::string& dir) {
       throw Error(ErrorCode::kMalformedFile, "'" + f.entry.path + "': " + e.what());
     }
     if (f.entry.role == "fixture") {
-      KVQ_CHECK(MetaString(parsed, "format") == kFixtureFormat, kMalformedFile, "'",
+      KVQ_CHECK(CaseMetadata(parsed).String("format") == kFixtureFormat, kMalformedFile, "'",
                 f.entry.path, "' is listed as a fixture but its format is '",
-                MetaString(parsed, "format"), "'");
+                CaseMetadata(parsed).String("format"), "'");
       vs.fixtures[f.entry.path] = Fixture{f.entry.sha256, std::move(parsed)};
       continue;
     }
-    KVQ_CHECK(MetaString(parsed, "format") == kCaseFormat, kMalformedFile, "'", f.entry.path,
-              "' has format '", MetaString(parsed, "format"), "', expected ", kCaseFormat);
-    KVQ_CHECK(MetaString(parsed, "spec_version") == kSpecVersion, kMismatch, "'", f.entry.path,
-              "' is for spec ", MetaString(parsed, "spec_version"), ", this build implements ",
+    KVQ_CHECK(CaseMetadata(parsed).String("format") == kCaseFormat, kMalformedFile, "'", f.entry.path,
+              "' has format '", CaseMetadata(parsed).String("format"), "', expected ", kCaseFormat);
+    KVQ_CHECK(CaseMetadata(parsed).String("spec_version") == kSpecVersion, kMismatch, "'", f.entry.path,
+              "' is for spec ", CaseMetadata(parsed).String("spec_version"), ", this build implements ",
               kSpecVersion);
-    KVQ_CHECK(MetaString(parsed, "kind") == f.entry.kind, kMalformedFile, "'", f.entry.path,
-              "' has kind '", MetaString(parsed, "kind"), "' but manifest.json says '",
+    KVQ_CHECK(CaseMetadata(parsed).String("kind") == f.entry.kind, kMalformedFile, "'", f.entry.path,
+              "' has kind '", CaseMetadata(parsed).String("kind"), "' but manifest.json says '",
               f.entry.kind, "'");
     ParseCaseKind(f.entry.kind);
     std::string name = f.entry.path;
@@ -441,38 +398,32 @@ VectorSet LoadVectorSet(const std::string& dir) {
   return vs;
 }
 
-CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceTarget& target) {
+CaseResult ReplayCase(const VectorSet& vectors, size_t index, const cpu::Backend& backend) {
   KVQ_CHECK(index < vectors.cases.size(), kInvalidArgument, "case index ", index, " of ",
             vectors.cases.size());
   const Safetensors& c = vectors.cases[index];
   CaseResult result;
   result.name = vectors.case_names[index];
-  result.kind = MetaString(c, "kind");
+  result.kind = CaseMetadata(c).String("kind");
   const CaseKind kind = ParseCaseKind(result.kind);
-  const bool needs_backend = kind != CaseKind::kAttention;
-  if (needs_backend && target.backend == nullptr) {
+  if (kind == CaseKind::kAttention && !backend.attend) {
     result.status = CaseStatus::kSkipped;
-    result.message = "target '" + target.name + "' has no write backend";
-    return result;
-  }
-  if (kind == CaseKind::kAttention && !target.attend) {
-    result.status = CaseStatus::kSkipped;
-    result.message = "target '" + target.name + "' has no attention function";
+    result.message = "backend '" + backend.name + "' has no decode step";
     return result;
   }
   try {
     switch (kind) {
       case CaseKind::kStage:
-        ReplayStage(vectors, c, *target.backend);
+        ReplayStage(vectors, c, backend);
         break;
       case CaseKind::kPipeline:
-        ReplayPipeline(vectors, c, *target.backend);
+        ReplayPipeline(vectors, c, backend);
         break;
       case CaseKind::kCache:
-        ReplayCache(vectors, c, *target.backend);
+        ReplayCache(vectors, c, backend);
         break;
       case CaseKind::kAttention:
-        ReplayAttention(vectors, c, target);
+        ReplayAttention(vectors, c, backend);
         break;
     }
     result.status = CaseStatus::kPass;
@@ -493,17 +444,17 @@ CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceT
   return result;
 }
 
-std::vector<CaseResult> RunConformance(const VectorSet& vectors, const ConformanceTarget& target) {
+std::vector<CaseResult> RunConformance(const VectorSet& vectors, const cpu::Backend& backend) {
   std::vector<CaseResult> results;
   results.reserve(vectors.cases.size());
   for (size_t i = 0; i < vectors.cases.size(); ++i) {
-    results.push_back(ReplayCase(vectors, i, target));
+    results.push_back(ReplayCase(vectors, i, backend));
   }
   return results;
 }
 
-std::vector<CaseResult> RunConformance(const std::string& dir, const ConformanceTarget& target) {
-  return RunConformance(LoadVectorSet(dir), target);
+std::vector<CaseResult> RunConformance(const std::string& dir, const cpu::Backend& backend) {
+  return RunConformance(LoadVectorSet(dir), backend);
 }
 
 std::string DescribeResult(const CaseResult& result) {

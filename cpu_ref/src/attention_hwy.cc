@@ -13,9 +13,7 @@
 //
 // Requires Highway 1.0.3 only.
 
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL  // same target set as write_hwy.cc
-#endif
+#include "hwy_targets.h"  // first: the same target list as write_hwy.cc
 
 #include <cmath>
 #include <cstddef>
@@ -58,7 +56,7 @@ struct Bf16Source {
 // INT2 byte i holds channels i, d/4+i, d/2+i, 3d/4+i (2 bits each); INT4 byte i holds i and
 // d/2+i: channel j sits in byte (j mod part) at bit offset bits * (j / part). The row's
 // (scale, min) pairs come already widened to fp32, so each vector costs two broadcast loads.
-struct QuantizedSource {
+struct AffineTokenSource {
   const uint8_t* codes;
   const float* scale;  // [d/G] fp32
   const float* min;    // [d/G] fp32
@@ -88,13 +86,27 @@ size_t Log2(size_t x) {
   return log;
 }
 
-// A run of n quantized rows with every (scale, min) widened to fp32 once per call (into
-// `widened`, [2, n, d/G]); Row(i) is row i's source.
-class QuantizedRun {
+// ---- Per format: a run of n history rows, and Row(i), the source of row i ----
+
+class Bf16Run {
  public:
-  QuantizedRun(const QuantizedRowsView& rows, size_t n, const WriteParams& p,
-               std::vector<float>* widened)
-      : codes_(rows.codes) {
+  Bf16Run(const HistoryRunView& rows, size_t, const WriteParams& p, std::vector<float>*)
+      : rows_(reinterpret_cast<const uint16_t*>(rows.plane[0])),
+        d_(static_cast<size_t>(p.head_dim)) {}
+  HWY_INLINE Bf16Source Row(size_t i) const { return Bf16Source{rows_ + i * d_}; }
+
+ private:
+  const uint16_t* rows_;
+  size_t d_;
+};
+
+// Every (scale, min) of the run is widened to fp32 once per call (into `widened`,
+// [2, n, d/G]).
+class AffineTokenRun {
+ public:
+  AffineTokenRun(const HistoryRunView& rows, size_t n, const WriteParams& p,
+                 std::vector<float>* widened)
+      : codes_(rows.plane[0]) {
     code_bytes_ = static_cast<size_t>(p.code_bytes());
     groups_ = static_cast<size_t>(p.num_groups());
     row_.part_shift = Log2(code_bytes_);
@@ -105,14 +117,16 @@ class QuantizedRun {
     widened->resize(2 * count);
     scale_ = widened->data();
     min_ = scale_ + count;
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(rows.plane[1]);
+    const uint16_t* mins = reinterpret_cast<const uint16_t*>(rows.plane[2]);
     for (size_t i = 0; i < count; ++i) {
-      scale_[i] = F32FromBf16(rows.scale[i]);
-      min_[i] = F32FromBf16(rows.min[i]);
+      scale_[i] = F32FromBf16(scales[i]);
+      min_[i] = F32FromBf16(mins[i]);
     }
   }
 
-  HWY_INLINE QuantizedSource Row(size_t i) const {
-    QuantizedSource s = row_;
+  HWY_INLINE AffineTokenSource Row(size_t i) const {
+    AffineTokenSource s = row_;
     s.codes = codes_ + i * code_bytes_;
     s.scale = scale_ + i * groups_;
     s.min = min_ + i * groups_;
@@ -124,8 +138,25 @@ class QuantizedRun {
   float* scale_ = nullptr;
   float* min_ = nullptr;
   size_t code_bytes_, groups_;
-  QuantizedSource row_{};
+  AffineTokenSource row_{};
 };
+
+// Calls fn(make_source) where make_source(i) is the source of row i of the run, decoded by the
+// codec of p.format (one <Name>Run class per row of formats.inc).
+template <class Fn>
+HWY_INLINE void WithRowSources(const HistoryRunView& run, size_t n, const WriteParams& p,
+                               std::vector<float>* scratch, const Fn& fn) {
+  switch (p.format) {
+#define KVQ_FORMAT(id, Name, tile_tokens, summary)                   \
+  case Format::k##Name: {                                            \
+    const Name##Run rows(run, n, p, scratch);                        \
+    fn([&rows](size_t i) { return rows.Row(i); });                   \
+    return;                                                          \
+  }
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  }
+}
 
 // out[h] = scale * (q[h] . row) for the HB heads of q (rows d apart).
 template <size_t HB, class Source>
@@ -274,15 +305,16 @@ void Bf16Update(const float* q, size_t g, Bf16RowsView k, Bf16RowsView v, size_t
   Update(q, g, make_key, make_value, n, static_cast<size_t>(d), scale, scratch, m, l, acc);
 }
 
-void HistoryUpdate(const float* q_rot, size_t g, QuantizedRowsView k, QuantizedRowsView v,
-                   size_t n, const WriteParams& kp, const WriteParams& vp, float scale,
-                   float* scratch, float* m, float* l, float* acc) {
+void HistoryUpdate(const float* q_rot, size_t g, HistoryRunView k, HistoryRunView v, size_t n,
+                   const WriteParams& kp, const WriteParams& vp, float scale, float* scratch,
+                   float* m, float* l, float* acc) {
   thread_local std::vector<float> key_metadata, value_metadata;
-  const QuantizedRun keys(k, n, kp, &key_metadata), values(v, n, vp, &value_metadata);
-  const auto make_key = [&](size_t i) { return keys.Row(i); };
-  const auto make_value = [&](size_t i) { return values.Row(i); };
-  Update(q_rot, g, make_key, make_value, n, static_cast<size_t>(kp.head_dim), scale, scratch, m,
-         l, acc);
+  const size_t d = static_cast<size_t>(kp.head_dim);
+  WithRowSources(k, n, kp, &key_metadata, [&](const auto& make_key) {
+    WithRowSources(v, n, vp, &value_metadata, [&](const auto& make_value) {
+      Update(q_rot, g, make_key, make_value, n, d, scale, scratch, m, l, acc);
+    });
+  });
 }
 
 AttentionKernels MakeAttentionKernels() {
@@ -303,30 +335,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvq::cpu::internal {
 
 AttentionKernels HwyAttentionKernels(int64_t hwy_target) {
-  switch (hwy_target) {
-#if HWY_TARGETS & HWY_AVX3_DL
-    case HWY_AVX3_DL: return N_AVX3_DL::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_AVX3
-    case HWY_AVX3: return N_AVX3::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    case HWY_AVX2: return N_AVX2::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    case HWY_SSE4: return N_SSE4::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    case HWY_SSSE3: return N_SSSE3::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_EMU128
-    case HWY_EMU128: return N_EMU128::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-    case HWY_SCALAR: return N_SCALAR::MakeAttentionKernels();
-#endif
-    default: break;
-  }
+  KVQ_HWY_PER_TARGET(hwy_target, MakeAttentionKernels)
   KVQ_CHECK(false, kUnsupported, "no decode-attention kernels were compiled for Highway target ",
             hwy_target, " (", hwy::TargetName(hwy_target), ")");
   return {};

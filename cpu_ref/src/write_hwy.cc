@@ -15,10 +15,7 @@
 //
 // Requires Highway 1.0.3 only (no LoadN, ReduceSum or HWY_EXPORT_T).
 
-// AVX3_DL (Ice Lake and later) is compiled only on request; this machine class has it.
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL
-#endif
+#include "hwy_targets.h"  // first: fixes the target list
 
 #include <cstddef>
 #include <cstdint>
@@ -26,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "write_internal.h"
@@ -135,7 +133,7 @@ void Fwht(float* x, size_t n, const WriteParams& p) {
   const size_t block = static_cast<size_t>(p.fwht_block());
   // Blocks are at least 16 floats, a vector at most 16: every block is whole vectors.
   HWY_ASSERT(block % lanes == 0);
-  const V scale = hn::Set(df, FwhtScale(p.fwht_block()));
+  const V scale = hn::Set(df, p.fwht_scale());
   const InVectorStages stages = MakeInVectorStages(lanes);
   const bool scale_after_in_vector = (block == lanes);
   for (size_t row = 0; row < n; ++row) {
@@ -417,14 +415,9 @@ void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min
 
 WriteKernels MakeWriteKernels() {
   WriteKernels k;
-  k.rotate_dense = RotateDense;
-  k.fwht = Fwht;
-  k.bitrev = Bitrev;
-  k.clip = Clip;
-  k.quantize = Quantize;
-  k.pack = Pack;
-  k.unpack = Unpack;
-  k.dequantize = Dequantize;
+#define KVQ_STAGE(name, Name, family, params, args) k.name = &Name;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
   return k;
 }
 
@@ -433,42 +426,15 @@ WriteKernels MakeWriteKernels() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <cctype>
-
 namespace kvq::cpu::internal {
 
-HWY_EXPORT(MakeWriteKernels);
+std::vector<int64_t> HwyTargets() { return hwy::SupportedAndGeneratedTargets(); }
 
-// The per-target table is read out of Highway's own dispatch table: for each compiled target
-// the CPU supports, restrict dispatch to that target alone and let HWY_DYNAMIC_DISPATCH
-// return that target's MakeWriteKernels(). This uses only public Highway 1.0.3 API (no
-// knowledge of the table layout) and runs once, under the function-local static's guard.
-// Caveat: while it runs, dispatch of *other* Highway functions in the process is restricted
-// too; it runs on first use of Backends(), before any kernel of this library is called.
-const std::vector<Backend>& HwyBackends() {
-  static const std::vector<Backend> backends = [] {
-    std::vector<Backend> list;
-    for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
-      hwy::SetSupportedTargetsForTest(target);
-      Backend backend;
-      backend.name = "hwy_";
-      for (const char* c = hwy::TargetName(target); *c != '\0'; ++c) {
-        backend.name += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
-      }
-      backend.hwy_target = target;
-      backend.write = HWY_DYNAMIC_DISPATCH(MakeWriteKernels)();
-      list.push_back(backend);
-    }
-    hwy::SetSupportedTargetsForTest(0);
-    // Each target's table must be its own: distinct targets, distinct code.
-    for (size_t a = 0; a < list.size(); ++a) {
-      for (size_t b = a + 1; b < list.size(); ++b) {
-        HWY_ASSERT(list[a].write.rotate_dense != list[b].write.rotate_dense);
-      }
-    }
-    return list;
-  }();
-  return backends;
+WriteKernels HwyWriteKernels(int64_t hwy_target) {
+  KVQ_HWY_PER_TARGET(hwy_target, MakeWriteKernels)
+  KVQ_CHECK(false, kUnsupported, "no write kernels were compiled for Highway target ",
+            hwy_target, " (", hwy::TargetName(hwy_target), ")");
+  return {};
 }
 
 }  // namespace kvq::cpu::internal

@@ -11,6 +11,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "write_internal.h"
 
 namespace kvq::cpu {
 namespace {
@@ -51,11 +52,10 @@ void CheckRotation(const WriteParams& p, const float* rotation) {
 void CheckInputs(const Backend& backend, const WriteParams& p, const float* rotation,
                  const float* x, size_t n) {
   p.Validate();
-  KVQ_CHECK(backend.write.rotate_dense != nullptr && backend.write.fwht != nullptr &&
-                backend.write.bitrev != nullptr && backend.write.clip != nullptr &&
-                backend.write.quantize != nullptr && backend.write.pack != nullptr &&
-                backend.write.unpack != nullptr && backend.write.dequantize != nullptr,
-            kInvalidArgument, "backend '", backend.name, "' has a missing write kernel");
+  for (const StageSpec& stage : AllStages()) {
+    KVQ_CHECK(!StageApplies(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
+              "backend '", backend.name, "' has no '", stage.name, "' kernel");
+  }
   CheckedElements(n, p.head_dim);
   if (n == 0) return;
   KVQ_CHECK(x != nullptr, kInvalidArgument, "input rows are null (", n, " rows)");
@@ -67,9 +67,12 @@ bool Overlap(const float* a, const float* b, size_t count) {
   return a < b + count && b < a + count;
 }
 
-// The stages after validation. y may alias x.
-void RotateUnchecked(const Backend& backend, const WriteParams& p, const float* rotation,
-                     const float* x, float* y, size_t n) {
+}  // namespace
+
+namespace internal {
+
+void RotateRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                const float* x, float* y, size_t n) {
   const size_t count = n * static_cast<size_t>(p.head_dim);
   switch (p.rotation) {
     case RotationKind::kIdentity:
@@ -96,23 +99,9 @@ void RotateUnchecked(const Backend& backend, const WriteParams& p, const float* 
   }
 }
 
-}  // namespace
-
-void Rotate(const Backend& backend, const WriteParams& p, const float* rotation, const float* x,
-            float* y, size_t n) {
-  CheckInputs(backend, p, rotation, x, n);
-  if (n == 0) return;
-  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
-  RotateUnchecked(backend, p, rotation, x, y, n);
-}
-
-void RotateInverse(const Backend& backend, const WriteParams& p, const float* rotation,
-                   const float* x, float* y, size_t n) {
-  CheckInputs(backend, p, rotation, x, n);
-  if (n == 0) return;
-  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
-  const size_t d = static_cast<size_t>(p.head_dim);
-  const size_t count = n * d;
+void RotateRowsInverse(const Backend& backend, const WriteParams& p, const float* r_transposed,
+                       const float* x, float* y, size_t n) {
+  const size_t count = n * static_cast<size_t>(p.head_dim);
   // P_br is an involution: undo it first (the forward map applied it last).
   std::vector<float> work(x, x + count);
   if (p.bitrev) {
@@ -124,13 +113,8 @@ void RotateInverse(const Backend& backend, const WriteParams& p, const float* ro
     case RotationKind::kIdentity:
       break;
     case RotationKind::kDense: {
-      // x·Rᵀ with the same dense kernel: transpose once.
-      std::vector<float> transposed(d * d);
-      for (size_t i = 0; i < d; ++i) {
-        for (size_t j = 0; j < d; ++j) transposed[j * d + i] = rotation[i * d + j];
-      }
       std::vector<float> rotated(count);
-      backend.write.rotate_dense(work.data(), transposed.data(), rotated.data(), n, p);
+      backend.write.rotate_dense(work.data(), r_transposed, rotated.data(), n, p);
       work.swap(rotated);
       break;
     }
@@ -142,9 +126,38 @@ void RotateInverse(const Backend& backend, const WriteParams& p, const float* ro
   std::memcpy(y, work.data(), count * sizeof(float));
 }
 
+}  // namespace internal
+
+void Rotate(const Backend& backend, const WriteParams& p, const float* rotation, const float* x,
+            float* y, size_t n) {
+  CheckInputs(backend, p, rotation, x, n);
+  if (n == 0) return;
+  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
+  internal::RotateRows(backend, p, rotation, x, y, n);
+}
+
+void RotateInverse(const Backend& backend, const WriteParams& p, const float* rotation,
+                   const float* x, float* y, size_t n) {
+  CheckInputs(backend, p, rotation, x, n);
+  if (n == 0) return;
+  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
+  const size_t d = static_cast<size_t>(p.head_dim);
+  // x·Rᵀ with the same dense kernel: transpose once.
+  std::vector<float> transposed;
+  if (p.rotation == RotationKind::kDense) {
+    transposed.resize(d * d);
+    for (size_t i = 0; i < d; ++i) {
+      for (size_t j = 0; j < d; ++j) transposed[j * d + i] = rotation[i * d + j];
+    }
+  }
+  internal::RotateRowsInverse(backend, p, transposed.data(), x, y, n);
+}
+
 QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const float* rotation,
                            const float* x, size_t n) {
   QuantizedRows out;
+  KVQ_CHECK(p.format == Format::kAffineToken, kInvalidArgument, "QuantizeRows runs the ",
+            "affine_token write path, not format '", FormatName(p.format), "'");
   CheckInputs(backend, p, rotation, x, n);
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t count = n * d;
@@ -159,7 +172,7 @@ QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const f
   out.dequantized.resize(count);
   if (n == 0) return out;
 
-  RotateUnchecked(backend, p, rotation, x, out.rotated.data(), n);
+  internal::RotateRows(backend, p, rotation, x, out.rotated.data(), n);
   // Magnitudes up to 2^126 keep hi - lo, the scale and every dequantized value finite.
   for (size_t row = 0; row < n; ++row) {
     for (size_t col = 0; col < d; ++col) {
@@ -176,6 +189,95 @@ QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const f
   backend.write.dequantize(out.codes.data(), out.scale.data(), out.min.data(),
                            out.dequantized.data(), n, p);
   return out;
+}
+
+namespace {
+
+// ---- The codec of each format (formats.inc): Encode<Name> and Decode<Name> ----
+
+void EncodeBf16(const Backend&, const WriteParams& p, const float*, const float* x, size_t n,
+                EncodedRows* out) {
+  CheckedElements(n, p.head_dim);
+  if (n == 0) return;
+  KVQ_CHECK(x != nullptr, kInvalidArgument, "input rows are null (", n, " rows)");
+  CheckFinite(x, n, p.head_dim, "input");
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  out->plane[0].resize(count * sizeof(uint16_t));
+  for (size_t i = 0; i < count; ++i) {
+    const uint16_t bits = Bf16FromF32(x[i]);
+    KVQ_CHECK(!IsNonFinite(F32FromBf16(bits)), kNonFinite, "value ", x[i], " at row ",
+              i / static_cast<size_t>(p.head_dim), ", column ", i % static_cast<size_t>(p.head_dim),
+              " rounds to inf in bf16");
+    std::memcpy(out->plane[0].data() + i * sizeof(uint16_t), &bits, sizeof bits);
+  }
+}
+
+void DecodeBf16(const Backend&, const WriteParams& p, const HistoryRunView& rows, size_t n,
+                float* y) {
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  for (size_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, rows.plane[0] + i * sizeof(uint16_t), sizeof bits);
+    y[i] = F32FromBf16(bits);
+  }
+}
+
+void EncodeAffineToken(const Backend& backend, const WriteParams& p, const float* rotation,
+                       const float* x, size_t n, EncodedRows* out) {
+  QuantizedRows q = QuantizeRows(backend, p, rotation, x, n);
+  out->plane[0] = std::move(q.packed);
+  for (int i = 1; i <= 2; ++i) {
+    const std::vector<uint16_t>& bits = i == 1 ? q.scale : q.min;
+    out->plane[i].resize(bits.size() * sizeof(uint16_t));
+    if (!bits.empty()) std::memcpy(out->plane[i].data(), bits.data(), out->plane[i].size());
+  }
+}
+
+void DecodeAffineToken(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                       size_t n, float* y) {
+  std::vector<uint8_t> codes(n * static_cast<size_t>(p.head_dim));
+  backend.write.unpack(rows.plane[0], codes.data(), n, p);
+  backend.write.dequantize(codes.data(), reinterpret_cast<const uint16_t*>(rows.plane[1]),
+                           reinterpret_cast<const uint16_t*>(rows.plane[2]), y, n, p);
+}
+
+struct Codec {
+  void (*encode)(const Backend&, const WriteParams&, const float*, const float*, size_t,
+                 EncodedRows*);
+  void (*decode)(const Backend&, const WriteParams&, const HistoryRunView&, size_t, float*);
+};
+
+Codec CodecOf(Format format) {
+  switch (format) {
+#define KVQ_FORMAT(id, Name, tile_tokens, summary) \
+  case Format::k##Name:                            \
+    return {&Encode##Name, &Decode##Name};
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  }
+  KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " has no codec");
+  return {};
+}
+
+}  // namespace
+
+EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                       const float* x, size_t n) {
+  p.Validate();
+  const FormatLayout layout = LayoutOf(p);
+  KVQ_CHECK(n % static_cast<size_t>(layout.tile_tokens) == 0, kInvalidArgument, "format '",
+            FormatName(p.format), "' stores tiles of ", layout.tile_tokens, " tokens; ", n,
+            " rows is not a whole number of tiles");
+  EncodedRows out;
+  out.rows = n;
+  CodecOf(p.format).encode(backend, p, rotation, x, n, &out);
+  return out;
+}
+
+void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                size_t n, float* y) {
+  if (n == 0) return;
+  CodecOf(p.format).decode(backend, p, rows, n, y);
 }
 
 }  // namespace kvq::cpu

@@ -19,7 +19,7 @@ namespace kvq::cpu::internal {
 namespace {
 
 // y[j] = sum_i x[i]*R[i][j]: i ascending, acc from +0.0f, the product rounded on its own.
-void RotateDenseScalar(const float* x, const float* r, float* y, size_t n,
+void RotateDense(const float* x, const float* r, float* y, size_t n,
                        const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   for (size_t row = 0; row < n; ++row) {
@@ -37,10 +37,10 @@ void RotateDenseScalar(const float* x, const float* r, float* y, size_t n,
 }
 
 // Butterflies with strides 1, 2, ..., block/2 on each block, then one multiply by the scale.
-void FwhtScalar(float* x, size_t n, const WriteParams& p) {
+void Fwht(float* x, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t block = static_cast<size_t>(p.fwht_block());
-  const float scale = FwhtScale(p.fwht_block());
+  const float scale = p.fwht_scale();
   for (size_t row = 0; row < n; ++row) {
     for (size_t start = 0; start < d; start += block) {
       float* b = x + row * d + start;
@@ -59,7 +59,7 @@ void FwhtScalar(float* x, size_t n, const WriteParams& p) {
 }
 
 // y[j] = x[beta(j)].
-void BitrevScalar(const float* x, float* y, size_t n, const WriteParams& p) {
+void Bitrev(const float* x, float* y, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const int log2_d = Log2(p.head_dim);
   for (size_t row = 0; row < n; ++row) {
@@ -70,7 +70,7 @@ void BitrevScalar(const float* x, float* y, size_t n, const WriteParams& p) {
 }
 
 // tau = a[k] with a = |x| sorted ascending; then the two comparisons of the spec.
-void ClipScalar(float* x, float* tau, size_t n, const WriteParams& p) {
+void Clip(float* x, float* tau, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t k = ClipRank(p.clip, p.head_dim);
   std::vector<float> magnitudes(d);
@@ -86,7 +86,7 @@ void ClipScalar(float* x, float* tau, size_t n, const WriteParams& p) {
   }
 }
 
-void QuantizeScalar(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
+void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
                     const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t group = static_cast<size_t>(p.group);
@@ -127,7 +127,7 @@ void QuantizeScalar(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* m
 
 // INT2: byte i <- channels i, d/4+i, d/2+i, 3d/4+i in bits [1:0], [3:2], [5:4], [7:6].
 // INT4: byte i <- channel i (low nibble), d/2+i (high nibble).
-void PackScalar(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
+void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t per_byte = static_cast<size_t>(8 / p.bits);
   const size_t slice = d / per_byte;  // bytes per row
@@ -144,7 +144,7 @@ void PackScalar(const uint8_t* codes, uint8_t* packed, size_t n, const WritePara
   }
 }
 
-void UnpackScalar(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
+void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t per_byte = static_cast<size_t>(8 / p.bits);
   const size_t slice = d / per_byte;
@@ -161,7 +161,7 @@ void UnpackScalar(const uint8_t* packed, uint8_t* codes, size_t n, const WritePa
 }
 
 // y = q*sf + mf: the product is exact, the sum rounded once.
-void DequantizeScalar(const uint8_t* codes, const uint16_t* scale, const uint16_t* min,
+void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min,
                       float* y, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t group = static_cast<size_t>(p.group);
@@ -181,14 +181,9 @@ void DequantizeScalar(const uint8_t* codes, const uint16_t* scale, const uint16_
 
 WriteKernels ScalarWriteKernels() {
   WriteKernels k;
-  k.rotate_dense = RotateDenseScalar;
-  k.fwht = FwhtScalar;
-  k.bitrev = BitrevScalar;
-  k.clip = ClipScalar;
-  k.quantize = QuantizeScalar;
-  k.pack = PackScalar;
-  k.unpack = UnpackScalar;
-  k.dequantize = DequantizeScalar;
+#define KVQ_STAGE(name, Name, family, params, args) k.name = &Name;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
   return k;
 }
 

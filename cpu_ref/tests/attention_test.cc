@@ -174,7 +174,7 @@ TEST_P(AttentionTest, BatchOfDifferentLengths) {
 TEST_P(AttentionTest, Bf16Cache) {
   std::mt19937_64 rng(8);
   CacheParams p = MakeCacheParams(32, 8, 128, 2, 64, 64, 256, 64, RotationKind::kIdentity, false);
-  p.quantized = false;
+  p.key.format = p.value.format = kvq::Format::kBf16;
   PagedKVCache cache(p, {}, {});
   const int seq = cache.AddSequence();
   const std::vector<float> k = RandomRows(700, 8, 128, rng), v = RandomRows(700, 8, 128, rng);

@@ -110,6 +110,16 @@ RowBits DirectWrite(const PagedKVCache& cache, KV kv, int head, const uint16_t* 
   return RowBits{q.packed, q.scale, q.min};
 }
 
+// The planes of one affine_token history row as RowBits.
+RowBits AsRowBits(const HistoryRunView& row, const WriteParams& wp) {
+  const size_t cb = static_cast<size_t>(wp.code_bytes());
+  const size_t ng = static_cast<size_t>(wp.num_groups());
+  const uint16_t* scale = reinterpret_cast<const uint16_t*>(row.plane[1]);
+  const uint16_t* min = reinterpret_cast<const uint16_t*>(row.plane[2]);
+  return RowBits{std::vector<uint8_t>(row.plane[0], row.plane[0] + cb),
+                 std::vector<uint16_t>(scale, scale + ng), std::vector<uint16_t>(min, min + ng)};
+}
+
 // Every stored bit of `seq` against the rows it was given (bf16 bits [t, Hkv, d]).
 void ExpectHolds(const PagedKVCache& cache, int seq, const std::vector<uint16_t> rows[2],
                  const std::string& context) {
@@ -119,8 +129,7 @@ void ExpectHolds(const PagedKVCache& cache, int seq, const std::vector<uint16_t>
   const size_t d = static_cast<size_t>(p.head_dim());
   const size_t row = hkv * d;
   ASSERT_EQ(rows[0].size(), t * row) << context;
-  const size_t reserved = static_cast<size_t>(p.sink + p.recent);
-  const size_t history = p.quantized && t > reserved ? t - reserved : 0;
+  const size_t history = static_cast<size_t>(p.HistoryTokens(static_cast<int64_t>(t)));
   ASSERT_EQ(cache.HistoryLength(seq), history) << context;
   const size_t page = static_cast<size_t>(p.page_size);
   ASSERT_EQ(cache.PageTable(seq).size(), (history + page - 1) / page) << context;
@@ -138,8 +147,9 @@ void ExpectHolds(const PagedKVCache& cache, int seq, const std::vector<uint16_t>
       const WriteParams& wp = kv == 0 ? p.key : p.value;
       for (size_t h = 0; h < hkv; ++h) {
         const RowBits direct = DirectWrite(cache, half, static_cast<int>(h), want + h * d);
-        const HistoryRowRef got =
+        const HistoryRunView row =
             cache.HistoryRow(seq, pos - static_cast<size_t>(p.sink), static_cast<int>(h), half);
+        const RowBits got = AsRowBits(row, wp);
         const size_t cb = static_cast<size_t>(wp.code_bytes());
         const size_t ng = static_cast<size_t>(wp.num_groups());
         for (size_t b = 0; b < cb; ++b) {
@@ -231,12 +241,13 @@ TEST(PagedKVCache, HistoryBitsIndependentOfPrefillOrDemotion) {
     for (size_t i = 0; i < cache.HistoryLength(twin); ++i) {
       for (int h = 0; h < hkv; ++h) {
         for (int kv = 0; kv < 2; ++kv) {
-          const HistoryRowRef a = cache.HistoryRow(ids[3], i, h, static_cast<KV>(kv));
-          const HistoryRowRef b = cache.HistoryRow(twin, i, h, static_cast<KV>(kv));
-          const WriteParams& wp = kv == 0 ? p.key : p.value;
-          ASSERT_EQ(std::memcmp(a.codes, b.codes, static_cast<size_t>(wp.code_bytes())), 0);
-          ASSERT_EQ(std::memcmp(a.scale, b.scale, 2 * static_cast<size_t>(wp.num_groups())), 0);
-          ASSERT_EQ(std::memcmp(a.min, b.min, 2 * static_cast<size_t>(wp.num_groups())), 0);
+          const HistoryRunView a = cache.HistoryRow(ids[3], i, h, static_cast<KV>(kv));
+          const HistoryRunView b = cache.HistoryRow(twin, i, h, static_cast<KV>(kv));
+          const FormatLayout& layout = cache.Layout(static_cast<KV>(kv));
+          for (int plane = 0; plane < layout.num_planes; ++plane) {
+            ASSERT_EQ(std::memcmp(a.plane[plane], b.plane[plane], layout.plane(plane).row_bytes()),
+                      0) << layout.plane(plane).name;
+          }
         }
       }
     }
@@ -290,10 +301,10 @@ TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
       const size_t base =
           (static_cast<size_t>(cache.PageTable(a)[i / page]) * 2 + static_cast<size_t>(h)) * page +
           i % page;
-      const HistoryRowRef ref = cache.HistoryRow(a, i, h, KV::kKey);
-      EXPECT_EQ(ref.codes, cache.PoolCodes(KV::kKey) + base * cb);
-      EXPECT_EQ(ref.scale, cache.PoolScale(KV::kKey) + base * ng);
-      EXPECT_EQ(ref.min, cache.PoolMin(KV::kKey) + base * ng);
+      const HistoryRunView ref = cache.HistoryRow(a, i, h, KV::kKey);
+      EXPECT_EQ(ref.plane[0], cache.PoolPlane(KV::kKey, 0) + base * cb);
+      EXPECT_EQ(ref.plane[1], cache.PoolPlane(KV::kKey, 1) + base * ng * 2);
+      EXPECT_EQ(ref.plane[2], cache.PoolPlane(KV::kKey, 2) + base * ng * 2);
     }
   }
   // Ring: position p at slot p % W; sink rows in order.
@@ -306,15 +317,16 @@ TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
   const size_t last = static_cast<size_t>(cache.PageTable(a)[3]);
   for (size_t slot = 52 % 16; slot < 16; ++slot) {
     for (size_t byte = 0; byte < cb; ++byte) {
-      EXPECT_EQ(cache.PoolCodes(KV::kKey)[((last * 2) * page + slot) * cb + byte], 0);
+      EXPECT_EQ(cache.PoolPlane(KV::kKey, 0)[((last * 2) * page + slot) * cb + byte], 0);
     }
   }
   // Removing a frees its pages (zeroed); the next allocations reuse them, newest freed first.
   cache.RemoveSequence(a);
   EXPECT_FALSE(cache.HasSequence(a));
   EXPECT_EQ(cache.NumFreePages(), 4);
-  for (size_t i = 0; i < cache.PageCodeBytes(KV::kKey); ++i) {
-    ASSERT_EQ(cache.PoolCodes(KV::kKey)[7 * cache.PageCodeBytes(KV::kKey) + i], 0);
+  for (int plane = 0; plane < cache.Layout(KV::kKey).num_planes; ++plane) {
+    const size_t bytes = cache.PagePlaneBytes(KV::kKey, plane);
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(cache.PoolPlane(KV::kKey, plane)[7 * bytes + i], 0);
   }
   const int c = cache.AddSequence();
   EXPECT_NE(c, a);  // ids are not reused
@@ -355,7 +367,7 @@ TEST(PagedKVCache, ByteAccountingAndEffectiveBits) {
 
   // The bf16 baseline: 16 bits per element, no pages.
   CacheParams q = p;
-  q.quantized = false;
+  q.key.format = q.value.format = kvq::Format::kBf16;
   PagedKVCache dense(q, {}, {});
   const int s2 = dense.AddSequence();
   dense.Prefill(s2, k.data(), v.data(), 1000);
@@ -369,7 +381,7 @@ TEST(PagedKVCache, ByteAccountingAndEffectiveBits) {
 TEST(PagedKVCache, Bf16CacheKeepsEveryRow) {
   std::mt19937_64 rng(5);
   CacheParams p = MakeCacheParams(4, 4, 64, 2, 64, 2, 3, 16, RotationKind::kDense, false);
-  p.quantized = false;
+  p.key.format = p.value.format = kvq::Format::kBf16;
   PagedKVCache cache(p, {}, {});
   const int seq = cache.AddSequence();
   const std::vector<float> k = RandomRows(40, 4, 64, rng), v = RandomRows(40, 4, 64, rng);

@@ -96,7 +96,7 @@ inline std::string DescribeParams(const CacheParams& p) {
      << " b=" << p.key.bits << "/" << p.value.bits << " G=" << p.key.group << "/"
      << p.value.group << " S0=" << p.sink << " W=" << p.recent << " P=" << p.page_size
      << " rot=" << RotationKindName(p.key.rotation) << (p.key.bitrev ? "+br" : "")
-     << " quantized=" << p.quantized;
+     << " quantized=" << p.quantized();
   return os.str();
 }
 

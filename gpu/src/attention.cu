@@ -48,7 +48,7 @@ HistoryFormat CheckSupported(const CacheParams& c) {
   KVQ_CHECK(g <= attention::kMaxHeadsPerBlock || g % attention::kMaxHeadsPerBlock == 0,
             kUnsupported, "GQA group Hq/Hkv = ", g,
             " is not supported by the CUDA decode attention (at most 8, or a multiple of 8)");
-  if (!c.quantized) return HistoryFormat::kBf16;
+  if (!c.quantized()) return HistoryFormat::kBf16;
   KVQ_CHECK(c.key.bits == c.value.bits, kUnsupported, "key bits ", c.key.bits,
             " differ from value bits ", c.value.bits, " (the CUDA decode attention needs one)");
   const int row_bytes = d * c.key.bits / 8;
@@ -95,14 +95,14 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int g = c.group_size();
   const int heads_per_block = std::min(g, attention::kMaxHeadsPerBlock);
   const int64_t blocks_per_split = static_cast<int64_t>(c.num_kv_heads) * (g / heads_per_block) * batch;
-  const bool int8_qk = c.quantized && heads_per_block <= 4 && allow_int8_qk;
+  const bool int8_qk = c.quantized() && heads_per_block <= 4 && allow_int8_qk;
 
   DecodeAttentionPlan plan;
   // Quantized cache: sink + recent rows (bf16, the window blocks) and paged history rows.
   const int64_t window_tokens =
-      c.quantized ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent) : 0;
+      c.quantized() ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent) : 0;
   const int64_t paged_tokens =
-      c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
+      c.quantized() ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
                   : max_seq_len;
   // Decode blocks resident at once: a wave.
   const int64_t resident =
@@ -116,7 +116,7 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     window_split_tokens = CeilDiv(CeilDiv(window_tokens, splits), kWindowTokensPerSplit) *
                           static_cast<int64_t>(kWindowTokensPerSplit);
   }
-  if (paged_tokens > 0 && !c.quantized) {
+  if (paged_tokens > 0 && !c.quantized()) {
     // bf16 cache: memory-bound with a 2-stage pipeline, it wants many blocks in flight: about
     // kBf16BlocksPerSm blocks per multiprocessor over the grid (on an H100, one wave of long
     // splits measured 10-17% slower for it).
@@ -166,13 +166,13 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   } else {
     plan.hist_tokens_per_split = kTileTokens;
   }
-  if (c.quantized) {
+  if (c.quantized()) {
     plan.window_tokens_per_split = static_cast<int>(window_split_tokens);
     plan.window_splits = CeilDiv(window_tokens, window_split_tokens);
   }
-  plan.pack_hi_lo = c.quantized && heads_per_block <= 4;
+  plan.pack_hi_lo = c.quantized() && heads_per_block <= 4;
   // The group epilogue: 16% fewer instructions than the per-field one, 8-17% faster (pass 3).
-  plan.group_epilogue = c.quantized;
+  plan.group_epilogue = c.quantized();
   plan.int8_qk = int8_qk;
   plan.aux_heads_per_block = static_cast<int64_t>(batch) * c.num_q_heads <= kAuxHeadBlocksPerSm * num_sms
                                     ? 1
@@ -194,9 +194,9 @@ DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
   const int g = c.group_size();
   const int64_t rows = static_cast<int64_t>(batch) * c.num_q_heads;
   DecodeStepBlocks n;
-  n.rotate = c.quantized ? rows / std::max(plan.aux_heads_per_block, 1) : 0;
+  n.rotate = c.quantized() ? rows / std::max(plan.aux_heads_per_block, 1) : 0;
   n.decode = static_cast<int64_t>(c.num_kv_heads) * (g / std::min(g, attention::kMaxHeadsPerBlock)) *
-             batch * (plan.hist_splits + (c.quantized ? plan.window_splits : 0));
+             batch * (plan.hist_splits + (c.quantized() ? plan.window_splits : 0));
   n.merge = rows / std::max(plan.aux_heads_per_block, 1);
   return n;
 }
@@ -228,7 +228,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             c.group_size());
   KVQ_CHECK(!plan.group_epilogue || plan.chunks_per_warp == 1, kInvalidArgument,
             "invalid plan: group_epilogue needs chunks_per_warp 1, got ", plan.chunks_per_warp);
-  KVQ_CHECK(!plan.int8_qk || (c.quantized && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
+  KVQ_CHECK(!plan.int8_qk || (c.quantized() && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
             kInvalidArgument, "invalid plan: int8_qk needs a quantized cache and at most 4 query "
             "heads per block, g = ", g);
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
@@ -238,12 +238,12 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             " (1 .. ", attention::MaxAuxHeads(d), " at d = ", d, ", dividing g = ", g, ")");
   // The plan must cover the longest sequence.
   const int64_t paged_tokens =
-      c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
+      c.quantized() ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
                   : in.max_seq_len;
   KVQ_CHECK(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split >= paged_tokens,
             kInvalidArgument, "plan covers ", plan.hist_splits * plan.hist_tokens_per_split,
             " paged tokens, max_seq_len ", in.max_seq_len, " needs ", paged_tokens);
-  if (c.quantized) {
+  if (c.quantized()) {
     const int64_t window = std::min<int64_t>(in.max_seq_len, static_cast<int64_t>(c.sink) + c.recent);
     KVQ_CHECK(static_cast<int64_t>(plan.window_splits) * plan.window_tokens_per_split >= window,
               kInvalidArgument, "plan covers ", plan.window_splits * plan.window_tokens_per_split,
@@ -261,14 +261,14 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
     KVQ_CHECK(in.key_codes && in.value_codes && Aligned16(in.key_codes) &&
                   Aligned16(in.value_codes),
               kInvalidArgument, "null or misaligned key / value page pool");
-    if (c.quantized) {
+    if (c.quantized()) {
       KVQ_CHECK(in.key_scale && in.key_min && in.value_scale && in.value_min &&
                     Aligned16(in.key_scale) && Aligned16(in.key_min) &&
                     Aligned16(in.value_scale) && Aligned16(in.value_min),
                 kInvalidArgument, "null or misaligned scale / min pool");
     }
   }
-  if (c.quantized) {
+  if (c.quantized()) {
     KVQ_CHECK((c.sink == 0 || (in.sink_key && in.sink_value && Aligned16(in.sink_key) &&
                                Aligned16(in.sink_value))) &&
                   in.recent_key && in.recent_value && Aligned16(in.recent_key) &&
@@ -285,7 +285,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   float* part_ml = reinterpret_cast<float*>(ws + layout.part_ml);
   float* part_acc = reinterpret_cast<float*>(ws + layout.part_acc);
 
-  if (c.quantized) {
+  if (c.quantized()) {
     attention::RotateQueriesParams rq;
     rq.batch = in.batch;
     rq.num_q_heads = c.num_q_heads;
@@ -317,7 +317,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.value_group = c.value.group;
   kp.hist_splits = plan.hist_splits;
   kp.hist_tokens_per_split = plan.hist_tokens_per_split;
-  kp.window_splits = c.quantized ? plan.window_splits : 0;
+  kp.window_splits = c.quantized() ? plan.window_splits : 0;
   kp.window_tokens_per_split = std::max(plan.window_tokens_per_split, 1);
   kp.chunks_per_warp = plan.chunks_per_warp;
   kp.pack_hi_lo = plan.pack_hi_lo;
@@ -340,7 +340,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.v_scale = in.value_scale;
   kp.v_min = in.value_min;
   const int64_t tokens_per_page = static_cast<int64_t>(c.num_kv_heads) * c.page_size;
-  if (c.quantized) {
+  if (c.quantized()) {
     kp.k_codes_page_stride = tokens_per_page * (d * c.key.bits / 8);
     kp.v_codes_page_stride = tokens_per_page * (d * c.value.bits / 8);
     kp.k_meta_page_stride = tokens_per_page * (d / c.key.group) * 2;
@@ -353,7 +353,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.part_acc = part_acc;
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
-  kp.programmatic_launch = c.quantized;  // right after the query rotation
+  kp.programmatic_launch = c.quantized();  // right after the query rotation
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
   if (!kp.k_codes) kp.k_codes = reinterpret_cast<const uint8_t*>(in.q);
@@ -370,7 +370,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.total_splits = splits;
   mp.max_seq_len = in.max_seq_len;
   mp.seq_lens = in.seq_lens;
-  mp.rotate_history = c.quantized;
+  mp.rotate_history = c.quantized();
   mp.rotation = static_cast<int>(c.value.rotation);
   mp.rotations = in.rotation_value;
   mp.fwht_block = c.value.fwht_block();

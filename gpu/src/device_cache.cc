@@ -79,7 +79,7 @@ DeviceCache::DeviceCache(const cpu::PagedKVCache& cache, const std::vector<int>&
   }
   m.lens = DeviceArray<int32_t>(lens);
 
-  if (p.quantized) {
+  if (p.quantized()) {
     // The pool as it is on the host: page ids need no translation.
     const int pages = std::max(cache.NumPages(), 1);
     for (const cpu::KV kv : {cpu::KV::kKey, cpu::KV::kValue}) {

@@ -128,8 +128,8 @@ void CheckPool(const PagePool& pool, const char* what) {
 
 void CheckCacheParams(const CacheParams& c, const char* what) {
   c.Validate();
-  KVQ_CHECK(c.quantized, kInvalidArgument, what,
-            ": CacheParams.quantized is false; the bf16 baseline has no history pages to write");
+  KVQ_CHECK(c.quantized(), kInvalidArgument, what,
+            ": the cache format is bf16; the bf16 baseline has no history pages to write");
   KVQ_CHECK(c.num_kv_heads <= 65535, kInvalidArgument, what, ": num_kv_heads ", c.num_kv_heads,
             " exceeds 65535");
 }

@@ -189,7 +189,7 @@ struct TestCase {
 
   static cpu::PagedKVCache MakeCache(const Config& cfg, std::mt19937_64& rng) {
     const CacheParams p = MakeParams(cfg);
-    if (!p.quantized) return cpu::PagedKVCache(p, {}, {});
+    if (!p.quantized()) return cpu::PagedKVCache(p, {}, {});
     std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, rng);
     std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, rng);
     return cpu::PagedKVCache(p, std::move(rk), std::move(rv));
@@ -223,7 +223,7 @@ struct TestCase {
     lens = DeviceBuffer<int32_t>(lens_h);
     q_dev = DeviceBuffer<float>(q);
     const size_t row = static_cast<size_t>(hkv) * d;
-    if (params.quantized) {
+    if (params.quantized()) {
       // Pool with shuffled page ids: CPU page i -> device page perm[i].
       const int pages = cache.NumPages();
       std::vector<int32_t> perm(pages);
@@ -350,7 +350,7 @@ struct TestCase {
     plan.group_epilogue = v.group_epilogue;
     plan.int8_qk = v.int8_qk;
     if (v.aux_heads > 0) plan.aux_heads_per_block = v.aux_heads;
-    if (v.window_split > 0 && params.quantized) {
+    if (v.window_split > 0 && params.quantized()) {
       const int window = std::min(max_len, params.sink + params.recent);
       plan.window_tokens_per_split = v.window_split;
       plan.window_splits = (window + v.window_split - 1) / v.window_split;
@@ -382,9 +382,9 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
     refs[b].resize(static_cast<size_t>(hq) * d);
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
-  const bool can_pack = tc.params.quantized && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
+  const bool can_pack = tc.params.quantized() && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
   std::vector<Variant> variants;
-  if (tc.params.quantized) {
+  if (tc.params.quantized()) {
     variants.push_back({1, false, false, false});
     variants.push_back({1, false, true, false});
   }
@@ -399,7 +399,7 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
   // batches take them (the small test batches plan a block per query head).
   const int g = hq / tc.cfg.hkv;
   if (g > 1) {
-    Variant wide = can_pack ? Variant{1, false, true, true} : Variant{1, false, tc.params.quantized};
+    Variant wide = can_pack ? Variant{1, false, true, true} : Variant{1, false, tc.params.quantized()};
     wide.aux_heads = attention::WidestAuxHeads(g, d);
     variants.push_back(wide);
     if (wide.aux_heads > 2 && g % 2 == 0) {
@@ -410,7 +410,7 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
   }
   // The plan's loop with the whole window in one block per sequence and head chunk, as the
   // planner cuts it for large batches (the small test batches get 64-token window blocks).
-  if (tc.params.quantized) {
+  if (tc.params.quantized()) {
     Variant one_window = can_pack ? Variant{1, false, true, true} : Variant{1, false, true};
     one_window.window_split = 320;
     variants.push_back(one_window);

@@ -22,7 +22,7 @@ CacheParams SmallParams(bool quantized) {
   p.sink = 16;
   p.recent = 32;
   p.page_size = 16;
-  p.quantized = quantized;
+  if (!quantized) p.key.format = p.value.format = kvq::Format::kBf16;
   p.key.head_dim = p.value.head_dim = 128;
   p.key.group = p.value.group = 64;
   p.key.bits = p.value.bits = 2;

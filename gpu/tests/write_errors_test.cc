@@ -156,7 +156,7 @@ TEST(RuntimeApiRejects, InvalidCacheParams) {
       },
       "48");
   c.page_size = 64;
-  c.quantized = false;
+  c.key.format = c.value.format = kvq::Format::kBf16;
   ExpectInvalidArgument(
       [&] {
         PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},

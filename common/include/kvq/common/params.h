@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kvq/common/format.h"
+
 namespace kvq {
 
 // Largest rotated magnitude the write path accepts: keeps hi - lo, the scale and every
@@ -21,9 +23,12 @@ enum class RotationKind : int {
 
 const char* RotationKindName(RotationKind kind);
 
-// Write path of one row: rotate -> (bit reversal) -> clip -> quantize -> pack.
+// Write path of one row: the transforms (rotate -> bit reversal -> clip) then the codec of
+// `format` (affine_token: quantize -> pack). A bf16 format stores the original row and reads
+// none of the other fields but head_dim.
 struct WriteParams {
   int head_dim = 128;       // d: 64, 128 or 256
+  Format format = Format::kAffineToken;  // how history rows are stored (formats.inc)
   int group = 64;           // G: 32, 64 or 128, G <= d, channels per (scale, min) pair
   int bits = 2;             // b: 2 or 4
   float clip = 1.0f;        // rho in (0, 1]; 1 never clips
@@ -38,21 +43,25 @@ struct WriteParams {
   int num_groups() const { return head_dim / group; }            // d / G
   int code_bytes() const { return head_dim * bits / 8; }         // packed bytes per row
   int fwht_block() const { return hadamard_block == 0 ? head_dim : hadamard_block; }
-  // Stored bytes per row: packed codes plus one bf16 (scale, min) pair per group.
-  int row_bytes() const { return code_bytes() + num_groups() * 4; }
+  // The FWHT normaliser fp32(1/sqrt(fwht_block())), computed in double and rounded once
+  // (spec/numerics.md §3.2): the one definition the CPU and GPU paths use.
+  float fwht_scale() const;
+  bool quantized() const { return format != Format::kBf16; }
 };
 
-// The paged KV cache (spec/cache.md): BF16 sink | INT-b history in pages | BF16 recent window.
+// The paged KV cache (spec/cache.md): BF16 sink | history in pages | BF16 recent window.
 // Used unchanged by the CPU oracle and the CUDA path. Per-KV-head rotations and clip ratios are
-// data, not parameters (they override key.clip / value.clip per head).
+// data, not parameters (they override key.clip / value.clip per head). The history's format is
+// key.format / value.format; a bf16 format on both is the bf16 baseline cache (every token a
+// bf16 row, no windows).
 struct CacheParams {
   int num_kv_heads = 8;      // Hkv
   int num_q_heads = 32;      // Hq, a positive multiple of Hkv (GQA group g = Hq / Hkv)
   int sink = 64;             // S0 >= 0
   int recent = 256;          // W >= 1
+  int flush = 1;             // F >= 1: the history grows F tokens at a time (HistoryTokens)
   int page_size = 64;        // P, history tokens per page: power of two in [16, 1024]
-  bool quantized = true;     // false: the bf16 baseline (every token kept as bf16)
-  WriteParams key;           // K write path (head_dim, group, bits, rotation, bitrev, block);
+  WriteParams key;           // K write path (format, head_dim, group, bits, rotation, ...);
   WriteParams value;         // V write path; key.head_dim == value.head_dim == d
   float softmax_scale = 0;   // 0 means 1/sqrt(d) computed as (float)(1.0/sqrt((double)d))
 
@@ -62,6 +71,15 @@ struct CacheParams {
 
   int head_dim() const { return key.head_dim; }
   int group_size() const { return num_q_heads / num_kv_heads; }  // g = Hq / Hkv
+  // Whether the history is stored in a quantized format (false: the bf16 baseline cache).
+  bool quantized() const { return key.quantized(); }
+  // The window rule (spec/cache.md §2): at length t the history holds positions
+  // [S0, S0 + H(t)) with H(t) = F * floor(max(0, t - S0 - W) / F); 0 for a bf16 cache.
+  int64_t HistoryTokens(int64_t t) const;
+  // First position of the recent window at length t: min(t, S0 + H(t)) (bf16 cache: min(t, S0)).
+  int64_t RecentBegin(int64_t t) const;
+  // Slots of the recent ring: W + F - 1 (position p lives at slot p % ring_slots()).
+  int ring_slots() const { return recent + flush - 1; }
   // The scale the logits are multiplied by: softmax_scale, or fp32(1/sqrt(d)) when it is 0.
   float scale() const;
 };

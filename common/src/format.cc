@@ -1,0 +1,115 @@
+#include "kvq/common/format.h"
+
+#include <string>
+
+#include "kvq/common/error.h"
+#include "kvq/common/params.h"
+
+namespace kvq {
+namespace {
+
+struct FormatEntry {
+  Format format;
+  const char* name;
+  const char* summary;
+};
+
+constexpr FormatEntry kFormats[] = {
+#define KVQ_FORMAT(id, Name, tile_tokens, summary) {Format::k##Name, #id, summary},
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+};
+
+const FormatEntry& Entry(Format format) {
+  for (const FormatEntry& e : kFormats) {
+    if (e.format == format) return e;
+  }
+  KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " is unknown");
+  return kFormats[0];
+}
+
+}  // namespace
+
+const std::vector<Format>& AllFormats() {
+  static const std::vector<Format> formats = [] {
+    std::vector<Format> list;
+    for (const FormatEntry& e : kFormats) list.push_back(e.format);
+    return list;
+  }();
+  return formats;
+}
+
+const char* FormatName(Format format) { return Entry(format).name; }
+const char* FormatSummary(Format format) { return Entry(format).summary; }
+
+Format ParseFormat(const std::string& name) {
+  std::string names;
+  for (const FormatEntry& e : kFormats) {
+    if (name == e.name) return e.format;
+    names += names.empty() ? e.name : std::string(", ") + e.name;
+  }
+  KVQ_CHECK(false, kInvalidArgument, "unknown format '", name, "' (valid: ", names, ")");
+  return kFormats[0].format;
+}
+
+int FormatLayout::Find(const std::string& name) const {
+  for (int i = 0; i < num_planes; ++i) {
+    if (name == planes[i].name) return i;
+  }
+  return -1;
+}
+
+int64_t FormatLayout::RowsPerPage(int plane, int page_size) const {
+  return planes[plane].scope == PlaneScope::kTile ? page_size / tile_tokens : page_size;
+}
+
+size_t FormatLayout::PageBytes(int plane, int page_size, int num_kv_heads) const {
+  return static_cast<size_t>(num_kv_heads) * static_cast<size_t>(RowsPerPage(plane, page_size)) *
+         planes[plane].row_bytes();
+}
+
+size_t FormatLayout::Bytes(PlaneRole role, int64_t tokens) const {
+  size_t bytes = 0;
+  for (int i = 0; i < num_planes; ++i) {
+    const PlaneSpec& s = planes[i];
+    if (s.role != role) continue;
+    const int64_t rows =
+        s.scope == PlaneScope::kTile ? (tokens + tile_tokens - 1) / tile_tokens : tokens;
+    bytes += static_cast<size_t>(rows) * s.row_bytes();
+  }
+  return bytes;
+}
+
+FormatLayout LayoutOf(const WriteParams& p) {
+  FormatLayout layout;
+  layout.format = p.format;
+  switch (p.format) {
+#define KVQ_FORMAT(id, Name, tile, summary) \
+  case Format::k##Name:                     \
+    layout.tile_tokens = (tile);            \
+    break;
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  }
+  // One row of formats.inc's plane table per plane, kept in list order.
+  struct Row {
+    const char* format;
+    PlaneSpec spec;
+  };
+  const Row rows[] = {
+#define KVQ_PLANE(fmt, plane, dtype_, role_, scope_, count) \
+  {#fmt, {#plane, DType::dtype_, PlaneRole::role_, PlaneScope::scope_, (count)}},
+#include "kvq/common/formats.inc"
+#undef KVQ_PLANE
+  };
+  const char* name = FormatName(p.format);
+  for (const Row& row : rows) {
+    if (std::string(row.format) != name || row.spec.elements <= 0) continue;
+    KVQ_CHECK(layout.num_planes < kMaxPlanes, kInvalidArgument, "format '", name,
+              "' lists more than ", kMaxPlanes, " planes");
+    layout.planes[layout.num_planes++] = row.spec;
+  }
+  return layout;
+}
+
+}  // namespace kvq
