@@ -10,7 +10,7 @@
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "generator_internal.h"
-#include "rows.h"
+#include "kvq/conformance/rows.h"
 
 namespace kvq::conformance::internal {
 namespace {

@@ -11,14 +11,16 @@
 
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
-#include "write_test_util.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/params.h"
 
-namespace kvq::cpu::testing {
+namespace kvq::cpu {
 namespace {
 
-class WriteGoldenTest : public ::testing::TestWithParam<std::string> {
+class WriteGoldenTest : public ::testing::TestWithParam<const Backend*> {
  protected:
-  const WriteKernels& k() const { return BackendByName(GetParam()).write; }
+  const WriteKernels& k() const { return (*GetParam()).write; }
 };
 
 // ---------------------------------------------------------------- quantize
@@ -30,7 +32,7 @@ class WriteGoldenTest : public ::testing::TestWithParam<std::string> {
 //   -0.5 -> 1;  0.0 -> rint(1.5) = 2 (tie to even);  0.25 -> rint(1.75) = 2;
 //    0.5 -> 2;  1.0 -> rint(2.5) = 2 (tie to even);  1.5 -> 3;  0.1 -> rint(1.6) = 2.
 TEST_P(WriteGoldenTest, QuantizeInt2KnownCodesAndTiesToEven) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<float> x(64, 0.1f);
   const float inputs[] = {-1.5f, -1.25f, -1.0f, -0.5f, 0.0f, 0.25f, 0.5f, 1.0f};
   const uint8_t expected[] = {0, 0, 0, 1, 2, 2, 2, 2};
@@ -50,7 +52,7 @@ TEST_P(WriteGoldenTest, QuantizeInt2KnownCodesAndTiesToEven) {
 // m̂ = +0 = 0x0000. x = (k + 0.5) * 0.125 lands on k + 0.5: rounds to the even neighbour.
 // Group 1 is constant 5.0: s = 0 so ŝ = 0 and every code is 0; m̂ = bf16(5) = 0x40A0.
 TEST_P(WriteGoldenTest, QuantizeInt4TiesAndConstantGroup) {
-  const WriteParams p = ShapeParams(64, 32, 4);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(4).Build();
   std::vector<float> x(64, 5.0f);
   x[0] = 0.0f;
   x[1] = 1.875f;
@@ -75,7 +77,7 @@ TEST_P(WriteGoldenTest, QuantizeInt4TiesAndConstantGroup) {
 // bf16 up: ŝ = 0x3EAB = 0.333984375 (> s). Codes: 1/ŝ = 2.994... -> 3; 0.5/ŝ = 1.497 -> 1;
 // 0.6/ŝ = 1.796 -> 2; 0.16/ŝ = 0.479 -> 0; 0.17/ŝ = 0.509 -> 1.
 TEST_P(WriteGoldenTest, QuantizeScaleRoundedToBf16) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<float> x(64, 0.5f);
   x[0] = 0.0f;
   x[1] = 1.0f;
@@ -97,7 +99,7 @@ TEST_P(WriteGoldenTest, QuantizeScaleRoundedToBf16) {
 
 // A group of negative zeros: lo = -0 + 0 = +0, so m̂ is +0 (0x0000), never 0x8000; s = 0.
 TEST_P(WriteGoldenTest, QuantizeNegativeZeroGroupStoresPositiveZero) {
-  const WriteParams p = ShapeParams(64, 32, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   std::vector<float> x(64, -0.0f);
   for (int i = 32; i < 64; i += 2) x[i] = 0.0f;  // group 1 mixes the two zeros
   std::vector<uint8_t> codes(64, 0xff);
@@ -112,7 +114,7 @@ TEST_P(WriteGoldenTest, QuantizeNegativeZeroGroupStoresPositiveZero) {
 
 // The largest range the write path admits: lo = -2^125, hi = 2^125 (hi - lo = 2^126).
 TEST_P(WriteGoldenTest, QuantizeLargeRange) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   const float big = 4.2535296e37f;  // 2^125
   std::vector<float> x(64, 0.0f);
   x[0] = -big;
@@ -138,7 +140,7 @@ TEST_P(WriteGoldenTest, QuantizeLargeRange) {
 // code 3 * 0.333984375 (bf16 0x3EAB) = 1.001953125 exactly; + (-1.5) = -0.498046875 exactly.
 // code 0 gives m̂ itself; code 2 gives 0.66796875 - 1.5 = -0.83203125.
 TEST_P(WriteGoldenTest, DequantizeKnownValues) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<uint8_t> codes(64, 2);
   codes[0] = 3;
   codes[1] = 0;
@@ -158,7 +160,7 @@ TEST_P(WriteGoldenTest, DequantizeKnownValues) {
 TEST_P(WriteGoldenTest, FwhtOfUnitVectorIsHadamardColumn) {
   for (int d : {64, 128, 256}) {
     for (int block : {d, 16}) {
-      WriteParams p = ShapeParams(d, 32, 2);
+      WriteParams p = testbed::Write().head_dim(d).group(32).bits(2).Build();
       p.rotation = RotationKind::kHadamard;
       p.hadamard_block = block;
       const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
@@ -185,7 +187,7 @@ TEST_P(WriteGoldenTest, FwhtOfUnitVectorIsHadamardColumn) {
 // (8, +0, +0, ...) after. For b = 128, s = fp32(1/sqrt(128)) = 0x3DB504F3
 // (1/sqrt(128) = 0.08838834764..., nearest fp32 0.0883883461356163).
 TEST_P(WriteGoldenTest, FwhtOfConstantRow) {
-  WriteParams p = ShapeParams(64, 32, 2);
+  WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   p.rotation = RotationKind::kHadamard;
   std::vector<float> x(64, 1.0f);
   k().fwht(x.data(), 1, p);
@@ -203,7 +205,7 @@ TEST_P(WriteGoldenTest, FwhtOfConstantRow) {
 // d = 128 (7 bits): beta(1) = 1000000b = 64, beta(2) = 32, beta(3) = 96, beta(64) = 1,
 // beta(127) = 127, beta(0) = 0, beta(5) = 1010000b = 80.
 TEST_P(WriteGoldenTest, BitrevKnownIndices) {
-  const WriteParams p = ShapeParams(128, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(128).group(64).bits(2).Build();
   std::vector<float> x(128), y(128);
   for (int j = 0; j < 128; ++j) x[j] = static_cast<float>(j);
   k().bitrev(x.data(), y.data(), 1, p);
@@ -217,9 +219,9 @@ TEST_P(WriteGoldenTest, BitrevKnownIndices) {
   // d = 64 (6 bits): beta(1) = 32; d = 256 (8 bits): beta(1) = 128, beta(3) = 192.
   std::vector<float> x256(256), y256(256);
   for (int j = 0; j < 256; ++j) x256[j] = static_cast<float>(j);
-  k().bitrev(x256.data(), y256.data(), 1, ShapeParams(64, 64, 2));
+  k().bitrev(x256.data(), y256.data(), 1, testbed::Write().head_dim(64).group(64).bits(2).Build());
   EXPECT_EQ(y256[1], 32.0f);
-  k().bitrev(x256.data(), y256.data(), 1, ShapeParams(256, 64, 2));
+  k().bitrev(x256.data(), y256.data(), 1, testbed::Write().head_dim(256).group(64).bits(2).Build());
   EXPECT_EQ(y256[1], 128.0f);
   EXPECT_EQ(y256[3], 192.0f);
 }
@@ -236,7 +238,7 @@ TEST_P(WriteGoldenTest, ClipOrderStatistic) {
     float tau;
   } cases[] = {{0.5f, 33.0f}, {0.96f, 62.0f}, {0.92f, 59.0f}, {0.8f, 52.0f}, {1.0f, 64.0f}};
   for (const auto& c : cases) {
-    WriteParams p = ShapeParams(64, 32, 2);
+    WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
     p.clip = c.rho;
     std::vector<float> x(64);
     for (int j = 0; j < 64; ++j) x[j] = (j % 2 == 0 ? 1.0f : -1.0f) * static_cast<float>(j + 1);
@@ -255,7 +257,7 @@ TEST_P(WriteGoldenTest, ClipOrderStatistic) {
 // Zeros: |−0| = +0, so tau = +0 (bits 0) and, as the clamp uses comparisons, every −0 and +0
 // of the row keeps its sign; a row of ±1 with rho = 0.5 has tau = 1 and stays unchanged.
 TEST_P(WriteGoldenTest, ClipKeepsSignedZerosAndTies) {
-  WriteParams p = ShapeParams(64, 32, 2);
+  WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   p.clip = 0.5f;
   std::vector<float> x(64);
   for (int j = 0; j < 64; ++j) x[j] = (j % 2 == 0) ? -0.0f : 0.0f;
@@ -293,7 +295,7 @@ TEST_P(WriteGoldenTest, ClipKeepsSignedZerosAndTies) {
 // Column 2 picks 2*x[3] only: y[2] = 1.5 for x[3] = 0.75.
 TEST_P(WriteGoldenTest, RotateDenseOrderAndNoFma) {
   const int d = 64;
-  const WriteParams p = ShapeParams(d, 32, 2);
+  const WriteParams p = testbed::Write().head_dim(d).group(32).bits(2).Build();
   std::vector<float> r(d * d, 0.0f);
   auto at = [&](int i, int j) -> float& { return r[static_cast<size_t>(i) * d + j]; };
   const float a = 1.0f + 0x1p-12f;
@@ -325,7 +327,7 @@ TEST_P(WriteGoldenTest, RotateDenseOrderAndNoFma) {
 // Single 3s: c[0] -> byte 0 = 0x03; c[16+1] -> byte 1 = 0x0C; c[32+2] -> byte 2 = 0x30;
 // c[48+3] -> byte 3 = 0xC0.
 TEST_P(WriteGoldenTest, PackInt2KnownBytes) {
-  const WriteParams p = ShapeParams(64, 32, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   std::vector<uint8_t> codes(64), packed(16);
   for (int j = 0; j < 64; ++j) codes[j] = static_cast<uint8_t>(j / 16);
   k().pack(codes.data(), packed.data(), 1, p);
@@ -343,7 +345,7 @@ TEST_P(WriteGoldenTest, PackInt2KnownBytes) {
 // INT4, d = 64 (32 bytes): byte i = c[i] | c[32+i] << 4; with c[i] = i % 16 and
 // c[32+i] = 15 - i % 16: byte i = (i % 16) | (15 - i % 16) << 4, e.g. byte 0 = 0xF0, byte 5 = 0xA5.
 TEST_P(WriteGoldenTest, PackInt4KnownBytes) {
-  const WriteParams p = ShapeParams(64, 32, 4);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(4).Build();
   std::vector<uint8_t> codes(64), packed(32);
   for (int i = 0; i < 32; ++i) {
     codes[i] = static_cast<uint8_t>(i % 16);
@@ -363,7 +365,7 @@ TEST_P(WriteGoldenTest, PackInt4KnownBytes) {
 TEST_P(WriteGoldenTest, UnpackPackIsIdentityOnAllBytes) {
   for (int d : {64, 128, 256}) {
     for (int bits : {2, 4}) {
-      const WriteParams p = ShapeParams(d, 32, bits);
+      const WriteParams p = testbed::Write().head_dim(d).group(32).bits(bits).Build();
       const size_t bytes = static_cast<size_t>(p.code_bytes());
       const size_t rows = 256;  // row r starts at byte value r, so every value visits every slot
       std::vector<uint8_t> packed(rows * bytes);
@@ -389,7 +391,7 @@ TEST_P(WriteGoldenTest, UnpackPackIsIdentityOnAllBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, WriteGoldenTest,
-                         ::testing::ValuesIn(BackendNames(/*include_scalar=*/true)), ParamName);
+                         ::testing::ValuesIn(testbed::TestBackends()), testbed::BackendTestName);
 
 }  // namespace
-}  // namespace kvq::cpu::testing
+}  // namespace kvq::cpu

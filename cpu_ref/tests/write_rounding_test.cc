@@ -11,9 +11,11 @@
 
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
-#include "write_test_util.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/params.h"
 
-namespace kvq::cpu::testing {
+namespace kvq::cpu {
 namespace {
 
 struct RoundingCase {
@@ -30,10 +32,10 @@ const RoundingCase kCases[] = {
     {0.25f, 0},          {0.75f, 1},          {2.75f, 3},       {1e-30f, 0},
 };
 
-class WriteRoundingTest : public ::testing::TestWithParam<std::string> {};
+class WriteRoundingTest : public ::testing::TestWithParam<const Backend*> {};
 
 TEST_P(WriteRoundingTest, CodesRoundHalfToEvenAtEveryBoundary) {
-  const Backend& backend = BackendByName(GetParam());
+  const Backend& backend = (*GetParam());
   WriteParams p;
   p.head_dim = 64;
   p.group = 64;
@@ -57,7 +59,7 @@ TEST_P(WriteRoundingTest, CodesRoundHalfToEvenAtEveryBoundary) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Write, WriteRoundingTest,
-                         ::testing::ValuesIn(BackendNames(/*include_scalar=*/true)), ParamName);
+                         ::testing::ValuesIn(testbed::TestBackends()), testbed::BackendTestName);
 
 }  // namespace
-}  // namespace kvq::cpu::testing
+}  // namespace kvq::cpu
