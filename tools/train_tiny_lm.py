@@ -356,8 +356,14 @@ def hf_config(c, tok_eot):
     d["head_dim"] = c["head_dim"]
     d["num_key_value_heads"] = c["kv_heads"]
     d["tie_word_embeddings"] = True
-    d.pop("torch_dtype", None)
-    d.pop("dtype", None)
+    for junk in ("torch_dtype", "dtype", "_name_or_path", "id2label", "label2id",
+                 "chunk_size_feed_forward", "output_attentions", "output_hidden_states",
+                 "return_dict", "problem_type", "is_encoder_decoder", "pad_token_id",
+                 "tf_legacy_loss", "torchscript", "pruned_heads", "add_cross_attention",
+                 "cross_attention_hidden_size", "finetuning_task", "tokenizer_class", "prefix",
+                 "sep_token_id", "decoder_start_token_id", "task_specific_params",
+                 "use_bfloat16", "is_decoder", "output_scores", "return_dict_in_generate"):
+        d.pop(junk, None)
     d.pop("transformers_version", None)
     return dict(sorted(d.items()))
 
@@ -583,8 +589,12 @@ def main_train(args):
         f"{args.warmup} steps, cosine to {args.lr_min_frac} of peak in wall clock until "
         f"{train_end - T0:.0f}s or {args.max_epochs} epochs ({max_tokens / 1e6:.0f}M tokens)")
     model.train()
-    progress = 0.0
+    progress, time_progress = 0.0, 0.0
     while True:
+        if tokens_seen + args.batch * S > max_tokens:  # never more than max_epochs of unique data
+            log(f"stopping: the next step would pass {args.max_epochs} epochs")
+            break
+        progress = max(time_progress, tokens_seen / max_tokens)
         if pos + args.batch > n_chunks:
             perm, pos, epoch_i = torch.randperm(n_chunks, generator=gen), 0, epoch_i + 1
         idx = perm[pos:pos + args.batch].to(dev, non_blocking=True)
@@ -622,7 +632,8 @@ def main_train(args):
             now = time.time()
             el = now - t_start
             tps = (tokens_seen - tokens_at_start) / el
-            progress = max((now - t_start) / max(train_end - t_start, 1e-6), tokens_seen / max_tokens)
+            time_progress = (now - t_start) / max(train_end - t_start, 1e-6)
+            progress = max(time_progress, tokens_seen / max_tokens)
             extra = ""
             if step % (args.log_every * args.val_every) == 0:
                 v = quick_val(model)  # eager: a new shape would make the compiled model recompile
@@ -631,6 +642,11 @@ def main_train(args):
                 f"lr {lr:.2e} loss {lv:.4f} gnorm {float(gn):.3f} {tps / 1e6:.3f}M tok/s{extra}")
             if progress >= 1.0:
                 break
+    if loss_n > 0:
+        lv = (loss_acc / loss_n).item()
+        losses.append((step, tokens_seen, lv))
+        log(f"step {step:5d} tok {tokens_seen / 1e6:8.1f}M ep {tokens_seen / (n_chunks * S):5.3f} "
+            f"lr {lr:.2e} loss {lv:.4f} (mean of the last {loss_n} steps)")
     torch.cuda.synchronize()
     t_train = time.time() - t_start
     tps = (tokens_seen - tokens_at_start) / t_train
@@ -966,14 +982,14 @@ def main(argv=None):
     p.add_argument("--corpus", default=".corpus/english.txt.xz")
     p.add_argument("--time-budget", type=float, default=560.0,
                    help="seconds from start by which the whole script should end")
-    p.add_argument("--post-reserve", type=float, default=70.0,
+    p.add_argument("--post-reserve", type=float, default=60.0,
                    help="seconds kept after training for evaluation and export")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--source", default="", help="provenance string for the metadata (git commit)")
     p.add_argument("--code-cap-mb", type=float, default=420.0)
     p.add_argument("--tok-sample", type=float, default=0.25, help="fraction of training docs for the BPE")
-    p.add_argument("--holdout-docs-en", type=int, default=120)
-    p.add_argument("--holdout-docs-code", type=int, default=400)
+    p.add_argument("--holdout-docs-en", type=int, default=80)
+    p.add_argument("--holdout-docs-code", type=int, default=150)
     p.add_argument("--heldout-windows", type=int, default=24)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--seq", type=int, default=2048)
@@ -990,7 +1006,7 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=150)
     p.add_argument("--wd", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=1.0)
-    p.add_argument("--max-epochs", type=float, default=3.95)
+    p.add_argument("--max-epochs", type=float, default=4.0)
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--val-every", type=int, default=10, help="quick val every N logs")
     p.add_argument("--dump-domain", choices=["en", "code"], default="en")
