@@ -920,7 +920,7 @@ def main_train(args):
                 "residual_max_abs": s["rmax"], "residual_median_abs": med,
                 "residual_max_over_median": s["rmax"] / med,
                 "residual_max_at": {"window": wi, "position": p, "dim": dm, "token_id": tid,
-                                    "token": tk.decode([tid])},
+                                    "token": tk.decode([tid], skip_special_tokens=False)},
                 "sink_per_head": [round(float(v) / nwin, 5) for v in s["sink"]],
                 "k_max_abs": s["kmax"], "k_median_abs": kmed, "k_max_over_median": s["kmax"] / kmed,
                 "k_mean_energy": float((mean_e.sum() / var_e.sum()) if c["kv_heads"] == 1
@@ -957,7 +957,6 @@ def main_train(args):
     with open(os.path.join(mdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     log(f"total {time.time() - T0:.1f}s; summary: " + json.dumps({k: v for k, v in summary.items() if k != 'loss_curve'}))
-    _LOG.flush()
     msz = os.path.getsize(os.path.join(mdir, "model.safetensors"))
     with open(os.path.join(mdir, "model.safetensors"), "rb") as f:
         blob = f.read()
@@ -966,13 +965,14 @@ def main_train(args):
         with open(os.path.join(args.out, f"model.safetensors.part{i}"), "wb") as f:
             f.write(part)
     log(f"model.safetensors {msz} bytes, sha256 {hashlib.sha256(blob).hexdigest()}, split in 2 parts")
+    log("done")
+    _LOG.flush()
     shutil.copy(os.path.join(args.out, "train_log.txt"), os.path.join(mdir, "train_log.txt"))
     with tarfile.open(os.path.join(args.out, "bundle.tar"), "w") as tf_:
         for n in sorted(os.listdir(mdir)):
             if n != "model.safetensors":
                 tf_.add(os.path.join(mdir, n), arcname=n)
     shutil.rmtree(mdir)
-    log("done")
 
 
 def main(argv=None):
