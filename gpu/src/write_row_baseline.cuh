@@ -1,8 +1,8 @@
 // The write kernel's row functions AS THEY WERE before the 2026-11-21 speed-up (per-code IEEE
 // division, per-group metadata in every lane, bitwise peeling / radix select). Kept only so that
 // kvq_bench_gpu_write can time the old and the new fused kernel in one device run; nothing else
-// uses it. Remove together with benchmark_only::UseBaselineFusedWrite once the numbers are in
-// docs/gpu.md.
+// uses it. Remove together with benchmark_only::UseBaselineFusedWrite when that comparison is no
+// longer wanted (docs/performance.md holds its last figures).
 #pragma once
 
 #include <cstdint>
