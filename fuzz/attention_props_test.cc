@@ -84,7 +84,11 @@ RC_GTEST_PROP(AttentionProps, WhereThePagesSitDoesNotChangeTheOutput, ()) {
 }
 
 RC_GTEST_PROP(AttentionProps, EachQueryHeadReadsOnlyItsKvHead, ()) {
-  const CacheParams p = *testbed::ArbitraryCacheParams();
+  CacheParams p = *testbed::ArbitraryCacheParams();
+  // A token-scope norm couples the KV heads of a token by design (one norm over all of them):
+  // here it becomes the per-head norm.
+  if (p.key.norm) p.key.norm_heads = 1;
+  if (p.value.norm) p.value.norm_heads = 1;
   const Backend& backend = ArbitraryCpuBackend();
   testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
   const HeadData heads = DrawHeadData(p, &rng);
@@ -121,6 +125,31 @@ RC_GTEST_PROP(AttentionProps, EachQueryHeadReadsOnlyItsKvHead, ()) {
     Attend(backend, single, s, &q[static_cast<size_t>(h * g) * dd], got.data());
     RC_ASSERT(std::memcmp(got.data(), &out[static_cast<size_t>(h * g) * dd],
                           got.size() * sizeof(float)) == 0);
+  }
+}
+
+// Every quantized configuration (per-token rows, tiles with and without a norm, F > 1, W = 0)
+// against the fp64 reference over the same dequantized history.
+RC_GTEST_PROP(AttentionProps, QuantizedCacheIsWithinTheOracleToleranceOfFp64, ()) {
+  const CacheParams p = *testbed::ArbitraryCacheParams();
+  RC_PRE(p.quantized());
+  const Backend& backend = ArbitraryCpuBackend();
+  testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
+  const HeadData heads = DrawHeadData(p, &rng);
+  const int hkv = p.num_kv_heads, d = p.head_dim();
+  const size_t t = static_cast<size_t>(*rc::gen::inRange(1, 400));
+  const std::vector<float> k = testbed::KvRows(t, hkv, d, &rng), v = testbed::KvRows(t, hkv, d, &rng);
+  const std::vector<float> q = testbed::Queries(static_cast<size_t>(p.num_q_heads), d, &rng, 0.5f);
+  PagedKVCache cache = MakeCache(p, heads, backend);
+  const int seq = cache.AddSequence();
+  cache.Prefill(seq, k.data(), v.data(), t);
+  RC_TAG(cache.HistoryLength(seq) > 0 ? "history" : "no history");
+  std::vector<float> out(q.size());
+  std::vector<double> ref(q.size());
+  Attend(backend, cache, seq, q.data(), out.data());
+  AttendReferenceF64(cache, seq, q.data(), ref.data());
+  for (double e : RelativeErrorPerHead(out.data(), ref.data(), p.num_q_heads, d)) {
+    RC_ASSERT(e <= kAttentionOracleTolerance);
   }
 }
 

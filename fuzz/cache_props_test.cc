@@ -1,5 +1,6 @@
 // Properties of the paged cache (RapidCheck), on random configurations of
-// testbed::ArbitraryCacheParams() (the flush granularity F included) and every CPU backend:
+// testbed::ArbitraryCacheParams() (the flush granularity F, W = 0, tiled keys with and without
+// a per-head or per-token norm included) and every CPU backend:
 //  - a token's history bits do not depend on how it arrived (one prefill, a prefix then fp32
 //    appends, bf16 appends one by one, random chunks; sequences interleaved in one pool);
 //  - the byte accounting counts exactly the planes the format stores.
@@ -33,6 +34,11 @@ RC_GTEST_PROP(CacheProps, HistoryBitsDoNotDependOnHowTokensArrived, ()) {
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   RC_TAG(p.flush > 1 ? "F > 1" : "F = 1");
   RC_TAG(p.quantized() ? "quantized" : "bf16 cache");
+  RC_TAG(p.recent == 0 ? "W = 0" : "W > 0");
+  RC_TAG(p.quantized() && p.key.format == Format::kAffineTile
+             ? (p.key.norm ? (p.key.norm_heads > 1 ? "tiles, token norm" : "tiles, head norm")
+                           : "tiles")
+             : "per-token rows");
   testbed::SplitMix64 rng(seed);
   PagedKVCache cache = testbed::MakeCache(p, &rng, backend);
   const int hkv = p.num_kv_heads, d = p.head_dim();
@@ -43,7 +49,8 @@ RC_GTEST_PROP(CacheProps, HistoryBitsDoNotDependOnHowTokensArrived, ()) {
   size_t target[kWays];
   int ids[kWays];
   for (int s = 0; s < kWays; ++s) {
-    target[s] = static_cast<size_t>(*rc::gen::inRange(1, 130));
+    // Longer sequences for tiles, whose history grows F >= G_k tokens at a time.
+    target[s] = static_cast<size_t>(*rc::gen::inRange(1, p.flush >= 32 ? 330 : 130));
     for (int kv = 0; kv < 2; ++kv) {
       rows[s][kv] = testbed::ToBf16(testbed::KvRows(target[s], hkv, d, &rng));
     }
@@ -91,7 +98,7 @@ RC_GTEST_PROP(CacheProps, ByteAccountingCountsTheFormatsPlanes, ()) {
   testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
   PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
-  const size_t t = static_cast<size_t>(*rc::gen::inRange(0, 300));
+  const size_t t = static_cast<size_t>(*rc::gen::inRange(0, 400));
   const int hkv = p.num_kv_heads, d = p.head_dim();
   const std::vector<float> k = testbed::KvRows(t, hkv, d, &rng), v = testbed::KvRows(t, hkv, d, &rng);
   cache.Prefill(seq, k.data(), v.data(), t);
@@ -102,19 +109,31 @@ RC_GTEST_PROP(CacheProps, ByteAccountingCountsTheFormatsPlanes, ()) {
   const size_t recent_begin = static_cast<size_t>(p.RecentBegin(static_cast<int64_t>(t)));
   const size_t pages = cache.PageTable(seq).size();
   RC_ASSERT(pages == (history + p.page_size - 1) / p.page_size);
+  // Bytes per history token of all KV heads, from the spec's description of each format
+  // (spec/cache.md §4), not from the layout code: affine_token stores d*b/8 code bytes and a
+  // bf16 (scale, min) per group; affine_tile d*b/8 code bytes per token and a bf16 (scale, min)
+  // per channel per tile of G_k tokens, plus a bf16 norm per token and KV head (or one per
+  // token for every head). History lengths are whole tiles.
   size_t codes = 0, metadata = 0;
+  const size_t heads = static_cast<size_t>(hkv);
   for (const WriteParams* w : {&p.key, &p.value}) {
     if (!w->quantized()) continue;
-    codes += static_cast<size_t>(w->code_bytes());      // affine_token: d*b/8 code bytes
-    metadata += static_cast<size_t>(w->num_groups()) * 4;  // and a bf16 (scale, min) per group
+    codes += heads * static_cast<size_t>(w->code_bytes());
+    if (w->format == Format::kAffineTile) {
+      RC_ASSERT(history % static_cast<size_t>(w->group) == 0);
+      metadata += heads * 4 * static_cast<size_t>(d) / static_cast<size_t>(w->group);
+      if (w->norm) metadata += 2 * (w->norm_heads > 1 ? 1 : heads);
+    } else {
+      metadata += heads * static_cast<size_t>(w->num_groups()) * 4;
+    }
   }
   const CacheBytes b = cache.Bytes(seq);
   RC_ASSERT(b.elements == 2 * t * static_cast<size_t>(hkv * d));
   RC_ASSERT(b.sink == 2 * sink * row_bytes);
   RC_ASSERT(b.recent == 2 * (t - recent_begin) * row_bytes);
-  RC_ASSERT(b.history_codes == history * static_cast<size_t>(hkv) * codes);
-  RC_ASSERT(b.history_metadata == history * static_cast<size_t>(hkv) * metadata);
-  const size_t allocated = pages * static_cast<size_t>(p.page_size) * static_cast<size_t>(hkv);
+  RC_ASSERT(b.history_codes == history * codes);
+  RC_ASSERT(b.history_metadata == history * metadata);
+  const size_t allocated = pages * static_cast<size_t>(p.page_size);
   RC_ASSERT(b.history_codes_allocated == allocated * codes);
   RC_ASSERT(b.history_metadata_allocated == allocated * metadata);
   // Every token is counted once: sink + history + recent rows cover [0, t).

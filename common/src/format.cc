@@ -63,34 +63,54 @@ int64_t FormatLayout::RowsPerPage(int plane, int page_size) const {
   return planes[plane].scope == PlaneScope::kTile ? page_size / tile_tokens : page_size;
 }
 
-size_t FormatLayout::PageBytes(int plane, int page_size, int num_kv_heads) const {
-  return static_cast<size_t>(num_kv_heads) * static_cast<size_t>(RowsPerPage(plane, page_size)) *
-         planes[plane].row_bytes();
+int64_t FormatLayout::HeadsPerPage(int plane, int num_kv_heads) const {
+  return planes[plane].scope == PlaneScope::kSharedToken ? 1 : num_kv_heads;
 }
 
-size_t FormatLayout::Bytes(PlaneRole role, int64_t tokens) const {
+size_t FormatLayout::PageBytes(int plane, int page_size, int num_kv_heads) const {
+  return static_cast<size_t>(HeadsPerPage(plane, num_kv_heads)) *
+         static_cast<size_t>(RowsPerPage(plane, page_size)) * planes[plane].row_bytes();
+}
+
+size_t FormatLayout::RowOffset(int plane, int page_size, int num_kv_heads, int64_t page,
+                               int head, int64_t token_in_page) const {
+  const PlaneSpec& s = planes[plane];
+  const int64_t per_row = s.scope == PlaneScope::kTile ? tile_tokens : 1;
+  const int64_t h = s.scope == PlaneScope::kSharedToken ? 0 : head;
+  const int64_t row = (page * HeadsPerPage(plane, num_kv_heads) + h) * RowsPerPage(plane, page_size) +
+                      token_in_page / per_row;
+  return static_cast<size_t>(row) * s.row_bytes();
+}
+
+size_t FormatLayout::Bytes(PlaneRole role, int64_t tokens, int num_kv_heads) const {
   size_t bytes = 0;
   for (int i = 0; i < num_planes; ++i) {
     const PlaneSpec& s = planes[i];
     if (s.role != role) continue;
     const int64_t rows =
         s.scope == PlaneScope::kTile ? (tokens + tile_tokens - 1) / tile_tokens : tokens;
-    bytes += static_cast<size_t>(rows) * s.row_bytes();
+    bytes += static_cast<size_t>(HeadsPerPage(i, num_kv_heads)) * static_cast<size_t>(rows) *
+             s.row_bytes();
   }
   return bytes;
+}
+
+int WriteParams::tile_tokens() const {
+  const WriteParams& p = *this;
+  switch (p.format) {
+#define KVQ_FORMAT(id, Name, tile, summary) \
+  case Format::k##Name:                     \
+    return (tile);
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  }
+  return 1;
 }
 
 FormatLayout LayoutOf(const WriteParams& p) {
   FormatLayout layout;
   layout.format = p.format;
-  switch (p.format) {
-#define KVQ_FORMAT(id, Name, tile, summary) \
-  case Format::k##Name:                     \
-    layout.tile_tokens = (tile);            \
-    break;
-#include "kvq/common/formats.inc"
-#undef KVQ_FORMAT
-  }
+  layout.tile_tokens = p.tile_tokens();
   // One row of formats.inc's plane table per plane, kept in list order.
   struct Row {
     const char* format;

@@ -103,6 +103,11 @@ void PutWriteParams(const WriteParams& p, const std::string& prefix, Metadata* m
   m[prefix + "rotation"] = RotationKindName(p.rotation);
   m[prefix + "hadamard_block"] = std::to_string(p.hadamard_block);
   m[prefix + "bitrev"] = p.bitrev ? "1" : "0";
+  // Spec 1.1: written only when set (a file without them has no norm).
+  if (p.norm) {
+    m[prefix + "norm"] = "1";
+    m[prefix + "norm_heads"] = std::to_string(p.norm_heads);
+  }
 }
 
 namespace {
@@ -135,6 +140,10 @@ WriteParams ReadWriteParams(const MetadataReader& meta, const std::string& prefi
             rotation, "' is not identity, dense or hadamard");
   p.hadamard_block = static_cast<int>(meta.Int(prefix + "hadamard_block", 0, 1 << 20));
   p.bitrev = meta.Bool(prefix + "bitrev");
+  if (meta.Has(prefix + "norm")) p.norm = meta.Bool(prefix + "norm");
+  if (meta.Has(prefix + "norm_heads")) {
+    p.norm_heads = static_cast<int>(meta.Int(prefix + "norm_heads", 0, 1 << 20));
+  }
   return p;
 }
 

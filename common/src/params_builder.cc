@@ -19,12 +19,13 @@ std::string Describe(const WriteParams& p) {
   os << "d" << p.head_dim;
   if (p.format != Format::kAffineToken) os << " " << FormatName(p.format);
   if (p.format == Format::kBf16) return os.str();
-  os << " G" << p.group << " b" << p.bits << " rho" << p.clip << " "
-     << RotationKindName(p.rotation);
+  os << (p.format == Format::kAffineToken ? " G" : " Gk") << p.group << " b" << p.bits << " rho"
+     << p.clip << " " << RotationKindName(p.rotation);
   if (p.rotation == RotationKind::kHadamard && p.fwht_block() != p.head_dim) {
     os << "/h" << p.fwht_block();
   }
   if (p.bitrev) os << "+br";
+  if (p.norm) os << " norm" << (p.norm_heads > 1 ? "/" + std::to_string(p.norm_heads) + "heads" : "");
   return os.str();
 }
 

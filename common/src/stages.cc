@@ -53,7 +53,23 @@ const StageSpec& StageByName(const std::string& name) {
 }
 
 bool StageApplies(const StageSpec& stage, const WriteParams& p) {
-  return stage.transform || stage.format == p.format;
+  if (!stage.transform && stage.format != p.format) return false;
+  const std::string name = stage.name;
+#define KVQ_STAGE_WHEN(stage_name, condition) \
+  if (name == #stage_name) return (condition);
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE_WHEN
+  return true;
+}
+
+size_t StageRowMultiple(const StageSpec& stage, const WriteParams& p) {
+  for (int i = 0; i < stage.num_args; ++i) {
+    const Extent e = stage.args[i].extent;
+    if (e == Extent::kTileChannels || e == Extent::kTilePacked) {
+      return static_cast<size_t>(p.tile_tokens());
+    }
+  }
+  return 1;
 }
 
 std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p) {
@@ -64,8 +80,25 @@ std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p) {
     case Extent::kMatrix: return {d, d};
     case Extent::kPacked: return {n, p.code_bytes()};
     case Extent::kGroups: return {n, p.num_groups()};
+    case Extent::kNormRows: return {n, p.norm_span()};
+    case Extent::kTileChannels: return {n / p.tile_tokens(), d};
+    case Extent::kTilePacked: return {n / p.tile_tokens(), d, p.tile_channel_bytes()};
   }
   return {};
+}
+
+const char* ExtentAxes(Extent extent) {
+  switch (extent) {
+    case Extent::kRows: return "row, column";
+    case Extent::kRowScalars: return "row";
+    case Extent::kMatrix: return "row, column";
+    case Extent::kPacked: return "row, byte";
+    case Extent::kGroups: return "row, group";
+    case Extent::kNormRows: return "row, column of the norm's span";
+    case Extent::kTileChannels: return "tile, channel";
+    case Extent::kTilePacked: return "tile, channel, byte";
+  }
+  return "";
 }
 
 size_t ArgElements(Extent extent, int64_t n, const WriteParams& p) {

@@ -95,6 +95,15 @@ std::vector<RowKind> TestRowKinds(bool within_write_range) {
   return kinds;
 }
 
+std::vector<RowKind> TestRowKinds(const WriteParams& p) {
+  std::vector<RowKind> kinds;
+  for (RowKind k : TestRowKinds(true)) {
+    if (p.norm && (k == RowKind::kHuge || k == RowKind::kLargeScale)) continue;
+    kinds.push_back(k);
+  }
+  return kinds;
+}
+
 void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
   const int d = p.head_dim;
   switch (kind) {

@@ -85,18 +85,6 @@ std::vector<T> Poisoned(size_t count) {
   return v;
 }
 
-// How the message names the axes of a stage argument.
-const char* Axes(Extent extent) {
-  switch (extent) {
-    case Extent::kRows: return "row, column";
-    case Extent::kRowScalars: return "row";
-    case Extent::kMatrix: return "row, column";
-    case Extent::kPacked: return "row, byte";
-    case Extent::kGroups: return "row, group";
-  }
-  return "";
-}
-
 // ---- Write-path stages, called directly through the backend's kernel table ----
 // Generic over kvq/common/stages.inc: inputs "in.<name>" (a matrix from the case's rotation
 // fixture), outputs poisoned, then compared with "expect.<expect>" in argument order.
@@ -133,7 +121,7 @@ void ReplayStage(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
     if (!arg.is_output()) continue;
     const std::vector<uint8_t>& got = buffers[static_cast<size_t>(i)];
     ExpectBits(arg.expect, c.Get(std::string("expect.") + arg.expect), got.data(), got.size(),
-               Axes(arg.extent));
+               ExtentAxes(arg.extent));
   }
 }
 

@@ -80,6 +80,13 @@ struct AffineTokenSource {
   }
 };
 
+// One fp32 row already decoded.
+struct F32Source {
+  const float* row;
+
+  HWY_INLINE VF Load(DF df, size_t j0) const { return hn::LoadU(df, row + j0); }
+};
+
 size_t Log2(size_t x) {
   size_t log = 0;
   while ((size_t{1} << log) < x) ++log;
@@ -139,6 +146,47 @@ class AffineTokenRun {
   float* min_ = nullptr;
   size_t code_bytes_, groups_;
   AffineTokenSource row_{};
+};
+
+// A tile stores each channel's codes along the tokens, so a row's channels are G_k*b/8 bytes
+// apart: the run is decoded once per call into fp32 rows (into `decoded`, [n, d]), the exact
+// values code * scale + min (times n^ with a norm) of the codec, and read from there.
+class AffineTileRun {
+ public:
+  AffineTileRun(const HistoryRunView& rows, size_t n, const WriteParams& p,
+                std::vector<float>* decoded)
+      : d_(static_cast<size_t>(p.head_dim)) {
+    decoded->resize(n * d_);
+    rows_ = decoded->data();
+    const size_t tile = static_cast<size_t>(p.tile_tokens());
+    const size_t slice = static_cast<size_t>(p.tile_channel_bytes());
+    const uint32_t mask = static_cast<uint32_t>(p.levels());
+    const int norm_plane = p.norm ? LayoutOf(p).Find("norm") : -1;
+    const uint16_t* norms =
+        norm_plane >= 0 ? reinterpret_cast<const uint16_t*>(rows.plane[norm_plane]) : nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t k = static_cast<size_t>(rows.tile_offset) + i;
+      const size_t t = k / tile, r = k % tile;
+      const uint8_t* codes = rows.plane[0] + t * d_ * slice + r % slice;
+      const uint16_t* scales = reinterpret_cast<const uint16_t*>(rows.plane[1]) + t * d_;
+      const uint16_t* mins = reinterpret_cast<const uint16_t*>(rows.plane[2]) + t * d_;
+      const int shift = static_cast<int>((r / slice) * static_cast<size_t>(p.bits));
+      float* out = rows_ + i * d_;
+      for (size_t j = 0; j < d_; ++j) {
+        const uint32_t code = (static_cast<uint32_t>(codes[j * slice]) >> shift) & mask;
+        out[j] = static_cast<float>(code) * F32FromBf16(scales[j]) + F32FromBf16(mins[j]);
+      }
+      if (norms != nullptr) {
+        const float factor = F32FromBf16(norms[i]);
+        for (size_t j = 0; j < d_; ++j) out[j] = out[j] * factor;
+      }
+    }
+  }
+  HWY_INLINE F32Source Row(size_t i) const { return F32Source{rows_ + i * d_}; }
+
+ private:
+  size_t d_;
+  float* rows_ = nullptr;
 };
 
 // Calls fn(make_source) where make_source(i) is the source of row i of the run, decoded by the

@@ -82,6 +82,33 @@ void DecodeRowAffineToken(const HistoryRunView& run, size_t i, const WriteParams
   }
 }
 
+// Token k = tile_offset + i of the run: tile k / G_k, token r = k % G_k of it. Channel j's codes
+// are bytes [j * G_k*b/8, ...) of the tile row, token r at byte r % (G_k*b/8), bit offset
+// b * (r / (G_k*b/8)). y = code * scale[tile][j] + min[tile][j], then times n^ with a norm.
+void DecodeRowAffineTile(const HistoryRunView& run, size_t i, const WriteParams& p,
+                         float* out) {
+  const int d = p.head_dim;
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const size_t k = static_cast<size_t>(run.tile_offset) + i;
+  const size_t t = k / tile, r = k % tile;
+  const size_t slice = static_cast<size_t>(p.tile_channel_bytes());
+  const uint32_t mask = static_cast<uint32_t>(p.levels());
+  const uint8_t* codes = run.plane[0] + t * static_cast<size_t>(d) * slice;
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(run.plane[1]) + t * d;
+  const uint16_t* mins = reinterpret_cast<const uint16_t*>(run.plane[2]) + t * d;
+  const size_t which = r / slice;
+  for (int j = 0; j < d; ++j) {
+    const uint32_t code = (static_cast<uint32_t>(codes[j * slice + r % slice]) >>
+                           (which * static_cast<size_t>(p.bits))) & mask;
+    out[j] = static_cast<float>(code) * F32FromBf16(scales[j]) + F32FromBf16(mins[j]);
+  }
+  if (p.norm) {
+    const int plane = LayoutOf(p).Find("norm");
+    const float n = F32FromBf16(reinterpret_cast<const uint16_t*>(run.plane[plane])[i]);
+    for (int j = 0; j < d; ++j) out[j] = out[j] * n;
+  }
+}
+
 void DecodeRow(const HistoryRunView& run, size_t i, const WriteParams& p, float* out) {
   switch (p.format) {
 #define KVQ_FORMAT(id, Name, tile_tokens, summary) \

@@ -181,29 +181,32 @@ void PagedKVCache::Extend(int seq, const uint16_t* k, const uint16_t* v, size_t 
   const size_t e1 = sink + static_cast<size_t>(params_.HistoryTokens(static_cast<int64_t>(t1)));
   const size_t n = e1 - e0;
 
-  // 1. Everything that can fail: encode the rows entering the history, per half and head.
-  std::vector<EncodedRows> encoded(2 * hkv);
+  // 1. Everything that can fail: encode the rows entering the history, per half, all KV heads
+  //    of a token together (a token-scope norm spans them).
+  std::vector<EncodedRows> encoded[2];
   if (n > 0) {
-    std::vector<float> x(n * d);
+    std::vector<float> x(n * row);
     for (int kv = 0; kv < 2; ++kv) {
+      for (size_t r = 0; r < n; ++r) {
+        const size_t p = e0 + r;
+        // A position below t0 is still in the ring: it was recent at length t0.
+        const uint16_t* src = p < t0 ? s.recent[kv].data() + (p % ring) * row
+                                     : inputs[kv] + (p - t0) * row;
+        for (size_t j = 0; j < row; ++j) x[r * row + j] = F32FromBf16(src[j]);
+      }
+      const KV half = static_cast<KV>(kv);
+      std::vector<WriteParams> params;
+      std::vector<const float*> rotations;
       for (size_t h = 0; h < hkv; ++h) {
-        for (size_t r = 0; r < n; ++r) {
-          const size_t p = e0 + r;
-          // A position below t0 is still in the ring: it was recent at length t0.
-          const uint16_t* src = p < t0 ? s.recent[kv].data() + (p % ring) * row
-                                       : inputs[kv] + (p - t0) * row;
-          for (size_t j = 0; j < d; ++j) x[r * d + j] = F32FromBf16(src[h * d + j]);
-        }
-        const KV half = static_cast<KV>(kv);
-        try {
-          encoded[kv * hkv + h] = EncodeRows(*write_backend_, HeadParams(half, static_cast<int>(h)),
-                                             Rotation(half, static_cast<int>(h)), x.data(), n);
-        } catch (const Error& e) {
-          throw Error(e.code(), detail::Concat("sequence ", seq, ": writing ", KVName(kv),
-                                               " history rows of positions [", e0, ", ", e1,
-                                               ") (row r is position ", e0, " + r), KV head ",
-                                               h, ": ", e.what()));
-        }
+        params.push_back(HeadParams(half, static_cast<int>(h)));
+        rotations.push_back(Rotation(half, static_cast<int>(h)));
+      }
+      try {
+        encoded[kv] = EncodeTokens(*write_backend_, params, rotations, x.data(), n);
+      } catch (const Error& e) {
+        throw Error(e.code(), detail::Concat("sequence ", seq, ": writing ", KVName(kv),
+                                             " history rows of positions [", e0, ", ", e1,
+                                             ") (row r is position ", e0, " + r): ", e.what()));
       }
     }
   }
@@ -217,18 +220,19 @@ void PagedKVCache::Extend(int seq, const uint16_t* k, const uint16_t* v, size_t 
       const PlaneSpec& plane = layout.plane(i);
       const size_t row_bytes = plane.row_bytes();
       // A tile plane has one row per tile_tokens tokens; the rows entering the history start
-      // and end on tile boundaries (F is a multiple of the tile, and so is P).
+      // and end on tile boundaries (F is a multiple of the tile, and so is P). A shared plane
+      // has one row for all KV heads (each head's encoding holds the same bytes).
       const size_t per_row = plane.scope == PlaneScope::kTile
                                  ? static_cast<size_t>(layout.tile_tokens) : 1;
-      const size_t rows_per_page = static_cast<size_t>(layout.RowsPerPage(i, params_.page_size));
+      const size_t heads = static_cast<size_t>(layout.HeadsPerPage(i, params_.num_kv_heads));
       for (size_t r = 0; r < n / per_row; ++r) {
         const size_t token = e0 - sink + r * per_row;  // history index of the row's first token
-        const size_t pg = static_cast<size_t>(s.page_table[token / page]);
-        const size_t slot = (token % page) / per_row;
-        for (size_t h = 0; h < hkv; ++h) {
-          const size_t base = ((pg * hkv + h) * rows_per_page + slot) * row_bytes;
-          std::memcpy(&pool_[kv][i][base], &encoded[kv * hkv + h].plane[i][r * row_bytes],
-                      row_bytes);
+        const int64_t pg = s.page_table[token / page];
+        for (size_t h = 0; h < heads; ++h) {
+          const size_t base = layout.RowOffset(i, params_.page_size, params_.num_kv_heads, pg,
+                                               static_cast<int>(h),
+                                               static_cast<int64_t>(token % page));
+          std::memcpy(&pool_[kv][i][base], &encoded[kv][h].plane[i][r * row_bytes], row_bytes);
         }
       }
     }
@@ -344,18 +348,15 @@ HistoryRunView PagedKVCache::HistoryRow(int seq, size_t i, int head, KV kv) cons
   KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
             " is outside [0, ", params_.num_kv_heads, ")");
   const size_t page = static_cast<size_t>(params_.page_size);
-  const size_t pg = static_cast<size_t>(s.page_table[i / page]);
+  const int64_t pg = s.page_table[i / page];
   const FormatLayout& layout = layout_[Index(kv)];
   HistoryRunView view;
   for (int p = 0; p < layout.num_planes; ++p) {
-    const PlaneSpec& plane = layout.plane(p);
-    const size_t per_row =
-        plane.scope == PlaneScope::kTile ? static_cast<size_t>(layout.tile_tokens) : 1;
-    const size_t rows_per_page = static_cast<size_t>(layout.RowsPerPage(p, params_.page_size));
-    const size_t row = (pg * static_cast<size_t>(params_.num_kv_heads) +
-                        static_cast<size_t>(head)) * rows_per_page + (i % page) / per_row;
-    view.plane[p] = pool_[Index(kv)][p].data() + row * plane.row_bytes();
+    view.plane[p] = pool_[Index(kv)][p].data() +
+                    layout.RowOffset(p, params_.page_size, params_.num_kv_heads, pg, head,
+                                     static_cast<int64_t>(i % page));
   }
+  view.tile_offset = static_cast<int>(i % static_cast<size_t>(layout.tile_tokens));
   return view;
 }
 
@@ -368,7 +369,12 @@ std::vector<float> PagedKVCache::DequantizedHistory(int seq, int head, KV kv) co
   const size_t n = HistoryLength(seq);
   const size_t d = static_cast<size_t>(params_.head_dim());
   std::vector<float> rows(n * d);
-  for (size_t i = 0; i < n; ++i) DequantizedHistoryRow(seq, i, head, kv, &rows[i * d]);
+  // One page run at a time (a tile format decodes whole tiles).
+  const size_t page = static_cast<size_t>(params_.page_size);
+  for (size_t i0 = 0; i0 < n; i0 += page) {
+    DecodeRows(ScalarBackend(), kv == KV::kKey ? params_.key : params_.value,
+               HistoryRow(seq, i0, head, kv), std::min(page, n - i0), &rows[i0 * d]);
+  }
   return rows;
 }
 
@@ -405,7 +411,6 @@ WriteParams PagedKVCache::HeadParams(KV kv, int head) const {
 CacheBytes PagedKVCache::Bytes(int seq) const {
   const Sequence& s = Get(seq);
   const size_t row_bytes = RowElements() * sizeof(uint16_t);  // one bf16 row of K (or of V)
-  const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
   CacheBytes b;
   b.elements = 2 * s.length * RowElements();
   const size_t sink_rows = SinkLength(seq);
@@ -415,11 +420,12 @@ CacheBytes PagedKVCache::Bytes(int seq) const {
     const int64_t used = static_cast<int64_t>(HistoryLength(seq));
     const int64_t allocated =
         static_cast<int64_t>(s.page_table.size()) * static_cast<int64_t>(params_.page_size);
+    const int heads = params_.num_kv_heads;
     for (const FormatLayout& layout : layout_) {
-      b.history_codes += hkv * layout.Bytes(PlaneRole::kCodes, used);
-      b.history_metadata += hkv * layout.Bytes(PlaneRole::kMetadata, used);
-      b.history_codes_allocated += hkv * layout.Bytes(PlaneRole::kCodes, allocated);
-      b.history_metadata_allocated += hkv * layout.Bytes(PlaneRole::kMetadata, allocated);
+      b.history_codes += layout.Bytes(PlaneRole::kCodes, used, heads);
+      b.history_metadata += layout.Bytes(PlaneRole::kMetadata, used, heads);
+      b.history_codes_allocated += layout.Bytes(PlaneRole::kCodes, allocated, heads);
+      b.history_metadata_allocated += layout.Bytes(PlaneRole::kMetadata, allocated, heads);
     }
   }
   return b;

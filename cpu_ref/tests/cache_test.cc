@@ -64,7 +64,23 @@ TEST(CacheParams, RejectsNamingTheValue) {
                     "page size " + std::to_string(page));
   }
   expect_rejected([](CacheParams& p) { p.sink = -1; }, "sink length -1");
-  expect_rejected([](CacheParams& p) { p.recent = 0; }, "recent window 0");
+  expect_rejected([](CacheParams& p) { p.recent = -1; }, "recent window -1");
+  // A tile format: F and P must be whole tiles, a norm spans 1 or every KV head.
+  const auto tile = [](CacheParams& p) {
+    p.key.format = Format::kAffineTile;
+    p.key.group = 32;
+    p.flush = 64;
+  };
+  expect_rejected([&](CacheParams& p) { tile(p); p.flush = 48; }, "flush granularity 48");
+  expect_rejected([&](CacheParams& p) { tile(p); p.flush = 1; }, "flush granularity 1");
+  expect_rejected([&](CacheParams& p) { tile(p); p.page_size = 16; }, "page size 16");
+  expect_rejected(
+      [&](CacheParams& p) {
+        tile(p);
+        p.key.norm = true;
+        p.key.norm_heads = 3;
+      },
+      "norm spans 3 KV heads");
   expect_rejected([](CacheParams& p) { p.key.bits = 3; }, "key: bits 3");
   expect_rejected([](CacheParams& p) { p.softmax_scale = -1.0f; }, "softmax scale -1");
   expect_rejected(
@@ -77,6 +93,15 @@ TEST(CacheParams, RejectsNamingTheValue) {
   p.page_size = 16;
   p.Validate();
   p.page_size = 1024;
+  p.Validate();
+  p.recent = 0;  // spec 1.1: every token after the sink goes straight to the history
+  p.Validate();
+  tile(p);
+  p.page_size = 32;
+  p.key.norm = true;
+  p.key.norm_heads = p.num_kv_heads;  // the token scope
+  p.Validate();
+  p.key.norm_heads = 1;
   p.Validate();
 }
 

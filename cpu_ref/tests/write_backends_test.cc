@@ -47,12 +47,23 @@ std::vector<WriteParams> StageGrid(const StageSpec& stage) {
       case StageId::kBitrev:
         grid.push_back(Write().head_dim(d).group(32));
         break;
+      case StageId::kNorm:
+      case StageId::kDenorm:
+        // Spans of 1, 2, 3 (padded to 4) and 8 KV heads' rows.
+        for (int heads : {1, 2, 3, 8}) {
+          grid.push_back(Write().head_dim(d).tile(32).norm(true, heads));
+        }
+        break;
       default:  // a codec stage: every quantizer shape of its format
         for (int g : kGroups) {
-          if (g > d) continue;
+          if (g > d && stage.format != Format::kAffineTile) continue;
           for (int b : kBits) {
             grid.push_back(Write().head_dim(d).format(stage.format).group(g).bits(b));
           }
+        }
+        // One (scale, min) per row (G = d), at d = 256 too.
+        if (stage.format == Format::kAffineToken && d > 128) {
+          for (int b : kBits) grid.push_back(Write().head_dim(d).group(d).bits(b));
         }
     }
   }
@@ -90,6 +101,12 @@ INSTANTIATE_TEST_SUITE_P(
 // configuration (rows that stay within the write path's range after any rotation).
 class PipelineTest : public ::testing::TestWithParam<const cpu::Backend*> {};
 
+testbed::NamedTensors Outputs(const cpu::QuantizedRows& q, const WriteParams& p) {
+  testbed::NamedTensors named;
+  for (auto& [name, tensor] : q.Tensors(p)) named.emplace_back(name, tensor);
+  return named;
+}
+
 TEST_P(PipelineTest, QuantizeRowsMatchesScalar) {
   const cpu::Backend& backend = *GetParam();
   uint64_t seed = 8000;
@@ -114,22 +131,70 @@ TEST_P(PipelineTest, QuantizeRowsMatchesScalar) {
                                                                 dense.data(), x.data(), n);
               const cpu::QuantizedRows got = cpu::QuantizeRows(backend, p, dense.data(),
                                                                x.data(), n);
-              const int64_t rows = static_cast<int64_t>(n), groups = p.num_groups();
-              const auto outputs = [&](const cpu::QuantizedRows& q) {
-                return testbed::NamedTensors{
-                    {"rotated", Tensor::F32({rows, d}, q.rotated)},
-                    {"tau", Tensor::F32({rows}, q.tau)},
-                    {"scale", Tensor::BF16({rows, groups}, q.scale)},
-                    {"min", Tensor::BF16({rows, groups}, q.min)},
-                    {"codes", Tensor::U8({rows, d}, q.codes)},
-                    {"packed", Tensor::U8({rows, p.code_bytes()}, q.packed)},
-                    {"dequantized", Tensor::F32({rows, d}, q.dequantized)}};
-              };
+              const int64_t rows = static_cast<int64_t>(n);
               ASSERT_TRUE(testbed::AllBitsEqual(
                   "QuantizeRows " + testbed::Describe(p) + " seed " + std::to_string(seed) +
                       " on " + backend.name,
-                  outputs(want), outputs(got),
+                  Outputs(want, p), Outputs(got, p),
                   {{"x", Tensor::F32({rows, d}, x)}, {"rotation", Tensor::F32({d, d}, dense)}}));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Spec 1.1's write paths: affine_tile (G_k = 32, 64, 128) with and without a per-head norm,
+// the token-scope norm over 1, 2 and 3 KV heads (QuantizeTokens), and G = d at d = 256.
+TEST_P(PipelineTest, QuantizeTokensMatchesScalar) {
+  const cpu::Backend& backend = *GetParam();
+  uint64_t seed = 9000;
+  for (int d : kHeadDims) {
+    conformance::SplitMix64 matrix_rng(91 + d);
+    const std::vector<float> dense = testbed::RandomMatrix(d, &matrix_rng);
+    const std::vector<Write> rotations = {Write(), Write().rotation(RotationKind::kDense),
+                                          Write().hadamard(), Write().hadamard(16).bitrev()};
+    std::vector<std::pair<Write, int>> formats;  // (params, KV heads)
+    for (int gk : kGroups) {
+      formats.push_back({Write().tile(gk), 1});
+      formats.push_back({Write().tile(gk).norm(), 1});
+    }
+    for (int heads : {2, 3}) formats.push_back({Write().tile(32).norm(true, heads), heads});
+    formats.push_back({Write().group(d), 1});
+    for (const auto& [format, heads] : formats) {
+      for (int bits : kBits) {
+        for (float rho : {1.0f, 0.92f}) {
+          for (const Write& rotation : rotations) {
+            WriteParams p = Write(format.Unchecked()).head_dim(d).bits(bits).clip(rho).Unchecked();
+            const WriteParams r = rotation.Unchecked();
+            p.rotation = r.rotation;
+            p.hadamard_block = r.hadamard_block;
+            p.bitrev = r.bitrev;
+            p = Write(p).Build();
+            conformance::SplitMix64 rng(++seed);
+            // Two tiles of every test row kind, heads laid end to end.
+            const size_t n = static_cast<size_t>(2 * p.tile_tokens());
+            std::vector<float> x;
+            while (x.size() < n * heads * d) {
+              const std::vector<float> more =
+                  conformance::MakeRows(conformance::TestRowKinds(p), p, &rng, nullptr);
+              x.insert(x.end(), more.begin(), more.end());
+            }
+            x.resize(n * heads * d);
+            const std::vector<WriteParams> params(static_cast<size_t>(heads), p);
+            const std::vector<const float*> rots(static_cast<size_t>(heads), dense.data());
+            const std::vector<cpu::QuantizedRows> want =
+                cpu::QuantizeTokens(cpu::ScalarBackend(), params, rots, x.data(), n);
+            const std::vector<cpu::QuantizedRows> got =
+                cpu::QuantizeTokens(backend, params, rots, x.data(), n);
+            for (int h = 0; h < heads; ++h) {
+              ASSERT_TRUE(testbed::AllBitsEqual(
+                  "QuantizeTokens " + testbed::Describe(p) + " head " + std::to_string(h) + "/" +
+                      std::to_string(heads) + " seed " + std::to_string(seed) + " on " +
+                      backend.name,
+                  Outputs(want[h], p), Outputs(got[h], p),
+                  {{"x", Tensor::F32({static_cast<int64_t>(n), heads * d}, x)}}));
             }
           }
         }

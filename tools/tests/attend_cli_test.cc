@@ -188,7 +188,7 @@ TEST(AttendCli, ErrorsNameTheValueAndWriteNothing) {
   ExpectFailure(dir, base + " --hadamard --group 48", {"group size 48"});
   const std::string files = "--q q.npy --k k.npy --v v.npy";
   ExpectFailure(dir, files + " --hadamard --page 24", {"page size 24"});
-  ExpectFailure(dir, files + " --hadamard --recent 0", {"recent window 0"});
+  ExpectFailure(dir, files + " --hadamard --recent -1", {"recent window -1"});
   ExpectFailure(dir, files + " --hadamard --sink -2", {"sink length -2"});
   ExpectFailure(dir, "--q q3.npy --k k.npy --v v.npy --hadamard", {"num_q_heads 3"});
   ExpectFailure(dir, "--q q128.npy --k k.npy --v v.npy --hadamard", {"head_dim 128"});

@@ -49,29 +49,35 @@ std::vector<uint16_t> ToBf16(const std::vector<float>& x) {
       }
     }
   }
-  // History: each plane row equals the encoding of its original rows (one token, or one tile).
+  // History: each plane row equals the encoding of its original rows (one token, or one tile),
+  // all KV heads of the tokens encoded together (a token-scope norm spans them).
   for (int kv = 0; kv < 2 && history > 0; ++kv) {
     const cpu::KV half = static_cast<cpu::KV>(kv);
     const FormatLayout& layout = cache.Layout(half);
     const size_t unit = static_cast<size_t>(layout.tile_tokens);
+    std::vector<WriteParams> params;
+    std::vector<const float*> rotations;
     for (size_t h = 0; h < hkv; ++h) {
-      const WriteParams wp = cache.HeadParams(half, static_cast<int>(h));
-      for (size_t i0 = 0; i0 < history; i0 += unit) {
-        std::vector<float> x(unit * d);
-        for (size_t r = 0; r < unit; ++r) {
-          const uint16_t* src = &rows[kv][(sink + i0 + r) * row + h * d];
-          for (size_t j = 0; j < d; ++j) x[r * d + j] = F32FromBf16(src[j]);
-        }
-        const cpu::EncodedRows want = cpu::EncodeRows(cpu::ScalarBackend(), wp,
-                                                      cache.Rotation(half, static_cast<int>(h)),
-                                                      x.data(), unit);
+      params.push_back(cache.HeadParams(half, static_cast<int>(h)));
+      rotations.push_back(cache.Rotation(half, static_cast<int>(h)));
+    }
+    for (size_t i0 = 0; i0 < history; i0 += unit) {
+      std::vector<float> x(unit * row);
+      for (size_t e = 0; e < unit * row; ++e) x[e] = F32FromBf16(rows[kv][(sink + i0) * row + e]);
+      const std::vector<cpu::EncodedRows> want =
+          cpu::EncodeTokens(cpu::ScalarBackend(), params, rotations, x.data(), unit);
+      for (size_t h = 0; h < hkv; ++h) {
         for (size_t r = 0; r < unit; ++r) {
           const cpu::HistoryRunView got = cache.HistoryRow(seq, i0 + r, static_cast<int>(h), half);
+          if (got.tile_offset != static_cast<int>(r)) {
+            return fail() << "history row " << i0 + r << " is " << got.tile_offset
+                          << " tokens into its tile, expected " << r;
+          }
           for (int plane = 0; plane < layout.num_planes; ++plane) {
             const PlaneSpec& spec = layout.plane(plane);
             if (spec.scope == PlaneScope::kTile && r > 0) continue;  // one row per tile
             const size_t index = spec.scope == PlaneScope::kTile ? 0 : r;
-            if (std::memcmp(got.plane[plane], &want.plane[plane][index * spec.row_bytes()],
+            if (std::memcmp(got.plane[plane], &want[h].plane[plane][index * spec.row_bytes()],
                             spec.row_bytes()) != 0) {
               return fail() << (kv ? "value" : "key") << " history row " << i0 + r
                             << " (position " << sink + i0 + r << "), KV head " << h << ": plane '"

@@ -26,20 +26,28 @@ uint16_t RandomBf16(SplitMix64* rng, bool non_negative) {
   return static_cast<uint16_t>(sign | (rng->Below(250) << 7) | rng->Below(128));
 }
 
-void FillInput(const StageArg& arg, const WriteParams& p, size_t n, SplitMix64* rng,
-               Tensor* t) {
+void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p, size_t n,
+               SplitMix64* rng, Tensor* t) {
   const size_t count = t->numel();
   switch (arg.dtype) {
     case DType::kF32: {
       float* out = t->data<float>();
+      const size_t d = static_cast<size_t>(p.head_dim);
       if (arg.extent == Extent::kMatrix) {
         const std::vector<float> r = RandomMatrix(p.head_dim, rng);
         std::memcpy(out, r.data(), r.size() * sizeof(float));
-      } else if (arg.extent == Extent::kRows) {
+      } else if (arg.extent == Extent::kRows || arg.extent == Extent::kNormRows) {
+        // Rows of d values (a norm's span is norm_heads of them), cycling through the kinds.
         const std::vector<RowKind> kinds = conformance::TestRowKinds();
-        for (size_t r = 0; r < n; ++r) {
-          conformance::FillRow(kinds[r % kinds.size()], p, rng,
-                               out + r * static_cast<size_t>(p.head_dim));
+        const size_t rows = count / d;
+        for (size_t r = 0; r < rows; ++r) {
+          conformance::FillRow(kinds[r % kinds.size()], p, rng, out + r * d);
+        }
+        // A stage over tiles: every third tile repeats its first row, so every channel of it
+        // is constant (scale 0).
+        const size_t tile = StageRowMultiple(stage, p);
+        for (size_t t0 = 2 * tile; tile > 1 && t0 + tile <= rows; t0 += 3 * tile) {
+          for (size_t r = 1; r < tile; ++r) std::memcpy(out + (t0 + r) * d, out + t0 * d, d * sizeof(float));
         }
       } else {
         for (size_t i = 0; i < count; ++i) out[i] = rng->Bell();
@@ -50,6 +58,7 @@ void FillInput(const StageArg& arg, const WriteParams& p, size_t n, SplitMix64* 
       uint8_t* out = t->data<uint8_t>();
       const uint32_t values = arg.extent == Extent::kRows ? static_cast<uint32_t>(p.levels()) + 1
                                                           : 256u;  // codes, or packed bytes
+
       for (size_t i = 0; i < count; ++i) out[i] = static_cast<uint8_t>(rng->Below(values));
       break;
     }
@@ -102,7 +111,7 @@ StageBuffers MakeStageBuffers(const StageSpec& stage, size_t n, const WriteParam
     t.dtype = arg.dtype;
     t.shape = ArgShape(arg.extent, static_cast<int64_t>(n), p);
     t.bytes.assign(t.numel() * DTypeSize(t.dtype), poison);
-    if (arg.is_input()) FillInput(arg, p, n, &rng, &t);
+    if (arg.is_input()) FillInput(stage, arg, p, n, &rng, &t);
     b.args.push_back(std::move(t));
   }
   return b;
@@ -114,11 +123,14 @@ std::string StageTester::Name(size_t n) const {
 }
 
 void StageTester::Test(const cpu::Backend& backend) const {
-  const size_t full = rows_ != 0 ? rows_ : 2 * conformance::TestRowKinds().size();
+  // Row counts in whole tiles for a stage over tiles (StageRowMultiple).
+  const size_t unit = StageRowMultiple(*stage_, params_);
+  const size_t wanted = rows_ != 0 ? rows_ : 2 * conformance::TestRowKinds().size();
+  const size_t full = (wanted + unit - 1) / unit * unit;
   std::vector<size_t> sizes;
   if (edge_sizes_) {
     for (size_t n : {size_t{1}, size_t{3}, size_t{4}, size_t{5}}) {
-      if (n < full) sizes.push_back(n);
+      if (n * unit < full) sizes.push_back(n * unit);
     }
   }
   sizes.push_back(full);

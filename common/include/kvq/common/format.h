@@ -31,8 +31,9 @@ Format ParseFormat(const std::string& name);
 // How a plane's bytes are counted (CacheBytes): packed codes, per-group or per-tile metadata,
 // or whole bf16 rows.
 enum class PlaneRole : int { kCodes, kMetadata, kRows };
-// One plane row per (KV head, token), or per (KV head, tile of tile_tokens tokens).
-enum class PlaneScope : int { kToken, kTile };
+// One plane row per (KV head, token), per (KV head, tile of tile_tokens tokens), or per token
+// for all KV heads together (kSharedToken: a page holds [1, P, elements] of it).
+enum class PlaneScope : int { kToken, kTile, kSharedToken };
 
 struct PlaneSpec {
   const char* name = "";  // "codes", "scale", "min", "rows": tensor names in files and vectors
@@ -59,11 +60,18 @@ struct FormatLayout {
   // Plane rows a page of `page_size` tokens holds per KV head: page_size, or page_size /
   // tile_tokens for a tile plane.
   int64_t RowsPerPage(int plane, int page_size) const;
-  // Bytes of one page of the plane for all KV heads: [Hkv, RowsPerPage, row_bytes].
+  // KV heads a page of the plane is laid out for: num_kv_heads, or 1 for a shared plane.
+  int64_t HeadsPerPage(int plane, int num_kv_heads) const;
+  // Bytes of one page of the plane: [HeadsPerPage, RowsPerPage, row_bytes].
   size_t PageBytes(int plane, int page_size, int num_kv_heads) const;
-  // Bytes that `tokens` history tokens of one KV head occupy in planes of `role` (a tile
-  // plane is counted per started tile).
-  size_t Bytes(PlaneRole role, int64_t tokens) const;
+  // Byte offset, within the plane's pool, of the row that holds history token `token_in_page`
+  // of page `page` for KV head `head` (the tile's row for a tile plane; the one shared row for
+  // a shared plane).
+  size_t RowOffset(int plane, int page_size, int num_kv_heads, int64_t page, int head,
+                   int64_t token_in_page) const;
+  // Bytes that `tokens` history tokens of `num_kv_heads` KV heads occupy in planes of `role`
+  // (a tile plane is counted per started tile, a shared plane once for all heads).
+  size_t Bytes(PlaneRole role, int64_t tokens, int num_kv_heads) const;
 };
 
 // The layout of p.format under p (which must be valid: WriteParams::Validate).

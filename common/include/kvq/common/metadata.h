@@ -47,8 +47,9 @@ class MetadataReader {
 };
 
 // WriteParams as keys prefix + head_dim, group, bits, clip (ShortestFloat), rotation
-// (identity | dense | hadamard), hadamard_block (0: head_dim), bitrev (1 | 0), and format for
-// every format but affine_token (the only format of spec 1.0, which wrote no such key).
+// (identity | dense | hadamard), hadamard_block (0: head_dim), bitrev (1 | 0), row_format for
+// every format but affine_token (the only format of spec 1.0, which wrote no such key), and
+// norm = 1 with norm_heads only when the row has a norm (spec 1.1; absent: no norm).
 void PutWriteParams(const WriteParams& p, const std::string& prefix, Metadata* metadata);
 // Reads and validates; an unparsable or unsupported value is kMalformedFile.
 WriteParams GetWriteParams(const MetadataReader& meta, const std::string& prefix);

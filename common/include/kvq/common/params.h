@@ -23,25 +23,38 @@ enum class RotationKind : int {
 
 const char* RotationKindName(RotationKind kind);
 
-// Write path of one row: the transforms (rotate -> bit reversal -> clip) then the codec of
-// `format` (affine_token: quantize -> pack). A bf16 format stores the original row and reads
-// none of the other fields but head_dim.
+// Write path of one row: the transforms (rotate -> bit reversal -> norm -> clip) then the codec
+// of `format` (affine_token: quantize -> pack; affine_tile: quantize_tile -> pack_tile over
+// tiles of `group` tokens). A bf16 format stores the original row and reads none of the other
+// fields but head_dim.
 struct WriteParams {
   int head_dim = 128;       // d: 64, 128 or 256
   Format format = Format::kAffineToken;  // how history rows are stored (formats.inc)
-  int group = 64;           // G: 32, 64 or 128, G <= d, channels per (scale, min) pair
+  int group = 64;           // affine_token: G channels per (scale, min) pair: 32, 64, 128 (<= d)
+                            //   or d; affine_tile: G_k tokens per tile: 32, 64 or 128
   int bits = 2;             // b: 2 or 4
   float clip = 1.0f;        // rho in (0, 1]; 1 never clips
   RotationKind rotation = RotationKind::kIdentity;
   int hadamard_block = 0;   // FWHT block size (16..d, power of two); 0 means head_dim
   bool bitrev = false;      // apply P_br after the rotation
+  bool norm = false;        // divide each row by its stored bf16 tree norm n^ (spec 1.1;
+                            //   affine_tile only); decoded rows are multiplied back by n^
+  int norm_heads = 1;       // KV heads one norm spans, their rows laid end to end: 1 (a norm
+                            //   per token and KV head) or Hkv (the token scope); 1 without norm
 
   // Throws kvq::Error(kInvalidArgument) naming the first unsupported value.
   void Validate() const;
 
   int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1
-  int num_groups() const { return head_dim / group; }            // d / G
+  int num_groups() const { return head_dim / group; }            // d / G (affine_token)
   int code_bytes() const { return head_dim * bits / 8; }         // packed bytes per row
+  // Tokens one plane row of a tile plane covers (formats.inc's tile_tokens column): G_k for
+  // affine_tile, 1 for formats whose planes are all per token.
+  int tile_tokens() const;
+  // Packed bytes per channel of one tile: G_k * b / 8 (affine_tile).
+  int tile_channel_bytes() const { return group * bits / 8; }
+  // Values one norm spans: d * norm_heads.
+  int norm_span() const { return head_dim * norm_heads; }
   int fwht_block() const { return hadamard_block == 0 ? head_dim : hadamard_block; }
   // The FWHT normaliser fp32(1/sqrt(fwht_block())), computed in double and rounded once
   // (spec/numerics.md §3.2): the one definition the CPU and GPU paths use.
@@ -58,8 +71,10 @@ struct CacheParams {
   int num_kv_heads = 8;      // Hkv
   int num_q_heads = 32;      // Hq, a positive multiple of Hkv (GQA group g = Hq / Hkv)
   int sink = 64;             // S0 >= 0
-  int recent = 256;          // W >= 1
-  int flush = 1;             // F >= 1: the history grows F tokens at a time (HistoryTokens)
+  int recent = 256;          // W >= 0 (spec 1.0: W >= 1; W = 0 writes every token after the
+                             //   sink straight to the history)
+  int flush = 1;             // F >= 1: the history grows F tokens at a time (HistoryTokens);
+                             //   a multiple of the tile of a tile format
   int page_size = 64;        // P, history tokens per page: power of two in [16, 1024]
   WriteParams key;           // K write path (format, head_dim, group, bits, rotation, ...);
   WriteParams value;         // V write path; key.head_dim == value.head_dim == d
@@ -85,6 +100,10 @@ struct CacheParams {
 };
 
 bool IsSupportedHeadDim(int d);
+// 32, 64 or 128: the channel groups of spec 1.0 and the tiles of affine_tile.
 bool IsSupportedGroup(int g);
+// A channel group of affine_token at head_dim d: IsSupportedGroup(g) with g <= d, or g == d
+// (one (scale, min) per row, SAW-INT4; spec 1.1).
+bool IsSupportedGroup(int g, int d);
 
 }  // namespace kvq

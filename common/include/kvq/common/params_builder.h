@@ -31,6 +31,18 @@ class Write {
   }
   Write& block(int h) { p_.hadamard_block = h; return *this; }
   Write& bitrev(bool on = true) { p_.bitrev = on; return *this; }
+  // affine_tile over tiles of G_k tokens (G_k is the group field of a tile format).
+  Write& tile(int tokens) {
+    p_.format = Format::kAffineTile;
+    p_.group = tokens;
+    return *this;
+  }
+  // A bf16 tree norm spanning `heads` KV heads (1: per head; Hkv: the token scope).
+  Write& norm(bool on = true, int heads = 1) {
+    p_.norm = on;
+    p_.norm_heads = on ? heads : 1;
+    return *this;
+  }
 
   WriteParams Build() const;
   WriteParams Unchecked() const { return p_; }

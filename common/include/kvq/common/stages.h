@@ -24,7 +24,9 @@ enum class StageId : int {
 };
 
 enum class ArgDir : int { kIn, kOut, kInOut };
-enum class Extent : int { kRows, kRowScalars, kMatrix, kPacked, kGroups };
+enum class Extent : int {
+  kRows, kRowScalars, kMatrix, kPacked, kGroups, kNormRows, kTileChannels, kTilePacked
+};
 
 struct StageArg {
   const char* name;    // the parameter; golden-vector input "in.<name>"
@@ -56,12 +58,18 @@ const StageSpec& GetStage(StageId id);
 const StageSpec* FindStage(const std::string& name);
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing the stages.
 const StageSpec& StageByName(const std::string& name);
-// Whether the stage runs under p: transforms always, codec stages of p.format.
+// Whether the write path of p runs the stage: its family applies (transforms always, codec
+// stages for p.format) and its KVQ_STAGE_WHEN condition, if it has one, holds.
 bool StageApplies(const StageSpec& stage, const WriteParams& p);
+// The row counts a call takes are multiples of this: p.tile_tokens() for a stage with a tile
+// argument (kTileChannels, kTilePacked), else 1.
+size_t StageRowMultiple(const StageSpec& stage, const WriteParams& p);
 
 // The shape of argument `arg` for n rows under p, and its element count.
 std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p);
 size_t ArgElements(Extent extent, int64_t n, const WriteParams& p);
+// "row, column", "tile, channel, byte", ...: what the axes of an argument's shape mean.
+const char* ExtentAxes(Extent extent);
 
 // Calls a stage function `fn` with its pointer parameters taken from args[0..] in order
 // (args[i] points at the i-th pointer parameter's element type), followed by `trailing`

@@ -48,6 +48,10 @@ const std::vector<RowKind>& AllRowKinds();
 // Every kind of the enum: what the tests draw. `within_write_range` drops kNearLimit, whose
 // rows the validating write path rejects after any rotation.
 std::vector<RowKind> TestRowKinds(bool within_write_range = true);
+// The kinds whose rows p's validating write path accepts after any rotation: TestRowKinds(true)
+// without kHuge and kLargeScale when p has a norm (their squares overflow fp32, and the write
+// path rejects an infinite norm).
+std::vector<RowKind> TestRowKinds(const WriteParams& p);
 
 // Fills row [p.head_dim] with a row of `kind` (p.group and p.bits shape the tie rows).
 void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row);

@@ -54,9 +54,12 @@ struct Bf16RowsView {
 
 // n consecutive history rows of one KV head (one page run), stored in the format of their
 // WriteParams: plane[i] points at the run's first row of plane i of LayoutOf(p) (rows of one
-// plane are contiguous within a page; see cache.h).
+// plane are contiguous within a page; see cache.h). For a tile plane that is the row of the tile
+// holding the run's first token, which is `tile_offset` tokens into its tile (0 for a run that
+// starts a page: pages start on tile boundaries).
 struct HistoryRunView {
   const uint8_t* plane[kMaxPlanes] = {};
+  int tile_offset = 0;
 };
 
 struct AttentionKernels {
@@ -66,7 +69,8 @@ struct AttentionKernels {
                       float* acc) = nullptr;
   // q_rot [g, d] fp32, already rotated by the key write path (x·R_K, then P_br); k, v: n
   // history rows decoded by the codec of kp.format / vp.format (affine_token:
-  // y = q * scale + min); acc accumulates in the rotated value space. scratch >= g * n floats.
+  // y = q * scale + min; affine_tile: the same with the tile's per-channel (scale, min), times
+  // n^ with a norm); acc accumulates in the rotated value space. scratch >= g * n floats.
   void (*history_update)(const float* q_rot, size_t g, HistoryRunView k, HistoryRunView v,
                          size_t n, const WriteParams& kp, const WriteParams& vp, float scale,
                          float* scratch, float* m, float* l, float* acc) = nullptr;

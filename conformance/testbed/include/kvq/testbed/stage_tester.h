@@ -32,7 +32,8 @@ struct StageBuffers {
 };
 
 // Valid inputs for every input argument of `stage` for n rows under p, from `seed`: F32 rows
-// cycling through conformance::TestRowKinds() (edge rows included), a random dense matrix, codes
+// cycling through conformance::TestRowKinds() (edge rows included; a stage over tiles gets every
+// third tile constant along the tokens), a random dense matrix, codes
 // in [0, 2^b - 1], random packed bytes, finite bf16 scales >= 0 (zeros and subnormals included)
 // and mins of both signs; every output byte set to `poison`.
 StageBuffers MakeStageBuffers(const StageSpec& stage, size_t n, const WriteParams& p,
@@ -45,7 +46,8 @@ class StageTester {
   StageTester& params(const WriteParams& p) { params_ = p; return *this; }
   StageTester& rows(size_t n) { rows_ = n; return *this; }
   StageTester& seed(uint64_t s) { seed_ = s; return *this; }
-  // Also run the row counts below, at and past small tiles (1, 3, 4, 5) before rows(n).
+  // Also run the row counts below, at and past small tiles (1, 3, 4, 5) before rows(n); for a
+  // stage over tiles every count is in whole tiles (1, 3, 4, 5 tiles, rows(n) rounded up).
   StageTester& edge_sizes(bool on) { edge_sizes_ = on; return *this; }
 
   // The stage of `backend` against the scalar reference's, outputs poisoned with two different
