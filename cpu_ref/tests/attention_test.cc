@@ -20,6 +20,7 @@
 #include "kvq/testbed/params.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/write_path.h"
 
 namespace kvq::cpu {
 namespace {
@@ -103,6 +104,77 @@ TEST_P(AttentionTest, MatchesReferenceAtBoundaries) {
       cache.Prefill(seq, k.data(), v.data(), half);
       for (size_t t = half; t < length; ++t) cache.Append(seq, &k[t * row], &v[t * row]);
       for (float magnitude : {1.0f, 4.0f}) {  // flat and peaked (logits up to ~30)
+        ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, magnitude),
+                               context + " |q|~" + std::to_string(magnitude));
+      }
+    }
+  }
+}
+
+// Spec 1.1's caches at their boundaries: tiled keys (KIVI), with the FWHT and a per-head or
+// per-token norm (OScaR), W = 0 with and without a sink (SAW-INT4: G = d, d = 256 included),
+// F > 1 with per-token rows. Lengths around the first and later flushes (H jumps by F).
+TEST_P(AttentionTest, Spec11CachesMatchReferenceAtFlushBoundaries) {
+  struct Config {
+    const char* name;
+    testbed::Cache cache;
+  };
+  const testbed::Write kivi_k = testbed::Write().head_dim(128).bits(2).tile(32);
+  const testbed::Write kivi_v = testbed::Write().head_dim(128).bits(2).group(32);
+  const Config configs[] = {
+      {"kivi", testbed::Cache().q_heads(8).kv_heads(2).sink(0).recent(1).flush(128).page(128)
+                   .key(kivi_k).value(kivi_v)},
+      {"kivi_gk64_s4_w8_f64", testbed::Cache().q_heads(4).kv_heads(2).sink(4).recent(8).flush(64)
+                                  .page(64).key(testbed::Write(kivi_k).tile(64))
+                                  .value(kivi_v)},
+      {"ots_head_norm", testbed::Cache().q_heads(6).kv_heads(2).sink(0).recent(1).flush(64)
+                            .page(64).key(testbed::Write(kivi_k).hadamard().norm())
+                            .value(testbed::Write(kivi_v).hadamard())},
+      {"ots_token_norm", testbed::Cache().q_heads(6).kv_heads(3).sink(0).recent(1).flush(32)
+                             .page(32).key(testbed::Write(kivi_k).hadamard().norm(true, 3))
+                             .value(testbed::Write(kivi_v).hadamard())},
+      {"tile_int4_d64_dense_norm", testbed::Cache().q_heads(4).kv_heads(1).sink(2).recent(3)
+                                       .flush(32).page(64)
+                                       .key(testbed::Write().head_dim(64).bits(4).tile(32)
+                                                .rotation(RotationKind::kDense).norm())
+                                       .value(testbed::Write().head_dim(64).bits(4).tile(32))},
+      {"saw_int4_d256", testbed::Cache().q_heads(4).kv_heads(2).sink(0).recent(0).page(16)
+                            .key(testbed::Write().head_dim(256).bits(4).group(256).hadamard(128))
+                            .value(testbed::Write().head_dim(256).bits(4).group(256).hadamard(128))},
+      {"saw_int4_k_d128", testbed::Cache().q_heads(8).kv_heads(2).sink(0).recent(0).page(16)
+                              .key(testbed::Write().head_dim(128).bits(4).group(128).hadamard())
+                              .value(testbed::Write().head_dim(128).bits(4).group(128))},
+      {"w0_with_sink", testbed::Cache().q_heads(2).kv_heads(1).sink(5).recent(0).page(16)
+                           .both(testbed::Write().head_dim(64).bits(2).group(32).hadamard())},
+      {"f8_w3", testbed::Cache().q_heads(4).kv_heads(2).sink(2).recent(3).flush(8).page(16)
+                    .both(testbed::Write().head_dim(64).bits(2).group(64).rotation(
+                        RotationKind::kDense))},
+  };
+  uint64_t seed = 900;
+  for (const Config& c : configs) {
+    const CacheParams p = c.cache.Build();
+    const size_t reserved = static_cast<size_t>(p.sink + p.recent);
+    const size_t f = static_cast<size_t>(p.flush);
+    std::vector<size_t> lengths = {1, reserved + 1, reserved + f - 1, reserved + f,
+                                   reserved + f + 1, reserved + 2 * f + 3};
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    for (size_t length : lengths) {
+      if (length == 0) continue;
+      conformance::SplitMix64 rng(++seed);
+      const std::string context = std::string(c.name) + " seed " + std::to_string(seed) + " " +
+                                  testbed::Describe(p);
+      PagedKVCache cache = testbed::MakeCache(p, &rng);
+      const int seq = cache.AddSequence();
+      const int hkv = p.num_kv_heads, d = p.head_dim();
+      const std::vector<float> k = testbed::KvRows(length, hkv, d, &rng);
+      const std::vector<float> v = testbed::KvRows(length, hkv, d, &rng);
+      const size_t half = length / 2;
+      const size_t row = static_cast<size_t>(hkv * d);
+      cache.Prefill(seq, k.data(), v.data(), half);
+      for (size_t t = half; t < length; ++t) cache.Append(seq, &k[t * row], &v[t * row]);
+      ASSERT_EQ(cache.HistoryLength(seq), static_cast<size_t>(p.HistoryTokens(length))) << context;
+      for (float magnitude : {1.0f, 4.0f}) {
         ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, magnitude),
                                context + " |q|~" + std::to_string(magnitude));
       }
@@ -266,6 +338,57 @@ TEST(AttendReference, MatchesAlgorithmOneLiterally) {
       // ~sqrt(d)·2^-24 relative error per element) where this test rotates K in fp64, so they
       // differ by ~1e-6; a semantic mistake (a transpose, a missing P_br) differs by O(1).
       EXPECT_LE(max_diff / max_ref, 5e-5) << "query head " << h;
+    }
+  }
+}
+
+// spec/cache.md §5.1, the decode algebra of a tile: with x^[t][j] = n^_t (code[t][j] s^[j] +
+// m^[j]) in exact arithmetic, q~.x^_t = n^_t (sum_j a[j] code[t][j] + c) with a = q~ o s^ and
+// c = q~ . m^ built once per (query head, tile). The folded logits, in fp64 from the stored
+// planes, agree with the reference's logits over the fp32 dequantized rows to the fp32
+// rounding of those rows (relative to sum_j |q~_j x^_tj|).
+TEST(AttendReference, TileLogitsFoldScalesAndMinsIntoTheQuery) {
+  conformance::SplitMix64 rng(44);
+  const CacheParams p = testbed::Cache().q_heads(2).kv_heads(1).sink(0).recent(1).flush(64)
+                            .page(64).key(testbed::Write().head_dim(128).bits(2).tile(32)
+                                              .hadamard().norm())
+                            .value(testbed::Write().head_dim(128).bits(2).group(32)).Build();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
+  const int seq = cache.AddSequence();
+  const size_t d = 128;
+  const std::vector<float> k = testbed::KvRows(200, 1, 128, &rng), v = testbed::KvRows(200, 1, 128, &rng);
+  cache.Prefill(seq, k.data(), v.data(), 200);
+  const size_t history = cache.HistoryLength(seq);
+  ASSERT_EQ(history, 192u);
+  const std::vector<float> rows = cache.DequantizedHistory(seq, 0, KV::kKey);
+  const std::vector<float> q = RandomQuery(p, rng, 2.0f);
+  std::vector<float> q_rot(d);
+  Rotate(ScalarBackend(), p.key, nullptr, q.data(), q_rot.data(), 1);
+  const int slice = p.key.tile_channel_bytes();
+  for (size_t t0 = 0; t0 < history; t0 += 32) {
+    const HistoryRunView tile = cache.HistoryRow(seq, t0, 0, KV::kKey);
+    ASSERT_EQ(tile.tile_offset, 0);
+    const uint16_t* scale = reinterpret_cast<const uint16_t*>(tile.plane[1]);
+    const uint16_t* min = reinterpret_cast<const uint16_t*>(tile.plane[2]);
+    std::vector<double> a(d);
+    double c = 0.0;
+    for (size_t j = 0; j < d; ++j) {
+      a[j] = static_cast<double>(q_rot[j]) * F32FromBf16(scale[j]);
+      c += static_cast<double>(q_rot[j]) * F32FromBf16(min[j]);
+    }
+    for (size_t r = 0; r < 32; ++r) {
+      const HistoryRunView row = cache.HistoryRow(seq, t0 + r, 0, KV::kKey);
+      double folded = c, direct = 0.0, magnitude = 0.0;
+      for (size_t j = 0; j < d; ++j) {
+        const int byte = tile.plane[0][j * slice + r % slice];
+        const int code = (byte >> (2 * (r / slice))) & 3;
+        folded += a[j] * code;
+        direct += static_cast<double>(q_rot[j]) * rows[(t0 + r) * d + j];
+        magnitude += std::fabs(static_cast<double>(q_rot[j]) * rows[(t0 + r) * d + j]);
+      }
+      folded *= F32FromBf16(reinterpret_cast<const uint16_t*>(row.plane[3])[0]);
+      // Each x^ is rounded twice in fp32 (the sum, the norm product): 2^-23 relative.
+      EXPECT_LE(std::fabs(folded - direct), 0x1p-22 * magnitude) << "row " << t0 + r;
     }
   }
 }
