@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvq/common/error.h"
+#include "kvq/common/stages.h"
 #include "kvq/common/tensor.h"
 
 namespace kvq::conformance {
@@ -41,6 +42,42 @@ CaseKind ParseCaseKind(const std::string& name) {
     if (name == CaseKindName(kind)) return kind;
   }
   throw Error(ErrorCode::kMalformedFile, "unknown case kind '" + name + "'");
+}
+
+bool IsReplayableSpecVersion(const std::string& version) {
+  return version == "1.0" || version == "1.1";
+}
+
+const char* SpecVersionOf(const WriteParams& p) {
+  if (!p.quantized()) return "1.0";
+  const bool v11 = p.format != Format::kAffineToken || p.norm ||
+                   (p.group == p.head_dim && !IsSupportedGroup(p.group));
+  return v11 ? "1.1" : "1.0";
+}
+
+const char* SpecVersionOf(const CacheParams& p) {
+  if (p.flush != 1 || p.recent == 0) return "1.1";
+  if (std::string(SpecVersionOf(p.key)) == "1.1" || std::string(SpecVersionOf(p.value)) == "1.1") {
+    return "1.1";
+  }
+  return "1.0";
+}
+
+const char* RequiredSpecVersion(const Safetensors& file) {
+  const MetadataReader meta = CaseMetadata(file);
+  const CaseKind kind = ParseCaseKind(meta.String("kind"));
+  if (kind == CaseKind::kCache || kind == CaseKind::kAttention) {
+    return SpecVersionOf(GetCacheParams(meta));
+  }
+  const WriteParams p = GetWriteParams(meta, "");
+  if (kind == CaseKind::kStage) {
+    const StageSpec& stage = StageByName(meta.String("stage"));
+    const std::string name = stage.name;
+    if (name == "norm" || name == "denorm" || (!stage.transform && stage.format != Format::kAffineToken)) {
+      return "1.1";
+    }
+  }
+  return SpecVersionOf(p);
 }
 
 MetadataReader CaseMetadata(const Safetensors& file) {

@@ -141,6 +141,96 @@ std::vector<CacheConfig> CacheConfigs() {
     };
     configs.push_back(c);
   }
+  // ---- spec 1.1 ----
+  {
+    // KIVI: tiled keys (G_k = 32), per-token values (G = 32), S0 = 0, W = 1, F = 64: the
+    // history grows 64 tokens when the 65th token past it arrives. Two sequences interleave,
+    // one is removed and a third reuses its pages.
+    CacheConfig c;
+    c.name = "kivi_d64_gk32_f64_w1";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(64).page(64)
+        .key(params::Write().head_dim(64).bits(2).tile(32))
+        .value(params::Write().head_dim(64).bits(2).group(32))
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 110);  // history 64
+      const int b = s->Add();
+      s->Prefill(b, 50);   // no history yet
+      for (int i = 0; i < 20; ++i) {
+        s->Append(a);      // a reaches 130: history 128 at 129
+        s->Append(b);      // b reaches 70: history 64 at 65
+      }
+      s->Remove(b);
+      const int c3 = s->Add();
+      s->Prefill(c3, 66);  // reuses b's page: history 64
+    };
+    configs.push_back(c);
+  }
+  {
+    // OScaR: FWHT keys and values, the norm per token over every KV head (the authors'
+    // scope), tiles of 32, F = 32, W = 1.
+    CacheConfig c;
+    c.name = "ots_token_norm_d64_hkv2_f32";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(32).page(32)
+        .key(params::Write().head_dim(64).bits(2).tile(32).hadamard().norm(true, 2))
+        .value(params::Write().head_dim(64).bits(2).group(32).hadamard())
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 50);
+      for (int i = 0; i < 40; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // OScaR with the per-head norm (kvq's default), a sink, W = 8, F = 64 over G_k = 32, d = 128.
+    CacheConfig c;
+    c.name = "ots_head_norm_d128_s4_w8_f64";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(4).recent(8).flush(64).page(64)
+        .key(params::Write().head_dim(128).bits(2).tile(32).hadamard().norm())
+        .value(params::Write().head_dim(128).bits(2).group(32).hadamard())
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 80);
+      for (int i = 0; i < 60; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // SAW-INT4: one (scale, min) per row (G = d = 256), FWHT blocks of 128 on K and V, no
+    // windows (S0 = W = 0): every token is history when it arrives.
+    CacheConfig c;
+    c.name = "saw_int4_d256_g256_w0";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(0).recent(0).page(16)
+        .both(params::Write().head_dim(256).bits(4).group(256).hadamard(128))
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 20);
+      for (int i = 0; i < 5; ++i) s->Append(a);
+      const int b = s->Add();
+      s->Append(b);
+    };
+    configs.push_back(c);
+  }
+  {
+    // W = 0 with a sink and F = 8 on per-token rows, tiled INT4 values with a per-head norm.
+    CacheConfig c;
+    c.name = "w0_s3_f32_tiled_values_d64";
+    c.params = params::Cache().kv_heads(2).q_heads(2).sink(3).recent(0).flush(32).page(32)
+        .key(params::Write().head_dim(64).bits(2).group(64).rotation(RotationKind::kDense))
+        .value(params::Write().head_dim(64).bits(4).tile(32).norm())
+        .Build();
+    c.rotation_k = {0, 1};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 40);
+      for (int i = 0; i < 30; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
   {
     // The bf16 baseline: every token kept as bf16, no pages.
     CacheConfig c;
@@ -210,7 +300,7 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
 // uniform; all rounded to bf16.
 Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const std::string& name,
                         CaseKind kind, SplitMix64* rng) {
-  Safetensors file = out->NewCase(name, kind, rng);
+  Safetensors file = out->NewCase(name, kind, rng, SpecVersionOf(config.params));
   const CacheParams& p = config.params;
   PutCacheParams(p, &file.metadata);
   const int d = p.head_dim();
@@ -262,7 +352,7 @@ void AddCacheExpectations(const ReplayedCache& replayed, Safetensors* file) {
         const PlaneSpec& plane = layout.plane(i);
         Tensor t;
         t.dtype = plane.dtype;
-        t.shape = {pages, hkv, layout.RowsPerPage(i, psize), plane.elements};
+        t.shape = {pages, layout.HeadsPerPage(i, hkv), layout.RowsPerPage(i, psize), plane.elements};
         const uint8_t* bytes = cache.PoolPlane(kvs[h], i);
         t.bytes.assign(bytes, bytes + static_cast<size_t>(pages) * cache.PagePlaneBytes(kvs[h], i));
         file->Add(std::string("expect.pool.") + names[h] + "." + plane.name, std::move(t));

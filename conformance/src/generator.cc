@@ -50,8 +50,9 @@ std::vector<float> RandomOrthogonal(int d, SplitMix64* rng) {
   return r;
 }
 
-void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_seed) {
-  file->metadata["spec_version"] = kSpecVersion;
+void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_seed,
+                       const char* spec_version) {
+  file->metadata["spec_version"] = spec_version;
   file->metadata["generator"] = kGeneratorName;
   file->metadata["generator_version"] = kGeneratorVersion;
   file->metadata["seed"] = std::to_string(case_seed);
@@ -66,13 +67,13 @@ std::string RhoTag(float rho) {
   return "rho" + text;
 }
 
-Safetensors VectorCollector::NewCase(const std::string& name, CaseKind kind,
-                                     SplitMix64* rng) const {
+Safetensors VectorCollector::NewCase(const std::string& name, CaseKind kind, SplitMix64* rng,
+                                     const char* spec_version) const {
   const uint64_t case_seed = CaseSeed(seed_, name);
   *rng = SplitMix64(case_seed);
   Safetensors file;
   file.metadata["format"] = kCaseFormat;
-  PutCommonMetadata(&file, case_seed, seed_);
+  PutCommonMetadata(&file, case_seed, seed_, spec_version);
   file.metadata["case"] = name;
   file.metadata["kind"] = CaseKindName(kind);
   return file;
@@ -83,6 +84,11 @@ void VectorCollector::AddCase(const std::string& name, CaseKind kind, const Safe
   for (const Entry& e : entries_) {
     KVQ_CHECK(e.path != path, kInvalidArgument, "generator: duplicate case '", name, "'");
   }
+  // A case keeps the version of the rules it exercises (a 1.0 case stays byte-identical).
+  const std::string labelled = CaseMetadata(file).String("spec_version");
+  KVQ_CHECK(labelled == RequiredSpecVersion(file), kInvalidArgument, "generator: case '", name,
+            "' is labelled spec ", labelled, " but its parameters need spec ",
+            RequiredSpecVersion(file));
   entries_.push_back(Entry{path, "case", CaseKindName(kind), SerializeSafetensors(file)});
 }
 
@@ -98,7 +104,7 @@ std::string VectorCollector::EnsureFixture(int head_dim) {
   }
   Safetensors file;
   file.metadata["format"] = kFixtureFormat;
-  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_);
+  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_, "1.0");
   file.metadata["description"] =
       "random orthogonal matrices (Gram-Schmidt in fp64, rounded once to fp32), row-major";
   file.Add("rotations", Tensor::F32({m, head_dim, head_dim}, all));

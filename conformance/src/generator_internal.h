@@ -19,8 +19,10 @@ class VectorCollector {
   uint64_t seed() const { return seed_; }
 
   // A case with the common metadata (format, spec_version, generator, generator_version, seed,
-  // global_seed, case, kind); *rng is seeded from (global seed, name).
-  Safetensors NewCase(const std::string& name, CaseKind kind, SplitMix64* rng) const;
+  // global_seed, case, kind); *rng is seeded from (global seed, name). spec_version: the
+  // version whose rules the case exercises (AddCase checks it against RequiredSpecVersion).
+  Safetensors NewCase(const std::string& name, CaseKind kind, SplitMix64* rng,
+                      const char* spec_version) const;
   // Stores the case as <name>.safetensors; throws on a duplicate name.
   void AddCase(const std::string& name, CaseKind kind, const Safetensors& file);
 

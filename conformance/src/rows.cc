@@ -149,15 +149,17 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
     }
     case RowKind::kTies: {
       const int levels = p.levels();
-      for (int g0 = 0; g0 < d; g0 += p.group) {
+      // Channel groups of G (a tile format's G_k counts tokens: groups of min(G_k, d) here).
+      const int group = p.group < d ? p.group : d;
+      for (int g0 = 0; g0 < d; g0 += group) {
         float* x = row + g0;
         const float unit = PowerOfTwo(static_cast<int>(rng->Below(5)) - 2);
         float lo, hi;
-        if ((g0 / p.group) % 2 == 0) {
+        if ((g0 / group) % 2 == 0) {
           // s = unit exactly, min exact in bf16: (x - m) / s = k + 0.5 exactly.
           lo = -static_cast<float>(rng->Below(8)) * unit;
           hi = lo + static_cast<float>(levels) * unit;
-          for (int j = 0; j < p.group; ++j) {
+          for (int j = 0; j < group; ++j) {
             x[j] = lo + (static_cast<float>(rng->Below(levels)) + 0.5f) * unit;
           }
         } else {
@@ -166,11 +168,11 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
           const float tie = 1.00390625f;  // 1 + 2^-8
           lo = -tie * unit;
           hi = lo + static_cast<float>(levels) * tie * unit;
-          for (int j = 0; j < p.group; ++j) x[j] = lo + (hi - lo) * rng->Uniform01();
+          for (int j = 0; j < group; ++j) x[j] = lo + (hi - lo) * rng->Uniform01();
         }
         // The extremes at random places of the group.
-        const int a = static_cast<int>(rng->Below(p.group));
-        int b = static_cast<int>(rng->Below(p.group - 1));
+        const int a = static_cast<int>(rng->Below(group));
+        int b = static_cast<int>(rng->Below(group - 1));
         if (b >= a) ++b;
         x[a] = lo;
         x[b] = hi;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -137,14 +138,23 @@ void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backen
   const cpu::QuantizedRows out = cpu::QuantizeRows(
       backend, p, rotation.empty() ? nullptr : rotation.data(), x.data<float>(),
       static_cast<size_t>(n));
-  // In write-path order, so the first mismatch names the earliest stage that went wrong.
-  ExpectBits("rotated", c.Get("expect.rotated"), out.rotated, "row, column");
-  ExpectBits("tau", c.Get("expect.tau"), out.tau, "row");
-  ExpectBits("scale", c.Get("expect.scale"), out.scale, "row, group");
-  ExpectBits("min", c.Get("expect.min"), out.min, "row, group");
-  ExpectBits("codes", c.Get("expect.codes"), out.codes, "row, column");
-  ExpectBits("packed", c.Get("expect.packed"), out.packed, "row, byte");
-  ExpectBits("dequantized", c.Get("expect.dequantized"), out.dequantized, "row, column");
+  // Every field of the format's write path, in write-path order, so the first mismatch names
+  // the earliest stage that went wrong; the case must expect exactly these fields.
+  const bool tile = p.format == Format::kAffineTile;
+  std::set<std::string> compared;
+  for (const auto& [field, got] : out.Tensors(p)) {
+    const char* axes = "row, column";
+    if (field == "tau" || field == "norm") axes = "row";
+    if (field == "scale" || field == "min") axes = tile ? "tile, channel" : "row, group";
+    if (field == "packed") axes = tile ? "tile, channel, byte" : "row, byte";
+    ExpectBits(field, c.Get("expect." + field), got.bytes.data(), got.bytes.size(), axes);
+    compared.insert("expect." + field);
+  }
+  for (const auto& [name, tensor] : c.tensors) {
+    KVQ_CHECK(name.rfind("expect.", 0) != 0 || compared.count(name) != 0, kMalformedFile,
+              "case ", CaseMetadata(c).what(), ": ", name, " is not an output of the write path of ",
+              FormatName(p.format), p.norm ? " with a norm" : "");
+  }
 }
 
 // ---- Paged cache storage ----
@@ -309,9 +319,12 @@ VectorSet LoadVectorSet(const std::string& dir) {
     }
     KVQ_CHECK(CaseMetadata(parsed).String("format") == kCaseFormat, kMalformedFile, "'", f.entry.path,
               "' has format '", CaseMetadata(parsed).String("format"), "', expected ", kCaseFormat);
-    KVQ_CHECK(CaseMetadata(parsed).String("spec_version") == kSpecVersion, kMismatch, "'", f.entry.path,
-              "' is for spec ", CaseMetadata(parsed).String("spec_version"), ", this build implements ",
-              kSpecVersion);
+    const std::string& version = CaseMetadata(parsed).String("spec_version");
+    KVQ_CHECK(IsReplayableSpecVersion(version), kMismatch, "'", f.entry.path, "' is for spec ",
+              version, ", this build implements spec ", kSpecVersion, " (cases of 1.0 and 1.1)");
+    KVQ_CHECK(version == RequiredSpecVersion(parsed), kMalformedFile, "'", f.entry.path,
+              "' is labelled spec ", version, " but its parameters are those of spec ",
+              RequiredSpecVersion(parsed));
     KVQ_CHECK(CaseMetadata(parsed).String("kind") == f.entry.kind, kMalformedFile, "'", f.entry.path,
               "' has kind '", CaseMetadata(parsed).String("kind"), "' but manifest.json says '",
               f.entry.kind, "'");

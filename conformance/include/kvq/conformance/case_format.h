@@ -21,7 +21,11 @@
 
 namespace kvq::conformance {
 
-inline constexpr char kSpecVersion[] = "1.0";
+// The spec this build implements (the manifest's version). Each case carries the version whose
+// rules it exercises: the first that defines everything it uses (SpecVersionOf), so a case of
+// 1.0 keeps its bits and its "1.0" under every later version, and a runner replays the cases of
+// every version up to its own (IsReplayableSpecVersion).
+inline constexpr char kSpecVersion[] = "1.1";
 inline constexpr char kGeneratorName[] = "kvq vectors generate";
 inline constexpr char kGeneratorVersion[] = "1";
 inline constexpr char kCaseFormat[] = "kvq-conformance-case";
@@ -54,6 +58,18 @@ enum class CacheOp : int32_t {
   kAppend = 2,          // AppendBf16(slot); tokens = 1
   kRemoveSequence = 3,  // RemoveSequence(slot); tokens = 0
 };
+
+// ---- Spec versions ----
+// "1.0" or "1.1": whether this build replays cases of spec version `version`.
+bool IsReplayableSpecVersion(const std::string& version);
+// The first spec version that defines the parameters: 1.1 for the affine_tile format, a norm,
+// G = d = 256, a flush granularity F > 1 and W = 0; 1.0 otherwise.
+const char* SpecVersionOf(const WriteParams& p);
+const char* SpecVersionOf(const CacheParams& p);
+// The version a case's metadata requires: its parameters' (write parameters for stage and
+// pipeline cases, cache parameters for cache and attention cases), and 1.1 for a stage that
+// spec 1.1 introduced (norm, denorm and the affine_tile codec). Throws as the metadata readers.
+const char* RequiredSpecVersion(const Safetensors& file);
 
 // ---- Metadata ----
 // The case's metadata through the one typed reader of kvq/common/metadata.h; errors start with
