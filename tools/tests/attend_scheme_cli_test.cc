@@ -168,20 +168,28 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
   const std::string cal0 = " --calibration c.safetensors --layer 0";
   const calib::LayerScheme oscar =
       calib::BuildLayerScheme("oscar", Shape(), cal_, 0, Options(true));
+  const std::vector<float> plain = Library(oscar);
+  // Each override must change the output (0.85 is off the calibration's clip grid), and give
+  // what the library gives after the same edit.
   // Clip ratios: one for every head instead of the calibration's.
-  EXPECT_TRUE(SameBits(Cli("--scheme oscar --clip-k 0.9" + cal0, "o1.npy"),
-                       Library(oscar, [](calib::LayerScheme& s) {
-                         s.params.key.clip = 0.9f;
+  const std::vector<float> clipped = Cli("--scheme oscar --clip-k 0.85" + cal0, "o1.npy");
+  EXPECT_FALSE(SameBits(clipped, plain));
+  EXPECT_TRUE(SameBits(clipped, Library(oscar, [](calib::LayerScheme& s) {
+                         s.params.key.clip = 0.85f;
                          s.clip_k.clear();
                        })));
   // A rotation flag replaces both rotations.
-  EXPECT_TRUE(SameBits(Cli("--scheme oscar --hadamard" + cal0, "o2.npy"),
-                       Library(oscar, [](calib::LayerScheme& s) {
+  const std::vector<float> hadamard = Cli("--scheme oscar --hadamard" + cal0, "o2.npy");
+  EXPECT_FALSE(SameBits(hadamard, plain));
+  EXPECT_TRUE(SameBits(hadamard, Library(oscar, [](calib::LayerScheme& s) {
                          s.params.key.rotation = s.params.value.rotation = RotationKind::kHadamard;
                          s.rotation_k.clear();
                          s.rotation_v.clear();
                        })));
-  EXPECT_TRUE(SameBits(Cli("--scheme hadamard_bitrev --rotation-k r.npy --rotation-v r.npy", "o3.npy"),
+  const std::vector<float> dense =
+      Cli("--scheme hadamard_bitrev --rotation-k r.npy --rotation-v r.npy", "o3.npy");
+  EXPECT_FALSE(SameBits(dense, Cli("--scheme hadamard_bitrev", "o3b.npy")));
+  EXPECT_TRUE(SameBits(dense,
                        Library(calib::BuildLayerScheme("hadamard_bitrev", Shape(), nullptr, 0,
                                                        Options(false)),
                                [](calib::LayerScheme& s) {
@@ -202,15 +210,18 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
   // --bits replaces even a scheme's own width (saw_int4 is INT4 unless told otherwise).
   const calib::LayerScheme saw = calib::BuildLayerScheme("saw_int4", Shape(), nullptr, 0, Options(false));
   ASSERT_EQ(saw.params.key.bits, 4);
-  EXPECT_TRUE(SameBits(Cli("--scheme saw_int4 --bits 2", "o4.npy"),
+  const std::vector<float> saw2 = Cli("--scheme saw_int4 --bits 2", "o4.npy");
+  EXPECT_FALSE(SameBits(saw2, Library(saw)));
+  EXPECT_TRUE(SameBits(saw2,
                        Library(saw, [](calib::LayerScheme& s) {
                          s.params.key.bits = s.params.value.bits = 2;
                        })));
   // Scheme options: the FWHT block, random_orthogonal's seed, the cache's windows.
   calib::SchemeOptions o = Options(false);
   o.saw_block = 16;
-  EXPECT_TRUE(SameBits(Cli("--scheme saw_int4 --saw-block 16", "o5.npy"),
-                       Library(calib::BuildLayerScheme("saw_int4", Shape(), nullptr, 0, o))));
+  const std::vector<float> block16 = Cli("--scheme saw_int4 --saw-block 16", "o5.npy");
+  EXPECT_FALSE(SameBits(block16, Library(saw)));
+  EXPECT_TRUE(SameBits(block16, Library(calib::BuildLayerScheme("saw_int4", Shape(), nullptr, 0, o))));
   o = Options(true);
   o.seed = 5;
   const std::vector<float> seeded = Cli("--scheme random_orthogonal --seed 5" + cal0, "o6.npy");
@@ -220,12 +231,15 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
   o = Options(false);
   o.group = 32;
   o.sink = 8;
-  o.recent = 16;
+  o.recent = 18;
   o.page = 16;
-  EXPECT_TRUE(SameBits(Cli("--scheme naive --group 32 --sink 8 --recent 16 --page 16 --flush 4",
-                           "o8.npy"),
-                       Library(calib::BuildLayerScheme("naive", Shape(), nullptr, 0, o),
-                               [](calib::LayerScheme& s) { s.params.flush = 4; })));
+  // T - S0 - W = 374: F = 4 leaves 372 history tokens where F = 1 leaves 374.
+  const std::vector<float> windows =
+      Cli("--scheme naive --group 32 --sink 8 --recent 18 --page 16 --flush 4", "o8.npy");
+  EXPECT_FALSE(SameBits(windows, Library(calib::BuildLayerScheme("naive", Shape(), nullptr, 0, o))))
+      << "--flush 4 must matter";
+  EXPECT_TRUE(SameBits(windows, Library(calib::BuildLayerScheme("naive", Shape(), nullptr, 0, o),
+                                        [](calib::LayerScheme& s) { s.params.flush = 4; })));
   // --bits 16: the bf16 cache, whatever the scheme.
   const std::vector<float> bf16 = Cli("--scheme bf16", "o9.npy");
   EXPECT_TRUE(SameBits(Cli("--scheme oscar --bits 16" + cal0, "o10.npy"), bf16));
