@@ -249,10 +249,10 @@ std::string Summarize(const EvalResult& r) {
                   o, oscar->mean.bits_per_element, versus.empty() ? "" : ": ", versus.c_str());
     out += line;
   }
-  // Ordering of the quantized schemes by attention-output error.
+  // Ordering of the quantized schemes (the catalogue's format column) by attention-output error.
   std::vector<const SchemeResult*> order;
   for (const SchemeResult& s : r.schemes) {
-    if (s.name != "bf16") order.push_back(&s);
+    if (SchemeByName(s.name).quantized()) order.push_back(&s);
   }
   std::stable_sort(order.begin(), order.end(), [](const SchemeResult* a, const SchemeResult* b) {
     return a->mean.output_rel_mse < b->mean.output_rel_mse;
