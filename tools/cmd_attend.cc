@@ -10,9 +10,9 @@
 //
 // --scheme ID: any scheme of the catalogue (calib/schemes.inc; the schemes of `kvq eval`),
 // built exactly as `kvq eval` builds it (calib::BuildLayerScheme) for layer L of calibration C
-// where the scheme needs one. The cache options default to the calibration's group, bits, sink
-// and recent (without one: 64, 2, 64, 256); every other flag given is an override on top of
-// the scheme: --rotation-k/--rotation-v, --hadamard or --identity replace both rotations,
+// where the scheme needs one, on the calibration's group, bits, sink and recent (without one:
+// 64, 2, 64, 256). Every other flag given is applied afterwards, an override on top of the
+// scheme (and of anything the scheme fixes for itself): --rotation-k/--rotation-v, --hadamard or --identity replace both rotations,
 // --clip-k / --clip-v replace the per-head ratios, --bits B replaces the scheme's bits
 // (--bits 16: the bf16 cache), --group/--sink/--recent/--flush/--page the cache's.
 //
@@ -59,7 +59,8 @@ struct AttendOptions {
   int layer = 0;            // --layer: which of its layers
   // Whether each of these was given on the command line (the calibration supplies defaults).
   bool has_layer = false, has_clip_k = false, has_clip_v = false, has_bits = false,
-       has_group = false, has_sink = false, has_recent = false;
+       has_group = false, has_sink = false, has_recent = false, has_flush = false,
+       has_page = false;
 };
 
 // What the cache is built from.
@@ -191,6 +192,8 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   in = ReadInputs(o);
   if (cal) CheckCalibrationShape(o, *cal, in);
 
+  // The scheme is built on the calibration's cache options (or the defaults); the flags given
+  // come after it, so they also beat whatever a scheme of the catalogue fixes for itself.
   kvq::calib::SchemeOptions options;
   if (cal) {
     options.group = cal->info.group;
@@ -198,11 +201,6 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
     options.sink = cal->info.sink;
     options.recent = cal->info.recent;
   }
-  if (o.has_group) options.group = o.group;
-  if (o.has_bits && o.bits != 16) options.bits = o.bits;
-  if (o.has_sink) options.sink = o.sink;
-  if (o.has_recent) options.recent = o.recent;
-  options.page = o.page;
   options.seed = o.seed;
   options.saw_block = o.saw_block;
   kvq::calib::SchemeShape shape;
@@ -220,7 +218,11 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   s.clip_k = std::move(built.clip_k);
   s.clip_v = std::move(built.clip_v);
   kvq::CacheParams& p = s.params;
-  p.flush = o.flush;
+  if (o.has_group) p.key.group = p.value.group = o.group;
+  if (o.has_sink) p.sink = o.sink;
+  if (o.has_recent) p.recent = o.recent;
+  if (o.has_flush) p.flush = o.flush;
+  if (o.has_page) p.page_size = o.page;
   if (bf16) {
     // The bf16 baseline cache: original rows only, nothing rotated or clipped.
     for (kvq::WriteParams* w : {&p.key, &p.value}) {
@@ -383,9 +385,11 @@ void setup_attend(CLI::App& app) {
       command->add_option("--sink", o->sink, "bf16 sink tokens S0")->capture_default_str();
   CLI::Option* recent =
       command->add_option("--recent", o->recent, "bf16 recent window W")->capture_default_str();
-  command->add_option("--flush", o->flush, "history flush granularity F (tokens)")
-      ->capture_default_str();
-  command->add_option("--page", o->page, "history tokens per page P")->capture_default_str();
+  CLI::Option* flush =
+      command->add_option("--flush", o->flush, "history flush granularity F (tokens)")
+          ->capture_default_str();
+  CLI::Option* page =
+      command->add_option("--page", o->page, "history tokens per page P")->capture_default_str();
   command->add_option("--seed", o->seed, "random_orthogonal's seed (with --scheme)")
       ->capture_default_str();
   command->add_option("--saw-block", o->saw_block, "saw_int4's FWHT block (with --scheme)")
@@ -400,6 +404,8 @@ void setup_attend(CLI::App& app) {
     o->has_group = group->count() > 0;
     o->has_sink = sink->count() > 0;
     o->has_recent = recent->count() > 0;
+    o->has_flush = flush->count() > 0;
+    o->has_page = page->count() > 0;
     RunAttend(*o);
   });
 }
