@@ -42,7 +42,7 @@ kvq::calib::SchemeShape Shape() {
 }
 
 // The calibration of the calibrated schemes: synthetic, made once.
-const kvq::calib::Calibration& SyntheticCalibration() {
+const kvq::calib::Calibration& BenchCalibration() {
   static const kvq::calib::Calibration cal =
       kvq::calib::SyntheticCalibration(Shape(), kvq::calib::SchemeOptions(), 512, 1);
   return cal;
@@ -61,7 +61,7 @@ const Fixture& GetFixture(const std::string& scheme, int tokens) {
   if (f.cache) return f;
   const kvq::calib::SchemeInfo& info = kvq::calib::SchemeByName(scheme);
   const kvq::calib::LayerScheme s = kvq::calib::BuildLayerScheme(
-      scheme, Shape(), info.needs_calibration ? &SyntheticCalibration() : nullptr, 0,
+      scheme, Shape(), info.needs_calibration ? &BenchCalibration() : nullptr, 0,
       kvq::calib::SchemeOptions());
   f.cache = std::make_unique<kvq::cpu::PagedKVCache>(s.params, s.rotation_k, s.rotation_v,
                                                      s.clip_k, s.clip_v);
