@@ -177,6 +177,118 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
   }
 }
 
+// The catalogue's columns (schemes.inc) decide what BuildLayerScheme makes: the format, the
+// bits (shared or the scheme's own), the clip policy and whether a calibration is needed.
+TEST(Schemes, CatalogueColumnsDecideTheBuild) {
+  const Fixture& f = Small();
+  ASSERT_EQ(Schemes().size(), ParseSchemeList("all").size());
+  for (const SchemeInfo& s : Schemes()) {
+    EXPECT_EQ(&SchemeByName(s.name), &s) << s.name;
+    EXPECT_NE(SchemeNames().find(s.name), std::string::npos);
+    EXPECT_GT(std::string(s.description).size(), 10u) << s.name;
+    for (int bits : {2, 4}) {
+      SchemeOptions o = SmallSchemeOptions();
+      o.bits = bits;
+      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, 1, o);
+      EXPECT_EQ(ls.params.key.format, s.format) << s.name;
+      EXPECT_EQ(ls.params.value.format, s.format) << s.name;
+      EXPECT_EQ(ls.params.quantized(), s.quantized()) << s.name;
+      if (s.quantized()) {
+        const int expected = s.bits == kSharedBits ? bits : s.bits;
+        EXPECT_EQ(ls.params.key.bits, expected) << s.name;
+        EXPECT_EQ(ls.params.value.bits, expected) << s.name;
+        EXPECT_EQ(s.BitsUnder(o), expected) << s.name;
+      }
+      switch (s.clip) {
+        case ClipPolicy::kNone:
+          EXPECT_TRUE(ls.clip_k.empty() && ls.clip_v.empty()) << s.name;
+          EXPECT_EQ(ls.params.key.clip, 1.0f) << s.name;
+          break;
+        case ClipPolicy::kCalibration:
+          EXPECT_TRUE(SameBits(ls.clip_k, f.cal.layers[1].k_clip)) << s.name;
+          EXPECT_TRUE(SameBits(ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
+          break;
+      }
+    }
+    // A calibration is needed exactly when the row says so.
+    if (s.needs_calibration) {
+      testing::ExpectError(
+          [&] { BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions()); },
+          ErrorCode::kInvalidArgument, "needs a calibration");
+    } else {
+      const LayerScheme without = BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions());
+      const LayerScheme with = BuildLayerScheme(s.name, f.acts, &f.cal, 0, SmallSchemeOptions());
+      EXPECT_TRUE(SameBits(without.rotation_k, with.rotation_k)) << s.name;
+      EXPECT_TRUE(without.clip_k.empty()) << s.name;
+    }
+  }
+  EXPECT_STREQ(ClipPolicyName(ClipPolicy::kNone), "none");
+  EXPECT_STREQ(ClipPolicyName(ClipPolicy::kCalibration), "calibration");
+}
+
+// BuildLayerScheme on a shape gives what it gives on a capture of that shape.
+TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
+  const Fixture& f = Small();
+  const SchemeShape shape = ShapeOf(f.acts.info);
+  EXPECT_EQ(shape.num_layers, 2);
+  EXPECT_EQ(shape.num_kv_heads, 2);
+  EXPECT_EQ(shape.num_q_heads, 4);
+  EXPECT_EQ(shape.head_dim, 64);
+  for (const SchemeInfo& s : Schemes()) {
+    const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.cal, 1, SmallSchemeOptions());
+    const LayerScheme b = BuildLayerScheme(s.name, shape, &f.cal, 1, SmallSchemeOptions());
+    EXPECT_TRUE(SameBits(a.rotation_k, b.rotation_k) && SameBits(a.rotation_v, b.rotation_v) &&
+                SameBits(a.clip_k, b.clip_k) && SameBits(a.clip_v, b.clip_v))
+        << s.name;
+  }
+  SchemeShape other = shape;
+  other.num_kv_heads = 1;
+  testing::ExpectError([&] { BuildLayerScheme("oscar", other, &f.cal, 0, SmallSchemeOptions()); },
+                       ErrorCode::kShapeMismatch, "calibration has 2 layers x 2 KV heads");
+}
+
+// raw_target reads the calibration's raw-target rotations; a format_version 1 calibration
+// lacks them, and the error says which tensor and why.
+TEST(Schemes, RawTargetNamesTheMissingRotations) {
+  Calibration old = Small().cal;
+  for (LayerCalibration& l : old.layers) {
+    l.raw_k_rotation.clear();
+    l.raw_v_rotation.clear();
+  }
+  testing::ExpectError(
+      [&] { BuildLayerScheme("raw_target", Small().acts, &old, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "layers.1.raw_k_rotation");
+  testing::ExpectError(
+      [&] { BuildLayerScheme("raw_target", Small().acts, &old, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "format_version 1");
+  // Every other calibrated scheme is served by it.
+  for (const SchemeInfo& s : Schemes()) {
+    if (s.rotation == SchemeRotation::kRawTarget) continue;
+    EXPECT_NO_THROW(BuildLayerScheme(s.name, Small().acts, &old, 1, SmallSchemeOptions()))
+        << s.name;
+  }
+}
+
+TEST(Schemes, SyntheticCalibrationIsSeeded) {
+  SchemeShape shape;
+  shape.num_kv_heads = 1;
+  shape.num_q_heads = 2;
+  shape.head_dim = 64;
+  SchemeOptions o = SmallSchemeOptions();
+  const Calibration a = SyntheticCalibration(shape, o, 128, 3);
+  const Calibration b = SyntheticCalibration(shape, o, 128, 3, 1);
+  const Calibration c = SyntheticCalibration(shape, o, 128, 4);
+  EXPECT_EQ(a.info.num_layers, 1);
+  EXPECT_EQ(a.info.group, 32);
+  EXPECT_EQ(a.info.sink, 16);
+  EXPECT_TRUE(a.HasRawTargetRotations());
+  EXPECT_TRUE(SameBits(a.layers[0].k_rotation, b.layers[0].k_rotation));
+  EXPECT_TRUE(SameBits(a.layers[0].raw_v_rotation, b.layers[0].raw_v_rotation));
+  EXPECT_FALSE(SameBits(a.layers[0].k_rotation, c.layers[0].k_rotation));
+  o.sink = 64;  // = the calibration tokens: no clip rows
+  EXPECT_THROW(SyntheticCalibration(shape, o, 128, 3), Error);
+}
+
 TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
   const Fixture& f = Small();
   SchemeOptions o = SmallSchemeOptions();

@@ -83,6 +83,44 @@ std::string VectorCollector::EnsureFixture(int head_dim) {
 
 int VectorCollector::FixtureMatrices(int head_dim) { return MatricesFor(head_dim); }
 
+std::string VectorCollector::AddRotationFixture(const std::string& name,
+                                                const std::string& description, int head_dim,
+                                                const std::vector<float>& matrices) {
+  const std::string path = "fixtures/" + name + ".safetensors";
+  KVQ_CHECK(fixtures_.count(path) == 0, kInvalidArgument, "generator: duplicate fixture '", path,
+            "'");
+  const int64_t dd = static_cast<int64_t>(head_dim) * head_dim;
+  KVQ_CHECK(!matrices.empty() && static_cast<int64_t>(matrices.size()) % dd == 0,
+            kInvalidArgument, "generator: fixture '", path, "' holds ", matrices.size(),
+            " values, not whole ", head_dim, "x", head_dim, " matrices");
+  Safetensors file;
+  file.metadata["format"] = kFixtureFormat;
+  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_);
+  file.metadata["description"] = description;
+  file.Add("rotations", Tensor::F32({static_cast<int64_t>(matrices.size()) / dd, head_dim,
+                                     head_dim},
+                                    matrices));
+  std::vector<uint8_t> bytes = SerializeSafetensors(file);
+  fixtures_[path] = Fixture{Sha256Hex(bytes), std::move(file)};
+  entries_.push_back(Entry{path, "fixture", "", std::move(bytes)});
+  return path;
+}
+
+void VectorCollector::UseFixtureRotations(Safetensors* file, const std::string& path,
+                                          const std::string& index_tensor,
+                                          const std::vector<int32_t>& indices) {
+  auto it = fixtures_.find(path);
+  KVQ_CHECK(it != fixtures_.end(), kInvalidArgument, "generator: no fixture '", path, "'");
+  const int64_t m = it->second.file.Get("rotations").shape[0];
+  for (int32_t i : indices) {
+    KVQ_CHECK(i >= 0 && i < m, kInvalidArgument, "generator: rotation index ", i, " past the ",
+              m, " matrices of ", path);
+  }
+  file->metadata["rotation_fixture"] = path;
+  file->metadata["rotation_fixture_sha256"] = it->second.sha256;
+  file->Add(index_tensor, Tensor::I32({static_cast<int64_t>(indices.size())}, indices));
+}
+
 void VectorCollector::UseRotations(Safetensors* file, int head_dim, const std::string& index_tensor,
                                    const std::vector<int32_t>& indices) {
   const std::string path = EnsureFixture(head_dim);
@@ -102,6 +140,7 @@ std::vector<GeneratedFile> GenerateVectorFiles(uint64_t seed) {
   internal::AddStageCases(&collector);
   internal::AddPipelineCases(&collector);
   internal::AddCacheAndAttentionCases(&collector);
+  internal::AddSchemeAttentionCases(&collector);
 
   std::vector<GeneratedFile> files;
   Manifest manifest;
