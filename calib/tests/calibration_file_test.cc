@@ -14,6 +14,7 @@
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "kvq/testbed/compare.h"
 #include "test_util.h"
 
 namespace kvq::calib {
@@ -21,7 +22,7 @@ namespace {
 
 using Eigen::MatrixXd;
 using testing::ExpectError;
-using testing::SameBits;
+using testbed::BitsEqual;
 
 const Activations& Capture() {
   static const Activations* acts = [] {
@@ -82,10 +83,10 @@ TEST(Calibrate, ThreadCountDoesNotChangeTheBits) {
   const Calibration a = Calibrate(Capture(), one, cpu::BestBackend());
   const Calibration b = Calibrate(Capture(), two, cpu::BestBackend());
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(SameBits(a.layers[l].k_rotation, b.layers[l].k_rotation));
-    EXPECT_TRUE(SameBits(a.layers[l].v_rotation, b.layers[l].v_rotation));
-    EXPECT_TRUE(SameBits(a.layers[l].k_clip, b.layers[l].k_clip));
-    EXPECT_TRUE(SameBits(a.layers[l].v_clip, b.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("a.layers[l].k_rotation", a.layers[l].k_rotation, b.layers[l].k_rotation));
+    EXPECT_TRUE(BitsEqual("a.layers[l].v_rotation", a.layers[l].v_rotation, b.layers[l].v_rotation));
+    EXPECT_TRUE(BitsEqual("a.layers[l].k_clip", a.layers[l].k_clip, b.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("a.layers[l].v_clip", a.layers[l].v_clip, b.layers[l].v_clip));
   }
 }
 
@@ -189,16 +190,16 @@ TEST(CalibrationFile, RoundTrip) {
   EXPECT_EQ(back.info.value_target, "attn_output");
   EXPECT_EQ(back.info.source, "capture.safetensors");
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(SameBits(back.layers[l].k_rotation, cal.layers[l].k_rotation));
-    EXPECT_TRUE(SameBits(back.layers[l].v_rotation, cal.layers[l].v_rotation));
-    EXPECT_TRUE(SameBits(back.layers[l].k_basis, cal.layers[l].k_basis));
-    EXPECT_TRUE(SameBits(back.layers[l].v_basis, cal.layers[l].v_basis));
-    EXPECT_TRUE(SameBits(back.layers[l].k_eigenvalues, cal.layers[l].k_eigenvalues));
-    EXPECT_TRUE(SameBits(back.layers[l].v_eigenvalues, cal.layers[l].v_eigenvalues));
-    EXPECT_TRUE(SameBits(back.layers[l].k_clip, cal.layers[l].k_clip));
-    EXPECT_TRUE(SameBits(back.layers[l].v_clip, cal.layers[l].v_clip));
-    EXPECT_TRUE(SameBits(back.layers[l].raw_k_rotation, cal.layers[l].raw_k_rotation));
-    EXPECT_TRUE(SameBits(back.layers[l].raw_v_rotation, cal.layers[l].raw_v_rotation));
+    EXPECT_TRUE(BitsEqual("back.layers[l].k_rotation", back.layers[l].k_rotation, cal.layers[l].k_rotation));
+    EXPECT_TRUE(BitsEqual("back.layers[l].v_rotation", back.layers[l].v_rotation, cal.layers[l].v_rotation));
+    EXPECT_TRUE(BitsEqual("back.layers[l].k_basis", back.layers[l].k_basis, cal.layers[l].k_basis));
+    EXPECT_TRUE(BitsEqual("back.layers[l].v_basis", back.layers[l].v_basis, cal.layers[l].v_basis));
+    EXPECT_TRUE(BitsEqual("back.layers[l].k_eigenvalues", back.layers[l].k_eigenvalues, cal.layers[l].k_eigenvalues));
+    EXPECT_TRUE(BitsEqual("back.layers[l].v_eigenvalues", back.layers[l].v_eigenvalues, cal.layers[l].v_eigenvalues));
+    EXPECT_TRUE(BitsEqual("back.layers[l].k_clip", back.layers[l].k_clip, cal.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("back.layers[l].v_clip", back.layers[l].v_clip, cal.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("back.layers[l].raw_k_rotation", back.layers[l].raw_k_rotation, cal.layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("back.layers[l].raw_v_rotation", back.layers[l].raw_v_rotation, cal.layers[l].raw_v_rotation));
   }
   EXPECT_TRUE(back.HasRawTargetRotations());
   const Safetensors file = CalibrationToSafetensors(cal);
@@ -233,8 +234,8 @@ TEST(Calibrate, RawTargetRotationsMatchTheirDefinition) {
     }
     std::vector<float> k, v;
     RawTargetRotations(acts, l, Granularity::kKvHead, &k, &v);
-    EXPECT_TRUE(SameBits(k, cal.layers[l].raw_k_rotation));
-    EXPECT_TRUE(SameBits(v, cal.layers[l].raw_v_rotation));
+    EXPECT_TRUE(BitsEqual("k", k, cal.layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("v", v, cal.layers[l].raw_v_rotation));
   }
   o.granularity = Granularity::kLayer;
   const Calibration layer = Calibrate(acts, o, cpu::BestBackend());
@@ -245,8 +246,8 @@ TEST(Calibrate, RawTargetRotationsMatchTheirDefinition) {
   }
   std::vector<float> k, v;
   RawTargetRotations(acts, 1, Granularity::kLayer, &k, &v);
-  EXPECT_TRUE(SameBits(v, layer.layers[1].raw_v_rotation));
-  EXPECT_TRUE(SameBits(k, layer.layers[1].raw_k_rotation));
+  EXPECT_TRUE(BitsEqual("v", v, layer.layers[1].raw_v_rotation));
+  EXPECT_TRUE(BitsEqual("k", k, layer.layers[1].raw_k_rotation));
 }
 
 // A format_version 1 file (no raw-target rotations) still reads, and writes back as version 1;
@@ -262,13 +263,13 @@ TEST(CalibrationFile, VersionOneFilesStillRead) {
   EXPECT_EQ(file.Find("layers.0.raw_k_rotation"), nullptr);
   const Calibration back = CalibrationFromSafetensors(file);
   EXPECT_FALSE(back.HasRawTargetRotations());
-  EXPECT_TRUE(SameBits(back.layers[1].k_rotation, Reference().layers[1].k_rotation));
+  EXPECT_TRUE(BitsEqual("back.layers[1].k_rotation", back.layers[1].k_rotation, Reference().layers[1].k_rotation));
   Calibration completed = back;
   AddRawTargetRotations(Capture(), &completed);
   ASSERT_TRUE(completed.HasRawTargetRotations());
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(SameBits(completed.layers[l].raw_k_rotation, Reference().layers[l].raw_k_rotation));
-    EXPECT_TRUE(SameBits(completed.layers[l].raw_v_rotation, Reference().layers[l].raw_v_rotation));
+    EXPECT_TRUE(BitsEqual("completed.layers[l].raw_k_rotation", completed.layers[l].raw_k_rotation, Reference().layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("completed.layers[l].raw_v_rotation", completed.layers[l].raw_v_rotation, Reference().layers[l].raw_v_rotation));
   }
   {
     // A version 2 file must hold them.

@@ -15,6 +15,7 @@
 #include "cli_test_util.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/common/io.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
@@ -92,15 +93,9 @@ std::string RotationArgs(const Case& c, const std::string& matrix_path) {
 }
 
 WriteParams ParamsOf(const Case& c) {
-  WriteParams p;
-  p.head_dim = c.d;
-  p.group = c.group;
-  p.bits = c.bits;
-  p.clip = std::strtof(c.clip, nullptr);
-  p.rotation = c.rotation;
-  p.hadamard_block = c.rotation == RotationKind::kHadamard ? c.block : 0;
-  p.bitrev = c.bitrev;
-  return p;
+  return params::Write().head_dim(c.d).group(c.group).bits(c.bits)
+      .clip(std::strtof(c.clip, nullptr)).rotation(c.rotation)
+      .block(c.rotation == RotationKind::kHadamard ? c.block : 0).bitrev(c.bitrev);
 }
 
 const Case kCases[] = {
