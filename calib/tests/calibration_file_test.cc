@@ -83,10 +83,10 @@ TEST(Calibrate, ThreadCountDoesNotChangeTheBits) {
   const Calibration a = Calibrate(Capture(), one, cpu::BestBackend());
   const Calibration b = Calibrate(Capture(), two, cpu::BestBackend());
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(BitsEqual("a.layers[l].k_rotation", a.layers[l].k_rotation, b.layers[l].k_rotation));
-    EXPECT_TRUE(BitsEqual("a.layers[l].v_rotation", a.layers[l].v_rotation, b.layers[l].v_rotation));
-    EXPECT_TRUE(BitsEqual("a.layers[l].k_clip", a.layers[l].k_clip, b.layers[l].k_clip));
-    EXPECT_TRUE(BitsEqual("a.layers[l].v_clip", a.layers[l].v_clip, b.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("k_rotation", a.layers[l].k_rotation, b.layers[l].k_rotation));
+    EXPECT_TRUE(BitsEqual("v_rotation", a.layers[l].v_rotation, b.layers[l].v_rotation));
+    EXPECT_TRUE(BitsEqual("k_clip", a.layers[l].k_clip, b.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("v_clip", a.layers[l].v_clip, b.layers[l].v_clip));
   }
 }
 
@@ -190,16 +190,20 @@ TEST(CalibrationFile, RoundTrip) {
   EXPECT_EQ(back.info.value_target, "attn_output");
   EXPECT_EQ(back.info.source, "capture.safetensors");
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(BitsEqual("back.layers[l].k_rotation", back.layers[l].k_rotation, cal.layers[l].k_rotation));
-    EXPECT_TRUE(BitsEqual("back.layers[l].v_rotation", back.layers[l].v_rotation, cal.layers[l].v_rotation));
-    EXPECT_TRUE(BitsEqual("back.layers[l].k_basis", back.layers[l].k_basis, cal.layers[l].k_basis));
-    EXPECT_TRUE(BitsEqual("back.layers[l].v_basis", back.layers[l].v_basis, cal.layers[l].v_basis));
-    EXPECT_TRUE(BitsEqual("back.layers[l].k_eigenvalues", back.layers[l].k_eigenvalues, cal.layers[l].k_eigenvalues));
-    EXPECT_TRUE(BitsEqual("back.layers[l].v_eigenvalues", back.layers[l].v_eigenvalues, cal.layers[l].v_eigenvalues));
-    EXPECT_TRUE(BitsEqual("back.layers[l].k_clip", back.layers[l].k_clip, cal.layers[l].k_clip));
-    EXPECT_TRUE(BitsEqual("back.layers[l].v_clip", back.layers[l].v_clip, cal.layers[l].v_clip));
-    EXPECT_TRUE(BitsEqual("back.layers[l].raw_k_rotation", back.layers[l].raw_k_rotation, cal.layers[l].raw_k_rotation));
-    EXPECT_TRUE(BitsEqual("back.layers[l].raw_v_rotation", back.layers[l].raw_v_rotation, cal.layers[l].raw_v_rotation));
+    EXPECT_TRUE(BitsEqual("k_rotation", back.layers[l].k_rotation, cal.layers[l].k_rotation));
+    EXPECT_TRUE(BitsEqual("v_rotation", back.layers[l].v_rotation, cal.layers[l].v_rotation));
+    EXPECT_TRUE(BitsEqual("k_basis", back.layers[l].k_basis, cal.layers[l].k_basis));
+    EXPECT_TRUE(BitsEqual("v_basis", back.layers[l].v_basis, cal.layers[l].v_basis));
+    EXPECT_TRUE(BitsEqual("k_eigenvalues", back.layers[l].k_eigenvalues,
+                          cal.layers[l].k_eigenvalues));
+    EXPECT_TRUE(BitsEqual("v_eigenvalues", back.layers[l].v_eigenvalues,
+                          cal.layers[l].v_eigenvalues));
+    EXPECT_TRUE(BitsEqual("k_clip", back.layers[l].k_clip, cal.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("v_clip", back.layers[l].v_clip, cal.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("raw_k_rotation", back.layers[l].raw_k_rotation,
+                          cal.layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("raw_v_rotation", back.layers[l].raw_v_rotation,
+                          cal.layers[l].raw_v_rotation));
   }
   EXPECT_TRUE(back.HasRawTargetRotations());
   const Safetensors file = CalibrationToSafetensors(cal);
@@ -263,13 +267,15 @@ TEST(CalibrationFile, VersionOneFilesStillRead) {
   EXPECT_EQ(file.Find("layers.0.raw_k_rotation"), nullptr);
   const Calibration back = CalibrationFromSafetensors(file);
   EXPECT_FALSE(back.HasRawTargetRotations());
-  EXPECT_TRUE(BitsEqual("back.layers[1].k_rotation", back.layers[1].k_rotation, Reference().layers[1].k_rotation));
+  EXPECT_TRUE(BitsEqual("k_rotation", back.layers[1].k_rotation, Reference().layers[1].k_rotation));
   Calibration completed = back;
   AddRawTargetRotations(Capture(), &completed);
   ASSERT_TRUE(completed.HasRawTargetRotations());
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(BitsEqual("completed.layers[l].raw_k_rotation", completed.layers[l].raw_k_rotation, Reference().layers[l].raw_k_rotation));
-    EXPECT_TRUE(BitsEqual("completed.layers[l].raw_v_rotation", completed.layers[l].raw_v_rotation, Reference().layers[l].raw_v_rotation));
+    EXPECT_TRUE(BitsEqual("raw_k_rotation", completed.layers[l].raw_k_rotation,
+                          Reference().layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("raw_v_rotation", completed.layers[l].raw_v_rotation,
+                          Reference().layers[l].raw_v_rotation));
   }
   {
     // A version 2 file must hold them.

@@ -146,35 +146,35 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
     };
     const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, layer, o);
     EXPECT_EQ(oscar.params.key.rotation, RotationKind::kDense);
-    EXPECT_TRUE(BitsEqual("oscar.rotation_k", oscar.rotation_k, lc.k_rotation));
-    EXPECT_TRUE(BitsEqual("oscar.rotation_v", oscar.rotation_v, lc.v_rotation));
-    EXPECT_TRUE(BitsEqual("oscar.clip_k", oscar.clip_k, lc.k_clip));
-    EXPECT_TRUE(BitsEqual("oscar.clip_v", oscar.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("rotation_k", oscar.rotation_k, lc.k_rotation));
+    EXPECT_TRUE(BitsEqual("rotation_v", oscar.rotation_v, lc.v_rotation));
+    EXPECT_TRUE(BitsEqual("clip_k", oscar.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", oscar.clip_v, lc.v_clip));
 
     const LayerScheme nb = BuildLayerScheme("oscar_no_bitrev", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(BitsEqual("nb.rotation_k", nb.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nb.rotation_k, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.k_basis, h));
                          })));
-    EXPECT_TRUE(BitsEqual("nb.rotation_v", nb.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", nb.rotation_v, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.v_basis, h));
                          })));
-    EXPECT_TRUE(BitsEqual("nb.clip_k", nb.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", nb.clip_k, lc.k_clip));
     const LayerScheme nh = BuildLayerScheme("oscar_no_hadamard", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(BitsEqual("nh.rotation_k", nh.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nh.rotation_k, PerHead(2, [&](int h) {
                            return BasisBitReversal(basis(lc.k_basis, h));
                          })));
     const LayerScheme raw = BuildLayerScheme("raw_target", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(BitsEqual("raw.rotation_v", raw.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", raw.rotation_v, PerHead(2, [&](int h) {
                            return OscarRotation(
                                SortedEigenBasis(RawCovariance(f.acts, layer, h, false,
                                                               f.acts.info.calib_tokens))
                                    .vectors);
                          })));
-    EXPECT_TRUE(BitsEqual("raw.clip_v", raw.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", raw.clip_v, lc.v_clip));
     const LayerScheme clip = BuildLayerScheme("clip_only", f.acts, &f.cal, layer, o);
     EXPECT_EQ(clip.params.key.rotation, RotationKind::kIdentity);
-    EXPECT_TRUE(BitsEqual("clip.clip_k", clip.clip_k, lc.k_clip));
-    EXPECT_TRUE(BitsEqual("clip.clip_v", clip.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", clip.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", clip.clip_v, lc.v_clip));
   }
 }
 
@@ -206,8 +206,8 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
           EXPECT_EQ(ls.params.key.clip, 1.0f) << s.name;
           break;
         case ClipPolicy::kCalibration:
-          EXPECT_TRUE(BitsEqual("ls.clip_k", ls.clip_k, f.cal.layers[1].k_clip)) << s.name;
-          EXPECT_TRUE(BitsEqual("ls.clip_v", ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_k", ls.clip_k, f.cal.layers[1].k_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_v", ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
           break;
       }
     }
@@ -219,7 +219,7 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
     } else {
       const LayerScheme without = BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions());
       const LayerScheme with = BuildLayerScheme(s.name, f.acts, &f.cal, 0, SmallSchemeOptions());
-      EXPECT_TRUE(BitsEqual("without.rotation_k", without.rotation_k, with.rotation_k)) << s.name;
+      EXPECT_TRUE(BitsEqual("rotation_k", without.rotation_k, with.rotation_k)) << s.name;
       EXPECT_TRUE(without.clip_k.empty()) << s.name;
     }
   }
@@ -238,8 +238,8 @@ TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
   for (const SchemeInfo& s : Schemes()) {
     const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.cal, 1, SmallSchemeOptions());
     const LayerScheme b = BuildLayerScheme(s.name, shape, &f.cal, 1, SmallSchemeOptions());
-    EXPECT_TRUE(BitsEqual("a.rotation_k", a.rotation_k, b.rotation_k) && BitsEqual("a.rotation_v", a.rotation_v, b.rotation_v) &&
-                BitsEqual("a.clip_k", a.clip_k, b.clip_k) && BitsEqual("a.clip_v", a.clip_v, b.clip_v))
+    EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k) && BitsEqual("rotation_v", a.rotation_v, b.rotation_v) &&
+                BitsEqual("clip_k", a.clip_k, b.clip_k) && BitsEqual("clip_v", a.clip_v, b.clip_v))
         << s.name;
   }
   SchemeShape other = shape;
@@ -283,9 +283,9 @@ TEST(Schemes, SyntheticCalibrationIsSeeded) {
   EXPECT_EQ(a.info.group, 32);
   EXPECT_EQ(a.info.sink, 16);
   EXPECT_TRUE(a.HasRawTargetRotations());
-  EXPECT_TRUE(BitsEqual("a.layers[0].k_rotation", a.layers[0].k_rotation, b.layers[0].k_rotation));
-  EXPECT_TRUE(BitsEqual("a.layers[0].raw_v_rotation", a.layers[0].raw_v_rotation, b.layers[0].raw_v_rotation));
-  EXPECT_FALSE(BitsEqual("a.layers[0].k_rotation", a.layers[0].k_rotation, c.layers[0].k_rotation));
+  EXPECT_TRUE(BitsEqual("k_rotation", a.layers[0].k_rotation, b.layers[0].k_rotation));
+  EXPECT_TRUE(BitsEqual("raw_v_rotation", a.layers[0].raw_v_rotation, b.layers[0].raw_v_rotation));
+  EXPECT_FALSE(BitsEqual("k_rotation", a.layers[0].k_rotation, c.layers[0].k_rotation));
   o.sink = 64;  // = the calibration tokens: no clip rows
   EXPECT_THROW(SyntheticCalibration(shape, o, 128, 3), Error);
 }
@@ -295,10 +295,10 @@ TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
   SchemeOptions o = SmallSchemeOptions();
   const LayerScheme a = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
   const LayerScheme b = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_TRUE(BitsEqual("a.rotation_k", a.rotation_k, b.rotation_k));
+  EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k));
   o.seed = 1;
   const LayerScheme c = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_FALSE(BitsEqual("a.rotation_k", a.rotation_k, c.rotation_k));
+  EXPECT_FALSE(BitsEqual("rotation_k", a.rotation_k, c.rotation_k));
   const int d = 64;
   const MatrixXd k0 = FromRowMajorF32(a.rotation_k.data(), d, d);
   const MatrixXd k1 = FromRowMajorF32(a.rotation_k.data() + d * d, d, d);
