@@ -1,141 +1,95 @@
-// kvq::gpu::CudaBackend(): the CUDA stages behind cpu::WriteKernels' host-pointer signatures,
-// so tests and benchmarks written against cpu::Backend expand the GPU too. Each wrapper copies
-// its inputs to the device, poisons the outputs (0xFF bytes: NaN floats and bf16, code 255,
-// so an element the kernel forgets cannot pass for a right answer), runs the stage and copies
-// the results back. Synchronous; meant for conformance, not speed.
+// kvq::gpu::CudaBackend(): the CUDA path behind cpu::Backend's signatures. One generic host
+// wrapper (RunHostStage) runs any stage from its spec (kvq/common/stages.h): it uploads each
+// input argument by its dtype and extent, poisons each output, runs gpu::RunStage and
+// downloads the outputs. The WriteKernels entries are generated from stages.inc, each passing
+// its pointers to that wrapper.
+#include "cuda_backend.h"
+
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "cache_upload.h"
 #include "kvq/common/params.h"
-#include "kvq/cpu_ref/kernels.h"
+#include "kvq/common/stages.h"
+#include "kvq/common/tensor.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/device_array.h"
+#include "kvq/gpu/device_cache.h"
 #include "kvq/gpu/write.h"
 
 namespace kvq::gpu {
 namespace {
 
-size_t Elements(size_t n, const WriteParams& p) { return n * static_cast<size_t>(p.head_dim); }
-size_t Groups(size_t n, const WriteParams& p) { return n * static_cast<size_t>(p.num_groups()); }
-size_t PackedBytes(size_t n, const WriteParams& p) {
-  return n * static_cast<size_t>(p.code_bytes());
-}
-
-// Waits for the stage and surfaces an asynchronous kernel fault.
-void Finish() {
+// Stage `id` on host buffers args[] (stages.inc order; shapes from the spec): synchronous.
+void RunHostStage(StageId id, void* const* args, size_t n, const WriteParams& p) {
+  RequireCudaDevice();
+  p.Validate();
+  const StageSpec& spec = GetStage(id);
+  std::vector<DeviceArray<uint8_t>> buffers;
+  buffers.reserve(spec.num_args);
+  void* device_args[kMaxStageArgs] = {};
+  for (int i = 0; i < spec.num_args; ++i) {
+    const StageArg& arg = spec.args[i];
+    const size_t bytes = ArgElements(arg.extent, static_cast<int64_t>(n), p) * DTypeSize(arg.dtype);
+    // At least one byte, so that an empty argument still has an address.
+    buffers.emplace_back(bytes > 0 ? bytes : 1);
+    DeviceArray<uint8_t>& buffer = buffers.back();
+    if (arg.is_input()) {
+      if (bytes > 0) {
+        KVQ_CUDA_CHECK(cudaMemcpy(buffer.get(), args[i], bytes, cudaMemcpyHostToDevice));
+      }
+    } else {
+      buffer.Poison();
+    }
+    device_args[i] = buffer.get();
+  }
+  RunStage(id, device_args, n, p);
+  // Waits for the stage and surfaces an asynchronous kernel fault.
   KVQ_CUDA_CHECK(cudaGetLastError());
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  for (int i = 0; i < spec.num_args; ++i) {
+    const StageArg& arg = spec.args[i];
+    const size_t bytes = ArgElements(arg.extent, static_cast<int64_t>(n), p) * DTypeSize(arg.dtype);
+    if (arg.is_output() && bytes > 0) {
+      KVQ_CUDA_CHECK(cudaMemcpy(args[i], buffers[i].get(), bytes, cudaMemcpyDeviceToHost));
+    }
+  }
 }
 
-void RotateDenseHost(const float* x, const float* r, float* y, size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  const size_t d = static_cast<size_t>(p.head_dim);
-  DeviceArray<float> dx(x, Elements(n, p)), dr(r, d * d), dy(Elements(n, p));
-  dy.Poison();
-  RotateDense(dx.get(), dr.get(), dy.get(), n, p);
-  Finish();
-  dy.CopyTo(y);
-}
+// One host function per stage of stages.inc, with cpu::WriteKernels' signature.
+#define KVQ_ARG(name, expect, dtype, dir, extent) const_cast<void*>(static_cast<const void*>(name)),
+#define KVQ_STAGE(name, Name, family, params, arg_list) \
+  void Host##Name params {                              \
+    void* const list[] = {arg_list};                    \
+    RunHostStage(StageId::k##Name, list, n, p);         \
+  }
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_ARG
 
-void FwhtHost(float* x, size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<float> dx(x, Elements(n, p));
-  Fwht(dx.get(), n, p);
-  Finish();
-  dx.CopyTo(x);
-}
-
-void BitrevHost(const float* x, float* y, size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<float> dx(x, Elements(n, p)), dy(Elements(n, p));
-  dy.Poison();
-  Bitrev(dx.get(), dy.get(), n, p);
-  Finish();
-  dy.CopyTo(y);
-}
-
-void ClipHost(float* x, float* tau, size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<float> dx(x, Elements(n, p)), dtau(n);
-  dtau.Poison();
-  Clip(dx.get(), dtau.get(), n, p);
-  Finish();
-  dx.CopyTo(x);
-  dtau.CopyTo(tau);
-}
-
-void QuantizeHost(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-                  const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<float> dx(x, Elements(n, p));
-  DeviceArray<uint8_t> dcodes(Elements(n, p));
-  DeviceArray<uint16_t> dscale(Groups(n, p)), dmin(Groups(n, p));
-  dcodes.Poison();
-  dscale.Poison();
-  dmin.Poison();
-  Quantize(dx.get(), dcodes.get(), dscale.get(), dmin.get(), n, p);
-  Finish();
-  dcodes.CopyTo(codes);
-  dscale.CopyTo(scale);
-  dmin.CopyTo(min);
-}
-
-void PackHost(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<uint8_t> dcodes(codes, Elements(n, p)), dpacked(PackedBytes(n, p));
-  dpacked.Poison();
-  Pack(dcodes.get(), dpacked.get(), n, p);
-  Finish();
-  dpacked.CopyTo(packed);
-}
-
-void UnpackHost(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<uint8_t> dpacked(packed, PackedBytes(n, p)), dcodes(Elements(n, p));
-  dcodes.Poison();
-  Unpack(dpacked.get(), dcodes.get(), n, p);
-  Finish();
-  dcodes.CopyTo(codes);
-}
-
-void DequantizeHost(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
-                    size_t n, const WriteParams& p) {
-  RequireCudaDevice();
-  p.Validate();
-  DeviceArray<uint8_t> dcodes(codes, Elements(n, p));
-  DeviceArray<uint16_t> dscale(scale, Groups(n, p)), dmin(min, Groups(n, p));
-  DeviceArray<float> dy(Elements(n, p));
-  dy.Poison();
-  Dequantize(dcodes.get(), dscale.get(), dmin.get(), dy.get(), n, p);
-  Finish();
-  dy.CopyTo(y);
+cpu::Backend MakeCudaBackend() {
+  cpu::Backend b;
+  b.name = "cuda";
+  b.device = cpu::Device::kCuda;
+  b.hwy_target = 0;
+#define KVQ_STAGE(name, Name, family, params, arg_list) b.write.name = Host##Name;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+  b.attend = [](const cpu::PagedKVCache& cache, const std::vector<int>& seqs, const float* q,
+                float* out) { UploadCache(cache, seqs).Attend(q, out); };
+  return b;
 }
 
 }  // namespace
 
-const cpu::Backend& CudaBackend() {
-  static const cpu::Backend backend = [] {
-    cpu::Backend b;
-    b.name = "cuda";
-    b.hwy_target = 0;
-    b.write.rotate_dense = RotateDenseHost;
-    b.write.fwht = FwhtHost;
-    b.write.bitrev = BitrevHost;
-    b.write.clip = ClipHost;
-    b.write.quantize = QuantizeHost;
-    b.write.pack = PackHost;
-    b.write.unpack = UnpackHost;
-    b.write.dequantize = DequantizeHost;
-    return b;
+const cpu::Backend* CudaBackend() {
+  static const cpu::Backend* const backend = []() -> const cpu::Backend* {
+    if (!HasCudaDevice()) return nullptr;
+    static const cpu::Backend cuda = MakeCudaBackend();
+    return &cuda;
   }();
   return backend;
 }
