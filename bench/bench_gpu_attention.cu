@@ -5,8 +5,8 @@
 //
 // Method: random cache contents (never zeros) with shuffled page tables; the L2 is flushed
 // before every timed run by reading a buffer twice its size (bench/l2_flush.cuh: clean lines,
-// as rotating input buffers would leave; --flush write: the write pass of the runs before
-// pass 8, whose dirty lines the step pays to write back); CUDA events around the whole
+// as rotating input buffers would leave; --flush write: a write pass instead, whose dirty lines
+// the step pays to write back); CUDA events around the whole
 // decode step (query rotation + attention + merge); median of --iters runs after 3 warm-ups.
 // Bytes are those the step must read: the cache rows of every sequence (codes + scale/min for
 // the history, bf16 for sink/recent or the whole bf16 cache), the queries and rotations; the

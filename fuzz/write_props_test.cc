@@ -323,7 +323,8 @@ RC_GTEST_PROP(WriteProps, OrthogonalRotationPreservesNorms, ()) {
 // ---------------------------------------------------------------- clip
 
 // tau is one of the row's magnitudes and exactly the order statistic at
-// k = min(floor(rho d), d-1): #{|x| < tau} <= k < #{|x| <= tau}.
+// k = min(floor(rho d), d-1): #{|x| < tau} <= k < #{|x| <= tau} (spec/differences.md, "clip
+// threshold": no interpolation, no bisection).
 RC_GTEST_PROP(WriteProps, TauIsTheOrderStatisticOfTheMagnitudes, ()) {
   const WriteParams p = GenParams();
   const size_t d = static_cast<size_t>(p.head_dim);
@@ -350,6 +351,8 @@ RC_GTEST_PROP(WriteProps, TauIsTheOrderStatisticOfTheMagnitudes, ()) {
   }
 }
 
+// spec/differences.md, "clip at ρ = 1": the authors' decode flush clips the largest value at
+// ρ = 1; kvq's τ is max|x̃| and the row is unchanged.
 RC_GTEST_PROP(WriteProps, ClipWithRhoOneChangesNothing, ()) {
   WriteParams p;
   p.head_dim = *rc::gen::element(64, 128, 256);

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <set>
 
-#include "kvq/calib/metadata.h"
+#include "kvq/common/metadata.h"
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
 

@@ -46,12 +46,6 @@ class VectorCollector {
   std::vector<Entry> entries_;
 };
 
-// Write parameters from their fields, validated (an unsupported value throws kvq::Error
-// naming it, so a mistyped case never reaches a file).
-WriteParams MakeWriteParams(int d, int group, int bits, float clip = 1.0f,
-                            RotationKind rotation = RotationKind::kIdentity, int block = 0,
-                            bool bitrev = false);
-
 // "rho1", "rho0p96": the clip ratio in a file name.
 std::string RhoTag(float rho);
 

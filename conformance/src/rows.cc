@@ -1,12 +1,14 @@
-// Row generators for the golden vectors (rows.h). Every value is built with exact arithmetic
-// from the generator's bits, so a seed gives the same rows everywhere.
-#include "rows.h"
+// Row generators of the tests and the golden vectors (kvq/conformance/rows.h). Every value is
+// built with exact arithmetic from the generator's bits, so a seed gives the same rows
+// everywhere.
+#include "kvq/conformance/rows.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "kvq/common/numeric.h"
 
-namespace kvq::conformance::internal {
+namespace kvq::conformance {
 namespace {
 
 // 2^e for e in [-149, 127], built from the bits (no libm).
@@ -41,6 +43,26 @@ const char* RowKindName(RowKind kind) {
       return "huge";
     case RowKind::kDuplicates:
       return "duplicates";
+    case RowKind::kBf16Bell:
+      return "bf16_bell";
+    case RowKind::kCauchy:
+      return "cauchy";
+    case RowKind::kSparseSpikes:
+      return "sparse_spikes";
+    case RowKind::kLargeScale:
+      return "large_scale";
+    case RowKind::kTinyScale:
+      return "tiny_scale";
+    case RowKind::kSmallIntegers:
+      return "small_integers";
+    case RowKind::kLargeOffset:
+      return "large_offset";
+    case RowKind::kNearLimit:
+      return "near_limit";
+    case RowKind::kMinimal:
+      return "minimal";
+    case RowKind::kRamp:
+      return "ramp";
   }
   return "?";
 }
@@ -59,6 +81,17 @@ const std::vector<RowKind>& AllRowKinds() {
     all.insert(all.end(), EdgeRowKinds().begin(), EdgeRowKinds().end());
     return all;
   }();
+  return kinds;
+}
+
+std::vector<RowKind> TestRowKinds(bool within_write_range) {
+  std::vector<RowKind> kinds = AllRowKinds();
+  for (RowKind k : {RowKind::kBf16Bell, RowKind::kCauchy, RowKind::kSparseSpikes,
+                    RowKind::kLargeScale, RowKind::kTinyScale, RowKind::kSmallIntegers,
+                    RowKind::kLargeOffset, RowKind::kNearLimit, RowKind::kMinimal,
+                    RowKind::kRamp}) {
+    if (!(within_write_range && k == RowKind::kNearLimit)) kinds.push_back(k);
+  }
   return kinds;
 }
 
@@ -154,6 +187,49 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
       for (int j = 0; j < d; ++j) row[j] = kValues[rng->Below(9)];
       break;
     }
+    case RowKind::kBf16Bell:
+      for (int j = 0; j < d; ++j) row[j] = RoundToBf16(4.0f * rng->Bell());
+      break;
+    case RowKind::kCauchy:
+      for (int j = 0; j < d; ++j) {
+        const float u = std::fabs(rng->Uniform()) + 9.5367431640625e-07f;  // + 2^-20
+        const float v = rng->Bell() / u;  // IEEE division: the same bits everywhere
+        row[j] = v > 1e6f ? 1e6f : (v < -1e6f ? -1e6f : v);
+      }
+      break;
+    case RowKind::kSparseSpikes:
+      for (int j = 0; j < d; ++j) {
+        const float v = rng->Bell();
+        row[j] = rng->Below(32) == 0 ? 100.0f * v : v;
+      }
+      break;
+    case RowKind::kLargeScale:
+      for (int j = 0; j < d; ++j) row[j] = PowerOfTwo(66) * rng->Bell();
+      break;
+    case RowKind::kTinyScale:
+      for (int j = 0; j < d; ++j) row[j] = PowerOfTwo(-100) * rng->Bell();
+      break;
+    case RowKind::kSmallIntegers:
+      for (int j = 0; j < d; ++j) row[j] = static_cast<float>(static_cast<int>(rng->Below(9)) - 4);
+      break;
+    case RowKind::kLargeOffset:
+      for (int j = 0; j < d; ++j) row[j] = 1001.0f + static_cast<float>(rng->Below(3)) * 0.5f;
+      break;
+    case RowKind::kNearLimit:
+      for (int j = 0; j < d; ++j) row[j] = -8.0e37f + static_cast<float>(j % 5) * 2.0e37f;
+      break;
+    case RowKind::kMinimal:
+      for (int j = 0; j < d; ++j) {
+        const uint32_t pick = rng->Below(3);
+        const float v = pick == 0 ? 1.17549435e-38f : (pick == 1 ? 1.4e-45f : 0.0f);
+        row[j] = rng->Bit() ? -v : v;
+      }
+      break;
+    case RowKind::kRamp:
+      for (int j = 0; j < d; ++j) {
+        row[j] = static_cast<float>(j % 2 == 0 ? 1 : -1) * static_cast<float>(j / 2) * 0.5f;
+      }
+      break;
   }
 }
 
@@ -161,12 +237,12 @@ std::vector<float> MakeRows(const std::vector<RowKind>& kinds, const WriteParams
                             SplitMix64* rng, std::string* names) {
   const size_t d = static_cast<size_t>(p.head_dim);
   std::vector<float> rows(kinds.size() * d);
-  names->clear();
+  if (names != nullptr) names->clear();
   for (size_t r = 0; r < kinds.size(); ++r) {
     FillRow(kinds[r], p, rng, rows.data() + r * d);
-    *names += (r ? "," : "") + std::string(RowKindName(kinds[r]));
+    if (names != nullptr) *names += (r ? "," : "") + std::string(RowKindName(kinds[r]));
   }
   return rows;
 }
 
-}  // namespace kvq::conformance::internal
+}  // namespace kvq::conformance

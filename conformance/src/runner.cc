@@ -15,6 +15,7 @@
 #include "kvq/common/numeric.h"
 #include "kvq/common/stages.h"
 #include "kvq/common/tensor.h"
+#include "kvq/conformance/bits.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/write_path.h"
 
@@ -29,53 +30,6 @@ namespace {
 // up as a mismatch instead of passing by luck.
 constexpr uint8_t kPoison = 0xA5;
 
-std::string FormatElement(const Tensor& t, size_t i) {
-  char text[96];
-  switch (t.dtype) {
-    case DType::kF32: {
-      uint32_t bits;
-      std::memcpy(&bits, t.bytes.data() + 4 * i, 4);
-      std::snprintf(text, sizeof text, "0x%08" PRIx32 " (%.9g)", bits,
-                    static_cast<double>(F32FromBits(bits)));
-      break;
-    }
-    case DType::kBF16:
-    case DType::kF16: {
-      uint16_t bits;
-      std::memcpy(&bits, t.bytes.data() + 2 * i, 2);
-      const float value = t.dtype == DType::kBF16 ? F32FromBf16(bits) : F32FromF16(bits);
-      std::snprintf(text, sizeof text, "0x%04x (%.9g)", static_cast<unsigned>(bits),
-                    static_cast<double>(value));
-      break;
-    }
-    case DType::kU8:
-      std::snprintf(text, sizeof text, "%u", static_cast<unsigned>(t.bytes[i]));
-      break;
-    case DType::kI32: {
-      int32_t v;
-      std::memcpy(&v, t.bytes.data() + 4 * i, 4);
-      std::snprintf(text, sizeof text, "%" PRId32, v);
-      break;
-    }
-  }
-  return text;
-}
-
-std::string IndexString(const std::vector<int64_t>& shape, size_t flat) {
-  std::vector<int64_t> index(shape.size());
-  for (size_t k = shape.size(); k-- > 0;) {
-    index[k] = static_cast<int64_t>(flat % static_cast<size_t>(shape[k]));
-    flat /= static_cast<size_t>(shape[k]);
-  }
-  std::ostringstream os;
-  os << "[";
-  for (size_t k = 0; k < index.size(); ++k) os << (k ? ", " : "") << index[k];
-  os << "] of " << "[";
-  for (size_t k = 0; k < shape.size(); ++k) os << (k ? ", " : "") << shape[k];
-  os << "]";
-  return os.str();
-}
-
 // The failure a replay reports: thrown inside a case, caught by ReplayCase.
 struct CaseFailure {
   Mismatch mismatch;
@@ -86,36 +40,24 @@ struct CaseFailure {
 // first differing element. `axes` names the dimensions for the message ("row", "column").
 void ExpectBits(const std::string& stage, const Tensor& expected, const void* got_data,
                 size_t got_bytes, const std::string& axes = "") {
-  KVQ_CHECK(got_bytes == expected.bytes.size(), kShapeMismatch, stage, ": the target produced ",
-            got_bytes, " bytes, the case expects ", expected.bytes.size());
-  const uint8_t* got = static_cast<const uint8_t*>(got_data);
-  // Empty tensors (e.g. a page table with no page) have null data: nothing to compare.
-  if (got_bytes == 0 || std::memcmp(got, expected.bytes.data(), got_bytes) == 0) return;
-  const size_t item = DTypeSize(expected.dtype);
-  size_t i = 0;
-  while (std::memcmp(got + i * item, expected.bytes.data() + i * item, item) == 0) ++i;
-  Tensor got_tensor;
-  got_tensor.dtype = expected.dtype;
-  got_tensor.shape = expected.shape;
-  got_tensor.bytes.assign(got, got + got_bytes);
+  std::optional<BitMismatch> m;
+  try {
+    m = FirstBitMismatch(expected, got_data, got_bytes);
+  } catch (const Error& e) {
+    throw Error(e.code(), stage + ": " + e.what());
+  }
+  if (!m) return;
   CaseFailure f;
   f.mismatch.stage = stage;
+  f.mismatch.row = m->row;
+  f.mismatch.column = m->column;
+  f.mismatch.where = m->where + (axes.empty() ? "" : " (" + axes + ")");
+  f.mismatch.expected = m->expected;
+  f.mismatch.got = m->got;
   // Row: the index over every dimension but the last; column: the last. A 1-D tensor (tau,
   // per-row values) has rows only.
-  std::string at;
-  if (expected.shape.size() <= 1) {
-    f.mismatch.row = static_cast<int64_t>(i);
-    at = "row " + std::to_string(f.mismatch.row);
-  } else {
-    const int64_t last = expected.shape.back();
-    f.mismatch.row = static_cast<int64_t>(i) / last;
-    f.mismatch.column = static_cast<int64_t>(i) % last;
-    at = "row " + std::to_string(f.mismatch.row) + ", column " +
-         std::to_string(f.mismatch.column);
-  }
-  f.mismatch.where = IndexString(expected.shape, i) + (axes.empty() ? "" : " (" + axes + ")");
-  f.mismatch.expected = FormatElement(expected, i);
-  f.mismatch.got = FormatElement(got_tensor, i);
+  const std::string at = "row " + std::to_string(m->row) +
+                         (m->column >= 0 ? ", column " + std::to_string(m->column) : "");
   f.message = stage + " differs at " + at + " " + f.mismatch.where + ": expected " +
               f.mismatch.expected + ", got " + f.mismatch.got;
   throw f;

@@ -130,7 +130,7 @@ if (( run_bench )); then
   if (( ! write_only )) && [[ -f bench/bench_sdpa.py ]]; then
     python3 bench/bench_sdpa.py --iters 30 >> "$OUT/bench.md" 2>&1
     row "bench_sdpa.py" "rc=$?"
-    # The flush of the runs before pass 8 (a write pass: the timed call pays the L2's
+    # The L2 flushed by a write pass instead (--flush write: the timed call pays the L2's
     # write-back), on the target shapes, for comparison with the tables above.
     if [[ -x $carry/bin/kvq_bench_gpu_attention ]]; then
       { echo; echo "## reference: L2 flushed by a write pass"; echo; } >> "$OUT/bench.md"
@@ -208,7 +208,7 @@ if (( run_ncu && ! attn_only )) && command -v ncu >/dev/null && [[ -x $carry/bin
     row "ncu fused (launch-skip $skip)" "rc=$rc"
   done
   # --sass: executed instructions per SASS line of the FWHT rho = 1 launch (the write kernel's
-  # instruction budget, docs/gpu_write.md), as CSV.
+  # instruction budget), as CSV.
   (( run_sass )) && timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip 104 \
     --launch-count 1 --section SourceCounters -o "$OUT/fwht_sass" -f \
     "$carry/bin/kvq_bench_gpu_write" --quick > /dev/null 2>&1 &&

@@ -166,9 +166,9 @@ TEST(Cli, QuantizeDequantizeAndRotateMatchTheLibraryBitForBit) {
     EXPECT_EQ(q.metadata.at("bits"), std::to_string(c.bits));
     EXPECT_EQ(q.metadata.at("clip"), c.clip);
     EXPECT_EQ(q.metadata.at("rotation"), RotationKindName(c.rotation));
-    EXPECT_EQ(q.metadata.at("bitrev"), c.bitrev ? "true" : "false");
-    EXPECT_EQ(q.metadata.at("hadamard_block"),
-              std::to_string(c.rotation == RotationKind::kHadamard ? p.fwht_block() : 0));
+    EXPECT_EQ(q.metadata.at("bitrev"), c.bitrev ? "1" : "0");
+    EXPECT_EQ(q.metadata.at("hadamard_block"), std::to_string(p.hadamard_block));
+    EXPECT_EQ(q.metadata.count("row_format"), 0u);  // affine_token: the spec-1.0 keys only
 
     // dequantize
     run = RunKvq(dir, "dequantize --in '" + dir.File("q.safetensors") + "'" + rotation +

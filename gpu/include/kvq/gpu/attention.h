@@ -79,9 +79,8 @@ struct DecodeAttentionPlan {
   // The quantized history's loop, chosen here once (the launcher and the kernel obey it; a
   // bf16 cache ignores it). Every loop finishes QK^T once per quantization group (the group
   // size a compile-time value: one accumulator and one scale / min epilogue per group, 16%
-  // fewer instructions and 8-17% faster than once per code field, docs/gpu_attention.md
-  // pass 3) and takes one 16-token chunk per warp and loop step (two side by side measured
-  // 2-7% slower on the H100).
+  // fewer instructions and 8-17% faster than once per code field on the H100) and takes one
+  // 16-token chunk per warp and loop step (two side by side measured 2-7% slower on the H100).
   //  - kInt8Qk, at most 4 query heads per block (g <= 4): QK^T on the int8 tensor cores
   //    (mma m16n8k32 u8 x s8): the codes enter as bytes masked out of the packed words, the
   //    query as two int8 digits of Q = round(q~ / sq) (|Q| <= 32512, sq = max|q~| / 32512 per
