@@ -232,7 +232,8 @@ void RunBench(const BenchOptions& o) {
 #ifdef KVQ_HAVE_CUDA
         if (run_gpu) {
           kvq::gpu::DeviceCache device = kvq::gpu::UploadCache(cache, seqs);
-          gpu_us = kvq::bench::MedianAttendMicros(device, q.data(), std::max(o.iters, 20), 3, true);
+          gpu_us = kvq::bench::MedianAttendMicros(device, q.data(), std::max(o.iters, 20), 3,
+                                                  /*cold_l2=*/true);
         }
 #endif
         auto gbps = [bytes](double us) { return us > 0 ? bytes / (us * 1e3) : 0.0; };

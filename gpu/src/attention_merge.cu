@@ -49,9 +49,10 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
   // copies, then wait for this grid to finish before reading q_rot.
   detail::LaunchDependents();
   const bool dense = p.rotation.kind == kRotationDense;
-  const float4* r = dense ? reinterpret_cast<const float4*>(
-                                p.rotation.matrices + static_cast<int64_t>(head0 / p.q_per_kv) * D * D)
-                          : nullptr;
+  const float4* r =
+      dense ? reinterpret_cast<const float4*>(p.rotation.matrices +
+                                              static_cast<int64_t>(head0 / p.q_per_kv) * D * D)
+            : nullptr;
   constexpr int kChunk4 = kRows * D / 4;  // float4s of a pass
   // A pass's rows are copied in together (one memory latency a pass), then each thread runs the
   // spec's sequential sum over i from shared memory. The first pass's copy and an L2 prefetch

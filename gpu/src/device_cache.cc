@@ -74,7 +74,8 @@ DeviceCache::DeviceCache(const CacheImage& image) : impl_(std::make_unique<Impl>
   const size_t row = static_cast<size_t>(p.num_kv_heads) * p.head_dim();
   for (int kv = 0; kv < 2; ++kv) {
     const FormatLayout layout = LayoutOf(kv == 0 ? p.key : p.value);
-    const size_t pages = image.pool[kv][0].size() / layout.PageBytes(0, p.page_size, p.num_kv_heads);
+    const size_t pages =
+        image.pool[kv][0].size() / layout.PageBytes(0, p.page_size, p.num_kv_heads);
     for (int i = 0; i < kMaxPlanes; ++i) {
       const size_t want = i < layout.num_planes
                               ? pages * layout.PageBytes(i, p.page_size, p.num_kv_heads)

@@ -36,6 +36,7 @@ bool PlaneIs(const FormatLayout& layout, int index, const char* name, size_t byt
 void CheckKernelLayout(const WriteParams& p, const char* what) {
   const FormatLayout layout = LayoutOf(p);
   const size_t d = static_cast<size_t>(p.head_dim);
+  const int groups = p.num_groups();
   bool known = false;
   switch (p.format) {
     case Format::kBf16:
@@ -44,8 +45,8 @@ void CheckKernelLayout(const WriteParams& p, const char* what) {
     case Format::kAffineToken:
       known = layout.num_planes == 3 &&
               PlaneIs(layout, kAffineCodesPlane, "codes", static_cast<size_t>(p.code_bytes())) &&
-              PlaneIs(layout, kAffineScalePlane, "scale", 2 * static_cast<size_t>(p.num_groups())) &&
-              PlaneIs(layout, kAffineMinPlane, "min", 2 * static_cast<size_t>(p.num_groups()));
+              PlaneIs(layout, kAffineScalePlane, "scale", 2 * static_cast<size_t>(groups)) &&
+              PlaneIs(layout, kAffineMinPlane, "min", 2 * static_cast<size_t>(groups));
       break;
   }
   KVQ_CHECK(known, kUnsupported, what, ": the CUDA kernels do not read the layout of format ",

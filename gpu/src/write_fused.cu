@@ -402,7 +402,8 @@ __global__ void __launch_bounds__(kThreads, 4)
       float v[16];
       const int rho = detail::LoadRow<D>(
           static_cast<const float*>(tile + rr * Tile::kStride), args.rotation.bitrev != 0,
-          args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0, args.rotation.fwht_scale, v);
+          args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0,
+          args.rotation.fwht_scale, v);
       WriteRotatedRow<D, G, BITS>(args, v, rho, clip_rank, dest);
     }
   }

@@ -209,7 +209,9 @@ bool SupportedGroup(const StageArgs& a) {
   return (g == 32 || g == 64 || g == 128) && g <= a.params.head_dim;
 }
 // Blocks of a thread-per-element kernel, and of a slice-per-row kernel (d/16 threads a row).
-int64_t ElementBlocks(const StageArgs& a) { return Blocks(a.rows * a.params.head_dim, kStageBlock); }
+int64_t ElementBlocks(const StageArgs& a) {
+  return Blocks(a.rows * a.params.head_dim, kStageBlock);
+}
 int64_t SliceBlocks(const StageArgs& a) {
   return Blocks(a.rows * (a.params.head_dim / 16), kStageBlock);
 }

@@ -834,7 +834,7 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
         Error);
   };
   expect_refused(ok, unknown, "quant_loop 7");
-  // The int8 QK loop serves at most 4 heads per block: g = 8 with int8_qk is refused.
+  // The int8 QK and packed loops serve at most 4 heads per block: g = 8 with either is refused.
   Config wide = ok;
   wide.hq = 64;
   DecodeAttentionPlan wide_plan = PlanDecodeAttention(MakeParams(wide), 1, 131072, 132);
