@@ -26,9 +26,12 @@
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
 #ifdef KVQ_HAVE_CUDA
+#include <cstring>
+
+#include "cache_upload.h"  // gpu/adapter
+#include "gpu_timing.h"    // bench/
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/device_cache.h"
-#include "kvq/gpu/write.h"
 #endif
 
 namespace {
@@ -148,12 +151,20 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
       std::string bits = "-";
 #ifdef KVQ_HAVE_CUDA
       if (run_gpu) {
-        const kvq::gpu::TimedRowWrite gpu_out =
-            kvq::gpu::TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
+        const kvq::bench::TimedRowWrite gpu_out =
+            kvq::bench::TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
         gpu_us = gpu_out.median_us;
         if (run_cpu) {
-          const bool same = gpu_out.packed == cpu_out.packed && gpu_out.scale == cpu_out.scale &&
-                            gpu_out.min == cpu_out.min;
+          // The GPU's planes (LayoutOf: packed codes, scale, min) against the oracle's rows.
+          auto same_bytes = [](const std::vector<uint8_t>& got, const auto& want) {
+            return got.size() == want.size() * sizeof(want[0]) &&
+                   std::memcmp(got.data(), want.data(), got.size()) == 0;
+          };
+          using kvq::gpu::kAffineCodesPlane, kvq::gpu::kAffineScalePlane,
+              kvq::gpu::kAffineMinPlane;
+          const bool same = same_bytes(gpu_out.planes[kAffineCodesPlane], cpu_out.packed) &&
+                            same_bytes(gpu_out.planes[kAffineScalePlane], cpu_out.scale) &&
+                            same_bytes(gpu_out.planes[kAffineMinPlane], cpu_out.min);
           bits = same ? "equal" : "DIFFER";
           differing += same ? 0 : 1;
         }
@@ -228,8 +239,9 @@ void RunBench(const BenchOptions& o) {
         }
 #ifdef KVQ_HAVE_CUDA
         if (run_gpu) {
-          kvq::gpu::DeviceCache device(cache, seqs);
-          gpu_us = device.MedianAttendMicros(q.data(), std::max(o.iters, 20), 3, true);
+          kvq::gpu::DeviceCache device = kvq::gpu::UploadCache(cache, seqs);
+          gpu_us = kvq::bench::MedianAttendMicros(device, q.data(), std::max(o.iters, 20), 3,
+                                                  /*cold_l2=*/true);
         }
 #endif
         auto gbps = [bytes](double us) { return us > 0 ? bytes / (us * 1e3) : 0.0; };
