@@ -53,7 +53,11 @@ const StageSpec& StageByName(const std::string& name) {
 }
 
 bool StageApplies(const StageSpec& stage, const WriteParams& p) {
-  if (!stage.transform && stage.format != p.format) return false;
+  return stage.transform || stage.format == p.format;
+}
+
+bool StageRuns(const StageSpec& stage, const WriteParams& p) {
+  if (!StageApplies(stage, p)) return false;
   const std::string name = stage.name;
 #define KVQ_STAGE_WHEN(stage_name, condition) \
   if (name == #stage_name) return (condition);

@@ -19,43 +19,6 @@ namespace {
 
 int64_t I(size_t v) { return static_cast<int64_t>(v); }
 
-// A cache script as "in.ops" triples (op, slot, tokens), counting the rows it consumes.
-class Script {
- public:
-  int Add() {
-    Push(CacheOp::kAddSequence, slots_, 0);
-    return slots_++;
-  }
-  void Prefill(int slot, int tokens) {
-    Push(CacheOp::kPrefill, slot, tokens);
-    rows_ += static_cast<size_t>(tokens);
-  }
-  void Append(int slot) {
-    Push(CacheOp::kAppend, slot, 1);
-    rows_ += 1;
-  }
-  void Remove(int slot) { Push(CacheOp::kRemoveSequence, slot, 0); }
-
-  const std::vector<int32_t>& ops() const { return ops_; }
-  size_t rows() const { return rows_; }
-
- private:
-  void Push(CacheOp op, int slot, int tokens) {
-    ops_.insert(ops_.end(), {static_cast<int32_t>(op), slot, tokens});
-  }
-  std::vector<int32_t> ops_;
-  int slots_ = 0;
-  size_t rows_ = 0;
-};
-
-struct CacheConfig {
-  std::string name;
-  CacheParams params;
-  std::vector<int32_t> rotation_k, rotation_v;  // fixture indices per KV head (dense only)
-  std::vector<float> clip_k, clip_v;            // per-head clip ratios, or empty
-  std::function<void(Script*)> script;
-};
-
 
 std::vector<CacheConfig> CacheConfigs() {
   std::vector<CacheConfig> configs;
@@ -306,12 +269,16 @@ Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const s
   const int d = p.head_dim();
   const int hkv = p.num_kv_heads;
   if (p.quantized()) {
-    if (p.key.rotation == RotationKind::kDense) {
-      out->UseRotations(&file, d, "in.rotation_k_index", config.rotation_k);
-    }
-    if (p.value.rotation == RotationKind::kDense) {
-      out->UseRotations(&file, d, "in.rotation_v_index", config.rotation_v);
-    }
+    // The d fixture's matrices, or the case's own fixture (scheme cases).
+    auto use = [&](const char* index_tensor, const std::vector<int32_t>& indices) {
+      if (config.rotation_fixture.empty()) {
+        out->UseRotations(&file, d, index_tensor, indices);
+      } else {
+        out->UseFixtureRotations(&file, config.rotation_fixture, index_tensor, indices);
+      }
+    };
+    if (p.key.rotation == RotationKind::kDense) use("in.rotation_k_index", config.rotation_k);
+    if (p.value.rotation == RotationKind::kDense) use("in.rotation_v_index", config.rotation_v);
     if (!config.clip_k.empty()) file.Add("in.clip_k", Tensor::F32({hkv}, config.clip_k));
     if (!config.clip_v.empty()) file.Add("in.clip_v", Tensor::F32({hkv}, config.clip_v));
   }
@@ -402,6 +369,8 @@ void AddCacheCase(VectorCollector* out, const CacheConfig& config) {
   out->AddCase(name, CaseKind::kCache, file);
 }
 
+}  // namespace
+
 void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
   const std::string name = "attention/" + config.name;
   SplitMix64 rng(0);
@@ -441,10 +410,9 @@ void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
   file.Add("in.q", Tensor::F32({nq, hq, d}, q));
   file.Add("expect.out", Tensor::F32({nq, hq, d}, expected));
   file.Add("expect.reference_f64", Tensor::U8({nq, hq, d, 8}, F64ToBytes(reference)));
+  for (const auto& [key, value] : config.metadata) file.metadata[key] = value;
   out->AddCase(name, CaseKind::kAttention, file);
 }
-
-}  // namespace
 
 void AddCacheAndAttentionCases(VectorCollector* out) {
   for (const CacheConfig& config : CacheConfigs()) {

@@ -54,7 +54,7 @@ void CheckInputs(const Backend& backend, const WriteParams& p, const float* rota
                  const float* x, size_t n) {
   p.Validate();
   for (const StageSpec& stage : AllStages()) {
-    KVQ_CHECK(!StageApplies(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
+    KVQ_CHECK(!StageRuns(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
               "backend '", backend.name, "' has no '", stage.name, "' kernel");
   }
   CheckedElements(n, p.head_dim);
@@ -174,7 +174,7 @@ void CheckTokenInputs(const Backend& backend, const std::vector<WriteParams>& pa
               kInvalidArgument, "KV head ", h, " has write params [", p.head_dim, " ",
               FormatName(p.format), "] that differ from KV head 0's in format, d, group or norm");
     for (const StageSpec& stage : AllStages()) {
-      KVQ_CHECK(!StageApplies(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
+      KVQ_CHECK(!StageRuns(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
                 "backend '", backend.name, "' has no '", stage.name, "' kernel");
     }
   }

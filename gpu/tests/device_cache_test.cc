@@ -1,9 +1,12 @@
-// DeviceCache mirrors a CPU PagedKVCache on the device: decode attention over the mirror must
+// DeviceCache (uploaded from a CPU PagedKVCache by the adapter's UploadCache) mirrors the cache on
+// the device: decode attention over the mirror must
 // match the fp64 reference over the same rows within the GPU tolerance (spec/cache.md §5), for
 // quantized and bf16 caches and for batches of sequences of different lengths.
 #include "kvq/gpu/device_cache.h"
 
 #include <gtest/gtest.h>
+
+#include "cache_upload.h"  // gpu/adapter
 
 #include <cmath>
 #include <random>
@@ -56,7 +59,7 @@ void CheckBatch(bool quantized, const std::vector<int>& lengths, uint64_t seed) 
   }
   const std::vector<float> q = Normal(seqs.size() * hq * d, rng);
   std::vector<float> out(q.size());
-  DeviceCache device(cache, seqs);
+  DeviceCache device = UploadCache(cache, seqs);
   EXPECT_GT(device.BytesPerStep(), 0u);
   device.Attend(q.data(), out.data());
   for (size_t b = 0; b < seqs.size(); ++b) {
@@ -81,8 +84,8 @@ TEST(DeviceCacheTest, RejectsEmptySequence) {
   if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
   cpu::PagedKVCache cache(SmallParams(true), {}, {});
   const int s = cache.AddSequence();
-  EXPECT_THROW(DeviceCache(cache, {s}), Error);
-  EXPECT_THROW(DeviceCache(cache, {}), Error);
+  EXPECT_THROW(UploadCache(cache, {s}), Error);
+  EXPECT_THROW(UploadCache(cache, {}), Error);
 }
 
 }  // namespace

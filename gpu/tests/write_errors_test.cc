@@ -9,6 +9,7 @@
 
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
+#include "kvq/common/stages.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
 
@@ -25,9 +26,9 @@ FusedWriteArgs PlausibleArgs() {
   a.x = x;
   a.num_tokens = 1;
   a.token_stride = 128;
-  a.codes = codes;
-  a.scale = meta;
-  a.min = meta;
+  a.planes[kAffineCodesPlane] = codes;
+  a.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(meta);
+  a.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(meta);
   return a;
 }
 
@@ -49,14 +50,14 @@ TEST(LauncherRefuses, UnsupportedPageSizeRotationOrBlock) {
   a.page_size_log2 = 11;  // P = 2048
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
   a = PlausibleArgs();
-  a.rotation = 7;
+  a.rotation.kind = 7;
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
-  a.rotation = static_cast<int>(RotationKind::kDense);  // no matrices
+  a.rotation.kind = static_cast<int>(RotationKind::kDense);  // no matrices
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
-  a.rotation = static_cast<int>(RotationKind::kHadamard);
-  a.fwht_block = 8;
+  a.rotation.kind = static_cast<int>(RotationKind::kHadamard);
+  a.rotation.fwht_block = 8;
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
-  a.fwht_block = 256;  // larger than d
+  a.rotation.fwht_block = 256;  // larger than d
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
   a = PlausibleArgs();
   a.x = static_cast<const uint8_t*>(a.x) + 2;  // not 16-byte aligned
@@ -66,20 +67,31 @@ TEST(LauncherRefuses, UnsupportedPageSizeRotationOrBlock) {
 TEST(LauncherRefuses, UnsupportedStageConfigurations) {
   StageArgs a;
   a.rows = 1;
-  a.head_dim = 96;
-  EXPECT_EQ(DispatchStage(Stage::kBitrev, a, nullptr), cudaErrorInvalidValue);
-  a.head_dim = 128;
-  a.group = 256;
-  a.bits = 2;
-  EXPECT_EQ(DispatchStage(Stage::kQuantize, a, nullptr), cudaErrorInvalidValue);
-  a.group = 64;
-  a.bits = 3;
-  EXPECT_EQ(DispatchStage(Stage::kPack, a, nullptr), cudaErrorInvalidValue);
-  a.bits = 2;
+  a.params.head_dim = 96;
+  EXPECT_EQ(DispatchStage(StageId::kBitrev, a, nullptr), cudaErrorInvalidValue);
+  a.params.head_dim = 128;
+  a.params.group = 256;
+  a.params.bits = 2;
+  EXPECT_EQ(DispatchStage(StageId::kQuantize, a, nullptr), cudaErrorInvalidValue);
+  a.params.group = 64;
+  a.params.bits = 3;
+  EXPECT_EQ(DispatchStage(StageId::kPack, a, nullptr), cudaErrorInvalidValue);
+  a.params.bits = 2;
   a.fwht_block = 12;
-  EXPECT_EQ(DispatchStage(Stage::kFwht, a, nullptr), cudaErrorInvalidValue);
-  a.clip = 0.0f;
-  EXPECT_EQ(DispatchStage(Stage::kClip, a, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(DispatchStage(StageId::kFwht, a, nullptr), cudaErrorInvalidValue);
+  a.params.clip = 0.0f;
+  EXPECT_EQ(DispatchStage(StageId::kClip, a, nullptr), cudaErrorInvalidValue);
+}
+
+// Every stage of the list (kvq/common/stages.inc) has a launcher: with no rows, each accepts a
+// valid configuration and launches nothing (never cudaErrorInvalidValue for a stage it lacks).
+TEST(LauncherRefuses, NoStageOfTheListIsMissing) {
+  for (const StageSpec& stage : AllStages()) {
+    StageArgs a;
+    a.rows = 0;
+    a.fwht_block = 128;
+    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaSuccess) << stage.name;
+  }
 }
 
 TEST(LauncherRefuses, InconsistentPrefillWindows) {
@@ -135,14 +147,48 @@ TEST(RuntimeApiRejects, InvalidWriteParams) {
   p.bits = 3;
   ExpectInvalidArgument([&] { Quantize(nullptr, nullptr, nullptr, nullptr, 4, p); }, "3");
   p.bits = 2;
-  p.rotation = RotationKind::kDense;
+  ExpectInvalidArgument([&] { Bitrev(nullptr, nullptr, 4, p); }, "x is null");
   alignas(16) static float x[128];
+  ExpectInvalidArgument([&] { Bitrev(x, x, 1, p); }, "x and y alias");
   static uint8_t packed[32];
   static uint16_t meta[2];
-  out.packed = packed;
-  out.scale = meta;
-  out.min = meta;
+  ExpectInvalidArgument([&] { WriteRows(p, nullptr, x, 1, out); }, "plane 'codes' is null");
+  p.rotation = RotationKind::kDense;
+  out.planes[kAffineCodesPlane] = packed;
+  out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(meta);
+  out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(meta + 1);
   ExpectInvalidArgument([&] { WriteRows(p, nullptr, x, 1, out); }, "rotation matrices are null");
+}
+
+// What the kernels do not serve is refused as kUnsupported, naming the value: a codec stage of
+// another format, a fused write or cache of a format the fused kernel does not store, F != 1.
+TEST(RuntimeApiRejects, UnsupportedFormatsAndFlush) {
+  auto expect_unsupported = [](const std::function<void()>& call, const std::string& needle) {
+    try {
+      call();
+      ADD_FAILURE() << "expected kvq::Error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  WriteParams bf16;
+  bf16.format = Format::kBf16;
+  alignas(16) static float x[128];
+  static uint8_t codes[128];
+  static uint16_t meta[4];
+  expect_unsupported([&] { Quantize(x, codes, meta, meta + 2, 1, bf16); }, "bf16");
+  RowOutputs out;
+  expect_unsupported([&] { WriteRows(bf16, nullptr, x, 1, out); }, "bf16");
+  CacheParams c;
+  c.flush = 4;
+  alignas(16) static uint16_t k[8];
+  expect_unsupported(
+      [&] {
+        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
+                     Windows{});
+      },
+      "flush F = 4");
 }
 
 TEST(RuntimeApiRejects, InvalidCacheParams) {
@@ -163,32 +209,6 @@ TEST(RuntimeApiRejects, InvalidCacheParams) {
                      Windows{});
       },
       "quantized");
-}
-
-TEST(CudaBackend, IsNamedCudaAndFillsEveryWriteKernel) {
-  const cpu::Backend& b = CudaBackend();
-  EXPECT_EQ(b.name, "cuda");
-  EXPECT_NE(b.write.rotate_dense, nullptr);
-  EXPECT_NE(b.write.fwht, nullptr);
-  EXPECT_NE(b.write.bitrev, nullptr);
-  EXPECT_NE(b.write.clip, nullptr);
-  EXPECT_NE(b.write.quantize, nullptr);
-  EXPECT_NE(b.write.pack, nullptr);
-  EXPECT_NE(b.write.unpack, nullptr);
-  EXPECT_NE(b.write.dequantize, nullptr);
-}
-
-TEST(CudaBackend, WithoutDeviceThrowsUnsupported) {
-  if (HasCudaDevice()) GTEST_SKIP() << "a CUDA device is present";
-  WriteParams p;
-  float x[128] = {};
-  float y[128];
-  try {
-    CudaBackend().write.bitrev(x, y, 1, p);
-    ADD_FAILURE() << "expected kvq::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-  }
 }
 
 TEST(CudaCheck, ErrorCarriesNameStringAndCallSite) {

@@ -3,12 +3,14 @@
 // grid d x G x bits x rotation variant x clip ratio x input type (bf16, fp32).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "gpu_timing.h"  // bench/
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "kvq/gpu/write.h"
@@ -46,9 +48,9 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
     tau.Fill(poison);
     flags.Fill(0);
     RowOutputs out;
-    out.packed = packed.get();
-    out.scale = scale.get();
-    out.min = min.get();
+    out.planes[kAffineCodesPlane] = packed.get();
+    out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
+    out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(min.get());
     out.rotated = rotated.get();
     out.tau = tau.get();
     if (x_bf16 != nullptr) {
@@ -166,17 +168,27 @@ TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
     DeviceBuffer<int> flags(1);
     flags.Fill(0);
     RowOutputs out;
-    out.packed = packed.get();
-    out.scale = scale.get();
-    out.min = min.get();
+    out.planes[kAffineCodesPlane] = packed.get();
+    out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
+    out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(min.get());
     WriteRows(p, nullptr, dx.get(), 4, out, flags.get());
     EXPECT_EQ(flags.Download()[0], kErrorFlagNonFinite) << "value " << bad;
     EXPECT_THROW(CheckErrorFlags(flags.get(), "WriteRows"), Error);
   }
 }
 
-// The timing entry point of `kvq bench` returns the write's outputs: the oracle's bits.
+// bf16 bits out of a plane's bytes.
+std::vector<uint16_t> Bf16Plane(const std::vector<uint8_t>& bytes) {
+  std::vector<uint16_t> out(bytes.size() / 2);
+  std::memcpy(out.data(), bytes.data(), out.size() * 2);
+  return out;
+}
+
+// The timing helper of `kvq bench` (bench/gpu_timing.h) returns the write's outputs: the
+// oracle's bits.
 TEST(TimeWriteRowsTest, ReturnsTheOraclesBits) {
+  using bench::TimedRowWrite;
+  using bench::TimeWriteRows;
   KVQ_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(77);
   for (size_t variant : {size_t{3}, size_t{5}}) {  // dense_bitrev; fwht_bitrev
@@ -189,9 +201,12 @@ TEST(TimeWriteRowsTest, ReturnsTheOraclesBits) {
     const TimedRowWrite got = TimeWriteRows(p, rotation.data(), x.data(), rows, 3, 1);
     const std::string ctx = ParamsString(p) + " variant=" + RotationVariants()[variant].name;
     EXPECT_GT(got.median_us, 0.0) << ctx;
-    EXPECT_TRUE(BitsEqual(want.packed, got.packed, p.code_bytes(), "packed", ctx));
-    EXPECT_TRUE(BitsEqual(want.scale, got.scale, p.num_groups(), "scale", ctx));
-    EXPECT_TRUE(BitsEqual(want.min, got.min, p.num_groups(), "min", ctx));
+    EXPECT_TRUE(BitsEqual(want.packed, got.planes[kAffineCodesPlane], p.code_bytes(), "packed",
+                          ctx));
+    EXPECT_TRUE(BitsEqual(want.scale, Bf16Plane(got.planes[kAffineScalePlane]), p.num_groups(),
+                          "scale", ctx));
+    EXPECT_TRUE(BitsEqual(want.min, Bf16Plane(got.planes[kAffineMinPlane]), p.num_groups(),
+                          "min", ctx));
   }
   const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[0], 1.0f);
   const std::vector<float> x(128, 1.0f);

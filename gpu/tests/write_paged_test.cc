@@ -87,29 +87,27 @@ HeadsData MakeHeads(const CacheParams& c, std::mt19937& rng) {
   return h;
 }
 
-// Device copies of the per-head data and one pool per K / V.
+// Device copies of the per-head data and one pool per K / V: a buffer per plane of the
+// format's layout (LayoutOf), `pages` pages each.
 struct DeviceCache {
   DeviceBuffer<float> rotation_k, rotation_v, clip_k, clip_v;
-  DeviceBuffer<uint8_t> codes[2];
-  DeviceBuffer<uint16_t> scale[2], min[2];
+  FormatLayout layout[2];
+  DeviceBuffer<uint8_t> planes[2][kMaxPlanes];
   int num_pages = 0;
 
   DeviceCache(const CacheParams& c, const HeadsData& h, int pages)
       : rotation_k(h.rotation_k), rotation_v(h.rotation_v), clip_k(h.clip_k), clip_v(h.clip_v),
-        num_pages(pages) {
-    const WriteParams* params[2] = {&c.key, &c.value};
+        layout{LayoutOf(c.key), LayoutOf(c.value)}, num_pages(pages) {
     for (int kv = 0; kv < 2; ++kv) {
-      const size_t rows = static_cast<size_t>(pages) * c.num_kv_heads * c.page_size;
-      codes[kv] = DeviceBuffer<uint8_t>(rows * params[kv]->code_bytes());
-      scale[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
-      min[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
+      for (int i = 0; i < layout[kv].num_planes; ++i) {
+        planes[kv][i] = DeviceBuffer<uint8_t>(
+            static_cast<size_t>(pages) * layout[kv].PageBytes(i, c.page_size, c.num_kv_heads));
+      }
     }
   }
   void Poison(uint8_t byte) {
     for (int kv = 0; kv < 2; ++kv) {
-      codes[kv].Fill(byte);
-      scale[kv].Fill(byte);
-      min[kv].Fill(byte);
+      for (int i = 0; i < layout[kv].num_planes; ++i) planes[kv][i].Fill(byte);
     }
   }
   HeadData Heads(KV kv) const {
@@ -119,8 +117,11 @@ struct DeviceCache {
     return d;
   }
   PagePool Pool(KV kv) const {
-    const int i = static_cast<int>(kv);
-    return PagePool{codes[i].get(), scale[i].get(), min[i].get(), num_pages};
+    const int k = static_cast<int>(kv);
+    PagePool pool;
+    for (int i = 0; i < layout[k].num_planes; ++i) pool.planes[i] = planes[k][i].get();
+    pool.num_pages = num_pages;
+    return pool;
   }
 };
 
@@ -130,31 +131,27 @@ void ExpectPoolsMatch(const cpu::PagedKVCache& cache, const std::vector<int>& se
                       const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
                       uint8_t poison, const std::string& context) {
   const CacheParams& c = cache.params();
-  const WriteParams* params[2] = {&c.key, &c.value};
   for (KV kv : {KV::kKey, KV::kValue}) {
-    const int i = static_cast<int>(kv);
-    const size_t cb = params[i]->code_bytes();
-    const size_t ng = params[i]->num_groups();
-    std::vector<uint8_t> codes(dev.codes[i].size(), poison);
-    std::vector<uint16_t> scale(dev.scale[i].size(), static_cast<uint16_t>(poison * 0x0101u));
-    std::vector<uint16_t> min(scale);
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const size_t history = cache.HistoryLength(seqs[s]);
-      for (size_t t = 0; t < history; ++t) {
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          const cpu::HistoryRowRef ref = cache.HistoryRow(seqs[s], t, h, kv);
-          const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
-          const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
-          std::copy(ref.codes, ref.codes + cb, codes.begin() + row * cb);
-          std::copy(ref.scale, ref.scale + ng, scale.begin() + row * ng);
-          std::copy(ref.min, ref.min + ng, min.begin() + row * ng);
+    const int k = static_cast<int>(kv);
+    const FormatLayout& layout = dev.layout[k];
+    for (int i = 0; i < layout.num_planes; ++i) {
+      const size_t row_bytes = layout.plane(i).row_bytes();
+      std::vector<uint8_t> want(dev.planes[k][i].size(), poison);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const size_t history = cache.HistoryLength(seqs[s]);
+        for (size_t t = 0; t < history; ++t) {
+          for (int h = 0; h < c.num_kv_heads; ++h) {
+            const uint8_t* ref = cache.HistoryRow(seqs[s], t, h, kv).plane[i];
+            const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
+            const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
+            std::copy(ref, ref + row_bytes, want.begin() + row * row_bytes);
+          }
         }
       }
+      const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
+      EXPECT_TRUE(BitsEqual(want, dev.planes[k][i].Download(), row_bytes,
+                            std::string("pool ") + layout.plane(i).name, ctx));
     }
-    const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
-    EXPECT_TRUE(BitsEqual(codes, dev.codes[i].Download(), cb, "pool codes", ctx));
-    EXPECT_TRUE(BitsEqual(scale, dev.scale[i].Download(), ng, "pool scale", ctx));
-    EXPECT_TRUE(BitsEqual(min, dev.min[i].Download(), ng, "pool min", ctx));
   }
 }
 
@@ -393,7 +390,7 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   auto expect_untouched = [&](const char* call) {
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     for (int kv = 0; kv < 2; ++kv) {
-      for (uint8_t byte : dev.codes[kv].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
+      for (uint8_t byte : dev.planes[kv][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
     }
     for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) {
       for (uint16_t x : buffer->Download()) ASSERT_EQ(x, 0xEEEE) << call << " windows";
@@ -439,7 +436,7 @@ TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
                dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
                Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
   EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
-  for (uint8_t byte : dev.codes[0].Download()) ASSERT_EQ(byte, 0xFF);
+  for (uint8_t byte : dev.planes[0][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
   EXPECT_THROW(CheckErrorFlags(flags.get(), "PrefillWrite"), Error);
 
   // Append at length S0 + W with max_pages = 0: position S0 must demote but has no page.
@@ -451,7 +448,7 @@ TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
              dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
              Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
   EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
-  for (uint8_t byte : dev.codes[1].Download()) ASSERT_EQ(byte, 0xFF);
+  for (uint8_t byte : dev.planes[1][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, PagedWriteTest, ::testing::ValuesIn(Cases()),

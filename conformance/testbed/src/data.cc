@@ -4,28 +4,6 @@
 
 namespace kvq::testbed {
 
-std::vector<float> RandomOrthogonal(int d, SplitMix64* rng) {
-  const size_t n = static_cast<size_t>(d);
-  std::vector<double> m(n * n);
-  for (double& x : m) x = rng->Bell();
-  for (size_t i = 0; i < n; ++i) {
-    double* row = &m[i * n];
-    for (int pass = 0; pass < 2; ++pass) {  // twice for numerical orthogonality
-      for (size_t k = 0; k < i; ++k) {
-        const double* other = &m[k * n];
-        double dot = 0.0;
-        for (size_t j = 0; j < n; ++j) dot += row[j] * other[j];
-        for (size_t j = 0; j < n; ++j) row[j] -= dot * other[j];
-      }
-    }
-    double norm = 0.0;
-    for (size_t j = 0; j < n; ++j) norm += row[j] * row[j];
-    norm = std::sqrt(norm);
-    for (size_t j = 0; j < n; ++j) row[j] /= norm;
-  }
-  return std::vector<float>(m.begin(), m.end());
-}
-
 std::vector<float> RandomMatrix(int d, SplitMix64* rng) {
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> r(static_cast<size_t>(d) * static_cast<size_t>(d));

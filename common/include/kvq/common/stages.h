@@ -58,9 +58,11 @@ const StageSpec& GetStage(StageId id);
 const StageSpec* FindStage(const std::string& name);
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing the stages.
 const StageSpec& StageByName(const std::string& name);
-// Whether the write path of p runs the stage: its family applies (transforms always, codec
-// stages for p.format) and its KVQ_STAGE_WHEN condition, if it has one, holds.
+// Whether the stage may be called under p: transforms always, codec stages of p.format.
 bool StageApplies(const StageSpec& stage, const WriteParams& p);
+// Whether the write path of p runs the stage: it applies and its KVQ_STAGE_WHEN condition, if
+// it has one, holds (what a backend must implement to run p's write path).
+bool StageRuns(const StageSpec& stage, const WriteParams& p);
 // The row counts a call takes are multiples of this: p.tile_tokens() for a stage with a tile
 // argument (kTileChannels, kTilePacked), else 1.
 size_t StageRowMultiple(const StageSpec& stage, const WriteParams& p);

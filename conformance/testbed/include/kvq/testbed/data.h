@@ -15,9 +15,8 @@ namespace kvq::testbed {
 
 using conformance::SplitMix64;
 
-// A random orthogonal d x d matrix (Gram-Schmidt, twice, on a bell-shaped matrix in double),
-// rounded to fp32, row-major.
-std::vector<float> RandomOrthogonal(int d, SplitMix64* rng);
+// A random orthogonal d x d matrix, row-major (Gram-Schmidt twice in double, rounded to fp32).
+using conformance::RandomOrthogonal;
 // A dense d x d matrix of bell-shaped entries / sqrt(d), with a few +0 and -0 (not orthogonal:
 // for stage tests of the dense rotation).
 std::vector<float> RandomMatrix(int d, SplitMix64* rng);

@@ -52,7 +52,8 @@ class StageTester {
 
   // The stage of `backend` against the scalar reference's, outputs poisoned with two different
   // bytes (so an element the backend forgets to write cannot pass). Adds a gtest failure
-  // naming the stage, parameters, seed and row count, and dumps the case (compare.h).
+  // naming the stage, parameters, seed and row count, and dumps the case (compare.h). A backend
+  // that refuses the stage with kUnsupported (no kernel yet) skips the test, naming why.
   void Test(const cpu::Backend& backend) const;
   std::string Name(size_t n) const;
 
