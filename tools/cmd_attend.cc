@@ -2,8 +2,9 @@
 //            (--scheme ID [--calibration C --layer L] |
 //             --rotation-k RK.npy --rotation-v RV.npy | --hadamard | --identity |
 //             --calibration C --layer L)
-//            [--clip-k RHO] [--clip-v RHO] [--bits B] [--group G] [--sink S0] [--recent W]
-//            [--flush F] [--page P] [--seed S] [--saw-block H] [--backend NAME] --out O.npy
+//            [--clip-k RHO] [--clip-v RHO] [--bits B] [--group G] [--tile GK] [--sink S0]
+//            [--recent W] [--flush F] [--page P] [--norm-scope head|token] [--seed S]
+//            [--saw-block H] [--backend NAME] --out O.npy
 // One decode step of one sequence: the T rows of K and V (float32 [T, Hkv, d], rounded to
 // bf16 as the cache stores them) go into a paged cache (bf16 sink | quantized history | bf16
 // recent), and O = attention(Q) over it, Q and O float32 [Hq, d], scale 1/sqrt(d).
@@ -11,10 +12,16 @@
 // --scheme ID: any scheme of the catalogue (calib/schemes.inc; the schemes of `kvq eval`),
 // built exactly as `kvq eval` builds it (calib::BuildLayerScheme) for layer L of calibration C
 // where the scheme needs one, on the calibration's group, bits, sink and recent (without one:
-// 64, 2, 64, 256). Every other flag given is applied afterwards, an override on top of the
-// scheme (and of anything the scheme fixes for itself): --rotation-k/--rotation-v, --hadamard or --identity replace both rotations,
+// 64, 2, 64, 256), unless the scheme fixes its own (KIVI and OScaR: values in groups of 32,
+// S0 = 0, W = 1, F = 128; SAW-INT4: INT4, G = d, S0 = W = 0; DESIGN.md). --tile GK (tokens per
+// tile of a tiled side, default 32), --norm-scope (head | token: the key norm of kivi_norm and
+// ots, default head) and --seed / --saw-block are options of the build. Every other flag given
+// is applied afterwards, an override on top of the scheme (and of anything the scheme fixes for
+// itself): --rotation-k/--rotation-v, --hadamard or --identity replace both rotations,
 // --clip-k / --clip-v replace the per-head ratios, --bits B replaces the scheme's bits
-// (--bits 16: the bf16 cache), --group/--sink/--recent/--flush/--page the cache's.
+// (--bits 16: the bf16 cache), --group the per-token sides' group, --sink/--recent/--flush/
+// --page the cache's. So `--scheme saw_int4 --group 64 --sink 64 --recent 256` is the
+// SAW-INT4 configuration of kvq before spec 1.1.
 //
 // Without --scheme: the rotation flags say how rows are rotated (RK, RV: float32 [d, d] shared
 // by the KV heads, or [Hkv, d, d]); --bits 16 is the bf16 baseline cache (rotation options then
@@ -52,6 +59,8 @@ struct AttendOptions {
   int recent = 256;
   int flush = 1;
   int page = 64;
+  int tile = 32;            // --tile: G_k of a tiled side
+  std::string norm_scope = "head";  // --norm-scope: head | token
   uint64_t seed = 0;        // --seed: random_orthogonal's
   int saw_block = 128;      // --saw-block: saw_int4's FWHT block
   std::string backend;
@@ -60,7 +69,7 @@ struct AttendOptions {
   // Whether each of these was given on the command line (the calibration supplies defaults).
   bool has_layer = false, has_clip_k = false, has_clip_v = false, has_bits = false,
        has_group = false, has_sink = false, has_recent = false, has_flush = false,
-       has_page = false;
+       has_page = false, has_tile = false, has_norm_scope = false;
 };
 
 // What the cache is built from.
@@ -184,6 +193,14 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   }
   const float clip_k = kvq::cli::ParseFloatOption("--clip-k", o.clip_k);
   const float clip_v = kvq::cli::ParseFloatOption("--clip-v", o.clip_v);
+  kvq::calib::ParseNormScope(o.norm_scope);
+  KVQ_CHECK(!o.has_norm_scope || scheme.norm != kvq::calib::SchemeNorm::kNone, kInvalidArgument,
+            "--norm-scope applies to the schemes with a key norm (kivi_norm, ots), not --scheme ",
+            o.scheme);
+  KVQ_CHECK(!o.has_tile || scheme.format_k == kvq::Format::kAffineTile ||
+                scheme.format_v == kvq::Format::kAffineTile,
+            kInvalidArgument, "--tile applies to the schemes with tiled keys (kivi, "
+            "kivi_hadamard, kivi_norm, ots), not --scheme ", o.scheme);
 
   std::unique_ptr<kvq::calib::Calibration> cal;
   if (calibrated) {
@@ -203,6 +220,8 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   }
   options.seed = o.seed;
   options.saw_block = o.saw_block;
+  options.tile = o.tile;
+  options.norm_scope = kvq::calib::ParseNormScope(o.norm_scope);
   kvq::calib::SchemeShape shape;
   shape.num_layers = cal ? cal->info.num_layers : 1;
   shape.num_kv_heads = in.hkv;
@@ -218,7 +237,10 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   s.clip_k = std::move(built.clip_k);
   s.clip_v = std::move(built.clip_v);
   kvq::CacheParams& p = s.params;
-  if (o.has_group) p.key.group = p.value.group = o.group;
+  // --group is the per-token sides' G (a tiled side's G_k comes from --tile).
+  for (kvq::WriteParams* w : {&p.key, &p.value}) {
+    if (o.has_group && w->format != kvq::Format::kAffineTile) w->group = o.group;
+  }
   if (o.has_sink) p.sink = o.sink;
   if (o.has_recent) p.recent = o.recent;
   if (o.has_flush) p.flush = o.flush;
@@ -267,6 +289,9 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
 // No --scheme: the rotation flags (or a calibration's OSCAR layer) say everything.
 CacheSetup FlagSetup(const AttendOptions& o, Inputs& in) {
   CheckLayerOptions(o);
+  KVQ_CHECK(!o.has_tile && !o.has_norm_scope, kInvalidArgument,
+            o.has_tile ? "--tile" : "--norm-scope", " needs --scheme (kivi, kivi_hadamard, "
+            "kivi_norm or ots)");
   const bool dense = !o.rotation_k.empty() || !o.rotation_v.empty();
   const int chosen = (dense ? 1 : 0) + (o.hadamard ? 1 : 0) + (o.identity ? 1 : 0);
   KVQ_CHECK(o.bits == 2 || o.bits == 4 || o.bits == 16, kInvalidArgument, "--bits ", o.bits,
@@ -384,15 +409,25 @@ void setup_attend(CLI::App& app) {
   CLI::Option* sink =
       command->add_option("--sink", o->sink, "bf16 sink tokens S0")->capture_default_str();
   CLI::Option* recent =
-      command->add_option("--recent", o->recent, "bf16 recent window W")->capture_default_str();
+      command->add_option("--recent", o->recent, "bf16 recent window W (0: none)")
+          ->capture_default_str();
   CLI::Option* flush =
       command->add_option("--flush", o->flush, "history flush granularity F (tokens)")
           ->capture_default_str();
   CLI::Option* page =
       command->add_option("--page", o->page, "history tokens per page P")->capture_default_str();
+  CLI::Option* tile = command->add_option("--tile", o->tile,
+                                          "tokens per tile G_k of a tiled side (with --scheme: "
+                                          "kivi, kivi_hadamard, kivi_norm, ots)")
+                          ->capture_default_str();
+  CLI::Option* norm_scope =
+      command->add_option("--norm-scope", o->norm_scope,
+                          "the key norm's scope, head or token (with --scheme kivi_norm, ots)")
+          ->capture_default_str();
   command->add_option("--seed", o->seed, "random_orthogonal's seed (with --scheme)")
       ->capture_default_str();
-  command->add_option("--saw-block", o->saw_block, "saw_int4's FWHT block (with --scheme)")
+  command->add_option("--saw-block", o->saw_block,
+                      "the SAW schemes' FWHT block (with --scheme; clamped to d)")
       ->capture_default_str();
   command->add_option("--backend", o->backend,
                       "CPU backend (scalar, hwy_avx3, ...; default: the best one)");
@@ -406,6 +441,8 @@ void setup_attend(CLI::App& app) {
     o->has_recent = recent->count() > 0;
     o->has_flush = flush->count() > 0;
     o->has_page = page->count() > 0;
+    o->has_tile = tile->count() > 0;
+    o->has_norm_scope = norm_scope->count() > 0;
     RunAttend(*o);
   });
 }

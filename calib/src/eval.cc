@@ -113,7 +113,7 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
   if (names.empty()) names = ParseSchemeList("all");
   bool wants_raw_target = false;
   for (const std::string& n : names) {
-    wants_raw_target = wants_raw_target || SchemeByName(n).rotation == SchemeRotation::kRawTarget;
+    wants_raw_target = wants_raw_target || SchemeByName(n).rotation_k == SchemeRotation::kRawTarget;
   }
   // A format_version 1 calibration lacks the raw-target rotations: make them from this
   // capture's calibration tokens exactly as kvq calibrate would have.

@@ -1,6 +1,7 @@
 #include "kvq/calib/schemes.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -16,9 +17,14 @@ namespace {
 // The catalogue (schemes.inc) as a table.
 const std::vector<SchemeInfo>& Table() {
   static const std::vector<SchemeInfo> table = {
-#define KVQ_SCHEME(id, rotation, format, bits, clip, calibration, summary)                   \
-  SchemeInfo{#id, summary, calibration, SchemeRotation::k##rotation, Format::k##format, bits, \
-             ClipPolicy::clip},
+#define KVQ_SCHEME(id, rotation_k, rotation_v, format_k, format_v, norm, bits, group, windows,  \
+                   clip, calibration, summary)                                                \
+  SchemeInfo{#id,                          summary,                                          \
+             calibration,                  SchemeRotation::k##rotation_k,                    \
+             SchemeRotation::k##rotation_v, Format::k##format_k,                             \
+             Format::k##format_v,          SchemeNorm::norm,                                 \
+             bits,                         group,                                            \
+             windows,                      ClipPolicy::clip},
 #include "kvq/calib/schemes.inc"
 #undef KVQ_SCHEME
   };
@@ -42,6 +48,35 @@ void AppendMatrix(const MatrixXd& m, std::vector<float>& out) {
 
 MatrixXd StoredMatrix(const std::vector<float>& all, int head, int d) {
   return FromRowMajorF32(all.data() + static_cast<size_t>(head) * d * d, d, d);
+}
+
+// The block-diagonal normalised Hadamard matrix of blocks of `block` (fp64).
+MatrixXd BlockHadamard(int d, int block) {
+  MatrixXd h = MatrixXd::Zero(d, d);
+  const MatrixXd b = HadamardMatrix(block);
+  for (int start = 0; start < d; start += block) h.block(start, start, block, block) = b;
+  return h;
+}
+
+// saw_hessian's rotation (seeds/003 App. A.3, kvq's reading): M = the layer-pooled query second
+// moment, the mean over the layer's KV heads of C_Q rebuilt as U·diag(λ)·Uᵀ from the
+// calibration (each KV head's C_Q is the mean over its g query heads, so this pools every query
+// head of the layer); M' = H_bd·M·H_bd, the second moment of the block-rotated queries;
+// U' its sorted eigenbasis after damping M' + α·mean(diag M')·I; R = H_bd·U' in fp64.
+MatrixXd HessianBlockRotation(const LayerCalibration& lc, int hkv, int d, int block,
+                              double damping) {
+  MatrixXd m = MatrixXd::Zero(d, d);
+  for (int h = 0; h < hkv; ++h) {
+    const MatrixXd u = StoredMatrix(lc.k_basis, h, d);
+    VectorXd lambda(d);
+    for (int i = 0; i < d; ++i) lambda(i) = lc.k_eigenvalues[static_cast<size_t>(h) * d + i];
+    m += u * lambda.asDiagonal() * u.transpose();
+  }
+  m /= hkv;
+  const MatrixXd hbd = BlockHadamard(d, block);
+  MatrixXd rotated = hbd.transpose() * m * hbd;
+  rotated = 0.5 * (rotated + rotated.transpose());  // exactly symmetric for the eigensolver
+  return hbd * SortedEigenBasis(rotated, damping).vectors;
 }
 
 }  // namespace
@@ -99,6 +134,21 @@ std::vector<std::string> ParseSchemeList(const std::string& list) {
   return names;
 }
 
+const char* NormScopeName(NormScope scope) {
+  switch (scope) {
+    case NormScope::kHead: return "head";
+    case NormScope::kToken: return "token";
+  }
+  return "unknown";
+}
+
+NormScope ParseNormScope(const std::string& name) {
+  if (name == "head") return NormScope::kHead;
+  if (name == "token") return NormScope::kToken;
+  KVQ_CHECK(false, kInvalidArgument, "norm scope '", name, "' (head or token)");
+  return NormScope::kHead;
+}
+
 LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& o) {
   const SchemeInfo& info = SchemeByName(name);
@@ -116,18 +166,34 @@ LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
   CacheParams& p = s.params;
   p.num_kv_heads = hkv;
   p.num_q_heads = shape.num_q_heads;
-  p.sink = o.sink;
-  p.recent = o.recent;
+  const SchemeWindows windows = info.windows.shared()
+                                    ? SchemeWindows(o.sink, o.recent, o.flush)
+                                    : info.windows;
+  p.sink = windows.sink;
+  p.recent = windows.recent;
+  p.flush = windows.flush;
   p.page_size = o.page;
-  for (WriteParams* w : {&p.key, &p.value}) {
+  const Format formats[2] = {info.format_k, info.format_v};
+  WriteParams* sides[2] = {&p.key, &p.value};
+  for (int side = 0; side < 2; ++side) {
+    WriteParams* w = sides[side];
     w->head_dim = d;
-    w->format = info.format;
-    w->group = o.group;
+    w->format = formats[side];
+    w->group = w->format == Format::kAffineTile ? o.tile : info.GroupUnder(o, d);
     w->bits = info.BitsUnder(o);
     w->clip = 1.0f;
     w->rotation = RotationKind::kIdentity;
     w->hadamard_block = 0;
     w->bitrev = false;
+    w->norm = false;
+    w->norm_heads = 1;
+  }
+  // A page holds whole tiles: P (a power of two, as G_k is) rises to G_k when it is smaller. The
+  // page size only places rows in memory; no stored bit or output depends on it.
+  for (const WriteParams* w : sides) p.page_size = std::max(p.page_size, w->tile_tokens());
+  if (info.norm == SchemeNorm::kKeys) {
+    p.key.norm = true;
+    p.key.norm_heads = o.norm_scope == NormScope::kToken ? hkv : 1;
   }
   const LayerCalibration* lc = info.needs_calibration ? &cal->layers[layer] : nullptr;
   switch (info.clip) {
@@ -137,69 +203,83 @@ LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
       s.clip_v = lc->v_clip;
       break;
   }
-  auto dense = [&](auto&& make /* (head, keys) -> MatrixXd */) {
-    p.key.rotation = p.value.rotation = RotationKind::kDense;
-    for (int h = 0; h < hkv; ++h) {
-      AppendMatrix(make(h, true), s.rotation_k);
-      AppendMatrix(make(h, false), s.rotation_v);
-    }
-  };
-  auto stored = [&](const std::vector<float>& k, const std::vector<float>& v) {
-    p.key.rotation = p.value.rotation = RotationKind::kDense;
-    s.rotation_k = k;
-    s.rotation_v = v;
-  };
   auto basis = [&](int h, bool keys) {
     return StoredMatrix(keys ? lc->k_basis : lc->v_basis, h, d);
   };
+  const auto saw_block = [&]() {
+    KVQ_CHECK(o.saw_block >= 16 && o.saw_block <= 256 && (o.saw_block & (o.saw_block - 1)) == 0,
+              kInvalidArgument, "saw_block ", o.saw_block,
+              " must be a power of two in [16, 256]");
+    return std::min(o.saw_block, d);
+  };
 
-  // The one place that turns a catalogue row's rotation into matrices and flags.
-  switch (info.rotation) {
-    case SchemeRotation::kIdentity: break;
-    case SchemeRotation::kHadamard:
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      break;
-    case SchemeRotation::kHadamardBitrev:
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      p.key.bitrev = p.value.bitrev = true;
-      break;
-    case SchemeRotation::kBlockHadamard: {
-      KVQ_CHECK(o.saw_block >= 16 && o.saw_block <= 256 && (o.saw_block & (o.saw_block - 1)) == 0,
-                kInvalidArgument, "saw_block ", o.saw_block,
-                " must be a power of two in [16, 256]");
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      const int block = std::min(o.saw_block, d);
-      p.key.hadamard_block = p.value.hadamard_block = block == d ? 0 : block;
-      break;
+  // The one place that turns a catalogue row's rotation into matrices and flags, per side.
+  for (int side = 0; side < 2; ++side) {
+    const bool keys = side == 0;
+    WriteParams* w = sides[side];
+    std::vector<float>& matrices = keys ? s.rotation_k : s.rotation_v;
+    auto dense = [&](auto&& make /* (head) -> MatrixXd */) {
+      w->rotation = RotationKind::kDense;
+      for (int h = 0; h < hkv; ++h) AppendMatrix(make(h), matrices);
+    };
+    auto stored = [&](const std::vector<float>& all) {
+      w->rotation = RotationKind::kDense;
+      matrices = all;
+    };
+    switch (keys ? info.rotation_k : info.rotation_v) {
+      case SchemeRotation::kIdentity: break;
+      case SchemeRotation::kHadamard:
+        w->rotation = RotationKind::kHadamard;
+        break;
+      case SchemeRotation::kHadamardBitrev:
+        w->rotation = RotationKind::kHadamard;
+        w->bitrev = true;
+        break;
+      case SchemeRotation::kBlockHadamard: {
+        const int block = saw_block();
+        w->rotation = RotationKind::kHadamard;
+        w->hadamard_block = block == d ? 0 : block;
+        break;
+      }
+      case SchemeRotation::kRandomOrthogonal:
+        dense([&](int h) {
+          const uint64_t key = DeriveSeed(o.seed, {static_cast<uint64_t>(layer),
+                                                   static_cast<uint64_t>(h), keys ? 0u : 1u});
+          return RandomOrthogonal(d, key);
+        });
+        break;
+      case SchemeRotation::kRawTarget:
+        KVQ_CHECK(!lc->raw_k_rotation.empty() && !lc->raw_v_rotation.empty(), kInvalidArgument,
+                  "scheme '", name, "' needs the calibration's raw-target rotations (tensors "
+                  "layers.", layer, ".raw_k_rotation and layers.", layer,
+                  ".raw_v_rotation), which this calibration lacks: it is a format_version ",
+                  kCalibrationFormatVersionWithoutRawTarget, " file; re-run kvq calibrate to get "
+                  "format_version ", kCalibrationFormatVersion);
+        stored(keys ? lc->raw_k_rotation : lc->raw_v_rotation);
+        break;
+      case SchemeRotation::kEigenbasis:
+        dense([&](int h) { return basis(h, keys); });
+        break;
+      case SchemeRotation::kEigenbasisBitrev:
+        dense([&](int h) { return BasisBitReversal(basis(h, keys)); });
+        break;
+      case SchemeRotation::kEigenbasisHadamard:
+        dense([&](int h) { return BasisHadamard(basis(h, keys)); });
+        break;
+      case SchemeRotation::kCalibrated:
+        stored(keys ? lc->k_rotation : lc->v_rotation);
+        break;
+      case SchemeRotation::kHessianBlock: {
+        KVQ_CHECK(cal->info.rotation != "raw_target", kInvalidArgument, "scheme '", name,
+                  "' rebuilds C_Q from the calibration's key bases, but this calibration's "
+                  "(rotation recipe raw_target) are those of K^T K");
+        KVQ_CHECK(std::isfinite(o.hessian_damping) && o.hessian_damping >= 0, kInvalidArgument,
+                  "hessian damping ", o.hessian_damping, " must be finite and >= 0");
+        const MatrixXd r = HessianBlockRotation(*lc, hkv, d, saw_block(), o.hessian_damping);
+        dense([&](int) { return r; });
+        break;
+      }
     }
-    case SchemeRotation::kRandomOrthogonal:
-      dense([&](int h, bool keys) {
-        const uint64_t key = DeriveSeed(o.seed, {static_cast<uint64_t>(layer),
-                                                 static_cast<uint64_t>(h), keys ? 0u : 1u});
-        return RandomOrthogonal(d, key);
-      });
-      break;
-    case SchemeRotation::kRawTarget:
-      KVQ_CHECK(!lc->raw_k_rotation.empty() && !lc->raw_v_rotation.empty(), kInvalidArgument,
-                "scheme '", name, "' needs the calibration's raw-target rotations (tensors "
-                "layers.", layer, ".raw_k_rotation and layers.", layer,
-                ".raw_v_rotation), which this calibration lacks: it is a format_version ",
-                kCalibrationFormatVersionWithoutRawTarget, " file; re-run kvq calibrate to get "
-                "format_version ", kCalibrationFormatVersion);
-      stored(lc->raw_k_rotation, lc->raw_v_rotation);
-      break;
-    case SchemeRotation::kEigenbasis:
-      dense([&](int h, bool keys) { return basis(h, keys); });
-      break;
-    case SchemeRotation::kEigenbasisBitrev:
-      dense([&](int h, bool keys) { return BasisBitReversal(basis(h, keys)); });
-      break;
-    case SchemeRotation::kEigenbasisHadamard:
-      dense([&](int h, bool keys) { return BasisHadamard(basis(h, keys)); });
-      break;
-    case SchemeRotation::kCalibrated:
-      stored(lc->k_rotation, lc->v_rotation);
-      break;
   }
   p.Validate();
   return s;
@@ -235,6 +315,12 @@ LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head) {
   const CacheParams& p = scheme.params;
   KVQ_CHECK(kv_head >= 0 && kv_head < p.num_kv_heads, kInvalidArgument, "KV head ", kv_head,
             " out of range [0, ", p.num_kv_heads, ")");
+  for (const WriteParams* w : {&p.key, &p.value}) {
+    KVQ_CHECK(!w->quantized() || !w->norm || w->norm_heads == 1 || p.num_kv_heads == 1,
+              kUnsupported, "a norm over every KV head of a token (norm scope token) couples the "
+              "heads: one KV head cannot be taken alone (evaluate the whole layer, e.g. kvq "
+              "attend)");
+  }
   LayerScheme s;
   s.params = p;
   s.params.num_kv_heads = 1;

@@ -57,6 +57,14 @@ void AddSchemeAttentionCases(VectorCollector* out) {
     CacheConfig c;
     c.name = std::string("scheme_") + info.name;
     c.params = s.params;
+    // A scheme flushing more than the script's 40 tokens could reach (KIVI's F = 128) flushes
+    // a tile at a time here, so the case has history.
+    std::string overrides;
+    if (c.params.flush > 32) {
+      c.params.flush = c.params.key.tile_tokens();
+      overrides = " F=" + std::to_string(c.params.flush) + " (the scheme's own F is " +
+                  std::to_string(s.params.flush) + ")";
+    }
     c.clip_k = s.clip_k;
     c.clip_v = s.clip_v;
     const bool dense_k = s.params.key.rotation == RotationKind::kDense;
@@ -85,7 +93,7 @@ void AddSchemeAttentionCases(VectorCollector* out) {
         "G=" + std::to_string(options.group) + " b=" + std::to_string(options.bits) +
         " S0=" + std::to_string(options.sink) + " W=" + std::to_string(options.recent) +
         " P=" + std::to_string(options.page) + " seed=" + std::to_string(options.seed) +
-        " saw_block=" + std::to_string(options.saw_block);
+        " saw_block=" + std::to_string(options.saw_block) + overrides;
     if (info.needs_calibration) {
       c.metadata["scheme_calibration"] =
           "calib::SyntheticCalibration(Hkv=1, Hq=2, d=64, " + std::to_string(kCalibrationTokens) +

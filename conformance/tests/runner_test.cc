@@ -398,11 +398,11 @@ TEST(ConformanceGenerator, SameSeedSameBytesOtherSeedOtherData) {
 TEST(ConformanceGenerator, SetStaysSmall) {
   uint64_t total = 0;
   for (const GeneratedFile& f : Generated()) total += f.bytes.size();
-  // 3 MB for the spec-1.0 families, 371,953 bytes for attention/scheme_* (one case per scheme
-  // of the catalogue, their fixtures, their manifest lines), and BUDGET_11 bytes for spec 1.1's
-  // families (the norm, the affine_tile codec, their pipelines, the KIVI, OScaR, SAW-INT4,
-  // W = 0 and F > 1 caches).
-  EXPECT_LE(total, 6000000u) << "the golden vectors grew past 6 MB";
+  // 3 MB for the spec-1.0 families, 485,608 bytes for attention/scheme_* (one case per scheme
+  // of the catalogue, 19 of them, and their fixtures), 1.86 MB for spec 1.1's families (the
+  // norm, the affine_tile codec, their pipelines, the KIVI, OScaR, SAW-INT4, W = 0 and F > 1
+  // caches) and the manifest's lines: 5,335,181 bytes today.
+  EXPECT_LE(total, 5400000u) << "the golden vectors grew past 5.4 MB";
 }
 
 // Every case carries the version whose rules it exercises: spec 1.0's cases kept "1.0" (their

@@ -29,6 +29,8 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
   const CacheParams& p = m.params;
   KVQ_CHECK(p.flush == 1, kUnsupported, "flush F = ", p.flush,
             " is not supported by the CUDA decode attention (F = 1 only)");
+  KVQ_CHECK(!p.quantized() || p.recent >= 1, kUnsupported,
+            "recent window W = 0 is not supported by the CUDA decode attention (spec 1.1)");
   const int d = p.head_dim(), hkv = p.num_kv_heads, page = p.page_size;
   const size_t row = static_cast<size_t>(hkv) * d;
   const int batch = static_cast<int>(seqs.size());

@@ -57,6 +57,8 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 void CheckFusedFormat(const WriteParams& p, const char* what) {
   KVQ_CHECK(p.format == Format::kAffineToken, kUnsupported, what,
             ": the CUDA fused write stores the affine_token format, not ", FormatName(p.format));
+  KVQ_CHECK(IsSupportedGroup(p.group), kUnsupported, what, ": group ", p.group,
+            " (G = d = 256, spec 1.1) has no CUDA fused write (32, 64 or 128)");
   CheckKernelLayout(p, what);
 }
 

@@ -20,20 +20,45 @@
 
 namespace kvq::calib {
 
-// The knobs every scheme shares. bits applies to every quantized scheme whose catalogue row
-// says kSharedBits (saw_int4 is INT4 by definition).
+// Where a key norm spans (the `norm` column's scope): one norm per token and KV head (kvq's
+// default, the seed's reading), or one per token over every KV head's rotated row laid end to
+// end (the OScaR authors' code; couples the heads, so per-head evaluation refuses it).
+enum class NormScope : int { kHead, kToken };
+const char* NormScopeName(NormScope scope);      // "head", "token"
+NormScope ParseNormScope(const std::string& name);  // throws kInvalidArgument naming it
+
+// The knobs every scheme shares. A catalogue column that says "shared" takes these; a scheme's
+// own value (saw_int4's INT4 and G = d, KIVI's windows) beats them.
 struct SchemeOptions {
-  int group = 64;     // G
+  int group = 64;     // G (per-token groups of the schemes whose group column is kSharedGroup)
   int bits = 2;       // b
   int sink = 64;      // S0 (BF16 sink tokens)
   int recent = 256;   // W (BF16 recent window)
-  int page = 64;      // P (history tokens per page)
+  int flush = 1;      // F (history flush granularity)
+  int page = 64;      // P (history tokens per page; raised to G_k for a tiled side)
+  int tile = 32;      // G_k: tokens per tile of an affine_tile side (KIVI, OScaR keys)
+  NormScope norm_scope = NormScope::kHead;  // the key norm's scope (kivi_norm, ots)
   uint64_t seed = 0;  // random_orthogonal's seed
-  int saw_block = 128;  // saw_int4's FWHT block (16..d, a power of two; clamped to d)
+  int saw_block = 128;  // the SAW schemes' FWHT block (16..256, a power of two; clamped to d)
+  double hessian_damping = 0.01;  // saw_hessian: M + α·mean(diag M)·I (seeds/003 App. A.3)
 };
 
 // The `bits` column's "use SchemeOptions::bits".
 inline constexpr int kSharedBits = 0;
+// The `group` column's "use SchemeOptions::group" and "G = d".
+inline constexpr int kSharedGroup = 0;
+inline constexpr int kRowGroup = -1;
+
+// The `windows` column: a scheme's own (S0, W, F), or kSharedWindows (SchemeOptions').
+struct SchemeWindows {
+  int sink, recent, flush;
+  constexpr SchemeWindows(int s, int w, int f) : sink(s), recent(w), flush(f) {}
+  constexpr bool shared() const { return sink < 0; }
+};
+inline constexpr SchemeWindows kSharedWindows(-1, -1, -1);
+
+// Whether the keys are divided by their norm (the `norm` column).
+enum class SchemeNorm : int { kNone, kKeys };
 
 // How a scheme's K and V rotations are made (the `rotation` column).
 enum class SchemeRotation : int {
@@ -47,6 +72,8 @@ enum class SchemeRotation : int {
   kEigenbasisBitrev,    // U·P_br
   kEigenbasisHadamard,  // U·H
   kCalibrated,          // the calibration's R (k_rotation / v_rotation)
+  kHessianBlock,        // H_bd·U', U' the sorted eigenbasis of H_bd·M·H_bd + α·mean(diag)·I,
+                        // M the layer-pooled C_Q rebuilt from the calibration's U·diag(λ)·Uᵀ
 };
 
 // Where a scheme's clip ratios come from (the `clip` column).
@@ -59,16 +86,23 @@ const char* ClipPolicyName(ClipPolicy policy);  // "none", "calibration"
 struct SchemeInfo {
   const char* name;
   const char* description;  // one line naming the paper or seed, for --help and reports
-  bool needs_calibration;   // reads R, U, U' or ρ from the calibration
-  SchemeRotation rotation;
-  Format format;            // the history format (bf16: nothing quantized)
+  bool needs_calibration;   // reads R, U, U', C_Q or ρ from the calibration
+  SchemeRotation rotation_k, rotation_v;
+  Format format_k, format_v;  // the history formats (bf16: nothing quantized)
+  SchemeNorm norm;
   int bits;                 // kSharedBits, or the scheme's own width
+  int group;                // kSharedGroup, kRowGroup, or the scheme's own G
+  SchemeWindows windows;    // kSharedWindows, or the scheme's own (S0, W, F)
   ClipPolicy clip;
 
-  bool quantized() const { return format != Format::kBf16; }
+  bool quantized() const { return format_k != Format::kBf16; }
   // The bits the scheme quantizes with under `options` (its own, or options.bits).
   int BitsUnder(const SchemeOptions& options) const {
     return bits == kSharedBits ? options.bits : bits;
+  }
+  // The per-token group at head_dim d under `options`.
+  int GroupUnder(const SchemeOptions& options, int d) const {
+    return group == kSharedGroup ? options.group : (group == kRowGroup ? d : group);
   }
 };
 
@@ -106,7 +140,8 @@ struct LayerScheme {
 // calibration that lacks the raw-target rotations (a format_version 1 file; kInvalidArgument
 // naming the missing tensor), options the cache rejects (group, bits, sink, recent, page;
 // kInvalidArgument from CacheParams::Validate), a saw_block that is not a power of two in
-// [16, 256].
+// [16, 256], saw_hessian with a calibration whose key bases are not C_Q's (rotation recipe
+// raw_target) or a damping < 0.
 LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& options);
 // The same with the shape of an activation capture.
@@ -123,7 +158,8 @@ Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& 
                                  int64_t tokens, uint64_t seed, int threads = 2);
 
 // The same scheme restricted to one KV head (Hkv = 1, Hq = the head's g query heads): the
-// matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range.
+// matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range,
+// kUnsupported for a token-scope norm over several KV heads (it couples them).
 LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head);
 
 }  // namespace kvq::calib
