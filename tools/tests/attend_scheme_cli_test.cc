@@ -246,6 +246,80 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
   EXPECT_TRUE(SameBits(Cli("--bits 16", "o11.npy"), bf16));
 }
 
+// Issue 17's contract: `kvq attend --scheme ID [--bits B] [--group G] [--tile GK] [--flush F]
+// [--sink S0] [--recent W] [--norm-scope head|token]` with the catalogue's defaults, each flag
+// doing what the library does, and the output within the CPU oracle's tolerance of the fp64
+// reference over the dequantized history.
+TEST_F(AttendSchemeCli, Spec11SchemesAndFlags) {
+  const calib::SchemeOptions o = Options(false);
+  for (const char* name : {"kivi", "kivi_hadamard", "kivi_norm", "ots", "saw_int4", "saw_int4_k",
+                           "saw_hessian"}) {
+    const bool calibrated = calib::SchemeByName(name).needs_calibration;
+    const std::string args = std::string("--scheme ") + name +
+                             (calibrated ? " --calibration c.safetensors --layer 1" : "");
+    const std::vector<float> got = Cli(args, std::string("c_") + name + ".npy");
+    const calib::LayerScheme built = calib::BuildLayerScheme(name, Shape(), calibrated ? cal_ : nullptr,
+                                                            calibrated ? 1 : 0, Options(calibrated));
+    cpu::PagedKVCache cache(built.params, built.rotation_k, built.rotation_v, built.clip_k,
+                            built.clip_v);
+    const int seq = cache.AddSequence();
+    cache.Prefill(seq, k_.data(), v_.data(), kTokens);
+    ASSERT_GT(cache.HistoryLength(seq), 0u) << name;
+    std::vector<double> ref(q_.size());
+    cpu::AttendReferenceF64(cache, seq, q_.data(), ref.data());
+    for (double e : cpu::RelativeErrorPerHead(got.data(), ref.data(), kQHeads, kHeadDim)) {
+      EXPECT_LE(e, cpu::kAttentionOracleTolerance) << name;
+    }
+  }
+  // --norm-scope token: one norm per token over both KV heads.
+  calib::SchemeOptions token = o;
+  token.norm_scope = calib::NormScope::kToken;
+  const std::vector<float> ots_token = Cli("--scheme ots --norm-scope token", "n1.npy");
+  EXPECT_TRUE(SameBits(ots_token, Library(calib::BuildLayerScheme("ots", Shape(), nullptr, 0, token))));
+  EXPECT_FALSE(SameBits(ots_token, Cli("--scheme ots --norm-scope head", "n2.npy")));
+  EXPECT_TRUE(SameBits(Cli("--scheme ots --norm-scope head", "n3.npy"), Cli("--scheme ots", "n4.npy")));
+  // --tile and --flush: tiles of 64 flushed 64 at a time (T = 400, W = 1: 384 history tokens
+  // either way, so the tile alone changes the bits).
+  calib::SchemeOptions tile64 = o;
+  tile64.tile = 64;
+  const std::vector<float> kivi64 = Cli("--scheme kivi --tile 64 --flush 64", "t1.npy");
+  EXPECT_TRUE(SameBits(kivi64, Library(calib::BuildLayerScheme("kivi", Shape(), nullptr, 0, tile64),
+                                       [](calib::LayerScheme& s) { s.params.flush = 64; })));
+  EXPECT_FALSE(SameBits(kivi64, Cli("--scheme kivi --flush 64", "t2.npy")));
+  // --group is the per-token side's group (KIVI's values), not the keys' tile.
+  const calib::LayerScheme kivi = calib::BuildLayerScheme("kivi", Shape(), nullptr, 0, o);
+  const std::vector<float> kivi_g64 = Cli("--scheme kivi --group 64", "t3.npy");
+  EXPECT_TRUE(SameBits(kivi_g64, Library(kivi, [](calib::LayerScheme& s) {
+                         s.params.value.group = 64;
+                       })));
+  EXPECT_FALSE(SameBits(kivi_g64, Library(kivi)));
+  // --recent 0 and --sink 0: every token straight to the history.
+  const std::vector<float> w0 = Cli("--scheme naive --sink 0 --recent 0", "w0.npy");
+  EXPECT_TRUE(SameBits(w0, Library(calib::BuildLayerScheme("naive", Shape(), nullptr, 0, o),
+                                   [](calib::LayerScheme& s) {
+                                     s.params.sink = 0;
+                                     s.params.recent = 0;
+                                   })));
+  // The SAW-INT4 configuration of kvq before spec 1.1, by flags: G = 64, S0 = 64, W = 256, the
+  // FWHT (block min(128, d) = d) on K and V, INT4.
+  const std::vector<float> old_saw = Cli("--scheme saw_int4 --group 64 --sink 64 --recent 256", "s1.npy");
+  calib::LayerScheme legacy;
+  CacheParams& p = legacy.params;
+  p.num_kv_heads = kKvHeads;
+  p.num_q_heads = kQHeads;
+  p.sink = 64;
+  p.recent = 256;
+  p.page_size = 64;
+  for (WriteParams* w : {&p.key, &p.value}) {
+    w->head_dim = kHeadDim;
+    w->group = 64;
+    w->bits = 4;
+    w->rotation = RotationKind::kHadamard;
+  }
+  EXPECT_TRUE(SameBits(old_saw, Library(legacy)));
+  EXPECT_FALSE(SameBits(old_saw, Cli("--scheme saw_int4", "s2.npy")));
+}
+
 TEST_F(AttendSchemeCli, MisuseFailsNamingTheValue) {
   const ScratchDir& dir = *dir_;
   const std::string base = "attend --q q.npy --k k.npy --v v.npy --out bad.npy ";
@@ -273,6 +347,13 @@ TEST_F(AttendSchemeCli, MisuseFailsNamingTheValue) {
   ExpectFailure(dir, base + "--scheme naive --flush 0", bad, {"flush granularity 0"});
   ExpectFailure(dir, base + "--scheme saw_int4 --saw-block 48", bad, {"saw_block 48"});
   ExpectFailure(dir, base + "--scheme naive --clip-k 1.5", bad, {"clip", "1.5"});
+  ExpectFailure(dir, base + "--scheme naive --norm-scope token", bad, {"--norm-scope", "naive"});
+  ExpectFailure(dir, base + "--scheme ots --norm-scope layer", bad, {"norm scope 'layer'"});
+  ExpectFailure(dir, base + "--scheme saw_int4 --tile 64", bad, {"--tile", "saw_int4"});
+  ExpectFailure(dir, base + "--scheme kivi --tile 48", bad, {"tile size 48"});
+  ExpectFailure(dir, base + "--scheme kivi --flush 48", bad, {"flush granularity 48"});
+  ExpectFailure(dir, base + "--scheme kivi --page 16", bad, {"page size 16"});
+  ExpectFailure(dir, base + "--hadamard --tile 32", bad, {"--tile", "needs --scheme"});
 }
 
 }  // namespace
