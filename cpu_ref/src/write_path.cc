@@ -280,8 +280,8 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
       for (size_t r = 0; r < n; ++r) {
         KVQ_CHECK(!IsNonFinite(F32FromBf16(norms[r])), kNonFinite, "the norm of row ", r,
                   span_heads > 1 ? " (all KV heads)" : where(first).c_str(),
-                  " overflows: its squared length exceeds the fp32 range (|x~| up to about 2^63 "
-                  "is supported with a norm)");
+                  " overflows: its squared length exceeds the fp32 range (a norm supports rows "
+                  "of length up to about 2^63)");
       }
       for (size_t k = 0; k < span_heads; ++k) {
         QuantizedRows& q = out[first + k];

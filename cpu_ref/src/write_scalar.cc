@@ -86,7 +86,7 @@ void Clip(float* x, float* tau, size_t n, const WriteParams& p) {
   }
 }
 
-// The tree norm of each span of m = d * norm_heads values (numerics.md §5): squares in fp32,
+// The tree norm of each span of m = d * norm_heads values (numerics.md §5.1): squares in fp32,
 // padded with +0 to a power of two M, folded by a[j] = a[j] + a[j + h] for h = M/2, ..., 1;
 // n = sqrtf(a[0]) (correctly rounded), n^ = bf16(n); the span becomes x / n^ (IEEE), or +0
 // everywhere when n^ = 0.
