@@ -150,35 +150,60 @@ class AffineTokenRun {
 
 // A tile stores each channel's codes along the tokens, so a row's channels are G_k*b/8 bytes
 // apart: the run is decoded once per call into fp32 rows (into `decoded`, [n, d]), the exact
-// values code * scale + min (times n^ with a norm) of the codec, and read from there.
+// values code * scale + min (times n^ with a norm) of the codec, and read from there. Per tile,
+// the channel-major bytes are transposed to [G_k*b/8][d] (bytes), then each token's codes come
+// out lane-wise over the channels (shift and mask) and are dequantized with the tile's
+// per-channel (scale, min) held as fp32 vectors.
 class AffineTileRun {
  public:
   AffineTileRun(const HistoryRunView& rows, size_t n, const WriteParams& p,
                 std::vector<float>* decoded)
       : d_(static_cast<size_t>(p.head_dim)) {
-    decoded->resize(n * d_);
-    rows_ = decoded->data();
+    const DF df;
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    const size_t lanes = hn::Lanes(df);
     const size_t tile = static_cast<size_t>(p.tile_tokens());
     const size_t slice = static_cast<size_t>(p.tile_channel_bytes());
-    const uint32_t mask = static_cast<uint32_t>(p.levels());
+    const size_t offset = static_cast<size_t>(rows.tile_offset);
+    const size_t tiles = (offset + n + tile - 1) / tile;
     const int norm_plane = p.norm ? LayoutOf(p).Find("norm") : -1;
     const uint16_t* norms =
         norm_plane >= 0 ? reinterpret_cast<const uint16_t*>(rows.plane[norm_plane]) : nullptr;
-    for (size_t i = 0; i < n; ++i) {
-      const size_t k = static_cast<size_t>(rows.tile_offset) + i;
-      const size_t t = k / tile, r = k % tile;
-      const uint8_t* codes = rows.plane[0] + t * d_ * slice + r % slice;
+    const int bits = p.bits;
+    const auto mask = hn::Set(di, static_cast<int32_t>(p.levels()));
+    decoded->resize(n * d_ + 2 * d_);
+    rows_ = decoded->data();
+    float* sf = rows_ + n * d_;
+    float* mf = sf + d_;
+    staging_.resize(slice * d_);
+    for (size_t t = 0; t < tiles; ++t) {
+      const uint8_t* in = rows.plane[0] + t * d_ * slice;
+      for (size_t j = 0; j < d_; ++j) {
+        for (size_t i = 0; i < slice; ++i) staging_[i * d_ + j] = in[j * slice + i];
+      }
       const uint16_t* scales = reinterpret_cast<const uint16_t*>(rows.plane[1]) + t * d_;
       const uint16_t* mins = reinterpret_cast<const uint16_t*>(rows.plane[2]) + t * d_;
-      const int shift = static_cast<int>((r / slice) * static_cast<size_t>(p.bits));
-      float* out = rows_ + i * d_;
       for (size_t j = 0; j < d_; ++j) {
-        const uint32_t code = (static_cast<uint32_t>(codes[j * slice]) >> shift) & mask;
-        out[j] = static_cast<float>(code) * F32FromBf16(scales[j]) + F32FromBf16(mins[j]);
+        sf[j] = F32FromBf16(scales[j]);
+        mf[j] = F32FromBf16(mins[j]);
       }
-      if (norms != nullptr) {
-        const float factor = F32FromBf16(norms[i]);
-        for (size_t j = 0; j < d_; ++j) out[j] = out[j] * factor;
+      for (size_t r = 0; r < tile; ++r) {
+        const size_t k = t * tile + r;  // token of the run's tiles
+        if (k < offset || k >= offset + n) continue;
+        const size_t i = k - offset;
+        const uint8_t* bytes = staging_.data() + (r % slice) * d_;
+        const int shift = static_cast<int>(r / slice) * bits;
+        const VF factor = hn::Set(df, norms != nullptr ? F32FromBf16(norms[i]) : 1.0f);
+        float* out = rows_ + i * d_;
+        for (size_t j = 0; j < d_; j += lanes) {
+          const auto raw = hn::PromoteTo(di, hn::LoadU(d8, bytes + j));
+          const auto code = hn::And(hn::ShiftRightSame(raw, shift), mask);
+          VF y = hn::Add(hn::Mul(hn::ConvertTo(df, code), hn::LoadU(df, sf + j)),
+                         hn::LoadU(df, mf + j));
+          if (norms != nullptr) y = hn::Mul(y, factor);
+          hn::StoreU(y, df, out + j);
+        }
       }
     }
   }
@@ -187,6 +212,7 @@ class AffineTileRun {
  private:
   size_t d_;
   float* rows_ = nullptr;
+  std::vector<uint8_t> staging_;
 };
 
 // Calls fn(make_source) where make_source(i) is the source of row i of the run, decoded by the
