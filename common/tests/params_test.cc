@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kvq/common/error.h"
+#include "kvq/common/metadata.h"
 #include "test_util.h"
 
 namespace kvq {
@@ -183,6 +184,53 @@ TEST(FormatLayout, AffineTilePlanesAndBytes) {
   EXPECT_EQ(l.RowOffset(3, 64, 4, 2, 3, 5), l.RowOffset(3, 64, 4, 2, 0, 5));
   EXPECT_EQ(l.RowOffset(3, 64, 4, 2, 0, 5), (2u * 64 + 5) * 2);
   EXPECT_EQ(l.RowOffset(0, 64, 4, 2, 3, 33), ((2u * 4 + 3) * 2 + 1) * 128 * 8);
+}
+
+}  // namespace
+}  // namespace kvq
+
+namespace kvq {
+namespace {
+
+// The one metadata codec (metadata.h): spec 1.0's keys are unchanged for the formats of 1.0 (no
+// row_format, no norm keys), and spec 1.1's parameters round-trip with row_format, norm and
+// norm_heads; a file without the norm keys reads as "no norm".
+TEST(MetadataCodec, Spec11KeysOnlyWhereSpec11Says) {
+  WriteParams token = Params(128, 64, 2);
+  Metadata m;
+  PutWriteParams(token, "", &m);
+  EXPECT_EQ(m.count("row_format"), 0u);
+  EXPECT_EQ(m.count("norm"), 0u);
+  EXPECT_EQ(m.count("norm_heads"), 0u);
+  EXPECT_EQ(m.size(), 7u);  // head_dim, group, bits, clip, rotation, hadamard_block, bitrev
+
+  WriteParams tile = Params(256, 32, 4);
+  tile.format = Format::kAffineTile;
+  tile.norm = true;
+  tile.norm_heads = 3;
+  tile.rotation = RotationKind::kHadamard;
+  Metadata t;
+  PutWriteParams(tile, "key.", &t);
+  EXPECT_EQ(t.at("key.row_format"), "affine_tile");
+  EXPECT_EQ(t.at("key.norm"), "1");
+  EXPECT_EQ(t.at("key.norm_heads"), "3");
+  const WriteParams back = GetWriteParams(MetadataReader(t, "test"), "key.");
+  EXPECT_EQ(back.format, Format::kAffineTile);
+  EXPECT_EQ(back.group, 32);
+  EXPECT_EQ(back.bits, 4);
+  EXPECT_TRUE(back.norm);
+  EXPECT_EQ(back.norm_heads, 3);
+  EXPECT_EQ(back.rotation, RotationKind::kHadamard);
+  t.erase("key.norm");
+  t.erase("key.norm_heads");
+  EXPECT_FALSE(GetWriteParams(MetadataReader(t, "test"), "key.").norm);
+  // A norm on a format without a norm plane is a malformed file.
+  Metadata bad;
+  PutWriteParams(token, "", &bad);
+  bad["norm"] = "1";
+  bad["norm_heads"] = "1";
+  testing::ExpectError([&] { GetWriteParams(MetadataReader(bad, "test"), ""); },
+                       ErrorCode::kMalformedFile, {"norm"});
 }
 
 }  // namespace
