@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
@@ -270,21 +271,14 @@ std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* titl
   return out;
 }
 
+// The benchmark's cache: INT2 with a dense rotation + P_br on K and V, or the bf16 cache.
 CacheParams MakeParams(bool quantized) {
-  CacheParams c;
-  c.num_q_heads = kHq;
-  c.num_kv_heads = kHkv;
-  c.sink = kSink;
-  c.recent = kRecent;
-  c.page_size = kPage;
-  if (!quantized) c.key.format = c.value.format = kvq::Format::kBf16;
-  for (kvq::WriteParams* w : {&c.key, &c.value}) {
-    w->head_dim = kHeadDim;
-    w->group = kGroup;
-    w->bits = 2;
-    w->rotation = kvq::RotationKind::kDense;
-    w->bitrev = true;
-  }
+  namespace params = kvq::params;
+  params::Cache c =
+      params::Cache().q_heads(kHq).kv_heads(kHkv).sink(kSink).recent(kRecent).page(kPage).both(
+          params::Write().head_dim(kHeadDim).group(kGroup).bits(2)
+              .rotation(kvq::RotationKind::kDense).bitrev());
+  if (!quantized) c.bf16();
   return c;
 }
 

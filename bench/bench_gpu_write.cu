@@ -27,6 +27,7 @@
 #include "kvq/common/format.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
 #include "l2_flush.cuh"
@@ -35,7 +36,6 @@ namespace {
 
 using kvq::CacheParams;
 using kvq::RotationKind;
-using kvq::WriteParams;
 
 // Keeps one warp of the GPU busy for `ns` nanoseconds (%globaltimer).
 __global__ void HoldGpu(uint64_t ns) {
@@ -124,23 +124,11 @@ std::string Format(const char* fmt, double v) {
   return buf;
 }
 
+// Hkv 8, Hq 32, S0 64, W 256, P 64; K and V: d 128, G 64, INT2 with the given rotation and clip.
 CacheParams BenchCache(RotationKind kind, float clip, bool bitrev = false) {
-  CacheParams c;
-  c.num_kv_heads = 8;
-  c.num_q_heads = 32;
-  c.sink = 64;
-  c.recent = 256;
-  c.page_size = 64;
-  for (WriteParams* p : {&c.key, &c.value}) {
-    p->head_dim = 128;
-    p->group = 64;
-    p->bits = 2;
-    p->rotation = kind;
-    p->clip = clip;
-    p->bitrev = bitrev;
-  }
-  c.Validate();
-  return c;
+  namespace params = kvq::params;
+  return params::Cache().kv_heads(8).q_heads(32).sink(64).recent(256).page(64).both(
+      params::Write().head_dim(128).group(64).bits(2).rotation(kind).clip(clip).bitrev(bitrev));
 }
 
 }  // namespace

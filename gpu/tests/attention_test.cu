@@ -26,14 +26,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/conformance/prng.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
@@ -43,56 +42,20 @@
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/formats.h"
 #include "kvq/gpu/rotation.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
 
 namespace kvq::gpu {
 namespace {
 
+using conformance::SplitMix64;
+
 constexpr double kBf16CacheTolerance = 1e-4;
 
-// ---- host data ----
-
-std::vector<float> RandomOrthogonal(int d, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> m(static_cast<size_t>(d) * d);
-  for (double& x : m) x = normal(rng);
-  for (int i = 0; i < d; ++i) {
-    double* row = &m[static_cast<size_t>(i) * d];
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int k = 0; k < i; ++k) {
-        const double* other = &m[static_cast<size_t>(k) * d];
-        double dot = 0.0;
-        for (int j = 0; j < d; ++j) dot += row[j] * other[j];
-        for (int j = 0; j < d; ++j) row[j] -= dot * other[j];
-      }
-    }
-    double norm = 0.0;
-    for (int j = 0; j < d; ++j) norm += row[j] * row[j];
-    norm = std::sqrt(norm);
-    for (int j = 0; j < d; ++j) row[j] /= norm;
-  }
-  return std::vector<float>(m.begin(), m.end());
-}
-
-std::vector<float> HeadRotations(const WriteParams& p, int hkv, std::mt19937_64& rng) {
-  std::vector<float> all;
-  if (p.rotation != RotationKind::kDense) return all;
-  for (int h = 0; h < hkv; ++h) {
-    const std::vector<float> r = RandomOrthogonal(p.head_dim, rng);
-    all.insert(all.end(), r.begin(), r.end());
-  }
-  return all;
-}
-
-// K/V-like rows: N(0, 1), every 29th channel x8 (outliers), a per-row offset.
-std::vector<float> RandomRows(size_t tokens, int hkv, int d, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> rows(tokens * hkv * d);
-  for (size_t i = 0; i < rows.size(); i += d) {
-    const float offset = 0.3f * normal(rng);
-    for (int c = 0; c < d; ++c) rows[i + c] = ((c % 29 == 3) ? 8.0f : 1.0f) * normal(rng) + offset;
-  }
-  return rows;
-}
+// Host data: the testbed's (kvq/testbed/data.h): per-head random orthogonal rotations and clip
+// ratios (MakeCache), K/V-like rows (KvRows: bell-shaped, channels j % 29 == 3 eight times
+// larger), queries (Queries), page ids (RandomPermutation).
 
 struct Config {
   std::string id;    // the test's name (a gtest parameter name)
@@ -106,31 +69,28 @@ struct Config {
   int hadamard_block = 0;
   std::vector<int> lengths;
   bool bf16_queries = false;  // queries that are exact bf16 values (the lo operand is skipped)
-  float value_magnitude = 1.0f;  // value rows are N(0, 1) times this (a power of two)
+  float value_magnitude = 1.0f;  // value rows are KvRows times this (a power of two)
   uint64_t seed = 1;
   double tolerance = kGpuAttentionTolerance;  // per head, against the fp64 reference
   bool check_oracle = true;  // also against the CPU oracle (skipped only for time)
 };
 
+// cfg's cache parameters, unvalidated: some tests hand the planner configurations it must
+// refuse.
 CacheParams MakeParams(const Config& cfg) {
-  CacheParams c;
-  c.num_q_heads = cfg.hq;
-  c.num_kv_heads = cfg.hkv;
-  c.sink = cfg.sink;
-  c.recent = cfg.recent;
-  c.page_size = cfg.page;
-  if (!cfg.quantized) c.key.format = c.value.format = Format::kBf16;
-  for (int kv = 0; kv < 2; ++kv) {
-    WriteParams& w = kv == 0 ? c.key : c.value;
-    w.head_dim = cfg.d;
-    w.group = kv == 1 && cfg.value_group > 0 ? cfg.value_group : cfg.group;
-    w.bits = cfg.bits;
-    w.rotation = kv == 0 ? cfg.key_rotation : cfg.value_rotation;
-    w.bitrev = kv == 0 ? cfg.key_bitrev : cfg.value_bitrev;
-    w.hadamard_block = w.rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
-    w.clip = 1.0f;
-  }
-  return c;
+  const auto half = [&](int group, RotationKind rotation, bool bitrev) {
+    const int block = rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
+    return testbed::Write().head_dim(cfg.d).group(group).bits(cfg.bits).rotation(rotation)
+        .block(block).bitrev(bitrev);
+  };
+  testbed::Cache c =
+      testbed::Cache().q_heads(cfg.hq).kv_heads(cfg.hkv).sink(cfg.sink).recent(cfg.recent)
+          .page(cfg.page)
+          .key(half(cfg.group, cfg.key_rotation, cfg.key_bitrev))
+          .value(half(cfg.value_group > 0 ? cfg.value_group : cfg.group, cfg.value_rotation,
+                      cfg.value_bitrev));
+  if (!cfg.quantized) c.bf16();
+  return c.Unchecked();
 }
 
 template <typename T>
@@ -197,35 +157,28 @@ struct TestCase {
   DeviceBuffer<uint16_t> sink_k, sink_v, recent_k, recent_v;
   DeviceBuffer<float> rot_k, rot_v, q_dev;
 
-  static cpu::PagedKVCache MakeCache(const Config& cfg, std::mt19937_64& rng) {
-    const CacheParams p = MakeParams(cfg);
-    if (!p.quantized()) return cpu::PagedKVCache(p, {}, {});
-    std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, rng);
-    std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, rng);
-    return cpu::PagedKVCache(p, std::move(rk), std::move(rv));
-  }
-
-  explicit TestCase(const Config& c) : TestCase(c, std::mt19937_64(c.seed)) {}
-  TestCase(const Config& c, std::mt19937_64 rng)
-      : cfg(c), params(MakeParams(c)), cache(MakeCache(c, rng)) {
+  explicit TestCase(const Config& c) : TestCase(c, SplitMix64(c.seed)) {}
+  TestCase(const Config& c, SplitMix64 rng)
+      : cfg(c), params(MakeParams(c)), cache(testbed::MakeCache(params, &rng)) {
     const int d = cfg.d, hkv = cfg.hkv;
     for (int len : cfg.lengths) {
       const int s = cache.AddSequence();
-      const std::vector<float> k = RandomRows(len, hkv, d, rng);
-      std::vector<float> v = RandomRows(len, hkv, d, rng);
-      for (float& x : v) x *= cfg.value_magnitude;
+      const std::vector<float> k = testbed::KvRows(static_cast<size_t>(len), hkv, d, &rng);
+      const std::vector<float> v =
+          testbed::KvRows(static_cast<size_t>(len), hkv, d, &rng, cfg.value_magnitude);
       cache.Prefill(s, k.data(), v.data(), len);
       seqs.push_back(s);
       max_len = std::max(max_len, len);
     }
     const int batch = static_cast<int>(seqs.size());
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    q.resize(static_cast<size_t>(batch) * cfg.hq * d);
-    for (float& x : q) x = cfg.bf16_queries ? RoundToBf16(normal(rng)) : normal(rng);
-    Upload(rng);
+    q = testbed::Queries(static_cast<size_t>(batch) * cfg.hq, d, &rng);
+    if (cfg.bf16_queries) {
+      for (float& x : q) x = RoundToBf16(x);
+    }
+    Upload(&rng);
   }
 
-  void Upload(std::mt19937_64& rng) {
+  void Upload(SplitMix64* rng) {
     const int batch = static_cast<int>(seqs.size());
     const int d = cfg.d, hkv = cfg.hkv, page = cfg.page;
     std::vector<int32_t> lens_h;
@@ -236,9 +189,7 @@ struct TestCase {
     if (params.quantized()) {
       // Pool with shuffled page ids: CPU page i -> device page perm[i].
       const int pages = cache.NumPages();
-      std::vector<int32_t> perm(pages);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
+      const std::vector<int32_t> perm = testbed::RandomPermutation(pages, rng);
       for (int kv = 0; kv < 2; ++kv) {
         const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
         const FormatLayout& layout = cache.Layout(which);
@@ -301,9 +252,7 @@ struct TestCase {
       // bf16 cache: page the dense rows, page ids shuffled.
       max_pages = (max_len + page - 1) / page;
       const int pages = max_pages * batch;
-      std::vector<int32_t> perm(pages);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
+      const std::vector<int32_t> perm = testbed::RandomPermutation(pages, rng);
       std::vector<int32_t> tab(static_cast<size_t>(batch) * max_pages);
       const size_t page_elems = static_cast<size_t>(hkv) * page * d;
       for (int kv = 0; kv < 2; ++kv) {
@@ -653,19 +602,19 @@ __global__ void MmaBf16Probe(const uint16_t* a, const uint16_t* b, float* d) {
 // below 2^20 of them: exact in fp32 whatever the summation order.
 TEST(GpuAttention, TensorCoresKeepBf16Subnormals) {
   REQUIRE_GPU();
-  std::mt19937_64 rng(133);
+  SplitMix64 rng(133);
   std::vector<uint16_t> a(16 * 16), b(16 * 8);
   for (int trial = 0; trial < 17; ++trial) {
     for (int i = 0; i < 256; ++i) {
       // Trial 0..15: pattern v = 16 * trial + (i % 16) in row i / 16 spread over the tile, so
       // every v in [0, 256) appears; trial 16: random patterns.
-      const int v = trial < 16 ? 16 * trial + (i % 16) : static_cast<int>(rng() % 256);
+      const int v = trial < 16 ? 16 * trial + (i % 16) : static_cast<int>(rng.Below(256));
       a[(i * 7) % 256] = static_cast<uint16_t>(v);
     }
     for (int i = 0; i < 16 * 8; ++i) {
       // bf16 of +-m * 2^57: an 8-bit significand m in [128, 255].
-      const int m = 128 + static_cast<int>(rng() % 128);
-      const float x = std::ldexp(static_cast<float>(m), 57) * (rng() % 2 ? -1.0f : 1.0f);
+      const int m = 128 + static_cast<int>(rng.Below(128));
+      const float x = std::ldexp(static_cast<float>(m), 57) * (rng.Bit() ? -1.0f : 1.0f);
       uint32_t bits;
       std::memcpy(&bits, &x, 4);
       b[i] = static_cast<uint16_t>(bits >> 16);  // exact: m has 8 significant bits
@@ -697,20 +646,16 @@ TEST(GpuAttention, TensorCoresKeepBf16Subnormals) {
 // FWHT, bit reversal), for every head of a batch.
 TEST(GpuAttention, RotateQueries_BitExact) {
   REQUIRE_GPU();
-  std::mt19937_64 rng(21);
+  SplitMix64 rng(21);
   // One (d, rotation, g, heads per block) case: every head of a batch of 2 over 2 KV heads.
   auto check = [&](int d, int kind, int g, int heads_per_block) {
-    WriteParams wp;
-    wp.head_dim = d;
-    wp.group = 32;
-    wp.rotation = static_cast<RotationKind>(kind);
-    wp.hadamard_block = kind == 2 ? 32 : 0;
-    wp.bitrev = kind != 0;
+    const WriteParams wp = testbed::Write().head_dim(d).group(32)
+                               .rotation(static_cast<RotationKind>(kind))
+                               .block(kind == 2 ? 32 : 0).bitrev(kind != 0);
     const int hkv = 2, batch = 2, hq = hkv * g;
-    std::vector<float> rot = HeadRotations(wp, hkv, rng);
-    std::normal_distribution<float> normal(0.0f, 2.0f);
-    std::vector<float> q(static_cast<size_t>(batch) * hq * d);
-    for (float& x : q) x = normal(rng);
+    const std::vector<float> rot = testbed::HeadRotations(wp, hkv, &rng);
+    const std::vector<float> q =
+        testbed::Queries(static_cast<size_t>(batch) * hq, d, &rng, 2.0f);
     DeviceBuffer<float> q_dev(q), rot_dev(rot), out(q.size());
     attention::RotateQueriesParams rp;
     rp.batch = batch;
@@ -722,22 +667,22 @@ TEST(GpuAttention, RotateQueries_BitExact) {
     rp.q_rot = out.ptr;
     KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rp, nullptr));
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> got = out.ToHost();
+    // The CPU's rotation of every (batch, head) row, [B * Hq, d].
+    std::vector<float> want(q.size());
     for (int b = 0; b < batch; ++b) {
       for (int h = 0; h < hq; ++h) {
         const size_t off = (static_cast<size_t>(b) * hq + h) * d;
-        std::vector<float> want(d);
         cpu::Rotate(cpu::ScalarBackend(), wp,
                     kind == 1 ? &rot[static_cast<size_t>(h / g) * d * d] : nullptr, &q[off],
-                    want.data(), 1);
-        for (int j = 0; j < d; ++j) {
-          ASSERT_EQ(F32Bits(got[off + j]), F32Bits(want[j]))
-              << "d " << d << " rotation " << kind << " g " << g << " heads per block "
-              << heads_per_block << " batch " << b << " head " << h << " channel " << j
-              << ": gpu " << got[off + j] << " cpu " << want[j];
-        }
+                    &want[off], 1);
       }
     }
+    testbed::NamedTensors inputs = {{"q", testbed::AsTensor(q, d)}};
+    if (!rot.empty()) inputs.emplace_back("rotation", testbed::AsTensor(rot, d));
+    EXPECT_TRUE(testbed::BitsEqual(
+        "RotateQueries " + testbed::Describe(wp) + " g " + std::to_string(g) +
+            " heads per block " + std::to_string(heads_per_block),
+        "q_rot", testbed::AsTensor(want, d), testbed::AsTensor(out.ToHost(), d), inputs));
   };
   for (int d : {64, 128, 256}) {
     for (int kind = 0; kind < 3; ++kind) {
@@ -769,37 +714,22 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   Config cfg;
   cfg.bits = 4;
   cfg.group = 32;  // d*b/8 = 64 > G
-  EXPECT_THROW(
-      {
-        try {
-          PlanDecodeAttention(MakeParams(cfg), 1, 100, 132);
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-          EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  using testbed::ExpectError;
+  ExpectError([&] { PlanDecodeAttention(MakeParams(cfg), 1, 100, 132); }, ErrorCode::kUnsupported,
+              {"32"});
   Config gqa;
   gqa.hq = 24;
   gqa.hkv = 2;  // g = 12
   EXPECT_THROW(PlanDecodeAttention(MakeParams(gqa), 1, 100, 132), Error);
   // A flush F != 1, and K and V in formats of different kinds: kUnsupported naming the value.
-  auto expect_unsupported = [](const CacheParams& c, const char* needle) {
-    try {
-      PlanDecodeAttention(c, 1, 100, 132);
-      ADD_FAILURE() << "expected kvq::Error for " << needle;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  CacheParams flushed = MakeParams(Config());
-  flushed.flush = 8;
-  expect_unsupported(flushed, "flush F = 8");
-  CacheParams mixed = MakeParams(Config());
-  mixed.value.bits = 4;
-  expect_unsupported(mixed, "bits 4");
+  const CacheParams base = MakeParams(Config());
+  const CacheParams flushed = testbed::Cache(base).flush(8).Unchecked();
+  ExpectError([&] { PlanDecodeAttention(flushed, 1, 100, 132); }, ErrorCode::kUnsupported,
+              {"flush F = 8"});
+  const CacheParams mixed =
+      testbed::Cache(base).value(testbed::Write(base.value).bits(4)).Unchecked();
+  ExpectError([&] { PlanDecodeAttention(mixed, 1, 100, 132); }, ErrorCode::kUnsupported,
+              {"bits 4"});
   Config ok;
   const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), 1, 131072, 132);
   EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, 131072 - 320);
@@ -820,18 +750,11 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   in.max_seq_len = 131072;
   in.seq_lens = lens;
   in.q = q;
-  // DecodeAttention refuses `plan` with an error that names `knob`.
+  // DecodeAttention refuses `plan` as an invalid argument with an error that names `knob`.
   auto expect_refused = [&](const Config& cfg, const DecodeAttentionPlan& bad, const char* knob) {
-    EXPECT_THROW(
-        {
-          try {
-            DecodeAttention(MakeParams(cfg), in, bad, workspace, bad.workspace_bytes, out);
-          } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find(knob), std::string::npos) << e.what();
-            throw;
-          }
-        },
-        Error);
+    ExpectError(
+        [&] { DecodeAttention(MakeParams(cfg), in, bad, workspace, bad.workspace_bytes, out); },
+        ErrorCode::kInvalidArgument, {knob});
   };
   expect_refused(ok, unknown, "quant_loop 7");
   // The int8 QK and packed loops serve at most 4 heads per block: g = 8 with either is refused.

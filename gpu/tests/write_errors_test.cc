@@ -4,7 +4,6 @@
 // machines without a GPU too (CI); the device-only ones skip there.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 
 #include "kvq/common/error.h"
@@ -12,9 +11,15 @@
 #include "kvq/common/stages.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/params.h"
 
 namespace kvq::gpu {
 namespace {
+
+using testbed::Cache;
+using testbed::ExpectError;
+using testbed::Write;
 
 // A FusedWriteArgs that would be valid apart from what a test changes (pointers are never
 // dereferenced: the launcher refuses before launching).
@@ -67,19 +72,16 @@ TEST(LauncherRefuses, UnsupportedPageSizeRotationOrBlock) {
 TEST(LauncherRefuses, UnsupportedStageConfigurations) {
   StageArgs a;
   a.rows = 1;
-  a.params.head_dim = 96;
+  a.params = Write().head_dim(96).Unchecked();
   EXPECT_EQ(DispatchStage(StageId::kBitrev, a, nullptr), cudaErrorInvalidValue);
-  a.params.head_dim = 128;
-  a.params.group = 256;
-  a.params.bits = 2;
+  a.params = Write().head_dim(128).group(256).bits(2).Unchecked();
   EXPECT_EQ(DispatchStage(StageId::kQuantize, a, nullptr), cudaErrorInvalidValue);
-  a.params.group = 64;
-  a.params.bits = 3;
+  a.params = Write().head_dim(128).group(64).bits(3).Unchecked();
   EXPECT_EQ(DispatchStage(StageId::kPack, a, nullptr), cudaErrorInvalidValue);
-  a.params.bits = 2;
+  a.params = Write().head_dim(128).group(64).bits(2).Unchecked();
   a.fwht_block = 12;
   EXPECT_EQ(DispatchStage(StageId::kFwht, a, nullptr), cudaErrorInvalidValue);
-  a.params.clip = 0.0f;
+  a.params = Write().head_dim(128).group(64).bits(2).clip(0.0f).Unchecked();
   EXPECT_EQ(DispatchStage(StageId::kClip, a, nullptr), cudaErrorInvalidValue);
 }
 
@@ -127,100 +129,71 @@ TEST(LauncherRefuses, InconsistentPrefillWindows) {
 }
 
 // The message must name the offending value.
-void ExpectInvalidArgument(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected kvq::Error naming " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(RuntimeApiRejects, InvalidWriteParams) {
-  WriteParams p;
-  p.head_dim = 96;
+  constexpr ErrorCode kInvalid = ErrorCode::kInvalidArgument;
   RowOutputs out;
-  ExpectInvalidArgument([&] { WriteRows(p, nullptr, static_cast<const float*>(nullptr), 4, out); },
-                        "96");
-  p.head_dim = 128;
-  p.bits = 3;
-  ExpectInvalidArgument([&] { Quantize(nullptr, nullptr, nullptr, nullptr, 4, p); }, "3");
-  p.bits = 2;
-  ExpectInvalidArgument([&] { Bitrev(nullptr, nullptr, 4, p); }, "x is null");
+  const WriteParams d96 = Write().head_dim(96).Unchecked();
+  ExpectError([&] { WriteRows(d96, nullptr, static_cast<const float*>(nullptr), 4, out); },
+              kInvalid, {"96"});
+  const WriteParams bits3 = Write().head_dim(128).bits(3).Unchecked();
+  ExpectError([&] { Quantize(nullptr, nullptr, nullptr, nullptr, 4, bits3); }, kInvalid, {"3"});
+  const WriteParams p = Write().head_dim(128).bits(2);
+  ExpectError([&] { Bitrev(nullptr, nullptr, 4, p); }, kInvalid, {"x is null"});
   alignas(16) static float x[128];
-  ExpectInvalidArgument([&] { Bitrev(x, x, 1, p); }, "x and y alias");
+  ExpectError([&] { Bitrev(x, x, 1, p); }, kInvalid, {"x and y alias"});
   static uint8_t packed[32];
   static uint16_t meta[2];
-  ExpectInvalidArgument([&] { WriteRows(p, nullptr, x, 1, out); }, "plane 'codes' is null");
-  p.rotation = RotationKind::kDense;
+  ExpectError([&] { WriteRows(p, nullptr, x, 1, out); }, kInvalid, {"plane 'codes' is null"});
+  const WriteParams dense = Write(p).rotation(RotationKind::kDense);
   out.planes[kAffineCodesPlane] = packed;
   out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(meta);
   out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(meta + 1);
-  ExpectInvalidArgument([&] { WriteRows(p, nullptr, x, 1, out); }, "rotation matrices are null");
+  ExpectError([&] { WriteRows(dense, nullptr, x, 1, out); }, kInvalid,
+              {"rotation matrices are null"});
 }
 
 // What the kernels do not serve is refused as kUnsupported, naming the value: a codec stage of
 // another format, a fused write or cache of a format the fused kernel does not store, F != 1.
 TEST(RuntimeApiRejects, UnsupportedFormatsAndFlush) {
-  auto expect_unsupported = [](const std::function<void()>& call, const std::string& needle) {
-    try {
-      call();
-      ADD_FAILURE() << "expected kvq::Error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  WriteParams bf16;
-  bf16.format = Format::kBf16;
+  constexpr ErrorCode kUnsupported = ErrorCode::kUnsupported;
+  const WriteParams bf16 = Write().format(Format::kBf16).Unchecked();
   alignas(16) static float x[128];
   static uint8_t codes[128];
   static uint16_t meta[4];
-  expect_unsupported([&] { Quantize(x, codes, meta, meta + 2, 1, bf16); }, "bf16");
+  ExpectError([&] { Quantize(x, codes, meta, meta + 2, 1, bf16); }, kUnsupported, {"bf16"});
   RowOutputs out;
-  expect_unsupported([&] { WriteRows(bf16, nullptr, x, 1, out); }, "bf16");
-  CacheParams c;
-  c.flush = 4;
+  ExpectError([&] { WriteRows(bf16, nullptr, x, 1, out); }, kUnsupported, {"bf16"});
+  const CacheParams c = Cache().flush(4).Unchecked();
   alignas(16) static uint16_t k[8];
-  expect_unsupported(
+  ExpectError(
       [&] {
         PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
                      Windows{});
       },
-      "flush F = 4");
+      kUnsupported, {"flush F = 4"});
 }
 
 TEST(RuntimeApiRejects, InvalidCacheParams) {
-  CacheParams c;
-  c.page_size = 48;
   alignas(16) static uint16_t k[8];
-  ExpectInvalidArgument(
+  const CacheParams page48 = Cache().page(48).Unchecked();
+  ExpectError(
       [&] {
-        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
+        PrefillWrite(page48, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
                      Windows{});
       },
-      "48");
-  c.page_size = 64;
-  c.key.format = c.value.format = kvq::Format::kBf16;
-  ExpectInvalidArgument(
+      ErrorCode::kInvalidArgument, {"48"});
+  const CacheParams bf16 = Cache().page(64).bf16().Unchecked();
+  ExpectError(
       [&] {
-        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
+        PrefillWrite(bf16, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
                      Windows{});
       },
-      "quantized");
+      ErrorCode::kInvalidArgument, {"quantized"});
 }
 
 TEST(CudaCheck, ErrorCarriesNameStringAndCallSite) {
-  try {
-    KVQ_CUDA_CHECK(cudaErrorInvalidValue);
-    ADD_FAILURE() << "expected kvq::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
-    EXPECT_NE(what.find("write_errors_test.cc"), std::string::npos) << what;
-  }
+  ExpectError([] { KVQ_CUDA_CHECK(cudaErrorInvalidValue); }, ErrorCode::kInvalidArgument,
+              {"cudaErrorInvalidValue", "write_errors_test.cc"});
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "kvq/testbed/data.h"
 
 #include <cmath>
+#include <utility>
 
 namespace kvq::testbed {
 
@@ -46,6 +47,15 @@ std::vector<float> Queries(size_t n, int d, SplitMix64* rng, float magnitude) {
   std::vector<float> q(n * static_cast<size_t>(d));
   for (float& v : q) v = magnitude * rng->Bell();
   return q;
+}
+
+std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng) {
+  std::vector<int32_t> order(static_cast<size_t>(n > 0 ? n : 0));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  for (size_t i = order.size(); i > 1; --i) {
+    std::swap(order[i - 1], order[rng->Below(static_cast<uint32_t>(i))]);
+  }
+  return order;
 }
 
 cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Backend& backend) {

@@ -12,7 +12,6 @@
 namespace kvq::testbed {
 namespace {
 
-using conformance::RowKind;
 using conformance::SplitMix64;
 
 // A finite bf16: sign (when allowed), an exponent below 2^123 (so q*s + m stays finite), any
@@ -39,16 +38,16 @@ void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p
         std::memcpy(out, r.data(), r.size() * sizeof(float));
       } else if (arg.extent == Extent::kRows || arg.extent == Extent::kNormRows) {
         // Rows of d values (a norm's span is norm_heads of them), cycling through the kinds.
-        const std::vector<RowKind> kinds = conformance::TestRowKinds();
         const size_t rows = count / d;
-        for (size_t r = 0; r < rows; ++r) {
-          conformance::FillRow(kinds[r % kinds.size()], p, rng, out + r * d);
-        }
+        const std::vector<float> mixed = conformance::MixedRows(rows, p, rng);
+        std::memcpy(out, mixed.data(), mixed.size() * sizeof(float));
         // A stage over tiles: every third tile repeats its first row, so every channel of it
         // is constant (scale 0).
         const size_t tile = StageRowMultiple(stage, p);
         for (size_t t0 = 2 * tile; tile > 1 && t0 + tile <= rows; t0 += 3 * tile) {
-          for (size_t r = 1; r < tile; ++r) std::memcpy(out + (t0 + r) * d, out + t0 * d, d * sizeof(float));
+          for (size_t r = 1; r < tile; ++r) {
+            std::memcpy(out + (t0 + r) * d, out + t0 * d, d * sizeof(float));
+          }
         }
       } else {
         for (size_t i = 0; i < count; ++i) out[i] = rng->Bell();

@@ -33,6 +33,10 @@ std::vector<float> KvRows(size_t tokens, int num_kv_heads, int d, SplitMix64* rn
 // Queries [n, d] of bell-shaped values times `magnitude`.
 std::vector<float> Queries(size_t n, int d, SplitMix64* rng, float magnitude = 1.0f);
 
+// A random permutation of 0 .. n - 1 (Fisher-Yates): page ids for page tables, so tests exercise
+// the indirection.
+std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng);
+
 // A cache for `p` with seeded per-head rotations and clip ratios, writing through `backend`.
 cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed,
                             const cpu::Backend& backend = cpu::BestBackend());
