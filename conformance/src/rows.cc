@@ -120,7 +120,10 @@ std::vector<RowKind> TestRowKinds(bool within_write_range) {
 std::vector<RowKind> TestRowKinds(const WriteParams& p) {
   std::vector<RowKind> kinds;
   for (RowKind k : TestRowKinds(true)) {
-    if (p.norm && (k == RowKind::kHuge || k == RowKind::kLargeScale)) continue;
+    if (p.norm && (k == RowKind::kHuge || k == RowKind::kLargeScale ||
+                   k == RowKind::kFarOutliers || k == RowKind::kWideRange)) {
+      continue;
+    }
     kinds.push_back(k);
   }
   return kinds;

@@ -55,8 +55,8 @@ const std::vector<RowKind>& AllRowKinds();
 // rows the validating write path rejects after any rotation.
 std::vector<RowKind> TestRowKinds(bool within_write_range = true);
 // The kinds whose rows p's validating write path accepts after any rotation: TestRowKinds(true)
-// without kHuge and kLargeScale when p has a norm (their squares overflow fp32, and the write
-// path rejects an infinite norm).
+// without kHuge, kLargeScale, kFarOutliers and kWideRange when p has a norm (their squares
+// overflow fp32, and the write path rejects an infinite norm).
 std::vector<RowKind> TestRowKinds(const WriteParams& p);
 
 // Fills row [p.head_dim] with a row of `kind` (p.group and p.bits shape the tie rows).
