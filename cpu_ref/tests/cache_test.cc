@@ -532,3 +532,99 @@ TEST(PagedKVCache, RejectsBadWriteData) {
 
 }  // namespace
 }  // namespace kvq::cpu
+
+namespace kvq::cpu {
+namespace {
+
+// KIVI's and OScaR's timing (spec/cache.md §2): with S0 = 0, W = 1, F = 128 the token that
+// completes a block is first read in bf16; H(128) = 0, H(129) = 128, H(257) = 256, and K and V
+// share the boundary. Appends and one prefill store the same bits (CacheHolds).
+TEST(PagedKVCacheSpec11, KiviTimingAndOneBoundary) {
+  const CacheParams p = testbed::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(128)
+                            .page(64).key(testbed::Write().head_dim(64).tile(32))
+                            .value(testbed::Write().head_dim(64).group(32)).Build();
+  EXPECT_EQ(p.HistoryTokens(128), 0);
+  EXPECT_EQ(p.HistoryTokens(129), 128);
+  EXPECT_EQ(p.HistoryTokens(256), 128);
+  EXPECT_EQ(p.HistoryTokens(257), 256);
+  EXPECT_EQ(p.ring_slots(), 128);
+  conformance::SplitMix64 rng(4);
+  PagedKVCache cache(p, {}, {});
+  const int appended = cache.AddSequence(), prefilled = cache.AddSequence();
+  std::vector<uint16_t> rows[2];
+  for (int kv = 0; kv < 2; ++kv) rows[kv] = ToBf16(testbed::KvRows(260, 2, 64, &rng));
+  const size_t row = 2 * 64;
+  for (size_t t = 0; t < 260; ++t) {
+    cache.AppendBf16(appended, &rows[0][t * row], &rows[1][t * row]);
+    EXPECT_EQ(cache.HistoryLength(appended), static_cast<size_t>(p.HistoryTokens(t + 1)));
+    EXPECT_EQ(cache.RecentBegin(appended), static_cast<size_t>(p.HistoryTokens(t + 1)));
+  }
+  cache.PrefillBf16(prefilled, rows[0].data(), rows[1].data(), 260);
+  EXPECT_TRUE(CacheHolds(cache, appended, rows));
+  EXPECT_TRUE(CacheHolds(cache, prefilled, rows));
+  for (int kv = 0; kv < 2; ++kv) {
+    for (size_t i = 0; i < 256; ++i) {
+      for (int h = 0; h < 2; ++h) {
+        std::vector<float> a(64), b(64);
+        cache.DequantizedHistoryRow(appended, i, h, static_cast<KV>(kv), a.data());
+        cache.DequantizedHistoryRow(prefilled, i, h, static_cast<KV>(kv), b.data());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), 64 * sizeof(float)), 0) << i;
+      }
+    }
+  }
+}
+
+// W = 0: every token after the sink is history when it arrives (the current one included).
+TEST(PagedKVCacheSpec11, RecentWindowZero) {
+  const CacheParams p = testbed::Cache().kv_heads(1).q_heads(2).sink(3).recent(0).page(16)
+                            .both(testbed::Write().head_dim(256).group(256).bits(4).hadamard(128))
+                            .Build();
+  EXPECT_EQ(p.ring_slots(), 0);
+  conformance::SplitMix64 rng(6);
+  PagedKVCache cache(p, {}, {});
+  const int seq = cache.AddSequence();
+  std::vector<uint16_t> rows[2];
+  for (int kv = 0; kv < 2; ++kv) rows[kv] = ToBf16(testbed::KvRows(40, 1, 256, &rng));
+  for (size_t t = 0; t < 40; ++t) {
+    cache.AppendBf16(seq, &rows[0][t * 256], &rows[1][t * 256]);
+    EXPECT_EQ(cache.HistoryLength(seq), t + 1 > 3 ? t + 1 - 3 : 0);
+    EXPECT_EQ(cache.RecentBegin(seq), t + 1);
+    EXPECT_EQ(cache.IsBf16Position(seq, t), t < 3);
+  }
+  EXPECT_TRUE(CacheHolds(cache, seq, rows));
+}
+
+// Honest accounting at d = 128, INT2, over a history of whole blocks: KIVI stores 3.0 bits per
+// element (K: 2 + 32 bits of (scale, min) per channel per 32 tokens; V: 2 + 32 / 32), OScaR
+// 3.0625 (K's bf16 norm per token and head: + 16 / 128 on K), the token-scope norm once per
+// token for the 4 KV heads (+ 16 / 512 on K); SAW-INT4 4.25 (G = d).
+TEST(PagedKVCacheSpec11, HistoryBitsPerElement) {
+  const testbed::Write kk = testbed::Write().head_dim(128).tile(32);
+  const testbed::Write vv = testbed::Write().head_dim(128).group(32);
+  const auto history_bits = [](const CacheParams& p) {
+    PagedKVCache cache(p, {}, {});
+    const int seq = cache.AddSequence();
+    conformance::SplitMix64 rng(2);
+    const size_t t = 129;  // KIVI: 128 history tokens and 1 recent; SAW: 129 history tokens
+    const std::vector<float> k = testbed::KvRows(t, p.num_kv_heads, 128, &rng);
+    cache.Prefill(seq, k.data(), k.data(), t);
+    const CacheBytes b = cache.Bytes(seq);
+    const double history_elements =
+        2.0 * static_cast<double>(cache.HistoryLength(seq)) * p.num_kv_heads * 128;
+    return 8.0 * static_cast<double>(b.history_codes + b.history_metadata) / history_elements;
+  };
+  const testbed::Cache kivi =
+      testbed::Cache().kv_heads(4).q_heads(4).sink(0).recent(1).flush(128).page(128);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(kk).value(vv)), 3.0);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm()).value(vv)),
+            3.0625);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm(true, 4))
+                             .value(vv)),
+            3.0 + 16.0 / 512 / 2);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).recent(0).flush(1).page(64).both(
+                testbed::Write().head_dim(128).group(128).bits(4).hadamard())),
+            4.25);
+}
+
+}  // namespace
+}  // namespace kvq::cpu
