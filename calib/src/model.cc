@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -346,7 +347,6 @@ Model LoadModel(const std::string& dir) {
 
 std::vector<WindowSelection> ParseWindowSelections(const std::string& text) {
   std::vector<WindowSelection> out;
-  std::set<std::string> names;
   std::stringstream stream(text);
   std::string item;
   auto number = [&](const std::string& s) {
@@ -370,8 +370,6 @@ std::vector<WindowSelection> ParseWindowSelections(const std::string& text) {
       KVQ_CHECK(s.last >= s.first, kInvalidArgument, "window selection '", item, "': row ",
                 s.last, " comes before row ", s.first);
     }
-    KVQ_CHECK(names.insert(s.name).second, kInvalidArgument, "window selection '", text,
-              "' names '", s.name, "' twice");
     out.push_back(s);
   }
   KVQ_CHECK(!out.empty(), kInvalidArgument, "empty window selection '", text, "'");
@@ -400,20 +398,30 @@ std::vector<TokenWindows> ReadTokenWindows(const std::string& path,
               n, " windows, row ", std::max(s.first, last), " does not exist");
     KVQ_CHECK(length >= 0 && length <= full, kInvalidArgument, "window length ", length,
               " exceeds the ", full, " tokens of '", s.name, "' in ", path);
-    TokenWindows w;
-    w.name = s.name;
-    w.length = length > 0 ? length : full;
+    // Selections of one tensor join one set (calib:0-1,calib:4-5), in the order given.
+    TokenWindows* w = nullptr;
+    for (TokenWindows& existing : out) {
+      if (existing.name == s.name) w = &existing;
+    }
+    if (w == nullptr) {
+      out.emplace_back();
+      w = &out.back();
+      w->name = s.name;
+      w->length = length > 0 ? length : full;
+    }
     for (int row = s.first; row <= last; ++row) {
-      w.rows.push_back(row);
+      KVQ_CHECK(std::find(w->rows.begin(), w->rows.end(), row) == w->rows.end(),
+                kInvalidArgument, "window selection: row ", row, " of '", s.name,
+                "' is selected twice");
+      w->rows.push_back(row);
       const int32_t* src = t->data<int32_t>() + static_cast<size_t>(row) * full;
-      for (int64_t i = 0; i < w.length; ++i) {
+      for (int64_t i = 0; i < w->length; ++i) {
         KVQ_CHECK(src[i] >= 0 && src[i] < vocab, kInvalidArgument, path, ": tensor '", s.name,
                   "' row ", row, " position ", i, ": token id ", src[i],
                   " is outside the vocabulary [0, ", vocab, ")");
       }
-      w.ids.insert(w.ids.end(), src, src + w.length);
+      w->ids.insert(w->ids.end(), src, src + w->length);
     }
-    out.push_back(std::move(w));
   }
   return out;
 }

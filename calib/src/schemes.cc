@@ -118,6 +118,24 @@ const std::vector<SchemeInfo>& Schemes() {
 
 const SchemeInfo& SchemeByName(const std::string& name) { return EntryByName(name).info; }
 
+bool SchemeClipsWithCalibration(const std::string& name) {
+  switch (EntryByName(name).recipe) {
+    case Recipe::kClipOnly:
+    case Recipe::kRandomOrthogonal:
+    case Recipe::kRawTarget:
+    case Recipe::kEigenbasisOnly:
+    case Recipe::kNoHadamard:
+    case Recipe::kNoBitrev:
+    case Recipe::kOscar: return true;
+    case Recipe::kBf16:
+    case Recipe::kIdentity:
+    case Recipe::kHadamard:
+    case Recipe::kHadamardBitrev:
+    case Recipe::kSawInt4: return false;
+  }
+  return false;
+}
+
 std::vector<std::string> ParseSchemeList(const std::string& list) {
   std::vector<std::string> names;
   if (list == "all") {

@@ -311,7 +311,13 @@ TEST(Model, TokenWindowsSelectAndValidate) {
   EXPECT_EQ(w[0].window(1)[10], raw.Get("heldout_en").data<int32_t>()[2 * 2048 + 10]);
   ExpectError([&] { ParseWindowSelections("heldout_en:3-1"); }, ErrorCode::kInvalidArgument,
               "row 1 comes before row 3");
-  ExpectError([&] { ParseWindowSelections("a,a"); }, ErrorCode::kInvalidArgument, "'a' twice");
+  const std::vector<TokenWindows> joined =
+      ReadTokenWindows(path, ParseWindowSelections("calib:0-1,heldout_en:3,calib:4"), 16, 8192);
+  ASSERT_EQ(joined.size(), 2u);
+  EXPECT_EQ(joined[0].rows, (std::vector<int>{0, 1, 4}));
+  EXPECT_EQ(joined[0].ids.size(), 3u * 16);
+  ExpectError([&] { ReadTokenWindows(path, ParseWindowSelections("calib:0-2,calib:2"), 16, 8192); },
+              ErrorCode::kInvalidArgument, "row 2 of 'calib' is selected twice");
   ExpectError([&] { ReadTokenWindows(path, ParseWindowSelections("heldout_fr"), 0, 8192); },
               ErrorCode::kMalformedFile, "no tensor 'heldout_fr'");
   ExpectError([&] { ReadTokenWindows(path, ParseWindowSelections("calib:8"), 0, 8192); },

@@ -101,17 +101,18 @@ struct TokenWindows {
 };
 
 // A selection: NAME (every row), NAME:i (one row) or NAME:a-b (rows a..b inclusive). A list
-// joins selections with commas: "heldout_en:0-3,heldout_code:0-3".
+// joins selections with commas: "heldout_en:0-3,heldout_code:0-3"; selections of one tensor
+// make one set ("calib:0-1,calib:4-5").
 struct WindowSelection {
   std::string name;
   int first = 0, last = -1;  // inclusive; last = -1: to the end
 };
-// Throws kInvalidArgument naming the text for an empty entry, a bad range or a repeated name.
+// Throws kInvalidArgument naming the text for an empty entry or a bad range.
 std::vector<WindowSelection> ParseWindowSelections(const std::string& text);
 
-// Reads the selected windows of a tokens file: every named tensor must be I32 [n, T] (kMalformedFile
-// naming it otherwise or when missing, listing the tensors present); rows must exist
-// (kInvalidArgument naming the row and n); `length` > 0 cuts every window to its first `length`
+// Reads the selected windows of a tokens file, one TokenWindows per tensor named: every named
+// tensor must be I32 [n, T] (kMalformedFile naming it otherwise or when missing, listing the
+// tensors present); rows must exist and be selected once (kInvalidArgument naming the row); `length` > 0 cuts every window to its first `length`
 // tokens (kInvalidArgument when longer than T); 0 keeps T. Every id must lie in [0, vocab)
 // (kInvalidArgument naming tensor, row, position and id).
 std::vector<TokenWindows> ReadTokenWindows(const std::string& path,

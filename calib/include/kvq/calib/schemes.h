@@ -46,6 +46,12 @@ const SchemeInfo& SchemeByName(const std::string& name);
 // empty entries rejected naming them). Keeps the order given.
 std::vector<std::string> ParseSchemeList(const std::string& list);
 
+// Whether the scheme's catalogue entry clips with the calibration's ratios (clip_only and the
+// rotation ablations: ρ selected by kvq calibrate for OSCAR's R; oscar itself). naive,
+// hadamard, hadamard_bitrev, saw_int4 and bf16 never clip. The fair-clip policy of kvq ppl
+// (fair_clip.h) re-chooses ρ for exactly these. Throws as SchemeByName does.
+bool SchemeClipsWithCalibration(const std::string& name);
+
 // One layer of one scheme: what PagedKVCache's constructor takes.
 struct LayerScheme {
   CacheParams params;                         // Hkv, Hq, d from the activations
