@@ -590,6 +590,35 @@ std::string SummarizePpl(const PplResult& result) {
     }
     os << "\n";
   }
+  // Pooled over every window of every set (one paired interval with more windows).
+  if (result.sets.size() > 1) {
+    auto pooled = [&](const std::string& label) {
+      RowResult all;
+      for (const WindowSetResult& set : result.sets) {
+        const RowResult* r = set.Find(label);
+        if (r == nullptr) return RowResult{};
+        all.windows.insert(all.windows.end(), r->windows.begin(), r->windows.end());
+      }
+      all.label = label;
+      return all;
+    };
+    const RowResult oscar = pooled("oscar");
+    std::string line;
+    for (const char* other : {"hadamard", "naive", "raw_target"}) {
+      const RowResult r = pooled(other);
+      if (oscar.windows.empty() || r.windows.empty()) continue;
+      const PairedDelta d = CompareWithOscar(r, oscar);
+      if (!d.valid) continue;
+      char text[200];
+      std::snprintf(text, sizeof text, "%s%s %+.5f [%+.5f, %+.5f] (below OSCAR in %d/%d)",
+                    line.empty() ? "" : "; ", other, d.mean, d.low, d.high, d.won, d.windows);
+      line += text;
+    }
+    if (!line.empty()) {
+      os << "All " << oscar.windows.size() << " windows pooled, dKL vs OSCAR at positions >= "
+         << result.options.tail_from << " with its 95% interval: " << line << ".\n";
+    }
+  }
   return os.str();
 }
 

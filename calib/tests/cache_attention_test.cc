@@ -123,7 +123,9 @@ void CheckAgainstDecode(const std::string& name, int sink, int recent, int flush
   // within twice that.
   EXPECT_LE(worst_f64, cpu::kAttentionOracleTolerance);
   EXPECT_LE(worst_attend, 2 * cpu::kAttentionOracleTolerance);
-  if (name != "bf16") EXPECT_GT(with_history, 10);  // the history is exercised
+  if (name != "bf16") {
+    EXPECT_GT(with_history, 10);  // the history is exercised
+  }
   std::printf("%s S0=%d W=%d F=%d: max rel diff vs cpu::Attend %.2e, vs fp64 %.2e\n", name.c_str(),
               sink, recent, flush, worst_attend, worst_f64);
 }

@@ -26,7 +26,7 @@ void MatMul(const float* a, size_t lda, const float* b, size_t ldb, float* c, si
 void SoftmaxInPlace(float* x, size_t n);
 
 // log Σ exp(x) over n ≥ 1 finite values: max + log(Σ exp(x − max)), the sum accumulated in
-// fp32 vector lanes and reduced in fp64.
+// fp32 vector lanes over short blocks and in fp64 across them.
 double LogSumExp(const float* x, size_t n);
 
 // out [n] = silu(gate) · up = gate / (1 + exp(−gate)) · up (SwiGLU's elementwise step).
