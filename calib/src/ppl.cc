@@ -318,6 +318,9 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
     KVQ_CHECK(set.length >= 2 && set.length <= c.max_positions, kInvalidArgument, "window set '",
               set.name, "': windows of ", set.length, " tokens (2 to max_position_embeddings = ",
               c.max_positions, ")");
+    KVQ_CHECK(options.tail_from < set.length - 1, kInvalidArgument, "window set '", set.name,
+              "': windows of ", set.length, " tokens make no prediction at positions >= ",
+              options.tail_from, " (the tail set, default S0 + W): longer windows or --tail-from");
     WindowSetResult r;
     r.name = set.name;
     r.windows = set.rows;
@@ -349,9 +352,7 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
     }
   }
 
-  // Where each scheme's forward starts, and how many rows of k/v the reference keeps.
-  std::vector<int64_t> first_of(plan.size(), 0);
-  std::vector<int64_t> keep_of(windows.size(), 0);
+  // Where each row's forward starts (the reference keeps k and v up to the latest start).
   auto first_row = [&](size_t row, int64_t tokens) -> int64_t {
     const RowPlan& r = plan[row];
     if (r.kind != RowPlan::kScheme || !options.share_prefix) return 0;

@@ -266,6 +266,10 @@ TEST(Ppl, Rejections) {
   ExpectError([&] { EvaluatePerplexity(f.model, f.eval, layers, o, cpu::BestBackend()); },
               ErrorCode::kInvalidArgument, "threads 0");
   o.threads = 1;
+  o.tail_from = kLength - 1;
+  ExpectError([&] { EvaluatePerplexity(f.model, f.eval, layers, o, cpu::BestBackend()); },
+              ErrorCode::kInvalidArgument, "make no prediction at positions >= ");
+  o.tail_from = -1;
   o.schemes = ParseSchemeVariants("naive,eigenbasis_only@oscar", false);
   ExpectError([&] { EvaluatePerplexity(f.model, f.eval, layers, o, cpu::BestBackend()); },
               ErrorCode::kInvalidArgument, "1 built schemes for 2 scheme rows");

@@ -124,8 +124,9 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
                                                          const cpu::Backend& backend);
 
 // Runs the evaluation. `layers` from BuildVariantLayers (same order as options.schemes).
-// Throws kvq::Error: windows longer than the model's context or of different lengths within a
-// set, a window shorter than 2 tokens, threads < 1, layers not matching the schemes.
+// Throws kvq::Error(kInvalidArgument): windows longer than the model's context, shorter than 2
+// tokens or with no prediction at positions ≥ tail_from, threads < 1, layers not matching the
+// schemes; and what the forward and the caches throw.
 PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>& sets,
                              const std::vector<std::vector<LayerScheme>>& layers,
                              const PplOptions& options, const cpu::Backend& backend,
