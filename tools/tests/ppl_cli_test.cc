@@ -123,6 +123,11 @@ TEST(PplCli, Bf16RowIsTheReferenceAndOscarIsCompared) {
   ASSERT_EQ(rows.size(), 5u);  // reference, fp32, bf16, naive, oscar
   EXPECT_EQ(rows[0]["label"], "bf16 (reference)");
   EXPECT_EQ(rows[1]["label"], "fp32 (no cache)");
+  // The fp32 forward differs from the bf16 cache only by the rounding of K and V.
+  EXPECT_NEAR(rows[1]["ppl"].get<double>(), rows[0]["ppl"].get<double>(),
+              1e-3 * rows[0]["ppl"].get<double>());
+  EXPECT_GT(rows[1]["kl"].get<double>(), 0.0);
+  EXPECT_LT(rows[1]["kl"].get<double>(), 1e-3);
   EXPECT_EQ(rows[2]["label"], "bf16");
   EXPECT_EQ(rows[2]["kl"].get<double>(), 0.0);
   EXPECT_EQ(rows[2]["ppl"].get<double>(), rows[0]["ppl"].get<double>());
