@@ -5,8 +5,8 @@
 //
 // Method: random cache contents (never zeros) with shuffled page tables; the L2 is flushed
 // before every timed run by reading a buffer twice its size (bench/l2_flush.cuh: clean lines,
-// as rotating input buffers would leave; --flush write: the write pass of the runs before
-// pass 8, whose dirty lines the step pays to write back); CUDA events around the whole
+// as rotating input buffers would leave; --flush write: a write pass instead, whose dirty lines
+// the step pays to write back); CUDA events around the whole
 // decode step (query rotation + attention + merge); median of --iters runs after 3 warm-ups.
 // Bytes are those the step must read: the cache rows of every sequence (codes + scale/min for
 // the history, bf16 for sink/recent or the whole bf16 cache), the queries and rotations; the
@@ -15,15 +15,14 @@
 // floor: one kernel reading the same pools whole, timed the same way (ReadRangesKernel).
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
-//                                [--int8-qk 0|1] [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
-//                                [--group-epilogue 0|1] [--aux-heads N] [--window-split N]
+//                                [--int8-qk 0|1] [--aux-heads N] [--window-split N]
 //                                [--hist-split N] [--timeline] [--flush read|write]
 // (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
-// override the plan's loop of the quantized-history kernel: --int8-qk 0 selects the bf16-MMA
-// loops, which the last three shape (--chunks-per-warp 2 implies the per-field epilogue).
+// override the plan: --int8-qk 0 plans for the bf16-MMA loops (allow_int8_qk = false: the
+// packed hi/lo loop at g <= 4), --int8-qk 1 takes the int8 QK loop.
 // Without --int8-qk, when the plan takes the int8 QK loop (g <= 4) the INT2 step is also timed
-// with the bf16-MMA loop the plan would take otherwise (packed hi/lo, group epilogue) in the
-// same process on the same data: column "INT2 us, bf16 QK loop". --aux-heads N: query heads
+// with the bf16-MMA loop the plan would take otherwise (packed hi/lo, allow_int8_qk = false) in
+// the same process on the same data: column "INT2 us, bf16 QK loop". --aux-heads N: query heads
 // per block of the rotation and merge kernels instead of the plan's; --window-split N: N
 // window tokens per window block (the history split stays the plan's); --hist-split N: N
 // history tokens per history block (a multiple of 64). --timeline: after the
@@ -43,16 +42,15 @@
 #include <vector>
 
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/formats.h"
 #include "l2_flush.cuh"
 
 namespace {
 
-int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
-int g_pack_hi_lo = -1;      // --pack-hi-lo (-1: the plan's choice, and time the other too)
-int g_group_epilogue = -1;  // --group-epilogue (-1: the plan's choice)
 int g_int8_qk = -1;         // --int8-qk (-1: the plan's choice, and time the bf16 QK loop too)
 int g_aux_heads = 0;        // --aux-heads (0: the plan's choice)
 int g_window_split = 0;     // --window-split (0: the plan's choice)
@@ -273,21 +271,14 @@ std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* titl
   return out;
 }
 
+// The benchmark's cache: INT2 with a dense rotation + P_br on K and V, or the bf16 cache.
 CacheParams MakeParams(bool quantized) {
-  CacheParams c;
-  c.num_q_heads = kHq;
-  c.num_kv_heads = kHkv;
-  c.sink = kSink;
-  c.recent = kRecent;
-  c.page_size = kPage;
-  if (!quantized) c.key.format = c.value.format = kvq::Format::kBf16;
-  for (kvq::WriteParams* w : {&c.key, &c.value}) {
-    w->head_dim = kHeadDim;
-    w->group = kGroup;
-    w->bits = 2;
-    w->rotation = kvq::RotationKind::kDense;
-    w->bitrev = true;
-  }
+  namespace params = kvq::params;
+  params::Cache c =
+      params::Cache().q_heads(kHq).kv_heads(kHkv).sink(kSink).recent(kRecent).page(kPage).both(
+          params::Write().head_dim(kHeadDim).group(kGroup).bits(2)
+              .rotation(kvq::RotationKind::kDense).bitrev());
+  if (!quantized) c.bf16();
   return c;
 }
 
@@ -309,14 +300,6 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
 
   kvq::gpu::DecodeAttentionPlan plan =
       kvq::gpu::PlanDecodeAttention(c, batch, seq_len, 0, /*allow_int8_qk=*/g_int8_qk != 0);
-  if (g_chunks_per_warp > 0) plan.chunks_per_warp = g_chunks_per_warp;
-  if (g_pack_hi_lo >= 0) plan.pack_hi_lo = g_pack_hi_lo != 0;
-  if (g_group_epilogue >= 0) {
-    plan.group_epilogue = g_group_epilogue != 0;
-  } else if (plan.chunks_per_warp == 2) {
-    plan.group_epilogue = false;  // 2 chunks per warp step exist with the per-field epilogue only
-  }
-  if (plan.group_epilogue) plan.chunks_per_warp = 1;
   if (g_aux_heads > 0) plan.aux_heads_per_block = g_aux_heads;
   if (g_window_split > 0 && quantized) {
     plan.window_tokens_per_split = g_window_split;
@@ -327,8 +310,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     plan.hist_splits = static_cast<int>((paged + g_hist_split - 1) / g_hist_split);
   }
   plan.workspace_bytes = kvq::gpu::DecodeAttentionWorkspaceBytes(c, batch, plan);
-  const bool plan_int8 = plan.int8_qk;
-  if (g_int8_qk >= 0) plan.int8_qk = g_int8_qk != 0;
+  const bool plan_int8 = plan.quant_loop == kvq::gpu::QuantLoop::kInt8Qk;
+  if (g_int8_qk == 1 && quantized) plan.quant_loop = kvq::gpu::QuantLoop::kInt8Qk;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
   uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
   RandomBytes(k_codes, pages * page_codes, 11);
@@ -384,12 +367,16 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   in.seq_lens = lens_d;
   in.page_tables = tables;
   in.max_pages = std::max(pages_per_seq, 1);
-  in.key_codes = k_codes;
-  in.value_codes = v_codes;
-  in.key_scale = k_scale;
-  in.key_min = k_min;
-  in.value_scale = v_scale;
-  in.value_min = v_min;
+  // The planes of LayoutOf(c.key / c.value): affine_token codes, scale, min; bf16 rows.
+  const int rows_plane = quantized ? kvq::gpu::kAffineCodesPlane : kvq::gpu::kBf16RowsPlane;
+  in.key_planes[rows_plane] = k_codes;
+  in.value_planes[rows_plane] = v_codes;
+  if (quantized) {
+    in.key_planes[kvq::gpu::kAffineScalePlane] = reinterpret_cast<const uint8_t*>(k_scale);
+    in.key_planes[kvq::gpu::kAffineMinPlane] = reinterpret_cast<const uint8_t*>(k_min);
+    in.value_planes[kvq::gpu::kAffineScalePlane] = reinterpret_cast<const uint8_t*>(v_scale);
+    in.value_planes[kvq::gpu::kAffineMinPlane] = reinterpret_cast<const uint8_t*>(v_min);
+  }
   in.sink_key = sink_k;
   in.sink_value = sink_v;
   in.recent_key = recent_k;
@@ -494,9 +481,6 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) only_len = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--int2-only")) int2_only = true;
-    else if (!std::strcmp(argv[i], "--chunks-per-warp") && i + 1 < argc) g_chunks_per_warp = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--pack-hi-lo") && i + 1 < argc) g_pack_hi_lo = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--group-epilogue") && i + 1 < argc) g_group_epilogue = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--int8-qk") && i + 1 < argc) g_int8_qk = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--aux-heads") && i + 1 < argc) g_aux_heads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--window-split") && i + 1 < argc) g_window_split = std::atoi(argv[++i]);
@@ -519,13 +503,9 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
     std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2 "
-                "(flushed by a %s pass)%s%s%s\n\n",
+                "(flushed by a %s pass)%s\n\n",
                 copy_bw / 1e9, iters, kvq::bench::FlushModeName(flush),
-                g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"),
-                g_chunks_per_warp > 0 ? (g_chunks_per_warp == 1 ? "; 1 chunk per warp step"
-                                                                : "; 2 chunks per warp step")
-                                      : "",
-                g_pack_hi_lo < 0 ? "" : (g_pack_hi_lo ? "; packed hi/lo" : "; two-MMA loop"));
+                g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"));
     std::printf("# an empty kernel, timed the same way: %.1f us\n\n", empty_us);
     std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | read floor us | "
                 "INT2 / floor | INT2 us, bf16 QK loop | kvq BF16 us | BF16 GB/s | of copy BW | "

@@ -159,6 +159,7 @@ void RunPplCommand(const PplCommand& cmd) {
     need_calibration = need_calibration || calib::SchemeByName(v.scheme).needs_calibration ||
                        clip == calib::ClipChoice::kOscar;
     need_capture = need_capture || clip == calib::ClipChoice::kOwn || v.scheme == "raw_target";
+    // (raw_target: a format_version 1 calibration gets its raw rotations from the capture)
   }
   need_capture = need_capture || (need_calibration && cmd.calibration.empty());
 
@@ -212,6 +213,9 @@ void RunPplCommand(const PplCommand& cmd) {
     if (!given(cmd.bits_option)) bits = cal.info.bits;
     if (!given(cmd.sink_option)) sink = cal.info.sink;
     if (!given(cmd.recent_option)) recent = cal.info.recent;
+    if (need_capture && !cal.layers.empty() && cal.layers[0].raw_k_rotation.empty()) {
+      calib::AddRawTargetRotations(calib_acts, &cal);  // a format_version 1 file
+    }
     std::printf("; calibration %s", cmd.calibration.c_str());
   } else if (need_calibration) {
     calib::CalibrationOptions options;

@@ -1,4 +1,5 @@
-// kvq conform --backend NAME [--vectors DIR]: replays the golden vectors against backends of the
+// kvq conform --backend NAME [--vectors DIR]: replays the golden vectors (default folder:
+// conformance::DefaultVectorsDir, beside the binary or $KVQ_VECTORS_DIR) against backends of the
 // one backend list (kvq/backends.h: `all`, `cpu`, `gpu`, or one by name), prints a case x
 // backend pass/fail table with the first mismatch of each failure, and fails (kvq::Error
 // kMismatch, exit status 2) when any case fails.
@@ -19,7 +20,7 @@ namespace {
 
 struct ConformOptions {
   std::string backend;
-  std::string vectors = kvq::conformance::DefaultVectorsDir();
+  std::string vectors;  // empty: kvq::conformance::DefaultVectorsDir()
   bool failures_only = false;
 };
 
@@ -29,7 +30,9 @@ void RunConform(const ConformOptions& options) {
   const std::vector<const kvq::cpu::Backend*> targets = kvq::SelectBackends(options.backend);
   KVQ_CHECK(!targets.empty(), kUnsupported, "--backend ", options.backend,
             ": no backend is available");
-  const kvq::conformance::VectorSet vectors = kvq::conformance::LoadVectorSet(options.vectors);
+  const std::string dir =
+      options.vectors.empty() ? kvq::conformance::DefaultVectorsDir() : options.vectors;
+  const kvq::conformance::VectorSet vectors = kvq::conformance::LoadVectorSet(dir);
 
   std::vector<std::vector<CaseResult>> results;  // [target][case]
   for (const kvq::cpu::Backend* target : targets) {
@@ -80,7 +83,7 @@ void RunConform(const ConformOptions& options) {
     }
   }
   std::printf("\n%zu cases x %zu backends (%s, spec %s): %zu passed, %zu failed, %zu skipped\n",
-              vectors.cases.size(), targets.size(), options.vectors.c_str(),
+              vectors.cases.size(), targets.size(), dir.c_str(),
               vectors.manifest.spec_version.c_str(), passed, failed, skipped);
   std::fflush(stdout);
   KVQ_CHECK(failed == 0, kMismatch, "conformance failed: ", failed, " of ",
@@ -97,7 +100,9 @@ void setup_conform(CLI::App& app) {
       ->add_option("--backend", options->backend,
                    "all, cpu (every CPU backend), gpu, or a backend name (scalar, hwy_avx2, ...)")
       ->required();
-  conform->add_option("--vectors", options->vectors, "Vectors folder")->capture_default_str();
+  conform->add_option("--vectors", options->vectors,
+                      "Vectors folder (default: vectors/ beside the kvq binary, else "
+                      "../share/kvq/vectors from it, else $KVQ_VECTORS_DIR)");
   conform->add_flag("--failures-only", options->failures_only,
                     "Print only the table rows of failing cases");
   conform->callback([options] { RunConform(*options); });

@@ -11,7 +11,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
-#include "kvq/calib/metadata.h"
+#include "kvq/common/metadata.h"
 
 namespace kvq::calib {
 namespace {
@@ -186,7 +186,7 @@ Safetensors ActivationsToSafetensors(const Activations& acts, DType storage) {
   file.metadata["num_q_heads"] = std::to_string(info.num_q_heads);
   file.metadata["num_kv_heads"] = std::to_string(info.num_kv_heads);
   file.metadata["head_dim"] = std::to_string(info.head_dim);
-  file.metadata["rope_base"] = FormatDouble(info.rope_base);
+  file.metadata["rope_base"] = ShortestDouble(info.rope_base);
   file.metadata["tokens"] = std::to_string(info.tokens);
   file.metadata["calib_tokens"] = std::to_string(info.calib_tokens);
   if (info.segment_tokens > 0) {

@@ -100,8 +100,30 @@ std::vector<float> GatherRows(const Activations& acts, int layer, int kv_head, b
 
 struct HeadTargets {
   MatrixXd query, value;          // C_Q and the chosen value target
-  MatrixXd raw_key, raw_value;    // KᵀK/N and VᵀV/N (raw-target recipe only)
+  MatrixXd raw_key, raw_value;    // KᵀK/N and VᵀV/N (the raw-target rotations and recipe)
 };
+
+// One side's raw-target rotations [Hkv, d, d] from its per-KV-head raw covariances: each
+// head's own (per KV head) or the mean over the heads, summed in head order (per layer).
+std::vector<float> RawRotationsFrom(const std::vector<const MatrixXd*>& per_head,
+                                    Granularity granularity, int d) {
+  const int hkv = static_cast<int>(per_head.size());
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(hkv) * d * d);
+  auto append = [&](const MatrixXd& target) {
+    const std::vector<float> r = ToRowMajorF32(OscarRotation(SortedEigenBasis(target).vectors));
+    out.insert(out.end(), r.begin(), r.end());
+  };
+  if (granularity == Granularity::kLayer) {
+    MatrixXd mean = MatrixXd::Zero(d, d);
+    for (const MatrixXd* target : per_head) mean += *target;
+    mean /= hkv;
+    for (int h = 0; h < hkv; ++h) append(mean);
+  } else {
+    for (const MatrixXd* target : per_head) append(*target);
+  }
+  return out;
+}
 
 struct SideResult {
   EigenBasis basis;
@@ -188,6 +210,40 @@ RotationRecipe ParseRotationRecipe(const std::string& text) {
   return RotationRecipe::kOscar;
 }
 
+void RawTargetRotations(const Activations& acts, int layer, Granularity granularity,
+                        std::vector<float>* keys, std::vector<float>* values) {
+  ValidateActivations(acts);
+  const ActivationsInfo& info = acts.info;
+  KVQ_CHECK(layer >= 0 && layer < info.num_layers, kInvalidArgument, "layer ", layer,
+            " out of range [0, ", info.num_layers, ")");
+  std::vector<MatrixXd> k(info.num_kv_heads), v(info.num_kv_heads);
+  std::vector<const MatrixXd*> kp, vp;
+  for (int h = 0; h < info.num_kv_heads; ++h) {
+    k[h] = RawCovariance(acts, layer, h, true, info.calib_tokens);
+    v[h] = RawCovariance(acts, layer, h, false, info.calib_tokens);
+    kp.push_back(&k[h]);
+    vp.push_back(&v[h]);
+  }
+  *keys = RawRotationsFrom(kp, granularity, info.head_dim);
+  *values = RawRotationsFrom(vp, granularity, info.head_dim);
+}
+
+void AddRawTargetRotations(const Activations& acts, Calibration* cal) {
+  const ActivationsInfo& a = acts.info;
+  const CalibrationInfo& c = cal->info;
+  KVQ_CHECK(c.num_layers == a.num_layers && c.num_kv_heads == a.num_kv_heads &&
+                c.head_dim == a.head_dim,
+            kShapeMismatch, "calibration has ", c.num_layers, " layers x ", c.num_kv_heads,
+            " KV heads x d=", c.head_dim, " but the activations have ", a.num_layers,
+            " layers x ", a.num_kv_heads, " KV heads x d=", a.head_dim);
+  const Granularity granularity = ParseGranularity(c.granularity);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerCalibration& layer = cal->layers[l];
+    RawTargetRotations(acts, l, granularity, &layer.raw_k_rotation, &layer.raw_v_rotation);
+  }
+  ValidateCalibration(*cal);
+}
+
 Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
                       const cpu::Backend& backend, const ProgressCallback& progress,
                       ClipReport* report) {
@@ -242,10 +298,8 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
           }
           case ValueTarget::kRaw: t.value = RawCovariance(acts, l, h, false, tokens); break;
         }
-        if (o.rotation == RotationRecipe::kRawTarget) {
-          t.raw_key = RawCovariance(acts, l, h, true, tokens);
-          t.raw_value = RawCovariance(acts, l, h, false, tokens);
-        }
+        t.raw_key = RawCovariance(acts, l, h, true, tokens);
+        t.raw_value = RawCovariance(acts, l, h, false, tokens);
       },
       tick);
 
@@ -314,6 +368,14 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
                   layer.v_basis, layer.v_eigenvalues);
           }
         }
+        std::vector<const MatrixXd*> raw_keys, raw_values;
+        for (int h = 0; h < hkv; ++h) {
+          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
+          raw_keys.push_back(&t.raw_key);
+          raw_values.push_back(&t.raw_value);
+        }
+        layer.raw_k_rotation = RawRotationsFrom(raw_keys, o.granularity, d);
+        layer.raw_v_rotation = RawRotationsFrom(raw_values, o.granularity, d);
         // Clip: the error of each head's rows weighted by that head's own attention-aware
         // target (C_Q for K, the chosen value target for V), summed over the layer's heads.
         std::vector<std::vector<float>> key_rows(hkv), value_rows(hkv);

@@ -236,13 +236,11 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
 
   // Attention over the query rows. Column r of a [keys, R] matrix is one query row.
   const int64_t rows = data.rows();
-  const int recent = cp.quantized() ? cp.recent : 0;
-  // History rows (cache index i ↔ position s0 + i) a query at position p reads quantized:
-  // positions [s0, p + 1 − W), clamped to the history.
+  // History rows (cache index i ↔ position s0 + i) a query at position p reads quantized: the
+  // history of the cache at length p + 1, positions [s0, s0 + H(p + 1)) (spec/cache.md §2).
   auto history_end = [&](int64_t r) -> int64_t {
     if (history == 0) return 0;
-    const int64_t end = data.position(r) + 1 - recent - s0;
-    return std::max<int64_t>(0, std::min<int64_t>(end, history));
+    return std::min<int64_t>(cp.HistoryTokens(data.position(r) + 1), history);
   };
   MatrixXd logit_delta;  // [history, R]
   if (history > 0) logit_delta.noalias() = data.scale * (delta_k * data.q.transpose());

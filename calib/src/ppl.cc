@@ -228,17 +228,13 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
                                                          const Calibration* cal,
                                                          const PplOptions& options,
                                                          const cpu::Backend& backend) {
-  Activations shape;
-  const Activations* acts = calib_acts;
-  if (acts == nullptr) {
-    shape.info.num_layers = config.num_layers;
-    shape.info.num_q_heads = config.num_q_heads;
-    shape.info.num_kv_heads = config.num_kv_heads;
-    shape.info.head_dim = config.head_dim;
-    shape.info.rope_base = config.rope_theta;
-    acts = &shape;
-  } else {
-    const ActivationsInfo& a = acts->info;
+  SchemeShape shape;
+  shape.num_layers = config.num_layers;
+  shape.num_kv_heads = config.num_kv_heads;
+  shape.num_q_heads = config.num_q_heads;
+  shape.head_dim = config.head_dim;
+  if (calib_acts != nullptr) {
+    const ActivationsInfo& a = calib_acts->info;
     KVQ_CHECK(a.num_layers == config.num_layers && a.num_q_heads == config.num_q_heads &&
                   a.num_kv_heads == config.num_kv_heads && a.head_dim == config.head_dim,
               kShapeMismatch, "the calibration capture has ", a.num_layers, " layers, Hq=",
@@ -266,7 +262,7 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
   ParallelItems(n * L, options.threads, [&](int unit) {
     const SchemeVariant& v = options.schemes[unit / L];
     const int l = unit % L;
-    LayerScheme s = BuildLayerScheme(v.scheme, *acts, cal, l, options.scheme);
+    LayerScheme s = BuildLayerScheme(v.scheme, shape, cal, l, options.scheme);
     ApplyClipChoice(v, cal, calib_acts, own ? &targets : nullptr, l, grid, backend, &s);
     out[unit / L][l] = std::move(s);
   });

@@ -4,78 +4,34 @@
 #include <set>
 #include <sstream>
 
-#include "kvq/calib/covariance.h"
+#include "kvq/calib/calibrate.h"
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
+#include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 
 namespace kvq::calib {
 namespace {
 
-// How a scheme's rotation is made (per KV head and side).
-enum class Recipe {
-  kBf16,             // no quantization at all
-  kIdentity,         // naive INT-b
-  kHadamard,         // FWHT (full block)
-  kHadamardBitrev,   // FWHT then P_br
-  kClipOnly,         // identity with the calibrated clip
-  kRandomOrthogonal, // seeded Haar-random dense matrix, calibrated clip
-  kRawTarget,        // U'·H·P_br, U' from KᵀK / VᵀV of the calibration tokens, calibrated clip
-  kEigenbasisOnly,   // U, calibrated clip
-  kNoHadamard,       // U·P_br, calibrated clip
-  kNoBitrev,         // U·H, calibrated clip
-  kOscar,            // the calibration's R and clip
-  kSawInt4,          // INT4, block-diagonal FWHT, no clip
-};
-
-struct Entry {
-  SchemeInfo info;
-  Recipe recipe;
-};
-
-const std::vector<Entry>& Entries() {
-  static const std::vector<Entry> entries = {
-      {{"bf16", "BF16 cache, nothing quantized (the reference's storage)", false}, Recipe::kBf16},
-      {{"naive", "INT-b per-token groups, no rotation, no clip", false}, Recipe::kIdentity},
-      {{"hadamard", "QuaRot-style: FWHT then INT-b, no clip", false}, Recipe::kHadamard},
-      {{"hadamard_bitrev", "FWHT then P_br then INT-b, no clip (H*P_br, table 4 'w/o U')", false},
-       Recipe::kHadamardBitrev},
-      {{"clip_only", "no rotation, the calibrated clip (table 4 'no rotation')", true},
-       Recipe::kClipOnly},
-      {{"random_orthogonal", "seeded Haar-random orthogonal R, the calibrated clip", true},
-       Recipe::kRandomOrthogonal},
-      {{"raw_target", "U'*H*P_br with U' from K^T K / V^T V, the calibrated clip", true},
-       Recipe::kRawTarget},
-      {{"eigenbasis_only", "U alone (table 10 row U_Q), the calibrated clip", true},
-       Recipe::kEigenbasisOnly},
-      {{"oscar_no_hadamard", "U*P_br (table 4 'w/o H'), the calibrated clip", true},
-       Recipe::kNoHadamard},
-      {{"oscar_no_bitrev", "U*H (table 4 'w/o P_br'), the calibrated clip", true},
-       Recipe::kNoBitrev},
-      {{"oscar", "the calibration's R_K, R_V and clip ratios (U*H*P_br)", true}, Recipe::kOscar},
-      {{"saw_int4", "SAW-INT4: block-diagonal FWHT then INT4, no clip", false}, Recipe::kSawInt4},
+// The catalogue (schemes.inc) as a table.
+const std::vector<SchemeInfo>& Table() {
+  static const std::vector<SchemeInfo> table = {
+#define KVQ_SCHEME(id, rotation, format, bits, clip, calibration, summary)                   \
+  SchemeInfo{#id, summary, calibration, SchemeRotation::k##rotation, Format::k##format, bits, \
+             ClipPolicy::clip},
+#include "kvq/calib/schemes.inc"
+#undef KVQ_SCHEME
   };
-  return entries;
+  return table;
 }
 
-const Entry& EntryByName(const std::string& name) {
-  std::string names;
-  for (const Entry& e : Entries()) {
-    if (name == e.info.name) return e;
-    names += names.empty() ? e.info.name : std::string(", ") + e.info.name;
-  }
-  KVQ_CHECK(false, kInvalidArgument, "unknown scheme '", name, "' (valid: ", names, ")");
-  return Entries().front();
-}
-
-void CheckCalibrationMatches(const Activations& acts, const Calibration& cal) {
-  const ActivationsInfo& a = acts.info;
+void CheckCalibrationMatches(const SchemeShape& shape, const Calibration& cal) {
   const CalibrationInfo& c = cal.info;
-  KVQ_CHECK(c.num_layers == a.num_layers && c.num_kv_heads == a.num_kv_heads &&
-                c.head_dim == a.head_dim && static_cast<int>(cal.layers.size()) == c.num_layers,
+  KVQ_CHECK(c.num_layers == shape.num_layers && c.num_kv_heads == shape.num_kv_heads &&
+                c.head_dim == shape.head_dim && static_cast<int>(cal.layers.size()) == c.num_layers,
             kShapeMismatch, "calibration has ", c.num_layers, " layers x ", c.num_kv_heads,
-            " KV heads x d=", c.head_dim, " but the activations have ", a.num_layers,
-            " layers x ", a.num_kv_heads, " KV heads x d=", a.head_dim);
+            " KV heads x d=", c.head_dim, " but the scheme is built for ", shape.num_layers,
+            " layers x ", shape.num_kv_heads, " KV heads x d=", shape.head_dim);
 }
 
 // Appends one d×d fp64 matrix as fp32 row-major.
@@ -88,52 +44,43 @@ MatrixXd StoredMatrix(const std::vector<float>& all, int head, int d) {
   return FromRowMajorF32(all.data() + static_cast<size_t>(head) * d * d, d, d);
 }
 
-// U' of the raw target (KᵀK / VᵀV over the calibration tokens), honouring the calibration's
-// granularity (per layer: the mean over the layer's KV heads, as calibrate does).
-MatrixXd RawTargetBasis(const Activations& acts, const Calibration& cal, int layer, int head,
-                        bool keys) {
-  const int64_t tokens = acts.info.calib_tokens;
-  if (cal.info.granularity == "layer") {
-    const int d = acts.info.head_dim;
-    MatrixXd mean = MatrixXd::Zero(d, d);
-    for (int h = 0; h < acts.info.num_kv_heads; ++h) {
-      mean += RawCovariance(acts, layer, h, keys, tokens);
-    }
-    mean /= acts.info.num_kv_heads;
-    return SortedEigenBasis(mean).vectors;
-  }
-  return SortedEigenBasis(RawCovariance(acts, layer, head, keys, tokens)).vectors;
-}
-
 }  // namespace
 
-const std::vector<SchemeInfo>& Schemes() {
-  static const std::vector<SchemeInfo> infos = [] {
-    std::vector<SchemeInfo> v;
-    for (const Entry& e : Entries()) v.push_back(e.info);
-    return v;
-  }();
-  return infos;
+const char* ClipPolicyName(ClipPolicy policy) {
+  switch (policy) {
+    case ClipPolicy::kNone: return "none";
+    case ClipPolicy::kCalibration: return "calibration";
+  }
+  return "unknown";
 }
 
-const SchemeInfo& SchemeByName(const std::string& name) { return EntryByName(name).info; }
+const std::vector<SchemeInfo>& Schemes() { return Table(); }
+
+const SchemeInfo& SchemeByName(const std::string& name) {
+  for (const SchemeInfo& s : Table()) {
+    if (name == s.name) return s;
+  }
+  KVQ_CHECK(false, kInvalidArgument, "unknown scheme '", name, "' (valid: ", SchemeNames(), ")");
+  return Table().front();
+}
+
+std::string SchemeNames(const std::string& separator) {
+  std::string names;
+  for (const SchemeInfo& s : Table()) names += (names.empty() ? "" : separator) + s.name;
+  return names;
+}
+
+SchemeShape ShapeOf(const ActivationsInfo& info) {
+  SchemeShape shape;
+  shape.num_layers = info.num_layers;
+  shape.num_kv_heads = info.num_kv_heads;
+  shape.num_q_heads = info.num_q_heads;
+  shape.head_dim = info.head_dim;
+  return shape;
+}
 
 bool SchemeClipsWithCalibration(const std::string& name) {
-  switch (EntryByName(name).recipe) {
-    case Recipe::kClipOnly:
-    case Recipe::kRandomOrthogonal:
-    case Recipe::kRawTarget:
-    case Recipe::kEigenbasisOnly:
-    case Recipe::kNoHadamard:
-    case Recipe::kNoBitrev:
-    case Recipe::kOscar: return true;
-    case Recipe::kBf16:
-    case Recipe::kIdentity:
-    case Recipe::kHadamard:
-    case Recipe::kHadamardBitrev:
-    case Recipe::kSawInt4: return false;
-  }
-  return false;
+  return SchemeByName(name).clip == ClipPolicy::kCalibration;
 }
 
 std::vector<std::string> ParseSchemeList(const std::string& list) {
@@ -156,44 +103,44 @@ std::vector<std::string> ParseSchemeList(const std::string& list) {
   return names;
 }
 
-LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
+LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& o) {
-  const Entry& entry = EntryByName(name);
-  const ActivationsInfo& info = acts.info;
-  KVQ_CHECK(layer >= 0 && layer < info.num_layers, kInvalidArgument, "layer ", layer,
-            " out of range [0, ", info.num_layers, ")");
-  if (entry.info.needs_calibration) {
+  const SchemeInfo& info = SchemeByName(name);
+  KVQ_CHECK(layer >= 0 && layer < shape.num_layers, kInvalidArgument, "layer ", layer,
+            " out of range [0, ", shape.num_layers, ")");
+  if (info.needs_calibration) {
     KVQ_CHECK(cal != nullptr, kInvalidArgument, "scheme '", name,
               "' needs a calibration (kvq calibrate; kvq eval --calibration FILE)");
-    CheckCalibrationMatches(acts, *cal);
+    CheckCalibrationMatches(shape, *cal);
   }
-  const int d = info.head_dim;
-  const int hkv = info.num_kv_heads;
+  const int d = shape.head_dim;
+  const int hkv = shape.num_kv_heads;
 
   LayerScheme s;
   CacheParams& p = s.params;
   p.num_kv_heads = hkv;
-  p.num_q_heads = info.num_q_heads;
+  p.num_q_heads = shape.num_q_heads;
   p.sink = o.sink;
   p.recent = o.recent;
   p.page_size = o.page;
-  if (entry.recipe == Recipe::kBf16) p.key.format = p.value.format = Format::kBf16;
   for (WriteParams* w : {&p.key, &p.value}) {
     w->head_dim = d;
+    w->format = info.format;
     w->group = o.group;
-    w->bits = o.bits;
+    w->bits = info.BitsUnder(o);
     w->clip = 1.0f;
     w->rotation = RotationKind::kIdentity;
     w->hadamard_block = 0;
     w->bitrev = false;
   }
-  const LayerCalibration* lc = cal != nullptr && entry.info.needs_calibration
-                                   ? &cal->layers[layer]
-                                   : nullptr;
-  auto use_calibrated_clip = [&]() {
-    s.clip_k = lc->k_clip;
-    s.clip_v = lc->v_clip;
-  };
+  const LayerCalibration* lc = info.needs_calibration ? &cal->layers[layer] : nullptr;
+  switch (info.clip) {
+    case ClipPolicy::kNone: break;
+    case ClipPolicy::kCalibration:
+      s.clip_k = lc->k_clip;
+      s.clip_v = lc->v_clip;
+      break;
+  }
   auto dense = [&](auto&& make /* (head, keys) -> MatrixXd */) {
     p.key.rotation = p.value.rotation = RotationKind::kDense;
     for (int h = 0; h < hkv; ++h) {
@@ -201,66 +148,91 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
       AppendMatrix(make(h, false), s.rotation_v);
     }
   };
+  auto stored = [&](const std::vector<float>& k, const std::vector<float>& v) {
+    p.key.rotation = p.value.rotation = RotationKind::kDense;
+    s.rotation_k = k;
+    s.rotation_v = v;
+  };
   auto basis = [&](int h, bool keys) {
     return StoredMatrix(keys ? lc->k_basis : lc->v_basis, h, d);
   };
 
-  switch (entry.recipe) {
-    case Recipe::kBf16:
-    case Recipe::kIdentity: break;
-    case Recipe::kHadamard:
+  // The one place that turns a catalogue row's rotation into matrices and flags.
+  switch (info.rotation) {
+    case SchemeRotation::kIdentity: break;
+    case SchemeRotation::kHadamard:
       p.key.rotation = p.value.rotation = RotationKind::kHadamard;
       break;
-    case Recipe::kHadamardBitrev:
+    case SchemeRotation::kHadamardBitrev:
       p.key.rotation = p.value.rotation = RotationKind::kHadamard;
       p.key.bitrev = p.value.bitrev = true;
       break;
-    case Recipe::kClipOnly: use_calibrated_clip(); break;
-    case Recipe::kRandomOrthogonal:
+    case SchemeRotation::kBlockHadamard: {
+      KVQ_CHECK(o.saw_block >= 16 && o.saw_block <= 256 && (o.saw_block & (o.saw_block - 1)) == 0,
+                kInvalidArgument, "saw_block ", o.saw_block,
+                " must be a power of two in [16, 256]");
+      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
+      const int block = std::min(o.saw_block, d);
+      p.key.hadamard_block = p.value.hadamard_block = block == d ? 0 : block;
+      break;
+    }
+    case SchemeRotation::kRandomOrthogonal:
       dense([&](int h, bool keys) {
         const uint64_t key = DeriveSeed(o.seed, {static_cast<uint64_t>(layer),
                                                  static_cast<uint64_t>(h), keys ? 0u : 1u});
         return RandomOrthogonal(d, key);
       });
-      use_calibrated_clip();
       break;
-    case Recipe::kRawTarget:
-      dense([&](int h, bool keys) {
-        return OscarRotation(RawTargetBasis(acts, *cal, layer, h, keys));
-      });
-      use_calibrated_clip();
+    case SchemeRotation::kRawTarget:
+      KVQ_CHECK(!lc->raw_k_rotation.empty() && !lc->raw_v_rotation.empty(), kInvalidArgument,
+                "scheme '", name, "' needs the calibration's raw-target rotations (tensors "
+                "layers.", layer, ".raw_k_rotation and layers.", layer,
+                ".raw_v_rotation), which this calibration lacks: it is a format_version ",
+                kCalibrationFormatVersionWithoutRawTarget, " file; re-run kvq calibrate to get "
+                "format_version ", kCalibrationFormatVersion);
+      stored(lc->raw_k_rotation, lc->raw_v_rotation);
       break;
-    case Recipe::kEigenbasisOnly:
+    case SchemeRotation::kEigenbasis:
       dense([&](int h, bool keys) { return basis(h, keys); });
-      use_calibrated_clip();
       break;
-    case Recipe::kNoHadamard:
+    case SchemeRotation::kEigenbasisBitrev:
       dense([&](int h, bool keys) { return BasisBitReversal(basis(h, keys)); });
-      use_calibrated_clip();
       break;
-    case Recipe::kNoBitrev:
+    case SchemeRotation::kEigenbasisHadamard:
       dense([&](int h, bool keys) { return BasisHadamard(basis(h, keys)); });
-      use_calibrated_clip();
       break;
-    case Recipe::kOscar:
-      p.key.rotation = p.value.rotation = RotationKind::kDense;
-      s.rotation_k = lc->k_rotation;
-      s.rotation_v = lc->v_rotation;
-      use_calibrated_clip();
+    case SchemeRotation::kCalibrated:
+      stored(lc->k_rotation, lc->v_rotation);
       break;
-    case Recipe::kSawInt4: {
-      KVQ_CHECK(o.saw_block >= 16 && o.saw_block <= 256 && (o.saw_block & (o.saw_block - 1)) == 0,
-                kInvalidArgument, "saw_block ", o.saw_block,
-                " must be a power of two in [16, 256]");
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      p.key.bits = p.value.bits = 4;
-      const int block = std::min(o.saw_block, d);
-      p.key.hadamard_block = p.value.hadamard_block = block == d ? 0 : block;
-      break;
-    }
   }
   p.Validate();
   return s;
+}
+
+LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
+                             const Calibration* cal, int layer, const SchemeOptions& options) {
+  return BuildLayerScheme(name, ShapeOf(acts.info), cal, layer, options);
+}
+
+Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
+                                 int64_t tokens, uint64_t seed, int threads) {
+  SynthOptions synth;
+  synth.seed = seed;
+  synth.num_layers = shape.num_layers;
+  synth.num_q_heads = shape.num_q_heads;
+  synth.num_kv_heads = shape.num_kv_heads;
+  synth.head_dim = shape.head_dim;
+  synth.tokens = tokens;
+  synth.threads = threads;
+  const Activations acts = Synthesize(synth);
+  CalibrationOptions c;
+  c.group = options.group;
+  c.bits = options.bits;
+  c.sink = options.sink;
+  c.recent = options.recent;
+  c.threads = threads;
+  c.source = "kvq synth seed=" + std::to_string(seed) + " (SyntheticCalibration)";
+  return Calibrate(acts, c, cpu::ScalarBackend());
 }
 
 LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/testbed/compare.h"
 #include "test_util.h"
 
 namespace kvq::calib {
@@ -150,10 +152,11 @@ TEST(CacheAttention, Bf16CacheIsDenseBf16AttentionBitForBit) {
   std::vector<float> a(x.tokens * kHq * kD), b(a.size());
   cached.Attend(0, 0, x.tokens, x.q.data(), x.k.data(), x.v.data(), a.data());
   dense.Attend(0, 0, x.tokens, x.q.data(), x.k.data(), x.v.data(), b.data());
-  EXPECT_TRUE(testing::SameBits(a, b));
+  EXPECT_TRUE(testbed::BitsEqual("bf16_cache_vs_dense_bf16", b, a, kD));
   DenseAttention exact(Shape(), KvRounding::kNone);
   exact.Attend(0, 0, x.tokens, x.q.data(), x.k.data(), x.v.data(), b.data());
-  EXPECT_FALSE(testing::SameBits(a, b));  // k and v are not bf16 values: rounding matters
+  // k and v are not bf16 values: the rounding matters.
+  EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
 TEST(CacheAttention, RowsDoNotDependOnTheFirstComputedRow) {
@@ -165,9 +168,9 @@ TEST(CacheAttention, RowsDoNotDependOnTheFirstComputedRow) {
     std::vector<float> tail((x.tokens - first) * kHq * kD);
     cached.Attend(0, first, x.tokens - first, x.q.data() + first * kHq * kD, x.k.data(),
                   x.v.data(), tail.data());
-    EXPECT_TRUE(testing::SameBits(std::vector<float>(all.begin() + first * kHq * kD, all.end()),
-                                  tail))
-        << "first " << first;
+    EXPECT_TRUE(testbed::BitsEqual("cache_rows_from_" + std::to_string(first),
+                                   std::vector<float>(all.begin() + first * kHq * kD, all.end()),
+                                   tail, kD));
   }
 }
 

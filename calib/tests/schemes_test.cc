@@ -13,12 +13,13 @@
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/testbed/compare.h"
 #include "test_util.h"
 
 namespace kvq::calib {
 namespace {
 
-using testing::SameBits;
+using testbed::BitsEqual;
 using testing::SmallSchemeOptions;
 
 struct Fixture {
@@ -145,36 +146,148 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
     };
     const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, layer, o);
     EXPECT_EQ(oscar.params.key.rotation, RotationKind::kDense);
-    EXPECT_TRUE(SameBits(oscar.rotation_k, lc.k_rotation));
-    EXPECT_TRUE(SameBits(oscar.rotation_v, lc.v_rotation));
-    EXPECT_TRUE(SameBits(oscar.clip_k, lc.k_clip));
-    EXPECT_TRUE(SameBits(oscar.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("rotation_k", oscar.rotation_k, lc.k_rotation));
+    EXPECT_TRUE(BitsEqual("rotation_v", oscar.rotation_v, lc.v_rotation));
+    EXPECT_TRUE(BitsEqual("clip_k", oscar.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", oscar.clip_v, lc.v_clip));
 
     const LayerScheme nb = BuildLayerScheme("oscar_no_bitrev", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(SameBits(nb.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nb.rotation_k, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.k_basis, h));
                          })));
-    EXPECT_TRUE(SameBits(nb.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", nb.rotation_v, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.v_basis, h));
                          })));
-    EXPECT_TRUE(SameBits(nb.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", nb.clip_k, lc.k_clip));
     const LayerScheme nh = BuildLayerScheme("oscar_no_hadamard", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(SameBits(nh.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nh.rotation_k, PerHead(2, [&](int h) {
                            return BasisBitReversal(basis(lc.k_basis, h));
                          })));
     const LayerScheme raw = BuildLayerScheme("raw_target", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(SameBits(raw.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", raw.rotation_v, PerHead(2, [&](int h) {
                            return OscarRotation(
                                SortedEigenBasis(RawCovariance(f.acts, layer, h, false,
                                                               f.acts.info.calib_tokens))
                                    .vectors);
                          })));
-    EXPECT_TRUE(SameBits(raw.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", raw.clip_v, lc.v_clip));
     const LayerScheme clip = BuildLayerScheme("clip_only", f.acts, &f.cal, layer, o);
     EXPECT_EQ(clip.params.key.rotation, RotationKind::kIdentity);
-    EXPECT_TRUE(SameBits(clip.clip_k, lc.k_clip));
-    EXPECT_TRUE(SameBits(clip.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", clip.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", clip.clip_v, lc.v_clip));
   }
+}
+
+// The catalogue's columns (schemes.inc) decide what BuildLayerScheme makes: the format, the
+// bits (shared or the scheme's own), the clip policy and whether a calibration is needed.
+TEST(Schemes, CatalogueColumnsDecideTheBuild) {
+  const Fixture& f = Small();
+  ASSERT_EQ(Schemes().size(), ParseSchemeList("all").size());
+  for (const SchemeInfo& s : Schemes()) {
+    EXPECT_EQ(&SchemeByName(s.name), &s) << s.name;
+    EXPECT_NE(SchemeNames().find(s.name), std::string::npos);
+    EXPECT_GT(std::string(s.description).size(), 10u) << s.name;
+    for (int bits : {2, 4}) {
+      SchemeOptions o = SmallSchemeOptions();
+      o.bits = bits;
+      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, 1, o);
+      EXPECT_EQ(ls.params.key.format, s.format) << s.name;
+      EXPECT_EQ(ls.params.value.format, s.format) << s.name;
+      EXPECT_EQ(ls.params.quantized(), s.quantized()) << s.name;
+      if (s.quantized()) {
+        const int expected = s.bits == kSharedBits ? bits : s.bits;
+        EXPECT_EQ(ls.params.key.bits, expected) << s.name;
+        EXPECT_EQ(ls.params.value.bits, expected) << s.name;
+        EXPECT_EQ(s.BitsUnder(o), expected) << s.name;
+      }
+      switch (s.clip) {
+        case ClipPolicy::kNone:
+          EXPECT_TRUE(ls.clip_k.empty() && ls.clip_v.empty()) << s.name;
+          EXPECT_EQ(ls.params.key.clip, 1.0f) << s.name;
+          break;
+        case ClipPolicy::kCalibration:
+          EXPECT_TRUE(BitsEqual("clip_k", ls.clip_k, f.cal.layers[1].k_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_v", ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
+          break;
+      }
+    }
+    // A calibration is needed exactly when the row says so.
+    if (s.needs_calibration) {
+      testing::ExpectError(
+          [&] { BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions()); },
+          ErrorCode::kInvalidArgument, "needs a calibration");
+    } else {
+      const LayerScheme without = BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions());
+      const LayerScheme with = BuildLayerScheme(s.name, f.acts, &f.cal, 0, SmallSchemeOptions());
+      EXPECT_TRUE(BitsEqual("rotation_k", without.rotation_k, with.rotation_k)) << s.name;
+      EXPECT_TRUE(without.clip_k.empty()) << s.name;
+    }
+  }
+  EXPECT_STREQ(ClipPolicyName(ClipPolicy::kNone), "none");
+  EXPECT_STREQ(ClipPolicyName(ClipPolicy::kCalibration), "calibration");
+}
+
+// BuildLayerScheme on a shape gives what it gives on a capture of that shape.
+TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
+  const Fixture& f = Small();
+  const SchemeShape shape = ShapeOf(f.acts.info);
+  EXPECT_EQ(shape.num_layers, 2);
+  EXPECT_EQ(shape.num_kv_heads, 2);
+  EXPECT_EQ(shape.num_q_heads, 4);
+  EXPECT_EQ(shape.head_dim, 64);
+  for (const SchemeInfo& s : Schemes()) {
+    const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.cal, 1, SmallSchemeOptions());
+    const LayerScheme b = BuildLayerScheme(s.name, shape, &f.cal, 1, SmallSchemeOptions());
+    EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k) && BitsEqual("rotation_v", a.rotation_v, b.rotation_v) &&
+                BitsEqual("clip_k", a.clip_k, b.clip_k) && BitsEqual("clip_v", a.clip_v, b.clip_v))
+        << s.name;
+  }
+  SchemeShape other = shape;
+  other.num_kv_heads = 1;
+  testing::ExpectError([&] { BuildLayerScheme("oscar", other, &f.cal, 0, SmallSchemeOptions()); },
+                       ErrorCode::kShapeMismatch, "calibration has 2 layers x 2 KV heads");
+}
+
+// raw_target reads the calibration's raw-target rotations; a format_version 1 calibration
+// lacks them, and the error says which tensor and why.
+TEST(Schemes, RawTargetNamesTheMissingRotations) {
+  Calibration old = Small().cal;
+  for (LayerCalibration& l : old.layers) {
+    l.raw_k_rotation.clear();
+    l.raw_v_rotation.clear();
+  }
+  testing::ExpectError(
+      [&] { BuildLayerScheme("raw_target", Small().acts, &old, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "layers.1.raw_k_rotation");
+  testing::ExpectError(
+      [&] { BuildLayerScheme("raw_target", Small().acts, &old, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "format_version 1");
+  // Every other calibrated scheme is served by it.
+  for (const SchemeInfo& s : Schemes()) {
+    if (s.rotation == SchemeRotation::kRawTarget) continue;
+    EXPECT_NO_THROW(BuildLayerScheme(s.name, Small().acts, &old, 1, SmallSchemeOptions()))
+        << s.name;
+  }
+}
+
+TEST(Schemes, SyntheticCalibrationIsSeeded) {
+  SchemeShape shape;
+  shape.num_kv_heads = 1;
+  shape.num_q_heads = 2;
+  shape.head_dim = 64;
+  SchemeOptions o = SmallSchemeOptions();
+  const Calibration a = SyntheticCalibration(shape, o, 128, 3);
+  const Calibration b = SyntheticCalibration(shape, o, 128, 3, 1);
+  const Calibration c = SyntheticCalibration(shape, o, 128, 4);
+  EXPECT_EQ(a.info.num_layers, 1);
+  EXPECT_EQ(a.info.group, 32);
+  EXPECT_EQ(a.info.sink, 16);
+  EXPECT_TRUE(a.HasRawTargetRotations());
+  EXPECT_TRUE(BitsEqual("k_rotation", a.layers[0].k_rotation, b.layers[0].k_rotation));
+  EXPECT_TRUE(BitsEqual("raw_v_rotation", a.layers[0].raw_v_rotation, b.layers[0].raw_v_rotation));
+  EXPECT_FALSE(BitsEqual("k_rotation", a.layers[0].k_rotation, c.layers[0].k_rotation));
+  o.sink = 64;  // = the calibration tokens: no clip rows
+  EXPECT_THROW(SyntheticCalibration(shape, o, 128, 3), Error);
 }
 
 TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
@@ -182,10 +295,10 @@ TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
   SchemeOptions o = SmallSchemeOptions();
   const LayerScheme a = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
   const LayerScheme b = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_TRUE(SameBits(a.rotation_k, b.rotation_k));
+  EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k));
   o.seed = 1;
   const LayerScheme c = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_FALSE(SameBits(a.rotation_k, c.rotation_k));
+  EXPECT_FALSE(BitsEqual("rotation_k", a.rotation_k, c.rotation_k));
   const int d = 64;
   const MatrixXd k0 = FromRowMajorF32(a.rotation_k.data(), d, d);
   const MatrixXd k1 = FromRowMajorF32(a.rotation_k.data() + d * d, d, d);

@@ -65,9 +65,5 @@ void ExpectError(Fn fn, ErrorCode code, const std::string& needle) {
   }
 }
 
-// Same length and the same fp32 bit patterns (NaN payloads and the sign of zero included).
-inline bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 }  // namespace kvq::calib::testing

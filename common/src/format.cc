@@ -91,24 +91,19 @@ FormatLayout LayoutOf(const WriteParams& p) {
 #include "kvq/common/formats.inc"
 #undef KVQ_FORMAT
   }
-  // One row of formats.inc's plane table per plane, kept in list order.
-  struct Row {
-    const char* format;
-    PlaneSpec spec;
+  // The format's rows of formats.inc's plane table, in list order (absent planes skipped).
+  const auto add = [&](const PlaneSpec& spec) {
+    if (spec.elements <= 0) return;
+    KVQ_CHECK(layout.num_planes < kMaxPlanes, kInvalidArgument, "format '",
+              FormatName(p.format), "' lists more than ", kMaxPlanes, " planes");
+    layout.planes[layout.num_planes++] = spec;
   };
-  const Row rows[] = {
-#define KVQ_PLANE(fmt, plane, dtype_, role_, scope_, count) \
-  {#fmt, {#plane, DType::dtype_, PlaneRole::role_, PlaneScope::scope_, (count)}},
+#define KVQ_PLANE(Fmt, plane, dtype_, role_, scope_, count)                                \
+  if (p.format == Format::k##Fmt) {                                                        \
+    add({#plane, DType::dtype_, PlaneRole::role_, PlaneScope::scope_, (count)});           \
+  }
 #include "kvq/common/formats.inc"
 #undef KVQ_PLANE
-  };
-  const char* name = FormatName(p.format);
-  for (const Row& row : rows) {
-    if (std::string(row.format) != name || row.spec.elements <= 0) continue;
-    KVQ_CHECK(layout.num_planes < kMaxPlanes, kInvalidArgument, "format '", name,
-              "' lists more than ", kMaxPlanes, " planes");
-    layout.planes[layout.num_planes++] = row.spec;
-  }
   return layout;
 }
 

@@ -1,5 +1,6 @@
 // WriteParams::Validate: every supported configuration passes, each rejection names the value.
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 
 #include <gtest/gtest.h>
 
@@ -15,11 +16,7 @@ namespace {
 using testing::ExpectError;
 
 WriteParams Params(int d, int g, int bits) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = g;
-  p.bits = bits;
-  return p;
+  return params::Write().head_dim(d).group(g).bits(bits).Unchecked();
 }
 
 TEST(WriteParams, AcceptsEverySupportedConfiguration) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kvq/common/error.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -69,7 +70,8 @@ Safetensors NewRowsStageCase(VectorCollector* out, const std::string& name,
 void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     const std::string name = "stage/rotate_dense_d" + std::to_string(d);
-    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kDense);
+    const WriteParams p =
+        params::Write().head_dim(d).group(32).bits(2).rotation(RotationKind::kDense);
     const std::vector<RowKind> kinds = {RowKind::kRandom,    RowKind::kHeavyTail,
                                         RowKind::kOutlier,   RowKind::kSubnormal,
                                         RowKind::kHuge,      RowKind::kMixedZeros};
@@ -88,7 +90,7 @@ void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (const auto& [d, block] : fwht_sizes) {
     const std::string name = "stage/fwht_d" + std::to_string(d) + "_h" +
                              std::to_string(block == 0 ? d : block);
-    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kHadamard, block);
+    const WriteParams p = params::Write().head_dim(d).group(32).bits(2).hadamard(block);
     const std::vector<RowKind> kinds = {RowKind::kRandom,  RowKind::kHeavyTail,
                                         RowKind::kConstant, RowKind::kOutlier,
                                         RowKind::kSubnormal, RowKind::kHuge};
@@ -102,7 +104,7 @@ void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   }
   for (int d : kHeadDims) {
     const std::string name = "stage/bitrev_d" + std::to_string(d);
-    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kIdentity, 0, true);
+    const WriteParams p = params::Write().head_dim(d).group(32).bits(2).bitrev();
     SplitMix64 rng(0);
     Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
     // Two ramps (each output value names its source channel) and two random rows.
@@ -136,7 +138,7 @@ void AddClipStages(VectorCollector* out, const cpu::Backend& scalar) {
     if (d == 64) clips.insert(clips.end(), {0.96875f, 0.5f});
     for (float rho : clips) {
       const std::string name = "stage/clip_d" + std::to_string(d) + "_" + RhoTag(rho);
-      const WriteParams p = MakeWriteParams(d, 32, 2, rho);
+      const WriteParams p = params::Write().head_dim(d).group(32).bits(2).clip(rho);
       std::vector<float> x;
       Safetensors file = NewRowsStageCase(out, name, "clip", p, kinds, &x);
       std::vector<float> y = x;
@@ -156,7 +158,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
     for (int g : kGroups) {
       if (g > d) continue;
       for (int b : kBits) {
-        const WriteParams p = MakeWriteParams(d, g, b);
+        const WriteParams p = params::Write().head_dim(d).group(g).bits(b);
         const std::string suffix =
             "_d" + std::to_string(d) + "_g" + std::to_string(g) + "_b" + std::to_string(b);
         const size_t groups = static_cast<size_t>(p.num_groups());
@@ -227,7 +229,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
 void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     for (int b : kBits) {
-      const WriteParams p = MakeWriteParams(d, 32, b);
+      const WriteParams p = params::Write().head_dim(d).group(32).bits(b);
       const size_t cb = static_cast<size_t>(p.code_bytes());
       const size_t enumerating = (256 + cb - 1) / cb;
       const size_t n = enumerating + 1;
@@ -292,19 +294,6 @@ void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std
 
 }  // namespace
 
-WriteParams MakeWriteParams(int d, int group, int bits, float clip, RotationKind rotation,
-                            int block, bool bitrev) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = group;
-  p.bits = bits;
-  p.clip = clip;
-  p.rotation = rotation;
-  p.hadamard_block = block;
-  p.bitrev = bitrev;
-  p.Validate();
-  return p;
-}
 
 void AddStageCases(VectorCollector* out) {
   const cpu::Backend& scalar = cpu::ScalarBackend();
@@ -329,7 +318,8 @@ void AddPipelineCases(VectorCollector* out) {
       for (int b : kBits) {
         for (float rho : kGridClips) {
           for (const RotationVariant& rot : kGridRotations) {
-            const WriteParams p = MakeWriteParams(d, g, b, rho, rot.kind, rot.block, rot.bitrev);
+            const WriteParams p = params::Write().head_dim(d).group(g).bits(b).clip(rho)
+                                      .rotation(rot.kind).block(rot.block).bitrev(rot.bitrev);
             const std::string name = "pipeline/d" + std::to_string(d) + "_g" + std::to_string(g) +
                                      "_b" + std::to_string(b) + "_" + RhoTag(rho) + "_" +
                                      rot.name;
@@ -350,7 +340,8 @@ void AddPipelineCases(VectorCollector* out) {
   for (int b : kBits) {
     for (float rho : {1.0f, 0.92f}) {
       for (const RotationVariant& rot : kEdgeRotations) {
-        const WriteParams p = MakeWriteParams(64, 32, b, rho, rot.kind, rot.block, rot.bitrev);
+        const WriteParams p = params::Write().head_dim(64).group(32).bits(b).clip(rho)
+                                  .rotation(rot.kind).block(rot.block).bitrev(rot.bitrev);
         const std::string name = "pipeline/edges_d64_g32_b" + std::to_string(b) + "_" +
                                  RhoTag(rho) + "_" + rot.name;
         AddPipelineCase(out, scalar, name, p, AllRowKinds(), 1);
@@ -371,7 +362,8 @@ void AddPipelineCases(VectorCollector* out) {
                                             RowKind::kOutlier, RowKind::kTies};
   for (const Block& bl : blocks) {
     const WriteParams p =
-        MakeWriteParams(bl.d, bl.g, bl.b, bl.rho, RotationKind::kHadamard, bl.block, bl.bitrev);
+        params::Write().head_dim(bl.d).group(bl.g).bits(bl.b).clip(bl.rho).hadamard(bl.block)
+            .bitrev(bl.bitrev);
     const std::string name = "pipeline/block_d" + std::to_string(bl.d) + "_g" +
                              std::to_string(bl.g) + "_b" + std::to_string(bl.b) + "_" +
                              RhoTag(bl.rho) + "_h" + std::to_string(bl.block) +

@@ -17,6 +17,19 @@ float PowerOfTwo(int e) {
   return F32FromBits(1u << (e + 149));  // subnormal
 }
 
+// A value in [1, 2) with 23 random fraction bits.
+float Mantissa(SplitMix64* rng) {
+  return F32FromBits(0x3f800000u | static_cast<uint32_t>(rng->NextU64() >> 41));
+}
+
+// +-2^e * Mantissa() for e uniform in [lo, hi].
+float SignedPower(int lo, int hi, SplitMix64* rng) {
+  const uint32_t span = static_cast<uint32_t>(hi - lo + 1);
+  const float power = PowerOfTwo(lo + static_cast<int>(rng->Below(span)));
+  const float magnitude = power * Mantissa(rng);  // exact: a power of two times [1, 2)
+  return rng->Bit() ? -magnitude : magnitude;
+}
+
 }  // namespace
 
 const char* RowKindName(RowKind kind) {
@@ -63,6 +76,14 @@ const char* RowKindName(RowKind kind) {
       return "minimal";
     case RowKind::kRamp:
       return "ramp";
+    case RowKind::kFarOutliers:
+      return "far_outliers";
+    case RowKind::kEqualMagnitudes:
+      return "equal_magnitudes";
+    case RowKind::kWideRange:
+      return "wide_range";
+    case RowKind::kSignedOffset:
+      return "signed_offset";
   }
   return "?";
 }
@@ -89,7 +110,8 @@ std::vector<RowKind> TestRowKinds(bool within_write_range) {
   for (RowKind k : {RowKind::kBf16Bell, RowKind::kCauchy, RowKind::kSparseSpikes,
                     RowKind::kLargeScale, RowKind::kTinyScale, RowKind::kSmallIntegers,
                     RowKind::kLargeOffset, RowKind::kNearLimit, RowKind::kMinimal,
-                    RowKind::kRamp}) {
+                    RowKind::kRamp, RowKind::kFarOutliers, RowKind::kEqualMagnitudes,
+                    RowKind::kWideRange, RowKind::kSignedOffset}) {
     if (!(within_write_range && k == RowKind::kNearLimit)) kinds.push_back(k);
   }
   return kinds;
@@ -230,6 +252,33 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
         row[j] = static_cast<float>(j % 2 == 0 ? 1 : -1) * static_cast<float>(j / 2) * 0.5f;
       }
       break;
+    case RowKind::kFarOutliers:
+      for (int j = 0; j < d; ++j) row[j] = rng->Bell();
+      for (int k = 0; k < 3; ++k) {
+        const uint32_t channel = rng->Below(d);
+        row[channel] = SignedPower(0, 100, rng);
+      }
+      break;
+    case RowKind::kEqualMagnitudes: {
+      const float c = Mantissa(rng);
+      for (int j = 0; j < d; ++j) {
+        if (rng->Below(10) == 0) {
+          row[j] = 4.0f * rng->Bell();
+        } else {
+          row[j] = rng->Bit() ? -c : c;
+        }
+      }
+      break;
+    }
+    case RowKind::kWideRange:
+      for (int j = 0; j < d; ++j) row[j] = SignedPower(-100, 100, rng);
+      break;
+    case RowKind::kSignedOffset: {
+      const float offset = SignedPower(9, 11, rng);
+      // offset + 2^-10 * bell: the product is exact, so the one rounding is the sum's.
+      for (int j = 0; j < d; ++j) row[j] = offset + PowerOfTwo(-10) * rng->Bell();
+      break;
+    }
   }
 }
 
@@ -242,6 +291,14 @@ std::vector<float> MakeRows(const std::vector<RowKind>& kinds, const WriteParams
     FillRow(kinds[r], p, rng, rows.data() + r * d);
     if (names != nullptr) *names += (r ? "," : "") + std::string(RowKindName(kinds[r]));
   }
+  return rows;
+}
+
+std::vector<float> MixedRows(size_t n, const WriteParams& p, SplitMix64* rng,
+                             const std::vector<RowKind>& kinds) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  std::vector<float> rows(n * d);
+  for (size_t r = 0; r < n; ++r) FillRow(kinds[r % kinds.size()], p, rng, rows.data() + r * d);
   return rows;
 }
 

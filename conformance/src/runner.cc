@@ -7,7 +7,9 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <utility>
 
@@ -18,10 +20,6 @@
 #include "kvq/conformance/bits.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/write_path.h"
-
-#ifndef KVQ_CONFORMANCE_VECTORS_DIR
-#error "KVQ_CONFORMANCE_VECTORS_DIR must be defined by conformance/CMakeLists.txt"
-#endif
 
 namespace kvq::conformance {
 namespace {
@@ -405,6 +403,40 @@ std::string DescribeResult(const CaseResult& result) {
   return line;
 }
 
-std::string DefaultVectorsDir() { return KVQ_CONFORMANCE_VECTORS_DIR; }
+std::string DefaultVectorsDir() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> looked;
+  // A folder qualifies when it holds manifest.json; otherwise say what was there.
+  auto holds_vectors = [&](const fs::path& dir, const std::string& label) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / kManifestFileName, ec)) return true;
+    const bool exists = fs::exists(dir, ec);
+    looked.push_back(label + dir.string() + (exists ? " (no manifest.json)" : " (absent)"));
+    return false;
+  };
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside = exe.parent_path() / "vectors";
+    if (holds_vectors(beside, "")) return beside.string();
+    const fs::path installed = (exe.parent_path() / ".." / "share" / "kvq" / "vectors");
+    if (holds_vectors(installed.lexically_normal(), "")) {
+      return installed.lexically_normal().string();
+    }
+  } else {
+    looked.push_back("beside the executable (/proc/self/exe: " + ec.message() + ")");
+  }
+  const char* env = std::getenv("KVQ_VECTORS_DIR");
+  if (env != nullptr && env[0] != '\0') {
+    if (holds_vectors(env, "$KVQ_VECTORS_DIR=")) return env;
+  } else {
+    looked.push_back("$KVQ_VECTORS_DIR (not set)");
+  }
+  std::string places;
+  for (const std::string& place : looked) places += (places.empty() ? "" : "; ") + place;
+  KVQ_CHECK(false, kIoError, "no golden vectors folder found; looked in: ", places,
+            "; give --vectors DIR or set KVQ_VECTORS_DIR");
+  return {};
+}
 
 }  // namespace kvq::conformance

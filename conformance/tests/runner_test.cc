@@ -347,7 +347,9 @@ TEST(ConformanceGenerator, SameSeedSameBytesOtherSeedOtherData) {
 TEST(ConformanceGenerator, SetStaysSmall) {
   uint64_t total = 0;
   for (const GeneratedFile& f : Generated()) total += f.bytes.size();
-  EXPECT_LE(total, 3000000u) << "the golden vectors grew past 3 MB";
+  // 3 MB for the spec-1.0 families plus 371,953 bytes for attention/scheme_* (12 cases, 6
+  // fixtures of their own, their manifest lines).
+  EXPECT_LE(total, 3372000u) << "the golden vectors grew past 3.372 MB";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -81,6 +82,196 @@ TEST(CacheParams, RejectsNamingTheValue) {
 
 // The prefill == demotion invariant over random configurations (flush F included) and the byte
 // accounting are RapidCheck properties: fuzz/cache_props_test.cc.
+
+// ---- spec/differences.md, "clip threshold" and "clip at ρ = 1" ----
+// The authors' prefill kernel clips at the order statistic a[k], as kvq does. Their decode-flush
+// kernel, which quantizes every token demoted from the bf16 recent window, bisects [0, max|x|]
+// in log2(d) steps and keeps the upper end: about a[k - 1] plus up to max|x| / d, and at ρ = 1
+// (k = d - 1) it clips the largest value. With that pair of rules a token's history bits would
+// depend on whether prefill wrote it or decode demoted it. kvq has one rule for both paths
+// (spec/numerics.md §4, spec/cache.md §3). The rows below are built so that the two rules give
+// different thresholds on every row (checked first); the tests then show that the history bits
+// are the same by both paths, and are the order statistic's.
+
+// The authors' flush threshold (OSCAR @ 473ff3f9, gpu_flush_int2.py:204-218), in fp32.
+float BisectionThreshold(const float* x, int d, float rho) {
+  const int k = std::min(std::max(static_cast<int>(static_cast<double>(rho) * d), 0), d - 1);
+  float lo = 0.0f, hi = 0.0f;
+  for (int j = 0; j < d; ++j) hi = std::max(hi, std::fabs(x[j]));
+  for (int step = 1; step < d; step *= 2) {  // log2(d) steps
+    const float mid = (lo + hi) * 0.5f;
+    int above = 0;
+    for (int j = 0; j < d; ++j) above += std::fabs(x[j]) > mid ? 1 : 0;
+    if (above > d - k) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return hi;
+}
+
+// kvq's threshold: a[min(floor(rho d), d - 1)] of the ascending magnitudes.
+float OrderStatistic(const float* x, int d, float rho) {
+  std::vector<float> a(x, x + d);
+  for (float& v : a) v = std::fabs(v);
+  std::sort(a.begin(), a.end());
+  const size_t k = std::min(static_cast<size_t>(std::floor(static_cast<double>(rho) * d)),
+                            static_cast<size_t>(d - 1));
+  return a[k];
+}
+
+// The bf16 (scale, min) of every group of x [d] clipped at tau (spec/numerics.md §4-5).
+void GroupMetadata(const float* x, const WriteParams& p, float tau, uint16_t* scale,
+                   uint16_t* min) {
+  for (int g = 0; g < p.num_groups(); ++g) {
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    for (int j = g * p.group; j < (g + 1) * p.group; ++j) {
+      const float v = x[j] > tau ? tau : (x[j] < -tau ? -tau : x[j]);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    lo += 0.0f;
+    hi += 0.0f;
+    scale[g] = Bf16FromF32((hi - lo) / static_cast<float>(p.levels()));
+    min[g] = Bf16FromF32(lo);
+  }
+}
+
+// n rows of d small values (multiples of 1/64 in [-2, 2], exact in bf16), each with one
+// outlier of magnitude 960 (exact in bf16) at a random channel and sign. The bisection's grid
+// step is 960 / d >= 3.75 > 2, so it stops above every small value, while a[k] (k < d - 1) is a
+// small value and at ρ = 1 a[d - 1] = 960.
+std::vector<float> OutlierRows(size_t n, int d, std::mt19937_64& rng) {
+  std::vector<float> x(n * static_cast<size_t>(d));
+  for (size_t r = 0; r < n; ++r) {
+    float* row = &x[r * static_cast<size_t>(d)];
+    for (int j = 0; j < d; ++j) row[j] = static_cast<float>(static_cast<int>(rng() % 257) - 128) / 64.0f;
+    row[rng() % static_cast<uint64_t>(d)] = rng() % 2 ? 960.0f : -960.0f;
+  }
+  return x;
+}
+
+// One cache, Hkv = 2 with per-head clip ratios `clips` (keys and values alike), identity
+// rotation so that the stored rows are the rows given. Sequence a: one prefill of T tokens;
+// sequence b: a prefill with no history yet, then one AppendBf16 a token, so that every history
+// token of b was demoted. Checks every history row of both against the order statistic's
+// (scale, min), a against b plane by plane, and that the bisection's threshold would have
+// stored another (scale, min). Calls `more(cache, a, i, head, kv, row)` on each history row.
+template <typename More>
+void ExpectOneClipRuleForPrefillAndDemotion(int d, int group, int bits, int flush,
+                                            const std::vector<float>& clips, uint64_t seed,
+                                            More more) {
+  std::mt19937_64 rng(seed);
+  const int hkv = 2;
+  const CacheParams p = testbed::Cache().q_heads(hkv).kv_heads(hkv).sink(3).recent(5).page(16)
+                           .flush(flush).both(testbed::Write().head_dim(d).group(group).bits(bits))
+                           .Build();
+  const std::string context = "seed " + std::to_string(seed) + " F=" + std::to_string(flush) +
+                              " " + testbed::Describe(p);
+  SCOPED_TRACE(context);
+  PagedKVCache cache(p, {}, {}, clips, clips, ScalarBackend());
+  const size_t tokens = 40;
+  const size_t row = static_cast<size_t>(hkv * d);
+  const std::vector<float> x[2] = {OutlierRows(tokens * hkv, d, rng),
+                                   OutlierRows(tokens * hkv, d, rng)};
+  const std::vector<uint16_t> bits16[2] = {ToBf16(x[0]), ToBf16(x[1])};
+  for (int kv = 0; kv < 2; ++kv) {
+    for (size_t r = 0; r < tokens * hkv; ++r) {
+      const float* xr = &x[kv][r * static_cast<size_t>(d)];
+      const float rho = clips[r % hkv];
+      ASSERT_NE(BisectionThreshold(xr, d, rho), OrderStatistic(xr, d, rho))
+          << "row " << r << ": the two clip rules agree, so the row tests nothing";
+    }
+  }
+  const int a = cache.AddSequence();
+  const int b = cache.AddSequence();
+  cache.PrefillBf16(a, bits16[0].data(), bits16[1].data(), tokens);
+  const size_t head_start = static_cast<size_t>(p.sink + p.recent);
+  cache.PrefillBf16(b, bits16[0].data(), bits16[1].data(), head_start);
+  ASSERT_EQ(cache.HistoryLength(b), 0u);
+  for (size_t t = head_start; t < tokens; ++t) {
+    cache.AppendBf16(b, &bits16[0][t * row], &bits16[1][t * row]);
+  }
+  const size_t history = static_cast<size_t>(p.HistoryTokens(static_cast<int64_t>(tokens)));
+  ASSERT_GT(history, 0u);
+  ASSERT_EQ(cache.HistoryLength(a), history);
+  ASSERT_EQ(cache.HistoryLength(b), history);
+  for (size_t i = 0; i < history; ++i) {
+    const size_t position = static_cast<size_t>(p.sink) + i;
+    for (int h = 0; h < hkv; ++h) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const KV half = static_cast<KV>(kv);
+        const WriteParams wp = cache.HeadParams(half, h);
+        const float* xr = &x[kv][position * row + static_cast<size_t>(h * d)];
+        const std::string where = std::string(kv ? "value" : "key") + " position " +
+                                  std::to_string(position) + " head " + std::to_string(h);
+        const HistoryRunView ra = cache.HistoryRow(a, i, h, half);
+        const HistoryRunView rb = cache.HistoryRow(b, i, h, half);
+        const FormatLayout& layout = cache.Layout(half);
+        for (int plane = 0; plane < layout.num_planes; ++plane) {
+          ASSERT_EQ(std::memcmp(ra.plane[plane], rb.plane[plane], layout.plane(plane).row_bytes()),
+                    0)
+              << where << ": prefill and demotion stored different " << layout.plane(plane).name;
+        }
+        const size_t ng = static_cast<size_t>(wp.num_groups());
+        std::vector<uint16_t> scale(ng), min(ng), bisect_scale(ng), bisect_min(ng);
+        GroupMetadata(xr, wp, OrderStatistic(xr, d, wp.clip), scale.data(), min.data());
+        GroupMetadata(xr, wp, BisectionThreshold(xr, d, wp.clip), bisect_scale.data(),
+                      bisect_min.data());
+        const uint16_t* stored_scale = reinterpret_cast<const uint16_t*>(ra.plane[1]);
+        const uint16_t* stored_min = reinterpret_cast<const uint16_t*>(ra.plane[2]);
+        for (size_t g = 0; g < ng; ++g) {
+          ASSERT_EQ(stored_scale[g], scale[g]) << where << " group " << g;
+          ASSERT_EQ(stored_min[g], min[g]) << where << " group " << g;
+        }
+        ASSERT_FALSE(scale == bisect_scale && min == bisect_min)
+            << where << ": a bisection threshold would have stored the same metadata";
+        more(cache, a, i, h, half, xr);
+      }
+    }
+  }
+}
+
+TEST(PagedKVCache, ClipThresholdDifferenceSameBitsByPrefillAndDemotion) {
+  uint64_t seed = 1;
+  for (const auto& shape : {std::array<int, 3>{64, 32, 2}, std::array<int, 3>{128, 128, 2},
+                            std::array<int, 3>{128, 64, 4}, std::array<int, 3>{256, 128, 2}}) {
+    for (int flush : {1, 4}) {
+      ExpectOneClipRuleForPrefillAndDemotion(
+          shape[0], shape[1], shape[2], flush, {0.92f, 0.96f}, seed++,
+          [](const PagedKVCache&, int, size_t, int, KV, const float*) {});
+    }
+  }
+}
+
+// At ρ = 1 the authors' flush clipped the measured outlier 990.302 to 15.47; kvq's τ is max|x|,
+// nothing is clipped (spec/numerics.md §4), and the outlier comes back within one step.
+TEST(PagedKVCache, ClipAtRhoOneDifferenceOutlierKeptByPrefillAndDemotion) {
+  uint64_t seed = 100;
+  for (const auto& shape : {std::array<int, 3>{64, 32, 2}, std::array<int, 3>{128, 128, 2},
+                            std::array<int, 3>{128, 64, 4}}) {
+    for (int flush : {1, 4}) {
+      ExpectOneClipRuleForPrefillAndDemotion(
+          shape[0], shape[1], shape[2], flush, {1.0f, 1.0f}, seed++,
+          [](const PagedKVCache& cache, int seq, size_t i, int head, KV kv, const float* x) {
+            const WriteParams wp = cache.HeadParams(kv, head);
+            const int d = wp.head_dim;
+            std::vector<float> y(static_cast<size_t>(d));
+            cache.DequantizedHistoryRow(seq, i, head, kv, y.data());
+            const HistoryRunView row = cache.HistoryRow(seq, i, head, kv);
+            const uint16_t* scale = reinterpret_cast<const uint16_t*>(row.plane[1]);
+            for (int j = 0; j < d; ++j) {
+              if (std::fabs(x[j]) != 960.0f) continue;
+              const float step = F32FromBf16(scale[j / wp.group]);
+              EXPECT_LE(std::fabs(y[j] - x[j]), step)
+                  << "history token " << i << " head " << head << " channel " << j
+                  << ": the outlier " << x[j] << " came back as " << y[j];
+            }
+          });
+    }
+  }
+}
 
 TEST(PagedKVCache, NoHistoryUpToSinkPlusWindow) {
   conformance::SplitMix64 rng(7);

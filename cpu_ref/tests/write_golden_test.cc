@@ -7,10 +7,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/cpu_ref/write_path.h"
 #include "kvq/testbed/backends.h"
 #include "kvq/testbed/compare.h"
 #include "kvq/testbed/params.h"
@@ -75,7 +77,9 @@ TEST_P(WriteGoldenTest, QuantizeInt4TiesAndConstantGroup) {
 
 // lo = 0, hi = 1, INT2: s = fp32(1/3) = 0x3EAAAAAB; its low half 0xAAAB > 0x8000 rounds the
 // bf16 up: ŝ = 0x3EAB = 0.333984375 (> s). Codes: 1/ŝ = 2.994... -> 3; 0.5/ŝ = 1.497 -> 1;
-// 0.6/ŝ = 1.796 -> 2; 0.16/ŝ = 0.479 -> 0; 0.17/ŝ = 0.509 -> 1.
+// 0.6/ŝ = 1.796 -> 2; 0.16/ŝ = 0.479 -> 0; 0.17/ŝ = 0.509 -> 1. Codes are computed against
+// what is stored (spec/differences.md, "quantizer metadata"): the authors' fp32 s and half-up
+// rounding give 0.5/s + 0 + 0.5 = 2.0 -> 2 for x = 0.5, where kvq stores 1.
 TEST_P(WriteGoldenTest, QuantizeScaleRoundedToBf16) {
   const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<float> x(64, 0.5f);
@@ -133,6 +137,133 @@ TEST_P(WriteGoldenTest, QuantizeLargeRange) {
   EXPECT_EQ(codes[1], 3);
   // (0 - m̂) / ŝ = 2^125 / ŝ = 2 / 1.3359375 = 1.497 -> 1.
   EXPECT_EQ(codes[2], 1);
+}
+
+// ---------------------------------------------------------------- spec/differences.md
+
+// The spec's code of one element (spec/numerics.md §5 step 4): 0 when the stored scale is 0,
+// else clamp(rint((x - mf) / sf), 0, L) with fp32 arithmetic and rint to nearest even.
+uint8_t SpecCode(float x, uint16_t scale, uint16_t min, int levels) {
+  const float sf = F32FromBf16(scale);
+  if (sf == 0.0f) return 0;
+  const float t = (x - F32FromBf16(min)) / sf;
+  return static_cast<uint8_t>(std::nearbyint(std::clamp(t, 0.0f, static_cast<float>(levels))));
+}
+
+// spec/differences.md, "code clamp and packing". The authors' single-scale kernel (G = d) floors
+// the scale at 1e-8 / 3 and neither clamps a code nor masks it when it packs. On the exactly
+// constant row x = -2.14435 (measured on an H100) every code came out 8, and every byte
+// 8 | 8 << 2 | 8 << 4 | 8 << 6 = 0xA8 (mod 256) unpacks to (0, 2, 2, 2). In kvq hi - lo = 0, so
+// s = ŝ = 0 and every code is 0 (spec/numerics.md §5 step 4): the bytes are 0, m̂ = bf16(x) and
+// every dequantized value is m̂. Checked for every head_dim, group (G = d included), bit width
+// and two clip ratios, from the smallest subnormal to the largest accepted magnitude, through
+// the validating write path; the packed bytes also unpack to the codes.
+TEST_P(WriteGoldenTest, CodeClampConstantRowsStoreZeroCodesAndBytes) {
+  const Backend& backend = (*GetParam());
+  const float values[] = {-2.14435f,       -2.140625f, -0.9296875f, 1.0f,          0.0f,
+                          -0.0f,           1e-8f,      3.3333334e-9f, 1e-40f,      F32FromBits(1u),
+                          F32FromBits(0x80000001u), 65504.0f,   kMaxRotatedAbs, -kMaxRotatedAbs};
+  const size_t n = sizeof(values) / sizeof(values[0]);
+  for (int d : {64, 128, 256}) {
+    for (int group : {32, 64, 128}) {
+      if (group > d) continue;
+      for (int bits : {2, 4}) {
+        for (float rho : {1.0f, 0.92f}) {
+          WriteParams p = testbed::Write().head_dim(d).group(group).bits(bits).Build();
+          p.clip = rho;
+          const size_t dd = static_cast<size_t>(d);
+          const size_t groups = static_cast<size_t>(p.num_groups());
+          const size_t bytes = static_cast<size_t>(p.code_bytes());
+          std::vector<float> x(n * dd);
+          for (size_t r = 0; r < n; ++r) std::fill_n(x.begin() + r * dd, dd, values[r]);
+          const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), n);
+          std::vector<uint8_t> unpacked(n * dd, 0xff);
+          backend.write.unpack(q.packed.data(), unpacked.data(), n, p);
+          for (size_t r = 0; r < n; ++r) {
+            const std::string where = "d " + std::to_string(d) + " G " + std::to_string(group) +
+                                      " bits " + std::to_string(bits) + " rho " +
+                                      std::to_string(rho) + " x " + testbed::DescribeFloat(values[r]);
+            const uint16_t min = Bf16FromF32(values[r] + 0.0f);
+            for (size_t g = 0; g < groups; ++g) {
+              ASSERT_EQ(q.scale[r * groups + g], 0x0000) << where;
+              ASSERT_EQ(q.min[r * groups + g], min) << where;
+            }
+            for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(q.packed[r * bytes + i], 0) << where;
+            const float xhat = 0.0f * 0.0f + F32FromBf16(min);
+            for (size_t j = 0; j < dd; ++j) {
+              ASSERT_EQ(q.codes[r * dd + j], 0) << where << " channel " << j;
+              ASSERT_EQ(unpacked[r * dd + j], 0) << where << " channel " << j;
+              ASSERT_EQ(F32Bits(q.dequantized[r * dd + j]), F32Bits(xhat)) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// spec/differences.md, "scale floor". The authors' scale is max(hi - lo, 1e-8) / 3, so every
+// code of a group whose range is below 1e-8 is 0 (the measurement's subnormal rows: all 1 153
+// of their codes). kvq has no floor: s = (hi - lo) / L and ŝ = bf16(s), whose exponent range is
+// fp32's, so a tiny range keeps its L + 1 levels; only where s rounds to a bf16 zero
+// (s < 2^-134) is every code 0, by the ŝ = 0 rule. One group of G = d per row (G = 128 at
+// d = 256: two groups), lo at its first channel, hi at its second, the other channels between
+// them. Checked: ŝ and m̂ as the spec computes them, every code the spec's and in [0, L], the
+// packed bytes unpack to the codes, and which cases keep their levels.
+TEST_P(WriteGoldenTest, ScaleFloorTinyRangesKeepCodesInRange) {
+  const Backend& backend = (*GetParam());
+  const struct {
+    float lo, hi;
+    bool zero_scale;  // s < 2^-134: ŝ = 0 and every code 0
+  } cases[] = {
+      {0x1p-20f, 0x1p-20f + 0x1p-30f, false},      // normal values, range 9.3e-10
+      {-0x1p-30f, -0x1p-30f + 0x1p-40f, false},    // negative, range 9.1e-13
+      {0.0f, 3 * 0x1p-130f, false},                // subnormal range, ŝ a bf16 subnormal
+      {-0x1p-141f, 0x1p-141f, true},               // s = 2^-140 / L rounds to a bf16 zero
+  };
+  for (const auto& c : cases) {
+    for (int d : {64, 128, 256}) {
+      for (int bits : {2, 4}) {
+        const int group = std::min(d, 128);
+        const WriteParams p = testbed::Write().head_dim(d).group(group).bits(bits).Build();
+        const size_t dd = static_cast<size_t>(d);
+        const size_t gs = static_cast<size_t>(group);
+        std::vector<float> x(dd);
+        for (size_t j = 0; j < dd; ++j) {
+          x[j] = c.lo + (c.hi - c.lo) * (static_cast<float>(j % 7) / 7.0f);
+          if (j % gs == 0) x[j] = c.lo;
+          if (j % gs == 1) x[j] = c.hi;
+        }
+        const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), 1);
+        const std::string where = "lo " + testbed::DescribeFloat(c.lo) + " hi " + testbed::DescribeFloat(c.hi) + " d " +
+                                  std::to_string(d) + " bits " + std::to_string(bits);
+        const int levels = p.levels();
+        const uint16_t scale = Bf16FromF32((c.hi - c.lo) / static_cast<float>(levels));
+        const uint16_t min = Bf16FromF32(c.lo + 0.0f);
+        ASSERT_EQ(scale == 0, c.zero_scale) << where;
+        for (int g = 0; g < p.num_groups(); ++g) {
+          ASSERT_EQ(q.scale[g], scale) << where << " group " << g;
+          ASSERT_EQ(q.min[g], min) << where << " group " << g;
+        }
+        std::vector<uint8_t> unpacked(dd, 0xff);
+        backend.write.unpack(q.packed.data(), unpacked.data(), 1, p);
+        for (size_t j = 0; j < dd; ++j) {
+          ASSERT_LE(q.codes[j], levels) << where << " channel " << j;
+          ASSERT_EQ(q.codes[j], SpecCode(x[j], scale, min, levels))
+              << where << " channel " << j << " x " << testbed::DescribeFloat(x[j]);
+          ASSERT_EQ(unpacked[j], q.codes[j]) << where << " channel " << j;
+          if (c.zero_scale) {
+            ASSERT_EQ(q.codes[j], 0) << where << " channel " << j;
+          } else if (j % gs == 0) {
+            EXPECT_EQ(q.codes[j], 0) << where << " channel " << j;
+          } else if (j % gs == 1) {
+            EXPECT_GT(q.codes[j], levels / 2)
+                << where << " channel " << j << ": the top of a tiny range keeps its level";
+          }
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------- dequantize
@@ -231,7 +362,8 @@ TEST_P(WriteGoldenTest, BitrevKnownIndices) {
 // x[j] = ±(j + 1), d = 64: the sorted magnitudes are 1..64, so a[k] = k + 1.
 // rho = 0.5: k = 32 -> tau = 33; rho = 0.96f (0.959999978...): 61.44 -> k = 61 -> tau = 62;
 // rho = 0.92f: 58.88 -> k = 58 -> tau = 59; rho = 0.8f: 51.2 -> k = 51 -> tau = 52;
-// rho = 1: k = min(64, 63) = 63 -> tau = 64.
+// rho = 1: k = min(64, 63) = 63 -> tau = 64 (spec/differences.md, "clip threshold" and "clip at
+// ρ = 1": no interpolation, no bisection, and ρ = 1 leaves the largest value alone).
 TEST_P(WriteGoldenTest, ClipOrderStatistic) {
   const struct {
     float rho;

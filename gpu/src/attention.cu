@@ -5,12 +5,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "kvq/common/error.h"
+#include "kvq/common/format.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
 
 namespace kvq::gpu {
 namespace {
@@ -40,7 +42,8 @@ constexpr int kBf16BlocksPerSm = 8;
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// Validates what the kernels rely on and returns the history format.
+// Validates what the kernels rely on and returns the history format: the one place where the
+// cache's formats become the kernels' compile-time history kind (attention::HistoryFormatOf).
 HistoryFormat CheckSupported(const CacheParams& c) {
   c.Validate();
   const int d = c.head_dim();
@@ -48,15 +51,27 @@ HistoryFormat CheckSupported(const CacheParams& c) {
   KVQ_CHECK(g <= attention::kMaxHeadsPerBlock || g % attention::kMaxHeadsPerBlock == 0,
             kUnsupported, "GQA group Hq/Hkv = ", g,
             " is not supported by the CUDA decode attention (at most 8, or a multiple of 8)");
-  if (!c.quantized()) return HistoryFormat::kBf16;
-  KVQ_CHECK(c.key.bits == c.value.bits, kUnsupported, "key bits ", c.key.bits,
-            " differ from value bits ", c.value.bits, " (the CUDA decode attention needs one)");
+  KVQ_CHECK(c.flush == 1, kUnsupported, "flush F = ", c.flush,
+            " is not supported by the CUDA decode attention (F = 1 only)");
+  HistoryFormat key_kind, value_kind;
+  KVQ_CHECK(attention::HistoryFormatOf(c.key.format, c.key.bits, &key_kind), kUnsupported,
+            "key format ", FormatName(c.key.format), " with ", c.key.bits,
+            " bits is not supported by the CUDA decode attention");
+  KVQ_CHECK(attention::HistoryFormatOf(c.value.format, c.value.bits, &value_kind), kUnsupported,
+            "value format ", FormatName(c.value.format), " with ", c.value.bits,
+            " bits is not supported by the CUDA decode attention");
+  KVQ_CHECK(key_kind == value_kind, kUnsupported, "key ", FormatName(c.key.format), " (bits ",
+            c.key.bits, ") and value ", FormatName(c.value.format), " (bits ", c.value.bits,
+            ") differ (the CUDA decode attention needs one history format)");
+  CheckKernelLayout(c.key, "CUDA decode attention (key)");
+  CheckKernelLayout(c.value, "CUDA decode attention (value)");
+  if (key_kind == HistoryFormat::kBf16) return key_kind;
   const int row_bytes = d * c.key.bits / 8;
   KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
             " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
   KVQ_CHECK(c.value.group >= row_bytes, kUnsupported, "value group ", c.value.group,
             " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
-  return c.key.bits == 2 ? HistoryFormat::kInt2 : HistoryFormat::kInt4;
+  return key_kind;
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -75,10 +90,6 @@ struct WorkspaceLayout {
   }
 };
 
-float FwhtScale(const WriteParams& p) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.fwht_block())));
-}
-
 }  // namespace
 
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
@@ -95,7 +106,6 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int g = c.group_size();
   const int heads_per_block = std::min(g, attention::kMaxHeadsPerBlock);
   const int64_t blocks_per_split = static_cast<int64_t>(c.num_kv_heads) * (g / heads_per_block) * batch;
-  const bool int8_qk = c.quantized() && heads_per_block <= 4 && allow_int8_qk;
 
   DecodeAttentionPlan plan;
   // Quantized cache: sink + recent rows (bf16, the window blocks) and paged history rows.
@@ -170,10 +180,13 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     plan.window_tokens_per_split = static_cast<int>(window_split_tokens);
     plan.window_splits = CeilDiv(window_tokens, window_split_tokens);
   }
-  plan.pack_hi_lo = c.quantized() && heads_per_block <= 4;
-  // The group epilogue: 16% fewer instructions than the per-field one, 8-17% faster (pass 3).
-  plan.group_epilogue = c.quantized();
-  plan.int8_qk = int8_qk;
+  // The loop: int8 QK^T where a block serves at most 4 query heads, else the bf16 MMAs with the
+  // hi / lo parts packed into the column halves (g <= 4) or in two MMAs.
+  if (c.quantized() && heads_per_block <= 4) {
+    plan.quant_loop = allow_int8_qk ? QuantLoop::kInt8Qk : QuantLoop::kPacked;
+  } else {
+    plan.quant_loop = QuantLoop::kTwoMma;
+  }
   plan.aux_heads_per_block = static_cast<int64_t>(batch) * c.num_q_heads <= kAuxHeadBlocksPerSm * num_sms
                                     ? 1
                                     : attention::WidestAuxHeads(g, c.head_dim());
@@ -221,16 +234,15 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                 plan.hist_tokens_per_split <= attention::kMaxSplitTokens,
             kInvalidArgument, "invalid plan: ", plan.hist_splits, " history splits of ",
             plan.hist_tokens_per_split, " tokens");
-  KVQ_CHECK(plan.chunks_per_warp == 1 || plan.chunks_per_warp == 2, kInvalidArgument,
-            "invalid plan: chunks_per_warp ", plan.chunks_per_warp, " (1 or 2)");
-  KVQ_CHECK(!plan.pack_hi_lo || std::min(c.group_size(), attention::kMaxHeadsPerBlock) <= 4,
-            kInvalidArgument, "invalid plan: pack_hi_lo needs at most 4 query heads per block, g = ",
-            c.group_size());
-  KVQ_CHECK(!plan.group_epilogue || plan.chunks_per_warp == 1, kInvalidArgument,
-            "invalid plan: group_epilogue needs chunks_per_warp 1, got ", plan.chunks_per_warp);
-  KVQ_CHECK(!plan.int8_qk || (c.quantized() && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
-            kInvalidArgument, "invalid plan: int8_qk needs a quantized cache and at most 4 query "
-            "heads per block, g = ", g);
+  const int loop = static_cast<int>(plan.quant_loop);
+  KVQ_CHECK(plan.quant_loop == QuantLoop::kTwoMma || plan.quant_loop == QuantLoop::kPacked ||
+                plan.quant_loop == QuantLoop::kInt8Qk,
+            kInvalidArgument, "invalid plan: quant_loop ", loop);
+  KVQ_CHECK(plan.quant_loop == QuantLoop::kTwoMma ||
+                (c.quantized() && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
+            kInvalidArgument, "invalid plan: quant_loop ", loop,
+            " (packed or int8) needs a quantized cache and at most 4 query heads per block, g = ",
+            g);
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
                 plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
                 g % plan.aux_heads_per_block == 0,
@@ -254,18 +266,19 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   KVQ_CHECK(workspace_bytes >= plan.workspace_bytes && workspace_bytes >= layout.bytes,
             kInvalidArgument, "workspace of ", workspace_bytes, " bytes is below the plan's ",
             std::max(plan.workspace_bytes, layout.bytes));
+  const FormatLayout key_layout = LayoutOf(c.key);
+  const FormatLayout value_layout = LayoutOf(c.value);
   if (paged_tokens > 0) {
     KVQ_CHECK(in.page_tables && in.max_pages >= CeilDiv(paged_tokens, c.page_size),
               kInvalidArgument, "page tables: null or max_pages ", in.max_pages, " below ",
               CeilDiv(paged_tokens, c.page_size));
-    KVQ_CHECK(in.key_codes && in.value_codes && Aligned16(in.key_codes) &&
-                  Aligned16(in.value_codes),
-              kInvalidArgument, "null or misaligned key / value page pool");
-    if (c.quantized()) {
-      KVQ_CHECK(in.key_scale && in.key_min && in.value_scale && in.value_min &&
-                    Aligned16(in.key_scale) && Aligned16(in.key_min) &&
-                    Aligned16(in.value_scale) && Aligned16(in.value_min),
-                kInvalidArgument, "null or misaligned scale / min pool");
+    for (int i = 0; i < key_layout.num_planes; ++i) {
+      KVQ_CHECK(in.key_planes[i] && Aligned16(in.key_planes[i]), kInvalidArgument,
+                "null or misaligned key page pool plane '", key_layout.plane(i).name, "'");
+    }
+    for (int i = 0; i < value_layout.num_planes; ++i) {
+      KVQ_CHECK(in.value_planes[i] && Aligned16(in.value_planes[i]), kInvalidArgument,
+                "null or misaligned value page pool plane '", value_layout.plane(i).name, "'");
     }
   }
   if (c.quantized()) {
@@ -291,11 +304,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
     rq.num_q_heads = c.num_q_heads;
     rq.q_per_kv = g;
     rq.heads_per_block = plan.aux_heads_per_block;
-    rq.rotation = static_cast<int>(c.key.rotation);
-    rq.rotations = in.rotation_key;
-    rq.fwht_block = c.key.fwht_block();
-    rq.fwht_scale = FwhtScale(c.key);
-    rq.bitrev = c.key.bitrev;
+    rq.rotation = MakeRotationArgs(c.key, HeadData{in.rotation_key});
     rq.q = in.q;
     rq.q_rot = q_rot;
     rq.timeline = in.timeline;
@@ -319,10 +328,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.hist_tokens_per_split = plan.hist_tokens_per_split;
   kp.window_splits = c.quantized() ? plan.window_splits : 0;
   kp.window_tokens_per_split = std::max(plan.window_tokens_per_split, 1);
-  kp.chunks_per_warp = plan.chunks_per_warp;
-  kp.pack_hi_lo = plan.pack_hi_lo;
-  kp.group_epilogue = plan.group_epilogue;
-  kp.int8_qk = plan.int8_qk;
+  kp.quant_loop = c.quantized() ? plan.quant_loop : QuantLoop::kTwoMma;
   kp.logit_scale_log2 = static_cast<float>(static_cast<double>(c.scale()) * 1.4426950408889634);
   kp.seq_lens = in.seq_lens;
   kp.page_tables = in.page_tables;
@@ -333,21 +339,15 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.sink_v = in.sink_value;
   kp.recent_k = in.recent_key;
   kp.recent_v = in.recent_value;
-  kp.k_codes = in.key_codes;
-  kp.v_codes = in.value_codes;
-  kp.k_scale = in.key_scale;
-  kp.k_min = in.key_min;
-  kp.v_scale = in.value_scale;
-  kp.v_min = in.value_min;
-  const int64_t tokens_per_page = static_cast<int64_t>(c.num_kv_heads) * c.page_size;
-  if (c.quantized()) {
-    kp.k_codes_page_stride = tokens_per_page * (d * c.key.bits / 8);
-    kp.v_codes_page_stride = tokens_per_page * (d * c.value.bits / 8);
-    kp.k_meta_page_stride = tokens_per_page * (d / c.key.group) * 2;
-    kp.v_meta_page_stride = tokens_per_page * (d / c.value.group) * 2;
-  } else {
-    kp.k_codes_page_stride = tokens_per_page * d * 2;
-    kp.v_codes_page_stride = tokens_per_page * d * 2;
+  for (int i = 0; i < key_layout.num_planes; ++i) {
+    kp.k_planes[i] = in.key_planes[i];
+    kp.k_page_stride[i] =
+        static_cast<int64_t>(key_layout.PageBytes(i, c.page_size, c.num_kv_heads));
+  }
+  for (int i = 0; i < value_layout.num_planes; ++i) {
+    kp.v_planes[i] = in.value_planes[i];
+    kp.v_page_stride[i] =
+        static_cast<int64_t>(value_layout.PageBytes(i, c.page_size, c.num_kv_heads));
   }
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
@@ -356,8 +356,9 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.programmatic_launch = c.quantized();  // right after the query rotation
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
-  if (!kp.k_codes) kp.k_codes = reinterpret_cast<const uint8_t*>(in.q);
-  if (!kp.v_codes) kp.v_codes = reinterpret_cast<const uint8_t*>(in.q);
+  for (const uint8_t** first_plane : {&kp.k_planes[0], &kp.v_planes[0]}) {
+    if (!*first_plane) *first_plane = reinterpret_cast<const uint8_t*>(in.q);
+  }
   KVQ_CUDA_CHECK(attention::DispatchDecodeAttention(d, format, kp, stream));
 
   attention::MergeParams mp;
@@ -371,11 +372,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.max_seq_len = in.max_seq_len;
   mp.seq_lens = in.seq_lens;
   mp.rotate_history = c.quantized();
-  mp.rotation = static_cast<int>(c.value.rotation);
-  mp.rotations = in.rotation_value;
-  mp.fwht_block = c.value.fwht_block();
-  mp.fwht_scale = FwhtScale(c.value);
-  mp.bitrev = c.value.bitrev;
+  mp.rotation = MakeRotationArgs(c.value, HeadData{in.rotation_value});
   mp.part_ml = part_ml;
   mp.part_acc = part_acc;
   mp.out = out;

@@ -51,8 +51,9 @@ inline constexpr bool kFieldsPerGroupValid =
     FPG * QuantGeometry<D, BITS>::kRowBytes >= 32 && FPG * QuantGeometry<D, BITS>::kRowBytes <= 128 &&
     FPG <= QuantGeometry<D, BITS>::kFields;
 
-// QuantSplit with the group epilogue: FPGK = fpg_k and FPGV = fpg_v as compile-time values
-// (fields per group of K and of V; the launcher admits only valid groups).
+// The quantized history's split in loop LOOP (QuantSplitInt8 or QuantSplit) with FPGK = fpg_k
+// and FPGV = fpg_v as compile-time values (fields per group of K and of V; the launcher admits
+// only valid groups).
 template <int D, int BITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
 __device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
                                                    int kvh, int head0, int b, int split,
@@ -62,8 +63,8 @@ __device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, 
       if constexpr (LOOP == QuantLoop::kInt8Qk) {
         QuantSplitInt8<D, BITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
       } else {
-        QuantSplit<D, BITS, 1, LOOP == QuantLoop::kPacked, FPGK, FPGV>(p, smem, kvh, head0, b,
-                                                                       split, begin, end);
+        QuantSplit<D, BITS, LOOP == QuantLoop::kPacked, FPGK, FPGV>(p, smem, kvh, head0, b,
+                                                                    split, begin, end);
       }
       return;
     }
@@ -126,16 +127,7 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
         return;
       }
       constexpr int kBits = static_cast<int>(FORMAT);
-      constexpr bool PACK = LOOP == QuantLoop::kPacked;
-      if constexpr (LOOP == QuantLoop::kInt8Qk) {
-        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
-      } else if (p.group_epilogue) {
-        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
-      } else if (p.chunks_per_warp == 2) {
-        QuantSplit<D, kBits, 2, PACK>(p, smem, kvh, head0, b, z, begin, end);
-      } else {
-        QuantSplit<D, kBits, 1, PACK>(p, smem, kvh, head0, b, z, begin, end);
-      }
+      QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
     } else {
       const int n_sink = min(p.sink, t);
       const int recent_begin = max(p.sink, t - p.recent);
@@ -152,8 +144,8 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
   }
 }
 
-// LOOP: the quantized history's loop (DecodeAttentionPlan: int8_qk, pack_hi_lo); a kernel per
-// loop so that each gets its own register allocation. The bf16 cache takes kTwoMma.
+// LOOP: the quantized history's loop (DecodeAttentionPlan::quant_loop); a kernel per loop so
+// that each gets its own register allocation. The bf16 cache takes kTwoMma.
 template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
 __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
     DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
@@ -194,15 +186,21 @@ namespace kvq::gpu::attention {
 template <int HEAD_DIM, HistoryFormat FORMAT>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
-  using detail::QuantLoop;
   constexpr bool kQuantized = FORMAT != HistoryFormat::kBf16;
   // The bf16 cache has one loop; a quantized cache's loops are instantiated only for it.
   constexpr QuantLoop kPacked = kQuantized ? QuantLoop::kPacked : QuantLoop::kTwoMma;
   constexpr QuantLoop kInt8Qk = kQuantized ? QuantLoop::kInt8Qk : QuantLoop::kTwoMma;
-  auto kernel = !kQuantized     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
-                : p.int8_qk     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>
-                : p.pack_hi_lo  ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>
-                                : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>;
+  // The plan's loop; anything else is refused, never run as another loop.
+  if (kQuantized && p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
+      p.quant_loop != QuantLoop::kInt8Qk) {
+    return cudaErrorInvalidValue;
+  }
+  auto kernel = !kQuantized ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
+                : p.quant_loop == QuantLoop::kInt8Qk
+                    ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>
+                : p.quant_loop == QuantLoop::kPacked
+                    ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>
+                    : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>;
   if (kSmem > 48 * 1024) {
     // Once per process and kernel (device 0's limit is the same on every Hopper part).
     static const cudaError_t raised = [] {

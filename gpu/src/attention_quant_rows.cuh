@@ -66,13 +66,6 @@ __host__ __device__ constexpr float PvUnscale() {
 // ------------------------------------------------------------------------------------------
 // INT-b history pages.
 
-// The loops of the quantized history (a kernel instantiation each).
-enum class QuantLoop : int {
-  kTwoMma = 0,  // bf16 MMAs, the hi and lo parts of the query and of p * scale in two MMAs
-  kPacked = 1,  // bf16 MMAs, hi and lo in columns h and h + 4 (heads per block <= 4)
-  kInt8Qk = 2,  // QK^T on the int8 tensor cores (QuantSplitInt8; heads per block <= 4)
-};
-
 template <int D, int BITS>
 struct QuantGeometry {
   static constexpr int kFields = 8 / BITS;            // codes per byte
@@ -160,12 +153,12 @@ struct QuantTilePipeline {
     const int ng = kind < 2 ? 0 : (kind < 4 ? ngk : ngv);
     const unsigned char* pool;
     switch (kind) {
-      case 0: pool = p.k_codes; copy_page_stride = p.k_codes_page_stride; break;
-      case 1: pool = p.v_codes; copy_page_stride = p.v_codes_page_stride; break;
-      case 2: pool = reinterpret_cast<const unsigned char*>(p.k_scale); copy_page_stride = p.k_meta_page_stride; break;
-      case 3: pool = reinterpret_cast<const unsigned char*>(p.k_min); copy_page_stride = p.k_meta_page_stride; break;
-      case 4: pool = reinterpret_cast<const unsigned char*>(p.v_scale); copy_page_stride = p.v_meta_page_stride; break;
-      default: pool = reinterpret_cast<const unsigned char*>(p.v_min); copy_page_stride = p.v_meta_page_stride; break;
+      case 0: pool = p.k_planes[kAffineCodesPlane]; copy_page_stride = p.k_page_stride[kAffineCodesPlane]; break;
+      case 1: pool = p.v_planes[kAffineCodesPlane]; copy_page_stride = p.v_page_stride[kAffineCodesPlane]; break;
+      case 2: pool = p.k_planes[kAffineScalePlane]; copy_page_stride = p.k_page_stride[kAffineScalePlane]; break;
+      case 3: pool = p.k_planes[kAffineMinPlane]; copy_page_stride = p.k_page_stride[kAffineMinPlane]; break;
+      case 4: pool = p.v_planes[kAffineScalePlane]; copy_page_stride = p.v_page_stride[kAffineScalePlane]; break;
+      default: pool = p.v_planes[kAffineMinPlane]; copy_page_stride = p.v_page_stride[kAffineMinPlane]; break;
     }
     copy_row_bytes = kind < 2 ? RB : 2 * ng;
     copy_dst = kind < 2 ? kind * Geo::kCodesBytes : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
@@ -215,21 +208,18 @@ struct QuantTilePipeline {
   __device__ __forceinline__ void Release(int tile) const {
     MbarrierArrive(Empty(tile % Geo::kStages));
   }
-  // Refill of the stages of step `tile`'s predecessors: step i's producer is warp (i / cpw) % 4
-  // (the role rotates, so no warp carries it every step). Tile `next` goes into the stage of
-  // tile next - kStages, which every thread must have released. With cpw = 1 the producer
-  // issues at the end of its step (tile + 3, needed two steps later; the others have usually
-  // released tile - 1 by then); with cpw = 2 at the start (the tiles are needed next step).
-  __device__ __forceinline__ void Produce(int tile, int cpw) const {
-    if ((threadIdx.x >> 5) != (tile / cpw) % kWarps) return;
-    for (int u = 0; u < cpw; ++u) {
-      const int next = tile + Geo::kStages - cpw + u;
-      if (next < n_tiles) {
-        if (next >= Geo::kStages) {
-          MbarrierWait(Empty(next % Geo::kStages), ((next / Geo::kStages) - 1) & 1);
-        }
-        Issue(next, next % Geo::kStages);
+  // Refill at the end of step `tile`: step i's producer is warp i % 4 (the role rotates, so no
+  // warp carries it every step). It issues tile + 3, needed two steps later (the others have
+  // usually released tile - 1 by then), into the stage of tile + 3 - kStages, which every
+  // thread must have released.
+  __device__ __forceinline__ void Produce(int tile) const {
+    if ((threadIdx.x >> 5) != tile % kWarps) return;
+    const int next = tile + Geo::kStages - 1;
+    if (next < n_tiles) {
+      if (next >= Geo::kStages) {
+        MbarrierWait(Empty(next % Geo::kStages), ((next / Geo::kStages) - 1) & 1);
       }
+      Issue(next, next % Geo::kStages);
     }
   }
 };
@@ -341,21 +331,18 @@ __device__ __forceinline__ void QkEpilogue(float (&s)[4], const float (&c)[4], f
   s[3] += sfb * c3 + mfb * qs.y;
 }
 
-// CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
-// chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
-// twice the independent work between the dependent steps, half the barriers and reductions.
-// PACK (heads_per_block <= 4): the bf16 hi and lo parts of the query and of p * scale use the
-// two halves of the MMA's N = 8 columns: column h < 4 carries head h's hi part, column h + 4
-// its lo part. QK^T and PV are one MMA each instead of two; the hi and lo columns are added by
-// one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at the end
-// of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits and run
-// the same softmax, so their m, l and p agree bit for bit.
-// FPGK, FPGV: fields per quantization group of K and of V (G / RB) as compile-time values
-// (1, 2 or 4; the group epilogue), or 0: the group of a field looked up at run time and QK^T
-// finished per field (the per-field epilogue). With FPGK > 0 the fields of a group share one
-// accumulator and one epilogue, and a row's scales / mins (D / G bf16) are one 2-, 4- or
-// 8-byte load each.
-template <int D, int BITS, int CPW, bool PACK, int FPGK = 0, int FPGV = 0>
+// One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
+// warp takes one 16-token chunk of every 64-token tile: QK^T, one softmax update, PV.
+// PACK (heads_per_block <= 4, kPacked): the bf16 hi and lo parts of the query and of p * scale
+// use the two halves of the MMA's N = 8 columns: column h < 4 carries head h's hi part, column
+// h + 4 its lo part. QK^T and PV are one MMA each instead of two; the hi and lo columns are
+// added by one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at
+// the end of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits
+// and run the same softmax, so their m, l and p agree bit for bit.
+// FPGK, FPGV: fields per quantization group of K and of V (G / RB: 1, 2 or 4) as compile-time
+// values (the group epilogue): the fields of a group share one accumulator and one epilogue,
+// and a row's scales / mins (D / G bf16) are one 2-, 4- or 8-byte load each.
+template <int D, int BITS, bool PACK, int FPGK, int FPGV>
 __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
                                            int kvh, int head0, int b, int split, int begin,
                                            int end) {
@@ -363,17 +350,13 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   constexpr int F = Geo::kFields;
   constexpr int RB = Geo::kRowBytes;
   constexpr int NW = Geo::kQkWords;
+  static_assert(FPGK > 0 && FPGV > 0, "fields per group of K and of V");
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int gi = lane >> 2;
   const int t4 = lane & 3;
   const int h0 = 2 * t4;
-  const int ngk = D / p.key_group;
   const int ngv = D / p.value_group;
-  const int fpg_k = p.key_group / RB;    // fields per group (>= 1, a power of two)
-  const int fpg_v = p.value_group / RB;
-  const int fpg_k_log2 = __ffs(fpg_k) - 1;  // group of field f: f >> log2 (no division)
-  const int fpg_v_log2 = __ffs(fpg_v) - 1;
   const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
 
   using Pipeline = QuantTilePipeline<D, BITS>;
@@ -383,9 +366,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
   // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
   // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
-  // field the sum of the represented q~ (hi + lo) over the field's channels (min term).
-  static_assert(CPW == 1 || CPW == 2, "chunks per warp step");
-  pipe.Start(Geo::kStages - CPW);
+  // group the sum of the represented q~ (hi + lo) over the group's channels (min term).
+  pipe.Start(Geo::kStages - 1);
   LoadRotatedQueries<D>(p, b, head0, q_s);
 
   // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
@@ -393,8 +375,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   // The query fragments live in shared memory (read once per k-step, 16 bytes a lane) rather
   // than in 4*D/16 registers, which keeps the kernel under 128 registers without spills.
   uint4* bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D + 2 * F * kMaxHeadsPerBlock);
-  // qsum_s[f][h]: sum of the represented q~ (hi + lo) of head h over field f's channels;
-  // bias_s[f][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
+  // qsum_s[g][h]: sum of the represented q~ (hi + lo) of head h over group g's channels;
+  // bias_s[g][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
   float* qsum_s = q_s + kMaxHeadsPerBlock * D;
   float* bias_s = qsum_s + F * kMaxHeadsPerBlock;
   uint2* bq2_s = reinterpret_cast<uint2*>(bq_s);  // PACK: {part k-lo, part k-hi} per lane
@@ -402,7 +384,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
     // PACK: column gi carries the hi (gi < 4) or lo (gi >= 4) part of head gi & 3.
     const float* qh = q_s + (PACK ? (gi & 3) : gi) * D;
     const bool lo_column = PACK && gi >= 4;
-    float group_bias = 0.0f, group_qsum = 0.0f;  // FPGK > 0
+    float group_bias = 0.0f, group_qsum = 0.0f;
     StaticFor<F>([&](auto fc) {
       constexpr int f = decltype(fc)::value;
       constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
@@ -437,22 +419,16 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if constexpr (FPGK > 0) {
-        // Group epilogue: the sums over the fields of group f / FPGK.
-        group_bias += sum;
-        group_qsum += sum / kScale;  // exact: a power of two
-        if (f % FPGK == FPGK - 1) {
-          if (warp == 0 && t4 == 0) {
-            const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
-            bias_s[at] = group_bias;
-            qsum_s[at] = group_qsum;
-          }
-          group_bias = group_qsum = 0.0f;
+      // The sums over the fields of group f / FPGK.
+      group_bias += sum;
+      group_qsum += sum / kScale;  // exact: a power of two
+      if (f % FPGK == FPGK - 1) {
+        if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
+          const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
+          bias_s[at] = group_bias;
+          qsum_s[at] = group_qsum;
         }
-      } else if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
-        const int at = f * kMaxHeadsPerBlock + gi;
-        bias_s[at] = sum;
-        qsum_s[at] = sum / kScale;  // exact: a power of two
+        group_bias = group_qsum = 0.0f;
       }
     });
   }
@@ -473,169 +449,102 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   // has no block-wide barrier (QuantTilePipeline), so warps drift apart by up to the pipeline
   // depth instead of meeting every tile.
   __syncthreads();
-  for (int tile = 0; tile < n_tiles; tile += CPW) {
-    if constexpr (CPW > 1) pipe.Produce(tile, CPW);
-    // Sub-chunk u: this warp's 16 rows of tile + u.
-    const unsigned char* stage[CPW];
-    int chunk_first[CPW];
-    bool has[CPW];
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      const int t = tile + u;
-      chunk_first[u] = begin + t * kTileTokens + warp * kChunkTokens;
-      has[u] = t < n_tiles && chunk_first[u] < end;
-      if (t < n_tiles) pipe.WaitFull(t);
-      // A sub-chunk without rows reads the first one's (loaded) rows, all masked.
-      stage[u] = pipe.Stage(has[u] ? t : tile);
-    }
-    do {
-    if (!has[0]) break;  // has[u] implies has[0]
-    bool valid_a[CPW], valid_b[CPW];
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      valid_a[u] = has[u] && chunk_first[u] + row_a < end;
-      valid_b[u] = has[u] && chunk_first[u] + row_b < end;
-    }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    // This warp's 16 rows of the tile.
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    pipe.WaitFull(tile);
+    const unsigned char* stage = pipe.Stage(tile);
+    if (chunk_first < end) {
+      const bool valid_a = chunk_first + row_a < end;
+      const bool valid_b = chunk_first + row_b < end;
 
-    // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
-    float s[CPW][4];
-    {
-      uint32_t ka[CPW][NW], kb[CPW][NW], ka8[CPW][NW], kb8[CPW][NW];  // 8: bytes 1, 3 moved down
-#pragma unroll
-      for (int u = 0; u < CPW; ++u) {
-        const unsigned char* kc = stage[u] + warp * kChunkTokens * RB;
-        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka[u]);
-        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb[u]);
+      // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
+      float s[4];
+      {
+        uint32_t ka[NW], kb[NW], ka8[NW], kb8[NW];  // 8: bytes 1, 3 moved down
+        const unsigned char* kc = stage + warp * kChunkTokens * RB;
+        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
+        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-          ka8[u][w] = ka[u][w] >> 8;
-          kb8[u][w] = kb[u][w] >> 8;
+          ka8[w] = ka[w] >> 8;
+          kb8[w] = kb[w] >> 8;
         }
-        s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
-      }
-      if constexpr (FPGK > 0) {
-        // One accumulator per (group, sub-chunk): the fields of a group add up before one
-        // epilogue with the group's scale and min; NGK = D / G scales (mins) of a row in one load.
+        s[0] = s[1] = s[2] = s[3] = 0.0f;
+        // One accumulator per group: the fields of a group add up before one epilogue with the
+        // group's scale and min; NGK = D / G scales (mins) of a row in one load.
         constexpr int NGK = F / FPGK;
-#pragma unroll
-        for (int u = 0; u < CPW; ++u) {
-          const unsigned char* meta = stage[u] + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
-          uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
-          LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
-          LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
-          LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
-          LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
-          StaticFor<NGK>([&](auto gc) {
-            constexpr int g = decltype(gc)::value;
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-            StaticFor<FPGK>([&](auto jc) {
-              constexpr int f = g * FPGK + decltype(jc)::value;
-              QkField<BITS, f, NW, PACK>(c, ka[u], kb[u], ka8[u], kb8[u], code_bias, bq_s, lane);
-            });
-            const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
-            const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
-            QkEpilogue(s[u], c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
-                       Bf16OfRow<g>(mb));
-          });
-        }
-      } else {
-      // One accumulator per (field, sub-chunk), finished by its own epilogue with its group's
-      // scale and min (the sum over the fields of a group is the group's term): no run-time
-      // branch on the group size, and F * CPW independent HMMA chains of 2*NW.
-      StaticFor<F>([&](auto fc) {
-        constexpr int f = decltype(fc)::value;
-        const int g = f >> fpg_k_log2;
-        const float2 qs = *reinterpret_cast<const float2*>(qsum_s + f * kMaxHeadsPerBlock + h0);
-        const float2 qb = *reinterpret_cast<const float2*>(bias_s + f * kMaxHeadsPerBlock + h0);
-#pragma unroll
-        for (int u = 0; u < CPW; ++u) {
+        const unsigned char* meta = stage + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
+        uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
+        LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
+        LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
+        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
+        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
+        StaticFor<NGK>([&](auto gc) {
+          constexpr int g = decltype(gc)::value;
           float c[4] = {0.f, 0.f, 0.f, 0.f};
-          QkField<BITS, f, NW, PACK>(c, ka[u], kb[u], ka8[u], kb8[u], code_bias, bq_s, lane);
-          const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes) +
-                               warp * kChunkTokens * ngk;
-          const uint16_t* km = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
-                                                                 Geo::kMetaBytes) +
-                               warp * kChunkTokens * ngk;
-          QkEpilogue(s[u], c, qb, qs, Bf16ToFloat(ks[row_a * ngk + g]),
-                     Bf16ToFloat(ks[row_b * ngk + g]), Bf16ToFloat(km[row_a * ngk + g]),
-                     Bf16ToFloat(km[row_b * ngk + g]));
-        }
-      });
-      }  // FPGK == 0
-      if constexpr (PACK) {
-        // Head h's logit = column h (hi part) + column h + 4 (lo part).
+          StaticFor<FPGK>([&](auto jc) {
+            constexpr int f = g * FPGK + decltype(jc)::value;
+            QkField<BITS, f, NW, PACK>(c, ka, kb, ka8, kb8, code_bias, bq_s, lane);
+          });
+          const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
+          const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
+          QkEpilogue(s, c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
+                     Bf16OfRow<g>(mb));
+        });
+        if constexpr (PACK) {
+          // Head h's logit = column h (hi part) + column h + 4 (lo part).
 #pragma unroll
-        for (int u = 0; u < CPW; ++u) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], 2);
+          for (int i = 0; i < 4; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
         }
       }
-    }
-    float sl[CPW][4];
+      float sl[4];
+      sl[0] = valid_a ? s[0] * fac : -INFINITY;
+      sl[1] = valid_a ? s[1] * fac : -INFINITY;
+      sl[2] = valid_b ? s[2] * fac : -INFINITY;
+      sl[3] = valid_b ? s[3] * fac : -INFINITY;
+      float pr[4];
+      float alpha[2];
+      if (st.Update(sl, pr, alpha)) {  // alpha == 1 on lanes whose max did not move
 #pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      sl[u][0] = valid_a[u] ? s[u][0] * fac : -INFINITY;
-      sl[u][1] = valid_a[u] ? s[u][1] * fac : -INFINITY;
-      sl[u][2] = valid_b[u] ? s[u][2] * fac : -INFINITY;
-      sl[u][3] = valid_b[u] ? s[u][3] * fac : -INFINITY;
-    }
-    float pr[CPW][4];
-    float alpha[2];
-    if (st.template UpdateN<CPW>(sl, pr, alpha)) {  // alpha == 1 on lanes whose max did not move
-#pragma unroll
-      for (int f = 0; f < F; ++f) {
-        min_sum[f][0] *= alpha[0];
-        min_sum[f][1] *= alpha[1];
+        for (int f = 0; f < F; ++f) {
+          min_sum[f][0] *= alpha[0];
+          min_sum[f][1] *= alpha[1];
+        }
       }
-    }
 
-    // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      const unsigned char* vc = stage[u] + Geo::kCodesBytes + warp * kChunkTokens * RB;
-      const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
+      // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
+      const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
+      const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
                                                               2 * Geo::kMetaBytes) +
                             warp * kChunkTokens * ngv;
-      const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
+      const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
                                                               3 * Geo::kMetaBytes) +
                             warp * kChunkTokens * ngv;
-      const bool va = valid_a[u], vb = valid_b[u];
-      const float(&pu)[4] = pr[u];
       const PvCodes<D, BITS> codes(vc, vrow, gi);
-      // FPGV > 0: the row's NGV scales and mins, one load each.
-      constexpr int NGV = FPGV > 0 ? F / FPGV : 1;
+      // The row's NGV scales and mins, one load each.
+      constexpr int NGV = F / FPGV;
       uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
-      if constexpr (FPGV > 0) {
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
-      }
+      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
+      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
+      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
+      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
       uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
       float mfa = 0.0f, mfb = 0.0f;
       StaticFor<F>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
-        if (FPGV > 0 ? f % (FPGV > 0 ? FPGV : 1) == 0 : (f & (fpg_v - 1)) == 0) {
-          float sfa, sfb;
+        if constexpr (f % FPGV == 0) {
           // Select, not multiply: rows past the end may hold any bits.
-          if constexpr (FPGV > 0) {
-            constexpr int g = f / (FPGV > 0 ? FPGV : 1);
-            sfa = va ? Bf16OfRow<g>(vsa) : 0.0f;
-            sfb = vb ? Bf16OfRow<g>(vsb) : 0.0f;
-            mfa = va ? Bf16OfRow<g>(vma) : 0.0f;
-            mfb = vb ? Bf16OfRow<g>(vmb) : 0.0f;
-          } else {
-            const int g = f >> fpg_v_log2;
-            sfa = va ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
-            sfb = vb ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
-            mfa = va ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
-            mfb = vb ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
-          }
+          constexpr int g = f / FPGV;
+          const float sfa = valid_a ? Bf16OfRow<g>(vsa) : 0.0f;
+          const float sfb = valid_b ? Bf16OfRow<g>(vsb) : 0.0f;
+          mfa = valid_a ? Bf16OfRow<g>(vma) : 0.0f;
+          mfb = valid_b ? Bf16OfRow<g>(vmb) : 0.0f;
           uint32_t hi_a, lo_a, hi_b, lo_b;
           // B = p * scale * 2^64 against the in-place (subnormal) code fields.
           const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
-          SplitBf16(pu[0] * sfa_v, pu[1] * sfa_v, hi_a, lo_a);
-          SplitBf16(pu[2] * sfb_v, pu[3] * sfb_v, hi_b, lo_b);
+          SplitBf16(pr[0] * sfa_v, pr[1] * sfa_v, hi_a, lo_a);
+          SplitBf16(pr[2] * sfb_v, pr[3] * sfb_v, hi_b, lo_b);
           if constexpr (PACK) {
             // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
             bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
@@ -647,8 +556,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
             bl1 = Transpose8x8(lo_b);
           }
         }
-        min_sum[f][0] += pu[0] * mfa + pu[2] * mfb;
-        min_sum[f][1] += pu[1] * mfa + pu[3] * mfb;
+        min_sum[f][0] += pr[0] * mfa + pr[2] * mfb;
+        min_sum[f][1] += pr[1] * mfa + pr[3] * mfb;
 #pragma unroll
         for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
           uint32_t a[4];
@@ -659,13 +568,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
         }
       });
     }
-    } while (false);
-    // This thread is done reading the step's stages (tile + u).
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      if (tile + u < n_tiles) pipe.Release(tile + u);
-    }
-    if constexpr (CPW == 1) pipe.Produce(tile, CPW);
+    // This thread is done reading the tile's stage.
+    pipe.Release(tile);
+    pipe.Produce(tile);
   }
   if constexpr (PACK) {
     // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then

@@ -3,22 +3,20 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "kvq/common/error.h"
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
+#include "kvq/common/stages.h"
 #include "kvq/gpu/cuda_check.h"
-#include "kvq/gpu/device_array.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
 #include "kvq/gpu/write.h"
 
 namespace kvq::gpu {
 namespace {
-
-float FwhtScale(int block) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
-}
 
 int Log2(int power_of_two) {
   int log = 0;
@@ -48,45 +46,37 @@ int CheckedRows(size_t n, const char* what) {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-StageArgs BaseStageArgs(size_t n, const WriteParams& p, const char* what) {
-  p.Validate();
-  StageArgs a;
-  a.rows = static_cast<int64_t>(n);
-  KVQ_CHECK(a.rows >= 0 && n <= (static_cast<size_t>(INT64_MAX) / 256), kInvalidArgument, what,
-            ": row count ", n, " is too large");
-  a.head_dim = p.head_dim;
-  a.group = p.group;
-  a.bits = p.bits;
-  a.clip = p.clip;
-  a.fwht_block = p.fwht_block();
-  a.fwht_scale = FwhtScale(p.fwht_block());
-  return a;
-}
-
-void RunStage(Stage stage, const StageArgs& a, const WriteParams& p, cudaStream_t stream) {
-  if (a.rows == 0) return;
-  KVQ_CHECK_LAUNCH(DispatchStage(stage, a, stream), StageName(stage), p);
-}
-
 #define KVQ_REQUIRE_POINTER(ptr, what) \
   KVQ_CHECK((ptr) != nullptr, kInvalidArgument, what, ": " #ptr " is null")
 
-// The fields of FusedWriteArgs that come from WriteParams and per-head data.
-FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads, const char* what) {
-  FusedWriteArgs a;
-  a.rotation = static_cast<int>(p.rotation);
+// The fused kernel writes the affine_token format (write_fused.cu): refuse any other.
+void CheckFusedFormat(const WriteParams& p, const char* what) {
+  KVQ_CHECK(p.format == Format::kAffineToken, kUnsupported, what,
+            ": the CUDA fused write stores the affine_token format, not ", FormatName(p.format));
+  CheckKernelLayout(p, what);
+}
+
+// The fields of FusedWriteArgs that come from WriteParams and per-head data: `a` with the
+// rotation and clip of `p` / `heads` and the destination planes `planes` (LayoutOf(p) order).
+FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
+                            uint8_t* const (&planes)[kMaxPlanes], FusedWriteArgs a,
+                            const char* what) {
+  CheckFusedFormat(p, what);
   if (p.rotation == RotationKind::kDense) {
     KVQ_CHECK(heads.rotation != nullptr, kInvalidArgument, what,
               ": dense rotation requested but the rotation matrices are null");
     KVQ_CHECK(Aligned16(heads.rotation), kInvalidArgument, what,
               ": the rotation matrices are not 16-byte aligned");
   }
-  a.rotations = heads.rotation;
-  a.fwht_block = p.fwht_block();
-  a.fwht_scale = FwhtScale(p.fwht_block());
-  a.bitrev = p.bitrev;
+  a.rotation = MakeRotationArgs(p, heads);
   a.clip = p.clip;
   a.clip_per_head = heads.clip;
+  const FormatLayout layout = LayoutOf(p);
+  for (int i = 0; i < kMaxPlanes; ++i) {
+    KVQ_CHECK(i >= layout.num_planes || planes[i] != nullptr, kInvalidArgument, what,
+              ": the destination plane '", layout.plane(i).name, "' is null");
+    a.planes[i] = i < layout.num_planes ? planes[i] : nullptr;
+  }
   return a;
 }
 
@@ -98,21 +88,15 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
   if (rows == 0) return;
   KVQ_REQUIRE_POINTER(x, kWhat);
   KVQ_CHECK(Aligned16(x), kInvalidArgument, kWhat, ": input rows are not 16-byte aligned");
-  KVQ_REQUIRE_POINTER(out.packed, kWhat);
-  KVQ_REQUIRE_POINTER(out.scale, kWhat);
-  KVQ_REQUIRE_POINTER(out.min, kWhat);
   HeadData heads;
   heads.rotation = rotation;
-  FusedWriteArgs a = WriteArgsFor(p, heads, kWhat);
+  FusedWriteArgs a = WriteArgsFor(p, heads, out.planes, FusedWriteArgs(), kWhat);
   a.x = x;
   a.x_is_bf16 = bf16;
   a.num_heads = 1;
   a.num_tokens = rows;
   a.token_stride = p.head_dim;
   a.mode = WriteMode::kRows;
-  a.codes = out.packed;
-  a.scale = out.scale;
-  a.min = out.min;
   a.rotated = out.rotated;
   a.tau = out.tau;
   a.error_flags = error_flags;
@@ -120,8 +104,6 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
 }
 
 void CheckPool(const PagePool& pool, const char* what) {
-  KVQ_CHECK(pool.codes != nullptr && pool.scale != nullptr && pool.min != nullptr,
-            kInvalidArgument, what, ": a page pool pointer is null");
   KVQ_CHECK(pool.num_pages > 0, kInvalidArgument, what, ": the page pool has ", pool.num_pages,
             " pages");
 }
@@ -129,26 +111,21 @@ void CheckPool(const PagePool& pool, const char* what) {
 void CheckCacheParams(const CacheParams& c, const char* what) {
   c.Validate();
   KVQ_CHECK(c.quantized(), kInvalidArgument, what,
-            ": the cache format is bf16; the bf16 baseline has no history pages to write");
+            ": the cache format is bf16 (not quantized); the bf16 baseline has no history "
+            "pages to write");
+  KVQ_CHECK(c.flush == 1, kUnsupported, what, ": flush F = ", c.flush,
+            " (the CUDA write path demotes one token at a time: F = 1 only)");
+  CheckFusedFormat(c.key, what);
+  CheckFusedFormat(c.value, what);
   KVQ_CHECK(c.num_kv_heads <= 65535, kInvalidArgument, what, ": num_kv_heads ", c.num_kv_heads,
             " exceeds 65535");
 }
 
 // The arguments of a history write (prefill or demotion) of K or V: `a` with the rotation,
-// clip and pool of that tensor (validated).
+// clip and pool of that tensor (validated; a null plane is named).
 FusedWriteArgs HistoryArgs(const WriteParams& p, const HeadData& heads, const PagePool& pool,
                            FusedWriteArgs a, const char* what) {
-  const FusedWriteArgs from_params = WriteArgsFor(p, heads, what);
-  a.rotation = from_params.rotation;
-  a.rotations = from_params.rotations;
-  a.fwht_block = from_params.fwht_block;
-  a.fwht_scale = from_params.fwht_scale;
-  a.bitrev = from_params.bitrev;
-  a.clip = from_params.clip;
-  a.clip_per_head = from_params.clip_per_head;
-  a.codes = pool.codes;
-  a.scale = pool.scale;
-  a.min = pool.min;
+  a = WriteArgsFor(p, heads, pool.planes, a, what);
   a.num_pages = pool.num_pages;
   return a;
 }
@@ -177,99 +154,45 @@ void LaunchHistories(const CacheParams& c, const HeadData& key_heads, const Head
 
 // ---- Stages ------------------------------------------------------------------------------------
 
-void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
-                 cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "rotate_dense");
+void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
+              cudaStream_t stream) {
+  const StageSpec& spec = GetStage(stage);
+  p.Validate();
+  KVQ_CHECK(StageApplies(spec, p), kUnsupported, spec.name, ": a stage of the ", spec.family,
+            " format, not of ", FormatName(p.format));
+  KVQ_CHECK(n <= static_cast<size_t>(INT64_MAX) / 256, kInvalidArgument, spec.name,
+            ": row count ", n, " is too large");
   if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "rotate_dense");
-  KVQ_REQUIRE_POINTER(r, "rotate_dense");
-  KVQ_REQUIRE_POINTER(y, "rotate_dense");
-  a.x = x;
-  a.r = r;
-  a.y = y;
-  RunStage(Stage::kRotateDense, a, p, stream);
+  StageArgs a;
+  for (int i = 0; i < spec.num_args; ++i) {
+    KVQ_CHECK(args[i] != nullptr, kInvalidArgument, spec.name, ": ", spec.args[i].name,
+              " is null");
+    for (int j = 0; j < i; ++j) {
+      KVQ_CHECK(args[i] != args[j], kInvalidArgument, spec.name, ": ", spec.args[j].name,
+                " and ", spec.args[i].name, " alias");
+    }
+    a.args[i] = args[i];
+  }
+  a.num_args = spec.num_args;
+  a.rows = static_cast<int64_t>(n);
+  a.params = p;
+  a.fwht_block = p.fwht_block();
+  a.fwht_scale = p.fwht_scale();
+  KVQ_CHECK_LAUNCH(DispatchStage(stage, a, stream), spec.name, p);
 }
 
-void Fwht(float* x, size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "fwht");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "fwht");
-  a.y = x;
-  RunStage(Stage::kFwht, a, p, stream);
-}
-
-void Bitrev(const float* x, float* y, size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "bitrev");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "bitrev");
-  KVQ_REQUIRE_POINTER(y, "bitrev");
-  KVQ_CHECK(x != y, kInvalidArgument, "bitrev: input and output alias");
-  a.x = x;
-  a.y = y;
-  RunStage(Stage::kBitrev, a, p, stream);
-}
-
-void Clip(float* x, float* tau, size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "clip");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "clip");
-  KVQ_REQUIRE_POINTER(tau, "clip");
-  a.y = x;
-  a.tau = tau;
-  RunStage(Stage::kClip, a, p, stream);
-}
-
-void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-              const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "quantize");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "quantize");
-  KVQ_REQUIRE_POINTER(codes, "quantize");
-  KVQ_REQUIRE_POINTER(scale, "quantize");
-  KVQ_REQUIRE_POINTER(min, "quantize");
-  a.x = x;
-  a.codes = codes;
-  a.scale = scale;
-  a.min = min;
-  RunStage(Stage::kQuantize, a, p, stream);
-}
-
-void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p,
-          cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "pack");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(codes, "pack");
-  KVQ_REQUIRE_POINTER(packed, "pack");
-  a.codes_in = codes;
-  a.packed = packed;
-  RunStage(Stage::kPack, a, p, stream);
-}
-
-void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p,
-            cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "unpack");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(packed, "unpack");
-  KVQ_REQUIRE_POINTER(codes, "unpack");
-  a.packed_in = packed;
-  a.codes = codes;
-  RunStage(Stage::kUnpack, a, p, stream);
-}
-
-void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
-                size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "dequantize");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(codes, "dequantize");
-  KVQ_REQUIRE_POINTER(scale, "dequantize");
-  KVQ_REQUIRE_POINTER(min, "dequantize");
-  KVQ_REQUIRE_POINTER(y, "dequantize");
-  a.codes_in = codes;
-  a.scale_in = scale;
-  a.min_in = min;
-  a.y = y;
-  RunStage(Stage::kDequantize, a, p, stream);
-}
+// The stages of stages.inc: each passes its pointers, in order, to RunStage.
+#define KVQ_GPU_STAGE_DEFINITION(...) (__VA_ARGS__, cudaStream_t stream)
+#define KVQ_ARG(name, expect, dtype, dir, extent) const_cast<void*>(static_cast<const void*>(name)),
+#define KVQ_STAGE(name, Name, family, params, arg_list)  \
+  void Name KVQ_GPU_STAGE_DEFINITION params {            \
+    void* const list[] = {arg_list};                     \
+    RunStage(StageId::k##Name, list, n, p, stream);      \
+  }
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_ARG
+#undef KVQ_GPU_STAGE_DEFINITION
 
 // ---- Fused writes ------------------------------------------------------------------------------
 
@@ -281,38 +204,6 @@ void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, s
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags, cudaStream_t stream) {
   WriteRowsImpl(p, rotation, x, /*bf16=*/false, n, out, error_flags, stream);
-}
-
-TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
-                            int iters, int warmup) {
-  constexpr const char* kWhat = "TimeWriteRows";
-  p.Validate();
-  KVQ_CHECK(HasCudaDevice(), kUnsupported, kWhat, ": no CUDA device");
-  const int rows = CheckedRows(n, kWhat);
-  KVQ_CHECK(rows > 0, kInvalidArgument, kWhat, ": no rows to write");
-  KVQ_REQUIRE_POINTER(x, kWhat);
-  const bool dense = p.rotation == RotationKind::kDense;
-  if (dense) KVQ_REQUIRE_POINTER(rotation, kWhat);
-  const size_t d = static_cast<size_t>(p.head_dim);
-  DeviceArray<float> dx(x, n * d);
-  DeviceArray<float> dr(dense ? rotation : nullptr, dense ? d * d : 0);
-  DeviceArray<uint8_t> packed(n * static_cast<size_t>(p.code_bytes()));
-  DeviceArray<uint16_t> scale(n * static_cast<size_t>(p.num_groups()));
-  DeviceArray<uint16_t> min(n * static_cast<size_t>(p.num_groups()));
-  DeviceArray<int> flags(1);
-  KVQ_CUDA_CHECK(cudaMemset(flags.get(), 0, flags.bytes()));
-  RowOutputs out;
-  out.packed = packed.get();
-  out.scale = scale.get();
-  out.min = min.get();
-  TimedRowWrite result;
-  result.median_us = MedianDeviceMicros(
-      [&] { WriteRows(p, dr.get(), dx.get(), n, out, flags.get()); }, iters, warmup, true);
-  CheckErrorFlags(flags.get(), kWhat);
-  result.packed = packed.Download();
-  result.scale = scale.Download();
-  result.min = min.Download();
-  return result;
 }
 
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value, int tokens,

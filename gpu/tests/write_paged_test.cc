@@ -6,79 +6,65 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kvq/conformance/prng.h"
+#include "kvq/conformance/rows.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/gpu/write.h"
+#include "kvq/testbed/cache_checks.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
 
 namespace kvq::gpu {
 namespace {
 
 using namespace kvq::gpu::testing;
+using conformance::SplitMix64;
 using cpu::KV;
+using testbed::AllBitsEqual;
+using testbed::AsTensor;
+using testbed::Cache;
+using testbed::NamedTensors;
+using testbed::Write;
 
 struct CacheCase {
   const char* name;
   CacheParams params;
 };
 
-WriteParams Path(int d, int group, int bits, RotationKind kind, int block, bool bitrev,
-                 float clip) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = group;
-  p.bits = bits;
-  p.rotation = kind;
-  p.hadamard_block = block;
-  p.bitrev = bitrev;
-  p.clip = clip;
-  return p;
-}
-
-CacheParams MakeCache(int hkv, int sink, int recent, int page, WriteParams key, WriteParams value) {
-  CacheParams c;
-  c.num_kv_heads = hkv;
-  c.num_q_heads = hkv * 2;
-  c.sink = sink;
-  c.recent = recent;
-  c.page_size = page;
-  c.key = key;
-  c.value = value;
-  c.Validate();
-  return c;
-}
-
 std::vector<CacheCase> Cases() {
   return {
       {"d64_dense_bitrev_int2_fwht_int4",
-       MakeCache(2, 4, 16, 16, Path(64, 32, 2, RotationKind::kDense, 0, true, 0.9f),
-                 Path(64, 64, 4, RotationKind::kHadamard, 0, false, 1.0f))},
+       Cache().kv_heads(2).q_heads(4).sink(4).recent(16).page(16)
+           .key(Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense).bitrev()
+                    .clip(0.9f))
+           .value(Write().head_dim(64).group(64).bits(4).hadamard())},
       {"d128_oscar_defaults",
-       MakeCache(8, 64, 256, 64, Path(128, 64, 2, RotationKind::kDense, 0, false, 0.96f),
-                 Path(128, 64, 2, RotationKind::kDense, 0, false, 0.92f))},
+       Cache().kv_heads(8).q_heads(16).sink(64).recent(256).page(64)
+           .key(Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense).clip(0.96f))
+           .value(Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense)
+                      .clip(0.92f))},
       {"d256_block16_int4_identity_bitrev_int2_no_sink",
-       MakeCache(1, 0, 1, 16, Path(256, 128, 4, RotationKind::kHadamard, 16, false, 0.5f),
-                 Path(256, 32, 2, RotationKind::kIdentity, 0, true, 1.0f))},
+       Cache().kv_heads(1).q_heads(2).sink(0).recent(1).page(16)
+           .key(Write().head_dim(256).group(128).bits(4).hadamard(16).clip(0.5f))
+           .value(Write().head_dim(256).group(32).bits(2).bitrev())},
   };
 }
 
-// Per-KV-head data shared by the CPU cache and the device.
+// Per-KV-head data shared by the CPU cache and the device: random orthogonal rotations where a
+// half is dense, and clip ratios that differ between heads and between K and V.
 struct HeadsData {
   std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
 };
 
-HeadsData MakeHeads(const CacheParams& c, std::mt19937& rng) {
+HeadsData MakeHeads(const CacheParams& c, SplitMix64* rng) {
   HeadsData h;
-  const int d = c.head_dim();
-  if (c.key.rotation == RotationKind::kDense) h.rotation_k = RandomRotations(c.num_kv_heads, d, rng);
-  if (c.value.rotation == RotationKind::kDense) {
-    h.rotation_v = RandomRotations(c.num_kv_heads, d, rng);
-  }
+  h.rotation_k = testbed::HeadRotations(c.key, c.num_kv_heads, rng);
+  h.rotation_v = testbed::HeadRotations(c.value, c.num_kv_heads, rng);
   const float ratios[] = {1.0f, 0.96f, 0.9f, 0.75f};
   for (int i = 0; i < c.num_kv_heads; ++i) {
     h.clip_k.push_back(ratios[i % 4]);
@@ -87,29 +73,38 @@ HeadsData MakeHeads(const CacheParams& c, std::mt19937& rng) {
   return h;
 }
 
-// Device copies of the per-head data and one pool per K / V.
+// The per-head data as a failure dump's inputs (the tests add their rows and page tables).
+NamedTensors HeadInputs(const CacheParams& c, const HeadsData& h) {
+  const int64_t d = c.head_dim();
+  NamedTensors inputs;
+  if (!h.rotation_k.empty()) inputs.emplace_back("rotation_k", AsTensor(h.rotation_k, d));
+  if (!h.rotation_v.empty()) inputs.emplace_back("rotation_v", AsTensor(h.rotation_v, d));
+  inputs.emplace_back("clip_k", AsTensor(h.clip_k));
+  inputs.emplace_back("clip_v", AsTensor(h.clip_v));
+  return inputs;
+}
+
+// Device copies of the per-head data and one pool per K / V: a buffer per plane of the
+// format's layout (LayoutOf), `pages` pages each.
 struct DeviceCache {
   DeviceBuffer<float> rotation_k, rotation_v, clip_k, clip_v;
-  DeviceBuffer<uint8_t> codes[2];
-  DeviceBuffer<uint16_t> scale[2], min[2];
+  FormatLayout layout[2];
+  DeviceBuffer<uint8_t> planes[2][kMaxPlanes];
   int num_pages = 0;
 
   DeviceCache(const CacheParams& c, const HeadsData& h, int pages)
       : rotation_k(h.rotation_k), rotation_v(h.rotation_v), clip_k(h.clip_k), clip_v(h.clip_v),
-        num_pages(pages) {
-    const WriteParams* params[2] = {&c.key, &c.value};
+        layout{LayoutOf(c.key), LayoutOf(c.value)}, num_pages(pages) {
     for (int kv = 0; kv < 2; ++kv) {
-      const size_t rows = static_cast<size_t>(pages) * c.num_kv_heads * c.page_size;
-      codes[kv] = DeviceBuffer<uint8_t>(rows * params[kv]->code_bytes());
-      scale[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
-      min[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
+      for (int i = 0; i < layout[kv].num_planes; ++i) {
+        planes[kv][i] = DeviceBuffer<uint8_t>(
+            static_cast<size_t>(pages) * layout[kv].PageBytes(i, c.page_size, c.num_kv_heads));
+      }
     }
   }
   void Poison(uint8_t byte) {
     for (int kv = 0; kv < 2; ++kv) {
-      codes[kv].Fill(byte);
-      scale[kv].Fill(byte);
-      min[kv].Fill(byte);
+      for (int i = 0; i < layout[kv].num_planes; ++i) planes[kv][i].Fill(byte);
     }
   }
   HeadData Heads(KV kv) const {
@@ -119,50 +114,53 @@ struct DeviceCache {
     return d;
   }
   PagePool Pool(KV kv) const {
-    const int i = static_cast<int>(kv);
-    return PagePool{codes[i].get(), scale[i].get(), min[i].get(), num_pages};
+    const int k = static_cast<int>(kv);
+    PagePool pool;
+    for (int i = 0; i < layout[k].num_planes; ++i) pool.planes[i] = planes[k][i].get();
+    pool.num_pages = num_pages;
+    return pool;
   }
 };
 
-// Expected pool contents: poison everywhere, then every history row of `tables[s]` copied from
-// the CPU cache's sequence `seqs[s]`.
-void ExpectPoolsMatch(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
-                      const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
-                      uint8_t poison, const std::string& context) {
+// The pools to compare, one tensor per K / V plane ("key.pool.codes", ...), [rows, row bytes].
+// Expected: poison everywhere, then every history row of `tables[s]` copied from the CPU cache's
+// sequence `seqs[s]`.
+void AddPools(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
+              const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
+              uint8_t poison, NamedTensors* expected, NamedTensors* got) {
   const CacheParams& c = cache.params();
-  const WriteParams* params[2] = {&c.key, &c.value};
   for (KV kv : {KV::kKey, KV::kValue}) {
-    const int i = static_cast<int>(kv);
-    const size_t cb = params[i]->code_bytes();
-    const size_t ng = params[i]->num_groups();
-    std::vector<uint8_t> codes(dev.codes[i].size(), poison);
-    std::vector<uint16_t> scale(dev.scale[i].size(), static_cast<uint16_t>(poison * 0x0101u));
-    std::vector<uint16_t> min(scale);
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const size_t history = cache.HistoryLength(seqs[s]);
-      for (size_t t = 0; t < history; ++t) {
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          const cpu::HistoryRowRef ref = cache.HistoryRow(seqs[s], t, h, kv);
-          const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
-          const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
-          std::copy(ref.codes, ref.codes + cb, codes.begin() + row * cb);
-          std::copy(ref.scale, ref.scale + ng, scale.begin() + row * ng);
-          std::copy(ref.min, ref.min + ng, min.begin() + row * ng);
+    const int k = static_cast<int>(kv);
+    const FormatLayout& layout = dev.layout[k];
+    for (int i = 0; i < layout.num_planes; ++i) {
+      const size_t row_bytes = layout.plane(i).row_bytes();
+      std::vector<uint8_t> want(dev.planes[k][i].size(), poison);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const size_t history = cache.HistoryLength(seqs[s]);
+        for (size_t t = 0; t < history; ++t) {
+          for (int h = 0; h < c.num_kv_heads; ++h) {
+            const uint8_t* ref = cache.HistoryRow(seqs[s], t, h, kv).plane[i];
+            const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
+            const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
+            std::copy(ref, ref + row_bytes, want.begin() + row * row_bytes);
+          }
         }
       }
+      const std::string name =
+          std::string(kv == KV::kKey ? "key" : "value") + ".pool." + layout.plane(i).name;
+      expected->emplace_back(name, AsTensor(want, static_cast<int64_t>(row_bytes)));
+      got->emplace_back(name,
+                        AsTensor(dev.planes[k][i].Download(), static_cast<int64_t>(row_bytes)));
     }
-    const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
-    EXPECT_TRUE(BitsEqual(codes, dev.codes[i].Download(), cb, "pool codes", ctx));
-    EXPECT_TRUE(BitsEqual(scale, dev.scale[i].Download(), ng, "pool scale", ctx));
-    EXPECT_TRUE(BitsEqual(min, dev.min[i].Download(), ng, "pool min", ctx));
   }
 }
 
-// Sink rows in use and ring slots in use must equal the CPU cache; with `exact_unused`, every
+// The windows of sequence `seq` to compare ("<prefix>key.sink", "<prefix>key.ring", ...):
+// sink rows in use and ring slots in use must equal the CPU cache; with `exact_unused`, every
 // other row must still hold the poison (prefill into fresh windows).
-void ExpectWindowsMatch(const cpu::PagedKVCache& cache, int seq, const std::vector<uint16_t>& sink,
-                        const std::vector<uint16_t>& ring, KV kv, bool exact_unused,
-                        uint8_t poison, const std::string& context) {
+void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint16_t>& sink,
+                const std::vector<uint16_t>& ring, KV kv, bool exact_unused, uint8_t poison,
+                const std::string& prefix, NamedTensors* expected, NamedTensors* got) {
   const CacheParams& c = cache.params();
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   const uint16_t poison16 = static_cast<uint16_t>(poison * 0x0101u);
@@ -188,23 +186,20 @@ void ExpectWindowsMatch(const cpu::PagedKVCache& cache, int seq, const std::vect
       if (!ring_used[s]) std::fill_n(got_ring.begin() + s * row, row, poison16);
     }
   }
-  const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
-  EXPECT_TRUE(BitsEqual(want_sink, got_sink, row, "sink", ctx));
-  EXPECT_TRUE(BitsEqual(want_ring, got_ring, row, "ring", ctx));
+  const std::string name = prefix + (kv == KV::kKey ? "key" : "value");
+  const int64_t columns = static_cast<int64_t>(row);
+  expected->emplace_back(name + ".sink", AsTensor(want_sink, columns));
+  got->emplace_back(name + ".sink", AsTensor(got_sink, columns));
+  expected->emplace_back(name + ".ring", AsTensor(want_ring, columns));
+  got->emplace_back(name + ".ring", AsTensor(got_ring, columns));
 }
 
-std::vector<uint16_t> RandomTokens(size_t tokens, const CacheParams& c, std::mt19937& rng) {
-  std::vector<float> x(tokens * c.num_kv_heads * c.head_dim());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : x) v = normal(rng);
-  // A few edge rows: zeros, a constant row and an outlier.
-  if (tokens > 3) {
-    const size_t row = static_cast<size_t>(c.head_dim());
-    std::fill_n(x.begin(), row, 0.0f);
-    std::fill_n(x.begin() + 2 * row, row, 0.375f);
-    x[3 * row + 1] = 1.0e20f;
-  }
-  return ToBf16(x);
+// bf16 rows of `tokens` tokens [tokens, Hkv, d] for the half written with p: every test row kind
+// in turn (conformance::MixedRows), so a call of at least 24 rows holds every edge kind.
+std::vector<uint16_t> Tokens(size_t tokens, const CacheParams& c, const WriteParams& p,
+                             SplitMix64* rng) {
+  return testbed::ToBf16(
+      conformance::MixedRows(tokens * static_cast<size_t>(c.num_kv_heads), p, rng));
 }
 
 class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
@@ -215,13 +210,13 @@ class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
 TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
   const CacheParams& c = GetParam().params;
   const int s0 = c.sink, w = c.recent, page = c.page_size;
-  std::mt19937 rng(1234);
-  const HeadsData heads = MakeHeads(c, rng);
+  SplitMix64 rng(1234);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   for (int tokens : {3, s0, s0 + w, s0 + w + 1, s0 + w + page, s0 + w + 3 * page + 5}) {
     if (tokens <= 0) continue;
-    const std::vector<uint16_t> k = RandomTokens(tokens, c, rng);
-    const std::vector<uint16_t> v = RandomTokens(tokens, c, rng);
+    const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+    const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
     cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
                             cpu::ScalarBackend());
     const int seq = cache.AddSequence();
@@ -231,10 +226,12 @@ TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
     const int history = std::max(0, tokens - w - s0);
     const int pages_needed = (history + page - 1) / page;
     const int pool_pages = pages_needed + 3;
-    std::vector<int32_t> order(pool_pages);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
+    const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
     const std::vector<int32_t> table(order.begin(), order.begin() + std::max(pages_needed, 1));
+    NamedTensors inputs = HeadInputs(c, heads);
+    inputs.emplace_back("key", AsTensor(k, static_cast<int64_t>(row)));
+    inputs.emplace_back("value", AsTensor(v, static_cast<int64_t>(row)));
+    inputs.emplace_back("page_table", AsTensor(table));
 
     DeviceCache dev(c, heads, pool_pages);
     DeviceBuffer<uint16_t> dk(k), dv(v);
@@ -252,14 +249,16 @@ TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
       PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
                    dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows,
                    flags.get());
-      const std::string ctx = std::string(GetParam().name) + " T=" + std::to_string(tokens) +
-                              " poison=" + std::to_string(poison);
+      const std::string ctx = "PagedWrite prefill " + std::string(GetParam().name) + " T " +
+                              std::to_string(tokens) + " poison " + std::to_string(poison);
       EXPECT_EQ(flags.Download()[0], 0) << ctx;
-      ExpectPoolsMatch(cache, {seq}, {table}, dev, poison, ctx);
-      ExpectWindowsMatch(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true,
-                         poison, ctx);
-      ExpectWindowsMatch(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true,
-                         poison, ctx);
+      NamedTensors expected, got;
+      AddPools(cache, {seq}, {table}, dev, poison, &expected, &got);
+      AddWindows(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true, poison, "",
+                 &expected, &got);
+      AddWindows(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true, poison, "",
+                 &expected, &got);
+      EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
     }
   }
 }
@@ -270,8 +269,8 @@ TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
 TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   const CacheParams& c = GetParam().params;
   const int s0 = c.sink, w = c.recent, page = c.page_size;
-  std::mt19937 rng(99);
-  const HeadsData heads = MakeHeads(c, rng);
+  SplitMix64 rng(99);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   const std::vector<int> initial = {0, std::max(0, s0 - 1), s0 + w - 1, s0 + w,
                                     s0 + w + page + 3};
@@ -280,9 +279,7 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   const int max_pages = (initial.back() + steps - w - s0 + page - 1) / page + 1;
   const int pool_pages = batch * max_pages + 2;
 
-  std::vector<int32_t> order(pool_pages);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
+  const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
   std::vector<std::vector<int32_t>> tables(batch);
   std::vector<int32_t> flat_tables;
   for (int b = 0; b < batch; ++b) {
@@ -293,13 +290,30 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   std::vector<std::vector<uint16_t>> prefill_k(batch), prefill_v(batch);
   std::vector<std::vector<uint16_t>> step_k(steps), step_v(steps);
   for (int b = 0; b < batch; ++b) {
-    prefill_k[b] = RandomTokens(initial[b], c, rng);
-    prefill_v[b] = RandomTokens(initial[b], c, rng);
+    prefill_k[b] = Tokens(initial[b], c, c.key, &rng);
+    prefill_v[b] = Tokens(initial[b], c, c.value, &rng);
   }
+  // The steps' rows drawn at once, [steps * batch, Hkv, d], so that they take every row kind
+  // (one step alone may have fewer rows than kinds).
+  const std::vector<uint16_t> all_steps_k = Tokens(static_cast<size_t>(steps) * batch, c, c.key,
+                                                   &rng);
+  const std::vector<uint16_t> all_steps_v = Tokens(static_cast<size_t>(steps) * batch, c,
+                                                   c.value, &rng);
   for (int s = 0; s < steps; ++s) {
-    step_k[s] = RandomTokens(batch, c, rng);  // [batch, Hkv, d]
-    step_v[s] = RandomTokens(batch, c, rng);
+    const size_t begin = static_cast<size_t>(s) * batch * row, end = begin + batch * row;
+    step_k[s].assign(all_steps_k.begin() + begin, all_steps_k.begin() + end);  // [batch, Hkv, d]
+    step_v[s].assign(all_steps_v.begin() + begin, all_steps_v.begin() + end);
   }
+  NamedTensors inputs = HeadInputs(c, heads);
+  for (int b = 0; b < batch; ++b) {
+    if (initial[b] == 0) continue;
+    const std::string seq = "seq" + std::to_string(b);
+    inputs.emplace_back(seq + ".prefill_key", AsTensor(prefill_k[b], static_cast<int64_t>(row)));
+    inputs.emplace_back(seq + ".prefill_value", AsTensor(prefill_v[b], static_cast<int64_t>(row)));
+  }
+  inputs.emplace_back("steps_key", AsTensor(all_steps_k, static_cast<int64_t>(row)));
+  inputs.emplace_back("steps_value", AsTensor(all_steps_v, static_cast<int64_t>(row)));
+  inputs.emplace_back("page_tables", AsTensor(flat_tables, max_pages));
 
   cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
                           cpu::ScalarBackend());
@@ -349,21 +363,25 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
       KVQ_CUDA_CHECK(cudaDeviceSynchronize());
       for (int32_t& len : lengths) ++len;
     }
-    const std::string ctx = std::string(GetParam().name) + " poison=" + std::to_string(poison);
+    const std::string ctx = "PagedWrite append " + std::string(GetParam().name) + " poison " +
+                            std::to_string(poison);
     EXPECT_EQ(flags.Download()[0], 0) << ctx;
-    ExpectPoolsMatch(cache, seqs, tables, dev, poison, ctx);
+    NamedTensors expected, got;
+    AddPools(cache, seqs, tables, dev, poison, &expected, &got);
     const std::vector<uint16_t> sk = sink_k.Download(), sv = sink_v.Download();
     const std::vector<uint16_t> rk = ring_k.Download(), rv = ring_v.Download();
     for (int b = 0; b < batch; ++b) {
       auto slice = [](const std::vector<uint16_t>& all, size_t begin, size_t count) {
         return std::vector<uint16_t>(all.begin() + begin, all.begin() + begin + count);
       };
-      const std::string seq_ctx = ctx + " seq=" + std::to_string(b);
-      ExpectWindowsMatch(cache, seqs[b], slice(sk, b * s0 * row, s0 * row),
-                         slice(rk, b * w * row, w * row), KV::kKey, false, poison, seq_ctx);
-      ExpectWindowsMatch(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
-                         slice(rv, b * w * row, w * row), KV::kValue, false, poison, seq_ctx);
+      const std::string seq = "seq" + std::to_string(b) + ".";
+      AddWindows(cache, seqs[b], slice(sk, b * s0 * row, s0 * row),
+                 slice(rk, b * w * row, w * row), KV::kKey, false, poison, seq, &expected, &got);
+      AddWindows(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
+                 slice(rv, b * w * row, w * row), KV::kValue, false, poison, seq, &expected,
+                 &got);
     }
+    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
   }
 }
 
@@ -371,15 +389,15 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
 // write is queued: the call throws naming the value tensor, and neither pool nor window is
 // touched, for a prefill and for an append step.
 TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
-  CacheParams c = GetParam().params;
-  c.value.rotation = RotationKind::kDense;
-  c.value.hadamard_block = 0;
-  c.value.Validate();
+  const CacheParams& base = GetParam().params;
+  const CacheParams c =
+      Cache(base).value(Write(base.value).rotation(RotationKind::kDense).block(0));
   const int tokens = c.sink + c.recent + 2 * c.page_size;
-  std::mt19937 rng(17);
-  const HeadsData heads = MakeHeads(c, rng);
+  SplitMix64 rng(17);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  const std::vector<uint16_t> k = RandomTokens(tokens, c, rng), v = RandomTokens(tokens, c, rng);
+  const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+  const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
   DeviceCache dev(c, heads, 3);
   DeviceBuffer<uint16_t> dk(k), dv(v);
   DeviceBuffer<int32_t> dtable(std::vector<int32_t>{2, 0});
@@ -393,23 +411,21 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   auto expect_untouched = [&](const char* call) {
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     for (int kv = 0; kv < 2; ++kv) {
-      for (uint8_t byte : dev.codes[kv].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
+      for (uint8_t byte : dev.planes[kv][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
     }
     for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) {
       for (uint16_t x : buffer->Download()) ASSERT_EQ(x, 0xEEEE) << call << " windows";
     }
   };
-  try {
-    PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey), bad_value,
-                 dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows);
-    ADD_FAILURE() << "PrefillWrite accepted a dense value rotation without matrices";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find("(value)"), std::string::npos) << e.what();
-  }
+  testbed::ExpectError(
+      [&] {
+        PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey), bad_value,
+                     dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows);
+      },
+      ErrorCode::kInvalidArgument, {"(value)"});
   expect_untouched("PrefillWrite");
   DeviceBuffer<int32_t> dlen(std::vector<int32_t>{tokens});
-  const std::vector<uint16_t> step = RandomTokens(1, c, rng);
+  const std::vector<uint16_t> step = Tokens(1, c, c.key, &rng);
   DeviceBuffer<uint16_t> sk(step), sv(step);
   EXPECT_THROW(AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), dtable.get(), 2,
                           dev.Heads(KV::kKey), bad_value, dev.Pool(KV::kKey),
@@ -423,10 +439,11 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
 TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
   const CacheParams& c = GetParam().params;
   const int tokens = c.sink + c.recent + 1;  // exactly one history token
-  std::mt19937 rng(5);
-  const HeadsData heads = MakeHeads(c, rng);
+  SplitMix64 rng(5);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  const std::vector<uint16_t> k = RandomTokens(tokens, c, rng), v = RandomTokens(tokens, c, rng);
+  const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+  const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
   DeviceCache dev(c, heads, 2);
   DeviceBuffer<uint16_t> dk(k), dv(v);
   DeviceBuffer<int32_t> dtable(std::vector<int32_t>{7});  // pool has pages 0 and 1 only
@@ -439,19 +456,19 @@ TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
                dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
                Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
   EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
-  for (uint8_t byte : dev.codes[0].Download()) ASSERT_EQ(byte, 0xFF);
+  for (uint8_t byte : dev.planes[0][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
   EXPECT_THROW(CheckErrorFlags(flags.get(), "PrefillWrite"), Error);
 
   // Append at length S0 + W with max_pages = 0: position S0 must demote but has no page.
   flags.Fill(0);
   DeviceBuffer<int32_t> dlen(std::vector<int32_t>{c.sink + c.recent});
-  const std::vector<uint16_t> step = RandomTokens(1, c, rng);
+  const std::vector<uint16_t> step = Tokens(1, c, c.key, &rng);
   DeviceBuffer<uint16_t> sk(step), sv(step);
   AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), nullptr, 0, dev.Heads(KV::kKey),
              dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
              Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
   EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
-  for (uint8_t byte : dev.codes[1].Download()) ASSERT_EQ(byte, 0xFF);
+  for (uint8_t byte : dev.planes[1][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, PagedWriteTest, ::testing::ValuesIn(Cases()),

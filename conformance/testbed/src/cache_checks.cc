@@ -14,6 +14,12 @@ std::vector<uint16_t> ToBf16(const std::vector<float>& x) {
   return bits;
 }
 
+std::vector<float> FromBf16(const std::vector<uint16_t>& bits) {
+  std::vector<float> x(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) x[i] = F32FromBf16(bits[i]);
+  return x;
+}
+
 ::testing::AssertionResult CacheHolds(const cpu::PagedKVCache& cache, int seq,
                                       const std::vector<uint16_t> (&rows)[2]) {
   const CacheParams& p = cache.params();

@@ -42,6 +42,14 @@ std::string WriteDump(const std::string& case_name, const NamedTensors& expected
 
 }  // namespace
 
+std::string DescribeFloat(float v) {
+  Tensor t = Tensor::F32({1}, {v});
+  const std::string bits_and_value = conformance::FormatElement(t, 0);  // "0x3fc00000 (1.5)"
+  const size_t space = bits_and_value.find(' ');
+  return bits_and_value.substr(space + 2, bits_and_value.size() - space - 3) + " (" +
+         bits_and_value.substr(0, space) + ")";
+}
+
 std::string DumpDir() {
   if (const char* env = std::getenv("KVQ_TEST_DUMP_DIR"); env != nullptr && *env != '\0') {
     return env;

@@ -1,30 +1,9 @@
 #include "kvq/testbed/data.h"
 
 #include <cmath>
+#include <utility>
 
 namespace kvq::testbed {
-
-std::vector<float> RandomOrthogonal(int d, SplitMix64* rng) {
-  const size_t n = static_cast<size_t>(d);
-  std::vector<double> m(n * n);
-  for (double& x : m) x = rng->Bell();
-  for (size_t i = 0; i < n; ++i) {
-    double* row = &m[i * n];
-    for (int pass = 0; pass < 2; ++pass) {  // twice for numerical orthogonality
-      for (size_t k = 0; k < i; ++k) {
-        const double* other = &m[k * n];
-        double dot = 0.0;
-        for (size_t j = 0; j < n; ++j) dot += row[j] * other[j];
-        for (size_t j = 0; j < n; ++j) row[j] -= dot * other[j];
-      }
-    }
-    double norm = 0.0;
-    for (size_t j = 0; j < n; ++j) norm += row[j] * row[j];
-    norm = std::sqrt(norm);
-    for (size_t j = 0; j < n; ++j) row[j] /= norm;
-  }
-  return std::vector<float>(m.begin(), m.end());
-}
 
 std::vector<float> RandomMatrix(int d, SplitMix64* rng) {
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(d));
@@ -68,6 +47,15 @@ std::vector<float> Queries(size_t n, int d, SplitMix64* rng, float magnitude) {
   std::vector<float> q(n * static_cast<size_t>(d));
   for (float& v : q) v = magnitude * rng->Bell();
   return q;
+}
+
+std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng) {
+  std::vector<int32_t> order(static_cast<size_t>(n > 0 ? n : 0));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  for (size_t i = order.size(); i > 1; --i) {
+    std::swap(order[i - 1], order[rng->Below(static_cast<uint32_t>(i))]);
+  }
+  return order;
 }
 
 cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Backend& backend) {

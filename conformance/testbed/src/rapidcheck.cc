@@ -3,7 +3,7 @@
 namespace kvq::testbed {
 namespace {
 
-WriteParams WriteFor(int d) {
+WriteParams QuantizerFor(int d) {
   WriteParams p;
   p.head_dim = d;
   p.group = *rc::gen::element(32, 64, 128);
@@ -12,6 +12,11 @@ WriteParams WriteFor(int d) {
   p.clip = *rc::gen::weightedOneOf<float>(
       {{3, rc::gen::element(1.0f, 0.96f, 0.92f, 0.8f, 0.5f)},
        {1, rc::gen::map(rc::gen::inRange(1, 1001), [](int i) { return i / 1000.0f; })}});
+  return p;
+}
+
+WriteParams WriteFor(int d) {
+  WriteParams p = QuantizerFor(d);
   p.rotation = *rc::gen::element(RotationKind::kIdentity, RotationKind::kDense,
                                  RotationKind::kHadamard);
   if (p.rotation == RotationKind::kHadamard) {
@@ -24,6 +29,10 @@ WriteParams WriteFor(int d) {
 }
 
 }  // namespace
+
+rc::Gen<WriteParams> ArbitraryQuantizerParams() {
+  return rc::gen::exec([] { return QuantizerFor(*rc::gen::element(64, 128, 256)); });
+}
 
 rc::Gen<WriteParams> ArbitraryWriteParams() {
   return rc::gen::exec([] { return WriteFor(*rc::gen::element(64, 128, 256)); });

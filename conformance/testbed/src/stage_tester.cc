@@ -11,7 +11,6 @@
 namespace kvq::testbed {
 namespace {
 
-using conformance::RowKind;
 using conformance::SplitMix64;
 
 // A finite bf16: sign (when allowed), an exponent below 2^123 (so q*s + m stays finite), any
@@ -36,11 +35,8 @@ void FillInput(const StageArg& arg, const WriteParams& p, size_t n, SplitMix64* 
         const std::vector<float> r = RandomMatrix(p.head_dim, rng);
         std::memcpy(out, r.data(), r.size() * sizeof(float));
       } else if (arg.extent == Extent::kRows) {
-        const std::vector<RowKind> kinds = conformance::TestRowKinds();
-        for (size_t r = 0; r < n; ++r) {
-          conformance::FillRow(kinds[r % kinds.size()], p, rng,
-                               out + r * static_cast<size_t>(p.head_dim));
-        }
+        const std::vector<float> rows = conformance::MixedRows(n, p, rng);
+        std::memcpy(out, rows.data(), rows.size() * sizeof(float));
       } else {
         for (size_t i = 0; i < count; ++i) out[i] = rng->Bell();
       }

@@ -113,10 +113,11 @@ struct PplResult {
 // done ≤ total work items (windows × rows), from the calling thread only.
 using PplProgress = std::function<void(int done, int total)>;
 
-// Builds every scheme's per-layer cache configuration: BuildLayerScheme on the calibration
-// capture's shape, then the clip choice (fair_clip.h) per layer; (scheme, layer) units on
-// options.threads threads. `calib_acts` is needed by raw_target and by own clips, `cal` by the
-// calibrated schemes and @oscar. Returns [schemes][L].
+// Builds every scheme's per-layer cache configuration: BuildLayerScheme on the model's shape,
+// then the clip choice (fair_clip.h) per layer; (scheme, layer) units on options.threads
+// threads. `calib_acts` (the calibration capture) is needed by own clips, `cal` by the
+// calibrated schemes and @oscar (raw_target by its raw rotations: format_version 2, or
+// AddRawTargetRotations). Returns [schemes][L].
 std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& config,
                                                          const Activations* calib_acts,
                                                          const Calibration* cal,

@@ -1,10 +1,13 @@
-// The scheme catalogue: every KV-cache quantization scheme kvq evaluates, one entry per name,
-// each turning (activations, calibration, layer, options) into what a kvq::cpu::PagedKVCache
-// of that layer needs: CacheParams plus per-KV-head rotation matrices and clip ratios.
+// The scheme catalogue: every KV-cache quantization scheme kvq evaluates, one row each in
+// schemes.inc, each turning (shape, calibration, layer, options) into what a
+// kvq::cpu::PagedKVCache of that layer needs: CacheParams plus per-KV-head rotation matrices
+// and clip ratios. `kvq eval`, `kvq attend --scheme`, `kvq bench`, the benchmarks and the
+// golden vectors all read it.
 //
 // The OSCAR ablations (seeds/000 table 4) change ONE thing relative to `oscar`: the rotation.
 // They keep the calibration's clip ratios (selected for R = U·H·P_br), so a difference in the
-// metrics is the rotation's doing alone (docs/accuracy.md discusses what that means).
+// metrics is the rotation's doing alone (docs/accuracy.md discusses what that means). That
+// reuse is the catalogue's `clip` column (ClipPolicy::kCalibration), not a hidden default.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +20,8 @@
 
 namespace kvq::calib {
 
-// The knobs every scheme shares. bits applies to every quantized scheme except saw_int4,
-// which is INT4 by definition.
+// The knobs every scheme shares. bits applies to every quantized scheme whose catalogue row
+// says kSharedBits (saw_int4 is INT4 by definition).
 struct SchemeOptions {
   int group = 64;     // G
   int bits = 2;       // b
@@ -29,44 +32,100 @@ struct SchemeOptions {
   int saw_block = 128;  // saw_int4's FWHT block (16..d, a power of two; clamped to d)
 };
 
-struct SchemeInfo {
-  const char* name;
-  const char* description;  // one line, for --help and reports
-  bool needs_calibration;   // reads R, U or ρ from the calibration
+// The `bits` column's "use SchemeOptions::bits".
+inline constexpr int kSharedBits = 0;
+
+// How a scheme's K and V rotations are made (the `rotation` column).
+enum class SchemeRotation : int {
+  kIdentity,            // none
+  kHadamard,            // FWHT over the whole row
+  kHadamardBitrev,      // FWHT then P_br
+  kBlockHadamard,       // block-diagonal FWHT of SchemeOptions::saw_block (clamped to d)
+  kRandomOrthogonal,    // seeded Haar-random dense matrix per (layer, KV head, K/V)
+  kRawTarget,           // the calibration's U'·H·P_br, U' from KᵀK / VᵀV (raw_*_rotation)
+  kEigenbasis,          // the calibration's U
+  kEigenbasisBitrev,    // U·P_br
+  kEigenbasisHadamard,  // U·H
+  kCalibrated,          // the calibration's R (k_rotation / v_rotation)
 };
 
-// Every scheme, in the order tables list them: bf16, naive, hadamard, hadamard_bitrev,
-// clip_only, random_orthogonal, raw_target, eigenbasis_only, oscar_no_hadamard,
-// oscar_no_bitrev, oscar, saw_int4. (KIVI's per-channel keys are not here: they need a
-// quantizer grouped along tokens, which the cache layout does not have.)
+// Where a scheme's clip ratios come from (the `clip` column).
+enum class ClipPolicy : int {
+  kNone,         // ρ = 1: never clips
+  kCalibration,  // the calibration file's per-layer ρ, selected by kvq calibrate for its R
+};
+const char* ClipPolicyName(ClipPolicy policy);  // "none", "calibration"
+
+struct SchemeInfo {
+  const char* name;
+  const char* description;  // one line naming the paper or seed, for --help and reports
+  bool needs_calibration;   // reads R, U, U' or ρ from the calibration
+  SchemeRotation rotation;
+  Format format;            // the history format (bf16: nothing quantized)
+  int bits;                 // kSharedBits, or the scheme's own width
+  ClipPolicy clip;
+
+  bool quantized() const { return format != Format::kBf16; }
+  // The bits the scheme quantizes with under `options` (its own, or options.bits).
+  int BitsUnder(const SchemeOptions& options) const {
+    return bits == kSharedBits ? options.bits : bits;
+  }
+};
+
+// Every scheme in catalogue order (schemes.inc), the order tables list them.
 const std::vector<SchemeInfo>& Schemes();
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing every valid name.
 const SchemeInfo& SchemeByName(const std::string& name);
+// The ids in catalogue order, joined by `separator` (for --help texts and error messages).
+std::string SchemeNames(const std::string& separator = ", ");
 // "all" or a comma-separated list of names (each checked as SchemeByName does; duplicates and
 // empty entries rejected naming them). Keeps the order given.
 std::vector<std::string> ParseSchemeList(const std::string& list);
 
-// Whether the scheme's catalogue entry clips with the calibration's ratios (clip_only and the
-// rotation ablations: ρ selected by kvq calibrate for OSCAR's R; oscar itself). naive,
-// hadamard, hadamard_bitrev, saw_int4 and bf16 never clip. The fair-clip policy of kvq ppl
-// (fair_clip.h) re-chooses ρ for exactly these. Throws as SchemeByName does.
+// What a scheme is built for: the model's shape (an activation capture's, or a query's and a
+// cache's; num_layers bounds the layer index).
+struct SchemeShape {
+  int num_layers = 1;
+  int num_kv_heads = 0;  // Hkv
+  int num_q_heads = 0;   // Hq
+  int head_dim = 0;      // d
+};
+SchemeShape ShapeOf(const ActivationsInfo& info);
+
+// Whether the scheme's catalogue row clips with the calibration's ratios (its `clip` column is
+// ClipPolicy::kCalibration: clip_only, the rotation ablations, oscar). The fair-clip policy of
+// kvq ppl (fair_clip.h) re-chooses ρ for exactly these. Throws as SchemeByName does.
 bool SchemeClipsWithCalibration(const std::string& name);
 
 // One layer of one scheme: what PagedKVCache's constructor takes.
 struct LayerScheme {
-  CacheParams params;                         // Hkv, Hq, d from the activations
+  CacheParams params;                         // Hkv, Hq, d from the shape
   std::vector<float> rotation_k, rotation_v;  // [Hkv, d, d] fp32 row-major when dense; else empty
-  std::vector<float> clip_k, clip_v;          // [Hkv] ρ per KV head
+  std::vector<float> clip_k, clip_v;          // [Hkv] ρ per KV head, or empty (params' clip)
 };
 
 // Builds scheme `name` for layer `layer`. `cal` may be null only for schemes that do not need
-// a calibration. Throws kvq::Error: unknown name (kInvalidArgument, listing the names), layer
-// out of range, a calibration missing where needed or whose shape (layers, Hkv, d) differs from
-// the activations (kShapeMismatch naming both), options the cache rejects (group, bits, sink,
-// recent, page; kInvalidArgument from CacheParams::Validate), a saw_block that is not a power
-// of two in [16, 256].
+// a calibration (it is ignored by those). Throws kvq::Error: unknown name (kInvalidArgument,
+// listing the names), layer out of range, a calibration missing where needed or whose shape
+// (layers, Hkv, d) differs from `shape` (kShapeMismatch naming both), raw_target with a
+// calibration that lacks the raw-target rotations (a format_version 1 file; kInvalidArgument
+// naming the missing tensor), options the cache rejects (group, bits, sink, recent, page;
+// kInvalidArgument from CacheParams::Validate), a saw_block that is not a power of two in
+// [16, 256].
+LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
+                             const Calibration* cal, int layer, const SchemeOptions& options);
+// The same with the shape of an activation capture.
 LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
                              const Calibration* cal, int layer, const SchemeOptions& options);
+
+// A calibration for consumers that need a calibrated scheme's configuration without a model
+// capture (kvq bench, the benchmarks, the golden vectors): `tokens` tokens of kvq synth's model
+// (SynthOptions: seed, shape; the first half calibrates) calibrated with kvq calibrate's
+// defaults at options' group, bits, sink and recent. The same arguments give the same bits
+// (the synthetic data is portable; the eigensolver's bits follow the build). Throws what
+// Synthesize and Calibrate throw (e.g. a sink that leaves no calibration rows).
+Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
+                                 int64_t tokens, uint64_t seed, int threads = 2);
 
 // The same scheme restricted to one KV head (Hkv = 1, Hq = the head's g query heads): the
 // matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range.

@@ -86,11 +86,17 @@ KVQ_HOST_DEVICE uint16_t F16FromF32(float f) {
 }
 
 // beta(j): the low `bits` bits of j in reverse order (spec/numerics.md §3.3, P_br; an
-// involution). The one definition for the CPU oracle, calibration and the CUDA kernels.
+// involution), bits in [0, 32]. The one definition for the CPU oracle, calibration and the CUDA
+// kernels; on the device the same function is one bit-reverse instruction and a shift (the loop
+// compiles to a chain of 3 * bits operations, partly left as a loop, on the kernels' paths).
 KVQ_HOST_DEVICE uint32_t BitReverse(uint32_t j, int bits) {
+#if defined(__CUDA_ARCH__)
+  return bits == 0 ? 0u : __brev(j) >> (32 - bits);
+#else
   uint32_t reversed = 0;
   for (int b = 0; b < bits; ++b) reversed |= ((j >> b) & 1u) << (bits - 1 - b);
   return reversed;
+#endif
 }
 
 // True for NaN and +-Inf.

@@ -37,6 +37,12 @@ enum class RowKind {
   kNearLimit,      // magnitudes up to 1.2e38 (> 2^126): rejected by the validating write path
   kMinimal,        // the smallest normal and subnormal magnitudes, and zeros
   kRamp,           // +-j/2: every magnitude twice, both signs of the clip threshold
+  kFarOutliers,    // bell-shaped with three channels +-2^e (1 + u), e in [0, 100]: up to ~2.5e30
+  kEqualMagnitudes,  // nine in ten entries +-c (c in [1, 2), a full mantissa), the rest bell x 4:
+                     // the clip's order statistic falls in a run of equal magnitudes
+  kWideRange,      // +-2^e (1 + u), e in [-100, 100] per entry: ~8e-31 .. ~2.5e30 in one row
+  kSignedOffset,   // +-2^e (1 + u), e in [9, 11], plus bell x 2^-10: a common offset of either
+                   // sign, bf16(min) many scale steps below or above the min
 };
 
 const char* RowKindName(RowKind kind);
@@ -51,6 +57,11 @@ std::vector<RowKind> TestRowKinds(bool within_write_range = true);
 
 // Fills row [p.head_dim] with a row of `kind` (p.group and p.bits shape the tie rows).
 void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row);
+
+// n rows, row-major, whose kinds take `kinds` in turn (row r is kinds[r % kinds.size()]): with
+// n >= kinds.size(), every kind at least once.
+std::vector<float> MixedRows(size_t n, const WriteParams& p, SplitMix64* rng,
+                             const std::vector<RowKind>& kinds = TestRowKinds());
 
 // n rows of the given kinds, row-major, with the kinds' names joined by "," (names may be null).
 std::vector<float> MakeRows(const std::vector<RowKind>& kinds, const WriteParams& p,

@@ -67,7 +67,11 @@ std::vector<CaseResult> RunConformance(const std::string& dir, const cpu::Backen
 // One line: "FAIL pipeline/...: codes differs at [row 3, column 17] (...): expected 2, got 1".
 std::string DescribeResult(const CaseResult& result);
 
-// The source tree's conformance/vectors (compiled in), the default of `kvq conform`.
+// The default vectors folder of `kvq conform` (no path is compiled in): the first folder holding
+// manifest.json of (1) vectors/ beside the running executable (/proc/self/exe; the build puts
+// a link to conformance/vectors beside kvq), (2) ../share/kvq/vectors from it (an installed
+// kvq), (3) $KVQ_VECTORS_DIR. Throws kvq::Error(kIoError) naming every place it looked and
+// what it found there.
 std::string DefaultVectorsDir();
 
 }  // namespace kvq::conformance

@@ -2,9 +2,15 @@
 // fused kernel (rotate -> P_br -> clip -> quantize -> pack -> store) for flat rows and for the
 // paged cache of spec/cache.md. Every output bit equals cpu_ref's scalar backend.
 //
+// The stages are those of kvq/common/stages.inc: their runtime functions, launchers and
+// dispatch below are generated from that list, so a stage added there does not link here until
+// its launcher exists. The fused kernel serves the affine_token format (kvq/gpu/formats.h);
+// its destinations are the planes of LayoutOf(WriteParams).
+//
 // Three layers, as FlashInfer names them:
 //   (a) `__global__` kernels taking one `__grid_constant__` parameter struct (FusedWriteArgs,
-//       StageArgs below; the kernels live in gpu/src/write_kernels.cu);
+//       StageArgs below; the kernels live in gpu/src/write_fused.cu, write_stages.cu and
+//       write_windows.cu);
 //   (b) launchers templated on HEAD_DIM / GROUP / BITS returning cudaError_t, and Dispatch*
 //       functions mapping runtime values onto them: an unsupported head_dim, group, bits or page
 //       size returns cudaErrorInvalidValue, never a silent no-op;
@@ -22,10 +28,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
-#include "kvq/cpu_ref/kernels.h"
+#include "kvq/common/stages.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
 
 namespace kvq::gpu {
 
@@ -56,28 +64,22 @@ struct FusedWriteArgs {
   // Source rows, d = HEAD_DIM channels each.
   const void* x = nullptr;        // bf16 bits (uint16_t) when x_is_bf16, else fp32
   bool x_is_bf16 = true;
-  int num_heads = 1;              // rows per token (Hkv); head h uses rotations + h*d*d
+  int num_heads = 1;              // rows per token (Hkv); head h uses rotation.matrices + h*d*d
   int num_tokens = 0;             // tokens (kAppend: sequences) to process
   int64_t token_stride = 0;       // elements between consecutive tokens of x
   int64_t first_token = 0;        // kPrefill: position of history token 0 (S0)
 
-  // Rotation: RotationKind as int. fwht_scale = fp32(1/sqrt(fwht_block)) computed in double.
-  int rotation = 0;
-  const float* rotations = nullptr;  // [num_heads, d, d], kDense only
-  int fwht_block = 0;
-  float fwht_scale = 0.0f;
-  bool bitrev = false;
+  RotationArgs rotation;  // MakeRotationArgs of the write params
 
   // Clip ratio rho of head h: clip_per_head[h] when not null, else clip.
   float clip = 1.0f;
   const float* clip_per_head = nullptr;  // [num_heads]
 
-  // Destination. kRows: codes [rows, d*b/8], scale / min [rows, d/G]. Paged modes: the pool,
-  // codes [num_pages, num_heads, P, d*b/8], scale / min [num_pages, num_heads, P, d/G].
+  // Destination: the planes of LayoutOf(p) in its order (affine_token: kAffine*Plane).
+  // kRows: plane i [rows, row_bytes(i)]. Paged modes: the pool, plane i
+  // [num_pages, num_heads, P, row_bytes(i)] (PagePool).
   WriteMode mode = WriteMode::kRows;
-  uint8_t* codes = nullptr;
-  uint16_t* scale = nullptr;
-  uint16_t* min = nullptr;
+  uint8_t* planes[kMaxPlanes] = {};
   float* rotated = nullptr;  // kRows only, optional: [rows, d] after rotation and P_br
   float* tau = nullptr;      // kRows only, optional: [rows] clip thresholds
 
@@ -102,27 +104,15 @@ struct FusedWriteArgs {
   bool overlap_previous = false;
 };
 
-// Parameters of the stage kernels (one struct; each stage reads the fields it names).
+// Parameters of every stage kernel: the stage's pointer arguments as a buffer list, in the
+// order of its KVQ_ARG list in stages.inc (shapes there), and the write params.
 struct StageArgs {
-  const float* x = nullptr;          // rotate_dense, fwht (in place), bitrev, clip (in place),
-  float* y = nullptr;                // quantize: x [n, d]; y [n, d] outputs
-  const float* r = nullptr;          // rotate_dense: [d, d]
-  float* tau = nullptr;              // clip: [n]
-  const uint8_t* codes_in = nullptr; // pack, dequantize: [n, d]
-  uint8_t* codes = nullptr;          // quantize, unpack: [n, d]
-  const uint8_t* packed_in = nullptr;  // unpack: [n, d*b/8]
-  uint8_t* packed = nullptr;         // pack: [n, d*b/8]
-  const uint16_t* scale_in = nullptr;  // dequantize: [n, d/G]
-  const uint16_t* min_in = nullptr;
-  uint16_t* scale = nullptr;         // quantize: [n, d/G]
-  uint16_t* min = nullptr;
-  int64_t rows = 0;
-  int head_dim = 0;
-  int group = 0;
-  int bits = 0;
-  float clip = 1.0f;
-  int fwht_block = 0;
-  float fwht_scale = 0.0f;
+  void* args[kMaxStageArgs] = {};  // device pointers
+  int num_args = 0;
+  int64_t rows = 0;                // n
+  WriteParams params;              // validated by layer (c)
+  int fwht_block = 0;              // params.fwht_block()
+  float fwht_scale = 0.0f;         // params.fwht_scale()
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -135,11 +125,14 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream);
 cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWriteArgs& args,
                                cudaStream_t stream);
 
-enum class Stage : int {
-  kRotateDense, kFwht, kBitrev, kClip, kQuantize, kPack, kUnpack, kDequantize,
-};
-const char* StageName(Stage stage);
-cudaError_t DispatchStage(Stage stage, const StageArgs& args, cudaStream_t stream);
+// One launcher per stage of stages.inc (Launch<Name>Stage, gpu/src/write_stages.cu), and the
+// dispatch over all of them: an unsupported head_dim, group, bits, clip or FWHT block returns
+// cudaErrorInvalidValue.
+#define KVQ_STAGE(name, Name, family, params, arg_list) \
+  cudaError_t Launch##Name##Stage(const StageArgs& args, cudaStream_t stream);
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+cudaError_t DispatchStage(StageId stage, const StageArgs& args, cudaStream_t stream);
 
 // Writes the new token of each of `batch` sequences (bf16 [batch, Hkv, d] for K and V) into the
 // sink (position < S0) or the recent ring. Run after the demotions of the same step.
@@ -187,42 +180,36 @@ cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& args, cudaStream_t st
 // Layer (c): runtime API. Every function validates its parameters (kvq::Error kInvalidArgument
 // naming the value), checks each CUDA call (KVQ_CUDA_CHECK) and queues work on `stream`.
 
-// The named stages, with cpu_ref's WriteKernels signatures plus a stream; device pointers.
-// \param x [n, d] fp32   \param r [d, d] fp32   \param y [n, d] fp32
-void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
-                 cudaStream_t stream = nullptr);
-// In place. \param x [n, d]
-void Fwht(float* x, size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
-// \param x [n, d] \param y [n, d], must not alias x
-void Bitrev(const float* x, float* y, size_t n, const WriteParams& p,
-            cudaStream_t stream = nullptr);
-// In place. \param x [n, d] \param tau [n]
-void Clip(float* x, float* tau, size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
-// \param x [n, d] \param codes [n, d] one code per byte \param scale [n, d/G] bf16 bits
-// \param min [n, d/G] bf16 bits
-void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-              const WriteParams& p, cudaStream_t stream = nullptr);
-// \param codes [n, d] \param packed [n, d*b/8]
-void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p,
-          cudaStream_t stream = nullptr);
-// \param packed [n, d*b/8] \param codes [n, d]
-void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p,
-            cudaStream_t stream = nullptr);
-// \param codes [n, d] \param scale [n, d/G] \param min [n, d/G] \param y [n, d]
-void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
-                size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
+// The stages of stages.inc on device pointers: cpu::WriteKernels' signatures (the shapes are
+// in stages.inc) plus a stream, e.g.
+//   void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
+//                    cudaStream_t stream = nullptr);   // x [n, d], r [d, d], y [n, d] fp32
+// Each validates p (and that a codec stage belongs to p.format), the row count and its pointers
+// (none null, no two the same), then runs RunStage.
+#define KVQ_GPU_STAGE_PARAMS(...) (__VA_ARGS__, cudaStream_t stream = nullptr)
+#define KVQ_STAGE(name, Name, family, params, arg_list) void Name KVQ_GPU_STAGE_PARAMS params;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_GPU_STAGE_PARAMS
+
+// Stage `stage` with its device pointer arguments in args[] (stages.inc order): the generic
+// entry point the functions above and the CUDA adapter's host wrappers call. Throws kvq::Error
+// (kInvalidArgument: invalid params, a null or repeated pointer, a configuration the launcher
+// refuses; kUnsupported: a codec stage of another format than p.format).
+void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
+              cudaStream_t stream = nullptr);
 
 // Outputs of the fused write of flat rows (device pointers).
 struct RowOutputs {
-  uint8_t* packed = nullptr;   // [n, d*b/8]
-  uint16_t* scale = nullptr;   // [n, d/G] bf16 bits
-  uint16_t* min = nullptr;     // [n, d/G] bf16 bits
+  uint8_t* planes[kMaxPlanes] = {};  // plane i of LayoutOf(p): [n, row_bytes(i)] (affine_token:
+                                     // packed codes [n, d*b/8], scale / min bf16 [n, d/G])
   float* rotated = nullptr;    // optional [n, d]: after rotation and P_br, before the clip
   float* tau = nullptr;        // optional [n]: clip thresholds
 };
 
 // The fused write path of n rows: the same bits as cpu::QuantizeRows (packed, scale, min,
 // rotated, tau). x is 16-byte aligned. rotation: [d, d] fp32 for kDense, else ignored.
+// p.format must be one the fused kernel serves (affine_token; kUnsupported otherwise).
 // \param x [n, d] bf16 bits or fp32
 // error_flags: optional device int; kErrorFlagNonFinite is ORed in for a row the validating
 // CPU path would reject (its outputs are then unspecified).
@@ -231,32 +218,12 @@ void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, s
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
 
-// Timing of the fused write of flat rows, for `kvq bench` (host pointers): uploads x [n, d]
-// fp32 and the rotation ([d, d] for kDense, else ignored), runs WriteRows `warmup` untimed and
-// `iters` timed times with a cold L2 (a buffer twice the L2 size is overwritten before each
-// run; CUDA events around each), checks the non-finite flag (kNonFinite), and returns the median
-// with the last run's outputs. Throws kvq::Error as WriteRows does, or kUnsupported without a
-// device.
-struct TimedRowWrite {
-  double median_us = 0;
-  std::vector<uint8_t> packed;   // [n, d*b/8]
-  std::vector<uint16_t> scale;   // [n, d/G] bf16 bits
-  std::vector<uint16_t> min;     // [n, d/G] bf16 bits
-};
-TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
-                            int iters, int warmup);
-
-// Per-KV-head write data of K or of V (device pointers).
-struct HeadData {
-  const float* rotation = nullptr;  // [Hkv, d, d] fp32 when the params' rotation is kDense
-  const float* clip = nullptr;      // [Hkv] clip ratios in (0, 1], or null: the params' clip
-};
-
-// The history page pool of K or of V (device pointers), spec/cache.md §4.
+// The history page pool of K or of V (device pointers), spec/cache.md §4: plane i of
+// LayoutOf(p) at planes[i], [num_pages, Hkv, RowsPerPage(i), row_bytes(i)]
+// (FormatLayout::PageBytes(i, P, Hkv) bytes a page; affine_token: codes [.., P, d*b/8],
+// scale / min bf16 [.., P, d/G]).
 struct PagePool {
-  uint8_t* codes = nullptr;   // [num_pages, Hkv, P, d*b/8]
-  uint16_t* scale = nullptr;  // [num_pages, Hkv, P, d/G]
-  uint16_t* min = nullptr;    // [num_pages, Hkv, P, d/G]
+  uint8_t* planes[kMaxPlanes] = {};
   int num_pages = 0;
 };
 
@@ -276,7 +243,8 @@ struct Windows {
 // windows; everything is validated before the first.
 // \param key, value [T, Hkv, d] bf16 bits, 16-byte aligned
 // \param page_table [ceil((T - W - S0) / P)] int32 page ids (device)
-// Throws kvq::Error: invalid CacheParams, quantized == false, null pointers, T < 0,
+// Throws kvq::Error: invalid CacheParams, a bf16 cache (kInvalidArgument), a format or flush
+// F != 1 the kernels do not serve (kUnsupported), null pointers, T < 0,
 // windows or rows that are not 16-byte aligned, a null rotation for a dense write path.
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value,
                   int tokens, const int32_t* page_table, const HeadData& key_heads,
@@ -300,12 +268,5 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
 // kErrorFlagNonFinite, kInvalidArgument for page / length errors) when any bit is set.
 // `what` names the call in the message.
 void CheckErrorFlags(const int* error_flags, const char* what, cudaStream_t stream = nullptr);
-
-// A cpu::Backend named "cuda" whose WriteKernels are host wrappers: copy the host inputs to the
-// device, run the stage above, copy the outputs back (synchronously). hwy_target is 0 (no
-// Highway target); attention kernels are left null. Lets the parametrised tests and benchmarks
-// that expand cpu::Backends() expand the CUDA path too. Throws kvq::Error(kUnsupported) from each
-// wrapper when no CUDA device is present (creating the Backend itself never throws).
-const cpu::Backend& CudaBackend();
 
 }  // namespace kvq::gpu

@@ -16,7 +16,9 @@ namespace kvq::testbed {
 ::testing::AssertionResult CacheHolds(const cpu::PagedKVCache& cache, int seq,
                                       const std::vector<uint16_t> (&rows)[2]);
 
-// fp32 rows rounded to bf16 (RNE), as the cache stores them.
+// fp32 rows rounded to bf16 (RNE), as the cache stores them, and bf16 bits widened back to fp32
+// (exact).
 std::vector<uint16_t> ToBf16(const std::vector<float>& x);
+std::vector<float> FromBf16(const std::vector<uint16_t>& bits);
 
 }  // namespace kvq::testbed

@@ -56,6 +56,9 @@ template <typename T>
   return BitsEqual(case_name, "values", AsTensor(expected, columns), AsTensor(got, columns));
 }
 
+// A float for messages: "1.5 (0x3fc00000)".
+std::string DescribeFloat(float v);
+
 // Expects fn() to throw kvq::Error with `code` and every one of `needles` in its message.
 template <typename Fn>
 void ExpectError(Fn&& fn, ErrorCode code, const std::vector<std::string>& needles) {

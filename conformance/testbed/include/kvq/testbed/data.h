@@ -15,9 +15,8 @@ namespace kvq::testbed {
 
 using conformance::SplitMix64;
 
-// A random orthogonal d x d matrix (Gram-Schmidt, twice, on a bell-shaped matrix in double),
-// rounded to fp32, row-major.
-std::vector<float> RandomOrthogonal(int d, SplitMix64* rng);
+// A random orthogonal d x d matrix, row-major (Gram-Schmidt twice in double, rounded to fp32).
+using conformance::RandomOrthogonal;
 // A dense d x d matrix of bell-shaped entries / sqrt(d), with a few +0 and -0 (not orthogonal:
 // for stage tests of the dense rotation).
 std::vector<float> RandomMatrix(int d, SplitMix64* rng);
@@ -33,6 +32,10 @@ std::vector<float> KvRows(size_t tokens, int num_kv_heads, int d, SplitMix64* rn
                           float magnitude = 1.0f);
 // Queries [n, d] of bell-shaped values times `magnitude`.
 std::vector<float> Queries(size_t n, int d, SplitMix64* rng, float magnitude = 1.0f);
+
+// A random permutation of 0 .. n - 1 (Fisher-Yates): page ids for page tables, so tests exercise
+// the indirection.
+std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng);
 
 // A cache for `p` with seeded per-head rotations and clip ratios, writing through `backend`.
 cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed,

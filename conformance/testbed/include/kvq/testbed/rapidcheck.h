@@ -9,6 +9,10 @@
 
 namespace kvq::testbed {
 
+// Any supported affine_token quantizer with no rotation: d in {64, 128, 256}, G <= d, b in
+// {2, 4}, a clip ratio from the grid or (0, 1].
+rc::Gen<WriteParams> ArbitraryQuantizerParams();
+
 // Any supported affine_token write path: d in {64, 128, 256}, G <= d, b in {2, 4}, a clip ratio
 // from the grid or (0, 1], identity / dense / full or block FWHT, with or without P_br.
 rc::Gen<WriteParams> ArbitraryWriteParams();

@@ -1,8 +1,8 @@
-#include "kvq/testbed/params.h"
+#include "kvq/common/params_builder.h"
 
 #include <sstream>
 
-namespace kvq::testbed {
+namespace kvq::params {
 
 WriteParams Write::Build() const {
   p_.Validate();
@@ -37,4 +37,4 @@ std::string Describe(const CacheParams& p) {
   return os.str();
 }
 
-}  // namespace kvq::testbed
+}  // namespace kvq::params

@@ -1,4 +1,4 @@
-// CUDA kernels of the write path (layer a) and their launchers (layer b); see write.h.
+// The fused write of the affine_token format (layer a) and its launcher (layer b); see write.h.
 //
 // Two fused kernels, one row per slice of d/16 lanes (write_row.cuh):
 //  - FusedWriteStreamKernel (identity and FWHT rotations): every warp streams batches of
@@ -11,7 +11,8 @@
 //    multiplied by R (in shared memory, loaded once per block when it fits, streamed in chunks
 //    of rows of R for d = 256) with each thread accumulating 4 channels x 4 rows in i order;
 //    then each slice takes a row of the tile through the same steps.
-// Both store codes and bf16 (scale, min) to flat rows or cache pages.
+// Both store codes and bf16 (scale, min) to flat rows or cache pages: the planes of
+// LayoutOf(p) at the positions kvq/gpu/formats.h names (kAffine*Plane).
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
@@ -21,16 +22,18 @@
 
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/gpu/formats.h"
 #include "kvq/gpu/write.h"
 #include "launch.cuh"
+#include "write_launch.cuh"
 #include "write_row.cuh"
-#include "write_row_baseline.cuh"
 
 namespace kvq::gpu {
 namespace {
 
 using detail::kFullMask;
 using detail::LaneId;
+using write_launch::IsPowerOfTwo;
 
 constexpr int kThreads = 256;  // fused kernel block: 8 warps
 constexpr int kWarps = kThreads / 32;
@@ -90,7 +93,7 @@ __device__ __forceinline__ const T* RowSource(const FusedWriteArgs& a, int t, in
 }
 
 struct RowDestination {
-  int64_t row = -1;  // row index into codes [.., d*b/8] and scale/min [.., d/G]; -1: skip
+  int64_t row = -1;  // row index into the planes (codes [.., d*b/8], scale/min [.., d/G]); -1: skip
   int64_t flat_row = -1;  // kRows: index for the optional rotated / tau outputs
 };
 
@@ -334,79 +337,34 @@ __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (
   detail::QuantizeSlice<D, G, BITS>(v, ranges, clipped ? tau : -1.0f, q);
   if (stored) {
     detail::StorePackedSlice<D, BITS>(detail::PackCodes<BITS>(q.code), rho,
-                                      a.codes + dest.row * (D * BITS / 8));
-    detail::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
+                                      a.planes[kAffineCodesPlane] + dest.row * (D * BITS / 8));
+    detail::StoreMetadata<D, G>(
+        q, reinterpret_cast<uint16_t*>(a.planes[kAffineScalePlane]) + dest.row * (D / G),
+        reinterpret_cast<uint16_t*>(a.planes[kAffineMinPlane]) + dest.row * (D / G));
   }
 }
 
-// The pre-2026-11-21 kernel's row (a warp per row, write_row_baseline.cuh): benchmark only.
 template <int D, int G, int BITS>
-__device__ __forceinline__ void BaselineWriteRow(const FusedWriteArgs& a, float* row,
-                                                 int clip_rank, const RowDestination& dest) {
-  namespace base = detail::baseline;
-  constexpr int kPer = D / 32;
-  const int lane = LaneId();
-  float v[kPer];
-  if (a.rotation == kRotationHadamard) {
-#pragma unroll
-    for (int s = 0; s < kPer; ++s) v[s] = row[lane + 32 * s];
-    base::FwhtRow<D>(v, a.fwht_block, a.fwht_scale);
-    if (a.bitrev) {
-#pragma unroll
-      for (int s = 0; s < kPer; ++s) row[lane + 32 * s] = v[s];
-      __syncwarp();
-#pragma unroll
-      for (int s = 0; s < kPer; ++s) v[s] = row[base::BitReverse<D>(lane + 32 * s)];
-    }
-  } else if (a.bitrev) {
-#pragma unroll
-    for (int s = 0; s < kPer; ++s) v[s] = row[base::BitReverse<D>(lane + 32 * s)];
-  } else {
-#pragma unroll
-    for (int s = 0; s < kPer; ++s) v[s] = row[lane + 32 * s];
-  }
-  bool out_of_range = false;
-#pragma unroll
-  for (int s = 0; s < kPer; ++s) out_of_range |= !(fabsf(v[s]) <= kMaxRotatedAbs);
-  if (__any_sync(kFullMask, out_of_range)) {
-    RaiseFlag(a.error_flags, kErrorFlagNonFinite, lane == 0);
-  }
-  if (a.rotated != nullptr && dest.flat_row >= 0) {
-    float* out = a.rotated + dest.flat_row * D;
-#pragma unroll
-    for (int s = 0; s < kPer; ++s) out[lane + 32 * s] = v[s];
-  }
-  const float tau = base::ClipRow<D>(v, clip_rank);
-  if (a.tau != nullptr && dest.flat_row >= 0 && lane == 0) a.tau[dest.flat_row] = tau;
-  base::QuantizedRow<D, G> q;
-  base::QuantizeRow<D, G, BITS>(v, q);
-  base::StorePackedRow<D, BITS>(q.code, a.codes + dest.row * (D * BITS / 8));
-  base::StoreMetadata<D, G>(q, a.scale + dest.row * (D / G), a.min + dest.row * (D / G));
-}
-
-// The dense rotation (and, for the benchmark's baseline, every rotation with the pre-2026-11-21
-// row functions). 4 resident blocks at most (64 registers).
-template <int D, int G, int BITS, bool kBaseline>
 __global__ void __launch_bounds__(kThreads, 4)
     FusedWriteTileKernel(const __grid_constant__ FusedWriteArgs args) {
   using Tile = TileTraits<D>;
   extern __shared__ float4 shared_words[];
-  // Shared memory: tile (fp32) | staging (bf16 chunks; unused by the baseline) | R (dense).
+  // Shared memory: tile (fp32) | staging (bf16 chunks) | R (dense).
   float* tile = reinterpret_cast<float*>(shared_words);
   uint4* staging = reinterpret_cast<uint4*>(tile + Tile::kTileFloats);
   float* shared_r = tile + Tile::kTileFloats + Tile::kStagingBytes / sizeof(float);
   launch::LaunchDependents();  // the next write (FusedWriteArgs::overlap_previous) may start
   const int head = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  const bool dense = args.rotation == kRotationDense;
-  const float* r = dense ? args.rotations + static_cast<int64_t>(head) * D * D : nullptr;
+  const bool dense = args.rotation.kind == kRotationDense;
+  const float* r = dense ? args.rotation.matrices + static_cast<int64_t>(head) * D * D : nullptr;
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
   const int clip_rank = detail::ClipRank(rho, D);
   // bf16 tiles are prefetched (cp.async) while the previous one is processed. A macro, not a
   // local or a lambda: args lives in the constant bank, so re-reading the field costs no
   // register (both alternatives cost the d = 128 kernels a 4-byte spill under the 64-register
   // bound, ptxas -v).
-#define KVQ_WRITE_PREFETCH (!kBaseline && args.x_is_bf16 && args.rotation == kRotationDense)
+#define KVQ_WRITE_PREFETCH (args.x_is_bf16 && args.rotation.kind == kRotationDense)
 
   const int num_tiles = (args.num_tokens + Tile::kTileRows - 1) / Tile::kTileRows;
   if (KVQ_WRITE_PREFETCH && static_cast<int>(blockIdx.x) < num_tiles) {
@@ -429,33 +387,24 @@ __global__ void __launch_bounds__(kThreads, 4)
       LoadTile<D>(args, tile, t0, head);
     }
     __syncthreads();
-    if (args.rotation == kRotationDense) RotateTileDense<D>(tile, shared_r, r);
-    if constexpr (kBaseline) {
-      for (int rr = warp; rr < Tile::kTileRows; rr += kWarps) {
-        const int t = t0 + rr;
-        if (t >= args.num_tokens) break;
-        const RowDestination dest = ResolveDestination(args, t, head, LaneId() == 0);
-        if (dest.row < 0) continue;
-        BaselineWriteRow<D, G, BITS>(args, tile + rr * Tile::kStride, clip_rank, dest);
-      }
-    } else {
-      // Warp w takes rows w*R .. w*R + R - 1 of the tile, R = rows per warp, one per slice
-      // (kWarps * R = kTileRows: one batch per warp and tile).
-      constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;
-      static_assert(kWarps * kRowsPerWarp == Tile::kTileRows, "one slice row per tile row");
-      const int rr = warp * kRowsPerWarp + detail::SliceIndex<D>();
-      const int t = t0 + rr;
-      RowDestination dest;
-      if (t < args.num_tokens) {
-        dest = ResolveDestination(args, t, head, detail::SliceLane<D>() == 0);
-      }
-      if (__any_sync(kFullMask, dest.row >= 0)) {
-        float v[16];
-        const int rho = detail::LoadRow<D>(
-            static_cast<const float*>(tile + rr * Tile::kStride), args.bitrev != 0,
-            args.rotation == kRotationHadamard ? args.fwht_block : 0, args.fwht_scale, v);
-        WriteRotatedRow<D, G, BITS>(args, v, rho, clip_rank, dest);
-      }
+    if (args.rotation.kind == kRotationDense) RotateTileDense<D>(tile, shared_r, r);
+    // Warp w takes rows w*R .. w*R + R - 1 of the tile, R = rows per warp, one per slice
+    // (kWarps * R = kTileRows: one batch per warp and tile).
+    constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;
+    static_assert(kWarps * kRowsPerWarp == Tile::kTileRows, "one slice row per tile row");
+    const int rr = warp * kRowsPerWarp + detail::SliceIndex<D>();
+    const int t = t0 + rr;
+    RowDestination dest;
+    if (t < args.num_tokens) {
+      dest = ResolveDestination(args, t, head, detail::SliceLane<D>() == 0);
+    }
+    if (__any_sync(kFullMask, dest.row >= 0)) {
+      float v[16];
+      const int rho = detail::LoadRow<D>(
+          static_cast<const float*>(tile + rr * Tile::kStride), args.rotation.bitrev != 0,
+          args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0,
+          args.rotation.fwht_scale, v);
+      WriteRotatedRow<D, G, BITS>(args, v, rho, clip_rank, dest);
     }
   }
 #undef KVQ_WRITE_PREFETCH
@@ -469,7 +418,7 @@ __device__ __forceinline__ int LoadSourceRow(const FusedWriteArgs& a, int token,
                                              int fwht_block, float (&v)[16]) {
   const T* src = RowSourceIn<kMode, T>(a, token, head, D);
   if (src == nullptr) src = static_cast<const T*>(a.x);
-  return detail::LoadRow<D>(src, a.bitrev != 0, fwht_block, a.fwht_scale, v);
+  return detail::LoadRow<D>(src, a.rotation.bitrev != 0, fwht_block, a.rotation.fwht_scale, v);
 }
 
 // Identity and FWHT rotations. Warp w of the grid takes batches w, w + W, ... (W = warps in
@@ -485,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int head = static_cast<int>(blockIdx.y);
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
   const int clip_rank = detail::ClipRank(rho, D);
-  const int fwht_block = args.rotation == kRotationHadamard ? args.fwht_block : 0;
+  const int fwht_block = args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0;
   const bool leader = detail::SliceLane<D>() == 0;
   const int64_t batches = (static_cast<int64_t>(args.num_tokens) + kRowsPerWarp - 1) / kRowsPerWarp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
@@ -507,204 +456,6 @@ __global__ void __launch_bounds__(kThreads, 4)
   launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
 }
 
-// ---- Stage kernels (the CUDA side of cpu::WriteKernels) ----------------------------------------
-
-// Thread per output element: acc over i ascending from global memory. Deliberately the plain
-// loop: the fused kernel's tiled product is checked against the same oracle separately.
-__global__ void RotateDenseKernel(const __grid_constant__ StageArgs a) {
-  const int64_t d = a.head_dim;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.rows * d) return;
-  const int64_t row = idx / d;
-  const int64_t j = idx % d;
-  const float* x = a.x + row * d;
-  float acc = +0.0f;
-  for (int64_t i = 0; i < d; ++i) acc = __fadd_rn(acc, __fmul_rn(x[i], a.r[i * d + j]));
-  a.y[idx] = acc;
-}
-
-__global__ void BitrevKernel(const __grid_constant__ StageArgs a) {
-  const int64_t d = a.head_dim;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.rows * d) return;
-  const int log2_d = d == 64 ? 6 : (d == 128 ? 7 : 8);
-  const int64_t row = idx / d;
-  const int j = static_cast<int>(idx % d);
-  const int source = static_cast<int>(__brev(static_cast<unsigned>(j)) >> (32 - log2_d));
-  a.y[idx] = a.x[row * d + source];
-}
-
-// Slice per row kernels (write_row.cuh): row = global slice index. Every lane of a warp takes
-// part in the shuffles; the slices past the last row compute on zeros and store nothing.
-template <int D>
-__device__ __forceinline__ int64_t SliceRowIndex() {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  return warp * detail::SliceTraits<D>::kRowsPerWarp + detail::SliceIndex<D>();
-}
-
-// This lane's values of row `row` of x (pair-strided order, rho = slice lane); a row past the
-// last one reads row 0 (its results are not stored).
-template <int D>
-__device__ __forceinline__ void LoadStageRow(const float* x, int64_t row, int64_t rows,
-                                             float (&v)[16]) {
-  detail::LoadRowValues<D>(x + (row < rows ? row : 0) * D, false, v);
-}
-
-template <int D>
-__device__ __forceinline__ void StoreStageRow(const float (&v)[16], int64_t row, int64_t rows,
-                                              float* y) {
-  if (row >= rows) return;
-  const int r = detail::SliceLane<D>();
-#pragma unroll
-  for (int s = 0; s < 8; ++s) {
-    *reinterpret_cast<float2*>(y + row * D + detail::RowPosition<D>(2 * s, r)) =
-        make_float2(v[2 * s], v[2 * s + 1]);
-  }
-}
-
-template <int D>
-__global__ void FwhtKernel(const __grid_constant__ StageArgs a) {
-  const int64_t row = SliceRowIndex<D>();
-  if (__all_sync(kFullMask, row >= a.rows)) return;  // whole warps only
-  float v[16];
-  LoadStageRow<D>(a.y, row, a.rows, v);
-  detail::Fwht<D, false>(v, a.fwht_block, a.fwht_scale);
-  StoreStageRow<D>(v, row, a.rows, a.y);
-}
-
-template <int D>
-__global__ void ClipKernel(const __grid_constant__ StageArgs a) {
-  const int64_t row = SliceRowIndex<D>();
-  if (__all_sync(kFullMask, row >= a.rows)) return;
-  float v[16];
-  LoadStageRow<D>(a.y, row, a.rows, v);
-  const float tau = __uint_as_float(detail::ClipThresholdBits<D>(
-      v, detail::ClipRank(a.clip, D), detail::SliceMaxMagnitudeBits<D>(v)));
-#pragma unroll
-  for (int s = 0; s < 16; ++s) v[s] = detail::ClipValue(v[s], tau);
-  StoreStageRow<D>(v, row, a.rows, a.y);
-  if (row < a.rows && detail::SliceLane<D>() == 0) a.tau[row] = tau;
-}
-
-// The quantize stage alone: its input is already clipped, so no tau.
-template <int D, int G, int BITS>
-__global__ void QuantizeKernel(const __grid_constant__ StageArgs a) {
-  const int64_t row = SliceRowIndex<D>();
-  if (__all_sync(kFullMask, row >= a.rows)) return;
-  float v[16];
-  LoadStageRow<D>(a.x, row, a.rows, v);
-  const detail::GroupRanges<D, G> ranges = detail::ComputeGroupRanges<D, G>(v);
-  detail::QuantizedSlice<D, G> q;
-  detail::QuantizeSlice<D, G, BITS>(v, ranges, -1.0f, q);
-  if (row >= a.rows) return;
-  const int r = detail::SliceLane<D>();
-#pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    a.codes[row * D + detail::RowPosition<D>(k, r)] = static_cast<uint8_t>(q.code[k]);
-  }
-  detail::StoreMetadata<D, G>(q, a.scale + row * (D / G), a.min + row * (D / G));
-}
-
-// Thread per packed byte: the loop of the spec, independent of the fused kernel's lane packing.
-__global__ void PackKernel(const __grid_constant__ StageArgs a) {
-  const int64_t bytes_per_row = a.head_dim * a.bits / 8;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.rows * bytes_per_row) return;
-  const int64_t row = idx / bytes_per_row;
-  const int64_t i = idx % bytes_per_row;
-  const uint8_t* codes = a.codes_in + row * a.head_dim;
-  unsigned byte = 0;
-  for (int part = 0; part < 8 / a.bits; ++part) {
-    byte |= static_cast<unsigned>(codes[part * bytes_per_row + i]) << (part * a.bits);
-  }
-  a.packed[idx] = static_cast<uint8_t>(byte);
-}
-
-__global__ void UnpackKernel(const __grid_constant__ StageArgs a) {
-  const int64_t d = a.head_dim;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.rows * d) return;
-  const int64_t bytes_per_row = d * a.bits / 8;
-  const int64_t row = idx / d;
-  const int64_t c = idx % d;
-  const int64_t part = c / bytes_per_row;
-  const int64_t i = c % bytes_per_row;
-  const unsigned byte = a.packed_in[row * bytes_per_row + i];
-  a.codes[idx] = static_cast<uint8_t>((byte >> (part * a.bits)) & ((1u << a.bits) - 1u));
-}
-
-__global__ void DequantizeKernel(const __grid_constant__ StageArgs a) {
-  const int64_t d = a.head_dim;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= a.rows * d) return;
-  const int64_t groups = d / a.group;
-  const int64_t row = idx / d;
-  const int64_t g = row * groups + (idx % d) / a.group;
-  const float sf = F32FromBf16(a.scale_in[g]);
-  const float mf = F32FromBf16(a.min_in[g]);
-  a.y[idx] = __fadd_rn(__fmul_rn(static_cast<float>(a.codes_in[idx]), sf), mf);
-}
-
-// Thread per 16 bytes of a new token row: into the sink (position < S0) or the ring.
-__global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
-  // overlap_previous: the demotions read the ring slots this kernel overwrites.
-  launch::WaitForPrerequisiteGrid();
-  const int vectors_per_row = a.head_dim / 8;
-  const int64_t per_kv = static_cast<int64_t>(a.batch) * a.num_heads * vectors_per_row;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= 2 * per_kv) return;
-  const bool is_value = idx >= per_kv;
-  const int64_t rest = is_value ? idx - per_kv : idx;
-  const int vec = static_cast<int>(rest % vectors_per_row);
-  const int64_t row = rest / vectors_per_row;  // b * Hkv + h
-  const int b = static_cast<int>(row / a.num_heads);
-  const int h = static_cast<int>(row % a.num_heads);
-  const int len = a.seq_lengths[b];
-  if (len < 0) {
-    if (a.error_flags != nullptr) atomicOr(a.error_flags, kErrorFlagBadLength);
-    return;
-  }
-  const int64_t row_elems = static_cast<int64_t>(a.num_heads) * a.head_dim;
-  uint16_t* dst;
-  if (len < a.sink) {
-    uint16_t* sink = is_value ? a.sink_value : a.sink_key;
-    dst = sink + (static_cast<int64_t>(b) * a.sink + len) * row_elems;
-  } else {
-    uint16_t* ring = is_value ? a.recent_value : a.recent_key;
-    dst = ring + (static_cast<int64_t>(b) * a.recent + len % a.recent) * row_elems;
-  }
-  const uint16_t* src = (is_value ? a.value : a.key) + row * a.head_dim;
-  reinterpret_cast<uint4*>(dst + static_cast<int64_t>(h) * a.head_dim)[vec] =
-      __ldg(reinterpret_cast<const uint4*>(src) + vec);
-}
-
-// Thread per 16 bytes of a window row of a prefill: K rows, then V rows; each tensor's rows
-// are the sink positions, then the recent ones.
-__global__ void PrefillWindowsKernel(const __grid_constant__ PrefillWindowsArgs a) {
-  const int64_t vectors_per_row = a.row_elems / 8;
-  const int recent_rows = a.tokens - a.recent_begin;
-  const int64_t per_tensor = static_cast<int64_t>(a.sink_tokens + recent_rows) * vectors_per_row;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= 2 * per_tensor) return;  // thread 0 always copies, and waits below
-  const bool is_value = idx >= per_tensor;
-  const int64_t rest = is_value ? idx - per_tensor : idx;
-  const int row = static_cast<int>(rest / vectors_per_row);
-  const int64_t vec = rest - static_cast<int64_t>(row) * vectors_per_row;
-  int position;
-  uint16_t* dst;
-  if (row < a.sink_tokens) {
-    position = row;
-    dst = (is_value ? a.sink_value : a.sink_key) + static_cast<int64_t>(position) * a.row_elems;
-  } else {
-    position = a.recent_begin + (row - a.sink_tokens);
-    dst = (is_value ? a.recent_value : a.recent_key) +
-          static_cast<int64_t>(position % a.recent) * a.row_elems;
-  }
-  const uint16_t* src = (is_value ? a.value : a.key) + static_cast<int64_t>(position) * a.row_elems;
-  reinterpret_cast<uint4*>(dst)[vec] = __ldg(reinterpret_cast<const uint4*>(src) + vec);
-  launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
-}
-
 // ---- Launch helpers ----------------------------------------------------------------------------
 
 int CurrentDevice() {
@@ -720,63 +471,35 @@ constexpr int kMaxDevices = 64;
 struct LaunchCache {
   std::once_flag once[kMaxDevices];
   cudaError_t status[kMaxDevices] = {};
-  int resident_blocks[kMaxDevices][2] = {};  // with [0] the light, [1] the full shared memory
+  int resident_blocks[kMaxDevices] = {};
 };
 
-// shared[0], shared[1]: the two dynamic shared memory sizes a launch may ask for (the larger is
-// the limit); *resident_blocks: how many blocks of size shared[which] fit on the device.
+// `shared`: the dynamic shared memory of every launch of `kernel`; *resident_blocks: how many
+// blocks of it fit on the device.
 template <typename Kernel>
-cudaError_t PrepareKernel(LaunchCache& cache, Kernel kernel, const size_t (&shared)[2], int which,
+cudaError_t PrepareKernel(LaunchCache& cache, Kernel kernel, size_t shared,
                           int* resident_blocks) {
   const int device = CurrentDevice();
   if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
   std::call_once(cache.once[device], [&] {
     cudaError_t status = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared[1]));
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     int sms = 0;
     if (status == cudaSuccess) {
       status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     }
-    for (int k = 0; k < 2 && status == cudaSuccess; ++k) {
-      int per_sm = 0;
-      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
-                                                            shared[k]);
-      cache.resident_blocks[device][k] = per_sm * sms;
+    int per_sm = 0;
+    if (status == cudaSuccess) {
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared);
     }
+    cache.resident_blocks[device] = per_sm * sms;
     cache.status[device] = status;
   });
-  *resident_blocks = cache.resident_blocks[device][which];
+  *resident_blocks = cache.resident_blocks[device];
   return cache.status[device];
 }
 
-bool IsPowerOfTwo(int v) { return v > 0 && (v & (v - 1)) == 0; }
-
-int64_t Blocks(int64_t threads, int block) { return (threads + block - 1) / block; }
-
-constexpr int kStageBlock = 256;
-
-// kernel(args) over `threads` threads in blocks of kStageBlock (programmatic: launch.cuh).
-template <typename Args>
-cudaError_t LaunchThreads(void (*kernel)(Args), int64_t threads, cudaStream_t stream,
-                          bool programmatic, const Args& args) {
-  const dim3 grid(static_cast<unsigned>(Blocks(threads, kStageBlock)));
-  return launch::LaunchKernel(kernel, grid, dim3(kStageBlock), 0, stream, programmatic, args);
-}
-
 }  // namespace
-
-// ---- Benchmark-only switch -------------------------------------------------------------------
-
-namespace {
-bool g_use_baseline_fused_write = false;
-}  // namespace
-
-namespace benchmark_only {
-// Selects the fused kernel as it was before the 2026-11-21 speed-up for (d 128, G 64, INT2), so
-// that kvq_bench_gpu_write times old and new in one device run. Not thread safe; declared by the
-// benchmark itself, not in write.h. Remove with write_row_baseline.cuh.
-void UseBaselineFusedWrite(bool use) { g_use_baseline_fused_write = use; }
-}  // namespace benchmark_only
 
 // ---- Layer (b) ---------------------------------------------------------------------------------
 
@@ -789,13 +512,15 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   }
   if (args.num_tokens == 0) return cudaSuccess;
   // Unsupported rotation, FWHT block or page size: refuse, never skip silently.
-  if (args.rotation != kRotationIdentity && args.rotation != kRotationDense &&
-      args.rotation != kRotationHadamard) {
+  const RotationArgs& rotation = args.rotation;
+  if (rotation.kind != kRotationIdentity && rotation.kind != kRotationDense &&
+      rotation.kind != kRotationHadamard) {
     return cudaErrorInvalidValue;
   }
-  if (args.rotation == kRotationDense && args.rotations == nullptr) return cudaErrorInvalidValue;
-  if (args.rotation == kRotationHadamard &&
-      (!IsPowerOfTwo(args.fwht_block) || args.fwht_block < 16 || args.fwht_block > HEAD_DIM)) {
+  if (rotation.kind == kRotationDense && rotation.matrices == nullptr) return cudaErrorInvalidValue;
+  if (rotation.kind == kRotationHadamard &&
+      (!IsPowerOfTwo(rotation.fwht_block) || rotation.fwht_block < 16 ||
+       rotation.fwht_block > HEAD_DIM)) {
     return cudaErrorInvalidValue;
   }
   if (args.mode != WriteMode::kRows && args.mode != WriteMode::kPrefill &&
@@ -812,17 +537,14 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   const int64_t vector_elems = args.x_is_bf16 ? 8 : 4;
   if (args.x == nullptr || reinterpret_cast<uintptr_t>(args.x) % 16 != 0 ||
       args.token_stride % vector_elems != 0 || args.seq_stride % vector_elems != 0 ||
-      args.codes == nullptr || args.scale == nullptr || args.min == nullptr) {
+      args.planes[kAffineCodesPlane] == nullptr || args.planes[kAffineScalePlane] == nullptr ||
+      args.planes[kAffineMinPlane] == nullptr) {
     return cudaErrorInvalidValue;
   }
 
   const int64_t tiles = (static_cast<int64_t>(args.num_tokens) + Tile::kTileRows - 1) /
                         Tile::kTileRows;
-  // The pre-speed-up kernel exists for the benchmark's configuration only (d 128, G 64, INT2).
-  constexpr bool kHasBaseline = HEAD_DIM == 128 && GROUP == 64 && BITS == 2;
-  const bool baseline = kHasBaseline && g_use_baseline_fused_write;
-  const bool dense = args.rotation == kRotationDense;
-  if (!dense && !baseline) {
+  if (rotation.kind != kRotationDense) {
     auto kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kRows>;
     if (args.mode == WriteMode::kPrefill) {
       kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kPrefill>;
@@ -831,9 +553,8 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
     }
     static LaunchCache caches[3];
     LaunchCache& cache = caches[static_cast<int>(args.mode)];
-    const size_t no_shared[2] = {0, 0};
     int resident = 0;
-    const cudaError_t prepared = PrepareKernel(cache, kernel, no_shared, 0, &resident);
+    const cudaError_t prepared = PrepareKernel(cache, kernel, 0, &resident);
     if (prepared != cudaSuccess) return prepared;
     // Persistent: at most the resident warps, shared among the heads.
     const int64_t warps_needed =
@@ -846,22 +567,16 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
                                 args);
   }
 
-  auto kernel = FusedWriteTileKernel<HEAD_DIM, GROUP, BITS, false>;
-  if constexpr (kHasBaseline) {
-    if (baseline) kernel = FusedWriteTileKernel<HEAD_DIM, GROUP, BITS, true>;
-  }
-  static LaunchCache caches[2];
-  LaunchCache& cache = caches[baseline ? 1 : 0];
-  const size_t shared_sizes[2] = {Tile::kTileBytes + Tile::kStagingBytes,
-                                  Tile::kTileBytes + Tile::kStagingBytes + Tile::kRBytes};
-  const size_t shared = shared_sizes[dense ? 1 : 0];
+  // The dense rotation: the tile kernel.
+  auto kernel = FusedWriteTileKernel<HEAD_DIM, GROUP, BITS>;
+  static LaunchCache cache;
+  const size_t shared = Tile::kTileBytes + Tile::kStagingBytes + Tile::kRBytes;
   int resident = 0;
-  const cudaError_t prepared = PrepareKernel(cache, kernel, shared_sizes, dense ? 1 : 0,
-                                             &resident);
+  const cudaError_t prepared = PrepareKernel(cache, kernel, shared, &resident);
   if (prepared != cudaSuccess) return prepared;
 
   int64_t blocks_x = tiles;
-  if (dense && (Tile::kRResident || (!baseline && args.x_is_bf16))) {
+  if (Tile::kRResident || args.x_is_bf16) {
     // Persistent over tiles: R is loaded once per block, and bf16 tiles are prefetched while
     // the block works on the previous one, so keep the grid to what is resident.
     const int64_t per_head = std::max<int64_t>(1, resident / args.num_heads);
@@ -873,44 +588,12 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
                               args);
 }
 
-// KVQ_DISPATCH_*: map a runtime value onto a constexpr one; anything else returns
-// cudaErrorInvalidValue from the enclosing function.
-#define KVQ_DISPATCH_HEAD_DIM(value, NAME, ...)    \
-  switch (value) {                                 \
-    case 64: { constexpr int NAME = 64; __VA_ARGS__ }   \
-    case 128: { constexpr int NAME = 128; __VA_ARGS__ } \
-    case 256: { constexpr int NAME = 256; __VA_ARGS__ } \
-    default: return cudaErrorInvalidValue;         \
-  }
-#define KVQ_DISPATCH_GROUP(value, NAME, ...)       \
-  switch (value) {                                 \
-    case 32: { constexpr int NAME = 32; __VA_ARGS__ }   \
-    case 64: { constexpr int NAME = 64; __VA_ARGS__ }   \
-    case 128: { constexpr int NAME = 128; __VA_ARGS__ } \
-    default: return cudaErrorInvalidValue;         \
-  }
-#define KVQ_DISPATCH_BITS(value, NAME, ...)        \
-  switch (value) {                                 \
-    case 2: { constexpr int NAME = 2; __VA_ARGS__ } \
-    case 4: { constexpr int NAME = 4; __VA_ARGS__ } \
-    default: return cudaErrorInvalidValue;         \
-  }
-
 namespace {
 // Templates, so that `if constexpr` discards the group > head_dim combinations.
 template <int D, int G, int B>
 cudaError_t LaunchFusedWriteIfValid(const FusedWriteArgs& args, cudaStream_t stream) {
   if constexpr (G <= D) {
     return LaunchFusedWrite<D, G, B>(args, stream);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-}
-template <int D, int G, int B>
-cudaError_t LaunchQuantizeIfValid(const StageArgs& a, int64_t blocks, cudaStream_t stream) {
-  if constexpr (G <= D) {
-    QuantizeKernel<D, G, B><<<blocks, kStageBlock, 0, stream>>>(a);
-    return cudaGetLastError();
   } else {
     return cudaErrorInvalidValue;
   }
@@ -926,112 +609,6 @@ cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWri
       })
     })
   })
-}
-
-const char* StageName(Stage stage) {
-  switch (stage) {
-    case Stage::kRotateDense: return "rotate_dense";
-    case Stage::kFwht: return "fwht";
-    case Stage::kBitrev: return "bitrev";
-    case Stage::kClip: return "clip";
-    case Stage::kQuantize: return "quantize";
-    case Stage::kPack: return "pack";
-    case Stage::kUnpack: return "unpack";
-    case Stage::kDequantize: return "dequantize";
-  }
-  return "unknown";
-}
-
-cudaError_t DispatchStage(Stage stage, const StageArgs& a, cudaStream_t stream) {
-  if (a.rows < 0) return cudaErrorInvalidValue;
-  if (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256) return cudaErrorInvalidValue;
-  if (a.rows == 0) return cudaSuccess;
-  const int64_t elements = a.rows * a.head_dim;
-  // Slice kernels: d/16 threads per row.
-  const int64_t slice_blocks = Blocks(a.rows * (a.head_dim / 16), kStageBlock);
-  if (Blocks(elements, kStageBlock) > INT32_MAX) return cudaErrorInvalidValue;
-  const bool packing = stage == Stage::kPack || stage == Stage::kUnpack;
-  if ((packing || stage == Stage::kQuantize) && a.bits != 2 && a.bits != 4) {
-    return cudaErrorInvalidValue;
-  }
-  if ((stage == Stage::kQuantize || stage == Stage::kDequantize) &&
-      ((a.group != 32 && a.group != 64 && a.group != 128) || a.group > a.head_dim)) {
-    return cudaErrorInvalidValue;
-  }
-  switch (stage) {
-    case Stage::kRotateDense:
-      RotateDenseKernel<<<Blocks(elements, kStageBlock), kStageBlock, 0, stream>>>(a);
-      return cudaGetLastError();
-    case Stage::kBitrev:
-      BitrevKernel<<<Blocks(elements, kStageBlock), kStageBlock, 0, stream>>>(a);
-      return cudaGetLastError();
-    case Stage::kPack:
-      PackKernel<<<Blocks(a.rows * a.head_dim * a.bits / 8, kStageBlock), kStageBlock, 0,
-                   stream>>>(a);
-      return cudaGetLastError();
-    case Stage::kUnpack:
-      UnpackKernel<<<Blocks(elements, kStageBlock), kStageBlock, 0, stream>>>(a);
-      return cudaGetLastError();
-    case Stage::kDequantize:
-      DequantizeKernel<<<Blocks(elements, kStageBlock), kStageBlock, 0, stream>>>(a);
-      return cudaGetLastError();
-    case Stage::kFwht:
-      if (!IsPowerOfTwo(a.fwht_block) || a.fwht_block < 16 || a.fwht_block > a.head_dim) {
-        return cudaErrorInvalidValue;
-      }
-      KVQ_DISPATCH_HEAD_DIM(a.head_dim, HEAD_DIM, {
-        FwhtKernel<HEAD_DIM><<<slice_blocks, kStageBlock, 0, stream>>>(a);
-        return cudaGetLastError();
-      })
-    case Stage::kClip:
-      if (!(a.clip > 0.0f && a.clip <= 1.0f)) return cudaErrorInvalidValue;
-      KVQ_DISPATCH_HEAD_DIM(a.head_dim, HEAD_DIM, {
-        ClipKernel<HEAD_DIM><<<slice_blocks, kStageBlock, 0, stream>>>(a);
-        return cudaGetLastError();
-      })
-    case Stage::kQuantize:
-      KVQ_DISPATCH_HEAD_DIM(a.head_dim, HEAD_DIM, {
-        KVQ_DISPATCH_GROUP(a.group, GROUP, {
-          KVQ_DISPATCH_BITS(a.bits, BITS, {
-            return LaunchQuantizeIfValid<HEAD_DIM, GROUP, BITS>(a, slice_blocks, stream);
-          })
-        })
-      })
-  }
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t LaunchAppendCopy(const AppendCopyArgs& a, cudaStream_t stream) {
-  if (a.batch < 0 || a.num_heads < 1 || a.recent < 1 || a.sink < 0 ||
-      (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.batch == 0) return cudaSuccess;
-  const int64_t threads = 2 * static_cast<int64_t>(a.batch) * a.num_heads * (a.head_dim / 8);
-  return LaunchThreads(AppendCopyKernel, threads, stream, a.overlap_previous, a);
-}
-
-cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& a, cudaStream_t stream) {
-  const bool sink = a.sink_tokens > 0;
-  const bool recent = a.recent_begin < a.tokens;
-  if (a.sink_tokens < 0 || a.recent < 1 || a.row_elems < 8 || a.row_elems % 8 != 0 ||
-      a.recent_begin < a.sink_tokens || a.tokens < a.recent_begin ||
-      a.tokens - a.recent_begin > a.recent || a.key == nullptr || a.value == nullptr ||
-      (sink && (a.sink_key == nullptr || a.sink_value == nullptr)) ||
-      (recent && (a.recent_key == nullptr || a.recent_value == nullptr))) {
-    return cudaErrorInvalidValue;
-  }
-  for (const void* ptr : {static_cast<const void*>(a.key), static_cast<const void*>(a.value),
-                          static_cast<const void*>(a.sink_key),
-                          static_cast<const void*>(a.sink_value),
-                          static_cast<const void*>(a.recent_key),
-                          static_cast<const void*>(a.recent_value)}) {
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return cudaErrorInvalidValue;
-  }
-  const int64_t rows = static_cast<int64_t>(a.sink_tokens) + (a.tokens - a.recent_begin);
-  if (rows == 0) return cudaSuccess;
-  const int64_t threads = 2 * rows * (a.row_elems / 8);
-  return LaunchThreads(PrefillWindowsKernel, threads, stream, a.overlap_previous, a);
 }
 
 // The instantiations the Dispatch functions reach, for callers of layer (b) in other files.

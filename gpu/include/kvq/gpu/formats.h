@@ -1,0 +1,45 @@
+// How the CUDA path stores and reads the history formats of kvq/common/formats.inc: where the
+// kernels find each plane of a format's layout (LayoutOf), and which compile-time history kind
+// of the decode kernels serves a format. Everything else (pool sizes, page strides, uploads)
+// asks LayoutOf.
+#pragma once
+
+#include <cstdint>
+
+#include "kvq/common/format.h"
+#include "kvq/common/params.h"
+
+namespace kvq::gpu {
+
+// affine_token's planes, in LayoutOf's order: the positions the write and decode kernels store
+// and read (codes u8 [d*b/8], scale bf16 [d/G], min bf16 [d/G] per row).
+inline constexpr int kAffineCodesPlane = 0;
+inline constexpr int kAffineScalePlane = 1;
+inline constexpr int kAffineMinPlane = 2;
+// bf16's one plane: the rows, bf16 [d].
+inline constexpr int kBf16RowsPlane = 0;
+
+// Throws kvq::Error(kUnsupported) naming the format unless the kernels were written for
+// LayoutOf(p): its planes where the positions above say, each one row per token. `what` names
+// the caller in the message.
+void CheckKernelLayout(const WriteParams& p, const char* what);
+
+namespace attention {
+
+// The decode kernels' compile-time history kinds. kInt2 / kInt4: affine_token with 2 / 4-bit
+// codes; kBf16: the bf16 baseline cache, every token a bf16 row in the pages (no windows).
+enum class HistoryFormat : int { kInt2 = 2, kInt4 = 4, kBf16 = 16 };
+
+// The kinds and head dimensions the decode kernel is instantiated for (the instantiation,
+// dispatch, extern-template and shared-memory lists expand these): X(HistoryFormat enumerator)
+// and X(head_dim, extra...), the extra arguments passed through.
+#define KVQ_GPU_HISTORY_FORMATS(X) X(kInt2) X(kInt4) X(kBf16)
+#define KVQ_GPU_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
+
+// The kind that serves history rows of `format` with `bits`-bit codes: true and *kind, or false
+// when the kernels have none. The one mapping from formats.inc to the kernels (one function per
+// format there, so a new format does not compile until it says what the GPU does with it).
+bool HistoryFormatOf(Format format, int bits, HistoryFormat* kind);
+
+}  // namespace attention
+}  // namespace kvq::gpu
