@@ -83,14 +83,17 @@ void ParallelFor(int count, int threads, const std::function<void(int)>& work,
   if (error) std::rethrow_exception(error);
 }
 
-// Rows [first, last) of one KV head's keys or values, contiguous [n, d].
+// The rows of the token ranges (RowsAfterSink) of one KV head's keys or values, in order,
+// contiguous [n, d].
 std::vector<float> GatherRows(const Activations& acts, int layer, int kv_head, bool keys,
-                              int64_t first, int64_t last) {
+                              const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   const int d = acts.info.head_dim;
-  std::vector<float> rows(static_cast<size_t>(last - first) * d);
-  for (int64_t t = first; t < last; ++t) {
-    const float* src = keys ? acts.k(layer, t, kv_head) : acts.v(layer, t, kv_head);
-    std::copy(src, src + d, rows.begin() + (t - first) * d);
+  std::vector<float> rows;
+  for (const auto& [first, last] : ranges) {
+    for (int64_t t = first; t < last; ++t) {
+      const float* src = keys ? acts.k(layer, t, kv_head) : acts.v(layer, t, kv_head);
+      rows.insert(rows.end(), src, src + d);
+    }
   }
   return rows;
 }
@@ -255,8 +258,12 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
             " must be finite and >= 0");
   KVQ_CHECK(o.threads >= 1, kInvalidArgument, "threads ", o.threads, " must be >= 1");
   const int64_t tokens = info.calib_tokens;
-  KVQ_CHECK(o.sink >= 0 && o.sink < tokens, kInvalidArgument, "sink ", o.sink,
-            " must lie in [0, calib_tokens = ", tokens, ") so that clip rows remain");
+  const int64_t sequence = info.segment_tokens > 0 ? info.segment_tokens : tokens;
+  KVQ_CHECK(o.sink >= 0 && o.sink < sequence, kInvalidArgument, "sink ", o.sink,
+            " must lie in [0, ", info.segment_tokens > 0 ? "segment_tokens" : "calib_tokens",
+            " = ", sequence, ") so that clip rows remain");
+  // Clip rows: every calibration token outside its sequence's BF16 sink.
+  const std::vector<std::pair<int64_t, int64_t>> clip_ranges = RowsAfterSink(info, tokens, o.sink);
   KVQ_CHECK(o.recent >= 1, kInvalidArgument, "recent ", o.recent, " must be >= 1");
   const std::vector<double> grid = o.clip_grid.empty() ? DefaultClipGrid() : o.clip_grid;
   ValidateClipGrid(grid);
@@ -375,9 +382,9 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
         std::vector<ClipRows> key_heads(hkv), value_heads(hkv);
         for (int h = 0; h < hkv; ++h) {
           const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
-          key_rows[h] = GatherRows(acts, l, h, true, o.sink, tokens);
-          value_rows[h] = GatherRows(acts, l, h, false, o.sink, tokens);
-          const size_t n = static_cast<size_t>(tokens - o.sink);
+          key_rows[h] = GatherRows(acts, l, h, true, clip_ranges);
+          value_rows[h] = GatherRows(acts, l, h, false, clip_ranges);
+          const size_t n = key_rows[h].size() / static_cast<size_t>(d);
           key_heads[h] = {layer.k_rotation_of(h, d), key_rows[h].data(), n,
                           RotatedMetric(layer.k_rotation_of(h, d), t.query)};
           value_heads[h] = {layer.v_rotation_of(h, d), value_rows[h].data(), n,

@@ -160,6 +160,16 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
   if (options.sink_prefix) {
     metric_options.prefix_tokens = std::min<int64_t>(options.scheme.sink, info.calib_tokens);
   }
+  if (info.segment_tokens > 0) {
+    // A segmented capture (kvq capture of several windows): the held-out part must be one
+    // window, which starts with its own sink, so nothing is prepended.
+    KVQ_CHECK(info.tokens - info.calib_tokens == info.segment_tokens, kInvalidArgument,
+              "kvq eval scores one held-out sequence, but the capture holds ",
+              (info.tokens - info.calib_tokens) / info.segment_tokens,
+              " held-out windows of segment_tokens = ", info.segment_tokens,
+              " (capture with exactly one window after the calibration windows)");
+    metric_options.prefix_tokens = 0;
+  }
   result.prefix_tokens = metric_options.prefix_tokens;
   RunParallel(
       layers * hkv, options.threads,

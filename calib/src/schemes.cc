@@ -114,6 +114,10 @@ SchemeShape ShapeOf(const ActivationsInfo& info) {
   return shape;
 }
 
+bool SchemeClipsWithCalibration(const std::string& name) {
+  return SchemeByName(name).clip == ClipPolicy::kCalibration;
+}
+
 std::vector<std::string> ParseSchemeList(const std::string& list) {
   std::vector<std::string> names;
   if (list == "all") {

@@ -57,6 +57,9 @@ std::string FormatElement(const Tensor& t, size_t i) {
       std::snprintf(text, sizeof text, "%" PRId32, v);
       break;
     }
+    case DType::kI8:
+      std::snprintf(text, sizeof text, "%d", static_cast<int>(static_cast<int8_t>(t.bytes[i])));
+      break;
   }
   return text;
 }

@@ -76,11 +76,12 @@ void RawTargetRotations(const Activations& acts, int layer, Granularity granular
 void AddRawTargetRotations(const Activations& acts, Calibration* cal);
 
 // Calibrates on tokens [0, calib_tokens) of `acts`: targets and eigenbases use all of them,
-// clip rows are tokens [sink, calib_tokens) (the sink stays BF16 in the cache). Per-layer
+// clip rows are tokens [sink, calib_tokens) (the sink stays BF16 in the cache); in a
+// segmented capture, every segment's tokens after its own first `sink` ones. Per-layer
 // granularity averages the per-KV-head targets over the layer's KV heads; the clip ratio is
 // always chosen per layer (summing the objective over KV heads) and stored replicated.
 // Throws kvq::Error: invalid activations, options (group/bits/d via WriteParams, damping < 0,
-// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens)).
+// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens) or [0, segment_tokens)).
 Calibration Calibrate(const Activations& acts, const CalibrationOptions& options,
                       const cpu::Backend& backend, const ProgressCallback& progress = {},
                       ClipReport* report = nullptr);

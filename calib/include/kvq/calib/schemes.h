@@ -126,6 +126,11 @@ struct SchemeShape {
 };
 SchemeShape ShapeOf(const ActivationsInfo& info);
 
+// Whether the scheme's catalogue row clips with the calibration's ratios (its `clip` column is
+// ClipPolicy::kCalibration: clip_only, the rotation ablations, oscar). The fair-clip policy of
+// kvq ppl (fair_clip.h) re-chooses ρ for exactly these. Throws as SchemeByName does.
+bool SchemeClipsWithCalibration(const std::string& name);
+
 // One layer of one scheme: what PagedKVCache's constructor takes.
 struct LayerScheme {
   CacheParams params;                         // Hkv, Hq, d from the shape
