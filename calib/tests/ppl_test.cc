@@ -216,8 +216,8 @@ TEST(Ppl, SchemeVariants) {
   EXPECT_EQ(some[1].Resolved(), ClipChoice::kNone);
   ExpectError([] { ParseSchemeVariants("oscar@best", false); }, ErrorCode::kInvalidArgument,
               "unknown clip suffix '@best'");
-  ExpectError([] { ParseSchemeVariants("kivi", false); }, ErrorCode::kInvalidArgument,
-              "unknown scheme 'kivi'");
+  ExpectError([] { ParseSchemeVariants("kivi3", false); }, ErrorCode::kInvalidArgument,
+              "unknown scheme 'kivi3'");
   ExpectError([] { ParseSchemeVariants("naive,naive", false); }, ErrorCode::kInvalidArgument,
               "appears twice");
 }

@@ -4,6 +4,7 @@
 // machines without a GPU too (CI); the device-only ones skip there.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 
 #include "kvq/common/error.h"
@@ -87,12 +88,18 @@ TEST(LauncherRefuses, UnsupportedStageConfigurations) {
 
 // Every stage of the list (kvq/common/stages.inc) has a launcher: with no rows, each accepts a
 // valid configuration and launches nothing (never cudaErrorInvalidValue for a stage it lacks).
+// The stages of spec 1.1 whose CUDA kernels do not exist yet answer cudaErrorNotSupported
+// (kvq::Error kUnsupported, never a wrong result); this list may only shrink.
 TEST(LauncherRefuses, NoStageOfTheListIsMissing) {
+  const std::set<std::string> not_on_the_gpu_yet = {
+      "norm", "denorm", "quantize_tile", "pack_tile", "unpack_tile", "dequantize_tile"};
   for (const StageSpec& stage : AllStages()) {
     StageArgs a;
     a.rows = 0;
     a.fwht_block = 128;
-    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaSuccess) << stage.name;
+    const cudaError_t want =
+        not_on_the_gpu_yet.count(stage.name) ? cudaErrorNotSupported : cudaSuccess;
+    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), want) << stage.name;
   }
 }
 

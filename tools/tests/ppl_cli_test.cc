@@ -146,8 +146,8 @@ TEST(PplCli, ErrorsNameTheOffendingValue) {
       "--recent 16 --page 16 --json out.json";
   ExpectFailure(dir, "ppl --model /nonexistent/model" + small, dir.File("out.json"),
                 {"model folder '/nonexistent/model' does not exist"});
-  ExpectFailure(dir, "ppl --model '" + kModelA + "' --schemes naive,kivi" + small,
-                dir.File("out.json"), {"unknown scheme 'kivi'"});
+  ExpectFailure(dir, "ppl --model '" + kModelA + "' --schemes naive,kivi3" + small,
+                dir.File("out.json"), {"unknown scheme 'kivi3'"});
   ExpectFailure(dir, "ppl --model '" + kModelA + "' --windows heldout_fr:0 --json out.json",
                 dir.File("out.json"), {"no tensor 'heldout_fr'"});
   ExpectFailure(dir, "ppl --model '" + kModelA + "' --windows heldout_en:0 --length 4096",
