@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <thread>
@@ -18,7 +19,14 @@
 #include "kvq/calib/ppl.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
+#include "kvq/common/format.h"
+#include "kvq/common/io.h"
 #include "kvq/cpu_ref/kernels.h"
+#if KVQ_HAVE_CUDA
+#include <nlohmann/json.hpp>
+
+#include "gpu_ppl.h"
+#endif
 
 namespace kvq::cli {
 namespace {
@@ -66,6 +74,125 @@ std::string Join(const std::vector<int>& rows) {
   for (int r : rows) out += (out.empty() ? "" : ",") + std::to_string(r);
   return out;
 }
+
+// --scheme-windows shared: the schemes with their own windows whose formats allow any
+// (S0, W, F = 1) (the SAW family: affine_token, S0 = W = 0) take the shared ones.
+void ShareSchemeWindows(calib::PplOptions* options,
+                        std::vector<std::vector<calib::LayerScheme>>* layers) {
+  for (size_t i = 0; i < options->schemes.size(); ++i) {
+    calib::SchemeVariant& v = options->schemes[i];
+    const calib::SchemeInfo& info = calib::SchemeByName(v.scheme);
+    if (info.windows.shared() || info.format_k != Format::kAffineToken ||
+        info.format_v != Format::kAffineToken) {
+      continue;
+    }
+    for (calib::LayerScheme& l : (*layers)[i]) {
+      l.params.sink = options->scheme.sink;
+      l.params.recent = options->scheme.recent;
+      l.params.flush = 1;
+      l.params.Validate();
+    }
+    v.label += "+w";
+    std::printf("      %s: S0 = %d, W = %d, F = 1 (--scheme-windows shared)\n", v.label.c_str(),
+                options->scheme.sink, options->scheme.recent);
+  }
+}
+
+#if KVQ_HAVE_CUDA
+// Drops the schemes the CUDA path cannot serve (all: with a line each), or refuses one named.
+void KeepGpuSchemes(bool all, calib::PplOptions* options,
+                    std::vector<std::vector<calib::LayerScheme>>* layers) {
+  std::vector<calib::SchemeVariant> kept_variants;
+  std::vector<std::vector<calib::LayerScheme>> kept_layers;
+  for (size_t i = 0; i < options->schemes.size(); ++i) {
+    const calib::SchemeVariant& v = options->schemes[i];
+    const std::string why = gpu::GpuPplUnsupported((*layers)[i]);
+    if (why.empty()) {
+      kept_variants.push_back(v);
+      kept_layers.push_back(std::move((*layers)[i]));
+      continue;
+    }
+    // --scheme-windows shared gives the SAW family (affine_token, own windows S0 = W = 0) the
+    // ring the CUDA write path needs.
+    const calib::SchemeInfo& info = calib::SchemeByName(v.scheme);
+    const bool saw = !info.windows.shared() && info.format_k == Format::kAffineToken &&
+                     info.format_v == Format::kAffineToken;
+    const std::string hint = saw ? " (--scheme-windows shared?)" : "";
+    KVQ_CHECK(all, kUnsupported, "scheme '", v.label, "' has no CUDA path: ", why, hint);
+    std::printf("      not on the GPU: %s: %s%s\n", v.label.c_str(), why.c_str(), hint.c_str());
+  }
+  options->schemes = std::move(kept_variants);
+  *layers = std::move(kept_layers);
+  KVQ_CHECK(!options->schemes.empty(), kUnsupported, "no scheme left that the GPU serves");
+}
+
+// The GPU against the CPU, row by row: PPL (all and tail positions, and the largest per-window
+// difference), KL and top-1 at the tail. Prints the table, adds it to j["comparison"] and
+// returns whether every PPL difference is within max_rel.
+bool CompareBackends(const calib::PplResult& cpu, const calib::PplResult& gpu, double max_rel,
+                     nlohmann::ordered_json* j) {
+  auto rel = [](double a, double b) { return b != 0 ? a / b - 1.0 : (a == 0 ? 0.0 : 1.0); };
+  bool ok = true;
+  double worst = 0, worst_kl = 0;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  std::printf("\nGPU vs CPU (relative differences: GPU / CPU - 1; KL and top-1 at the tail)\n");
+  std::printf("  %-13s %-22s %9s %9s %10s %10s %11s %9s %9s %10s %7s %7s\n", "set", "row",
+              "PPL cpu", "PPL gpu", "rel", "rel tail", "max rel win", "KL cpu", "KL gpu",
+              "rel KL", "top1 c", "top1 g");
+  for (const calib::WindowSetResult& set : gpu.sets) {
+    const calib::WindowSetResult& cs = cpu.Get(set.name);
+    for (const calib::RowResult& g : set.rows) {
+      const calib::RowResult* c = cs.Find(g.label);
+      if (c == nullptr) continue;
+      const double r_all = rel(g.Ppl(false), c->Ppl(false));
+      const double r_tail = rel(g.Ppl(true), c->Ppl(true));
+      double r_win = 0;
+      for (size_t w = 0; w < g.windows.size() && w < c->windows.size(); ++w) {
+        const double d = rel(std::exp(g.windows[w].all.MeanNll()),
+                             std::exp(c->windows[w].all.MeanNll()));
+        if (std::abs(d) > std::abs(r_win)) r_win = d;
+      }
+      const double r_kl = rel(g.MeanKl(true), c->MeanKl(true));
+      // The criterion: the set's PPL over all positions (the tail and the single windows, a
+      // few thousand predictions, carry more of the INT2 codes that flip between two fp32
+      // implementations: shown, not gated; docs/perplexity.md).
+      const bool row_ok = std::abs(r_all) <= max_rel;
+      ok = ok && row_ok;
+      worst = std::max(worst, std::abs(r_all));
+      if (c->MeanKl(true) > 0) worst_kl = std::max(worst_kl, std::abs(r_kl));
+      std::printf("  %-13s %-22s %9.4f %9.4f %+10.2e %+10.2e %+11.2e %9.6f %9.6f %+10.2e %7.4f "
+                  "%7.4f%s\n",
+                  set.name.c_str(), g.label.c_str(), c->Ppl(false), g.Ppl(false), r_all, r_tail,
+                  r_win, c->MeanKl(true), g.MeanKl(true), r_kl, c->Top1(true), g.Top1(true),
+                  row_ok ? "" : "  <-- over");
+      rows.push_back({{"set", set.name},
+                      {"row", g.label},
+                      {"ppl_cpu", c->Ppl(false)},
+                      {"ppl_gpu", g.Ppl(false)},
+                      {"rel_ppl", r_all},
+                      {"ppl_tail_cpu", c->Ppl(true)},
+                      {"ppl_tail_gpu", g.Ppl(true)},
+                      {"rel_ppl_tail", r_tail},
+                      {"max_rel_ppl_window", r_win},
+                      {"kl_tail_cpu", c->MeanKl(true)},
+                      {"kl_tail_gpu", g.MeanKl(true)},
+                      {"rel_kl_tail", r_kl},
+                      {"top1_tail_cpu", c->Top1(true)},
+                      {"top1_tail_gpu", g.Top1(true)},
+                      {"within", row_ok}});
+    }
+  }
+  std::printf("largest |relative PPL difference| (all positions of a set) %.2e (tolerance %.0e): "
+              "%s; largest |relative KL difference| %.2e\n",
+              worst, max_rel, ok ? "within" : "OVER", worst_kl);
+  (*j)["comparison"] = {{"max_rel_ppl", max_rel},
+                        {"worst_rel_ppl", worst},
+                        {"worst_rel_kl", worst_kl},
+                        {"within", ok},
+                        {"rows", rows}};
+  return ok;
+}
+#endif
 
 }  // namespace
 
@@ -129,6 +256,28 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
   sub->add_flag("--no-share-prefix", cmd->no_share_prefix,
                 "Run every scheme from position 0 (the shared prefix is bit-identical anyway)");
   sub->add_flag("--no-fp32", cmd->no_fp32, "Skip the fp32 (no cache rounding) forward");
+  sub->add_option("--backend", cmd->backend,
+                  "Where the forwards run: cpu; gpu (cuBLAS projections, kvq's CUDA cache "
+                  "writes and decode attention; the schemes the CUDA path serves); both (the "
+                  "same schemes on each, compared: fails when a PPL differs by more than "
+                  "--max-rel-ppl)")
+      ->capture_default_str();
+  sub->add_option("--gpu-decode", cmd->gpu_decode,
+                  "GPU attention: batch (one decode call per layer, a sequence per position "
+                  "sharing the pages) or steps (AppendStep + a decode step per position)")
+      ->capture_default_str();
+  sub->add_option("--gpu-qk", cmd->gpu_qk,
+                  "GPU attention: the quantized history's QK^T loop: int8 (the decode plan's "
+                  "choice, int8 tensor cores) or bf16 (bf16 hi + lo tensor-core loops)")
+      ->capture_default_str();
+  sub->add_option("--scheme-windows", cmd->scheme_windows,
+                  "own, or shared: the SAW schemes (own windows S0 = W = 0) take --sink and "
+                  "--recent (F = 1), labelled NAME+w (the CUDA path needs W >= 1)")
+      ->capture_default_str();
+  sub->add_option("--max-rel-ppl", cmd->max_rel_ppl,
+                  "--backend both: largest |PPL_gpu / PPL_cpu - 1| accepted (every row, PPL "
+                  "over all positions of each window set)")
+      ->capture_default_str();
 }
 
 void RunPplCommand(const PplCommand& cmd) {
@@ -138,6 +287,17 @@ void RunPplCommand(const PplCommand& cmd) {
   KVQ_CHECK(cmd.threads >= 0, kInvalidArgument, "--threads ", cmd.threads, " must be >= 0");
   KVQ_CHECK(cmd.clip == "own" || cmd.clip == "oscar" || cmd.clip == "both", kInvalidArgument,
             "--clip '", cmd.clip, "' (own, oscar or both)");
+  KVQ_CHECK(cmd.backend == "cpu" || cmd.backend == "gpu" || cmd.backend == "both",
+            kInvalidArgument, "--backend '", cmd.backend, "' (cpu, gpu or both)");
+  KVQ_CHECK(cmd.scheme_windows == "own" || cmd.scheme_windows == "shared", kInvalidArgument,
+            "--scheme-windows '", cmd.scheme_windows, "' (own or shared)");
+  const bool use_gpu = cmd.backend != "cpu";
+#if KVQ_HAVE_CUDA
+  const gpu::GpuDecodeMode decode_mode = gpu::ParseGpuDecodeMode(cmd.gpu_decode);
+#else
+  KVQ_CHECK(!use_gpu, kUnsupported, "--backend ", cmd.backend,
+            ": this kvq was built without CUDA");
+#endif
   const cpu::Backend& backend = cpu::BestBackend();
   if (!cmd.banner.empty()) std::printf("%s\n", cmd.banner.c_str());
 
@@ -260,9 +420,14 @@ void RunPplCommand(const PplCommand& cmd) {
               "clip) ...\n",
               variants.size());
   std::fflush(stdout);
-  const std::vector<std::vector<calib::LayerScheme>> layers = calib::BuildVariantLayers(
+  std::vector<std::vector<calib::LayerScheme>> built = calib::BuildVariantLayers(
       c, need_capture ? &calib_acts : nullptr, have_cal ? &cal : nullptr, options, backend);
   std::printf("      done in %.1f s\n", SecondsSince(t));
+  std::vector<std::vector<calib::LayerScheme>> layers = std::move(built);
+  if (cmd.scheme_windows == "shared") ShareSchemeWindows(&options, &layers);
+#if KVQ_HAVE_CUDA
+  if (use_gpu) KeepGpuSchemes(cmd.schemes == "all", &options, &layers);
+#endif
 
   t = Clock::now();
   int64_t windows = 0;
@@ -277,17 +442,86 @@ void RunPplCommand(const PplCommand& cmd) {
               static_cast<long long>(sets.front().length), variants.size(), sink, recent, group,
               bits);
   std::fflush(stdout);
-  calib::PplResult result = calib::EvaluatePerplexity(model, sets, layers, options, backend,
-                                                      MakeProgress(cmd.quiet_progress));
-  if (have_cal) result.calibration_source = cal.info.source;
-  std::printf("      done in %.1f s\n\n", SecondsSince(t));
-  std::printf("%s", calib::FormatPplTable(result).c_str());
-  std::printf("%s", calib::SummarizePpl(result).c_str());
+  if (!use_gpu) {
+    calib::PplResult result = calib::EvaluatePerplexity(model, sets, layers, options, backend,
+                                                        MakeProgress(cmd.quiet_progress));
+    if (have_cal) result.calibration_source = cal.info.source;
+    std::printf("      done in %.1f s\n\n", SecondsSince(t));
+    std::printf("%s", calib::FormatPplTable(result).c_str());
+    std::printf("%s", calib::SummarizePpl(result).c_str());
+    if (!cmd.json.empty()) {
+      calib::WritePplJson(cmd.json, result);
+      std::printf("wrote %s\n", cmd.json.c_str());
+    }
+    std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);
+    return;
+  }
+#if KVQ_HAVE_CUDA
+  // The GPU: the same evaluation with the forwards on the device (no fp32 row there).
+  calib::PplOptions gpu_options = options;
+  if (gpu_options.fp32_baseline) {
+    std::printf("      (no fp32 row on the GPU: a cache holds bf16 or quantized rows)\n");
+    gpu_options.fp32_baseline = false;
+  }
+  KVQ_CHECK(cmd.gpu_qk == "int8" || cmd.gpu_qk == "bf16", kInvalidArgument, "--gpu-qk '",
+            cmd.gpu_qk, "' (int8 or bf16)");
+  gpu::GpuPplForwards forwards(model, decode_mode, cmd.gpu_qk == "int8");
+  std::printf("      GPU: %s, decode %s, QK %s, cuBLAS fp32 (pedantic math)\n",
+              forwards.device_name().c_str(), gpu::GpuDecodeModeName(decode_mode),
+              cmd.gpu_qk.c_str());
+  std::fflush(stdout);
+  calib::PplResult gpu_result =
+      calib::EvaluatePerplexity(model, sets, layers, gpu_options, backend,
+                                MakeProgress(cmd.quiet_progress), &forwards);
+  if (have_cal) gpu_result.calibration_source = cal.info.source;
+  const double gpu_seconds = SecondsSince(t);
+  const gpu::GpuPplStats stats = forwards.stats();
+  std::printf("      GPU evaluation done in %.1f s: %d reference forwards %.2f s (%.1f ms each), "
+              "%d scheme forwards %.2f s (%.1f ms each), %lld positions\n\n",
+              gpu_seconds, stats.reference_forwards, stats.reference_seconds,
+              1e3 * stats.reference_seconds / std::max(1, stats.reference_forwards),
+              stats.scheme_forwards, stats.scheme_seconds,
+              1e3 * stats.scheme_seconds / std::max(1, stats.scheme_forwards),
+              static_cast<long long>(stats.positions));
+  std::printf("GPU (%s):\n%s", forwards.device_name().c_str(),
+              calib::FormatPplTable(gpu_result).c_str());
+  std::printf("%s", calib::SummarizePpl(gpu_result).c_str());
+  nlohmann::ordered_json j;
+  j["format"] = "kvq-ppl-gpu";
+  j["device"] = forwards.device_name();
+  j["decode"] = gpu::GpuDecodeModeName(decode_mode);
+  j["qk"] = cmd.gpu_qk;
+  j["gpu_seconds"] = gpu_seconds;
+  j["gpu_forwards"] = {{"reference", stats.reference_forwards},
+                       {"reference_seconds", stats.reference_seconds},
+                       {"scheme", stats.scheme_forwards},
+                       {"scheme_seconds", stats.scheme_seconds},
+                       {"positions", stats.positions}};
+  j["gpu"] = nlohmann::ordered_json::parse(calib::PplJson(gpu_result));
+  bool ok = true;
+  if (cmd.backend == "both") {
+    t = Clock::now();
+    std::printf("\n[4/4] the same on the CPU (%d threads) ...\n", threads);
+    std::fflush(stdout);
+    calib::PplResult cpu_result = calib::EvaluatePerplexity(
+        model, sets, layers, options, backend, MakeProgress(cmd.quiet_progress));
+    if (have_cal) cpu_result.calibration_source = cal.info.source;
+    const double cpu_seconds = SecondsSince(t);
+    std::printf("      CPU evaluation done in %.1f s\n\nCPU:\n%s", cpu_seconds,
+                calib::FormatPplTable(cpu_result).c_str());
+    j["cpu_seconds"] = cpu_seconds;
+    j["cpu"] = nlohmann::ordered_json::parse(calib::PplJson(cpu_result));
+    ok = CompareBackends(cpu_result, gpu_result, cmd.max_rel_ppl, &j);
+  }
   if (!cmd.json.empty()) {
-    calib::WritePplJson(cmd.json, result);
+    const std::string text = j.dump(1) + "\n";
+    WriteFileAtomic(cmd.json, std::vector<uint8_t>(text.begin(), text.end()));
     std::printf("wrote %s\n", cmd.json.c_str());
   }
   std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);
+  KVQ_CHECK(ok, kMismatch, "GPU and CPU perplexities differ by more than --max-rel-ppl ",
+            cmd.max_rel_ppl, " (table above)");
+#endif
 }
 
 }  // namespace kvq::cli

@@ -32,6 +32,11 @@ struct PplCommand {
   bool no_share_prefix = false;      // --no-share-prefix
   bool no_fp32 = false;              // --no-fp32
   bool quiet_progress = false;       // progress as quarter lines on stdout instead of a bar
+  std::string backend = "cpu";       // --backend cpu|gpu|both (gpu/ppl: the forward on the device)
+  std::string gpu_decode = "batch";  // --gpu-decode batch|steps
+  std::string gpu_qk = "int8";       // --gpu-qk int8|bf16 (the quantized history's QK^T loop)
+  std::string scheme_windows = "own";  // --scheme-windows own|shared
+  double max_rel_ppl = 1e-3;         // --max-rel-ppl (both: GPU vs CPU tolerance)
   std::string banner;                // printed first (the demo's)
   // Set by AddPplOptions: which cache options the user gave (the others follow a calibration
   // file's when one is given).

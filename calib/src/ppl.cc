@@ -269,14 +269,37 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
   return out;
 }
 
+// ---- The CPU forwards ----
+
+std::vector<float> CpuPplForwards::Reference(const ForwardRequest& request) {
+  DenseAttention bf16(model_->config, KvRounding::kBf16);
+  return Forward(*model_, bf16, request);
+}
+
+std::vector<float> CpuPplForwards::Fp32(const ForwardRequest& request) {
+  DenseAttention fp32(model_->config, KvRounding::kNone);
+  return Forward(*model_, fp32, request);
+}
+
+std::vector<float> CpuPplForwards::Scheme(int /*scheme*/, const std::vector<LayerScheme>& layers,
+                                          const ForwardRequest& request,
+                                          double* bits_per_element) {
+  CacheAttention cached(model_->config, layers, *backend_);
+  std::vector<float> logits = Forward(*model_, cached, request);
+  if (bits_per_element != nullptr) *bits_per_element = cached.bits_per_element();
+  return logits;
+}
+
 // ---- The evaluation ----
 
 PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>& sets,
                              const std::vector<std::vector<LayerScheme>>& layers,
                              const PplOptions& options_in, const cpu::Backend& backend,
-                             const PplProgress& progress) {
+                             const PplProgress& progress, PplForwards* forwards) {
   const auto start = std::chrono::steady_clock::now();
   const ModelConfig& c = model.config;
+  CpuPplForwards cpu_forwards(model, backend);
+  PplForwards& engine = forwards != nullptr ? *forwards : cpu_forwards;
   PplOptions options = options_in;
   KVQ_CHECK(options.threads >= 1, kInvalidArgument, "threads ", options.threads,
             " must be at least 1");
@@ -391,13 +414,12 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
       auto ref = std::make_unique<Reference>();
       int64_t keep = 0;
       for (size_t r = 1; r < plan.size(); ++r) keep = std::max(keep, std::min(first_row(r, T), T - 1));
-      DenseAttention bf16(c, KvRounding::kBf16);
       ForwardRequest req;
       req.ids = win.ids;
       req.tokens = T;
       req.keep = &ref->prefix;
       req.keep_rows = keep;
-      ref->logits = Forward(model, bf16, req);
+      ref->logits = engine.Reference(req);
       ref->probs = ref->logits;
       ref->lse.resize(T);
       ref->argmax.resize(T);
@@ -438,12 +460,11 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
       req.prefix = &ref.prefix;
       std::vector<float> logits;
       if (rp.kind == RowPlan::kFp32) {
-        DenseAttention fp32(c, KvRounding::kNone);
-        logits = Forward(model, fp32, req);
+        logits = engine.Fp32(req);
       } else {
-        CacheAttention cached(c, layers[rp.scheme], backend);
-        logits = Forward(model, cached, req);
-        if (win.index == 0) row.bits_per_element = cached.bits_per_element();
+        double bits = 0.0;
+        logits = engine.Scheme(rp.scheme, layers[rp.scheme], req, &bits);
+        if (win.index == 0) row.bits_per_element = bits;
       }
       row.windows[win.index] = Score(win.ids, T, first, logits.data(), ref, V, options.tail_from,
                                      options.per_position);

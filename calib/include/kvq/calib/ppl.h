@@ -31,6 +31,7 @@
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibration_file.h"
 #include "kvq/calib/fair_clip.h"
+#include "kvq/calib/forward.h"
 #include "kvq/calib/model.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -124,14 +125,51 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
                                                          const PplOptions& options,
                                                          const cpu::Backend& backend);
 
+// The forward passes an evaluation runs, as a hook: the CPU's (CpuPplForwards: Forward with
+// DenseAttention / CacheAttention) by default; a GPU twin (gpu/ppl) runs the same requests on
+// the device. Each returns logits [T − first, V] as Forward does, and honours request.first,
+// .prefix and .keep the same way. Calls may come from several threads at once (the
+// implementation serialises what it must).
+class PplForwards {
+ public:
+  virtual ~PplForwards() = default;
+  // The reference: K and V as a bf16 cache holds them.
+  virtual std::vector<float> Reference(const ForwardRequest& request) = 0;
+  // The fp32 forward (no cache rounding). May throw kUnsupported (the row is then not asked
+  // for: the caller clears PplOptions::fp32_baseline).
+  virtual std::vector<float> Fp32(const ForwardRequest& request) = 0;
+  // Scheme `scheme` (index into PplOptions::schemes) through its caches, `layers` [L];
+  // *bits_per_element (may be null): K and V at the window's length, mean over layers.
+  virtual std::vector<float> Scheme(int scheme, const std::vector<LayerScheme>& layers,
+                                    const ForwardRequest& request, double* bits_per_element) = 0;
+};
+
+// The CPU forwards (calib/forward.h): DenseAttention kBf16 / kNone and CacheAttention on
+// `backend` (both must outlive this object).
+class CpuPplForwards : public PplForwards {
+ public:
+  CpuPplForwards(const Model& model, const cpu::Backend& backend)
+      : model_(&model), backend_(&backend) {}
+  std::vector<float> Reference(const ForwardRequest& request) override;
+  std::vector<float> Fp32(const ForwardRequest& request) override;
+  std::vector<float> Scheme(int scheme, const std::vector<LayerScheme>& layers,
+                            const ForwardRequest& request, double* bits_per_element) override;
+
+ private:
+  const Model* model_;
+  const cpu::Backend* backend_;
+};
+
 // Runs the evaluation. `layers` from BuildVariantLayers (same order as options.schemes).
+// `forwards`: where the forward passes run (null: CpuPplForwards(model, backend)); the
+// scoring, the work order and the shared prefix are the same for every implementation.
 // Throws kvq::Error(kInvalidArgument): windows longer than the model's context, shorter than 2
 // tokens or with no prediction at positions ≥ tail_from, threads < 1, layers not matching the
 // schemes; and what the forward and the caches throw.
 PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>& sets,
                              const std::vector<std::vector<LayerScheme>>& layers,
                              const PplOptions& options, const cpu::Backend& backend,
-                             const PplProgress& progress = {});
+                             const PplProgress& progress = {}, PplForwards* forwards = nullptr);
 
 // The end-to-end table, one block per window set: label, clip, bits/elem, PPL (all and
 // tail), ΔPPL vs the reference, KL (tail), top-1 (tail), ΔKL vs OSCAR with its 95 % interval
