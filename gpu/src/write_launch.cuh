@@ -38,11 +38,13 @@ cudaError_t LaunchThreads(void (*kernel)(Args), int64_t threads, cudaStream_t st
     case 256: { constexpr int NAME = 256; __VA_ARGS__ } \
     default: return cudaErrorInvalidValue;         \
   }
+// 256: G = d at d = 256 (spec 1.1); the launchers refuse a group above their head_dim.
 #define KVQ_DISPATCH_GROUP(value, NAME, ...)       \
   switch (value) {                                 \
     case 32: { constexpr int NAME = 32; __VA_ARGS__ }   \
     case 64: { constexpr int NAME = 64; __VA_ARGS__ }   \
     case 128: { constexpr int NAME = 128; __VA_ARGS__ } \
+    case 256: { constexpr int NAME = 256; __VA_ARGS__ } \
     default: return cudaErrorInvalidValue;         \
   }
 #define KVQ_DISPATCH_BITS(value, NAME, ...)        \
