@@ -16,6 +16,13 @@ namespace kvq::gpu {
 inline constexpr int kAffineCodesPlane = 0;
 inline constexpr int kAffineScalePlane = 1;
 inline constexpr int kAffineMinPlane = 2;
+// affine_tile's planes, in LayoutOf's order: codes u8 [d * G_k*b/8] and scale, min bf16 [d]
+// per tile, and with a norm the norm bf16 [1] per token (per KV head, or one shared by every
+// KV head of the token: the token scope).
+inline constexpr int kTileCodesPlane = 0;
+inline constexpr int kTileScalePlane = 1;
+inline constexpr int kTileMinPlane = 2;
+inline constexpr int kTileNormPlane = 3;
 // bf16's one plane: the rows, bf16 [d].
 inline constexpr int kBf16RowsPlane = 0;
 
