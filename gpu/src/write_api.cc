@@ -55,7 +55,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // The fused kernels write the affine_token format (write_fused.cu; G of 32, 64, 128 channels or
 // G = d) and the affine_tile format (write_tile.cu; identity or FWHT rotations, a norm per KV
-// head): refuse anything else, naming it.
+// head or per token over all of them): refuse anything else, naming it.
 void CheckFusedFormat(const WriteParams& p, const char* what) {
   switch (p.format) {
     case Format::kAffineToken:
@@ -65,9 +65,9 @@ void CheckFusedFormat(const WriteParams& p, const char* what) {
     case Format::kAffineTile:
       KVQ_CHECK(p.rotation != RotationKind::kDense, kUnsupported, what,
                 ": the CUDA tile write takes identity or FWHT rotations, not a dense one");
-      KVQ_CHECK(!p.norm || p.norm_heads == 1, kUnsupported, what, ": a norm over ",
-                p.norm_heads, " KV heads (the token scope) has no CUDA write (a block writes "
-                "one KV head's tile; the per-head norm is supported)");
+      KVQ_CHECK(!p.norm || static_cast<int64_t>(p.norm_span()) <= kMaxNormSpan, kUnsupported,
+                what, ": a norm over ", p.norm_heads, " KV heads of d = ", p.head_dim,
+                " spans more than the CUDA limit of ", kMaxNormSpan, " values");
       break;
     default:
       KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores the affine_token and "
@@ -100,6 +100,7 @@ FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
   a.tile_tokens = p.format == Format::kAffineTile ? p.group : 0;
   a.bits = p.bits;
   a.norm = p.norm;
+  a.norm_shared = p.norm && p.norm_heads > 1;  // the token scope (the cache checked Hkv)
   const FormatLayout layout = LayoutOf(p);
   for (int i = 0; i < kMaxPlanes; ++i) {
     KVQ_CHECK(i >= layout.num_planes || planes[i] != nullptr, kInvalidArgument, what,
@@ -124,6 +125,8 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
               " rows is not a whole number of tiles of ", p.group, " tokens");
     KVQ_CHECK(out.rotated == nullptr && out.tau == nullptr, kInvalidArgument, kWhat,
               ": the tile write has no rotated / tau outputs (affine_token only)");
+    KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, kWhat, ": a norm over ",
+              p.norm_heads, " KV heads needs every head's rows (the paged cache writes)");
   }
   FusedWriteArgs a = WriteArgsFor(p, heads, out.planes, FusedWriteArgs(), kWhat);
   a.x = x;

@@ -33,7 +33,9 @@ namespace {
 
 using detail::kFullMask;
 using detail::LaneId;
+using write_launch::FlushRange;
 using write_launch::IsPowerOfTwo;
+using write_launch::RaiseFlag;
 
 constexpr int kThreads = 256;  // fused kernel block: 8 warps
 constexpr int kWarps = kThreads / 32;
@@ -63,25 +65,9 @@ struct TileTraits {
 
 // ---- Row addressing of the modes ----------------------------------------------------------------
 
-// kFlush: the positions [begin, end) that enter the history in this step of a sequence of
-// length `len` (before the append; spec/cache.md §3), end == begin when none do. H(t) =
-// F * floor(max(0, t - S0 - W) / F).
-struct FlushRange {
-  int64_t len = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-__device__ __forceinline__ int64_t HistoryTokensAt(const FusedWriteArgs& a, int64_t t) {
-  const int64_t over = t - a.sink - a.recent;
-  return over <= 0 ? 0 : over / a.flush * a.flush;
-}
+// kFlush: the positions of sequence b's flush (write_launch.cuh).
 __device__ __forceinline__ FlushRange FlushRangeOf(const FusedWriteArgs& a, int len) {
-  FlushRange f;
-  f.len = len;
-  if (len < 0) return f;
-  f.begin = a.sink + HistoryTokensAt(a, len);
-  f.end = a.sink + HistoryTokensAt(a, static_cast<int64_t>(len) + 1);
-  return f;
+  return write_launch::FlushRangeOf(len, a.sink, a.recent, a.flush);
 }
 
 // Source of row (t, head), or null when the row is not written (append without demotion, bad
@@ -129,11 +115,6 @@ struct RowDestination {
   int64_t row = -1;  // row index into the planes (codes [.., d*b/8], scale/min [.., d/G]); -1: skip
   int64_t flat_row = -1;  // kRows: index for the optional rotated / tau outputs
 };
-
-// `leader`: one lane per row raises it.
-__device__ __forceinline__ void RaiseFlag(int* flags, int bit, bool leader) {
-  if (flags != nullptr && leader) atomicOr(flags, bit);
-}
 
 // Where row (t, head) is stored in mode kMode; `leader` raises the row's error flags.
 template <WriteMode kMode>

@@ -198,31 +198,21 @@ __global__ void DequantizeKernel(const __grid_constant__ StageArgs a) {
 // ---- Spec 1.1: the norm and the affine_tile codec ----------------------------------------------
 
 // A block per span of m = d * norm_heads values (numerics.md §5.1): the squares into shared
-// memory, padded with +0 to M = `padded` (a power of two), then the spec's tree h = M/2, ..., 1,
-// level by level behind a barrier; n^ = bf16(sqrtf(S)), and the span divided by n^ (IEEE), +0
-// everywhere when n^ = 0. Each sum is one __fadd_rn of the same two operands as the scalar loop
-// (a + b = b + a exactly), so the bits are the scalar's.
-__global__ void NormKernel(const __grid_constant__ StageArgs a, int64_t padded) {
+// memory, padded with +0 to M = `padded` (a power of two), the spec's tree (BlockTreeSum),
+// n^ = bf16(sqrtf(S)), and the span divided by n^ (IEEE), +0 everywhere when n^ = 0.
+__global__ void NormKernel(const __grid_constant__ StageArgs a, int padded) {
   namespace arg = stage_arg::Norm;
   extern __shared__ float squares[];
-  const int64_t m = static_cast<int64_t>(a.params.head_dim) * a.params.norm_heads;
+  const int m = a.params.head_dim * a.params.norm_heads;
   float* x = Arg<float>(a, arg::x) + static_cast<int64_t>(blockIdx.x) * m;
-  for (int64_t j = threadIdx.x; j < padded; j += blockDim.x) {
+  for (int j = threadIdx.x; j < padded; j += blockDim.x) {
     squares[j] = j < m ? __fmul_rn(x[j], x[j]) : +0.0f;
   }
   __syncthreads();
-  for (int64_t h = padded / 2; h >= 1; h /= 2) {
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-      squares[j] = __fadd_rn(squares[j], squares[j + h]);
-    }
-    __syncthreads();
-  }
-  const uint16_t bits = Bf16FromF32(__fsqrt_rn(squares[0]));
+  const uint16_t bits = Bf16FromF32(__fsqrt_rn(detail::BlockTreeSum(squares, padded)));
   const float stored = F32FromBf16(bits);
   if (threadIdx.x == 0) Arg<uint16_t>(a, arg::norm)[blockIdx.x] = bits;
-  for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-    x[j] = stored == 0.0f ? +0.0f : __fdiv_rn(x[j], stored);
-  }
+  for (int j = threadIdx.x; j < m; j += blockDim.x) x[j] = detail::Normalize(x[j], stored);
 }
 
 // Thread per element: y <- y * n^ of its row, one rounding.
@@ -440,10 +430,6 @@ cudaError_t LaunchDequantizeStage(const StageArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The norm's shared memory: the span's squares padded to a power of two (at most 32768 floats,
-// 128 KB: d = 256 over 128 KV heads; a larger span is refused).
-constexpr int64_t kMaxNormSpan = 32768;
-
 cudaError_t LaunchNormStage(const StageArgs& a, cudaStream_t stream) {
   KVQ_STAGE_PROLOGUE(a);
   const int64_t m = static_cast<int64_t>(a.params.head_dim) * a.params.norm_heads;
@@ -457,7 +443,8 @@ cudaError_t LaunchNormStage(const StageArgs& a, cudaStream_t stream) {
         NormKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (raised != cudaSuccess) return raised;
   }
-  NormKernel<<<static_cast<unsigned>(a.rows), kStageBlock, shared, stream>>>(a, padded);
+  NormKernel<<<static_cast<unsigned>(a.rows), kStageBlock, shared, stream>>>(
+      a, static_cast<int>(padded));
   return cudaGetLastError();
 }
 

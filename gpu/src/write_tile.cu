@@ -3,15 +3,17 @@
 // A block of 256 threads per (tile of G_k tokens, KV head), in every mode (flat rows, prefill,
 // decode-time flush). Two phases:
 //  1. Rows: a slice of d/16 lanes per row (write_row.cuh): the load with the FWHT and P_br
-//     (P_br by relabelling the lanes), the range check, the norm (spec/numerics.md §5.1: the
-//     squares folded by the spec's stride-halving tree, whose levels over the slice are the
-//     register bits, then the lane bits, then bit 0, each a sum of the same two operands as
-//     the scalar loop), the clip's order statistic; each row lands in shared memory as fp32
-//     and its norm in the norm plane.
+//     (P_br by relabelling the lanes), the range check, the norm (spec/numerics.md §5.1,
+//     SliceTreeSquareSum: the spec's tree over the slice's registers and lanes), the clip's
+//     order statistic; each row lands in shared memory as fp32 and its norm in the norm plane.
 //  2. Channels: a thread per channel runs spec 1.0's quantizer on the channel's G_k values
-//     (the transposed tile's row, §5.2: exact min / max, one IEEE division per code) and
-//     stores the channel's (scale, min) and its packed bytes, channel-major with the split rule
-//     along the tokens (§8.1), one 32-bit store per four bytes.
+//     (the transposed tile's row, §5.2: exact min / max, the code by QuantizeCode) and stores
+//     the channel's (scale, min) and its packed bytes, channel-major with the split rule along
+//     the tokens (§8.1), one 32-bit store per four bytes.
+// The token-scope norm (one norm over the rows of every KV head of a token) needs every head's
+// rows: TokenNormKernel, a block per tile, stores those norms in the shared norm plane first
+// (the squares of a token's Hkv rows in shared memory, BlockTreeSum), and the tile kernel,
+// launched behind it in stream order, divides by the stored n^.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -29,6 +31,7 @@ namespace {
 
 using detail::kFullMask;
 using write_launch::IsPowerOfTwo;
+using write_launch::RaiseFlag;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -51,21 +54,13 @@ struct TileWriteTraits {
 struct TileJob {
   bool active = false;
   int64_t tile_row = 0;  // row index into the tile planes (codes, scale, min)
-  int64_t norm_row = 0;  // row index into the norm plane of the tile's first token
+  int64_t norm_row = 0;     // row index into the norm plane of the tile's first token
+  int64_t norm_stride = 1;  // rows of the norm plane between consecutive tokens
   // kPrefill / kRows: first row of x (token index); kFlush: sequence, first position, length.
   int64_t first = 0;
   int b = 0;
   int64_t len = 0;
 };
-
-__device__ __forceinline__ void RaiseFlag(int* flags, int bit) {
-  if (flags != nullptr) atomicOr(flags, bit);
-}
-
-__device__ __forceinline__ int64_t HistoryTokensAt(const FusedWriteArgs& a, int64_t t) {
-  const int64_t over = t - a.sink - a.recent;
-  return over <= 0 ? 0 : over / a.flush * a.flush;
-}
 
 // The block's job (thread 0 raises the flags; every thread computes the same answer).
 __device__ __forceinline__ TileJob ResolveTileJob(const FusedWriteArgs& a, int head) {
@@ -77,7 +72,8 @@ __device__ __forceinline__ TileJob ResolveTileJob(const FusedWriteArgs& a, int h
     job.active = true;
     job.first = j * tile;
     job.tile_row = j * a.num_heads + head;
-    job.norm_row = job.first * a.num_heads + head;  // + r * num_heads for row r
+    job.norm_row = job.first * a.num_heads + head;  // the token scope is refused here
+    job.norm_stride = a.num_heads;
     return job;
   }
   int64_t history_index;
@@ -92,32 +88,32 @@ __device__ __forceinline__ TileJob ResolveTileJob(const FusedWriteArgs& a, int h
     const int k = static_cast<int>(j % per_flush);
     const int len = a.seq_lengths[job.b];
     if (len < 0) {
-      if (leader) RaiseFlag(a.error_flags, kErrorFlagBadLength);
+      RaiseFlag(a.error_flags, kErrorFlagBadLength, leader);
       return job;
     }
+    const write_launch::FlushRange f = write_launch::FlushRangeOf(len, a.sink, a.recent, a.flush);
     job.len = len;
-    const int64_t begin = a.sink + HistoryTokensAt(a, len);
-    const int64_t end = a.sink + HistoryTokensAt(a, static_cast<int64_t>(len) + 1);
-    job.first = begin + static_cast<int64_t>(k) * tile;
-    if (job.first >= end) return job;  // nothing to flush in this step
+    job.first = f.begin + static_cast<int64_t>(k) * tile;
+    if (job.first >= f.end) return job;  // nothing to flush in this step
     history_index = job.first - a.sink;
     const int64_t page_index = history_index >> a.page_size_log2;
     if (page_index >= a.page_table_stride) {
-      if (leader) RaiseFlag(a.error_flags, kErrorFlagBadPage);
+      RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
       return job;
     }
     table = a.page_table + static_cast<int64_t>(job.b) * a.page_table_stride;
   }
   const int32_t page = table[history_index >> a.page_size_log2];
   if (page < 0 || page >= a.num_pages) {
-    if (leader) RaiseFlag(a.error_flags, kErrorFlagBadPage);
+    RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
     return job;
   }
   const int64_t page_size = int64_t{1} << a.page_size_log2;
   const int64_t slot = history_index & (page_size - 1);
   const int64_t head_page = static_cast<int64_t>(page) * a.num_heads + head;
   job.tile_row = head_page * (page_size / tile) + slot / tile;
-  job.norm_row = head_page * page_size + slot;  // + r for row r
+  // The norm plane: [num_pages, Hkv, P], or [num_pages, 1, P] for the token scope.
+  job.norm_row = (a.norm_shared ? page : head_page) * page_size + slot;
   job.active = true;
   return job;
 }
@@ -137,29 +133,55 @@ __device__ __forceinline__ const T* TileRowSource(const FusedWriteArgs& a, const
   return static_cast<const T*>(a.new_rows) + static_cast<int64_t>(job.b) * a.token_stride + h;
 }
 
-// The spec's tree norm of the slice's row (numerics.md §5.1, one KV head: M = D) in the
-// pair-strided order of logical lane rho: position bits [0] = k & 1, [1, 1 + b) = rho,
-// [1 + b, 4 + b) = k >> 1 (b = log2(kLanes)). The tree folds the top bit first: the register
-// bits (k masks 8, 4, 2), the lane bits (rho's top bit first; a shuffle over the physical lane
-// bit that holds it), then bit 0. Returns S, the same in every lane of the slice.
-template <int D>
-__device__ __forceinline__ float SliceTreeSquareSum(const float (&v)[16], bool bitrev) {
-  constexpr int kLaneBits = detail::SliceTraits<D>::kLaneBits;
-  float a[16];
+// Phase 2 of the tile write: thread j quantizes channel j of the tile (rows: the block's
+// clipped fp32 rows, [G_k][kStride]) by spec §5's rule with G = G_k and stores its (scale,
+// min) and its G_k*b/8 packed bytes (byte i: tokens i + q * G_k*b/8, q < 8/b, in bits q*b).
+template <int D, int BITS>
+__device__ __forceinline__ void QuantizeTileChannels(const FusedWriteArgs& a, const TileJob& job,
+                                                     const float* rows) {
+  using Traits = TileWriteTraits<D>;
+  constexpr float kLevels = static_cast<float>((1 << BITS) - 1);
+  const int tile = a.tile_tokens;
+  const int slice = tile * BITS / 8;  // packed bytes a channel: 8 .. 64
+  uint8_t* codes = a.planes[kTileCodesPlane] + job.tile_row * (static_cast<int64_t>(D) * slice);
+  uint16_t* scale = reinterpret_cast<uint16_t*>(a.planes[kTileScalePlane]) + job.tile_row * D;
+  uint16_t* min = reinterpret_cast<uint16_t*>(a.planes[kTileMinPlane]) + job.tile_row * D;
+  for (int j = threadIdx.x; j < D; j += kThreads) {
+    const float* column = rows + j;
+    float lo = column[0];
+    float hi = lo;
+    for (int r = 1; r < tile; ++r) {
+      const float x = column[r * Traits::kStride];
+      lo = (x < lo) ? x : lo;
+      hi = (x > hi) ? x : hi;
+    }
+    lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
+    hi = __fadd_rn(hi, 0.0f);
+    const uint16_t scale_bits = Bf16FromF32(__fdiv_rn(__fsub_rn(hi, lo), kLevels));
+    const uint16_t min_bits = Bf16FromF32(lo);
+    scale[j] = scale_bits;
+    min[j] = min_bits;
+    const float sf = F32FromBf16(scale_bits);
+    const float mf = F32FromBf16(min_bits);
+    const float inv = detail::QuantizeReciprocal(sf);
+    uint32_t* out = reinterpret_cast<uint32_t*>(codes + static_cast<int64_t>(j) * slice);
+    for (int w = 0; w < slice / 4; ++w) {
+      uint32_t word = 0;
 #pragma unroll
-  for (int k = 0; k < 16; ++k) a[k] = __fmul_rn(v[k], v[k]);
+      for (int b4 = 0; b4 < 4; ++b4) {
+        const int i = 4 * w + b4;
 #pragma unroll
-  for (int mask = 8; mask >= 2; mask >>= 1) {
-#pragma unroll
-    for (int k = 0; k < mask; ++k) a[k] = __fadd_rn(a[k], a[k + mask]);
+        for (int part = 0; part < 8 / BITS; ++part) {
+          const float x = column[(part * slice + i) * Traits::kStride];
+          // sf = 0: every code of the group is 0 (spec §5).
+          const uint32_t code =
+              sf != 0.0f ? detail::QuantizeCode<BITS>(__fsub_rn(x, mf), sf, inv) : 0u;
+          word |= code << (8 * b4 + part * BITS);
+        }
+      }
+      out[w] = word;
+    }
   }
-#pragma unroll
-  for (int bit = kLaneBits - 1; bit >= 0; --bit) {
-    const int offset = bitrev ? 1 << (kLaneBits - 1 - bit) : 1 << bit;
-    a[0] = __fadd_rn(a[0], __shfl_xor_sync(kFullMask, a[0], offset));
-    a[1] = __fadd_rn(a[1], __shfl_xor_sync(kFullMask, a[1], offset));
-  }
-  return __fadd_rn(a[0], a[1]);
 }
 
 template <int D>
@@ -198,17 +220,20 @@ __global__ void __launch_bounds__(kThreads)
                                a.rotation.fwht_scale, v);
     }
     // |x~| > 2^126, Inf or NaN: the validating CPU path rejects the row (kNonFinite).
-    if (detail::SliceMaxMagnitudeBits<D>(v) > kMaxRotatedAbsBits && leader) {
-      RaiseFlag(a.error_flags, kErrorFlagNonFinite);
+    if (detail::SliceMaxMagnitudeBits<D>(v) > kMaxRotatedAbsBits) {
+      RaiseFlag(a.error_flags, kErrorFlagNonFinite, leader);
     }
     if (a.norm) {
-      const uint16_t bits = Bf16FromF32(__fsqrt_rn(SliceTreeSquareSum<D>(v, bitrev)));
+      uint16_t* norm = norm_plane + job.norm_row + static_cast<int64_t>(r) * job.norm_stride;
+      // The token scope's n^ is TokenNormKernel's (this launch runs behind it).
+      const uint16_t bits = a.norm_shared
+                                ? *norm
+                                : Bf16FromF32(__fsqrt_rn(detail::SliceTreeSquareSum<D>(v, bitrev)));
       const float stored = F32FromBf16(bits);
 #pragma unroll
-      for (int k = 0; k < 16; ++k) v[k] = stored == 0.0f ? +0.0f : __fdiv_rn(v[k], stored);
-      if (leader) {
-        norm_plane[job.norm_row + static_cast<int64_t>(r) * (a.mode == WriteMode::kRows
-                                                                 ? a.num_heads : 1)] = bits;
+      for (int k = 0; k < 16; ++k) v[k] = detail::Normalize(v[k], stored);
+      if (leader && !a.norm_shared) {
+        *norm = bits;
         // A stored infinite norm cannot be multiplied back: the CPU path rejects the row.
         if ((bits & 0x7fffu) >= kBf16InfBits) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
       }
@@ -231,47 +256,64 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   // ---- 2. Channels: spec 1.0's quantizer on each column of the tile ----
-  const int bits = a.bits;
-  const float levels = static_cast<float>((1 << bits) - 1);
-  const int slice = tile * bits / 8;  // packed bytes a channel: 8 .. 64
-  uint8_t* codes = a.planes[kTileCodesPlane] + job.tile_row * (static_cast<int64_t>(D) * slice);
-  uint16_t* scale = reinterpret_cast<uint16_t*>(a.planes[kTileScalePlane]) + job.tile_row * D;
-  uint16_t* min = reinterpret_cast<uint16_t*>(a.planes[kTileMinPlane]) + job.tile_row * D;
-  for (int j = threadIdx.x; j < D; j += kThreads) {
-    const float* column = rows + j;
-    float lo = column[0];
-    float hi = lo;
-    for (int r = 1; r < tile; ++r) {
-      const float x = column[r * Traits::kStride];
-      lo = (x < lo) ? x : lo;
-      hi = (x > hi) ? x : hi;
+  if (a.bits == 2) {
+    QuantizeTileChannels<D, 2>(a, job, rows);
+  } else {
+    QuantizeTileChannels<D, 4>(a, job, rows);
+  }
+  launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
+}
+
+// The token-scope norms of a tile (numerics.md §5.1 with m = Hkv * d): a block per tile, the
+// tile's tokens one after the other. For each token the slices load the rows of every KV head
+// (FWHT, P_br), store their squares at position h * D + j of the padded span in shared memory,
+// and BlockTreeSum folds the span; thread 0 stores n^ = bf16(sqrtf(S)) in the shared norm
+// plane, which the tile kernel reads.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    TokenNormKernel(const __grid_constant__ FusedWriteArgs a) {
+  using Traits = TileWriteTraits<D>;
+  extern __shared__ float4 shared_words[];
+  float* squares = reinterpret_cast<float*>(shared_words);  // [padded]
+  launch::LaunchDependents();
+  const TileJob job = ResolveTileJob(a, 0);
+  if (!job.active) {
+    launch::WaitForPrerequisiteGrid();
+    return;
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const bool bitrev = a.rotation.bitrev;
+  const int fwht_block = a.rotation.kind == kRotationHadamard ? a.rotation.fwht_block : 0;
+  const int span = a.num_heads * D;
+  int padded = 1;  // the span padded with +0 to a power of two (the launcher's size)
+  while (padded < span) padded *= 2;
+  uint16_t* norm_plane = reinterpret_cast<uint16_t*>(a.planes[kTileNormPlane]);
+  for (int r = 0; r < a.tile_tokens; ++r) {
+    for (int j = span + static_cast<int>(threadIdx.x); j < padded; j += kThreads) {
+      squares[j] = +0.0f;
     }
-    lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
-    hi = __fadd_rn(hi, 0.0f);
-    const uint16_t scale_bits = Bf16FromF32(__fdiv_rn(__fsub_rn(hi, lo), levels));
-    const uint16_t min_bits = Bf16FromF32(lo);
-    scale[j] = scale_bits;
-    min[j] = min_bits;
-    const float sf = F32FromBf16(scale_bits);
-    const float mf = F32FromBf16(min_bits);
-    uint32_t* out = reinterpret_cast<uint32_t*>(codes + static_cast<int64_t>(j) * slice);
-    for (int w = 0; w < slice / 4; ++w) {
-      uint32_t word = 0;
-      for (int b4 = 0; b4 < 4; ++b4) {
-        const int i = 4 * w + b4;
-        for (int part = 0; part < 8 / bits; ++part) {
-          uint32_t code = 0;
-          if (sf != 0.0f) {
-            float c = rintf(__fdiv_rn(__fsub_rn(column[(part * slice + i) * Traits::kStride], mf),
-                                      sf));  // half to even
-            c = (c < 0.0f) ? 0.0f : ((c > levels) ? levels : c);
-            code = static_cast<uint32_t>(c);
-          }
-          word |= code << (8 * b4 + part * bits);
-        }
+    // Whole warps are in or out; a slice past the last head loads head 0 and stores nothing.
+    for (int pass = 0; pass < a.num_heads; pass += Traits::kRowsPerPass) {
+      const int head = pass + warp * Traits::kRowsPerWarp + detail::SliceIndex<D>();
+      if (__all_sync(kFullMask, head >= a.num_heads)) continue;
+      const int source_head = head < a.num_heads ? head : 0;
+      float v[16];
+      const int rho = detail::LoadRow<D>(TileRowSource<D, uint16_t>(a, job, source_head, r),
+                                         bitrev, fwht_block, a.rotation.fwht_scale, v);
+      if (head < a.num_heads) {
+        float* row = squares + head * D;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) row[detail::RowPosition<D>(k, rho)] = __fmul_rn(v[k], v[k]);
       }
-      out[w] = word;
     }
+    __syncthreads();
+    const uint16_t bits = Bf16FromF32(__fsqrt_rn(detail::BlockTreeSum(squares, padded)));
+    if (threadIdx.x == 0) {
+      norm_plane[job.norm_row + static_cast<int64_t>(r) * job.norm_stride] = bits;
+      // A stored infinite norm cannot be multiplied back: the CPU path rejects the token.
+      if ((bits & 0x7fffu) >= kBf16InfBits) RaiseFlag(a.error_flags, kErrorFlagNonFinite);
+    }
+    __syncthreads();  // squares[0] is read before the next token overwrites it
   }
   launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
 }
@@ -302,7 +344,14 @@ cudaError_t LaunchTileWrite(const FusedWriteArgs& a, cudaStream_t stream) {
   if (a.x == nullptr || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 ||
       a.token_stride % (a.x_is_bf16 ? 8 : 4) != 0 || a.planes[kTileCodesPlane] == nullptr ||
       a.planes[kTileScalePlane] == nullptr || a.planes[kTileMinPlane] == nullptr ||
-      (a.norm && a.planes[kTileNormPlane] == nullptr)) {
+      (a.norm && a.planes[kTileNormPlane] == nullptr) || (a.norm_shared && !a.norm)) {
+    return cudaErrorInvalidValue;
+  }
+  // The token scope: bf16 rows of a cache (the flat rows of one head hold no other heads).
+  int norm_padded = 1;
+  while (norm_padded < a.num_heads * HEAD_DIM) norm_padded *= 2;
+  if (a.norm_shared &&
+      (a.mode == WriteMode::kRows || !a.x_is_bf16 || norm_padded > kMaxNormSpan)) {
     return cudaErrorInvalidValue;
   }
   int64_t jobs = 0;
@@ -340,9 +389,24 @@ cudaError_t LaunchTileWrite(const FusedWriteArgs& a, cudaStream_t stream) {
       TileWriteKernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(Traits::SharedBytes(kMaxTile)));
   if (raised != cudaSuccess) return raised;
+  if (!a.norm_shared) {
+    const dim3 grid(static_cast<unsigned>(jobs), static_cast<unsigned>(a.num_heads));
+    return launch::LaunchKernel(TileWriteKernel<HEAD_DIM>, grid, dim3(kThreads), shared, stream,
+                                a.overlap_previous, a);
+  }
+  // The token scope: the norms first (overlapping the previous kernel as the tile kernel
+  // would), then the tile kernel in plain stream order, which reads them.
+  static const cudaError_t raised_norm = cudaFuncSetAttribute(
+      TokenNormKernel<HEAD_DIM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kMaxNormSpan * sizeof(float)));
+  if (raised_norm != cudaSuccess) return raised_norm;
+  const cudaError_t norms = launch::LaunchKernel(
+      TokenNormKernel<HEAD_DIM>, dim3(static_cast<unsigned>(jobs)), dim3(kThreads),
+      static_cast<size_t>(norm_padded) * sizeof(float), stream, a.overlap_previous, a);
+  if (norms != cudaSuccess) return norms;
   const dim3 grid(static_cast<unsigned>(jobs), static_cast<unsigned>(a.num_heads));
   return launch::LaunchKernel(TileWriteKernel<HEAD_DIM>, grid, dim3(kThreads), shared, stream,
-                              a.overlap_previous, a);
+                              /*programmatic=*/false, a);
 }
 
 cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream) {

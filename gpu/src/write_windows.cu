@@ -40,9 +40,10 @@ __global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
     dst = sink + (static_cast<int64_t>(b) * a.sink + len) * row_elems;
   } else {
     // The new token stays recent unless this step's flush took it (W = 0): len >= S0 + H(len+1).
-    const int64_t over = static_cast<int64_t>(len) + 1 - a.sink - a.window;
-    const int64_t history = over <= 0 ? 0 : over / a.flush * a.flush;
-    if (len < a.sink + history) return;
+    if (len < a.sink + write_launch::HistoryTokensAt(static_cast<int64_t>(len) + 1, a.sink,
+                                                      a.window, a.flush)) {
+      return;
+    }
     uint16_t* ring = is_value ? a.recent_value : a.recent_key;
     dst = ring + (static_cast<int64_t>(b) * a.recent + len % a.recent) * row_elems;
   }

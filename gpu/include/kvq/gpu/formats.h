@@ -27,7 +27,8 @@ inline constexpr int kTileNormPlane = 3;
 inline constexpr int kBf16RowsPlane = 0;
 
 // Throws kvq::Error(kUnsupported) naming the format unless the kernels were written for
-// LayoutOf(p): its planes where the positions above say, each one row per token. `what` names
+// LayoutOf(p): its planes where the positions above say, with the scopes (per token, per tile,
+// per token shared by the KV heads) the kernels address. `what` names
 // the caller in the message.
 void CheckKernelLayout(const WriteParams& p, const char* what);
 

@@ -45,6 +45,11 @@ inline constexpr int kErrorFlagBadPage = 2;        // a page id outside [0, num_
                                                    // index past the page table: row skipped
 inline constexpr int kErrorFlagBadLength = 4;      // a negative sequence length: row skipped
 
+// The CUDA norm's span limit: a norm spans at most this many values padded to a power of two
+// (d = 256 over 128 KV heads; the tree runs in 128 KB of shared memory). Larger spans are
+// refused (cudaErrorInvalidValue; the runtime API says kUnsupported).
+inline constexpr int kMaxNormSpan = 32768;
+
 // ----------------------------------------------------------------------------------------------
 // Layer (a): kernel parameter structs.
 
@@ -119,13 +124,16 @@ struct FusedWriteArgs {
   int ring_slots = 0;              // W + F - 1: the ring's slots (position p at p % ring_slots)
   const void* new_rows = nullptr;  // the step's rows, [batch, Hkv, d] bf16 (W = 0)
 
-  // The tile write (affine_tile): G_k tokens a tile, code width and the norm (per KV head).
-  // Tile planes: kRows [n / G_k, row_bytes], paged [num_pages, Hkv, P / G_k, row_bytes]; the
-  // norm plane per token ([n] / [num_pages, Hkv, P]). kRows writes n / G_k tiles of rows
-  // t = tile * G_k + r; kPrefill the tiles of history tokens [0, num_tokens) (a multiple of G_k).
+  // The tile write (affine_tile): G_k tokens a tile, code width and the norm. Tile planes:
+  // kRows [n / G_k, row_bytes], paged [num_pages, Hkv, P / G_k, row_bytes]. The norm plane:
+  // per token and KV head ([n] / [num_pages, Hkv, P]), or with norm_shared one norm per token
+  // over the rows of all num_heads KV heads laid end to end (the token scope: paged
+  // [num_pages, 1, P]; not in kRows). kRows writes n / G_k tiles of rows t = tile * G_k + r;
+  // kPrefill the tiles of history tokens [0, num_tokens) (a multiple of G_k).
   int tile_tokens = 0;
   int bits = 2;
   bool norm = false;
+  bool norm_shared = false;
 };
 
 // Parameters of every stage kernel: the stage's pointer arguments as a buffer list, in the
@@ -150,9 +158,11 @@ cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWri
                                cudaStream_t stream);
 
 // The tile write of the affine_tile format (gpu/src/write_tile.cu): a block per (tile, KV head)
-// in every mode (for kFlush a block per possible tile of each sequence's flush), 256 threads.
-// Rotations identity and FWHT (with or without P_br); args.tile_tokens in {32, 64, 128},
-// args.bits in {2, 4}. Anything else (a dense rotation included) returns cudaErrorInvalidValue.
+// in every mode (for kFlush a block per possible tile of each sequence's flush), 256 threads;
+// with norm_shared, a block per tile first stores the token-scope norms. Rotations identity
+// and FWHT (with or without P_br); args.tile_tokens in {32, 64, 128}, args.bits in {2, 4}; a
+// shared norm over num_heads * d <= kMaxNormSpan values. Anything else (a dense rotation
+// included) returns cudaErrorInvalidValue.
 template <int HEAD_DIM>
 cudaError_t LaunchTileWrite(const FusedWriteArgs& args, cudaStream_t stream);
 cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
