@@ -509,6 +509,26 @@ __device__ __forceinline__ GroupRanges<D, G> ComputeGroupRanges(const float (&v)
 
 // ---- Quantizer --------------------------------------------------------------------------------
 
+// Spec §5 steps 1-3 on one group of `count` values x[0], x[stride], ... (a channel of a tile,
+// §5.2): the exact min and max (+0 normalised), s = (hi - lo) / L and the stored bf16 pair.
+struct StoredPair {
+  uint16_t scale;
+  uint16_t min;
+};
+__device__ __forceinline__ StoredPair StridedGroupPair(const float* x, int count, int64_t stride,
+                                                      float levels) {
+  float lo = x[0];
+  float hi = lo;
+  for (int r = 1; r < count; ++r) {
+    const float v = x[r * stride];
+    lo = (v < lo) ? v : lo;
+    hi = (v > hi) ? v : hi;
+  }
+  lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
+  hi = __fadd_rn(hi, 0.0f);
+  return {Bf16FromF32(__fdiv_rn(__fsub_rn(hi, lo), levels)), Bf16FromF32(lo)};
+}
+
 // rint half-to-even by addition: for 0 <= c <= 2^22, c + 1.5*2^23 lies in [2^23, 2^24) where
 // the fp32 spacing is 1, so the RN sum is 1.5*2^23 + rint(c) and its low mantissa bits are
 // rint(c) (1.5*2^23 is even, so ties go to the even integer exactly as rint does).

@@ -239,21 +239,11 @@ __global__ void QuantizeTileKernel(const __grid_constant__ StageArgs a) {
   const float levels = static_cast<float>((1 << a.params.bits) - 1);
   const float* x = Arg<const float>(a, arg::x) + t * tile * d + j;
   uint8_t* codes = Arg<uint8_t>(a, arg::codes) + t * tile * d + j;
-  float lo = x[0];
-  float hi = x[0];
-  for (int64_t r = 1; r < tile; ++r) {
-    const float v = x[r * d];
-    lo = (v < lo) ? v : lo;
-    hi = (v > hi) ? v : hi;
-  }
-  lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
-  hi = __fadd_rn(hi, 0.0f);
-  const uint16_t scale = Bf16FromF32(__fdiv_rn(__fsub_rn(hi, lo), levels));
-  const uint16_t min = Bf16FromF32(lo);
-  Arg<uint16_t>(a, arg::scale)[idx] = scale;
-  Arg<uint16_t>(a, arg::min)[idx] = min;
-  const float sf = F32FromBf16(scale);
-  const float mf = F32FromBf16(min);
+  const detail::StoredPair pair = detail::StridedGroupPair(x, static_cast<int>(tile), d, levels);
+  Arg<uint16_t>(a, arg::scale)[idx] = pair.scale;
+  Arg<uint16_t>(a, arg::min)[idx] = pair.min;
+  const float sf = F32FromBf16(pair.scale);
+  const float mf = F32FromBf16(pair.min);
   for (int64_t r = 0; r < tile; ++r) {
     uint8_t code = 0;
     if (sf != 0.0f) {

@@ -148,21 +148,12 @@ __device__ __forceinline__ void QuantizeTileChannels(const FusedWriteArgs& a, co
   uint16_t* min = reinterpret_cast<uint16_t*>(a.planes[kTileMinPlane]) + job.tile_row * D;
   for (int j = threadIdx.x; j < D; j += kThreads) {
     const float* column = rows + j;
-    float lo = column[0];
-    float hi = lo;
-    for (int r = 1; r < tile; ++r) {
-      const float x = column[r * Traits::kStride];
-      lo = (x < lo) ? x : lo;
-      hi = (x > hi) ? x : hi;
-    }
-    lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
-    hi = __fadd_rn(hi, 0.0f);
-    const uint16_t scale_bits = Bf16FromF32(__fdiv_rn(__fsub_rn(hi, lo), kLevels));
-    const uint16_t min_bits = Bf16FromF32(lo);
-    scale[j] = scale_bits;
-    min[j] = min_bits;
-    const float sf = F32FromBf16(scale_bits);
-    const float mf = F32FromBf16(min_bits);
+    const detail::StoredPair pair =
+        detail::StridedGroupPair(column, tile, Traits::kStride, kLevels);
+    scale[j] = pair.scale;
+    min[j] = pair.min;
+    const float sf = F32FromBf16(pair.scale);
+    const float mf = F32FromBf16(pair.min);
     const float inv = detail::QuantizeReciprocal(sf);
     uint32_t* out = reinterpret_cast<uint32_t*>(codes + static_cast<int64_t>(j) * slice);
     for (int w = 0; w < slice / 4; ++w) {

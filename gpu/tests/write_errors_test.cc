@@ -176,8 +176,9 @@ TEST(RuntimeApiRejects, InvalidWriteParams) {
 }
 
 // What the kernels do not serve is refused as kUnsupported, naming the value: a codec stage of
-// another format, a fused write or cache of a format the fused kernel does not store, F != 1.
-TEST(RuntimeApiRejects, UnsupportedFormatsAndFlush) {
+// another format, a fused write or cache of a format the fused kernels do not store, a dense
+// rotation on the tile write, a norm that spans more than kMaxNormSpan values.
+TEST(RuntimeApiRejects, UnsupportedFormats) {
   constexpr ErrorCode kUnsupported = ErrorCode::kUnsupported;
   const WriteParams bf16 = Write().format(Format::kBf16).Unchecked();
   alignas(16) static float x[128];
@@ -186,14 +187,26 @@ TEST(RuntimeApiRejects, UnsupportedFormatsAndFlush) {
   ExpectError([&] { Quantize(x, codes, meta, meta + 2, 1, bf16); }, kUnsupported, {"bf16"});
   RowOutputs out;
   ExpectError([&] { WriteRows(bf16, nullptr, x, 1, out); }, kUnsupported, {"bf16"});
-  const CacheParams c = Cache().flush(4).Unchecked();
   alignas(16) static uint16_t k[8];
+  const CacheParams dense_tile = Cache().sink(0).recent(1).flush(32).page(32)
+                                     .key(Write().tile(32).rotation(RotationKind::kDense))
+                                     .value(Write().group(32));
   ExpectError(
       [&] {
-        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
-                     Windows{});
+        PrefillWrite(dense_tile, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{},
+                     PagePool{}, Windows{});
       },
-      kUnsupported, {"flush F = 4"});
+      kUnsupported, {"(key)", "dense"});
+  const CacheParams wide_norm = Cache().kv_heads(256).q_heads(256).sink(0).recent(1).flush(32)
+                                    .page(32)
+                                    .key(Write().head_dim(256).tile(32).norm(true, 256))
+                                    .value(Write().head_dim(256).group(32));
+  ExpectError(
+      [&] {
+        PrefillWrite(wide_norm, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{},
+                     PagePool{}, Windows{});
+      },
+      kUnsupported, {"norm over 256 KV heads", "32768"});
 }
 
 TEST(RuntimeApiRejects, InvalidCacheParams) {

@@ -27,6 +27,7 @@ namespace {
 using namespace kvq::gpu::testing;
 using conformance::MixedRows;
 using conformance::SplitMix64;
+using conformance::TestRowKinds;
 using testbed::AllBitsEqual;
 using testbed::AsTensor;
 using testbed::Describe;
@@ -205,13 +206,13 @@ TEST_P(TileWriteTest, MatchesScalarOracleBitForBit) {
   SplitMix64 rng(seed);
   for (float clip : {1.0f, 0.92f, 0.001f}) {
     const WriteParams p = v.Params(c.d).tile(c.tile).bits(c.bits).clip(clip).norm(c.norm);
-    // Three tiles of rows of every test row kind in turn.
+    // Three tiles of rows of every test row kind the write path accepts, in turn.
     const size_t n = 3 * static_cast<size_t>(c.tile);
     const std::string context = "TileWrite " + Describe(p) + " " + v.name + " seed " +
                                 std::to_string(seed);
-    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(n, p, &rng));
+    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(n, p, &rng, TestRowKinds(p)));
     ExpectTileWriteMatchesOracle(p, FromBf16(x_bf16), &x_bf16, n, context + " bf16");
-    const std::vector<float> x_f32 = MixedRows(n, p, &rng);
+    const std::vector<float> x_f32 = MixedRows(n, p, &rng, TestRowKinds(p));
     ExpectTileWriteMatchesOracle(p, x_f32, nullptr, n, context + " f32");
   }
 }

@@ -236,11 +236,13 @@ void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint1
 }
 
 // bf16 rows of `tokens` tokens [tokens, Hkv, d] for the half written with p: every test row kind
-// in turn (conformance::MixedRows), so a call of at least 24 rows holds every edge kind.
+// p's write path accepts in turn (conformance::MixedRows; with a norm, no row whose squares
+// overflow), so a call of at least 24 rows holds every edge kind.
 std::vector<uint16_t> Tokens(size_t tokens, const CacheParams& c, const WriteParams& p,
                              SplitMix64* rng) {
   return testbed::ToBf16(
-      conformance::MixedRows(tokens * static_cast<size_t>(c.num_kv_heads), p, rng));
+      conformance::MixedRows(tokens * static_cast<size_t>(c.num_kv_heads), p, rng,
+                             conformance::TestRowKinds(p)));
 }
 
 // A batch of sequences prefilled to `initial` lengths on the GPU, then `steps` decode steps
@@ -446,7 +448,8 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   const CacheParams& c = GetParam().params;
   const int s0 = c.sink, w = c.recent, f = c.flush, page = c.page_size;
   // Every sequence reaches a flush (or F = 1's demotions) within the steps.
-  CheckAppendSteps(c, {0, std::max(0, s0 - 1), s0 + w - 1, s0 + w, s0 + w + page + 3},
+  CheckAppendSteps(c,
+                   {0, std::max(0, s0 - 1), std::max(0, s0 + w - 1), s0 + w, s0 + w + page + 3},
                    std::max(page, f) + 3, 99, /*prefill_reference=*/false);
 }
 

@@ -282,15 +282,17 @@ struct Windows {
 };
 
 // Prefill of one empty sequence with `tokens` tokens (spec/cache.md §2): copies positions
-// [0, min(S0, T)) into the sink, [max(S0, T - W), T) into the ring (slot p % W) and writes
-// history tokens i = 0 .. T - W - S0 - 1 into pages page_table[i / P], slot i % P. Three
-// launches: the key history, the value history (overlapping the key launch's tail) and both
-// windows; everything is validated before the first.
+// [0, min(S0, T)) into the sink, [RecentBegin(T), T) into the ring (slot p % (W + F - 1)) and
+// writes history tokens i = 0 .. H(T) - 1 (whole flushes, so whole tiles) into pages
+// page_table[i / P], slot i % P. Three launches (four with a token-scope norm): the key
+// history, the value history (overlapping the key launch's tail) and both windows; everything
+// is validated before the first.
 // \param key, value [T, Hkv, d] bf16 bits, 16-byte aligned
-// \param page_table [ceil((T - W - S0) / P)] int32 page ids (device)
-// Throws kvq::Error: invalid CacheParams, a bf16 cache (kInvalidArgument), a format or flush
-// F != 1 the kernels do not serve (kUnsupported), null pointers, T < 0,
-// windows or rows that are not 16-byte aligned, a null rotation for a dense write path.
+// \param page_table [ceil(H(T) / P)] int32 page ids (device)
+// Throws kvq::Error: invalid CacheParams, a bf16 cache (kInvalidArgument), a format the kernels
+// do not serve (kUnsupported: a dense rotation on affine_tile, a norm span above kMaxNormSpan),
+// null pointers, T < 0, windows or rows that are not 16-byte aligned, a null rotation for a
+// dense write path.
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value,
                   int tokens, const int32_t* page_table, const HeadData& key_heads,
                   const HeadData& value_heads, const PagePool& key_pool,
@@ -299,10 +301,13 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
 
 // One decode step for `batch` sequences: sequence b has length lengths[b] before the step
 // (device int32 [batch]); its token at that position (key/value [batch, Hkv, d] bf16) goes to the
-// sink or ring, and position len - W is demoted into the history when len - W >= S0 (read from
-// the ring before the new token overwrites its slot). The caller advances lengths afterwards.
+// sink or ring, and the positions [S0 + H(len), S0 + H(len + 1)) enter the history (F = 1,
+// W >= 1: position len - W when len - W >= S0; otherwise F of them or none, read from the ring
+// before the new token overwrites a slot, and with W = 0 the new token itself, which then
+// skips the ring). The caller advances lengths afterwards.
 // \param page_tables [batch, max_pages] int32 (device); row b is sequence b's page table
-// windows: batched layout ([B, S0, Hkv, d] and [B, W, Hkv, d]).
+// windows: batched layout ([B, S0, Hkv, d] and [B, W + F - 1, Hkv, d]; no ring when W + F - 1
+// is 0).
 void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
                 const int32_t* lengths, const int32_t* page_tables, int max_pages,
                 const HeadData& key_heads, const HeadData& value_heads,
