@@ -1,8 +1,8 @@
 // Spec 1.1's write-path rules with known answers, on every backend, CUDA included where a
 // device is present (the stage tests of write_backends_test.cc hold each backend to the scalar
-// bits; these hold the scalar to the spec's text): the tree order of the norm, the zero row and the overflow, the tile quantizer as
-// spec 1.0's quantizer on the transposed tile, the channel-major packing along tokens, and the
-// decode of a tile row with its norm.
+// bits; these hold the scalar to the spec's text): the tree order of the norm, the zero row and
+// the overflow, the tile quantizer as spec 1.0's quantizer on the transposed tile, the
+// channel-major packing along tokens, and the decode of a tile row with its norm.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -151,8 +151,8 @@ void CheckCacheParams(const CacheParams& c, const char* what) {
   KVQ_CHECK(c.quantized(), kInvalidArgument, what,
             ": the cache format is bf16 (not quantized); the bf16 baseline has no history "
             "pages to write");
-  CheckFusedFormat(c.key, what);
-  CheckFusedFormat(c.value, what);
+  CheckFusedFormat(c.key, (std::string(what) + " (key)").c_str());
+  CheckFusedFormat(c.value, (std::string(what) + " (value)").c_str());
   KVQ_CHECK(c.num_kv_heads <= 65535, kInvalidArgument, what, ": num_kv_heads ", c.num_kv_heads,
             " exceeds 65535");
 }

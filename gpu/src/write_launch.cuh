@@ -27,7 +27,7 @@ cudaError_t LaunchThreads(void (*kernel)(Args), int64_t threads, cudaStream_t st
   return launch::LaunchKernel(kernel, grid, dim3(kStageBlock), 0, stream, programmatic, args);
 }
 
-// ---- Device helpers of the write kernels ---------------------------------------------------------
+// ---- Device helpers of the write kernels -------------------------------------------------------
 
 // ORs `bit` into *flags (when there are flags and the caller is the row's leader lane).
 __device__ __forceinline__ void RaiseFlag(int* flags, int bit, bool leader = true) {

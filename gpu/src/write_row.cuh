@@ -385,7 +385,7 @@ __device__ __forceinline__ float ClipValue(float x, float tau) {
   return (x > tau) ? tau : ((x < -tau) ? -tau : x);
 }
 
-// ---- The norm's tree (spec/numerics.md §5.1) ----------------------------------------------------
+// ---- The norm's tree (spec/numerics.md §5.1) --------------------------------------------------
 
 // The spec's tree over squares[0, padded) in shared memory (padded a power of two, the squares
 // past the span already +0): for h = padded/2, ..., 1, squares[j] += squares[j + h] for j < h,

@@ -153,7 +153,8 @@ void ExpectTileWriteMatchesOracle(const WriteParams& p, const std::vector<float>
                            {"scale", AsTensor(want.scale, d)},
                            {"min", AsTensor(want.min, d)}};
   if (p.norm) expected.emplace_back("norm", AsTensor(want.norm));
-  const NamedTensors inputs = {{"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)}};
+  const NamedTensors inputs = {
+      {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)}};
   const size_t tiles = n / static_cast<size_t>(p.group);
   DeviceBuffer<float> dx_f32(x_f32);
   DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());

@@ -203,8 +203,8 @@ cudaError_t LaunchAppendCopy(const AppendCopyArgs& args, cudaStream_t stream);
 
 // The bf16 windows of a prefill, K and V in one launch: positions [0, sink_tokens) of x
 // [T, Hkv, d] into the sink [S0, Hkv, d], positions [recent_begin, tokens) into the recent ring
-// [W + F - 1, Hkv, d] at slot p % (W + F - 1) (`recent` holds the slot count). Rows are copied in 16-byte vectors (row_elems a multiple of 8,
-// every pointer 16-byte aligned).
+// [W + F - 1, Hkv, d] at slot p % (W + F - 1) (`recent` holds the slot count). Rows are copied
+// in 16-byte vectors (row_elems a multiple of 8, every pointer 16-byte aligned).
 struct PrefillWindowsArgs {
   const uint16_t* key = nullptr;
   const uint16_t* value = nullptr;
