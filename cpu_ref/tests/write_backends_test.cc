@@ -187,14 +187,8 @@ TEST_P(PipelineTest, QuantizeTokensMatchesScalar) {
             const std::vector<const float*> rots(static_cast<size_t>(heads), dense.data());
             const std::vector<cpu::QuantizedRows> want =
                 cpu::QuantizeTokens(cpu::ScalarBackend(), params, rots, x.data(), n);
-            std::vector<cpu::QuantizedRows> got;
-            try {
-              got = cpu::QuantizeTokens(backend, params, rots, x.data(), n);
-            } catch (const Error& e) {
-              // A backend without spec 1.1's kernels yet (CUDA) refuses with kUnsupported.
-              if (e.code() != ErrorCode::kUnsupported) throw;
-              GTEST_SKIP() << backend.name << ": " << e.what();
-            }
+            const std::vector<cpu::QuantizedRows> got =
+                cpu::QuantizeTokens(backend, params, rots, x.data(), n);
             for (int h = 0; h < heads; ++h) {
               ASSERT_TRUE(testbed::AllBitsEqual(
                   "QuantizeTokens " + testbed::Describe(p) + " head " + std::to_string(h) + "/" +

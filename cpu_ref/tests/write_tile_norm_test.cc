@@ -1,8 +1,8 @@
-// Spec 1.1's write-path rules with known answers, on every CPU backend (the stage tests of
-// write_backends_test.cc hold each backend to the scalar bits; these hold the scalar to the
-// spec's text): the tree order of the norm, the zero row and the overflow, the tile quantizer as
-// spec 1.0's quantizer on the transposed tile, the channel-major packing along tokens, and the
-// decode of a tile row with its norm.
+// Spec 1.1's write-path rules with known answers, on every backend, CUDA included where a
+// device is present (the stage tests of write_backends_test.cc hold each backend to the scalar
+// bits; these hold the scalar to the spec's text): the tree order of the norm, the zero row and
+// the overflow, the tile quantizer as spec 1.0's quantizer on the transposed tile, the
+// channel-major packing along tokens, and the decode of a tile row with its norm.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,7 +61,7 @@ TEST(NormStage, FollowsTheTreeOrderOfTheSpec) {
       found = LiteralTreeNorm(row.data(), m) != SequentialNorm(row.data(), m);
     }
     ASSERT_TRUE(found) << "no row found where the summation order changes n^ (m = " << m << ")";
-    for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+    for (const Backend* backend : testbed::TestBackends()) {
       std::vector<float> x = row;
       uint16_t norm = 0;
       backend->write.norm(x.data(), &norm, 1, p);
@@ -87,7 +87,7 @@ TEST(NormStage, ZeroRowOneAndOverflow) {
     rows[2 * d + j] = j == 5 ? -1.0f : 0.0f;              // norm exactly 1
     rows[3 * d + j] = j == 9 ? 0x1p64f : 1.0f;            // square 2^128 overflows
   }
-  for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+  for (const Backend* backend : testbed::TestBackends()) {
     std::vector<float> x = rows;
     uint16_t norm[4];
     backend->write.norm(x.data(), norm, 4, p);
@@ -114,7 +114,7 @@ TEST(NormStage, DenormMultipliesByTheStoredNorm) {
   std::vector<float> y(3 * 128);
   for (float& v : y) v = rng.Uniform();
   const uint16_t norms[3] = {Bf16FromF32(3.5f), 0, Bf16FromF32(1e-30f)};
-  for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+  for (const Backend* backend : testbed::TestBackends()) {
     std::vector<float> got = y;
     backend->write.denorm(got.data(), norms, 3, p);
     for (size_t i = 0; i < got.size(); ++i) {
@@ -159,7 +159,7 @@ TEST(TileQuantizer, IsTheTokenQuantizerOnTheTransposedTile) {
         std::vector<uint16_t> want_scale(n * d / gk), want_min(n * d / gk);
         ScalarBackend().write.quantize(t.data(), want_codes.data(), want_scale.data(),
                                        want_min.data(), token_rows, token);
-        for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+        for (const Backend* backend : testbed::TestBackends()) {
           std::vector<uint8_t> codes(n * d);
           std::vector<uint16_t> scale(n * d / gk), min(n * d / gk);
           backend->write.quantize_tile(x.data(), codes.data(), scale.data(), min.data(), n, tile);
@@ -213,7 +213,7 @@ TEST(TilePacking, ChannelMajorSplitAlongTokens) {
             }
           }
         }
-        for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+        for (const Backend* backend : testbed::TestBackends()) {
           std::vector<uint8_t> packed(want.size()), back(codes.size());
           backend->write.pack_tile(codes.data(), packed.data(), n, p);
           ASSERT_EQ(packed, want) << backend->name << " " << testbed::Describe(p);
@@ -239,7 +239,7 @@ TEST(TileDecode, RowsMidTileAndTheNorm) {
   const size_t n = 64;
   std::vector<float> x(n * 128);
   for (float& v : x) v = rng.Bell() * 3.0f;
-  for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+  for (const Backend* backend : testbed::TestBackends()) {
     const QuantizedRows q = QuantizeRows(*backend, p, nullptr, x.data(), n);
     const EncodedRows e = EncodeRows(*backend, p, nullptr, x.data(), n);
     ASSERT_EQ(e.plane[0], q.packed);
@@ -278,7 +278,7 @@ TEST(TokenScopeNorm, OneNormOverTheHeadsRowsEndToEnd) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = rng.Bell() * (i % (heads * d) < d ? 10.0f : 1.0f);
   const std::vector<WriteParams> params(heads, p);
   const std::vector<const float*> rotations(heads, nullptr);
-  for (const Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+  for (const Backend* backend : testbed::TestBackends()) {
     const std::vector<QuantizedRows> q = QuantizeTokens(*backend, params, rotations, x.data(), n);
     bool differs_from_per_head = false;
     for (size_t r = 0; r < n; ++r) {

@@ -53,13 +53,33 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 #define KVQ_REQUIRE_POINTER(ptr, what) \
   KVQ_CHECK((ptr) != nullptr, kInvalidArgument, what, ": " #ptr " is null")
 
-// The fused kernel writes the affine_token format (write_fused.cu): refuse any other.
+// The fused kernels write the affine_token format (write_fused.cu; G of 32, 64, 128 channels or
+// G = d) and the affine_tile format (write_tile.cu; identity or FWHT rotations, a norm per KV
+// head or per token over all of them): refuse anything else, naming it.
 void CheckFusedFormat(const WriteParams& p, const char* what) {
-  KVQ_CHECK(p.format == Format::kAffineToken, kUnsupported, what,
-            ": the CUDA fused write stores the affine_token format, not ", FormatName(p.format));
-  KVQ_CHECK(IsSupportedGroup(p.group), kUnsupported, what, ": group ", p.group,
-            " (G = d = 256, spec 1.1) has no CUDA fused write (32, 64 or 128)");
+  switch (p.format) {
+    case Format::kAffineToken:
+      KVQ_CHECK(IsSupportedGroup(p.group, p.head_dim), kUnsupported, what, ": group ", p.group,
+                " has no CUDA fused write (32, 64 or 128 channels, or G = d)");
+      break;
+    case Format::kAffineTile:
+      KVQ_CHECK(p.rotation != RotationKind::kDense, kUnsupported, what,
+                ": the CUDA tile write takes identity or FWHT rotations, not a dense one");
+      KVQ_CHECK(!p.norm || static_cast<int64_t>(p.norm_span()) <= kMaxNormSpan, kUnsupported,
+                what, ": a norm over ", p.norm_heads, " KV heads of d = ", p.head_dim,
+                " spans more than the CUDA limit of ", kMaxNormSpan, " values");
+      break;
+    default:
+      KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores the affine_token and "
+                "affine_tile formats, not ", FormatName(p.format));
+  }
   CheckKernelLayout(p, what);
+}
+
+// The launcher of p's format.
+cudaError_t DispatchWrite(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
+  if (p.format == Format::kAffineTile) return DispatchTileWrite(p.head_dim, a, stream);
+  return DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream);
 }
 
 // The fields of FusedWriteArgs that come from WriteParams and per-head data: `a` with the
@@ -77,6 +97,10 @@ FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
   a.rotation = MakeRotationArgs(p, heads);
   a.clip = p.clip;
   a.clip_per_head = heads.clip;
+  a.tile_tokens = p.format == Format::kAffineTile ? p.group : 0;
+  a.bits = p.bits;
+  a.norm = p.norm;
+  a.norm_shared = p.norm && p.norm_heads > 1;  // the token scope (the cache checked Hkv)
   const FormatLayout layout = LayoutOf(p);
   for (int i = 0; i < kMaxPlanes; ++i) {
     KVQ_CHECK(i >= layout.num_planes || planes[i] != nullptr, kInvalidArgument, what,
@@ -96,6 +120,14 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
   KVQ_CHECK(Aligned16(x), kInvalidArgument, kWhat, ": input rows are not 16-byte aligned");
   HeadData heads;
   heads.rotation = rotation;
+  if (p.format == Format::kAffineTile) {
+    KVQ_CHECK(rows % p.group == 0, kInvalidArgument, kWhat, ": ", rows,
+              " rows is not a whole number of tiles of ", p.group, " tokens");
+    KVQ_CHECK(out.rotated == nullptr && out.tau == nullptr, kInvalidArgument, kWhat,
+              ": the tile write has no rotated / tau outputs (affine_token only)");
+    KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, kWhat, ": a norm over ",
+              p.norm_heads, " KV heads needs every head's rows (the paged cache writes)");
+  }
   FusedWriteArgs a = WriteArgsFor(p, heads, out.planes, FusedWriteArgs(), kWhat);
   a.x = x;
   a.x_is_bf16 = bf16;
@@ -106,7 +138,7 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
   a.rotated = out.rotated;
   a.tau = out.tau;
   a.error_flags = error_flags;
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream), kWhat, p);
+  KVQ_CHECK_LAUNCH(DispatchWrite(p, a, stream), kWhat, p);
 }
 
 void CheckPool(const PagePool& pool, const char* what) {
@@ -119,43 +151,47 @@ void CheckCacheParams(const CacheParams& c, const char* what) {
   KVQ_CHECK(c.quantized(), kInvalidArgument, what,
             ": the cache format is bf16 (not quantized); the bf16 baseline has no history "
             "pages to write");
-  KVQ_CHECK(c.flush == 1, kUnsupported, what, ": flush F = ", c.flush,
-            " (the CUDA write path demotes one token at a time: F = 1 only)");
-  KVQ_CHECK(c.recent >= 1, kUnsupported, what, ": recent window W = 0 (spec 1.1; the CUDA "
-            "write path keeps a recent ring of W >= 1 tokens)");
-  CheckFusedFormat(c.key, what);
-  CheckFusedFormat(c.value, what);
+  CheckFusedFormat(c.key, (std::string(what) + " (key)").c_str());
+  CheckFusedFormat(c.value, (std::string(what) + " (value)").c_str());
   KVQ_CHECK(c.num_kv_heads <= 65535, kInvalidArgument, what, ": num_kv_heads ", c.num_kv_heads,
             " exceeds 65535");
 }
 
 // The arguments of a history write (prefill or demotion) of K or V: `a` with the rotation,
 // clip and pool of that tensor (validated; a null plane is named).
+// A flush (kFlush) takes the batch in num_tokens: a row of F per sequence for the per-token
+// write, a tile of them for the tile write (F / G_k blocks a sequence, write.h).
 FusedWriteArgs HistoryArgs(const WriteParams& p, const HeadData& heads, const PagePool& pool,
                            FusedWriteArgs a, const char* what) {
   a = WriteArgsFor(p, heads, pool.planes, a, what);
   a.num_pages = pool.num_pages;
+  if (a.mode == WriteMode::kFlush && p.format != Format::kAffineTile) {
+    KVQ_CHECK(static_cast<int64_t>(a.num_tokens) * a.flush <= INT_MAX, kInvalidArgument, what,
+              ": batch ", a.num_tokens, " x flush ", a.flush, " rows exceed ", INT_MAX);
+    a.num_tokens *= a.flush;
+  }
   return a;
 }
 
 // The key and the value history writes of `base` (rows key_rows / value_rows). Both are
 // validated before the key launch is queued, so a bad value argument writes nothing; the value
 // launch overlaps the key launch's tail (they share nothing but the error flags' atomic OR).
+// key_new / value_new: a flush's new rows (kFlush with W = 0), else null.
 void LaunchHistories(const CacheParams& c, const HeadData& key_heads, const HeadData& value_heads,
                      const PagePool& key_pool, const PagePool& value_pool, FusedWriteArgs base,
-                     const void* key_rows, const void* value_rows, const char* what,
-                     cudaStream_t stream) {
+                     const void* key_rows, const void* value_rows, const void* key_new,
+                     const void* value_new, const char* what, cudaStream_t stream) {
   const std::string key_what = std::string(what) + " (key)";
   const std::string value_what = std::string(what) + " (value)";
   base.x = key_rows;
+  base.new_rows = key_new;
   const FusedWriteArgs k = HistoryArgs(c.key, key_heads, key_pool, base, key_what.c_str());
   base.x = value_rows;
+  base.new_rows = value_new;
   base.overlap_previous = true;
   const FusedWriteArgs v = HistoryArgs(c.value, value_heads, value_pool, base, value_what.c_str());
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(c.key.head_dim, c.key.group, c.key.bits, k, stream),
-                   key_what.c_str(), c.key);
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(c.value.head_dim, c.value.group, c.value.bits, v, stream),
-                   value_what.c_str(), c.value);
+  KVQ_CHECK_LAUNCH(DispatchWrite(c.key, k, stream), key_what.c_str(), c.key);
+  KVQ_CHECK_LAUNCH(DispatchWrite(c.value, v, stream), value_what.c_str(), c.value);
 }
 
 }  // namespace
@@ -231,8 +267,9 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
 
   // Everything is validated before the first launch. The history goes first (two long
   // launches), then both tensors' bf16 windows in one short one: queued behind the history,
-  // the window launch costs the stream no idle time.
-  const int history = tokens - c.recent - c.sink;
+  // the window launch costs the stream no idle time. The history is [S0, S0 + H(T)), whole
+  // flushes (and so whole tiles).
+  const int history = static_cast<int>(c.HistoryTokens(tokens));
   if (history > 0) {
     KVQ_REQUIRE_POINTER(page_table, kWhat);
     CheckPool(key_pool, kWhat);
@@ -243,9 +280,9 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
   w.value = value;
   w.row_elems = static_cast<int64_t>(row_elems);
   w.sink_tokens = std::min(c.sink, tokens);
-  w.recent_begin = std::max(w.sink_tokens, tokens - c.recent);  // tokens when all are sink
+  w.recent_begin = static_cast<int>(c.RecentBegin(tokens));  // tokens when all are sink
   w.tokens = tokens;
-  w.recent = c.recent;
+  w.recent = c.ring_slots();
   if (w.sink_tokens > 0) {
     KVQ_REQUIRE_POINTER(windows.sink_key, kWhat);
     KVQ_REQUIRE_POINTER(windows.sink_value, kWhat);
@@ -272,8 +309,8 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
     a.page_table = page_table;
     a.page_size_log2 = Log2(c.page_size);
     a.error_flags = error_flags;
-    LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, key, value, kWhat,
-                    stream);
+    LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, key, value, nullptr,
+                    nullptr, kWhat, stream);
     w.overlap_previous = true;  // shares nothing with the value launch
   }
 
@@ -294,8 +331,11 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   KVQ_REQUIRE_POINTER(key, kWhat);
   KVQ_REQUIRE_POINTER(value, kWhat);
   KVQ_REQUIRE_POINTER(lengths, kWhat);
-  KVQ_REQUIRE_POINTER(windows.recent_key, kWhat);
-  KVQ_REQUIRE_POINTER(windows.recent_value, kWhat);
+  const int ring = c.ring_slots();  // W + F - 1; 0 with W = 0 and F = 1 (no recent rows)
+  if (ring > 0) {
+    KVQ_REQUIRE_POINTER(windows.recent_key, kWhat);
+    KVQ_REQUIRE_POINTER(windows.recent_value, kWhat);
+  }
   if (c.sink > 0) {
     KVQ_REQUIRE_POINTER(windows.sink_key, kWhat);
     KVQ_REQUIRE_POINTER(windows.sink_value, kWhat);
@@ -313,22 +353,30 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
             ": page_tables is null with max_pages ", max_pages);
   CheckPool(key_pool, kWhat);
   CheckPool(value_pool, kWhat);
+  // F = 1 with W >= 1 demotes one ring row per sequence (kAppend, spec 1.0's rule); any other
+  // window rule flushes F rows (or none), the step's own row among them when W = 0 (kFlush).
+  const bool flush = c.flush > 1 || c.recent == 0;
   FusedWriteArgs a;
   a.x_is_bf16 = true;
   a.num_heads = c.num_kv_heads;
   a.num_tokens = batch;
   a.token_stride = row_elems;
-  a.mode = WriteMode::kAppend;
+  a.mode = flush ? WriteMode::kFlush : WriteMode::kAppend;
   a.page_table = page_tables;
   a.page_table_stride = max_pages;
   a.page_size_log2 = Log2(c.page_size);
   a.seq_lengths = lengths;
   a.sink = c.sink;
   a.recent = c.recent;
-  a.seq_stride = static_cast<int64_t>(c.recent) * row_elems;
+  a.seq_stride = static_cast<int64_t>(ring) * row_elems;
+  a.flush = c.flush;
+  a.ring_slots = ring;
   a.error_flags = error_flags;
-  LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, windows.recent_key,
-                  windows.recent_value, kWhat, stream);
+  // With no ring (W = 0, F = 1) the rows read are the step's own: x names them too, so that
+  // every pointer a kernel may touch is a real one.
+  LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a,
+                  ring > 0 ? windows.recent_key : key, ring > 0 ? windows.recent_value : value,
+                  flush ? key : nullptr, flush ? value : nullptr, kWhat, stream);
 
   AppendCopyArgs copy;
   copy.key = key;
@@ -342,7 +390,9 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   copy.num_heads = c.num_kv_heads;
   copy.head_dim = c.head_dim();
   copy.sink = c.sink;
-  copy.recent = c.recent;
+  copy.recent = ring;
+  copy.window = c.recent;
+  copy.flush = c.flush;
   copy.error_flags = error_flags;
   copy.overlap_previous = true;  // starts in the demotions' tail, waits for them before a row
   KVQ_CHECK_LAUNCH(LaunchAppendCopy(copy, stream), kWhat, c.key);

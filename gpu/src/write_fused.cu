@@ -33,7 +33,9 @@ namespace {
 
 using detail::kFullMask;
 using detail::LaneId;
+using write_launch::FlushRange;
 using write_launch::IsPowerOfTwo;
+using write_launch::RaiseFlag;
 
 constexpr int kThreads = 256;  // fused kernel block: 8 warps
 constexpr int kWarps = kThreads / 32;
@@ -61,7 +63,12 @@ struct TileTraits {
   static_assert(kStagingVectors % kThreads == 0, "every thread stages whole chunks");
 };
 
-// ---- Row addressing of the three modes --------------------------------------------------------
+// ---- Row addressing of the modes ----------------------------------------------------------------
+
+// kFlush: the positions of sequence b's flush (write_launch.cuh).
+__device__ __forceinline__ FlushRange FlushRangeOf(const FusedWriteArgs& a, int len) {
+  return write_launch::FlushRangeOf(len, a.sink, a.recent, a.flush);
+}
 
 // Source of row (t, head), or null when the row is not written (append without demotion, bad
 // length). Elements, not bytes. kMode: the write mode, when the caller knows it at compile time
@@ -73,11 +80,22 @@ __device__ __forceinline__ const T* RowSourceIn(const FusedWriteArgs& a, int t, 
     return x + static_cast<int64_t>(t) * a.token_stride + static_cast<int64_t>(head) * d;
   } else if constexpr (kMode == WriteMode::kPrefill) {
     return x + (a.first_token + t) * a.token_stride + static_cast<int64_t>(head) * d;
-  } else {
+  } else if constexpr (kMode == WriteMode::kAppend) {
     const int len = a.seq_lengths[t];
     if (len < 0 || len - a.recent < a.sink) return nullptr;
     return x + static_cast<int64_t>(t) * a.seq_stride +
            static_cast<int64_t>(len % a.recent) * a.token_stride +
+           static_cast<int64_t>(head) * d;
+  } else {
+    const int b = t / a.flush;
+    const FlushRange f = FlushRangeOf(a, a.seq_lengths[b]);
+    const int64_t p = f.begin + t % a.flush;
+    if (p >= f.end) return nullptr;
+    if (p < f.len) {
+      return x + static_cast<int64_t>(b) * a.seq_stride +
+             (p % a.ring_slots) * a.token_stride + static_cast<int64_t>(head) * d;
+    }
+    return static_cast<const T*>(a.new_rows) + static_cast<int64_t>(b) * a.token_stride +
            static_cast<int64_t>(head) * d;
   }
 }
@@ -88,6 +106,7 @@ __device__ __forceinline__ const T* RowSource(const FusedWriteArgs& a, int t, in
     case WriteMode::kRows: return RowSourceIn<WriteMode::kRows, T>(a, t, head, d);
     case WriteMode::kPrefill: return RowSourceIn<WriteMode::kPrefill, T>(a, t, head, d);
     case WriteMode::kAppend: return RowSourceIn<WriteMode::kAppend, T>(a, t, head, d);
+    case WriteMode::kFlush: return RowSourceIn<WriteMode::kFlush, T>(a, t, head, d);
   }
   return nullptr;
 }
@@ -96,11 +115,6 @@ struct RowDestination {
   int64_t row = -1;  // row index into the planes (codes [.., d*b/8], scale/min [.., d/G]); -1: skip
   int64_t flat_row = -1;  // kRows: index for the optional rotated / tau outputs
 };
-
-// `leader`: one lane per row raises it.
-__device__ __forceinline__ void RaiseFlag(int* flags, int bit, bool leader) {
-  if (flags != nullptr && leader) atomicOr(flags, bit);
-}
 
 // Where row (t, head) is stored in mode kMode; `leader` raises the row's error flags.
 template <WriteMode kMode>
@@ -117,6 +131,18 @@ __device__ __forceinline__ RowDestination ResolveDestinationIn(const FusedWriteA
     if constexpr (kMode == WriteMode::kPrefill) {
       history_index = t;  // the caller sized the table ceil(history / P)
       table = a.page_table;
+    } else if constexpr (kMode == WriteMode::kFlush) {
+      const int b = t / a.flush;
+      const int len = a.seq_lengths[b];
+      if (len < 0) {
+        RaiseFlag(a.error_flags, kErrorFlagBadLength, leader);
+        return dest;
+      }
+      const FlushRange f = FlushRangeOf(a, len);
+      const int64_t p = f.begin + t % a.flush;
+      if (p >= f.end) return dest;  // nothing (or fewer rows) to flush in this step
+      history_index = p - a.sink;
+      table = a.page_table + static_cast<int64_t>(b) * a.page_table_stride;
     } else {
       const int len = a.seq_lengths[t];
       if (len < 0) {
@@ -128,7 +154,8 @@ __device__ __forceinline__ RowDestination ResolveDestinationIn(const FusedWriteA
       table = a.page_table + static_cast<int64_t>(t) * a.page_table_stride;
     }
     const int64_t page_index = history_index >> a.page_size_log2;
-    if (kMode == WriteMode::kAppend && page_index >= a.page_table_stride) {
+    if ((kMode == WriteMode::kAppend || kMode == WriteMode::kFlush) &&
+        page_index >= a.page_table_stride) {
       RaiseFlag(a.error_flags, kErrorFlagBadPage, leader);
       return dest;
     }
@@ -149,6 +176,7 @@ __device__ __forceinline__ RowDestination ResolveDestination(const FusedWriteArg
     case WriteMode::kRows: return ResolveDestinationIn<WriteMode::kRows>(a, t, head, leader);
     case WriteMode::kPrefill: return ResolveDestinationIn<WriteMode::kPrefill>(a, t, head, leader);
     case WriteMode::kAppend: return ResolveDestinationIn<WriteMode::kAppend>(a, t, head, leader);
+    case WriteMode::kFlush: return ResolveDestinationIn<WriteMode::kFlush>(a, t, head, leader);
   }
   return RowDestination();
 }
@@ -524,13 +552,20 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (args.mode != WriteMode::kRows && args.mode != WriteMode::kPrefill &&
-      args.mode != WriteMode::kAppend) {
+      args.mode != WriteMode::kAppend && args.mode != WriteMode::kFlush) {
     return cudaErrorInvalidValue;
   }
   if (args.mode != WriteMode::kRows && (args.page_size_log2 < 4 || args.page_size_log2 > 10)) {
     return cudaErrorInvalidValue;
   }
   if (args.mode == WriteMode::kAppend && (args.seq_lengths == nullptr || args.recent < 1)) {
+    return cudaErrorInvalidValue;
+  }
+  if (args.mode == WriteMode::kFlush &&
+      (args.seq_lengths == nullptr || args.flush < 1 || args.recent < 0 || args.sink < 0 ||
+       args.ring_slots != args.recent + args.flush - 1 ||
+       (args.recent == 0 && (args.new_rows == nullptr ||
+                             reinterpret_cast<uintptr_t>(args.new_rows) % 16 != 0)))) {
     return cudaErrorInvalidValue;
   }
   // 16-byte vector loads of the rows.
@@ -550,8 +585,10 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
       kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kPrefill>;
     } else if (args.mode == WriteMode::kAppend) {
       kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kAppend>;
+    } else if (args.mode == WriteMode::kFlush) {
+      kernel = FusedWriteStreamKernel<HEAD_DIM, GROUP, BITS, WriteMode::kFlush>;
     }
-    static LaunchCache caches[3];
+    static LaunchCache caches[4];
     LaunchCache& cache = caches[static_cast<int>(args.mode)];
     int resident = 0;
     const cudaError_t prepared = PrepareKernel(cache, kernel, 0, &resident);
@@ -623,5 +660,6 @@ KVQ_INSTANTIATE_FUSED_BITS(128, 128)
 KVQ_INSTANTIATE_FUSED_BITS(256, 32)
 KVQ_INSTANTIATE_FUSED_BITS(256, 64)
 KVQ_INSTANTIATE_FUSED_BITS(256, 128)
+KVQ_INSTANTIATE_FUSED_BITS(256, 256)  // G = d (SAW-INT4, spec 1.1)
 
 }  // namespace kvq::gpu

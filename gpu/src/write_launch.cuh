@@ -27,6 +27,36 @@ cudaError_t LaunchThreads(void (*kernel)(Args), int64_t threads, cudaStream_t st
   return launch::LaunchKernel(kernel, grid, dim3(kStageBlock), 0, stream, programmatic, args);
 }
 
+// ---- Device helpers of the write kernels -------------------------------------------------------
+
+// ORs `bit` into *flags (when there are flags and the caller is the row's leader lane).
+__device__ __forceinline__ void RaiseFlag(int* flags, int bit, bool leader = true) {
+  if (flags != nullptr && leader) atomicOr(flags, bit);
+}
+
+// The window rule (spec/cache.md §2, CacheParams::HistoryTokens): H(t) =
+// F * floor(max(0, t - S0 - W) / F) history tokens at length t.
+__device__ __forceinline__ int64_t HistoryTokensAt(int64_t t, int sink, int recent, int flush) {
+  const int64_t over = t - sink - recent;
+  return over <= 0 ? 0 : over / flush * flush;
+}
+
+// The positions [begin, end) that enter the history in the decode step of a sequence of length
+// `len` (before the append): [S0 + H(len), S0 + H(len + 1)), F of them or none.
+struct FlushRange {
+  int64_t len = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+__device__ __forceinline__ FlushRange FlushRangeOf(int len, int sink, int recent, int flush) {
+  FlushRange f;
+  f.len = len;
+  if (len < 0) return f;
+  f.begin = sink + HistoryTokensAt(len, sink, recent, flush);
+  f.end = sink + HistoryTokensAt(static_cast<int64_t>(len) + 1, sink, recent, flush);
+  return f;
+}
+
 }  // namespace kvq::gpu::write_launch
 
 // KVQ_DISPATCH_*: map a runtime value onto a constexpr one; anything else returns
@@ -38,11 +68,13 @@ cudaError_t LaunchThreads(void (*kernel)(Args), int64_t threads, cudaStream_t st
     case 256: { constexpr int NAME = 256; __VA_ARGS__ } \
     default: return cudaErrorInvalidValue;         \
   }
+// 256: G = d at d = 256 (spec 1.1); the launchers refuse a group above their head_dim.
 #define KVQ_DISPATCH_GROUP(value, NAME, ...)       \
   switch (value) {                                 \
     case 32: { constexpr int NAME = 32; __VA_ARGS__ }   \
     case 64: { constexpr int NAME = 64; __VA_ARGS__ }   \
     case 128: { constexpr int NAME = 128; __VA_ARGS__ } \
+    case 256: { constexpr int NAME = 256; __VA_ARGS__ } \
     default: return cudaErrorInvalidValue;         \
   }
 #define KVQ_DISPATCH_BITS(value, NAME, ...)        \

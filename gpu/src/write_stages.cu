@@ -194,6 +194,120 @@ __global__ void DequantizeKernel(const __grid_constant__ StageArgs a) {
   Arg<float>(a, arg::y)[idx] = __fadd_rn(__fmul_rn(code, sf), mf);
 }
 
+
+// ---- Spec 1.1: the norm and the affine_tile codec ----------------------------------------------
+
+// A block per span of m = d * norm_heads values (numerics.md §5.1): the squares into shared
+// memory, padded with +0 to M = `padded` (a power of two), the spec's tree (BlockTreeSum),
+// n^ = bf16(sqrtf(S)), and the span divided by n^ (IEEE), +0 everywhere when n^ = 0.
+__global__ void NormKernel(const __grid_constant__ StageArgs a, int padded) {
+  namespace arg = stage_arg::Norm;
+  extern __shared__ float squares[];
+  const int m = a.params.head_dim * a.params.norm_heads;
+  float* x = Arg<float>(a, arg::x) + static_cast<int64_t>(blockIdx.x) * m;
+  for (int j = threadIdx.x; j < padded; j += blockDim.x) {
+    squares[j] = j < m ? __fmul_rn(x[j], x[j]) : +0.0f;
+  }
+  __syncthreads();
+  const uint16_t bits = Bf16FromF32(__fsqrt_rn(detail::BlockTreeSum(squares, padded)));
+  const float stored = F32FromBf16(bits);
+  if (threadIdx.x == 0) Arg<uint16_t>(a, arg::norm)[blockIdx.x] = bits;
+  for (int j = threadIdx.x; j < m; j += blockDim.x) x[j] = detail::Normalize(x[j], stored);
+}
+
+// Thread per element: y <- y * n^ of its row, one rounding.
+__global__ void DenormKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Denorm;
+  const int64_t d = a.params.head_dim;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * d) return;
+  const float stored = F32FromBf16(Arg<const uint16_t>(a, arg::norm)[idx / d]);
+  float* y = Arg<float>(a, arg::y);
+  y[idx] = __fmul_rn(y[idx], stored);
+}
+
+// Thread per (tile, channel): spec §5's rule on the channel's G_k values of the tile (the
+// transposed tile's row), as the scalar QuantizeGroup writes it; codes stay token-major.
+__global__ void QuantizeTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::QuantizeTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * d) return;
+  const int64_t t = idx / d;
+  const int64_t j = idx % d;
+  const float levels = static_cast<float>((1 << a.params.bits) - 1);
+  const float* x = Arg<const float>(a, arg::x) + t * tile * d + j;
+  uint8_t* codes = Arg<uint8_t>(a, arg::codes) + t * tile * d + j;
+  const detail::StoredPair pair = detail::StridedGroupPair(x, static_cast<int>(tile), d, levels);
+  Arg<uint16_t>(a, arg::scale)[idx] = pair.scale;
+  Arg<uint16_t>(a, arg::min)[idx] = pair.min;
+  const float sf = F32FromBf16(pair.scale);
+  const float mf = F32FromBf16(pair.min);
+  for (int64_t r = 0; r < tile; ++r) {
+    uint8_t code = 0;
+    if (sf != 0.0f) {
+      float c = rintf(__fdiv_rn(__fsub_rn(x[r * d], mf), sf));  // half to even
+      c = (c < 0.0f) ? 0.0f : ((c > levels) ? levels : c);
+      code = static_cast<uint8_t>(c);
+    }
+    codes[r * d] = code;
+  }
+}
+
+// Thread per packed byte (tile t, channel j, byte i): the split rule along the tokens.
+__global__ void PackTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::PackTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int bits = a.params.bits;
+  const int64_t slice = tile * bits / 8;  // bytes per channel of a tile
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * d * slice) return;
+  const int64_t i = idx % slice;
+  const int64_t j = (idx / slice) % d;
+  const int64_t t = idx / (slice * d);
+  const uint8_t* codes = Arg<const uint8_t>(a, arg::codes);
+  unsigned byte = 0;
+  for (int part = 0; part < 8 / bits; ++part) {
+    const int64_t token = t * tile + part * slice + i;
+    byte |= static_cast<unsigned>(codes[token * d + j]) << (part * bits);
+  }
+  Arg<uint8_t>(a, arg::packed)[idx] = static_cast<uint8_t>(byte);
+}
+
+// Thread per code (token row, channel j).
+__global__ void UnpackTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::UnpackTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int bits = a.params.bits;
+  const int64_t slice = tile * bits / 8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * tile * d) return;
+  const int64_t row = idx / d;
+  const int64_t j = idx % d;
+  const int64_t t = row / tile;
+  const int64_t r = row % tile;
+  const unsigned byte = Arg<const uint8_t>(a, arg::packed)[(t * d + j) * slice + r % slice];
+  Arg<uint8_t>(a, arg::codes)[idx] =
+      static_cast<uint8_t>((byte >> ((r / slice) * bits)) & ((1u << bits) - 1u));
+}
+
+// Thread per element: y = q * sf + mf with the pair of the row's tile and the channel.
+__global__ void DequantizeTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::DequantizeTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * tile * d) return;
+  const int64_t pair = (idx / d) / tile * d + idx % d;
+  const float sf = F32FromBf16(Arg<const uint16_t>(a, arg::scale)[pair]);
+  const float mf = F32FromBf16(Arg<const uint16_t>(a, arg::min)[pair]);
+  const float code = static_cast<float>(Arg<const uint8_t>(a, arg::codes)[idx]);
+  Arg<float>(a, arg::y)[idx] = __fadd_rn(__fmul_rn(code, sf), mf);
+}
+
 // ---- Launch checks ----------------------------------------------------------------------------
 
 // What every stage needs: rows >= 0, a supported head_dim and a grid that fits.
@@ -204,9 +318,15 @@ cudaError_t CheckRows(const StageArgs& a) {
   return cudaSuccess;
 }
 bool SupportedBits(const StageArgs& a) { return a.params.bits == 2 || a.params.bits == 4; }
+// 32, 64 or 128 channels (at most d), or G = d (one pair a row, spec 1.1).
 bool SupportedGroup(const StageArgs& a) {
   const int g = a.params.group;
-  return (g == 32 || g == 64 || g == 128) && g <= a.params.head_dim;
+  return ((g == 32 || g == 64 || g == 128) && g <= a.params.head_dim) || g == a.params.head_dim;
+}
+// affine_tile: G_k tokens a tile (32, 64 or 128), and whole tiles (StageRowMultiple).
+bool SupportedTile(const StageArgs& a) {
+  const int64_t g = a.params.group;
+  return (g == 32 || g == 64 || g == 128) && a.rows % g == 0;
 }
 // Blocks of a thread-per-element kernel, and of a slice-per-row kernel (d/16 threads a row).
 int64_t ElementBlocks(const StageArgs& a) {
@@ -300,22 +420,61 @@ cudaError_t LaunchDequantizeStage(const StageArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-#undef KVQ_STAGE_PROLOGUE
+cudaError_t LaunchNormStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  const int64_t m = static_cast<int64_t>(a.params.head_dim) * a.params.norm_heads;
+  if (a.params.norm_heads < 1 || a.rows > INT32_MAX) return cudaErrorInvalidValue;
+  int64_t padded = 1;
+  while (padded < m) padded *= 2;
+  if (padded > kMaxNormSpan) return cudaErrorInvalidValue;
+  const size_t shared = static_cast<size_t>(padded) * sizeof(float);
+  if (shared > 48 * 1024) {
+    const cudaError_t raised = cudaFuncSetAttribute(
+        NormKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (raised != cudaSuccess) return raised;
+  }
+  NormKernel<<<static_cast<unsigned>(a.rows), kStageBlock, shared, stream>>>(
+      a, static_cast<int>(padded));
+  return cudaGetLastError();
+}
 
-// Spec 1.1's stages have no CUDA kernel yet (the GPU half of issue 17): refused with
-// cudaErrorNotSupported (kvq::Error kUnsupported), never a wrong result.
-cudaError_t LaunchNormStage(const StageArgs&, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t LaunchDenormStage(const StageArgs&, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t LaunchQuantizeTileStage(const StageArgs&, cudaStream_t) {
-  return cudaErrorNotSupported;
+cudaError_t LaunchDenormStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  DenormKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
 }
-cudaError_t LaunchPackTileStage(const StageArgs&, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t LaunchUnpackTileStage(const StageArgs&, cudaStream_t) {
-  return cudaErrorNotSupported;
+
+cudaError_t LaunchQuantizeTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedTile(a)) return cudaErrorInvalidValue;
+  QuantizeTileKernel<<<Blocks(a.rows / a.params.group * a.params.head_dim, kStageBlock),
+                       kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
 }
-cudaError_t LaunchDequantizeTileStage(const StageArgs&, cudaStream_t) {
-  return cudaErrorNotSupported;
+
+cudaError_t LaunchPackTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedTile(a)) return cudaErrorInvalidValue;
+  PackTileKernel<<<Blocks(a.rows * a.params.head_dim * a.params.bits / 8, kStageBlock),
+                   kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
 }
+
+cudaError_t LaunchUnpackTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedTile(a)) return cudaErrorInvalidValue;
+  UnpackTileKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDequantizeTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedTile(a)) return cudaErrorInvalidValue;
+  DequantizeTileKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+#undef KVQ_STAGE_PROLOGUE
 
 // Every stage of stages.inc: its launcher above (a stage without one does not link).
 cudaError_t DispatchStage(StageId stage, const StageArgs& a, cudaStream_t stream) {

@@ -13,7 +13,8 @@
 namespace kvq::gpu {
 namespace {
 
-// Thread per 16 bytes of a new token row: into the sink (position < S0) or the ring.
+// Thread per 16 bytes of a new token row: into the sink (position < S0) or the ring (slots
+// W + F - 1), unless the step's flush took it into the history (W = 0).
 __global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
   // overlap_previous: the demotions read the ring slots this kernel overwrites.
   launch::WaitForPrerequisiteGrid();
@@ -38,6 +39,11 @@ __global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
     uint16_t* sink = is_value ? a.sink_value : a.sink_key;
     dst = sink + (static_cast<int64_t>(b) * a.sink + len) * row_elems;
   } else {
+    // The new token stays recent unless this step's flush took it (W = 0): len >= S0 + H(len+1).
+    if (len < a.sink + write_launch::HistoryTokensAt(static_cast<int64_t>(len) + 1, a.sink,
+                                                      a.window, a.flush)) {
+      return;
+    }
     uint16_t* ring = is_value ? a.recent_value : a.recent_key;
     dst = ring + (static_cast<int64_t>(b) * a.recent + len % a.recent) * row_elems;
   }
@@ -76,7 +82,8 @@ __global__ void PrefillWindowsKernel(const __grid_constant__ PrefillWindowsArgs 
 }  // namespace
 
 cudaError_t LaunchAppendCopy(const AppendCopyArgs& a, cudaStream_t stream) {
-  if (a.batch < 0 || a.num_heads < 1 || a.recent < 1 || a.sink < 0 ||
+  if (a.batch < 0 || a.num_heads < 1 || a.window < 0 || a.flush < 1 ||
+      a.recent != a.window + a.flush - 1 || a.sink < 0 ||
       (a.head_dim != 64 && a.head_dim != 128 && a.head_dim != 256)) {
     return cudaErrorInvalidValue;
   }
@@ -88,7 +95,7 @@ cudaError_t LaunchAppendCopy(const AppendCopyArgs& a, cudaStream_t stream) {
 cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& a, cudaStream_t stream) {
   const bool sink = a.sink_tokens > 0;
   const bool recent = a.recent_begin < a.tokens;
-  if (a.sink_tokens < 0 || a.recent < 1 || a.row_elems < 8 || a.row_elems % 8 != 0 ||
+  if (a.sink_tokens < 0 || a.recent < 0 || a.row_elems < 8 || a.row_elems % 8 != 0 ||
       a.recent_begin < a.sink_tokens || a.tokens < a.recent_begin ||
       a.tokens - a.recent_begin > a.recent || a.key == nullptr || a.value == nullptr ||
       (sink && (a.sink_key == nullptr || a.sink_value == nullptr)) ||

@@ -68,13 +68,14 @@ inline std::vector<float> ClipRatios(int d) {
           (static_cast<float>(d) - 13.5f) / static_cast<float>(d), 0.5f, 0.001f};
 }
 
-// (d, G) pairs of the grid.
+// (d, G) pairs of the grid: G = d at d = 256 too (spec 1.1, SAW-INT4's one pair a row).
 struct Shape {
   int d;
   int group;
 };
 inline std::vector<Shape> Shapes() {
-  return {{64, 32}, {64, 64}, {128, 32}, {128, 64}, {128, 128}, {256, 32}, {256, 64}, {256, 128}};
+  return {{64, 32},  {64, 64},  {128, 32},  {128, 64},
+          {128, 128}, {256, 32}, {256, 64}, {256, 128}, {256, 256}};
 }
 
 }  // namespace kvq::gpu::testing

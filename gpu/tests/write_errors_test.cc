@@ -87,20 +87,36 @@ TEST(LauncherRefuses, UnsupportedStageConfigurations) {
 }
 
 // Every stage of the list (kvq/common/stages.inc) has a launcher: with no rows, each accepts a
-// valid configuration and launches nothing (never cudaErrorInvalidValue for a stage it lacks).
-// The stages of spec 1.1 whose CUDA kernels do not exist yet answer cudaErrorNotSupported
-// (kvq::Error kUnsupported, never a wrong result); this list may only shrink.
+// valid configuration and launches nothing (never cudaErrorInvalidValue for a stage it lacks,
+// never cudaErrorNotSupported: every stage of spec 1.1 has its CUDA kernel).
 TEST(LauncherRefuses, NoStageOfTheListIsMissing) {
-  const std::set<std::string> not_on_the_gpu_yet = {
-      "norm", "denorm", "quantize_tile", "pack_tile", "unpack_tile", "dequantize_tile"};
   for (const StageSpec& stage : AllStages()) {
     StageArgs a;
     a.rows = 0;
     a.fwht_block = 128;
-    const cudaError_t want =
-        not_on_the_gpu_yet.count(stage.name) ? cudaErrorNotSupported : cudaSuccess;
-    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), want) << stage.name;
+    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaSuccess) << stage.name;
   }
+}
+
+// The tile codec refuses a row count that is not a whole number of tiles, a tile outside
+// {32, 64, 128} and widths other than 2 and 4; the norm refuses a span above 32768 values.
+TEST(LauncherRefuses, UnsupportedTileAndNormConfigurations) {
+  StageArgs a;
+  a.rows = 48;  // not a multiple of the tile of 32
+  a.params = Write().head_dim(64).tile(32).bits(2).Unchecked();
+  for (StageId id : {StageId::kQuantizeTile, StageId::kPackTile, StageId::kUnpackTile,
+                     StageId::kDequantizeTile}) {
+    EXPECT_EQ(DispatchStage(id, a, nullptr), cudaErrorInvalidValue) << GetStage(id).name;
+  }
+  a.rows = 32;
+  a.params = Write().head_dim(64).tile(32).bits(3).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kPackTile, a, nullptr), cudaErrorInvalidValue);
+  a.params = Write().head_dim(64).tile(32).bits(2).Unchecked();
+  a.params.group = 16;
+  EXPECT_EQ(DispatchStage(StageId::kQuantizeTile, a, nullptr), cudaErrorInvalidValue);
+  a.rows = 1;
+  a.params = Write().head_dim(256).tile(32).bits(2).norm(true, 256).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kNorm, a, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(LauncherRefuses, InconsistentPrefillWindows) {
@@ -160,8 +176,9 @@ TEST(RuntimeApiRejects, InvalidWriteParams) {
 }
 
 // What the kernels do not serve is refused as kUnsupported, naming the value: a codec stage of
-// another format, a fused write or cache of a format the fused kernel does not store, F != 1.
-TEST(RuntimeApiRejects, UnsupportedFormatsAndFlush) {
+// another format, a fused write or cache of a format the fused kernels do not store, a dense
+// rotation on the tile write, a norm that spans more than kMaxNormSpan values.
+TEST(RuntimeApiRejects, UnsupportedFormats) {
   constexpr ErrorCode kUnsupported = ErrorCode::kUnsupported;
   const WriteParams bf16 = Write().format(Format::kBf16).Unchecked();
   alignas(16) static float x[128];
@@ -170,14 +187,26 @@ TEST(RuntimeApiRejects, UnsupportedFormatsAndFlush) {
   ExpectError([&] { Quantize(x, codes, meta, meta + 2, 1, bf16); }, kUnsupported, {"bf16"});
   RowOutputs out;
   ExpectError([&] { WriteRows(bf16, nullptr, x, 1, out); }, kUnsupported, {"bf16"});
-  const CacheParams c = Cache().flush(4).Unchecked();
   alignas(16) static uint16_t k[8];
+  const CacheParams dense_tile = Cache().sink(0).recent(1).flush(32).page(32)
+                                     .key(Write().tile(32).rotation(RotationKind::kDense))
+                                     .value(Write().group(32));
   ExpectError(
       [&] {
-        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
-                     Windows{});
+        PrefillWrite(dense_tile, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{},
+                     PagePool{}, Windows{});
       },
-      kUnsupported, {"flush F = 4"});
+      kUnsupported, {"(key)", "dense"});
+  const CacheParams wide_norm = Cache().kv_heads(256).q_heads(256).sink(0).recent(1).flush(32)
+                                    .page(32)
+                                    .key(Write().head_dim(256).tile(32).norm(true, 256))
+                                    .value(Write().head_dim(256).group(32));
+  ExpectError(
+      [&] {
+        PrefillWrite(wide_norm, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{},
+                     PagePool{}, Windows{});
+      },
+      kUnsupported, {"norm over 256 KV heads", "32768"});
 }
 
 TEST(RuntimeApiRejects, InvalidCacheParams) {

@@ -1,6 +1,8 @@
-// The fused CUDA write kernel (WriteRows) against cpu::QuantizeRows on the scalar backend,
+// The fused CUDA write kernels (WriteRows) against cpu::QuantizeRows on the scalar backend,
 // bit for bit: rotated rows, clip thresholds, packed codes, bf16 scale and min, over the full
-// grid d x G x bits x rotation variant x clip ratio x input type (bf16, fp32).
+// grid d x G x bits x rotation variant x clip ratio x input type (bf16, fp32); and the tile
+// write of affine_tile (codes, scale, min, the per-head norm) over d x G_k x bits x rotation x
+// norm x clip.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -25,6 +27,7 @@ namespace {
 using namespace kvq::gpu::testing;
 using conformance::MixedRows;
 using conformance::SplitMix64;
+using conformance::TestRowKinds;
 using testbed::AllBitsEqual;
 using testbed::AsTensor;
 using testbed::Describe;
@@ -136,6 +139,127 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.shape.group) + "_int" + std::to_string(info.param.bits) +
              "_" + RotationVariants()[info.param.variant].name + "__cuda";
     });
+
+// The tile write (affine_tile) of n rows, n a whole number of tiles: packed tiles, per-tile
+// (scale, min) and with a norm the per-row norm, once per poison byte.
+void ExpectTileWriteMatchesOracle(const WriteParams& p, const std::vector<float>& x_f32,
+                                  const std::vector<uint16_t>* x_bf16, size_t n,
+                                  const std::string& context) {
+  const int d = p.head_dim;
+  const cpu::QuantizedRows want =
+      cpu::QuantizeRows(cpu::ScalarBackend(), p, nullptr, x_f32.data(), n);
+  const int64_t tile_bytes = static_cast<int64_t>(d) * p.tile_channel_bytes();
+  NamedTensors expected = {{"packed", AsTensor(want.packed, tile_bytes)},
+                           {"scale", AsTensor(want.scale, d)},
+                           {"min", AsTensor(want.min, d)}};
+  if (p.norm) expected.emplace_back("norm", AsTensor(want.norm));
+  const NamedTensors inputs = {
+      {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)}};
+  const size_t tiles = n / static_cast<size_t>(p.group);
+  DeviceBuffer<float> dx_f32(x_f32);
+  DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
+  DeviceBuffer<uint8_t> packed(tiles * tile_bytes);
+  DeviceBuffer<uint16_t> scale(tiles * d), min(tiles * d), norm(p.norm ? n : 0);
+  DeviceBuffer<int> flags(1);
+  for (uint8_t poison : kPoisons) {
+    packed.Fill(poison);
+    scale.Fill(poison);
+    min.Fill(poison);
+    if (p.norm) norm.Fill(poison);
+    flags.Fill(0);
+    RowOutputs out;
+    out.planes[kTileCodesPlane] = packed.get();
+    out.planes[kTileScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
+    out.planes[kTileMinPlane] = reinterpret_cast<uint8_t*>(min.get());
+    if (p.norm) out.planes[kTileNormPlane] = reinterpret_cast<uint8_t*>(norm.get());
+    if (x_bf16 != nullptr) {
+      WriteRows(p, nullptr, dx_bf16.get(), n, out, flags.get());
+    } else {
+      WriteRows(p, nullptr, dx_f32.get(), n, out, flags.get());
+    }
+    const std::string ctx = context + " poison " + std::to_string(poison);
+    NamedTensors got = {{"packed", AsTensor(packed.Download(), tile_bytes)},
+                        {"scale", AsTensor(scale.Download(), d)},
+                        {"min", AsTensor(min.Download(), d)}};
+    if (p.norm) got.emplace_back("norm", AsTensor(norm.Download()));
+    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
+    EXPECT_EQ(flags.Download()[0], 0) << ctx;
+  }
+}
+
+struct TileCase {
+  int d;
+  int tile;
+  int bits;
+  size_t variant;  // index into RotationVariants() (not the dense ones: no tile kernel)
+  bool norm;
+};
+
+class TileWriteTest : public ::testing::TestWithParam<TileCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(TileWriteTest, MatchesScalarOracleBitForBit) {
+  const TileCase& c = GetParam();
+  const RotationVariant& v = RotationVariants()[c.variant];
+  const uint32_t seed = 6007u * c.d + 257u * c.tile + 31u * c.bits + 7u * c.variant + c.norm;
+  SplitMix64 rng(seed);
+  for (float clip : {1.0f, 0.92f, 0.001f}) {
+    const WriteParams p = v.Params(c.d).tile(c.tile).bits(c.bits).clip(clip).norm(c.norm);
+    // Three tiles of rows of every test row kind the write path accepts, in turn.
+    const size_t n = 3 * static_cast<size_t>(c.tile);
+    const std::string context = "TileWrite " + Describe(p) + " " + v.name + " seed " +
+                                std::to_string(seed);
+    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(n, p, &rng, TestRowKinds(p)));
+    ExpectTileWriteMatchesOracle(p, FromBf16(x_bf16), &x_bf16, n, context + " bf16");
+    const std::vector<float> x_f32 = MixedRows(n, p, &rng, TestRowKinds(p));
+    ExpectTileWriteMatchesOracle(p, x_f32, nullptr, n, context + " f32");
+  }
+}
+
+std::vector<TileCase> AllTileCases() {
+  std::vector<TileCase> cases;
+  for (int d : {64, 128, 256}) {
+    for (int tile : {32, 64, 128}) {
+      for (int bits : {2, 4}) {
+        for (size_t v = 0; v < RotationVariants().size(); ++v) {
+          if (RotationVariants()[v].kind == RotationKind::kDense) continue;
+          for (bool norm : {false, true}) cases.push_back({d, tile, bits, v, norm});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, TileWriteTest, ::testing::ValuesIn(AllTileCases()),
+    [](const ::testing::TestParamInfo<TileCase>& info) {
+      const TileCase& c = info.param;
+      return "d" + std::to_string(c.d) + "_tile" + std::to_string(c.tile) + "_int" +
+             std::to_string(c.bits) + "_" + RotationVariants()[c.variant].name +
+             (c.norm ? "_norm" : "") + "__cuda";
+    });
+
+// The tile write refuses what it has no kernel for, naming it: a dense rotation, a row count
+// that is not a whole number of tiles, the token-scope norm on one head's flat rows.
+TEST(TileWriteRefuses, DenseRowsOfPartialTilesAndTheTokenScope) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  DeviceBuffer<float> x(64 * 64), rotation(64 * 64);
+  DeviceBuffer<uint8_t> planes(1 << 16);
+  RowOutputs out;
+  for (int i = 0; i < 4; ++i) out.planes[i] = planes.get() + i * 16384;
+  testbed::ExpectError(
+      [&] { WriteRows(Write().head_dim(64).tile(32).rotation(RotationKind::kDense), rotation.get(),
+                      x.get(), 64, out); },
+      ErrorCode::kUnsupported, {"dense"});
+  testbed::ExpectError([&] { WriteRows(Write().head_dim(64).tile(32), nullptr, x.get(), 48, out); },
+                       ErrorCode::kInvalidArgument, {"48 rows", "32 tokens"});
+  testbed::ExpectError(
+      [&] { WriteRows(Write().head_dim(64).tile(32).norm(true, 2), nullptr, x.get(), 32, out); },
+      ErrorCode::kInvalidArgument, {"norm over 2 KV heads"});
+}
 
 // Many more tiles than resident blocks: the dense kernel's persistent loop over tiles (R kept
 // in shared memory across tiles) and the streamed-R path of d = 256.

@@ -1,8 +1,11 @@
 // The paged CUDA writes (PrefillWrite, AppendStep) against the CPU oracle's PagedKVCache
-// (scalar backend): every history row (codes, scale, min) at the page and slot the GPU page
-// table names, the bf16 sink rows and the ring slots in use, bit for bit. Pools and windows are
-// poisoned first (twice, with two bytes); the whole pool is compared, so a stray write into a
-// page or slot not in use fails too.
+// (scalar backend): every history row or tile of every plane (codes, scale, min, norm) at the
+// page and slot the GPU page table names, the bf16 sink rows and the ring slots in use, bit for
+// bit. Pools and windows are poisoned first (twice, with two bytes); the whole pool is
+// compared, so a stray write into a page or slot not in use fails too. Spec 1.1's caches are
+// among the cases (KIVI, OScaR with a per-head and a token-scope norm, SAW-INT4 at G = d with
+// W = 0, flushes of F > 1 on per-token formats), and over random lengths the history a GPU
+// prefill writes equals the one its decode steps demote, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@ using cpu::KV;
 using testbed::AllBitsEqual;
 using testbed::AsTensor;
 using testbed::Cache;
+using testbed::Describe;
 using testbed::NamedTensors;
 using testbed::Write;
 
@@ -37,7 +41,37 @@ struct CacheCase {
 };
 
 std::vector<CacheCase> Cases() {
+  // Spec 1.1: KIVI (tiles of 32 keys, per-token values of G = 32, S0 = 0, W = 1, F = 128), OScaR
+  // (FWHT on K and V, a norm per key row: per KV head or one per token; sink and window), tiles
+  // of 64 and 128 with INT4 and a block FWHT with P_br under W = 0, SAW-INT4 (G = d, block FWHT,
+  // S0 = W = 0) at d = 256 and d = 128, and a per-token format flushed F = 64 at a time.
+  const Write kivi_v = Write().head_dim(128).group(32).bits(2);
   return {
+      {"d128_kivi_F128_W1",
+       Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(128).page(64)
+           .key(Write().head_dim(128).tile(32).bits(2)).value(kivi_v)},
+      {"d128_ots_head_norm_S4_W3_F64",
+       Cache().kv_heads(2).q_heads(4).sink(4).recent(3).flush(64).page(32)
+           .key(Write().head_dim(128).tile(32).bits(2).hadamard().norm())
+           .value(Write(kivi_v).hadamard())},
+      {"d64_ots_token_norm_3heads_F32_W0",
+       Cache().kv_heads(3).q_heads(3).sink(2).recent(0).flush(32).page(32)
+           .key(Write().head_dim(64).tile(32).bits(2).hadamard().norm(true, 3).clip(0.9f))
+           .value(Write().head_dim(64).tile(32).bits(2).hadamard().bitrev())},
+      {"d256_tile64_int4_tile128_W0_F128",
+       Cache().kv_heads(1).q_heads(2).sink(0).recent(0).flush(128).page(128)
+           .key(Write().head_dim(256).tile(64).bits(4).hadamard(16).bitrev().norm())
+           .value(Write().head_dim(256).tile(128).bits(2).clip(0.5f))},
+      {"d256_saw_int4_W0",
+       Cache().kv_heads(2).q_heads(4).sink(0).recent(0).page(16)
+           .both(Write().head_dim(256).group(256).bits(4).hadamard(128))},
+      {"d128_saw_int4_W0_sink",
+       Cache().kv_heads(2).q_heads(8).sink(3).recent(0).page(16)
+           .both(Write().head_dim(128).group(128).bits(4).hadamard())},
+      {"d64_token_F64_W5_dense",
+       Cache().kv_heads(2).q_heads(4).sink(1).recent(5).flush(64).page(16)
+           .key(Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense).clip(0.9f))
+           .value(Write().head_dim(64).group(64).bits(4).hadamard().bitrev())},
       {"d64_dense_bitrev_int2_fwht_int4",
        Cache().kv_heads(2).q_heads(4).sink(4).recent(16).page(16)
            .key(Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense).bitrev()
@@ -123,8 +157,9 @@ struct DeviceCache {
 };
 
 // The pools to compare, one tensor per K / V plane ("key.pool.codes", ...), [rows, row bytes].
-// Expected: poison everywhere, then every history row of `tables[s]` copied from the CPU cache's
-// sequence `seqs[s]`.
+// Expected: poison everywhere, then every history row of `tables[s]` (a token's row, its tile's
+// row, or its row shared by the KV heads: FormatLayout::RowOffset) copied from the CPU cache's
+// sequence `seqs[s]`, at the CPU page its own table names.
 void AddPools(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
               const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
               uint8_t poison, NamedTensors* expected, NamedTensors* got) {
@@ -134,15 +169,20 @@ void AddPools(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
     const FormatLayout& layout = dev.layout[k];
     for (int i = 0; i < layout.num_planes; ++i) {
       const size_t row_bytes = layout.plane(i).row_bytes();
+      const int heads = static_cast<int>(layout.HeadsPerPage(i, c.num_kv_heads));
+      const uint8_t* pool = cache.PoolPlane(kv, i);
       std::vector<uint8_t> want(dev.planes[k][i].size(), poison);
       for (size_t s = 0; s < seqs.size(); ++s) {
+        const std::vector<int32_t>& cpu_table = cache.PageTable(seqs[s]);
         const size_t history = cache.HistoryLength(seqs[s]);
         for (size_t t = 0; t < history; ++t) {
-          for (int h = 0; h < c.num_kv_heads; ++h) {
-            const uint8_t* ref = cache.HistoryRow(seqs[s], t, h, kv).plane[i];
-            const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
-            const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
-            std::copy(ref, ref + row_bytes, want.begin() + row * row_bytes);
+          for (int h = 0; h < heads; ++h) {
+            const int64_t slot = static_cast<int64_t>(t % c.page_size);
+            const size_t from = layout.RowOffset(i, c.page_size, c.num_kv_heads,
+                                                 cpu_table[t / c.page_size], h, slot);
+            const size_t to = layout.RowOffset(i, c.page_size, c.num_kv_heads,
+                                               tables[s][t / c.page_size], h, slot);
+            std::copy(pool + from, pool + from + row_bytes, want.begin() + to);
           }
         }
       }
@@ -165,7 +205,8 @@ void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint1
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   const uint16_t poison16 = static_cast<uint16_t>(poison * 0x0101u);
   std::vector<uint16_t> want_sink(sink.size(), poison16), want_ring(ring.size(), poison16);
-  std::vector<bool> sink_used(c.sink, false), ring_used(c.recent, false);
+  const int ring_slots = c.ring_slots();  // W + F - 1: position p at slot p % ring_slots
+  std::vector<bool> sink_used(c.sink, false), ring_used(ring_slots, false);
   const uint16_t* cpu_sink = cache.SinkRows(seq, kv);
   for (size_t p = 0; p < cache.SinkLength(seq); ++p) {
     std::copy(cpu_sink + p * row, cpu_sink + (p + 1) * row, want_sink.begin() + p * row);
@@ -173,7 +214,7 @@ void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint1
   }
   const uint16_t* cpu_ring = cache.RecentRing(seq, kv);
   for (size_t p = cache.RecentBegin(seq); p < cache.Length(seq); ++p) {
-    const size_t slot = p % c.recent;
+    const size_t slot = p % ring_slots;
     std::copy(cpu_ring + slot * row, cpu_ring + (slot + 1) * row, want_ring.begin() + slot * row);
     ring_used[slot] = true;
   }
@@ -182,7 +223,7 @@ void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint1
     for (int s = 0; s < c.sink; ++s) {
       if (!sink_used[s]) std::fill_n(got_sink.begin() + s * row, row, poison16);
     }
-    for (int s = 0; s < c.recent; ++s) {
+    for (int s = 0; s < ring_slots; ++s) {
       if (!ring_used[s]) std::fill_n(got_ring.begin() + s * row, row, poison16);
     }
   }
@@ -195,88 +236,28 @@ void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint1
 }
 
 // bf16 rows of `tokens` tokens [tokens, Hkv, d] for the half written with p: every test row kind
-// in turn (conformance::MixedRows), so a call of at least 24 rows holds every edge kind.
+// p's write path accepts in turn (conformance::MixedRows; with a norm, no row whose squares
+// overflow), so a call of at least 24 rows holds every edge kind.
 std::vector<uint16_t> Tokens(size_t tokens, const CacheParams& c, const WriteParams& p,
                              SplitMix64* rng) {
   return testbed::ToBf16(
-      conformance::MixedRows(tokens * static_cast<size_t>(c.num_kv_heads), p, rng));
+      conformance::MixedRows(tokens * static_cast<size_t>(c.num_kv_heads), p, rng,
+                             conformance::TestRowKinds(p)));
 }
 
-class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
- protected:
-  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
-};
-
-TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
-  const CacheParams& c = GetParam().params;
-  const int s0 = c.sink, w = c.recent, page = c.page_size;
-  SplitMix64 rng(1234);
+// A batch of sequences prefilled to `initial` lengths on the GPU, then `steps` decode steps
+// that demote or flush into the pages of the GPU's page tables; the final state equals the CPU
+// cache that ran the same steps, or with `prefill_reference` the CPU cache prefilled with the
+// same rows at the final lengths.
+void CheckAppendSteps(const CacheParams& c, const std::vector<int>& initial, int steps,
+                      uint64_t seed, bool prefill_reference) {
+  const int s0 = c.sink, page = c.page_size, ring = c.ring_slots();
+  SplitMix64 rng(seed);
   const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  for (int tokens : {3, s0, s0 + w, s0 + w + 1, s0 + w + page, s0 + w + 3 * page + 5}) {
-    if (tokens <= 0) continue;
-    const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
-    const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
-    cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
-                            cpu::ScalarBackend());
-    const int seq = cache.AddSequence();
-    cache.PrefillBf16(seq, k.data(), v.data(), tokens);
-
-    // The GPU's own page table: a random permutation over a pool with spare pages.
-    const int history = std::max(0, tokens - w - s0);
-    const int pages_needed = (history + page - 1) / page;
-    const int pool_pages = pages_needed + 3;
-    const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
-    const std::vector<int32_t> table(order.begin(), order.begin() + std::max(pages_needed, 1));
-    NamedTensors inputs = HeadInputs(c, heads);
-    inputs.emplace_back("key", AsTensor(k, static_cast<int64_t>(row)));
-    inputs.emplace_back("value", AsTensor(v, static_cast<int64_t>(row)));
-    inputs.emplace_back("page_table", AsTensor(table));
-
-    DeviceCache dev(c, heads, pool_pages);
-    DeviceBuffer<uint16_t> dk(k), dv(v);
-    DeviceBuffer<int32_t> dtable(table);
-    DeviceBuffer<uint16_t> sink_k(s0 * row), sink_v(s0 * row), ring_k(w * row), ring_v(w * row);
-    DeviceBuffer<int> flags(1);
-    for (uint8_t poison : kPoisons) {
-      dev.Poison(poison);
-      sink_k.Fill(poison);
-      sink_v.Fill(poison);
-      ring_k.Fill(poison);
-      ring_v.Fill(poison);
-      flags.Fill(0);
-      Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
-      PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
-                   dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows,
-                   flags.get());
-      const std::string ctx = "PagedWrite prefill " + std::string(GetParam().name) + " T " +
-                              std::to_string(tokens) + " poison " + std::to_string(poison);
-      EXPECT_EQ(flags.Download()[0], 0) << ctx;
-      NamedTensors expected, got;
-      AddPools(cache, {seq}, {table}, dev, poison, &expected, &got);
-      AddWindows(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true, poison, "",
-                 &expected, &got);
-      AddWindows(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true, poison, "",
-                 &expected, &got);
-      EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
-    }
-  }
-}
-
-// A batch of sequences at different lengths (in the sink, just before the first demotion, at
-// it, and deep in the history) prefilled, then stepped; every step demotes into the pages of
-// the GPU's page tables. The final state equals the CPU cache that ran the same steps.
-TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
-  const CacheParams& c = GetParam().params;
-  const int s0 = c.sink, w = c.recent, page = c.page_size;
-  SplitMix64 rng(99);
-  const HeadsData heads = MakeHeads(c, &rng);
-  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  const std::vector<int> initial = {0, std::max(0, s0 - 1), s0 + w - 1, s0 + w,
-                                    s0 + w + page + 3};
   const int batch = static_cast<int>(initial.size());
-  const int steps = page + 3;
-  const int max_pages = (initial.back() + steps - w - s0 + page - 1) / page + 1;
+  const int longest = *std::max_element(initial.begin(), initial.end()) + steps;
+  const int max_pages = static_cast<int>((c.HistoryTokens(longest) + page - 1) / page) + 1;
   const int pool_pages = batch * max_pages + 2;
 
   const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
@@ -320,11 +301,18 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   std::vector<int> seqs;
   for (int b = 0; b < batch; ++b) {
     seqs.push_back(cache.AddSequence());
-    if (initial[b] > 0) {
+    if (prefill_reference) {  // the same rows, prefilled at the final length in one call
+      std::vector<uint16_t> k = prefill_k[b], v = prefill_v[b];
+      for (int s = 0; s < steps; ++s) {
+        k.insert(k.end(), step_k[s].begin() + b * row, step_k[s].begin() + (b + 1) * row);
+        v.insert(v.end(), step_v[s].begin() + b * row, step_v[s].begin() + (b + 1) * row);
+      }
+      cache.PrefillBf16(seqs[b], k.data(), v.data(), initial[b] + steps);
+    } else if (initial[b] > 0) {
       cache.PrefillBf16(seqs[b], prefill_k[b].data(), prefill_v[b].data(), initial[b]);
     }
   }
-  for (int s = 0; s < steps; ++s) {
+  for (int s = 0; s < steps && !prefill_reference; ++s) {
     for (int b = 0; b < batch; ++b) {
       cache.AppendBf16(seqs[b], step_k[s].data() + b * row, step_v[s].data() + b * row);
     }
@@ -333,7 +321,7 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   DeviceCache dev(c, heads, pool_pages);
   DeviceBuffer<int32_t> dtables(flat_tables), dlengths(batch);
   DeviceBuffer<uint16_t> sink_k(batch * s0 * row), sink_v(batch * s0 * row);
-  DeviceBuffer<uint16_t> ring_k(batch * w * row), ring_v(batch * w * row);
+  DeviceBuffer<uint16_t> ring_k(batch * ring * row), ring_v(batch * ring * row);
   DeviceBuffer<int> flags(1);
   for (uint8_t poison : kPoisons) {
     dev.Poison(poison);
@@ -346,7 +334,7 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
       if (initial[b] == 0) continue;
       DeviceBuffer<uint16_t> dk(prefill_k[b]), dv(prefill_v[b]);
       Windows one{sink_k.get() + b * s0 * row, sink_v.get() + b * s0 * row,
-                  ring_k.get() + b * w * row, ring_v.get() + b * w * row};
+                  ring_k.get() + b * ring * row, ring_v.get() + b * ring * row};
       PrefillWrite(c, dk.get(), dv.get(), initial[b], dtables.get() + b * max_pages,
                    dev.Heads(KV::kKey), dev.Heads(KV::kValue), dev.Pool(KV::kKey),
                    dev.Pool(KV::kValue), one, flags.get());
@@ -363,8 +351,11 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
       KVQ_CUDA_CHECK(cudaDeviceSynchronize());
       for (int32_t& len : lengths) ++len;
     }
-    const std::string ctx = "PagedWrite append " + std::string(GetParam().name) + " poison " +
-                            std::to_string(poison);
+    std::string ctx = "PagedWrite append " + Describe(c) + " seed " + std::to_string(seed) +
+                      (prefill_reference ? " vs prefill" : "") + " steps " +
+                      std::to_string(steps) + " initial";
+    for (int len : initial) ctx += " " + std::to_string(len);
+    ctx += " poison " + std::to_string(poison);
     EXPECT_EQ(flags.Download()[0], 0) << ctx;
     NamedTensors expected, got;
     AddPools(cache, seqs, tables, dev, poison, &expected, &got);
@@ -376,23 +367,118 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
       };
       const std::string seq = "seq" + std::to_string(b) + ".";
       AddWindows(cache, seqs[b], slice(sk, b * s0 * row, s0 * row),
-                 slice(rk, b * w * row, w * row), KV::kKey, false, poison, seq, &expected, &got);
-      AddWindows(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
-                 slice(rv, b * w * row, w * row), KV::kValue, false, poison, seq, &expected,
+                 slice(rk, b * ring * row, ring * row), KV::kKey, false, poison, seq, &expected,
                  &got);
+      AddWindows(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
+                 slice(rv, b * ring * row, ring * row), KV::kValue, false, poison, seq,
+                 &expected, &got);
     }
     EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
   }
 }
 
-// A bad value argument (a dense value rotation without its matrices) is refused before the key
-// write is queued: the call throws naming the value tensor, and neither pool nor window is
-// touched, for a prefill and for an append step.
+class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, f = c.flush, page = c.page_size;
+  const int ring = c.ring_slots();
+  SplitMix64 rng(1234);
+  const HeadsData heads = MakeHeads(c, &rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  for (int tokens : {3, s0, s0 + w, s0 + w + 1, s0 + w + f - 1, s0 + w + f, s0 + w + page,
+                     s0 + w + 2 * f + 1, s0 + w + 3 * page + 5}) {
+    if (tokens <= 0) continue;
+    const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+    const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
+    cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
+                            cpu::ScalarBackend());
+    const int seq = cache.AddSequence();
+    cache.PrefillBf16(seq, k.data(), v.data(), tokens);
+
+    // The GPU's own page table: a random permutation over a pool with spare pages.
+    const int history = static_cast<int>(c.HistoryTokens(tokens));
+    const int pages_needed = (history + page - 1) / page;
+    const int pool_pages = pages_needed + 3;
+    const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
+    const std::vector<int32_t> table(order.begin(), order.begin() + std::max(pages_needed, 1));
+    NamedTensors inputs = HeadInputs(c, heads);
+    inputs.emplace_back("key", AsTensor(k, static_cast<int64_t>(row)));
+    inputs.emplace_back("value", AsTensor(v, static_cast<int64_t>(row)));
+    inputs.emplace_back("page_table", AsTensor(table));
+
+    DeviceCache dev(c, heads, pool_pages);
+    DeviceBuffer<uint16_t> dk(k), dv(v);
+    DeviceBuffer<int32_t> dtable(table);
+    DeviceBuffer<uint16_t> sink_k(s0 * row), sink_v(s0 * row), ring_k(ring * row),
+        ring_v(ring * row);
+    DeviceBuffer<int> flags(1);
+    for (uint8_t poison : kPoisons) {
+      dev.Poison(poison);
+      sink_k.Fill(poison);
+      sink_v.Fill(poison);
+      ring_k.Fill(poison);
+      ring_v.Fill(poison);
+      flags.Fill(0);
+      Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
+      PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
+                   dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows,
+                   flags.get());
+      const std::string ctx = "PagedWrite prefill " + std::string(GetParam().name) + " T " +
+                              std::to_string(tokens) + " poison " + std::to_string(poison);
+      EXPECT_EQ(flags.Download()[0], 0) << ctx;
+      NamedTensors expected, got;
+      AddPools(cache, {seq}, {table}, dev, poison, &expected, &got);
+      AddWindows(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true, poison, "",
+                 &expected, &got);
+      AddWindows(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true, poison, "",
+                 &expected, &got);
+      EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
+    }
+  }
+}
+
+// A batch of sequences at different lengths (in the sink, just before the first demotion, at
+// it, and deep in the history) prefilled, then stepped; every step demotes into the pages of
+// the GPU's page tables. The final state equals the CPU cache that ran the same steps.
+TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, f = c.flush, page = c.page_size;
+  // Every sequence reaches a flush (or F = 1's demotions) within the steps.
+  CheckAppendSteps(c,
+                   {0, std::max(0, s0 - 1), std::max(0, s0 + w - 1), s0 + w, s0 + w + page + 3},
+                   std::max(page, f) + 3, 99, /*prefill_reference=*/false);
+}
+
+// Over random lengths: a batch prefilled to L0_b and stepped n times holds, in its pages and
+// windows, the bits of a prefill to L0_b + n (the CPU cache's, which the PrefillMatchesCpuCache
+// test holds the GPU prefill to): the history the decode steps demote equals the prefill's.
+TEST_P(PagedWriteTest, DemotedHistoryEqualsPrefillOverRandomLengths) {
+  const CacheParams& c = GetParam().params;
+  const int span = c.sink + c.recent + 2 * std::max(c.flush, c.page_size);
+  SplitMix64 rng(4711);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> initial;
+    for (int b = 0; b < 3; ++b) initial.push_back(static_cast<int>(rng.Below(span)));
+    const int steps = 1 + static_cast<int>(rng.Below(c.flush + c.page_size + 2));
+    CheckAppendSteps(c, initial, steps, 100 + round, /*prefill_reference=*/true);
+  }
+}
+
+// A bad value argument (a dense value rotation without its matrices; for a tiled value, which
+// has no dense kernel, a value pool without its codes plane) is refused before the key write
+// is queued: the call throws naming the value tensor, and neither pool nor window is touched,
+// for a prefill and for an append step.
 TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   const CacheParams& base = GetParam().params;
+  const bool tiled_value = base.value.format == Format::kAffineTile;
   const CacheParams c =
-      Cache(base).value(Write(base.value).rotation(RotationKind::kDense).block(0));
-  const int tokens = c.sink + c.recent + 2 * c.page_size;
+      tiled_value ? base
+                  : Cache(base).value(Write(base.value).rotation(RotationKind::kDense).block(0));
+  const int tokens = c.sink + c.recent + 2 * std::max(c.page_size, c.flush);
   SplitMix64 rng(17);
   const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
@@ -402,11 +488,17 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   DeviceBuffer<uint16_t> dk(k), dv(v);
   DeviceBuffer<int32_t> dtable(std::vector<int32_t>{2, 0});
   DeviceBuffer<uint16_t> sink_k(std::max<size_t>(c.sink * row, 8)),
-      sink_v(std::max<size_t>(c.sink * row, 8)), ring_k(c.recent * row), ring_v(c.recent * row);
+      sink_v(std::max<size_t>(c.sink * row, 8)), ring_k(c.ring_slots() * row),
+      ring_v(c.ring_slots() * row);
   for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) buffer->Fill(0xEE);
   dev.Poison(0xEE);
   HeadData bad_value = dev.Heads(KV::kValue);
-  bad_value.rotation = nullptr;
+  PagePool value_pool = dev.Pool(KV::kValue);
+  if (tiled_value) {
+    value_pool.planes[kTileCodesPlane] = nullptr;
+  } else {
+    bad_value.rotation = nullptr;
+  }
   const Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
   auto expect_untouched = [&](const char* call) {
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
@@ -420,7 +512,7 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   testbed::ExpectError(
       [&] {
         PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey), bad_value,
-                     dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows);
+                     dev.Pool(KV::kKey), value_pool, windows);
       },
       ErrorCode::kInvalidArgument, {"(value)"});
   expect_untouched("PrefillWrite");
@@ -428,8 +520,8 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   const std::vector<uint16_t> step = Tokens(1, c, c.key, &rng);
   DeviceBuffer<uint16_t> sk(step), sv(step);
   EXPECT_THROW(AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), dtable.get(), 2,
-                          dev.Heads(KV::kKey), bad_value, dev.Pool(KV::kKey),
-                          dev.Pool(KV::kValue), windows),
+                          dev.Heads(KV::kKey), bad_value, dev.Pool(KV::kKey), value_pool,
+                          windows),
                Error);
   expect_untouched("AppendStep");
 }
@@ -438,7 +530,7 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
 // kErrorFlagBadPage and write nothing.
 TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
   const CacheParams& c = GetParam().params;
-  const int tokens = c.sink + c.recent + 1;  // exactly one history token
+  const int tokens = c.sink + c.recent + c.flush;  // exactly one flush (one token at F = 1)
   SplitMix64 rng(5);
   const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
@@ -446,9 +538,11 @@ TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
   const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
   DeviceCache dev(c, heads, 2);
   DeviceBuffer<uint16_t> dk(k), dv(v);
-  DeviceBuffer<int32_t> dtable(std::vector<int32_t>{7});  // pool has pages 0 and 1 only
-  DeviceBuffer<uint16_t> sink_k(c.sink * row), sink_v(c.sink * row), ring_k(c.recent * row),
-      ring_v(c.recent * row);
+  // The pool has pages 0 and 1 only; every entry of the table names page 7.
+  DeviceBuffer<int32_t> dtable(
+      std::vector<int32_t>((c.HistoryTokens(tokens) + c.page_size - 1) / c.page_size, 7));
+  DeviceBuffer<uint16_t> sink_k(c.sink * row), sink_v(c.sink * row),
+      ring_k(c.ring_slots() * row), ring_v(c.ring_slots() * row);
   DeviceBuffer<int> flags(1);
   dev.Poison(0xFF);
   flags.Fill(0);
@@ -459,9 +553,10 @@ TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
   for (uint8_t byte : dev.planes[0][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
   EXPECT_THROW(CheckErrorFlags(flags.get(), "PrefillWrite"), Error);
 
-  // Append at length S0 + W with max_pages = 0: position S0 must demote but has no page.
+  // Append at length S0 + W + F - 1 with max_pages = 0: position S0 must enter the history
+  // but has no page.
   flags.Fill(0);
-  DeviceBuffer<int32_t> dlen(std::vector<int32_t>{c.sink + c.recent});
+  DeviceBuffer<int32_t> dlen(std::vector<int32_t>{c.sink + c.recent + c.flush - 1});
   const std::vector<uint16_t> step = Tokens(1, c, c.key, &rng);
   DeviceBuffer<uint16_t> sk(step), sv(step);
   AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), nullptr, 0, dev.Heads(KV::kKey),

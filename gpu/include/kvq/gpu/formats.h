@@ -16,11 +16,19 @@ namespace kvq::gpu {
 inline constexpr int kAffineCodesPlane = 0;
 inline constexpr int kAffineScalePlane = 1;
 inline constexpr int kAffineMinPlane = 2;
+// affine_tile's planes, in LayoutOf's order: codes u8 [d * G_k*b/8] and scale, min bf16 [d]
+// per tile, and with a norm the norm bf16 [1] per token (per KV head, or one shared by every
+// KV head of the token: the token scope).
+inline constexpr int kTileCodesPlane = 0;
+inline constexpr int kTileScalePlane = 1;
+inline constexpr int kTileMinPlane = 2;
+inline constexpr int kTileNormPlane = 3;
 // bf16's one plane: the rows, bf16 [d].
 inline constexpr int kBf16RowsPlane = 0;
 
 // Throws kvq::Error(kUnsupported) naming the format unless the kernels were written for
-// LayoutOf(p): its planes where the positions above say, each one row per token. `what` names
+// LayoutOf(p): its planes where the positions above say, with the scopes (per token, per tile,
+// per token shared by the KV heads) the kernels address. `what` names
 // the caller in the message.
 void CheckKernelLayout(const WriteParams& p, const char* what);
 

@@ -1,11 +1,13 @@
-// The CUDA write path (sm_90): the named stages of cpu_ref's WriteKernels on the GPU, and one
-// fused kernel (rotate -> P_br -> clip -> quantize -> pack -> store) for flat rows and for the
-// paged cache of spec/cache.md. Every output bit equals cpu_ref's scalar backend.
+// The CUDA write path (sm_90): the named stages of cpu_ref's WriteKernels on the GPU, and the
+// fused kernels (rotate -> P_br -> [norm] -> clip -> quantize -> pack -> store) for flat rows
+// and for the paged cache of spec/cache.md: one per history format (affine_token: a row at a
+// time; affine_tile: a tile of G_k rows a block). Every output bit equals cpu_ref's scalar
+// backend.
 //
 // The stages are those of kvq/common/stages.inc: their runtime functions, launchers and
 // dispatch below are generated from that list, so a stage added there does not link here until
-// its launcher exists. The fused kernel serves the affine_token format (kvq/gpu/formats.h);
-// its destinations are the planes of LayoutOf(WriteParams).
+// its launcher exists. The fused kernels serve the affine_token and affine_tile formats
+// (kvq/gpu/formats.h); their destinations are the planes of LayoutOf(WriteParams).
 //
 // Three layers, as FlashInfer names them:
 //   (a) `__global__` kernels taking one `__grid_constant__` parameter struct (FusedWriteArgs,
@@ -43,6 +45,11 @@ inline constexpr int kErrorFlagBadPage = 2;        // a page id outside [0, num_
                                                    // index past the page table: row skipped
 inline constexpr int kErrorFlagBadLength = 4;      // a negative sequence length: row skipped
 
+// The CUDA norm's span limit: a norm spans at most this many values padded to a power of two
+// (d = 256 over 128 KV heads; the tree runs in 128 KB of shared memory). Larger spans are
+// refused (cudaErrorInvalidValue; the runtime API says kUnsupported).
+inline constexpr int kMaxNormSpan = 32768;
+
 // ----------------------------------------------------------------------------------------------
 // Layer (a): kernel parameter structs.
 
@@ -57,7 +64,16 @@ enum class WriteMode : int {
   // (before the append), position len - W is demoted when len - W >= S0: its bf16 row is read
   // from the ring x + b*seq_stride + (len % W)*token_stride + h*d and stored at history index
   // i = len - W - S0 through page_table + b*page_table_stride. Other sequences are skipped.
+  // F = 1 and W >= 1 only (kFlush is the general rule).
   kAppend = 2,
+  // Decode-step flush for a batch under the general window rule (spec/cache.md §3: any F and
+  // W >= 0): "token" t is row r = t % F of sequence b = t / F. With len = seq_lengths[b]
+  // (before the append), the positions [S0 + H(len), S0 + H(len + 1)) enter the history, F of
+  // them or none; position p = S0 + H(len) + r (history index H(len) + r) is read from the ring
+  // x + b*seq_stride + (p % ring_slots)*token_stride + h*d when p < len, and from the step's
+  // new rows new_rows + b*token_stride + h*d when p == len (W = 0). The tile write takes one
+  // tile of G_k of those rows a block ("token" t = tile t % (F / G_k) of sequence t / (F / G_k)).
+  kFlush = 3,
 };
 
 struct FusedWriteArgs {
@@ -102,6 +118,22 @@ struct FusedWriteArgs {
   // error flags' atomic OR (PrefillWrite: the value launch after the key launch). The kernel's
   // completion still implies the previous one's.
   bool overlap_previous = false;
+
+  // kFlush (fields after the others, so the affine_token kernels' parameter offsets stay).
+  int flush = 1;                   // F
+  int ring_slots = 0;              // W + F - 1: the ring's slots (position p at p % ring_slots)
+  const void* new_rows = nullptr;  // the step's rows, [batch, Hkv, d] bf16 (W = 0)
+
+  // The tile write (affine_tile): G_k tokens a tile, code width and the norm. Tile planes:
+  // kRows [n / G_k, row_bytes], paged [num_pages, Hkv, P / G_k, row_bytes]. The norm plane:
+  // per token and KV head ([n] / [num_pages, Hkv, P]), or with norm_shared one norm per token
+  // over the rows of all num_heads KV heads laid end to end (the token scope: paged
+  // [num_pages, 1, P]; not in kRows). kRows writes n / G_k tiles of rows t = tile * G_k + r;
+  // kPrefill the tiles of history tokens [0, num_tokens) (a multiple of G_k).
+  int tile_tokens = 0;
+  int bits = 2;
+  bool norm = false;
+  bool norm_shared = false;
 };
 
 // Parameters of every stage kernel: the stage's pointer arguments as a buffer list, in the
@@ -125,6 +157,16 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream);
 cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWriteArgs& args,
                                cudaStream_t stream);
 
+// The tile write of the affine_tile format (gpu/src/write_tile.cu): a block per (tile, KV head)
+// in every mode (for kFlush a block per possible tile of each sequence's flush), 256 threads;
+// with norm_shared, a block per tile first stores the token-scope norms. Rotations identity
+// and FWHT (with or without P_br); args.tile_tokens in {32, 64, 128}, args.bits in {2, 4}; a
+// shared norm over num_heads * d <= kMaxNormSpan values. Anything else (a dense rotation
+// included) returns cudaErrorInvalidValue.
+template <int HEAD_DIM>
+cudaError_t LaunchTileWrite(const FusedWriteArgs& args, cudaStream_t stream);
+cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
+
 // One launcher per stage of stages.inc (Launch<Name>Stage, gpu/src/write_stages.cu), and the
 // dispatch over all of them: an unsupported head_dim, group, bits, clip or FWHT block returns
 // cudaErrorInvalidValue.
@@ -135,31 +177,34 @@ cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWri
 cudaError_t DispatchStage(StageId stage, const StageArgs& args, cudaStream_t stream);
 
 // Writes the new token of each of `batch` sequences (bf16 [batch, Hkv, d] for K and V) into the
-// sink (position < S0) or the recent ring. Run after the demotions of the same step.
+// sink (position < S0) or the recent ring (when it stays recent: len >= S0 + H(len + 1)). Run
+// after the demotions of the same step.
 struct AppendCopyArgs {
   const uint16_t* key = nullptr;
   const uint16_t* value = nullptr;
   uint16_t* sink_key = nullptr;    // [batch, S0, Hkv, d]
   uint16_t* sink_value = nullptr;
-  uint16_t* recent_key = nullptr;  // [batch, W, Hkv, d]
+  uint16_t* recent_key = nullptr;  // [batch, ring_slots, Hkv, d]
   uint16_t* recent_value = nullptr;
   const int32_t* seq_lengths = nullptr;  // [batch], before the append
   int batch = 0;
   int num_heads = 0;
   int head_dim = 0;
   int sink = 0;
-  int recent = 1;
+  int recent = 1;      // the ring's slots W + F - 1 (position p at slot p % recent)
   int* error_flags = nullptr;
   // Launched to overlap the demotions' tail (programmatic dependent launch): the kernel waits
   // for the previous grid (and through it every earlier demotion) before it touches a row.
   bool overlap_previous = false;
+  int window = 1;  // W
+  int flush = 1;   // F
 };
 cudaError_t LaunchAppendCopy(const AppendCopyArgs& args, cudaStream_t stream);
 
 // The bf16 windows of a prefill, K and V in one launch: positions [0, sink_tokens) of x
 // [T, Hkv, d] into the sink [S0, Hkv, d], positions [recent_begin, tokens) into the recent ring
-// [W, Hkv, d] at slot p % W. Rows are copied in 16-byte vectors (row_elems a multiple of 8,
-// every pointer 16-byte aligned).
+// [W + F - 1, Hkv, d] at slot p % (W + F - 1) (`recent` holds the slot count). Rows are copied
+// in 16-byte vectors (row_elems a multiple of 8, every pointer 16-byte aligned).
 struct PrefillWindowsArgs {
   const uint16_t* key = nullptr;
   const uint16_t* value = nullptr;
@@ -237,15 +282,17 @@ struct Windows {
 };
 
 // Prefill of one empty sequence with `tokens` tokens (spec/cache.md §2): copies positions
-// [0, min(S0, T)) into the sink, [max(S0, T - W), T) into the ring (slot p % W) and writes
-// history tokens i = 0 .. T - W - S0 - 1 into pages page_table[i / P], slot i % P. Three
-// launches: the key history, the value history (overlapping the key launch's tail) and both
-// windows; everything is validated before the first.
+// [0, min(S0, T)) into the sink, [RecentBegin(T), T) into the ring (slot p % (W + F - 1)) and
+// writes history tokens i = 0 .. H(T) - 1 (whole flushes, so whole tiles) into pages
+// page_table[i / P], slot i % P. Three launches (four with a token-scope norm): the key
+// history, the value history (overlapping the key launch's tail) and both windows; everything
+// is validated before the first.
 // \param key, value [T, Hkv, d] bf16 bits, 16-byte aligned
-// \param page_table [ceil((T - W - S0) / P)] int32 page ids (device)
-// Throws kvq::Error: invalid CacheParams, a bf16 cache (kInvalidArgument), a format or flush
-// F != 1 the kernels do not serve (kUnsupported), null pointers, T < 0,
-// windows or rows that are not 16-byte aligned, a null rotation for a dense write path.
+// \param page_table [ceil(H(T) / P)] int32 page ids (device)
+// Throws kvq::Error: invalid CacheParams, a bf16 cache (kInvalidArgument), a format the kernels
+// do not serve (kUnsupported: a dense rotation on affine_tile, a norm span above kMaxNormSpan),
+// null pointers, T < 0, windows or rows that are not 16-byte aligned, a null rotation for a
+// dense write path.
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value,
                   int tokens, const int32_t* page_table, const HeadData& key_heads,
                   const HeadData& value_heads, const PagePool& key_pool,
@@ -254,10 +301,13 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
 
 // One decode step for `batch` sequences: sequence b has length lengths[b] before the step
 // (device int32 [batch]); its token at that position (key/value [batch, Hkv, d] bf16) goes to the
-// sink or ring, and position len - W is demoted into the history when len - W >= S0 (read from
-// the ring before the new token overwrites its slot). The caller advances lengths afterwards.
+// sink or ring, and the positions [S0 + H(len), S0 + H(len + 1)) enter the history (F = 1,
+// W >= 1: position len - W when len - W >= S0; otherwise F of them or none, read from the ring
+// before the new token overwrites a slot, and with W = 0 the new token itself, which then
+// skips the ring). The caller advances lengths afterwards.
 // \param page_tables [batch, max_pages] int32 (device); row b is sequence b's page table
-// windows: batched layout ([B, S0, Hkv, d] and [B, W, Hkv, d]).
+// windows: batched layout ([B, S0, Hkv, d] and [B, W + F - 1, Hkv, d]; no ring when W + F - 1
+// is 0).
 void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
                 const int32_t* lengths, const int32_t* page_tables, int max_pages,
                 const HeadData& key_heads, const HeadData& value_heads,
