@@ -22,16 +22,24 @@ bool KindOfAffineToken(int bits, attention::HistoryFormat* kind) {
   }
 }
 
-// Spec 1.1's tiles (KIVI / OScaR keys): no decode kernel yet (the GPU half of issue 17).
-bool KindOfAffineTile(int /*bits*/, attention::HistoryFormat* /*kind*/) { return false; }
+// Spec 1.1's tiles (KIVI / OScaR keys): the tile kinds (keys only: StepKindOf pairs them with
+// per-token values).
+bool KindOfAffineTile(int bits, attention::HistoryFormat* kind) {
+  switch (bits) {
+    case 2: *kind = attention::HistoryFormat::kTileInt2; return true;
+    case 4: *kind = attention::HistoryFormat::kTileInt4; return true;
+    default: return false;
+  }
+}
 
 // Whether plane `index` of `layout` is called `name`, holds `bytes` bytes a row and is a
 // per-token plane.
-bool PlaneIs(const FormatLayout& layout, int index, const char* name, size_t bytes) {
+bool PlaneIs(const FormatLayout& layout, int index, const char* name, size_t bytes,
+             PlaneScope scope = PlaneScope::kToken) {
   if (index >= layout.num_planes) return false;
   const PlaneSpec& plane = layout.plane(index);
   return std::strcmp(plane.name, name) == 0 && plane.row_bytes() == bytes &&
-         plane.scope == PlaneScope::kToken;
+         plane.scope == scope;
 }
 
 }  // namespace
@@ -51,7 +59,14 @@ void CheckKernelLayout(const WriteParams& p, const char* what) {
               PlaneIs(layout, kAffineScalePlane, "scale", 2 * static_cast<size_t>(groups)) &&
               PlaneIs(layout, kAffineMinPlane, "min", 2 * static_cast<size_t>(groups));
       break;
-    case Format::kAffineTile:  // no kernel reads tiles yet
+    case Format::kAffineTile:
+      known = layout.num_planes == (p.norm ? 4 : 3) &&
+              PlaneIs(layout, kTileCodesPlane, "codes",
+                      d * static_cast<size_t>(p.tile_channel_bytes()), PlaneScope::kTile) &&
+              PlaneIs(layout, kTileScalePlane, "scale", 2 * d, PlaneScope::kTile) &&
+              PlaneIs(layout, kTileMinPlane, "min", 2 * d, PlaneScope::kTile) &&
+              (!p.norm || PlaneIs(layout, kTileNormPlane, "norm", 2,
+                                  p.norm_heads > 1 ? PlaneScope::kSharedToken : PlaneScope::kToken));
       break;
   }
   KVQ_CHECK(known, kUnsupported, what, ": the CUDA kernels do not read the layout of format ",
@@ -69,6 +84,15 @@ bool HistoryFormatOf(Format format, int bits, HistoryFormat* kind) {
 #undef KVQ_FORMAT
   }
   return false;
+}
+
+bool StepKindOf(HistoryFormat key, HistoryFormat value, HistoryFormat* kind) {
+  const bool same = key == value && !IsTileKind(key);
+  const bool tile_keys = IsTileKind(key) && !IsTileKind(value) && value != HistoryFormat::kBf16 &&
+                         BitsOfKind(key) == BitsOfKind(value);
+  if (!same && !tile_keys) return false;
+  *kind = key;
+  return true;
 }
 
 }  // namespace attention
