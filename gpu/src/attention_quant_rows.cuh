@@ -137,11 +137,16 @@ struct QuantTilePipeline {
     return reinterpret_cast<int*>(smem + kFullOffset + Geo::kBarrierBytes);
   }
 
+  // Warps that read each tile (kWarps: every warp reads every tile; fewer: the warps form
+  // kWarps / warps_per_tile groups, group j reading the tiles i with i % groups == j).
+  int warps_per_tile;
+
   // Loads the split's page ids and initialises the barriers; Start() publishes them.
   __device__ __forceinline__ QuantTilePipeline(const DecodeKernelParams& params,
                                                unsigned char* smem_base, int kvh, int b,
-                                               int split_begin, int split_end)
-      : p(params), smem(smem_base), begin(split_begin) {
+                                               int split_begin, int split_end,
+                                               int tile_warps = kWarps)
+      : p(params), smem(smem_base), begin(split_begin), warps_per_tile(tile_warps) {
     constexpr int RB = Geo::kRowBytes;
     LoadSplitPages(p, b, split_begin, split_end, PageIds());
     n_tiles = (split_end - split_begin + kTileTokens - 1) / kTileTokens;
@@ -156,7 +161,7 @@ struct QuantTilePipeline {
 #pragma unroll
       for (int s = 0; s < Geo::kStages; ++s) {
         MbarrierInit(Full(s), 1);
-        MbarrierInit(Empty(s), kThreads);
+        MbarrierInit(Empty(s), 32 * warps_per_tile);
       }
       FenceMbarrierInit();
     }
@@ -223,12 +228,15 @@ struct QuantTilePipeline {
   __device__ __forceinline__ void Release(int tile) const {
     MbarrierArrive(Empty(tile % Geo::kStages));
   }
-  // Refill at the end of step `tile`: step i's producer is warp i % 4 (the role rotates, so no
+  // Refill at the end of step `tile`, called by the warps that read it: the producer is one of
+  // them, the role rotating among them (every warp reading every tile: warp tile % 4, so no
   // warp carries it every step). It issues tile + 3, needed two steps later (the others have
   // usually released tile - 1 by then), into the stage of tile + 3 - kStages, which every
-  // thread must have released.
+  // reader of that tile must have released.
   __device__ __forceinline__ void Produce(int tile) const {
-    if ((threadIdx.x >> 5) != tile % kWarps) return;
+    const int groups = kWarps / warps_per_tile;
+    const int producer = (tile % groups) * warps_per_tile + (tile / groups) % warps_per_tile;
+    if ((threadIdx.x >> 5) != producer) return;
     const int next = tile + Geo::kStages - 1;
     if (next < n_tiles) {
       if (next >= Geo::kStages) {
@@ -369,22 +377,22 @@ struct PvLoop {
       min_sum[f][1] *= alpha[1];
     }
   }
-  // The warp's 16-token chunk of `stage` (rows row_a, row_b of the accumulator layout; V rows
-  // vrow for PV's k index) with p = pr (WarpState::Update's layout).
-  __device__ __forceinline__ void Step(const unsigned char* stage, int warp, int gi, int t4,
+  // The 16-token chunk `chunk` (0..3) of `stage` (rows row_a, row_b of the accumulator layout;
+  // V rows vrow for PV's k index) with p = pr (WarpState::Update's layout).
+  __device__ __forceinline__ void Step(const unsigned char* stage, int chunk, int gi, int t4,
                                        int row_a, int row_b, const int (&vrow)[4],
                                        const float (&pr)[4], bool valid_a, bool valid_b,
                                        WarpState<D>& st) {
     constexpr int RB = Geo::kRowBytes;
     const int ngv = D / (FPGV * RB);
     // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
-    const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
+    const unsigned char* vc = stage + Geo::kCodesBytes + chunk * kChunkTokens * RB;
     const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
                                                             2 * Geo::kMetaBytes) +
-                          warp * kChunkTokens * ngv;
+                          chunk * kChunkTokens * ngv;
     const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
                                                             3 * Geo::kMetaBytes) +
-                          warp * kChunkTokens * ngv;
+                          chunk * kChunkTokens * ngv;
     const PvCodes<D, BITS> codes(vc, vrow, gi);
     // The row's NGV scales and mins, one load each.
     constexpr int NGV = F / FPGV;
