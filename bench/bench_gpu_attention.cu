@@ -17,8 +17,12 @@
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
 //                                [--int8-qk 0|1] [--aux-heads N] [--window-split N]
 //                                [--hist-split N] [--timeline] [--flush read|write]
+//                                [--schemes LIST | --schemes-only]
 // (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
-// override the plan: --int8-qk 0 plans for the bf16-MMA loops (allow_int8_qk = false: the
+// override the plan. --schemes LIST (comma-separated scheme ids of calib/schemes.inc, and
+// "int4": kvq's plain INT4 cache) first prints a table of those schemes' decode steps (every
+// spec 1.1 scheme the GPU serves without a calibration, and int4, with --schemes-only, which
+// then skips the INT2 / bf16 table); the other flags apply to the INT2 table: --int8-qk 0 plans for the bf16-MMA loops (allow_int8_qk = false: the
 // packed hi/lo loop at g <= 4), --int8-qk 1 takes the int8 QK loop.
 // Without --int8-qk, when the plan takes the int8 QK loop (g <= 4) the INT2 step is also timed
 // with the bf16-MMA loop the plan would take otherwise (packed hi/lo, allow_int8_qk = false) in
@@ -41,6 +45,8 @@
 #include <string>
 #include <vector>
 
+#include "kvq/calib/schemes.h"
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
 #include "kvq/common/params_builder.h"
 #include "kvq/gpu/attention.h"
@@ -460,6 +466,194 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   return r;
 }
 
+// ---- Scheme rows (issue 17): the spec 1.1 schemes of the catalogue (calib/schemes.inc) ----
+//
+// A row is a scheme's own configuration (BuildLayerScheme at d = 128, Hq/Hkv = 32/8, default
+// options: KIVI / OScaR keys in tiles of 32 tokens, V in groups of 32, S0 = 0, W = 1, F = 128;
+// SAW-INT4 at G = d, S0 = W = 0), its pools allocated and filled from the formats' plane lists
+// (LayoutOf), random contents (codes random bytes, scales and mins in realistic ranges, norms
+// around 1), shuffled page tables, and the sequence at length T. "int4" is kvq's plain INT4
+// cache beside SAW: the `hadamard` scheme at 4 bits (G = 64, S0 = 64, W = 256).
+struct SchemeRow {
+  std::string label;
+  CacheParams params;
+};
+
+std::vector<SchemeRow> SchemeRows(const std::string& list) {
+  namespace calib = kvq::calib;
+  calib::SchemeShape shape;
+  shape.num_kv_heads = kHkv;
+  shape.num_q_heads = kHq;
+  shape.head_dim = kHeadDim;
+  std::vector<SchemeRow> rows;
+  std::vector<std::string> names;
+  if (list.empty()) {
+    // Every spec 1.1 scheme the GPU decode serves without a calibration: tiled keys or its own
+    // windows (the KIVI family, OScaR, SAW), in catalogue order, then the plain INT4 baseline.
+    for (const calib::SchemeInfo& info : calib::Schemes()) {
+      if (info.needs_calibration || !info.quantized()) continue;
+      if (info.format_k != kvq::Format::kAffineTile && info.windows.shared()) continue;
+      names.push_back(info.name);
+    }
+    names.push_back("int4");
+  } else {
+    size_t at = 0;
+    while (at <= list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      names.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  for (const std::string& name : names) {
+    calib::SchemeOptions options;
+    std::string scheme = name;
+    if (name == "int4") {
+      scheme = "hadamard";
+      options.bits = 4;
+    }
+    rows.push_back({name, calib::BuildLayerScheme(scheme, shape, nullptr, 0, options).params});
+  }
+  return rows;
+}
+
+// One scheme row at (batch, seq_len): the step's time, the bytes it must read (history planes
+// by the format's accounting, the bf16 windows) and the read floor over the same pools.
+Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flusher, int iters) {
+  Result r;
+  const int64_t hist = c.HistoryTokens(seq_len);
+  const int64_t window = seq_len - hist;  // sink + recent rows of the sequence
+  const int pages_per_seq = static_cast<int>((hist + c.page_size - 1) / c.page_size);
+  const int64_t pages = static_cast<int64_t>(pages_per_seq) * batch;
+  const kvq::FormatLayout layouts[2] = {kvq::LayoutOf(c.key), kvq::LayoutOf(c.value)};
+  size_t pool_bytes = 0;
+  for (const kvq::FormatLayout& layout : layouts) {
+    for (int i = 0; i < layout.num_planes; ++i) {
+      pool_bytes += pages * layout.PageBytes(i, c.page_size, c.num_kv_heads);
+    }
+  }
+  const size_t row_elems = static_cast<size_t>(kHkv) * kHeadDim;
+  const size_t sink_elems = static_cast<size_t>(batch) * c.sink * row_elems;
+  const size_t ring_elems = static_cast<size_t>(batch) * c.ring_slots() * row_elems;
+  size_t free_bytes = 0, total_bytes = 0;
+  KVQ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (pool_bytes + 4 * (sink_elems + ring_elems) + (size_t{3} << 30) > free_bytes) return r;
+
+  const kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
+  kvq::gpu::DecodeAttentionInputs in;
+  std::vector<void*> owned;
+  ReadRanges ranges;
+  uint32_t seed = 100;
+  for (int kv = 0; kv < 2; ++kv) {
+    const kvq::FormatLayout& layout = layouts[kv];
+    for (int i = 0; i < layout.num_planes; ++i) {
+      const kvq::PlaneSpec& plane = layout.plane(i);
+      const size_t bytes = pages * layout.PageBytes(i, c.page_size, c.num_kv_heads);
+      uint8_t* pool = Alloc<uint8_t>(bytes / 2 * 2 + 16);
+      owned.push_back(pool);
+      const std::string name = plane.name;
+      if (plane.dtype != kvq::DType::kBF16) {
+        RandomBytes(pool, bytes, ++seed);
+      } else {
+        const float lo = name == "scale" ? 0.2f : name == "min" ? -1.5f : 0.5f;
+        const float hi = name == "scale" ? 0.8f : name == "min" ? -0.5f : 2.0f;
+        RandomBf16(reinterpret_cast<uint16_t*>(pool), bytes / 2, lo, hi, ++seed);
+      }
+      (kv ? in.value_planes : in.key_planes)[i] = pool;
+      ranges.Add(pool, bytes);
+    }
+  }
+  uint16_t* windows[4] = {};
+  for (int w = 0; w < 4; ++w) {
+    const size_t elems = w < 2 ? sink_elems : ring_elems;
+    windows[w] = Alloc<uint16_t>(elems);
+    owned.push_back(windows[w]);
+    RandomBf16(windows[w], elems, -2.f, 2.f, ++seed);
+    ranges.Add(windows[w], elems * 2);
+  }
+  std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
+  std::vector<int32_t> lens(batch, seq_len);
+  int32_t* tables = Alloc<int32_t>(perm.size());
+  int32_t* lens_d = Alloc<int32_t>(batch);
+  KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+  KVQ_CUDA_CHECK(cudaMemcpy(lens_d, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+  const size_t q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
+  float* q = Alloc<float>(q_elems);
+  float* out = Alloc<float>(q_elems);
+  FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
+  void* ws = Alloc<uint8_t>(plan.workspace_bytes);
+  owned.insert(owned.end(), {tables, lens_d, q, out, ws});
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  in.batch = batch;
+  in.max_seq_len = seq_len;
+  in.seq_lens = lens_d;
+  in.page_tables = tables;
+  in.max_pages = std::max(pages_per_seq, 1);
+  in.sink_key = windows[0];
+  in.sink_value = windows[1];
+  in.recent_key = windows[2];
+  in.recent_value = windows[3];
+  in.q = q;
+  r.us = MedianMicros(
+      [&] { kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out); }, flusher,
+      iters);
+  int sms = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  r.floor_us = MedianMicros(
+      [&] {
+        ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
+        KVQ_CUDA_CHECK(cudaGetLastError());
+      },
+      flusher, iters);
+  std::vector<float> host(q_elems);
+  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
+  for (float v : host) {
+    if (!std::isfinite(v)) {
+      std::fprintf(stderr, "non-finite output (B=%d T=%d)\n", batch, seq_len);
+      std::exit(1);
+    }
+  }
+  r.ran = true;
+  r.splits = plan.hist_splits + plan.window_splits;
+  // The bytes a step must read: the history's planes as the cache counts them (tile planes per
+  // tile, a shared norm once for the KV heads) and the bf16 window rows.
+  double history = 0.0;
+  for (const kvq::FormatLayout& layout : layouts) {
+    history += layout.Bytes(kvq::PlaneRole::kCodes, hist, kHkv) +
+               layout.Bytes(kvq::PlaneRole::kMetadata, hist, kHkv);
+  }
+  r.cache_bytes = batch * (history + static_cast<double>(window) * 2 * row_elems * 2);
+  for (void* p : owned) cudaFree(p);
+  return r;
+}
+
+// The scheme rows' table, cuDNN (bench_sdpa.py) beside it in the same device call.
+void RunSchemeTable(const std::string& list, const std::vector<int>& batches,
+                    const std::vector<int>& lens, L2Flusher& flusher, int iters, double copy_bw) {
+  const std::vector<SchemeRow> rows = SchemeRows(list);
+  std::printf("\n| scheme | B | T | us | GB/s (bytes read) | of copy BW | bytes read / step (MB) | "
+              "splits | read floor us | us / floor |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int batch : batches) {
+    for (int len : lens) {
+      for (const SchemeRow& row : rows) {
+        const Result a = RunScheme(row.params, batch, len, flusher, iters);
+        if (!a.ran) {
+          std::printf("| %s | %d | %d | skipped (memory) | | | | | | |\n", row.label.c_str(), batch,
+                      len);
+          continue;
+        }
+        const double rate = a.cache_bytes / (a.us * 1e-6);
+        std::printf("| %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %d | %.1f | %.2f |\n",
+                    row.label.c_str(), batch, len, a.us, rate / 1e9, 100.0 * rate / copy_bw,
+                    a.cache_bytes / 1e6, a.splits, a.floor_us, a.us / a.floor_us);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -467,6 +661,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool int2_only = false;
   int only_batch = 0, only_len = 0;
+  bool scheme_rows = false, schemes_only = false;
+  std::string schemes;  // --schemes LIST (empty: every spec 1.1 scheme the GPU serves + int4)
   FlushMode flush = FlushMode::kRead;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--flush") && i + 1 < argc) {
@@ -486,6 +682,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--window-split") && i + 1 < argc) g_window_split = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--hist-split") && i + 1 < argc) g_hist_split = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--timeline")) g_timeline = true;
+    else if (!std::strcmp(argv[i], "--schemes") && i + 1 < argc) {
+      schemes = argv[++i];
+      scheme_rows = true;
+    } else if (!std::strcmp(argv[i], "--schemes-only")) {
+      scheme_rows = true;
+      schemes_only = true;
+    }
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -507,14 +710,16 @@ int main(int argc, char** argv) {
                 copy_bw / 1e9, iters, kvq::bench::FlushModeName(flush),
                 g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"));
     std::printf("# an empty kernel, timed the same way: %.1f us\n\n", empty_us);
-    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | read floor us | "
-                "INT2 / floor | INT2 us, bf16 QK loop | kvq BF16 us | BF16 GB/s | of copy BW | "
-                "INT2 speedup vs kvq BF16 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
     std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
     if (only_batch > 0) batches = {only_batch};
     if (only_len > 0) lens = {only_len};
+    if (scheme_rows) RunSchemeTable(schemes, batches, lens, flusher, iters, copy_bw);
+    if (schemes_only) return 0;
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | read floor us | "
+                "INT2 / floor | INT2 us, bf16 QK loop | kvq BF16 us | BF16 GB/s | of copy BW | "
+                "INT2 speedup vs kvq BF16 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int batch : batches) {
       for (int len : lens) {
         const Result a = RunOne(true, batch, len, flusher, iters);

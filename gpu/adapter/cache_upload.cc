@@ -27,10 +27,6 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
   CacheImage m;
   m.params = cache.params();
   const CacheParams& p = m.params;
-  KVQ_CHECK(p.flush == 1, kUnsupported, "flush F = ", p.flush,
-            " is not supported by the CUDA decode attention (F = 1 only)");
-  KVQ_CHECK(!p.quantized() || p.recent >= 1, kUnsupported,
-            "recent window W = 0 is not supported by the CUDA decode attention (spec 1.1)");
   const int d = p.head_dim(), hkv = p.num_kv_heads, page = p.page_size;
   const size_t row = static_cast<size_t>(hkv) * d;
   const int batch = static_cast<int>(seqs.size());
@@ -67,9 +63,9 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
                 m.page_tables.begin() + static_cast<size_t>(b) * m.max_pages);
     }
 
-    // Batched windows [B, S0, Hkv, d] and [B, W, Hkv, d]; unused rows NaN.
+    // Batched windows [B, S0, Hkv, d] and [B, W + F - 1, Hkv, d]; unused rows NaN.
     const size_t sink_elems = static_cast<size_t>(p.sink) * row;
-    const size_t ring_elems = static_cast<size_t>(p.recent) * row;
+    const size_t ring_elems = static_cast<size_t>(p.ring_slots()) * row;
     for (int kv = 0; kv < 2; ++kv) {
       std::vector<uint16_t>& sink = m.sink[kv];
       std::vector<uint16_t>& ring = m.recent[kv];
@@ -80,7 +76,7 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
         std::memcpy(&sink[b * sink_elems], cache.SinkRows(s, kvs[kv]),
                     cache.SinkLength(s) * row * sizeof(uint16_t));
         for (size_t pos = cache.RecentBegin(s); pos < cache.Length(s); ++pos) {
-          const size_t slot = pos % p.recent;  // F = 1: the ring has W slots
+          const size_t slot = pos % p.ring_slots();
           std::memcpy(&ring[b * ring_elems + slot * row],
                       cache.RecentRing(s, kvs[kv]) + slot * row, row * sizeof(uint16_t));
         }

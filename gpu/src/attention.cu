@@ -51,32 +51,50 @@ HistoryFormat CheckSupported(const CacheParams& c) {
   KVQ_CHECK(g <= attention::kMaxHeadsPerBlock || g % attention::kMaxHeadsPerBlock == 0,
             kUnsupported, "GQA group Hq/Hkv = ", g,
             " is not supported by the CUDA decode attention (at most 8, or a multiple of 8)");
-  KVQ_CHECK(c.flush == 1, kUnsupported, "flush F = ", c.flush,
-            " is not supported by the CUDA decode attention (F = 1 only)");
-  KVQ_CHECK(!c.quantized() || c.recent >= 1, kUnsupported,
-            "recent window W = 0 is not supported by the CUDA decode attention (spec 1.1)");
-  HistoryFormat key_kind, value_kind;
+  HistoryFormat key_kind, value_kind, kind;
   KVQ_CHECK(attention::HistoryFormatOf(c.key.format, c.key.bits, &key_kind), kUnsupported,
             "key format ", FormatName(c.key.format), " with ", c.key.bits,
             " bits is not supported by the CUDA decode attention");
   KVQ_CHECK(attention::HistoryFormatOf(c.value.format, c.value.bits, &value_kind), kUnsupported,
             "value format ", FormatName(c.value.format), " with ", c.value.bits,
             " bits is not supported by the CUDA decode attention");
-  KVQ_CHECK(key_kind == value_kind, kUnsupported, "key ", FormatName(c.key.format), " (bits ",
-            c.key.bits, ") and value ", FormatName(c.value.format), " (bits ", c.value.bits,
-            ") differ (the CUDA decode attention needs one history format)");
+  KVQ_CHECK(attention::StepKindOf(key_kind, value_kind, &kind), kUnsupported, "key ",
+            FormatName(c.key.format), " (bits ", c.key.bits, ") and value ",
+            FormatName(c.value.format), " (bits ", c.value.bits,
+            ") are not a pair the CUDA decode attention serves (one per-token format, or tiled "
+            "keys over per-token values of the same width)");
   CheckKernelLayout(c.key, "CUDA decode attention (key)");
   CheckKernelLayout(c.value, "CUDA decode attention (value)");
-  if (key_kind == HistoryFormat::kBf16) return key_kind;
+  if (kind == HistoryFormat::kBf16) return kind;
   const int row_bytes = d * c.key.bits / 8;
-  KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
-            " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+  if (attention::IsTileKind(kind)) {
+    const int slice = c.key.tile_channel_bytes();
+    KVQ_CHECK(slice == 8 || slice == 16, kUnsupported, "key tile of ", c.key.group,
+              " tokens at ", c.key.bits, " bits (", slice,
+              " bytes a channel) is not supported by the CUDA decode attention (8 or 16: "
+              "INT2 with G_k = 32 or 64, INT4 with G_k = 32)");
+  } else {
+    KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
+              " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+  }
   KVQ_CHECK(c.value.group >= row_bytes, kUnsupported, "value group ", c.value.group,
             " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
-  KVQ_CHECK(IsSupportedGroup(c.key.group) && IsSupportedGroup(c.value.group), kUnsupported,
-            "groups ", c.key.group, " / ", c.value.group, " (G = d = 256, spec 1.1) are not "
-            "supported by the CUDA decode attention (32, 64 or 128)");
-  return key_kind;
+  KVQ_CHECK((attention::IsTileKind(kind) || IsSupportedGroup(c.key.group)) &&
+                IsSupportedGroup(c.value.group),
+            kUnsupported, "groups ", c.key.group, " / ", c.value.group,
+            " (G = d = 256, spec 1.1) are not supported by the CUDA decode attention (32, 64 or "
+            "128)");
+  return kind;
+}
+
+// Tokens of the windows a step of max_seq_len reads at most (sink + recent ring), and history
+// tokens at most: H(max_seq_len); a bf16 cache pages every token.
+int64_t WindowTokens(const CacheParams& c, int64_t max_seq_len) {
+  return c.quantized() ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.ring_slots())
+                       : 0;
+}
+int64_t PagedTokens(const CacheParams& c, int64_t max_seq_len) {
+  return c.quantized() ? c.HistoryTokens(max_seq_len) : max_seq_len;
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -99,7 +117,7 @@ struct WorkspaceLayout {
 
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms, bool allow_int8_qk) {
-  CheckSupported(c);
+  const HistoryFormat kind = CheckSupported(c);
   KVQ_CHECK(batch >= 1 && batch <= 65535, kInvalidArgument, "batch ", batch,
             " is outside [1, 65535]");
   KVQ_CHECK(max_seq_len >= 1, kInvalidArgument, "max_seq_len ", max_seq_len, " is below 1");
@@ -114,11 +132,8 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
 
   DecodeAttentionPlan plan;
   // Quantized cache: sink + recent rows (bf16, the window blocks) and paged history rows.
-  const int64_t window_tokens =
-      c.quantized() ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent) : 0;
-  const int64_t paged_tokens =
-      c.quantized() ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
-                  : max_seq_len;
+  const int64_t window_tokens = WindowTokens(c, max_seq_len);
+  const int64_t paged_tokens = PagedTokens(c, max_seq_len);
   // Decode blocks resident at once: a wave.
   const int64_t resident =
       static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
@@ -186,9 +201,11 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     plan.window_splits = CeilDiv(window_tokens, window_split_tokens);
   }
   // The loop: int8 QK^T where a block serves at most 4 query heads, else the bf16 MMAs with the
-  // hi / lo parts packed into the column halves (g <= 4) or in two MMAs.
+  // hi / lo parts packed into the column halves (g <= 4) or in two MMAs. Tile keys have the
+  // bf16 loops only (their folded query changes every tile).
   if (c.quantized() && heads_per_block <= 4) {
-    plan.quant_loop = allow_int8_qk ? QuantLoop::kInt8Qk : QuantLoop::kPacked;
+    plan.quant_loop = allow_int8_qk && !attention::IsTileKind(kind) ? QuantLoop::kInt8Qk
+                                                                    : QuantLoop::kPacked;
   } else {
     plan.quant_loop = QuantLoop::kTwoMma;
   }
@@ -248,20 +265,20 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             kInvalidArgument, "invalid plan: quant_loop ", loop,
             " (packed or int8) needs a quantized cache and at most 4 query heads per block, g = ",
             g);
+  KVQ_CHECK(plan.quant_loop != QuantLoop::kInt8Qk || !attention::IsTileKind(format),
+            kInvalidArgument, "invalid plan: the int8 QK loop does not read tiled keys");
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
                 plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
                 g % plan.aux_heads_per_block == 0,
             kInvalidArgument, "invalid plan: aux_heads_per_block ", plan.aux_heads_per_block,
             " (1 .. ", attention::MaxAuxHeads(d), " at d = ", d, ", dividing g = ", g, ")");
   // The plan must cover the longest sequence.
-  const int64_t paged_tokens =
-      c.quantized() ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
-                  : in.max_seq_len;
+  const int64_t paged_tokens = PagedTokens(c, in.max_seq_len);
   KVQ_CHECK(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split >= paged_tokens,
             kInvalidArgument, "plan covers ", plan.hist_splits * plan.hist_tokens_per_split,
             " paged tokens, max_seq_len ", in.max_seq_len, " needs ", paged_tokens);
   if (c.quantized()) {
-    const int64_t window = std::min<int64_t>(in.max_seq_len, static_cast<int64_t>(c.sink) + c.recent);
+    const int64_t window = WindowTokens(c, in.max_seq_len);
     KVQ_CHECK(static_cast<int64_t>(plan.window_splits) * plan.window_tokens_per_split >= window,
               kInvalidArgument, "plan covers ", plan.window_splits * plan.window_tokens_per_split,
               " window tokens, ", window, " needed");
@@ -289,8 +306,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   if (c.quantized()) {
     KVQ_CHECK((c.sink == 0 || (in.sink_key && in.sink_value && Aligned16(in.sink_key) &&
                                Aligned16(in.sink_value))) &&
-                  in.recent_key && in.recent_value && Aligned16(in.recent_key) &&
-                  Aligned16(in.recent_value),
+                  (c.ring_slots() == 0 || (in.recent_key && in.recent_value &&
+                                           Aligned16(in.recent_key) && Aligned16(in.recent_value))),
               kInvalidArgument, "null or misaligned sink / recent windows");
     KVQ_CHECK(c.key.rotation != RotationKind::kDense || (in.rotation_key && Aligned16(in.rotation_key)),
               kInvalidArgument, "null or misaligned key rotation for a dense key write path");
@@ -325,6 +342,9 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.head_chunks = g / kp.heads_per_block;
   kp.sink = c.sink;
   kp.recent = c.recent;
+  kp.flush = c.flush;
+  kp.ring_slots = std::max(c.ring_slots(), 1);
+  kp.key_norm = c.key.format == Format::kAffineTile && c.key.norm;
   kp.page_size_log2 = 0;
   while ((1 << kp.page_size_log2) < c.page_size) ++kp.page_size_log2;
   kp.key_group = c.key.group;
@@ -344,16 +364,19 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.sink_v = in.sink_value;
   kp.recent_k = in.recent_key;
   kp.recent_v = in.recent_value;
-  for (int i = 0; i < key_layout.num_planes; ++i) {
-    kp.k_planes[i] = in.key_planes[i];
-    kp.k_page_stride[i] =
-        static_cast<int64_t>(key_layout.PageBytes(i, c.page_size, c.num_kv_heads));
-  }
-  for (int i = 0; i < value_layout.num_planes; ++i) {
-    kp.v_planes[i] = in.value_planes[i];
-    kp.v_page_stride[i] =
-        static_cast<int64_t>(value_layout.PageBytes(i, c.page_size, c.num_kv_heads));
-  }
+  const auto set_planes = [&](const FormatLayout& layout, const uint8_t* const* pools,
+                              const uint8_t** planes, int64_t* page_stride, int64_t* head_stride) {
+    for (int i = 0; i < layout.num_planes; ++i) {
+      planes[i] = pools[i];
+      page_stride[i] = static_cast<int64_t>(layout.PageBytes(i, c.page_size, c.num_kv_heads));
+      head_stride[i] = layout.HeadsPerPage(i, c.num_kv_heads) > 1 || c.num_kv_heads == 1
+                           ? layout.RowsPerPage(i, c.page_size) *
+                                 static_cast<int64_t>(layout.plane(i).row_bytes())
+                           : 0;
+    }
+  };
+  set_planes(key_layout, in.key_planes, kp.k_planes, kp.k_page_stride, kp.k_head_stride);
+  set_planes(value_layout, in.value_planes, kp.v_planes, kp.v_page_stride, kp.v_head_stride);
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);

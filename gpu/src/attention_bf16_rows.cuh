@@ -94,8 +94,8 @@ __device__ __forceinline__ void Bf16Split(const DecodeKernelParams& p, unsigned 
         } else {
           const uint16_t* ring = kv ? p.recent_v : p.recent_k;
           const int pos = valid ? recent_begin + (tok - n_sink) : 0;
-          const int slot = pos % p.recent;
-          src = ring + (static_cast<int64_t>(b) * p.recent + slot) * row_elems + kvh * D;
+          const int slot = pos % p.ring_slots;
+          src = ring + (static_cast<int64_t>(b) * p.ring_slots + slot) * row_elems + kvh * D;
         }
       }
       CpAsync16(dst_stage + kv * kTileTokens * Geo::kRowStride + r * Geo::kRowStride + piece * 16,

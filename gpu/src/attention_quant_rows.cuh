@@ -66,7 +66,11 @@ __host__ __device__ constexpr float PvUnscale() {
 // ------------------------------------------------------------------------------------------
 // INT-b history pages.
 
-template <int D, int BITS>
+// KEY_TILE: the stage also holds the keys' norms (tile keys, kTileInt*: bf16 [64] after the
+// metadata); the tile keys' codes, scales and mins take the places of the per-token ones (a tile
+// row of codes is G_k * RB bytes, its scale and min rows 2 D bytes: at most 2 D / 32 bytes a
+// token, what kMetaBytes holds).
+template <int D, int BITS, bool KEY_TILE = false>
 struct QuantGeometry {
   static constexpr int kFields = 8 / BITS;            // codes per byte
   static constexpr int kRowBytes = D * BITS / 8;      // RB
@@ -78,7 +82,9 @@ struct QuantGeometry {
   static constexpr int kStages = 4;
   static constexpr int kCodesBytes = kTileTokens * kRowBytes;      // K or V codes of a stage
   static constexpr int kMetaBytes = kTileTokens * kMaxGroups * 2;  // one metadata array
-  static constexpr int kStageBytes = 2 * kCodesBytes + 4 * kMetaBytes;
+  static constexpr int kNormOffset = 2 * kCodesBytes + 4 * kMetaBytes;
+  static constexpr int kNormBytes = KEY_TILE ? kTileTokens * 2 : 0;
+  static constexpr int kStageBytes = kNormOffset + kNormBytes;
   static constexpr int kBarrierBytes = 16 * kStages;  // full + empty mbarrier per stage
   // q~ [8][D] fp32, then per (field, head) the sums of the represented q~ and of its scaled
   // parts: [2][kFields][8] fp32, and the B fragments of the query, uint4 {hi k-lo, hi k-hi,
@@ -91,26 +97,29 @@ struct QuantGeometry {
 };
 
 // The copy pipeline of a quantized-history split: kStages shared-memory stages of one 64-token
-// tile each (K and V codes, K scale / min, V scale / min), filled by the copy engine and
-// released without a block-wide barrier. stage_full[s] completes when a tile's bytes arrived;
-// stage_empty[s] when every thread of the block read the stage, and the stage's refill waits for
-// that phase.
+// tile each (K and V codes, K scale / min, V scale / min, and with KEY_TILE the K norms), filled
+// by the copy engine and released without a block-wide barrier. stage_full[s] completes when a
+// tile's bytes arrived; stage_empty[s] when every thread of the block read the stage, and the
+// stage's refill waits for that phase.
 //
-// A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales and mins
-// of this KV head are contiguous runs ([Hkv, P, row] layout), so a tile is 6 bulk copies per
-// page run ({K, V} codes, K scale, K min, V scale, V min), issued by lanes of one warp
-// (lane = 6 * run + kind) and counted on the stage's mbarrier. Rows are copied in whole
-// 16-token chunks (a page holds whole chunks: P >= 16); rows past `end` in the last chunk are
-// read but masked by the loop.
-template <int D, int BITS>
+// A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales, mins
+// (and norms) of this KV head are contiguous runs ([Hkv, P, row] layout; a tile plane's rows
+// [Hkv, P / G_k, row] are as contiguous, and runs start on whole key tiles: P and the splits
+// are multiples of G_k), so a tile is kKinds bulk copies per page run ({K, V} codes, K scale,
+// K min, V scale, V min, K norm), issued by lanes of one warp (lane = kKinds * run + kind) and
+// counted on the stage's mbarrier. Rows are copied in whole 16-token chunks (a page holds whole
+// chunks: P >= 16); rows past `end` in the last chunk are read but masked by the loop.
+template <int D, int BITS, bool KEY_TILE = false>
 struct QuantTilePipeline {
-  using Geo = QuantGeometry<D, BITS>;
+  using Geo = QuantGeometry<D, BITS, KEY_TILE>;
+  static constexpr int kKinds = KEY_TILE ? 7 : 6;
+  static_assert(kKinds * (kTileTokens / 16) <= 32, "one copy lane per kind and page run");
   static constexpr int kFullOffset = Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes;
   const DecodeKernelParams& p;
   unsigned char* smem;
   const unsigned char* copy_src;  // this lane's pool, advanced to KV head kvh's rows of page 0
   int64_t copy_page_stride;
-  int copy_row_bytes;
+  int copy_row_bytes;             // bytes a token of this lane's plane (0: nothing to copy)
   int copy_dst;
   int begin;
   int end16;
@@ -128,41 +137,52 @@ struct QuantTilePipeline {
     return reinterpret_cast<int*>(smem + kFullOffset + Geo::kBarrierBytes);
   }
 
+  // Warps that read each tile (kWarps: every warp reads every tile; fewer: the warps form
+  // kWarps / warps_per_tile groups, group j reading the tiles i with i % groups == j).
+  int warps_per_tile;
+
   // Loads the split's page ids and initialises the barriers; Start() publishes them.
   __device__ __forceinline__ QuantTilePipeline(const DecodeKernelParams& params,
                                                unsigned char* smem_base, int kvh, int b,
-                                               int split_begin, int split_end)
-      : p(params), smem(smem_base), begin(split_begin) {
+                                               int split_begin, int split_end,
+                                               int tile_warps = kWarps)
+      : p(params), smem(smem_base), begin(split_begin), warps_per_tile(tile_warps) {
     constexpr int RB = Geo::kRowBytes;
     LoadSplitPages(p, b, split_begin, split_end, PageIds());
     n_tiles = (split_end - split_begin + kTileTokens - 1) / kTileTokens;
     end16 = (split_end + kChunkTokens - 1) & ~(kChunkTokens - 1);
-    const int ngk = D / p.key_group;
-    const int ngv = D / p.value_group;
-    bytes_per_token = 2 * RB + 4 * (ngk + ngv);
+    // Metadata bytes a token: per-token groups (D / G pairs) or a tile's row over its G_k tokens.
+    const int meta_k = KEY_TILE ? 2 * D / p.key_group : 2 * (D / p.key_group);
+    const int meta_v = 2 * (D / p.value_group);
+    const int norm_k = KEY_TILE && p.key_norm ? 2 : 0;
+    bytes_per_token = 2 * RB + 2 * meta_k + 2 * meta_v + norm_k;
     l2_policy = EvictFirstPolicy();
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < Geo::kStages; ++s) {
         MbarrierInit(Full(s), 1);
-        MbarrierInit(Empty(s), kThreads);
+        MbarrierInit(Empty(s), 32 * warps_per_tile);
       }
       FenceMbarrierInit();
     }
-    const int kind = (threadIdx.x & 31) % 6;
-    const int ng = kind < 2 ? 0 : (kind < 4 ? ngk : ngv);
-    const unsigned char* pool;
-    switch (kind) {
-      case 0: pool = p.k_planes[kAffineCodesPlane]; copy_page_stride = p.k_page_stride[kAffineCodesPlane]; break;
-      case 1: pool = p.v_planes[kAffineCodesPlane]; copy_page_stride = p.v_page_stride[kAffineCodesPlane]; break;
-      case 2: pool = p.k_planes[kAffineScalePlane]; copy_page_stride = p.k_page_stride[kAffineScalePlane]; break;
-      case 3: pool = p.k_planes[kAffineMinPlane]; copy_page_stride = p.k_page_stride[kAffineMinPlane]; break;
-      case 4: pool = p.v_planes[kAffineScalePlane]; copy_page_stride = p.v_page_stride[kAffineScalePlane]; break;
-      default: pool = p.v_planes[kAffineMinPlane]; copy_page_stride = p.v_page_stride[kAffineMinPlane]; break;
-    }
-    copy_row_bytes = kind < 2 ? RB : 2 * ng;
-    copy_dst = kind < 2 ? kind * Geo::kCodesBytes : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
-    copy_src = pool + (static_cast<int64_t>(kvh) << p.page_size_log2) * copy_row_bytes;
+    const int kind = (threadIdx.x & 31) % kKinds;
+    // kind -> (K or V, plane, bytes a token, destination in the stage). The affine_tile planes
+    // codes / scale / min sit where affine_token's do (kTile*Plane == kAffine*Plane).
+    static_assert(kTileCodesPlane == kAffineCodesPlane && kTileScalePlane == kAffineScalePlane &&
+                      kTileMinPlane == kAffineMinPlane,
+                  "tile and token planes share positions");
+    const bool value = kind == 1 || kind == 4 || kind == 5;
+    const int plane = kind < 2 ? kAffineCodesPlane
+                      : kind == 6 ? kTileNormPlane
+                      : (kind == 2 || kind == 4) ? kAffineScalePlane
+                                                 : kAffineMinPlane;
+    copy_row_bytes = kind < 2 ? RB : kind == 6 ? norm_k : (value ? meta_v : meta_k);
+    copy_dst = kind < 2 ? kind * Geo::kCodesBytes
+               : kind == 6 ? Geo::kNormOffset
+                           : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
+    const unsigned char* pool = value ? p.v_planes[plane] : p.k_planes[plane];
+    copy_page_stride = value ? p.v_page_stride[plane] : p.k_page_stride[plane];
+    copy_src = pool + kvh * (value ? p.v_head_stride[plane] : p.k_head_stride[plane]);
   }
 
   // Tile `tile` (< n_tiles) into stage `stage`; called by a whole warp.
@@ -174,8 +194,8 @@ struct QuantTilePipeline {
     const int n_tok = min(kTileTokens, end16 - first);
     if (lane == 0) MbarrierArriveExpectTx(Full(stage), n_tok * bytes_per_token);
     __syncwarp();
-    const int r0 = (lane / 6) * run_tokens;
-    if (lane < 6 * (kTileTokens / 16) && r0 < n_tok) {
+    const int r0 = (lane / kKinds) * run_tokens;
+    if (lane < kKinds * (kTileTokens / 16) && r0 < n_tok && copy_row_bytes > 0) {
       const int n = min(run_tokens, n_tok - r0);
       const int tok = first + r0;
       const int page = PageIds()[(tok >> p.page_size_log2) - (begin >> p.page_size_log2)];
@@ -208,12 +228,15 @@ struct QuantTilePipeline {
   __device__ __forceinline__ void Release(int tile) const {
     MbarrierArrive(Empty(tile % Geo::kStages));
   }
-  // Refill at the end of step `tile`: step i's producer is warp i % 4 (the role rotates, so no
+  // Refill at the end of step `tile`, called by the warps that read it: the producer is one of
+  // them, the role rotating among them (every warp reading every tile: warp tile % 4, so no
   // warp carries it every step). It issues tile + 3, needed two steps later (the others have
   // usually released tile - 1 by then), into the stage of tile + 3 - kStages, which every
-  // thread must have released.
+  // reader of that tile must have released.
   __device__ __forceinline__ void Produce(int tile) const {
-    if ((threadIdx.x >> 5) != tile % kWarps) return;
+    const int groups = kWarps / warps_per_tile;
+    const int producer = (tile % groups) * warps_per_tile + (tile / groups) % warps_per_tile;
+    if ((threadIdx.x >> 5) != producer) return;
     const int next = tile + Geo::kStages - 1;
     if (next < n_tiles) {
       if (next >= Geo::kStages) {
@@ -331,6 +354,122 @@ __device__ __forceinline__ void QkEpilogue(float (&s)[4], const float (&c)[4], f
   s[3] += sfb * c3 + mfb * qs.y;
 }
 
+// PV of a quantized history's chunk with the bf16 MMAs over per-token (affine_token) value rows,
+// shared by the loops whose softmax is WarpState's (QuantSplit, TileKeySplit): A = the V^T code
+// fields in place (exact), B = p * scale * 2^64 as bf16 hi and lo (PACK: in the column halves,
+// as QuantSplit says); the min term sum_t p_t * min_t per field's group on the side.
+// FPGV: fields per V group.
+template <int D, int BITS, bool PACK, int FPGV>
+struct PvLoop {
+  using Geo = QuantGeometry<D, BITS>;
+  static constexpr int F = Geo::kFields;
+  float min_sum[F][2];
+
+  __device__ __forceinline__ PvLoop() {
+#pragma unroll
+    for (int f = 0; f < F; ++f) min_sum[f][0] = min_sum[f][1] = 0.0f;
+  }
+  // The softmax moved its max: alpha[i] for head column i (WarpState::Update).
+  __device__ __forceinline__ void Rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      min_sum[f][0] *= alpha[0];
+      min_sum[f][1] *= alpha[1];
+    }
+  }
+  // The 16-token chunk `chunk` (0..3) of `stage` (rows row_a, row_b of the accumulator layout;
+  // V rows vrow for PV's k index) with p = pr (WarpState::Update's layout).
+  __device__ __forceinline__ void Step(const unsigned char* stage, int chunk, int gi, int t4,
+                                       int row_a, int row_b, const int (&vrow)[4],
+                                       const float (&pr)[4], bool valid_a, bool valid_b,
+                                       WarpState<D>& st) {
+    constexpr int RB = Geo::kRowBytes;
+    const int ngv = D / (FPGV * RB);
+    // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
+    const unsigned char* vc = stage + Geo::kCodesBytes + chunk * kChunkTokens * RB;
+    const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                            2 * Geo::kMetaBytes) +
+                          chunk * kChunkTokens * ngv;
+    const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                            3 * Geo::kMetaBytes) +
+                          chunk * kChunkTokens * ngv;
+    const PvCodes<D, BITS> codes(vc, vrow, gi);
+    // The row's NGV scales and mins, one load each.
+    constexpr int NGV = F / FPGV;
+    uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
+    uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
+    float mfa = 0.0f, mfb = 0.0f;
+    StaticFor<F>([&](auto fc) {
+      constexpr int f = decltype(fc)::value;
+      if constexpr (f % FPGV == 0) {
+        // Select, not multiply: rows past the end may hold any bits.
+        constexpr int g = f / FPGV;
+        const float sfa = valid_a ? Bf16OfRow<g>(vsa) : 0.0f;
+        const float sfb = valid_b ? Bf16OfRow<g>(vsb) : 0.0f;
+        mfa = valid_a ? Bf16OfRow<g>(vma) : 0.0f;
+        mfb = valid_b ? Bf16OfRow<g>(vmb) : 0.0f;
+        uint32_t hi_a, lo_a, hi_b, lo_b;
+        // B = p * scale * 2^64 against the in-place (subnormal) code fields.
+        const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
+        SplitBf16(pr[0] * sfa_v, pr[1] * sfa_v, hi_a, lo_a);
+        SplitBf16(pr[2] * sfb_v, pr[3] * sfb_v, hi_b, lo_b);
+        if constexpr (PACK) {
+          // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
+          bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
+          bh1 = Transpose8x8(t4 >= 2 ? lo_b : hi_b);
+        } else {
+          bh0 = Transpose8x8(hi_a);
+          bh1 = Transpose8x8(hi_b);
+          bl0 = Transpose8x8(lo_a);
+          bl1 = Transpose8x8(lo_b);
+        }
+      }
+      min_sum[f][0] += pr[0] * mfa + pr[2] * mfb;
+      min_sum[f][1] += pr[1] * mfa + pr[3] * mfb;
+#pragma unroll
+      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        uint32_t a[4];
+        codes.template A<f>(jp, a);
+        const int mt = f * Geo::kPvPairs + jp;
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
+        if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
+      }
+    });
+  }
+  // Ends the split: the PACK columns added, each field unscaled, the min term added.
+  __device__ __forceinline__ void Finish(WarpState<D>& st) {
+    if constexpr (PACK) {
+      // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then
+      // hold copies for the unused heads 4..7, which CombineAndStore never writes out.
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st.acc[mt][i] += __shfl_xor_sync(0xffffffffu, st.acc[mt][i], 2);
+      }
+    }
+    // Field f accumulated 2^(f*b - 69) * sum p * scale * q (PvUnscale); then the min term:
+    // sum_t p_t * min_t of each field's group, the same for every channel of it.
+    StaticFor<F>([&](auto fc) {
+      constexpr int f = decltype(fc)::value;
+      constexpr float kUnscale = PvUnscale<BITS, f>();
+      const float m0 = SumOverRows(min_sum[f][0]);
+      const float m1 = SumOverRows(min_sum[f][1]);
+#pragma unroll
+      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        const int mt = f * Geo::kPvPairs + jp;
+        st.acc[mt][0] = st.acc[mt][0] * kUnscale + m0;
+        st.acc[mt][1] = st.acc[mt][1] * kUnscale + m1;
+        st.acc[mt][2] = st.acc[mt][2] * kUnscale + m0;
+        st.acc[mt][3] = st.acc[mt][3] * kUnscale + m1;
+      }
+    });
+  }
+};
+
 // One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
 // warp takes one 16-token chunk of every 64-token tile: QK^T, one softmax update, PV.
 // PACK (heads_per_block <= 4, kPacked): the bf16 hi and lo parts of the query and of p * scale
@@ -356,7 +495,6 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   const int gi = lane >> 2;
   const int t4 = lane & 3;
   const int h0 = 2 * t4;
-  const int ngv = D / p.value_group;
   const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
 
   using Pipeline = QuantTilePipeline<D, BITS>;
@@ -436,9 +574,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
   WarpState<D> st;
   st.Init();
-  float min_sum[F][2];
-#pragma unroll
-  for (int f = 0; f < F; ++f) min_sum[f][0] = min_sum[f][1] = 0.0f;
+  PvLoop<D, BITS, PACK, FPGV> pv;
 
   const int row_a = ChunkRow(gi);
   const int row_b = ChunkRow(gi + 8);
@@ -505,98 +641,15 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       sl[3] = valid_b ? s[3] * fac : -INFINITY;
       float pr[4];
       float alpha[2];
-      if (st.Update(sl, pr, alpha)) {  // alpha == 1 on lanes whose max did not move
-#pragma unroll
-        for (int f = 0; f < F; ++f) {
-          min_sum[f][0] *= alpha[0];
-          min_sum[f][1] *= alpha[1];
-        }
-      }
+      if (st.Update(sl, pr, alpha)) pv.Rescale(alpha);  // alpha == 1 where the max stayed
 
-      // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
-      const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
-      const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                              2 * Geo::kMetaBytes) +
-                            warp * kChunkTokens * ngv;
-      const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                              3 * Geo::kMetaBytes) +
-                            warp * kChunkTokens * ngv;
-      const PvCodes<D, BITS> codes(vc, vrow, gi);
-      // The row's NGV scales and mins, one load each.
-      constexpr int NGV = F / FPGV;
-      uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
-      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
-      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
-      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
-      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
-      uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
-      float mfa = 0.0f, mfb = 0.0f;
-      StaticFor<F>([&](auto fc) {
-        constexpr int f = decltype(fc)::value;
-        if constexpr (f % FPGV == 0) {
-          // Select, not multiply: rows past the end may hold any bits.
-          constexpr int g = f / FPGV;
-          const float sfa = valid_a ? Bf16OfRow<g>(vsa) : 0.0f;
-          const float sfb = valid_b ? Bf16OfRow<g>(vsb) : 0.0f;
-          mfa = valid_a ? Bf16OfRow<g>(vma) : 0.0f;
-          mfb = valid_b ? Bf16OfRow<g>(vmb) : 0.0f;
-          uint32_t hi_a, lo_a, hi_b, lo_b;
-          // B = p * scale * 2^64 against the in-place (subnormal) code fields.
-          const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
-          SplitBf16(pr[0] * sfa_v, pr[1] * sfa_v, hi_a, lo_a);
-          SplitBf16(pr[2] * sfb_v, pr[3] * sfb_v, hi_b, lo_b);
-          if constexpr (PACK) {
-            // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
-            bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
-            bh1 = Transpose8x8(t4 >= 2 ? lo_b : hi_b);
-          } else {
-            bh0 = Transpose8x8(hi_a);
-            bh1 = Transpose8x8(hi_b);
-            bl0 = Transpose8x8(lo_a);
-            bl1 = Transpose8x8(lo_b);
-          }
-        }
-        min_sum[f][0] += pr[0] * mfa + pr[2] * mfb;
-        min_sum[f][1] += pr[1] * mfa + pr[3] * mfb;
-#pragma unroll
-        for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-          uint32_t a[4];
-          codes.template A<f>(jp, a);
-          const int mt = f * Geo::kPvPairs + jp;
-          MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
-          if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
-        }
-      });
+      pv.Step(stage, warp, gi, t4, row_a, row_b, vrow, pr, valid_a, valid_b, st);
     }
     // This thread is done reading the tile's stage.
     pipe.Release(tile);
     pipe.Produce(tile);
   }
-  if constexpr (PACK) {
-    // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then
-    // hold copies for the unused heads 4..7, which CombineAndStore never writes out.
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) st.acc[mt][i] += __shfl_xor_sync(0xffffffffu, st.acc[mt][i], 2);
-    }
-  }
-  // Field f accumulated 2^(f*b - 69) * sum p * scale * q (PvUnscale); then the min term:
-  // sum_t p_t * min_t of each field's group, the same for every channel of it.
-  StaticFor<F>([&](auto fc) {
-    constexpr int f = decltype(fc)::value;
-    constexpr float kUnscale = PvUnscale<BITS, f>();
-    const float m0 = SumOverRows(min_sum[f][0]);
-    const float m1 = SumOverRows(min_sum[f][1]);
-#pragma unroll
-    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-      const int mt = f * Geo::kPvPairs + jp;
-      st.acc[mt][0] = st.acc[mt][0] * kUnscale + m0;
-      st.acc[mt][1] = st.acc[mt][1] * kUnscale + m1;
-      st.acc[mt][2] = st.acc[mt][2] * kUnscale + m0;
-      st.acc[mt][3] = st.acc[mt][3] * kUnscale + m1;
-    }
-  });
+  pv.Finish(st);
   __syncthreads();
   CombineAndStore<D>(
       p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,

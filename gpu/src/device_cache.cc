@@ -87,8 +87,8 @@ DeviceCache::DeviceCache(const CacheImage& image) : impl_(std::make_unique<Impl>
     }
     if (p.quantized()) {
       KVQ_CHECK(image.sink[kv].size() >= static_cast<size_t>(m.batch) * p.sink * row &&
-                    image.recent[kv].size() == static_cast<size_t>(m.batch) * p.recent * row,
-                kInvalidArgument, "DeviceCache: the windows do not hold [B, S0 | W, Hkv, d]");
+                    image.recent[kv].size() == static_cast<size_t>(m.batch) * p.ring_slots() * row,
+                kInvalidArgument, "DeviceCache: the windows do not hold [B, S0 | W + F - 1, Hkv, d]");
     }
     m.sink[kv] = DeviceArray<uint16_t>(image.sink[kv]);
     m.recent[kv] = DeviceArray<uint16_t>(image.recent[kv]);

@@ -22,8 +22,15 @@ bool KindOfAffineToken(int bits, attention::HistoryFormat* kind) {
   }
 }
 
-// Spec 1.1's tiles (KIVI / OScaR keys): no decode kernel yet (the GPU half of issue 17).
-bool KindOfAffineTile(int /*bits*/, attention::HistoryFormat* /*kind*/) { return false; }
+// Spec 1.1's tiles (KIVI / OScaR keys): the tile kinds (keys only: StepKindOf pairs them with
+// per-token values).
+bool KindOfAffineTile(int bits, attention::HistoryFormat* kind) {
+  switch (bits) {
+    case 2: *kind = attention::HistoryFormat::kTileInt2; return true;
+    case 4: *kind = attention::HistoryFormat::kTileInt4; return true;
+    default: return false;
+  }
+}
 
 // Whether plane `index` of `layout` is called `name`, holds `bytes` bytes a row and has
 // `scope` (a per-token plane unless said otherwise).
@@ -78,6 +85,15 @@ bool HistoryFormatOf(Format format, int bits, HistoryFormat* kind) {
 #undef KVQ_FORMAT
   }
   return false;
+}
+
+bool StepKindOf(HistoryFormat key, HistoryFormat value, HistoryFormat* kind) {
+  const bool same = key == value && !IsTileKind(key);
+  const bool tile_keys = IsTileKind(key) && !IsTileKind(value) && value != HistoryFormat::kBf16 &&
+                         BitsOfKind(key) == BitsOfKind(value);
+  if (!same && !tile_keys) return false;
+  *kind = key;
+  return true;
 }
 
 }  // namespace attention

@@ -62,6 +62,13 @@ struct Config {
   std::string name;  // what the messages call it
   int hq = 8, hkv = 2, d = 128, bits = 2, group = 64, sink = 64, recent = 256, page = 64;
   int value_group = 0;  // 0: the same as group
+  // Spec 1.1: tile > 0 stores the keys as affine_tile over tiles of `tile` tokens (values stay
+  // per token in groups of value_group), with a norm spanning norm_heads KV heads when norm is
+  // set (Hkv: the token scope); F = flush.
+  int tile = 0;
+  bool norm = false;
+  int norm_heads = 1;
+  int flush = 1;
   bool quantized = true;
   RotationKind key_rotation = RotationKind::kDense;
   RotationKind value_rotation = RotationKind::kDense;
@@ -83,10 +90,12 @@ CacheParams MakeParams(const Config& cfg) {
     return testbed::Write().head_dim(cfg.d).group(group).bits(cfg.bits).rotation(rotation)
         .block(block).bitrev(bitrev);
   };
+  testbed::Write key = half(cfg.group, cfg.key_rotation, cfg.key_bitrev);
+  if (cfg.tile > 0) key.tile(cfg.tile).norm(cfg.norm, cfg.norm_heads);
   testbed::Cache c =
       testbed::Cache().q_heads(cfg.hq).kv_heads(cfg.hkv).sink(cfg.sink).recent(cfg.recent)
-          .page(cfg.page)
-          .key(half(cfg.group, cfg.key_rotation, cfg.key_bitrev))
+          .flush(cfg.flush).page(cfg.page)
+          .key(key)
           .value(half(cfg.value_group > 0 ? cfg.value_group : cfg.group, cfg.value_rotation,
                       cfg.value_bitrev));
   if (!cfg.quantized) c.bf16();
@@ -219,7 +228,7 @@ struct TestCase {
       tables = DeviceBuffer<int32_t>(tab);
       // Batched windows; rows the cache does not use are NaN so reading them would show.
       const size_t sink_elems = static_cast<size_t>(cfg.sink) * row;
-      const size_t ring_elems = static_cast<size_t>(cfg.recent) * row;
+      const size_t ring_elems = static_cast<size_t>(params.ring_slots()) * row;
       for (int kv = 0; kv < 2; ++kv) {
         const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
         std::vector<uint16_t> sink(std::max<size_t>(batch * sink_elems, 8), 0x7fc0);
@@ -228,9 +237,8 @@ struct TestCase {
           const size_t t = cache.Length(seqs[b]);
           const size_t n_sink = std::min<size_t>(t, cfg.sink);
           std::memcpy(&sink[b * sink_elems], cache.SinkRows(seqs[b], which), n_sink * row * 2);
-          const size_t rb = std::max<size_t>(cfg.sink, t > static_cast<size_t>(cfg.recent) ? t - cfg.recent : 0);
-          for (size_t pos = rb; pos < t; ++pos) {
-            const size_t slot = pos % cfg.recent;
+          for (size_t pos = cache.RecentBegin(seqs[b]); pos < t; ++pos) {
+            const size_t slot = pos % params.ring_slots();
             std::memcpy(&ring[b * ring_elems + slot * row],
                         cache.RecentRing(seqs[b], which) + slot * row, row * 2);
           }
@@ -308,7 +316,7 @@ struct TestCase {
     plan.quant_loop = v.loop;
     if (v.aux_heads > 0) plan.aux_heads_per_block = v.aux_heads;
     if (v.window_split > 0 && params.quantized()) {
-      const int window = std::min(max_len, params.sink + params.recent);
+      const int window = std::min(max_len, params.sink + params.ring_slots());
       plan.window_tokens_per_split = v.window_split;
       plan.window_splits = (window + v.window_split - 1) / v.window_split;
       plan.workspace_bytes = DecodeAttentionWorkspaceBytes(params, batch, plan);
@@ -341,14 +349,15 @@ void CheckAgainstReferences(const TestCase& tc) {
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
   const bool can_pack = tc.params.quantized() && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
+  const bool tile_keys = tc.params.key.format == Format::kAffineTile;  // no int8 QK loop
   std::vector<Variant> variants;
   variants.push_back({QuantLoop::kTwoMma});  // a bf16 cache's one loop
   if (can_pack) {
     variants.push_back({QuantLoop::kPacked});
-    variants.push_back({QuantLoop::kInt8Qk});
+    if (!tile_keys) variants.push_back({QuantLoop::kInt8Qk});
   }
   // The plan's loop.
-  const Variant planned{can_pack ? QuantLoop::kInt8Qk : QuantLoop::kTwoMma};
+  const Variant planned{PlanDecodeAttention(tc.params, batch, tc.max_len).quant_loop};
   // The plan's loop with the rotation and merge a block per KV head (or 8 heads), as large
   // batches take them (the small test batches plan a block per query head).
   const int g = hq / tc.cfg.hkv;
@@ -535,6 +544,119 @@ std::vector<Config> AttentionConfigs() {
     c.seed = 12;
     c.tolerance = kBf16CacheTolerance;
   });
+  // ---- Spec 1.1: tiled keys (affine_tile, the scales folded into the query), the flush F,
+  // W = 0 and S0 = 0. The schemes' own configurations (kivi, kivi_hadamard, kivi_norm, ots,
+  // saw_int4, saw_int4_k of calib/include/kvq/calib/schemes.inc: S0 = 0, W = 1, F = 128, K tiles
+  // of 32 tokens, V groups of 32; SAW: INT4, G = d, S0 = W = 0) and the edges around them.
+  // Lengths: inside the first block (no history), one block and one token (H = 128), a page
+  // boundary, several blocks, an uneven long one.
+  const std::vector<int> kFlushLengths = {1, 128, 129, 130, 256, 257, 700, 3001};
+  auto kivi = [&](Config& c) {
+    c.sink = 0;
+    c.recent = 1;
+    c.flush = 128;
+    c.tile = 32;
+    c.group = 32;
+    c.page = 64;
+    c.key_rotation = c.value_rotation = RotationKind::kIdentity;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = kFlushLengths;
+  };
+  add("Kivi_Int2_Tile32", "kivi: int2 K tiles of 32, V G32, S0 0 W 1 F 128", [&](Config& c) {
+    kivi(c);
+    c.seed = 21;
+  });
+  add("KiviHadamard_Int2_Tile32", "kivi_hadamard: FWHT K and V", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.seed = 22;
+  });
+  add("KiviNorm_Int2_Tile32", "kivi_norm: key norm per KV head", [&](Config& c) {
+    kivi(c);
+    c.norm = true;
+    c.seed = 23;
+  });
+  add("Ots_Int2_Tile32", "ots (OScaR): FWHT, key norm per KV head", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.seed = 24;
+  });
+  add("Ots_Int2_Tile32_TokenScopeNorm", "ots, token-scope norm (one over the KV heads)",
+      [&](Config& c) {
+        kivi(c);
+        c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+        c.norm = true;
+        c.norm_heads = c.hkv;
+        c.seed = 25;
+      });
+  // G_k = 64 (16 bytes a channel), windows of spec 1.0's kind beside it, g = 8 (two-MMA loop),
+  // and a sink with W = 0.
+  add("Tile64_Int2_Gqa8_Sink", "int2 K tiles of 64, V G64, S0 16 W 0 F 64, g 8", [&](Config& c) {
+    c.hq = 8;
+    c.hkv = 1;
+    c.sink = 16;
+    c.recent = 0;
+    c.flush = 64;
+    c.tile = 64;
+    c.group = 64;
+    c.norm = true;
+    c.lengths = {1, 16, 17, 80, 81, 143, 1000, 2100};
+    c.seed = 26;
+  });
+  add("Tile32_Int4_ValueGroup64", "int4 K tiles of 32, V G64, F 32, W 8", [&](Config& c) {
+    c.bits = 4;
+    c.sink = 4;
+    c.recent = 8;
+    c.flush = 32;
+    c.tile = 32;
+    c.group = 64;
+    c.page = 32;
+    c.norm = true;
+    c.lengths = {1, 12, 13, 44, 45, 77, 500, 1999};
+    c.seed = 27;
+  });
+  add("Tile32_Int2_HeadDim64", "int2 d64 K tiles of 32, V G32", [&](Config& c) {
+    kivi(c);
+    c.d = 64;
+    c.norm = true;
+    c.seed = 28;
+  });
+  add("Tile32_Int2_HeadDim256", "int2 d256 K tiles of 32, V G64", [&](Config& c) {
+    kivi(c);
+    c.d = 256;
+    c.group = 64;
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.seed = 29;
+  });
+  // SAW-INT4 (G = d, S0 = W = 0: no window blocks) and saw_int4_k (FWHT of the keys only).
+  auto saw = [&](Config& c) {
+    c.bits = 4;
+    c.group = c.d;
+    c.sink = 0;
+    c.recent = 0;
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = {1, 2, 63, 64, 65, 1000, 4097};
+  };
+  add("SawInt4_GroupD_NoWindows", "saw_int4: int4 G = d, S0 = W = 0", [&](Config& c) {
+    saw(c);
+    c.seed = 30;
+  });
+  add("SawInt4K_GroupD_NoWindows", "saw_int4_k: keys rotated only", [&](Config& c) {
+    saw(c);
+    c.value_rotation = RotationKind::kIdentity;
+    c.seed = 31;
+  });
+  add("Ots_Int2_Long64K", "ots T=64K", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.lengths = {65536, 3000};
+    c.seed = 32;
+    c.check_oracle = false;
+  });
   // Small enough for compute-sanitizer (memcheck / racecheck / synccheck): both kernel paths,
   // page edges.
   auto small = [](Config& c) {
@@ -545,6 +667,19 @@ std::vector<Config> AttentionConfigs() {
     c.seed = 13;
   };
   add("Sanitizer_Small_Int2", "sanitizer int2", small);
+  add("Sanitizer_Small_Ots", "sanitizer ots", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.page = 32;
+    c.lengths = {1, 128, 129, 200, 300};
+    c.seed = 33;
+  });
+  add("Sanitizer_Small_Saw", "sanitizer saw_int4", [&](Config& c) {
+    saw(c);
+    c.lengths = {1, 40, 200};
+    c.seed = 34;
+  });
   add("Sanitizer_Small_Bf16", "sanitizer bf16", [&](Config& c) {
     small(c);
     c.quantized = false;
@@ -721,11 +856,15 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   gqa.hq = 24;
   gqa.hkv = 2;  // g = 12
   EXPECT_THROW(PlanDecodeAttention(MakeParams(gqa), 1, 100, 132), Error);
-  // A flush F != 1, and K and V in formats of different kinds: kUnsupported naming the value.
+  // Key tiles of 128 tokens (32 bytes a channel), and K and V in formats of different kinds:
+  // kUnsupported naming the value.
   const CacheParams base = MakeParams(Config());
-  const CacheParams flushed = testbed::Cache(base).flush(8).Unchecked();
-  ExpectError([&] { PlanDecodeAttention(flushed, 1, 100, 132); }, ErrorCode::kUnsupported,
-              {"flush F = 8"});
+  Config tiled;
+  tiled.tile = 128;
+  tiled.page = 128;
+  tiled.flush = 128;
+  ExpectError([&] { PlanDecodeAttention(MakeParams(tiled), 1, 100, 132); },
+              ErrorCode::kUnsupported, {"128"});
   const CacheParams mixed =
       testbed::Cache(base).value(testbed::Write(base.value).bits(4)).Unchecked();
   ExpectError([&] { PlanDecodeAttention(mixed, 1, 100, 132); }, ErrorCode::kUnsupported,

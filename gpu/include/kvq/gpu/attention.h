@@ -17,11 +17,19 @@
 // term is the fp32 cancellation of the codes' +128 bias in QK^T of the history (~1e-4 of the
 // output at most): see gpu/tests/attention_test.cu.
 //
+// Spec 1.1: affine_tile keys (KIVI / OScaR: per-channel scale and min over tiles of G_k
+// tokens, an optional norm per token) over per-token values of the same width; the flush F
+// (the recent ring holds W + F - 1 slots), W = 0 and S0 = 0 (no window blocks at all when
+// S0 + W + F - 1 = 0), G = d. A tile's scales are folded into the query (spec/cache.md §5.1:
+// a = q~ o s^, c = q~ . m^, logits x n^) and the codes enter the tensor cores as exact
+// integers against a.
+//
 // Unsupported here (kvq::Error kUnsupported naming the value): a format (and bits) the kernels
-// have no history kind for (attention::HistoryFormatOf), K and V of different kinds (e.g.
-// key.bits != value.bits), a flush F != 1, a group G smaller than d*b/8 (d = 128: INT4 with
-// G = 32; d = 256: INT2 with G = 32, INT4 with G < 128), g = Hq/Hkv above 8 that is not a
-// multiple of 8.
+// have no history kind for (attention::HistoryFormatOf), K and V kinds the kernels do not pair
+// (attention::StepKindOf: e.g. key.bits != value.bits, tiled values), a group G smaller than
+// d*b/8 (d = 128: INT4 with G = 32; d = 256: INT2 with G = 32, INT4 with G < 128), G = d = 256,
+// a key tile G_k * b / 8 other than 8 or 16 bytes a channel (G_k = 128; INT4 with G_k = 64),
+// g = Hq/Hkv above 8 that is not a multiple of 8.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,7 +61,7 @@ struct DecodeAttentionInputs {
   const uint8_t* key_planes[kMaxPlanes] = {};
   const uint8_t* value_planes[kMaxPlanes] = {};
   // Quantized cache: bf16 windows, batched as kvq::gpu::Windows: sink [B, S0, Hkv, d],
-  // recent ring [B, W, Hkv, d] (position p at slot p % W). Ignored for a bf16 cache.
+  // recent ring [B, W + F - 1, Hkv, d] (position p at slot p % (W + F - 1)). Ignored for a bf16 cache.
   const uint16_t* sink_key = nullptr;
   const uint16_t* sink_value = nullptr;
   const uint16_t* recent_key = nullptr;

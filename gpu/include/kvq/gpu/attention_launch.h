@@ -71,13 +71,17 @@ struct DecodeKernelParams {
   int heads_per_block = 1;   // min(g, 8); g % heads_per_block == 0
   int head_chunks = 1;       // g / heads_per_block
 
-  // Cache geometry. A quantized cache: sink [0, min(S0,t)), history [S0, t-W), recent
-  // [max(S0, t-W), t). A bf16 cache (format kBf16): every token [0, t) is a paged row.
+  // Cache geometry (spec/cache.md §2). A quantized cache: sink [0, min(S0, t)), history
+  // [S0, S0 + H(t)) with H(t) = F * floor(max(0, t - S0 - W) / F), recent [S0 + H(t), t) in a
+  // ring of W + F - 1 slots. A bf16 cache (format kBf16): every token [0, t) is a paged row.
   int sink = 0;
-  int recent = 1;
+  int recent = 1;            // W >= 0
+  int flush = 1;             // F >= 1
+  int ring_slots = 1;        // W + F - 1 (position p at slot p % ring_slots)
   int page_size_log2 = 6;
-  int key_group = 64;        // G of K and of V (quantized formats)
+  int key_group = 64;        // G of K (affine_token: channels; affine_tile: G_k tokens) and of V
   int value_group = 64;
+  bool key_norm = false;     // tile keys: the norm plane (kTileNormPlane) multiplies the logits
 
   // Work partition: history split z covers history tokens [z*T, (z+1)*T), T =
   // hist_tokens_per_split (a multiple of kTileTokens); window split w covers window tokens
@@ -103,7 +107,8 @@ struct DecodeKernelParams {
   const float* q_rot = nullptr;  // [B, Hq, d] fp32, q·R_K (then P_br) (quantized history)
 
   // bf16 windows in the batched layout of the write path (kvq::gpu::Windows): sink
-  // [B, S0, Hkv, d], recent ring [B, W, Hkv, d] (position p of sequence b at slot p % W).
+  // [B, S0, Hkv, d], recent ring [B, W + F - 1, Hkv, d] (position p of sequence b at slot
+  // p % (W + F - 1)).
   const uint16_t* sink_k = nullptr;
   const uint16_t* sink_v = nullptr;
   const uint16_t* recent_k = nullptr;
@@ -113,10 +118,14 @@ struct DecodeKernelParams {
   // where the kernels find each: affine_token codes, scale, min; bf16 rows). Page pg of plane i
   // starts at k_planes[i] + pg * k_page_stride[i] bytes (FormatLayout::PageBytes(i, P, Hkv))
   // and holds [Hkv, P, row_bytes(i)].
+  // Inside a page, KV head kvh's rows of plane i start kvh * k_head_stride[i] bytes in
+  // (RowsPerPage(i) * row_bytes(i); 0 for a plane shared by the KV heads).
   const uint8_t* k_planes[kMaxPlanes] = {};
   const uint8_t* v_planes[kMaxPlanes] = {};
   int64_t k_page_stride[kMaxPlanes] = {};
   int64_t v_page_stride[kMaxPlanes] = {};
+  int64_t k_head_stride[kMaxPlanes] = {};
+  int64_t v_head_stride[kMaxPlanes] = {};
 
   // Partials, split s = z of the grid: part_ml [B, Hq, splits, 2] (m in the exp2 domain, l),
   // part_acc [B, Hq, splits, d]. An empty split writes m = -inf, l = 0 and no acc.

@@ -29,7 +29,7 @@ struct CacheImage {
   // plane.
   std::vector<uint8_t> pool[2][kMaxPlanes];
   // Quantized cache: the bf16 windows batched as kvq::gpu::Windows, sink [B, S0, Hkv, d] and
-  // recent ring [B, W, Hkv, d] (position p at slot p % W). Empty for a bf16 cache.
+  // recent ring [B, W + F - 1, Hkv, d] (position p at slot p % (W + F - 1)). Empty for a bf16 cache.
   std::vector<uint16_t> sink[2];
   std::vector<uint16_t> recent[2];
   std::vector<float> rotation[2];    // [Hkv, d, d] when the write path is dense, else empty
