@@ -271,10 +271,12 @@ TEST(GpuPplSupport, FromTheLibrarysChecks) {
     for (const calib::SchemeVariant& v : served.options.schemes) found = found || v.scheme == name;
     EXPECT_TRUE(found) << name << " is not served on the GPU";
   }
-  // A cache the write path cannot fill is refused with the write path's reason.
-  std::vector<LayerScheme> no_ring{calib::BuildLayerScheme("naive", shape, nullptr, 0, o)};
-  no_ring[0].params.flush = 2;
-  EXPECT_NE(GpuPplUnsupported(no_ring), "");
+  // A cache the decode path cannot read (INT2 keys over INT4 values) is refused with the
+  // library's reason.
+  std::vector<LayerScheme> mixed{calib::BuildLayerScheme("naive", shape, nullptr, 0, o)};
+  mixed[0].params.value.bits = 4;
+  const std::string why_mixed = GpuPplUnsupported(mixed);
+  EXPECT_NE(why_mixed.find("bit"), std::string::npos) << why_mixed;
   // Bits per element: the CPU cache's accounting (4.61 at 2048 tokens, spec'd windows).
   const double bits =
       CacheBitsPerElement(calib::BuildLayerScheme("naive", shape, nullptr, 0, o).params, 2048);
