@@ -272,7 +272,7 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
       ->capture_default_str();
   sub->add_option("--scheme-windows", cmd->scheme_windows,
                   "own, or shared: the SAW schemes (own windows S0 = W = 0) take --sink and "
-                  "--recent (F = 1), labelled NAME+w (the CUDA path needs W >= 1)")
+                  "--recent (F = 1), labelled NAME+w (their windowed variants)")
       ->capture_default_str();
   sub->add_option("--max-rel-ppl", cmd->max_rel_ppl,
                   "--backend both: largest |PPL_gpu / PPL_cpu - 1| accepted (every row, PPL "

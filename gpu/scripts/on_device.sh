@@ -13,8 +13,12 @@
 #                                  INT2 / bf16-QK loop / BF16 per (B, T) and the write rows
 #                   timing.log     their raw output
 #                   bench.md       the GPU benchmarks' full tables, PyTorch SDPA, kvq bench
-#   both            summary.md     one row per step, printed last
-# Usage: bash .carry/on_device.sh --part checks|timing [--rounds N] [--ncu] [--dump]
+#   --part ppl      ppl.log        kvq ppl --backend both on the committed model A: every scheme
+#                                  of the catalogue (own windows) on the CPU (the device
+#                                  machine's cores) and through the CUDA write and decode,
+#                   ppl_A.json     and the comparison of their perplexities
+#   every part      summary.md     one row per step, printed last
+# Usage: bash .carry/on_device.sh --part checks|timing|ppl [--rounds N] [--ncu] [--dump]
 #   --rounds N  old/new rounds of the timing comparison (default 3)
 #   --ncu       (timing) Nsight Compute on the INT2 decode kernel, B=1 T=128K, into bench.md
 #   --dump      (checks) tools/tests/dump_activations_test.py (torch + transformers)
@@ -33,7 +37,8 @@ while (( $# )); do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[[ $part == checks || $part == timing ]] || { echo "--part checks|timing" >&2; exit 2; }
+[[ $part == checks || $part == timing || $part == ppl ]] ||
+  { echo "--part checks|timing|ppl" >&2; exit 2; }
 
 # Unpacked once per bundle: a warm machine keeps /tmp between calls, so the stamp (the bundle's
 # checksum) decides whether the binaries there are this call's.
@@ -100,10 +105,12 @@ if [[ $part == checks ]]; then
   }
   if command -v compute-sanitizer >/dev/null; then
     # The stage kernels (through the CUDA backend's host wrappers), the fused write's tile and
-    # stream kernels, the paged modes with the window kernels, the three decode-step kernels in
-    # every loop (two-MMA, packed, int8 QK; bf16 cache; window blocks), the DeviceCache path.
+    # stream kernels, the tile write (per-head and token norms) and G = d = 256, the paged modes
+    # (spec 1.1's flushes and W = 0 included) with the window kernels, the decode-step kernels in
+    # every loop (two-MMA, packed, int8 QK, tiled keys; bf16 cache; window blocks; no windows),
+    # the DeviceCache path.
     stages='Write/StageTest.*__cuda'
-    fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*'
+    fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*:Grid/TileWriteTest.*/d128_tile32_int2_fwht_bitrev_norm__cuda:Grid/TileWriteTest.*/d128_tile128_int4_fwht_bitrev_norm__cuda:Grid/FusedWriteTest.*/d256_g256_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g256_int4_dense__cuda:TileWriteRefuses.*'
     paged='Caches/PagedWriteTest.*'
     attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*:*Timeline*'
     for tool in memcheck racecheck synccheck; do
@@ -225,7 +232,14 @@ PY
   fi
 fi
 
+if [[ $part == ppl ]]; then
+  "$bin/kvq" ppl --model calib/models/tiny-llama-a --schemes all --backend both --threads 0 \
+    --json "$OUT/ppl_A.json" > "$OUT/ppl.log" 2>&1
+  row "kvq ppl --backend both (model A)" "rc=$?, ppl.log"
+fi
+
 echo
 [[ -f $OUT/timing.md ]] && cat "$OUT/timing.md"
+[[ -f $OUT/ppl.log ]] && tail -n 60 "$OUT/ppl.log"
 echo
 cat "$summary"
