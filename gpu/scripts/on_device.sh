@@ -221,7 +221,8 @@ PY
     python3 "$here/bench_sdpa.py" --iters 30 >> "$OUT/bench.md" 2>&1
     row "bench_sdpa.py" "rc=$?"
   fi
-  "$bin/kvq" bench --backend all --batch 1 --seq-len 4096,32768 --iters 5 >> "$OUT/bench.md" 2>&1
+  "$bin/kvq" bench --backend all --schemes oscar,kivi,ots,saw_int4,bf16 --batch 1 \
+    --seq-len 4096,32768 --iters 5 >> "$OUT/bench.md" 2>&1
   row "kvq bench --backend all" "rc=$?"
   if (( run_ncu )) && command -v ncu >/dev/null; then
     timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 --launch-count 1 \
