@@ -228,6 +228,12 @@ struct QuantTilePipeline {
   __device__ __forceinline__ void Release(int tile) const {
     MbarrierArrive(Empty(tile % Geo::kStages));
   }
+  // This thread is done with `tile`: its stage released, and the tile's producer warp issues
+  // the refill (Release, then Produce).
+  __device__ __forceinline__ void Done(int tile) const {
+    Release(tile);
+    Produce(tile);
+  }
   // Refill at the end of step `tile`, called by the warps that read it: the producer is one of
   // them, the role rotating among them (every warp reading every tile: warp tile % 4, so no
   // warp carries it every step). It issues tile + 3, needed two steps later (the others have
@@ -470,6 +476,20 @@ struct PvLoop {
   }
 };
 
+// The end of a split whose PV is PvLoop's (QuantSplit, TileKeySplit): PV's unscale and min term,
+// then the block's warps combine their states and store the split's partials.
+template <int D, int BITS, bool PACK, int FPGV>
+__device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
+                                                 PvLoop<D, BITS, PACK, FPGV>& pv,
+                                                 WarpState<D>& st, unsigned char* smem, int gi,
+                                                 int b, int head0, int split) {
+  pv.Finish(st);
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
+      head0, split);
+}
+
 // One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
 // warp takes one 16-token chunk of every 64-token tile: QK^T, one softmax update, PV.
 // PACK (heads_per_block <= 4, kPacked): the bf16 hi and lo parts of the query and of p * scale
@@ -645,15 +665,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
       pv.Step(stage, warp, gi, t4, row_a, row_b, vrow, pr, valid_a, valid_b, st);
     }
-    // This thread is done reading the tile's stage.
-    pipe.Release(tile);
-    pipe.Produce(tile);
+    pipe.Done(tile);
   }
-  pv.Finish(st);
-  __syncthreads();
-  CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
-      head0, split);
+  FinishQuantSplit(p, pv, st, smem, gi, b, head0, split);
 }
 
 }  // namespace kvq::gpu::attention::detail
