@@ -200,6 +200,31 @@ __global__ void __launch_bounds__(256) ReadRangesKernel(const __grid_constant__ 
 
 __global__ void EmptyKernel() {}
 
+// The read floor of `ranges`: ReadRangesKernel over them, timed like a step (its sink is the
+// workspace `ws`, which every step rewrites before reading).
+double FloorMicros(const ReadRanges& ranges, void* ws, L2Flusher& flusher, int iters) {
+  int sms = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return MedianMicros(
+      [&] {
+        ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
+        KVQ_CUDA_CHECK(cudaGetLastError());
+      },
+      flusher, iters);
+}
+
+// Exits unless every one of the step's n outputs is finite.
+void CheckFinite(const float* out, size_t n, const std::string& what) {
+  std::vector<float> host(n);
+  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, n * 4, cudaMemcpyDeviceToHost));
+  for (float v : host) {
+    if (!std::isfinite(v)) {
+      std::fprintf(stderr, "non-finite output (%s)\n", what.c_str());
+      std::exit(1);
+    }
+  }
+}
+
 // Device-to-device copy bandwidth, bytes read + written per second.
 double CopyBandwidth(L2Flusher& flusher) {
   const size_t bytes = size_t{1} << 30;
@@ -212,6 +237,50 @@ double CopyBandwidth(L2Flusher& flusher) {
   cudaFree(b);
   return 2.0 * bytes / (us * 1e-6);
 }
+
+// A step's inputs besides the cache: page tables (a random permutation of the pool's `pages`
+// pages), every sequence at seq_len, random bf16-valued queries, the output and the workspace.
+struct StepBuffers {
+  int32_t* tables = nullptr;
+  int32_t* lens = nullptr;
+  float* q = nullptr;
+  float* out = nullptr;
+  void* ws = nullptr;
+  size_t q_elems = 0;
+
+  StepBuffers(int batch, int seq_len, int64_t pages, size_t workspace_bytes) {
+    std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
+    const std::vector<int32_t> seq_lens(batch, seq_len);
+    tables = Alloc<int32_t>(perm.size());
+    lens = Alloc<int32_t>(batch);
+    KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+    KVQ_CUDA_CHECK(cudaMemcpy(lens, seq_lens.data(), seq_lens.size() * 4, cudaMemcpyHostToDevice));
+    q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
+    q = Alloc<float>(q_elems);
+    out = Alloc<float>(q_elems);
+    FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
+    ws = Alloc<uint8_t>(workspace_bytes);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // The decode inputs' sequences, page tables and queries.
+  void Attach(kvq::gpu::DecodeAttentionInputs& in, int batch, int seq_len,
+              int pages_per_seq) const {
+    in.batch = batch;
+    in.max_seq_len = seq_len;
+    in.seq_lens = lens;
+    in.page_tables = tables;
+    in.max_pages = std::max(pages_per_seq, 1);
+    in.q = q;
+  }
+  void Free() const {
+    for (void* p : {static_cast<void*>(tables), static_cast<void*>(lens), static_cast<void*>(q),
+                    static_cast<void*>(out), ws}) {
+      cudaFree(p);
+    }
+  }
+};
 
 struct Result {
   bool ran = false;
@@ -351,28 +420,12 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     RandomBf16(reinterpret_cast<uint16_t*>(k_codes), pages * page_codes / 2, -2.f, 2.f, 13);
     RandomBf16(reinterpret_cast<uint16_t*>(v_codes), pages * page_codes / 2, -2.f, 2.f, 14);
   }
-  // Page tables: a random permutation of the pool.
-  std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
-  std::vector<int32_t> lens(batch, seq_len);
-  int32_t* tables = Alloc<int32_t>(perm.size());
-  int32_t* lens_d = Alloc<int32_t>(batch);
-  KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-  KVQ_CUDA_CHECK(cudaMemcpy(lens_d, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  const size_t q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
-  float* q = Alloc<float>(q_elems);
-  float* out = Alloc<float>(q_elems);
-  FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
-  void* ws = Alloc<uint8_t>(plan.workspace_bytes);
-  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-
+  const StepBuffers buf(batch, seq_len, pages, plan.workspace_bytes);
+  const size_t q_elems = buf.q_elems;
+  float* const out = buf.out;
+  void* const ws = buf.ws;
   kvq::gpu::DecodeAttentionInputs in;
-  in.batch = batch;
-  in.max_seq_len = seq_len;
-  in.seq_lens = lens_d;
-  in.page_tables = tables;
-  in.max_pages = std::max(pages_per_seq, 1);
+  buf.Attach(in, batch, seq_len, pages_per_seq);
   // The planes of LayoutOf(c.key / c.value): affine_token codes, scale, min; bf16 rows.
   const int rows_plane = quantized ? kvq::gpu::kAffineCodesPlane : kvq::gpu::kBf16RowsPlane;
   in.key_planes[rows_plane] = k_codes;
@@ -389,7 +442,6 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   in.recent_value = recent_v;
   in.rotation_key = rot_k;
   in.rotation_value = rot_v;
-  in.q = q;
   r.us = MedianMicros(
       [&] {
         kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
@@ -402,15 +454,7 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     for (const uint16_t* meta : {k_scale, k_min, v_scale, v_min}) ranges.Add(meta, pages * page_meta * 2);
     for (const uint16_t* w : {sink_k, sink_v}) ranges.Add(w, window_elems * kSink * 2);
     for (const uint16_t* w : {recent_k, recent_v}) ranges.Add(w, window_elems * kRecent * 2);
-    int sms = 0;
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    r.floor_us = MedianMicros(
-        [&] {
-          // The sink is the workspace, which every step rewrites before reading.
-          ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
-          KVQ_CUDA_CHECK(cudaGetLastError());
-        },
-        flusher, iters);
+    r.floor_us = FloorMicros(ranges, ws, flusher, iters);
   }
   if (quantized && plan_int8 && g_int8_qk < 0) {
     // The plan the bf16 QK loop would get (its waves sized for its own residency).
@@ -440,15 +484,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
                               std::to_string(r.us).substr(0, 6) + " us timed)";
     g_timelines += SummarizeTimeline(rec, title.c_str());
   }
-  std::vector<float> host(q_elems);
-  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
-  for (float v : host) {
-    if (!std::isfinite(v)) {
-      std::fprintf(stderr, "non-finite output (B=%d T=%d %s)\n", batch, seq_len,
-                   quantized ? "int2" : "bf16");
-      std::exit(1);
-    }
-  }
+  CheckFinite(out, q_elems, "B=" + std::to_string(batch) + " T=" + std::to_string(seq_len) +
+                                (quantized ? " int2" : " bf16"));
   r.ran = true;
   r.splits = plan.hist_splits + plan.window_splits;
   const double per_token = quantized ? 2.0 * (row_codes + 2 * 2 * (kHeadDim / kGroup))
@@ -459,10 +496,10 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
                   (quantized ? 2.0 * kHkv * kHeadDim * kHeadDim * 4 : 0.0) +
                   static_cast<double>(batch) * kHq * r.splits * (kHeadDim + 2) * 4 * 2;
   for (void* p : std::vector<void*>{k_codes, v_codes, k_scale, k_min, v_scale, v_min, sink_k,
-                                    sink_v, recent_k, recent_v, rot_k, rot_v, tables, lens_d, q,
-                                    out, ws}) {
+                                    sink_v, recent_k, recent_v, rot_k, rot_v}) {
     if (p) cudaFree(p);
   }
+  buf.Free();
   return r;
 }
 
@@ -570,50 +607,17 @@ Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
     RandomBf16(windows[w], elems, -2.f, 2.f, ++seed);
     ranges.Add(windows[w], elems * 2);
   }
-  std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
-  std::vector<int32_t> lens(batch, seq_len);
-  int32_t* tables = Alloc<int32_t>(perm.size());
-  int32_t* lens_d = Alloc<int32_t>(batch);
-  KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-  KVQ_CUDA_CHECK(cudaMemcpy(lens_d, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  const size_t q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
-  float* q = Alloc<float>(q_elems);
-  float* out = Alloc<float>(q_elems);
-  FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
-  void* ws = Alloc<uint8_t>(plan.workspace_bytes);
-  owned.insert(owned.end(), {tables, lens_d, q, out, ws});
-  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-  in.batch = batch;
-  in.max_seq_len = seq_len;
-  in.seq_lens = lens_d;
-  in.page_tables = tables;
-  in.max_pages = std::max(pages_per_seq, 1);
+  const StepBuffers buf(batch, seq_len, pages, plan.workspace_bytes);
+  buf.Attach(in, batch, seq_len, pages_per_seq);
   in.sink_key = windows[0];
   in.sink_value = windows[1];
   in.recent_key = windows[2];
   in.recent_value = windows[3];
-  in.q = q;
   r.us = MedianMicros(
-      [&] { kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out); }, flusher,
-      iters);
-  int sms = 0;
-  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  r.floor_us = MedianMicros(
-      [&] {
-        ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
-        KVQ_CUDA_CHECK(cudaGetLastError());
-      },
+      [&] { kvq::gpu::DecodeAttention(c, in, plan, buf.ws, plan.workspace_bytes, buf.out); },
       flusher, iters);
-  std::vector<float> host(q_elems);
-  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
-  for (float v : host) {
-    if (!std::isfinite(v)) {
-      std::fprintf(stderr, "non-finite output (B=%d T=%d)\n", batch, seq_len);
-      std::exit(1);
-    }
-  }
+  r.floor_us = FloorMicros(ranges, buf.ws, flusher, iters);
+  CheckFinite(buf.out, buf.q_elems, "B=" + std::to_string(batch) + " T=" + std::to_string(seq_len));
   r.ran = true;
   r.splits = plan.hist_splits + plan.window_splits;
   // The bytes a step must read: the history's planes as the cache counts them (tile planes per
@@ -625,6 +629,7 @@ Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
   }
   r.cache_bytes = batch * (history + static_cast<double>(window) * 2 * row_elems * 2);
   for (void* p : owned) cudaFree(p);
+  buf.Free();
   return r;
 }
 

@@ -324,8 +324,7 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
         }
       });
     }
-    pipe.Release(tile);
-    pipe.Produce(tile);
+    pipe.Done(tile);
   }
 
   // Head t4's accumulator = column 2 t4 (hi part) + column 2 t4 + 1 (lo part); field f

@@ -228,6 +228,12 @@ struct QuantTilePipeline {
   __device__ __forceinline__ void Release(int tile) const {
     MbarrierArrive(Empty(tile % Geo::kStages));
   }
+  // This thread is done with `tile`: its stage released, and the tile's producer warp issues
+  // the refill (Release, then Produce).
+  __device__ __forceinline__ void Done(int tile) const {
+    Release(tile);
+    Produce(tile);
+  }
   // Refill at the end of step `tile`, called by the warps that read it: the producer is one of
   // them, the role rotating among them (every warp reading every tile: warp tile % 4, so no
   // warp carries it every step). It issues tile + 3, needed two steps later (the others have
@@ -396,9 +402,20 @@ struct PvLoop {
     const PvCodes<D, BITS> codes(vc, vrow, gi);
     // The row's NGV scales and mins, one load each.
     constexpr int NGV = F / FPGV;
+    // PACK: lanes t4 and t4 ^ 2 hold the same p (QuantSplit: the same logits, bit for bit); the
+    // hi columns (t4 < 2) need the hi parts of rows a and b, the lo columns (t4 >= 2) the lo
+    // parts. Each lane forms one row's p * scale (t4 < 2: row a, else row b) and one shuffle
+    // (lane ^ 2) trades the part the other lane needs: the same B operands, half the work.
+    const bool lo_lane = PACK && t4 >= 2;
+    const int s_row = lo_lane ? row_b : row_a;  // PACK: the row whose scales this lane reads
+    const bool s_valid = lo_lane ? valid_b : valid_a;
+    const float p0 = lo_lane ? pr[2] : pr[0], p1 = lo_lane ? pr[3] : pr[1];
     uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
-    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
-    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + (PACK ? s_row : row_a) * NGV),
+                     vsa);
+    if constexpr (!PACK) {
+      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
+    }
     LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
     LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
     uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
@@ -408,20 +425,25 @@ struct PvLoop {
       if constexpr (f % FPGV == 0) {
         // Select, not multiply: rows past the end may hold any bits.
         constexpr int g = f / FPGV;
-        const float sfa = valid_a ? Bf16OfRow<g>(vsa) : 0.0f;
-        const float sfb = valid_b ? Bf16OfRow<g>(vsb) : 0.0f;
         mfa = valid_a ? Bf16OfRow<g>(vma) : 0.0f;
         mfb = valid_b ? Bf16OfRow<g>(vmb) : 0.0f;
-        uint32_t hi_a, lo_a, hi_b, lo_b;
         // B = p * scale * 2^64 against the in-place (subnormal) code fields.
-        const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
-        SplitBf16(pr[0] * sfa_v, pr[1] * sfa_v, hi_a, lo_a);
-        SplitBf16(pr[2] * sfb_v, pr[3] * sfb_v, hi_b, lo_b);
         if constexpr (PACK) {
+          const float sf_v = (s_valid ? Bf16OfRow<g>(vsa) : 0.0f) * kPvOperandScale;
+          uint32_t hi, lo;
+          SplitBf16(p0 * sf_v, p1 * sf_v, hi, lo);
+          const uint32_t keep = lo_lane ? lo : hi;
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, lo_lane ? hi : lo, 2);
           // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
-          bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
-          bh1 = Transpose8x8(t4 >= 2 ? lo_b : hi_b);
+          bh0 = Transpose8x8(lo_lane ? got : keep);  // row a
+          bh1 = Transpose8x8(lo_lane ? keep : got);  // row b
         } else {
+          const float sfa = valid_a ? Bf16OfRow<g>(vsa) : 0.0f;
+          const float sfb = valid_b ? Bf16OfRow<g>(vsb) : 0.0f;
+          uint32_t hi_a, lo_a, hi_b, lo_b;
+          const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
+          SplitBf16(pr[0] * sfa_v, pr[1] * sfa_v, hi_a, lo_a);
+          SplitBf16(pr[2] * sfb_v, pr[3] * sfb_v, hi_b, lo_b);
           bh0 = Transpose8x8(hi_a);
           bh1 = Transpose8x8(hi_b);
           bl0 = Transpose8x8(lo_a);
@@ -469,6 +491,20 @@ struct PvLoop {
     });
   }
 };
+
+// The end of a split whose PV is PvLoop's (QuantSplit, TileKeySplit): PV's unscale and min term,
+// then the block's warps combine their states and store the split's partials.
+template <int D, int BITS, bool PACK, int FPGV>
+__device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
+                                                 PvLoop<D, BITS, PACK, FPGV>& pv,
+                                                 WarpState<D>& st, unsigned char* smem, int gi,
+                                                 int b, int head0, int split) {
+  pv.Finish(st);
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
+      head0, split);
+}
 
 // One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
 // warp takes one 16-token chunk of every 64-token tile: QK^T, one softmax update, PV.
@@ -645,15 +681,9 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
       pv.Step(stage, warp, gi, t4, row_a, row_b, vrow, pr, valid_a, valid_b, st);
     }
-    // This thread is done reading the tile's stage.
-    pipe.Release(tile);
-    pipe.Produce(tile);
+    pipe.Done(tile);
   }
-  pv.Finish(st);
-  __syncthreads();
-  CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
-      head0, split);
+  FinishQuantSplit(p, pv, st, smem, gi, b, head0, split);
 }
 
 }  // namespace kvq::gpu::attention::detail

@@ -17,12 +17,16 @@
 // SLICE = 16, or the next field of the same byte when SLICE = 8. A k-step's 16 channels map to
 // lanes as j = 16 ks + 4 t4 + {0, 1} (k = 2 t4, 2 t4 + 1) and + {2, 3} (k = 2 t4 + 8, + 9): a
 // dot product may visit the channels in any order as long as A and B agree. One byte
-// permutation puts the bytes of two channels into bytes 0 and 2 of a word; the field, shifted
-// down and masked, is the code as a bf16 subnormal (code * 2^-133, exact, kept by the tensor
-// cores: GpuAttention.TensorCoresKeepBf16Subnormals), against B = a * 2^64, so the accumulator
-// is 2^-69 sum_j a[j] code[j] (kTileQkUnscale undoes it): no bias to cancel. The products stay
-// in fp32's normal range for |a| in [2^-57, 2^63]; a smaller |a| contributes below 2^-55 to
-// its logit.
+// permutation puts the bytes of two channels into bytes 0 and 2 of a word; the field, masked in
+// place at bit position f (one AND), is 2^f * code as a bf16 subnormal or first-binade value
+// (2^f * code * 2^-133, exact: below 256; kept by the tensor cores:
+// GpuAttention.TensorCoresKeepBf16Subnormals), against B = a * 2^64, so the accumulator row is
+// 2^(f - 69) sum_j a[j] code[j] (TileQkUnscale(f) undoes it per row): no bias to cancel. The
+// products stay in fp32's normal range for |a| in [2^-57, 2^63]; a smaller |a| contributes
+// below 2^-55 to its logit.
+//
+// PACK: the hi and lo columns of one head (lanes gi and gi + 4, lane ^ 16) need the same four
+// products q~[j] s^[j] a k-step; each lane forms two of them and one shuffle trades the parts.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,8 +42,11 @@
 
 namespace kvq::gpu::attention::detail {
 
-// 2^69: the QK^T accumulator of tile keys is 2^-69 times the integer-weighted dot product.
-inline constexpr float kTileQkUnscale = 0x1p69f;
+// 2^(69 - shift): the QK^T accumulator of tile keys is 2^(shift - 69) times the
+// integer-weighted dot product, shift = the bit position of the row's code field (in place).
+__device__ __forceinline__ float TileQkUnscale(int shift) {
+  return __int_as_float((127 + 69 - shift) << 23);
+}
 
 // One history split over tiled keys (SLICE bytes a channel of a key tile: 8 or 16, so G_k =
 // SLICE * 8 / BITS) and per-token values (FPGV fields per V group), with the bf16 MMAs (PACK:
@@ -61,6 +68,10 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
   constexpr uint32_t kFieldMask = ((1u << BITS) - 1u) * 0x00010001u;
   static_assert(SLICE == 8 || SLICE == 16, "8 or 16 bytes a channel of a key tile");
   static_assert(GK >= 32 && kTileTokens % GK == 0, "key tiles inside a pipeline tile");
+  // The bit position of the code field of m-tile m's row a (row = 0) or b (row = 1).
+  const auto FieldShift = [](int m, int row) {
+    return (SLICE == 8 ? 2 * m + row : m) * BITS;
+  };
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int gi = lane >> 2;
@@ -120,18 +131,37 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
 #pragma unroll
       for (int kstep = 0; kstep < D / 16; ++kstep) {
         const int j0 = 16 * kstep + 4 * t4;
-        const float4 q4 = *reinterpret_cast<const float4*>(qh + j0);
-        const uint2 s4 = *reinterpret_cast<const uint2*>(ks + j0);
-        const uint2 m4 = *reinterpret_cast<const uint2*>(km + j0);
-        cq = fmaf(q4.x, __uint_as_float(m4.x << 16), cq);
-        cq = fmaf(q4.y, __uint_as_float(m4.x & 0xffff0000u), cq);
-        cq = fmaf(q4.z, __uint_as_float(m4.y << 16), cq);
-        cq = fmaf(q4.w, __uint_as_float(m4.y & 0xffff0000u), cq);
-        uint32_t hi01, lo01, hi23, lo23;
-        SplitBf16(q4.x * __uint_as_float(s4.x << 16), q4.y * __uint_as_float(s4.x & 0xffff0000u),
-                  hi01, lo01);
-        SplitBf16(q4.z * __uint_as_float(s4.y << 16), q4.w * __uint_as_float(s4.y & 0xffff0000u),
-                  hi23, lo23);
+        uint32_t b0, b1, bl0 = 0u, bl1 = 0u;  // B: k 2 t4, 2 t4 + 1 (b0) and + 8, + 9 (b1)
+        if constexpr (PACK) {
+          // Lanes gi and gi + 4 (lane ^ 16) hold the hi and lo columns of one head, the same
+          // four products: each forms two of them (the hi lane channels j0, j0 + 1, the lo lane
+          // j0 + 2, j0 + 3) and one shuffle trades the part the other lane's column needs.
+          const int jh = j0 + (lo_column ? 2 : 0);
+          const float2 q2 = *reinterpret_cast<const float2*>(qh + jh);
+          const uint32_t s2 = *reinterpret_cast<const uint32_t*>(ks + jh);
+          const uint32_t m2 = *reinterpret_cast<const uint32_t*>(km + jh);
+          cq = fmaf(q2.x, __uint_as_float(m2 << 16), cq);
+          cq = fmaf(q2.y, __uint_as_float(m2 & 0xffff0000u), cq);
+          uint32_t hi, lo;
+          SplitBf16(q2.x * __uint_as_float(s2 << 16), q2.y * __uint_as_float(s2 & 0xffff0000u),
+                    hi, lo);
+          const uint32_t keep = lo_column ? lo : hi;
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, lo_column ? hi : lo, 16);
+          b0 = lo_column ? got : keep;
+          b1 = lo_column ? keep : got;
+        } else {
+          const float4 q4 = *reinterpret_cast<const float4*>(qh + j0);
+          const uint2 s4 = *reinterpret_cast<const uint2*>(ks + j0);
+          const uint2 m4 = *reinterpret_cast<const uint2*>(km + j0);
+          cq = fmaf(q4.x, __uint_as_float(m4.x << 16), cq);
+          cq = fmaf(q4.y, __uint_as_float(m4.x & 0xffff0000u), cq);
+          cq = fmaf(q4.z, __uint_as_float(m4.y << 16), cq);
+          cq = fmaf(q4.w, __uint_as_float(m4.y & 0xffff0000u), cq);
+          SplitBf16(q4.x * __uint_as_float(s4.x << 16), q4.y * __uint_as_float(s4.x & 0xffff0000u),
+                    b0, bl0);
+          SplitBf16(q4.z * __uint_as_float(s4.y << 16), q4.w * __uint_as_float(s4.y & 0xffff0000u),
+                    b1, bl1);
+        }
         // Channels j0 .. j0 + 3: bytes row_a (and row_a + 8) of each one's slice, two channels
         // a word (bytes 0 and 2).
         uint32_t wa[4], wb[4] = {0u, 0u, 0u, 0u};
@@ -146,25 +176,21 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
         const uint32_t xa23 = __byte_perm(wa[2], wa[3], byte_select);
         const uint32_t xb01 = SLICE == 16 ? __byte_perm(wb[0], wb[1], byte_select) : xa01;
         const uint32_t xb23 = SLICE == 16 ? __byte_perm(wb[2], wb[3], byte_select) : xa23;
-        const uint32_t b0 = lo_column ? lo01 : hi01, b1 = lo_column ? lo23 : hi23;
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) {
-          const int shift_a = (SLICE == 8 ? 2 * m : m) * BITS;
-          const int shift_b = (SLICE == 8 ? 2 * m + 1 : m) * BITS;
-          const uint32_t a0 = (xa01 >> shift_a) & kFieldMask;
-          const uint32_t a1 = (xb01 >> shift_b) & kFieldMask;
-          const uint32_t a2 = (xa23 >> shift_a) & kFieldMask;
-          const uint32_t a3 = (xb23 >> shift_b) & kFieldMask;
-          if constexpr (PACK) {
-            MmaBf16(c[m], a0, a1, a2, a3, b0, b1);
-          } else {
-            MmaBf16(c[m], a0, a1, a2, a3, hi01, hi23);
-            MmaBf16(c[m], a0, a1, a2, a3, lo01, lo23);
-          }
+          // The fields stay in place (one AND): row a's operand is 2^FieldShift(m, 0) times the
+          // code, row b's 2^FieldShift(m, 1), undone per accumulator row below.
+          const uint32_t a0 = xa01 & (kFieldMask << FieldShift(m, 0));
+          const uint32_t a1 = xb01 & (kFieldMask << FieldShift(m, 1));
+          const uint32_t a2 = xa23 & (kFieldMask << FieldShift(m, 0));
+          const uint32_t a3 = xb23 & (kFieldMask << FieldShift(m, 1));
+          MmaBf16(c[m], a0, a1, a2, a3, b0, b1);
+          if constexpr (!PACK) MmaBf16(c[m], a0, a1, a2, a3, bl0, bl1);
         }
       }
       // c = q~ . m^ of head bh over the lane's quad, then of the accumulator's heads 2 t4 and
       // 2 t4 + 1 (lane 4 h holds head h's: bh = h for gi = h < 4, and for every gi without PACK).
+      if constexpr (PACK) cq += __shfl_xor_sync(0xffffffffu, cq, 16);  // the hi and lo lanes' halves
       cq += __shfl_xor_sync(0xffffffffu, cq, 1);
       cq += __shfl_xor_sync(0xffffffffu, cq, 2);
       const float c0 = __shfl_sync(0xffffffffu, cq, (8 * t4) & 31) * (1.0f / kPvOperandScale);
@@ -185,10 +211,12 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
         valid[m][1] = chunk_first + row_b < end;
         const float n_a = p.key_norm ? Bf16ToFloat(norms[m * kChunkTokens + row_a]) : 1.0f;
         const float n_b = p.key_norm ? Bf16ToFloat(norms[m * kChunkTokens + row_b]) : 1.0f;
-        sl[m][0] = valid[m][0] ? n_a * fmaf(c[m][0], kTileQkUnscale, c0) * fac : -INFINITY;
-        sl[m][1] = valid[m][0] ? n_a * fmaf(c[m][1], kTileQkUnscale, c1) * fac : -INFINITY;
-        sl[m][2] = valid[m][1] ? n_b * fmaf(c[m][2], kTileQkUnscale, c0) * fac : -INFINITY;
-        sl[m][3] = valid[m][1] ? n_b * fmaf(c[m][3], kTileQkUnscale, c1) * fac : -INFINITY;
+        const float u_a = TileQkUnscale(FieldShift(m, 0));
+        const float u_b = TileQkUnscale(FieldShift(m, 1));
+        sl[m][0] = valid[m][0] ? n_a * fmaf(c[m][0], u_a, c0) * fac : -INFINITY;
+        sl[m][1] = valid[m][0] ? n_a * fmaf(c[m][1], u_a, c1) * fac : -INFINITY;
+        sl[m][2] = valid[m][1] ? n_b * fmaf(c[m][2], u_b, c0) * fac : -INFINITY;
+        sl[m][3] = valid[m][1] ? n_b * fmaf(c[m][3], u_b, c1) * fac : -INFINITY;
       }
       // One softmax update for the key tile (its first chunk holds valid tokens: the history
       // holds whole tiles).
@@ -201,14 +229,9 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
                 valid[m][1], st);
       }
     }
-    pipe.Release(tile);
-    pipe.Produce(tile);
+    pipe.Done(tile);
   }
-  pv.Finish(st);
-  __syncthreads();
-  CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
-      head0, split);
+  FinishQuantSplit(p, pv, st, smem, gi, b, head0, split);
 }
 
 }  // namespace kvq::gpu::attention::detail
