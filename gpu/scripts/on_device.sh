@@ -12,7 +12,8 @@
 #                                  against this tree's, interleaved, --rounds times: decode
 #                                  INT2 / bf16-QK loop / BF16 per (B, T) and the write rows
 #                   timing.log     their raw output
-#                   bench.md       the GPU benchmarks' full tables, PyTorch SDPA, kvq bench
+#                   bench.md       the GPU benchmarks' full tables (the spec 1.1 schemes' decode
+#                                  rows too), PyTorch SDPA, kvq bench
 #   --part ppl      ppl.log        kvq ppl --backend both on the committed model A: every scheme
 #                                  of the catalogue (own windows) on the CPU (the device
 #                                  machine's cores) and through the CUDA write and decode,
@@ -43,9 +44,15 @@ done
 # Unpacked once per bundle: a warm machine keeps /tmp between calls, so the stamp (the bundle's
 # checksum) decides whether the binaries there are this call's.
 stage=/tmp/kvq_stage
-stamp=$(sha256sum "$here/bundle.tar.gz" | cut -c1-64)
+stamp=$(sha256sum "$here/bundle.tar.xz" | cut -c1-64)
 if [[ ! -d $stage/bin || "$(cat "$stage/.bundle" 2>/dev/null)" != "$stamp" ]]; then
-  rm -rf "$stage" && mkdir -p "$stage" && tar -C "$stage" -xzf "$here/bundle.tar.gz"
+  rm -rf "$stage" && mkdir -p "$stage"
+  if command -v xz > /dev/null; then
+    tar -C "$stage" -xJf "$here/bundle.tar.xz"
+  else  # the image's python3 reads xz (lzma) without the xz program
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+      "$here/bundle.tar.xz" "$stage"
+  fi
   echo "$stamp" > "$stage/.bundle"
 fi
 bin=$stage/bin
@@ -217,6 +224,9 @@ PY
     "$b" >> "$OUT/bench.md" 2>&1
     row "$(basename "$b")" "rc=$?"
   done
+  # The spec 1.1 schemes' decode steps (kivi, ots, saw_int4 and plain INT4; B x T grid).
+  "$bin/kvq_bench_gpu_attention" --schemes-only >> "$OUT/bench.md" 2>&1
+  row "kvq_bench_gpu_attention --schemes-only" "rc=$?"
   if [[ -f $here/bench_sdpa.py ]]; then
     python3 "$here/bench_sdpa.py" --iters 30 >> "$OUT/bench.md" 2>&1
     row "bench_sdpa.py" "rc=$?"
