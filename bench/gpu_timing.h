@@ -69,7 +69,7 @@ inline double MedianAttendMicros(gpu::DeviceCache& cache, const float* q, int it
 // kvq::Error as WriteRows does, or kUnsupported without a device.
 struct TimedRowWrite {
   double median_us = 0;
-  std::vector<uint8_t> planes[kMaxPlanes];  // affine_token: packed codes, scale, min (bytes)
+  std::vector<uint8_t> planes[kMaxPlanes];  // the planes of LayoutOf(p), as EncodeRows gives them
 };
 inline TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x,
                                    size_t n, int iters, int warmup) {
@@ -88,7 +88,9 @@ inline TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, 
   gpu::DeviceArray<uint8_t> planes[kMaxPlanes];
   gpu::RowOutputs out;
   for (int i = 0; i < layout.num_planes; ++i) {
-    planes[i] = gpu::DeviceArray<uint8_t>(n * layout.plane(i).row_bytes());
+    // n rows of a token plane, n / G_k of a tile plane (FormatLayout::RowsPerPage over n).
+    planes[i] = gpu::DeviceArray<uint8_t>(static_cast<size_t>(layout.RowsPerPage(i, n)) *
+                                          layout.plane(i).row_bytes());
     out.planes[i] = planes[i].get();
   }
   gpu::DeviceArray<int> flags(1);

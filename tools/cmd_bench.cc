@@ -26,7 +26,6 @@
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
 #ifdef KVQ_HAVE_CUDA
-#include <cstring>
 
 #include "cache_upload.h"  // gpu/adapter
 #include "gpu_timing.h"    // bench/
@@ -141,17 +140,17 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
               : std::vector<float>();
       const float* rotation = p.rotation == kvq::RotationKind::kDense ? dense.data() : nullptr;
       const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
-      kvq::cpu::QuantizedRows cpu_out;
+      kvq::cpu::EncodedRows cpu_out;  // the stored planes (LayoutOf(p)), what a page holds
       double cpu_us = 0, gpu_us = 0;
       if (run_cpu) {
         cpu_us = MedianHostMicros(
-            [&] { cpu_out = kvq::cpu::QuantizeRows(backend, p, rotation, x.data(), rows); },
+            [&] { cpu_out = kvq::cpu::EncodeRows(backend, p, rotation, x.data(), rows); },
             o.iters);
       }
       std::string bits = "-";
 #ifdef KVQ_HAVE_CUDA
-      // A configuration the CUDA path refuses (spec 1.1's tiles and norms, for now) gets no
-      // GPU column; the refusal is the kUnsupported error the GPU code raises.
+      // A configuration the CUDA path refuses gets no GPU column; the refusal is the
+      // kUnsupported error the GPU code raises.
       bool gpu_supported = run_gpu;
       kvq::bench::TimedRowWrite gpu_out;
       if (run_gpu) {
@@ -166,16 +165,11 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
       if (gpu_supported) {
         gpu_us = gpu_out.median_us;
         if (run_cpu) {
-          // The GPU's planes (LayoutOf: packed codes, scale, min) against the oracle's rows.
-          auto same_bytes = [](const std::vector<uint8_t>& got, const auto& want) {
-            return got.size() == want.size() * sizeof(want[0]) &&
-                   std::memcmp(got.data(), want.data(), got.size()) == 0;
-          };
-          using kvq::gpu::kAffineCodesPlane, kvq::gpu::kAffineScalePlane,
-              kvq::gpu::kAffineMinPlane;
-          const bool same = same_bytes(gpu_out.planes[kAffineCodesPlane], cpu_out.packed) &&
-                            same_bytes(gpu_out.planes[kAffineScalePlane], cpu_out.scale) &&
-                            same_bytes(gpu_out.planes[kAffineMinPlane], cpu_out.min);
+          // Every plane of LayoutOf(p), the GPU's bytes against the oracle's.
+          bool same = true;
+          for (int i = 0; i < kvq::LayoutOf(p).num_planes; ++i) {
+            same = same && gpu_out.planes[i] == cpu_out.plane[i];
+          }
           bits = same ? "equal" : "DIFFER";
           differing += same ? 0 : 1;
         }
