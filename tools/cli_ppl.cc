@@ -75,26 +75,16 @@ std::string Join(const std::vector<int>& rows) {
   return out;
 }
 
-// --scheme-windows shared: the schemes with their own windows whose formats allow any
-// (S0, W, F = 1) (the SAW family: affine_token, S0 = W = 0) take the shared ones.
+// --scheme-windows shared: the schemes whose own windows keep no sink take the shared ones
+// (calib::ShareSchemeWindows), labelled NAME+w.
 void ShareSchemeWindows(calib::PplOptions* options,
                         std::vector<std::vector<calib::LayerScheme>>* layers) {
   for (size_t i = 0; i < options->schemes.size(); ++i) {
     calib::SchemeVariant& v = options->schemes[i];
-    const calib::SchemeInfo& info = calib::SchemeByName(v.scheme);
-    if (info.windows.shared() || info.format_k != Format::kAffineToken ||
-        info.format_v != Format::kAffineToken) {
-      continue;
-    }
-    for (calib::LayerScheme& l : (*layers)[i]) {
-      l.params.sink = options->scheme.sink;
-      l.params.recent = options->scheme.recent;
-      l.params.flush = 1;
-      l.params.Validate();
-    }
+    if (!calib::ShareSchemeWindows(v, options->scheme, &(*layers)[i])) continue;
     v.label += "+w";
-    std::printf("      %s: S0 = %d, W = %d, F = 1 (--scheme-windows shared)\n", v.label.c_str(),
-                options->scheme.sink, options->scheme.recent);
+    std::printf("      %s: S0 = %d, W = %d, F = %d (--scheme-windows shared)\n", v.label.c_str(),
+                options->scheme.sink, options->scheme.recent, (*layers)[i][0].params.flush);
   }
 }
 
@@ -112,14 +102,8 @@ void KeepGpuSchemes(bool all, calib::PplOptions* options,
       kept_layers.push_back(std::move((*layers)[i]));
       continue;
     }
-    // --scheme-windows shared gives the SAW family (affine_token, own windows S0 = W = 0) the
-    // ring the CUDA write path needs.
-    const calib::SchemeInfo& info = calib::SchemeByName(v.scheme);
-    const bool saw = !info.windows.shared() && info.format_k == Format::kAffineToken &&
-                     info.format_v == Format::kAffineToken;
-    const std::string hint = saw ? " (--scheme-windows shared?)" : "";
-    KVQ_CHECK(all, kUnsupported, "scheme '", v.label, "' has no CUDA path: ", why, hint);
-    std::printf("      not on the GPU: %s: %s%s\n", v.label.c_str(), why.c_str(), hint.c_str());
+    KVQ_CHECK(all, kUnsupported, "scheme '", v.label, "' has no CUDA path: ", why);
+    std::printf("      not on the GPU: %s: %s\n", v.label.c_str(), why.c_str());
   }
   options->schemes = std::move(kept_variants);
   *layers = std::move(kept_layers);
@@ -271,8 +255,8 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
                   "choice, int8 tensor cores) or bf16 (bf16 hi + lo tensor-core loops)")
       ->capture_default_str();
   sub->add_option("--scheme-windows", cmd->scheme_windows,
-                  "own, or shared: the SAW schemes (own windows S0 = W = 0) take --sink and "
-                  "--recent (F = 1), labelled NAME+w (their windowed variants)")
+                  "own, or shared: the schemes whose own windows keep no sink (SAW, KIVI, "
+                  "OScaR) take --sink and --recent (their F stays), labelled NAME+w")
       ->capture_default_str();
   sub->add_option("--max-rel-ppl", cmd->max_rel_ppl,
                   "--backend both: largest |PPL_gpu / PPL_cpu - 1| accepted (every row, PPL "

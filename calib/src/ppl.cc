@@ -223,6 +223,18 @@ const WindowSetResult& PplResult::Get(const std::string& set) const {
 
 // ---- Building the schemes ----
 
+bool ShareSchemeWindows(const SchemeVariant& variant, const SchemeOptions& o,
+                        std::vector<LayerScheme>* layers) {
+  const SchemeInfo& info = SchemeByName(variant.scheme);
+  if (info.windows.shared() || info.windows.sink > 0) return false;
+  for (LayerScheme& l : *layers) {
+    l.params.sink = o.sink;
+    l.params.recent = o.recent;
+    l.params.Validate();
+  }
+  return true;
+}
+
 std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& config,
                                                          const Activations* calib_acts,
                                                          const Calibration* cal,

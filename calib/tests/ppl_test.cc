@@ -281,5 +281,35 @@ TEST(Ppl, Rejections) {
               ErrorCode::kInvalidArgument, "own clip ratios need the calibration capture");
 }
 
+// --scheme-windows shared: the schemes that keep no sink take the shared S0 and W, their flush
+// (a tile format's whole tiles) stays; the others are left alone.
+TEST(Ppl, ShareSchemeWindowsGivesTheSinklessSchemesTheSharedWindows) {
+  SchemeShape shape;
+  shape.num_kv_heads = 2;
+  shape.num_q_heads = 4;
+  shape.head_dim = 64;
+  SchemeOptions o;
+  o.sink = 16;
+  o.recent = 32;
+  for (const char* name : {"saw_int4", "kivi", "ots", "naive", "hadamard", "bf16"}) {
+    SCOPED_TRACE(name);
+    std::vector<LayerScheme> layers{BuildLayerScheme(name, shape, nullptr, 0, o)};
+    const kvq::CacheParams before = layers[0].params;
+    const bool shared = ShareSchemeWindows(ParseSchemeVariants(name, false)[0], o, &layers);
+    const kvq::CacheParams& after = layers[0].params;
+    EXPECT_EQ(shared, before.sink == 0 && before.quantized() &&
+                          (std::string(name) == "saw_int4" || std::string(name) == "kivi" ||
+                           std::string(name) == "ots"));
+    EXPECT_EQ(after.flush, before.flush);
+    if (shared) {
+      EXPECT_EQ(after.sink, 16);
+      EXPECT_EQ(after.recent, 32);
+    } else {
+      EXPECT_EQ(after.sink, before.sink);
+      EXPECT_EQ(after.recent, before.recent);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvq::calib

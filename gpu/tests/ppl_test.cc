@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -131,11 +132,28 @@ double Rel(double a, double b) { return a / b - 1.0; }
 // (NoiseFloor_QkLoops) and fall with the number of predictions: the bounds are that noise floor
 // on these windows (docs/perplexity.md), far below what a wrong rotation, clip or window does
 // (percents). KL is printed, not checked (the same noise over a small number).
+// A scheme with no bf16 sink (S0 = 0: SAW, KIVI, OScaR as their papers run them) quantizes
+// token 0, whose massive activations set its rows' ranges, and every position attends to it:
+// one flipped code there moves the whole window, and two of kvq's own GPU decode loops differ
+// by up to 1.4e-2 on them (NoiseFloor_QkLoops, 2026-11-24). Their rows are held to
+// `sinkless_tol` alone; the same schemes with a bf16 sink (NAME+w: the same formats, kernels
+// and flushes) are held to the bounds above.
 struct Bounds {
-  double bf16_tol, row_tol, mean_tol, spread;
+  double bf16_tol, row_tol, mean_tol, spread, sinkless_tol;
 };
 
-void ExpectClose(const calib::PplResult& cpu, const calib::PplResult& gpu, const Bounds& b) {
+// The labels of the rows whose cache quantizes the sink token (S0 = 0).
+std::set<std::string> QuantizedSinkRows(const Schemes& s) {
+  std::set<std::string> out;
+  for (size_t i = 0; i < s.options.schemes.size(); ++i) {
+    const kvq::CacheParams& p = s.layers[i][0].params;
+    if (p.quantized() && p.sink == 0) out.insert(s.options.schemes[i].label);
+  }
+  return out;
+}
+
+void ExpectClose(const calib::PplResult& cpu, const calib::PplResult& gpu, const Bounds& b,
+                 const std::set<std::string>& quantized_sink = {}) {
   ASSERT_EQ(cpu.sets.size(), gpu.sets.size());
   for (const calib::WindowSetResult& set : gpu.sets) {
     const calib::WindowSetResult& cs = cpu.Get(set.name);
@@ -147,6 +165,15 @@ void ExpectClose(const calib::PplResult& cpu, const calib::PplResult& gpu, const
       SCOPED_TRACE(set.name + " " + g.label);
       const double rel = Rel(g.Ppl(false), c->Ppl(false));
       const bool bf16 = c->MeanKl(true) == 0;  // the reference and the bf16 row
+      EXPECT_NEAR(g.bits_per_element, c->bits_per_element, 1e-12);
+      if (quantized_sink.count(g.label) != 0) {
+        EXPECT_LE(std::abs(rel), b.sinkless_tol)
+            << "PPL gpu " << g.Ppl(false) << " cpu " << c->Ppl(false);
+        std::printf("  %-14s %-20s PPL %.6f %.6f (%+.2e; quantized sink)  KL %.6f %.6f\n",
+                    set.name.c_str(), g.label.c_str(), c->Ppl(false), g.Ppl(false), rel,
+                    c->MeanKl(true), g.MeanKl(true));
+        continue;
+      }
       EXPECT_LE(std::abs(rel), bf16 ? b.bf16_tol : b.row_tol)
           << "PPL gpu " << g.Ppl(false) << " cpu " << c->Ppl(false);
       if (!bf16) {
@@ -162,7 +189,6 @@ void ExpectClose(const calib::PplResult& cpu, const calib::PplResult& gpu, const
         worst = std::max(worst, d);
         EXPECT_LE(d, b.spread) << "window " << w;
       }
-      EXPECT_NEAR(g.bits_per_element, c->bits_per_element, 1e-12);
       std::printf("  %-14s %-20s PPL %.6f %.6f (%+.2e; tail %+.2e; worst window %.2e)  KL %.6f "
                   "%.6f (%+.2e)\n",
                   set.name.c_str(), g.label.c_str(), c->Ppl(false), g.Ppl(false), rel,
@@ -202,23 +228,14 @@ const Schemes& Catalogue() {
     co.source = acts.info.source;
     const calib::Calibration cal = calib::Calibrate(acts, co, backend);
     out.layers = calib::BuildVariantLayers(m.config, &acts, &cal, out.options, backend);
-    // `--scheme-windows shared`: the SAW family (own windows S0 = W = 0, which the CUDA write
-    // path refuses) again with the shared windows, labelled NAME+w.
+    // `--scheme-windows shared`: the schemes whose own windows keep no sink (SAW, KIVI,
+    // OScaR) again with the shared windows, labelled NAME+w.
     const size_t n = out.options.schemes.size();
     for (size_t i = 0; i < n; ++i) {
-      const calib::SchemeInfo& info = calib::SchemeByName(out.options.schemes[i].scheme);
-      if (info.windows.shared() || info.format_k != Format::kAffineToken ||
-          info.format_v != Format::kAffineToken) {
-        continue;
-      }
       calib::SchemeVariant v = out.options.schemes[i];
-      v.label += "+w";
       std::vector<LayerScheme> layers = out.layers[i];
-      for (LayerScheme& l : layers) {
-        l.params.sink = out.options.scheme.sink;
-        l.params.recent = out.options.scheme.recent;
-        l.params.flush = 1;
-      }
+      if (!calib::ShareSchemeWindows(v, out.options.scheme, &layers)) continue;
+      v.label += "+w";
       out.options.schemes.push_back(v);
       out.layers.push_back(std::move(layers));
     }
@@ -311,7 +328,7 @@ TEST(GpuPpl, MatchesCpuWithinTolerance) {
               s.options.schemes.size(), refused.size());
   // Measured on the H100 (2026-11-24): bf16 rows <= 4.7e-5, quantized rows <= 1.36e-3 (GPU
   // against GPU: 1.73e-3), mean 4.2e-4 / 3.3e-4, tail <= 2.0e-3, windows <= 2.4e-3.
-  ExpectClose(cpu, gpu, Bounds{1e-4, 2.5e-3, 1e-3, 5e-3});
+  ExpectClose(cpu, gpu, Bounds{1e-4, 2.5e-3, 1e-3, 5e-3, 2e-2}, QuantizedSinkRows(s));
   const GpuPplStats st = forwards.stats();
   EXPECT_EQ(st.reference_forwards, 4);
   EXPECT_EQ(st.scheme_forwards, 4 * static_cast<int>(s.options.schemes.size()));
@@ -345,7 +362,7 @@ TEST(GpuPpl, StepsMatchBatch) {
       calib::EvaluatePerplexity(m, sets, s.layers, s.options, backend, {}, &batch);
   const calib::PplResult b =
       calib::EvaluatePerplexity(m, sets, s.layers, s.options, backend, {}, &steps);
-  ExpectClose(a, b, Bounds{1e-4, 1e-4, 1e-4, 1e-4});
+  ExpectClose(a, b, Bounds{1e-4, 1e-4, 1e-4, 1e-4, 1e-4});
 }
 
 // The GPU against itself: the decode plan's int8 QK^T loop against the bf16 hi + lo loops, two
@@ -364,7 +381,8 @@ TEST(GpuPpl, NoiseFloor_QkLoops) {
   const calib::PplResult b =
       calib::EvaluatePerplexity(m, sets, s.layers, s.options, backend, {}, &bf16);
   std::printf("  int8 QK (first) vs bf16 QK (second):\n");
-  ExpectClose(a, b, Bounds{1e-12, 5e-3, 1e-3, 2e-2});  // measured: 1.73e-3 at most
+  // Measured (2026-11-24): 1.73e-3 at most with a bf16 sink; 1.44e-2 (saw_hessian) without.
+  ExpectClose(a, b, Bounds{1e-12, 5e-3, 1e-3, 2e-2, 2e-2}, QuantizedSinkRows(s));
   EXPECT_EQ(a.sets[0].rows[0].Ppl(false), b.sets[0].rows[0].Ppl(false));  // bf16 reference
 }
 

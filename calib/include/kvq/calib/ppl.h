@@ -125,6 +125,13 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
                                                          const PplOptions& options,
                                                          const cpu::Backend& backend);
 
+// `kvq ppl --scheme-windows shared`: a scheme whose own windows keep no sink (S0 = 0: the SAW
+// family, KIVI and its variants, OScaR) takes the shared windows o.sink and o.recent instead
+// (its flush F stays: tiles still fill whole). Returns false, leaving `layers` alone, for a
+// scheme that has no own windows or keeps a sink. Callers label the result NAME+w.
+bool ShareSchemeWindows(const SchemeVariant& variant, const SchemeOptions& o,
+                        std::vector<LayerScheme>* layers);
+
 // The forward passes an evaluation runs, as a hook: the CPU's (CpuPplForwards: Forward with
 // DenseAttention / CacheAttention) by default; a GPU twin (gpu/ppl) runs the same requests on
 // the device. Each returns logits [T − first, V] as Forward does, and honours request.first,
