@@ -233,6 +233,10 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
       sub->add_option("--recent", cmd->recent, "BF16 recent window W")->capture_default_str();
   sub->add_option("--page", cmd->page, "History page size P")->capture_default_str();
   sub->add_option("--seed", cmd->seed, "random_orthogonal's seed")->capture_default_str();
+  sub->add_option("--saw-block", cmd->saw_block,
+                  "FWHT block of saw_int4, saw_int4_k, saw_hessian (BDR-h: 16..256, a power of "
+                  "two, clamped to d)")
+      ->capture_default_str();
   sub->add_option("--tail-from", cmd->tail_from,
                   "Second position set: predictions at p >= this (default S0 + W)")
       ->capture_default_str();
@@ -392,6 +396,7 @@ void RunPplCommand(const PplCommand& cmd) {
   options.scheme.recent = recent;
   options.scheme.page = cmd.page;
   options.scheme.seed = cmd.seed;
+  options.scheme.saw_block = cmd.saw_block;
   options.clip_grid = cmd.clip_grid;
   options.threads = threads;
   options.share_prefix = !cmd.no_share_prefix;

@@ -25,6 +25,7 @@ struct PplCommand {
   std::vector<double> clip_grid;     // --clip-grid
   int group = 64, bits = 2, sink = 64, recent = 256, page = 64;
   uint64_t seed = 0;
+  int saw_block = 128;               // --saw-block: the SAW schemes' FWHT block (BDR-h)
   int64_t tail_from = -1;            // --tail-from (default S0 + W)
   int threads = 0;                   // --threads (0: every core)
   std::string json;                  // --json FILE

@@ -665,6 +665,7 @@ std::string PplJson(const PplResult& result) {
                   {"sink", o.scheme.sink},
                   {"recent", o.scheme.recent},
                   {"page", o.scheme.page},
+                  {"saw_block", o.scheme.saw_block},
                   {"tail_from", o.tail_from},
                   {"share_prefix", o.share_prefix},
                   {"threads", o.threads}};

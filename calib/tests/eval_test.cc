@@ -185,7 +185,7 @@ TEST(Eval, RejectsUnknownSchemesAndMissingCalibration) {
   EXPECT_THROW(Evaluate(s.acts, nullptr, e, cpu::BestBackend()), Error);
 }
 
-// The claim the default synthetic data is built to reflect (docs/accuracy.md): on the embedded
+// The claim the default synthetic data is built to reflect (docs/accuracy_synthetic.md): on the embedded
 // default data (kvq synth defaults, kvq calibrate defaults, kvq eval defaults), OSCAR's
 // attention-output error is below naive INT2's. If this fails, investigate the data model or the
 // pipeline; do not tune the data to it.

@@ -139,6 +139,34 @@ TEST(PplCli, Bf16RowIsTheReferenceAndOscarIsCompared) {
   EXPECT_EQ(rows[4]["clip_k"].size(), 8u);
 }
 
+// --saw-block reaches the SAW schemes (BDR-16 is not BDR-128) and is recorded; a block the
+// schemes cannot use fails naming it.
+TEST(PplCli, SawBlockReachesTheSawSchemes) {
+  Scratch dir;
+  const std::string common = "ppl --model '" + kModelA +
+                             "' --windows heldout_en:0-1 --length 112 --tail-from 16 "
+                             "--schemes saw_int4,saw_int4_k --no-fp32 --threads 2";
+  const RunResult r128 = RunKvq(dir, common + " --json b128.json");
+  ASSERT_EQ(r128.exit_code, 0) << r128.err;
+  const RunResult r16 = RunKvq(dir, common + " --saw-block 16 --json b16.json");
+  ASSERT_EQ(r16.exit_code, 0) << r16.err;
+  const nlohmann::json a = nlohmann::json::parse(cli_testing::Slurp(dir.File("b128.json")));
+  const nlohmann::json b = nlohmann::json::parse(cli_testing::Slurp(dir.File("b16.json")));
+  EXPECT_EQ(a["options"]["saw_block"], 128);
+  EXPECT_EQ(b["options"]["saw_block"], 16);
+  // Rows: reference, saw_int4, saw_int4_k. The reference does not move; the schemes do.
+  ASSERT_EQ(a["sets"][0]["rows"].size(), 3u);
+  EXPECT_EQ(a["sets"][0]["rows"][1]["label"], "saw_int4");
+  EXPECT_EQ(b["sets"][0]["rows"][2]["label"], "saw_int4_k");
+  EXPECT_EQ(a["sets"][0]["rows"][0]["ppl"], b["sets"][0]["rows"][0]["ppl"]);
+  for (int row : {1, 2}) {
+    EXPECT_GT(a["sets"][0]["rows"][row]["kl"].get<double>(), 0.0);
+    EXPECT_NE(a["sets"][0]["rows"][row]["kl"], b["sets"][0]["rows"][row]["kl"]) << row;
+  }
+  ExpectFailure(dir, common + " --saw-block 24 --json bad.json", dir.File("bad.json"),
+                {"saw_block 24 must be a power of two in [16, 256]"});
+}
+
 TEST(PplCli, ErrorsNameTheOffendingValue) {
   Scratch dir;
   const std::string small =

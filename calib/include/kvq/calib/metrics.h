@@ -1,5 +1,5 @@
 // Attention-level error metrics of a quantized KV cache (shared/DESIGN.md "Error metrics";
-// docs/accuracy.md defines each one), measured on HELD-OUT tokens through the real cache:
+// docs/accuracy_synthetic.md defines each one), measured on HELD-OUT tokens through the real cache:
 // the held-out K/V of one (layer, KV head) are prefilled into a kvq::cpu::PagedKVCache with its
 // sink and recent windows, and every metric reads the rows back as the cache holds them (history
 // rows dequantized and inverse-rotated, sink and recent rows bf16). All sums are fp64.

@@ -6,7 +6,7 @@
 //
 // The OSCAR ablations (seeds/000 table 4) change ONE thing relative to `oscar`: the rotation.
 // They keep the calibration's clip ratios (selected for R = U·H·P_br), so a difference in the
-// metrics is the rotation's doing alone (docs/accuracy.md discusses what that means). That
+// metrics is the rotation's doing alone (docs/accuracy_synthetic.md discusses what that means). That
 // reuse is the catalogue's `clip` column (ClipPolicy::kCalibration), not a hidden default.
 #pragma once
 
