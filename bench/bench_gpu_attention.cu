@@ -5,8 +5,8 @@
 //
 // Method: random cache contents (never zeros) with shuffled page tables; the L2 is flushed
 // before every timed run by reading a buffer twice its size (bench/l2_flush.cuh: clean lines,
-// as rotating input buffers would leave; --flush write: the write pass of the runs before
-// pass 8, whose dirty lines the step pays to write back); CUDA events around the whole
+// as rotating input buffers would leave; --flush write: a write pass instead, whose dirty lines
+// the step pays to write back); CUDA events around the whole
 // decode step (query rotation + attention + merge); median of --iters runs after 3 warm-ups.
 // Bytes are those the step must read: the cache rows of every sequence (codes + scale/min for
 // the history, bf16 for sink/recent or the whole bf16 cache), the queries and rotations; the
@@ -15,15 +15,18 @@
 // floor: one kernel reading the same pools whole, timed the same way (ReadRangesKernel).
 //
 // Usage: kvq_bench_gpu_attention [--iters N] [--quick] [--batch B] [--len T] [--int2-only]
-//                                [--int8-qk 0|1] [--chunks-per-warp 1|2] [--pack-hi-lo 0|1]
-//                                [--group-epilogue 0|1] [--aux-heads N] [--window-split N]
+//                                [--int8-qk 0|1] [--aux-heads N] [--window-split N]
 //                                [--hist-split N] [--timeline] [--flush read|write]
+//                                [--schemes LIST | --schemes-only]
 // (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
-// override the plan's loop of the quantized-history kernel: --int8-qk 0 selects the bf16-MMA
-// loops, which the last three shape (--chunks-per-warp 2 implies the per-field epilogue).
+// override the plan. --schemes LIST (comma-separated scheme ids of calib/schemes.inc, and
+// "int4": kvq's plain INT4 cache) first prints a table of those schemes' decode steps (every
+// spec 1.1 scheme the GPU serves without a calibration, and int4, with --schemes-only, which
+// then skips the INT2 / bf16 table); the other flags apply to the INT2 table: --int8-qk 0 plans for the bf16-MMA loops (allow_int8_qk = false: the
+// packed hi/lo loop at g <= 4), --int8-qk 1 takes the int8 QK loop.
 // Without --int8-qk, when the plan takes the int8 QK loop (g <= 4) the INT2 step is also timed
-// with the bf16-MMA loop the plan would take otherwise (packed hi/lo, group epilogue) in the
-// same process on the same data: column "INT2 us, bf16 QK loop". --aux-heads N: query heads
+// with the bf16-MMA loop the plan would take otherwise (packed hi/lo, allow_int8_qk = false) in
+// the same process on the same data: column "INT2 us, bf16 QK loop". --aux-heads N: query heads
 // per block of the rotation and merge kernels instead of the plan's; --window-split N: N
 // window tokens per window block (the history split stays the plan's); --hist-split N: N
 // history tokens per history block (a multiple of 64). --timeline: after the
@@ -42,17 +45,18 @@
 #include <string>
 #include <vector>
 
+#include "kvq/calib/schemes.h"
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/formats.h"
 #include "l2_flush.cuh"
 
 namespace {
 
-int g_chunks_per_warp = 0;  // --chunks-per-warp (0: the plan's choice)
-int g_pack_hi_lo = -1;      // --pack-hi-lo (-1: the plan's choice, and time the other too)
-int g_group_epilogue = -1;  // --group-epilogue (-1: the plan's choice)
 int g_int8_qk = -1;         // --int8-qk (-1: the plan's choice, and time the bf16 QK loop too)
 int g_aux_heads = 0;        // --aux-heads (0: the plan's choice)
 int g_window_split = 0;     // --window-split (0: the plan's choice)
@@ -196,6 +200,31 @@ __global__ void __launch_bounds__(256) ReadRangesKernel(const __grid_constant__ 
 
 __global__ void EmptyKernel() {}
 
+// The read floor of `ranges`: ReadRangesKernel over them, timed like a step (its sink is the
+// workspace `ws`, which every step rewrites before reading).
+double FloorMicros(const ReadRanges& ranges, void* ws, L2Flusher& flusher, int iters) {
+  int sms = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  return MedianMicros(
+      [&] {
+        ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
+        KVQ_CUDA_CHECK(cudaGetLastError());
+      },
+      flusher, iters);
+}
+
+// Exits unless every one of the step's n outputs is finite.
+void CheckFinite(const float* out, size_t n, const std::string& what) {
+  std::vector<float> host(n);
+  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, n * 4, cudaMemcpyDeviceToHost));
+  for (float v : host) {
+    if (!std::isfinite(v)) {
+      std::fprintf(stderr, "non-finite output (%s)\n", what.c_str());
+      std::exit(1);
+    }
+  }
+}
+
 // Device-to-device copy bandwidth, bytes read + written per second.
 double CopyBandwidth(L2Flusher& flusher) {
   const size_t bytes = size_t{1} << 30;
@@ -208,6 +237,50 @@ double CopyBandwidth(L2Flusher& flusher) {
   cudaFree(b);
   return 2.0 * bytes / (us * 1e-6);
 }
+
+// A step's inputs besides the cache: page tables (a random permutation of the pool's `pages`
+// pages), every sequence at seq_len, random bf16-valued queries, the output and the workspace.
+struct StepBuffers {
+  int32_t* tables = nullptr;
+  int32_t* lens = nullptr;
+  float* q = nullptr;
+  float* out = nullptr;
+  void* ws = nullptr;
+  size_t q_elems = 0;
+
+  StepBuffers(int batch, int seq_len, int64_t pages, size_t workspace_bytes) {
+    std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
+    const std::vector<int32_t> seq_lens(batch, seq_len);
+    tables = Alloc<int32_t>(perm.size());
+    lens = Alloc<int32_t>(batch);
+    KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+    KVQ_CUDA_CHECK(cudaMemcpy(lens, seq_lens.data(), seq_lens.size() * 4, cudaMemcpyHostToDevice));
+    q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
+    q = Alloc<float>(q_elems);
+    out = Alloc<float>(q_elems);
+    FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
+    ws = Alloc<uint8_t>(workspace_bytes);
+    KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  // The decode inputs' sequences, page tables and queries.
+  void Attach(kvq::gpu::DecodeAttentionInputs& in, int batch, int seq_len,
+              int pages_per_seq) const {
+    in.batch = batch;
+    in.max_seq_len = seq_len;
+    in.seq_lens = lens;
+    in.page_tables = tables;
+    in.max_pages = std::max(pages_per_seq, 1);
+    in.q = q;
+  }
+  void Free() const {
+    for (void* p : {static_cast<void*>(tables), static_cast<void*>(lens), static_cast<void*>(q),
+                    static_cast<void*>(out), ws}) {
+      cudaFree(p);
+    }
+  }
+};
 
 struct Result {
   bool ran = false;
@@ -273,21 +346,14 @@ std::string SummarizeTimeline(const std::vector<uint64_t>& rec, const char* titl
   return out;
 }
 
+// The benchmark's cache: INT2 with a dense rotation + P_br on K and V, or the bf16 cache.
 CacheParams MakeParams(bool quantized) {
-  CacheParams c;
-  c.num_q_heads = kHq;
-  c.num_kv_heads = kHkv;
-  c.sink = kSink;
-  c.recent = kRecent;
-  c.page_size = kPage;
-  c.quantized = quantized;
-  for (kvq::WriteParams* w : {&c.key, &c.value}) {
-    w->head_dim = kHeadDim;
-    w->group = kGroup;
-    w->bits = 2;
-    w->rotation = kvq::RotationKind::kDense;
-    w->bitrev = true;
-  }
+  namespace params = kvq::params;
+  params::Cache c =
+      params::Cache().q_heads(kHq).kv_heads(kHkv).sink(kSink).recent(kRecent).page(kPage).both(
+          params::Write().head_dim(kHeadDim).group(kGroup).bits(2)
+              .rotation(kvq::RotationKind::kDense).bitrev());
+  if (!quantized) c.bf16();
   return c;
 }
 
@@ -309,14 +375,6 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
 
   kvq::gpu::DecodeAttentionPlan plan =
       kvq::gpu::PlanDecodeAttention(c, batch, seq_len, 0, /*allow_int8_qk=*/g_int8_qk != 0);
-  if (g_chunks_per_warp > 0) plan.chunks_per_warp = g_chunks_per_warp;
-  if (g_pack_hi_lo >= 0) plan.pack_hi_lo = g_pack_hi_lo != 0;
-  if (g_group_epilogue >= 0) {
-    plan.group_epilogue = g_group_epilogue != 0;
-  } else if (plan.chunks_per_warp == 2) {
-    plan.group_epilogue = false;  // 2 chunks per warp step exist with the per-field epilogue only
-  }
-  if (plan.group_epilogue) plan.chunks_per_warp = 1;
   if (g_aux_heads > 0) plan.aux_heads_per_block = g_aux_heads;
   if (g_window_split > 0 && quantized) {
     plan.window_tokens_per_split = g_window_split;
@@ -327,8 +385,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     plan.hist_splits = static_cast<int>((paged + g_hist_split - 1) / g_hist_split);
   }
   plan.workspace_bytes = kvq::gpu::DecodeAttentionWorkspaceBytes(c, batch, plan);
-  const bool plan_int8 = plan.int8_qk;
-  if (g_int8_qk >= 0) plan.int8_qk = g_int8_qk != 0;
+  const bool plan_int8 = plan.quant_loop == kvq::gpu::QuantLoop::kInt8Qk;
+  if (g_int8_qk == 1 && quantized) plan.quant_loop = kvq::gpu::QuantLoop::kInt8Qk;
   uint8_t* k_codes = Alloc<uint8_t>(pages * page_codes);
   uint8_t* v_codes = Alloc<uint8_t>(pages * page_codes);
   RandomBytes(k_codes, pages * page_codes, 11);
@@ -362,41 +420,28 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     RandomBf16(reinterpret_cast<uint16_t*>(k_codes), pages * page_codes / 2, -2.f, 2.f, 13);
     RandomBf16(reinterpret_cast<uint16_t*>(v_codes), pages * page_codes / 2, -2.f, 2.f, 14);
   }
-  // Page tables: a random permutation of the pool.
-  std::vector<int32_t> perm(std::max<int64_t>(pages, 1));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(5));
-  std::vector<int32_t> lens(batch, seq_len);
-  int32_t* tables = Alloc<int32_t>(perm.size());
-  int32_t* lens_d = Alloc<int32_t>(batch);
-  KVQ_CUDA_CHECK(cudaMemcpy(tables, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
-  KVQ_CUDA_CHECK(cudaMemcpy(lens_d, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  const size_t q_elems = static_cast<size_t>(batch) * kHq * kHeadDim;
-  float* q = Alloc<float>(q_elems);
-  float* out = Alloc<float>(q_elems);
-  FillFloatBf16Valued<<<256, 256>>>(q, q_elems, 51);
-  void* ws = Alloc<uint8_t>(plan.workspace_bytes);
-  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-
+  const StepBuffers buf(batch, seq_len, pages, plan.workspace_bytes);
+  const size_t q_elems = buf.q_elems;
+  float* const out = buf.out;
+  void* const ws = buf.ws;
   kvq::gpu::DecodeAttentionInputs in;
-  in.batch = batch;
-  in.max_seq_len = seq_len;
-  in.seq_lens = lens_d;
-  in.page_tables = tables;
-  in.max_pages = std::max(pages_per_seq, 1);
-  in.key_codes = k_codes;
-  in.value_codes = v_codes;
-  in.key_scale = k_scale;
-  in.key_min = k_min;
-  in.value_scale = v_scale;
-  in.value_min = v_min;
+  buf.Attach(in, batch, seq_len, pages_per_seq);
+  // The planes of LayoutOf(c.key / c.value): affine_token codes, scale, min; bf16 rows.
+  const int rows_plane = quantized ? kvq::gpu::kAffineCodesPlane : kvq::gpu::kBf16RowsPlane;
+  in.key_planes[rows_plane] = k_codes;
+  in.value_planes[rows_plane] = v_codes;
+  if (quantized) {
+    in.key_planes[kvq::gpu::kAffineScalePlane] = reinterpret_cast<const uint8_t*>(k_scale);
+    in.key_planes[kvq::gpu::kAffineMinPlane] = reinterpret_cast<const uint8_t*>(k_min);
+    in.value_planes[kvq::gpu::kAffineScalePlane] = reinterpret_cast<const uint8_t*>(v_scale);
+    in.value_planes[kvq::gpu::kAffineMinPlane] = reinterpret_cast<const uint8_t*>(v_min);
+  }
   in.sink_key = sink_k;
   in.sink_value = sink_v;
   in.recent_key = recent_k;
   in.recent_value = recent_v;
   in.rotation_key = rot_k;
   in.rotation_value = rot_v;
-  in.q = q;
   r.us = MedianMicros(
       [&] {
         kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
@@ -409,15 +454,7 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
     for (const uint16_t* meta : {k_scale, k_min, v_scale, v_min}) ranges.Add(meta, pages * page_meta * 2);
     for (const uint16_t* w : {sink_k, sink_v}) ranges.Add(w, window_elems * kSink * 2);
     for (const uint16_t* w : {recent_k, recent_v}) ranges.Add(w, window_elems * kRecent * 2);
-    int sms = 0;
-    KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    r.floor_us = MedianMicros(
-        [&] {
-          // The sink is the workspace, which every step rewrites before reading.
-          ReadRangesKernel<<<8 * sms, 256>>>(ranges, static_cast<uint32_t*>(ws));
-          KVQ_CUDA_CHECK(cudaGetLastError());
-        },
-        flusher, iters);
+    r.floor_us = FloorMicros(ranges, ws, flusher, iters);
   }
   if (quantized && plan_int8 && g_int8_qk < 0) {
     // The plan the bf16 QK loop would get (its waves sized for its own residency).
@@ -447,15 +484,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
                               std::to_string(r.us).substr(0, 6) + " us timed)";
     g_timelines += SummarizeTimeline(rec, title.c_str());
   }
-  std::vector<float> host(q_elems);
-  KVQ_CUDA_CHECK(cudaMemcpy(host.data(), out, q_elems * 4, cudaMemcpyDeviceToHost));
-  for (float v : host) {
-    if (!std::isfinite(v)) {
-      std::fprintf(stderr, "non-finite output (B=%d T=%d %s)\n", batch, seq_len,
-                   quantized ? "int2" : "bf16");
-      std::exit(1);
-    }
-  }
+  CheckFinite(out, q_elems, "B=" + std::to_string(batch) + " T=" + std::to_string(seq_len) +
+                                (quantized ? " int2" : " bf16"));
   r.ran = true;
   r.splits = plan.hist_splits + plan.window_splits;
   const double per_token = quantized ? 2.0 * (row_codes + 2 * 2 * (kHeadDim / kGroup))
@@ -466,11 +496,167 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
                   (quantized ? 2.0 * kHkv * kHeadDim * kHeadDim * 4 : 0.0) +
                   static_cast<double>(batch) * kHq * r.splits * (kHeadDim + 2) * 4 * 2;
   for (void* p : std::vector<void*>{k_codes, v_codes, k_scale, k_min, v_scale, v_min, sink_k,
-                                    sink_v, recent_k, recent_v, rot_k, rot_v, tables, lens_d, q,
-                                    out, ws}) {
+                                    sink_v, recent_k, recent_v, rot_k, rot_v}) {
     if (p) cudaFree(p);
   }
+  buf.Free();
   return r;
+}
+
+// ---- Scheme rows (issue 17): the spec 1.1 schemes of the catalogue (calib/schemes.inc) ----
+//
+// A row is a scheme's own configuration (BuildLayerScheme at d = 128, Hq/Hkv = 32/8, default
+// options: KIVI / OScaR keys in tiles of 32 tokens, V in groups of 32, S0 = 0, W = 1, F = 128;
+// SAW-INT4 at G = d, S0 = W = 0), its pools allocated and filled from the formats' plane lists
+// (LayoutOf), random contents (codes random bytes, scales and mins in realistic ranges, norms
+// around 1), shuffled page tables, and the sequence at length T. "int4" is kvq's plain INT4
+// cache beside SAW: the `hadamard` scheme at 4 bits (G = 64, S0 = 64, W = 256).
+struct SchemeRow {
+  std::string label;
+  CacheParams params;
+};
+
+std::vector<SchemeRow> SchemeRows(const std::string& list) {
+  namespace calib = kvq::calib;
+  calib::SchemeShape shape;
+  shape.num_kv_heads = kHkv;
+  shape.num_q_heads = kHq;
+  shape.head_dim = kHeadDim;
+  std::vector<SchemeRow> rows;
+  std::vector<std::string> names;
+  if (list.empty()) {
+    // Every spec 1.1 scheme the GPU decode serves without a calibration: tiled keys or its own
+    // windows (the KIVI family, OScaR, SAW), in catalogue order, then the plain INT4 baseline.
+    for (const calib::SchemeInfo& info : calib::Schemes()) {
+      if (info.needs_calibration || !info.quantized()) continue;
+      if (info.format_k != kvq::Format::kAffineTile && info.windows.shared()) continue;
+      names.push_back(info.name);
+    }
+    names.push_back("int4");
+  } else {
+    size_t at = 0;
+    while (at <= list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      names.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  for (const std::string& name : names) {
+    calib::SchemeOptions options;
+    std::string scheme = name;
+    if (name == "int4") {
+      scheme = "hadamard";
+      options.bits = 4;
+    }
+    rows.push_back({name, calib::BuildLayerScheme(scheme, shape, nullptr, 0, options).params});
+  }
+  return rows;
+}
+
+// One scheme row at (batch, seq_len): the step's time, the bytes it must read (history planes
+// by the format's accounting, the bf16 windows) and the read floor over the same pools.
+Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flusher, int iters) {
+  Result r;
+  const int64_t hist = c.HistoryTokens(seq_len);
+  const int64_t window = seq_len - hist;  // sink + recent rows of the sequence
+  const int pages_per_seq = static_cast<int>((hist + c.page_size - 1) / c.page_size);
+  const int64_t pages = static_cast<int64_t>(pages_per_seq) * batch;
+  const kvq::FormatLayout layouts[2] = {kvq::LayoutOf(c.key), kvq::LayoutOf(c.value)};
+  size_t pool_bytes = 0;
+  for (const kvq::FormatLayout& layout : layouts) {
+    for (int i = 0; i < layout.num_planes; ++i) {
+      pool_bytes += pages * layout.PageBytes(i, c.page_size, c.num_kv_heads);
+    }
+  }
+  const size_t row_elems = static_cast<size_t>(kHkv) * kHeadDim;
+  const size_t sink_elems = static_cast<size_t>(batch) * c.sink * row_elems;
+  const size_t ring_elems = static_cast<size_t>(batch) * c.ring_slots() * row_elems;
+  size_t free_bytes = 0, total_bytes = 0;
+  KVQ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (pool_bytes + 4 * (sink_elems + ring_elems) + (size_t{3} << 30) > free_bytes) return r;
+
+  const kvq::gpu::DecodeAttentionPlan plan = kvq::gpu::PlanDecodeAttention(c, batch, seq_len);
+  kvq::gpu::DecodeAttentionInputs in;
+  std::vector<void*> owned;
+  ReadRanges ranges;
+  uint32_t seed = 100;
+  for (int kv = 0; kv < 2; ++kv) {
+    const kvq::FormatLayout& layout = layouts[kv];
+    for (int i = 0; i < layout.num_planes; ++i) {
+      const kvq::PlaneSpec& plane = layout.plane(i);
+      const size_t bytes = pages * layout.PageBytes(i, c.page_size, c.num_kv_heads);
+      uint8_t* pool = Alloc<uint8_t>(bytes / 2 * 2 + 16);
+      owned.push_back(pool);
+      const std::string name = plane.name;
+      if (plane.dtype != kvq::DType::kBF16) {
+        RandomBytes(pool, bytes, ++seed);
+      } else {
+        const float lo = name == "scale" ? 0.2f : name == "min" ? -1.5f : 0.5f;
+        const float hi = name == "scale" ? 0.8f : name == "min" ? -0.5f : 2.0f;
+        RandomBf16(reinterpret_cast<uint16_t*>(pool), bytes / 2, lo, hi, ++seed);
+      }
+      (kv ? in.value_planes : in.key_planes)[i] = pool;
+      ranges.Add(pool, bytes);
+    }
+  }
+  uint16_t* windows[4] = {};
+  for (int w = 0; w < 4; ++w) {
+    const size_t elems = w < 2 ? sink_elems : ring_elems;
+    windows[w] = Alloc<uint16_t>(elems);
+    owned.push_back(windows[w]);
+    RandomBf16(windows[w], elems, -2.f, 2.f, ++seed);
+    ranges.Add(windows[w], elems * 2);
+  }
+  const StepBuffers buf(batch, seq_len, pages, plan.workspace_bytes);
+  buf.Attach(in, batch, seq_len, pages_per_seq);
+  in.sink_key = windows[0];
+  in.sink_value = windows[1];
+  in.recent_key = windows[2];
+  in.recent_value = windows[3];
+  r.us = MedianMicros(
+      [&] { kvq::gpu::DecodeAttention(c, in, plan, buf.ws, plan.workspace_bytes, buf.out); },
+      flusher, iters);
+  r.floor_us = FloorMicros(ranges, buf.ws, flusher, iters);
+  CheckFinite(buf.out, buf.q_elems, "B=" + std::to_string(batch) + " T=" + std::to_string(seq_len));
+  r.ran = true;
+  r.splits = plan.hist_splits + plan.window_splits;
+  // The bytes a step must read: the history's planes as the cache counts them (tile planes per
+  // tile, a shared norm once for the KV heads) and the bf16 window rows.
+  double history = 0.0;
+  for (const kvq::FormatLayout& layout : layouts) {
+    history += layout.Bytes(kvq::PlaneRole::kCodes, hist, kHkv) +
+               layout.Bytes(kvq::PlaneRole::kMetadata, hist, kHkv);
+  }
+  r.cache_bytes = batch * (history + static_cast<double>(window) * 2 * row_elems * 2);
+  for (void* p : owned) cudaFree(p);
+  buf.Free();
+  return r;
+}
+
+// The scheme rows' table, cuDNN (bench_sdpa.py) beside it in the same device call.
+void RunSchemeTable(const std::string& list, const std::vector<int>& batches,
+                    const std::vector<int>& lens, L2Flusher& flusher, int iters, double copy_bw) {
+  const std::vector<SchemeRow> rows = SchemeRows(list);
+  std::printf("\n| scheme | B | T | us | GB/s (bytes read) | of copy BW | bytes read / step (MB) | "
+              "splits | read floor us | us / floor |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (int batch : batches) {
+    for (int len : lens) {
+      for (const SchemeRow& row : rows) {
+        const Result a = RunScheme(row.params, batch, len, flusher, iters);
+        if (!a.ran) {
+          std::printf("| %s | %d | %d | skipped (memory) | | | | | | |\n", row.label.c_str(), batch,
+                      len);
+          continue;
+        }
+        const double rate = a.cache_bytes / (a.us * 1e-6);
+        std::printf("| %s | %d | %d | %.1f | %.0f | %.0f%% | %.1f | %d | %.1f | %.2f |\n",
+                    row.label.c_str(), batch, len, a.us, rate / 1e9, 100.0 * rate / copy_bw,
+                    a.cache_bytes / 1e6, a.splits, a.floor_us, a.us / a.floor_us);
+        std::fflush(stdout);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -480,6 +666,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   bool int2_only = false;
   int only_batch = 0, only_len = 0;
+  bool scheme_rows = false, schemes_only = false;
+  std::string schemes;  // --schemes LIST (empty: every spec 1.1 scheme the GPU serves + int4)
   FlushMode flush = FlushMode::kRead;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--flush") && i + 1 < argc) {
@@ -494,14 +682,18 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--len") && i + 1 < argc) only_len = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--int2-only")) int2_only = true;
-    else if (!std::strcmp(argv[i], "--chunks-per-warp") && i + 1 < argc) g_chunks_per_warp = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--pack-hi-lo") && i + 1 < argc) g_pack_hi_lo = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--group-epilogue") && i + 1 < argc) g_group_epilogue = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--int8-qk") && i + 1 < argc) g_int8_qk = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--aux-heads") && i + 1 < argc) g_aux_heads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--window-split") && i + 1 < argc) g_window_split = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--hist-split") && i + 1 < argc) g_hist_split = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--timeline")) g_timeline = true;
+    else if (!std::strcmp(argv[i], "--schemes") && i + 1 < argc) {
+      schemes = argv[++i];
+      scheme_rows = true;
+    } else if (!std::strcmp(argv[i], "--schemes-only")) {
+      scheme_rows = true;
+      schemes_only = true;
+    }
   }
   try {
     kvq::gpu::RequireCudaDevice();
@@ -519,22 +711,20 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, kHeadDim, kHq, kHkv,
                 kGroup, kSink, kRecent, kPage);
     std::printf("# device-to-device copy: %.0f GB/s (read + write); median of %d runs, cold L2 "
-                "(flushed by a %s pass)%s%s%s\n\n",
+                "(flushed by a %s pass)%s\n\n",
                 copy_bw / 1e9, iters, kvq::bench::FlushModeName(flush),
-                g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"),
-                g_chunks_per_warp > 0 ? (g_chunks_per_warp == 1 ? "; 1 chunk per warp step"
-                                                                : "; 2 chunks per warp step")
-                                      : "",
-                g_pack_hi_lo < 0 ? "" : (g_pack_hi_lo ? "; packed hi/lo" : "; two-MMA loop"));
+                g_int8_qk < 0 ? "" : (g_int8_qk ? "; int8 QK loop" : "; bf16 QK loops"));
     std::printf("# an empty kernel, timed the same way: %.1f us\n\n", empty_us);
-    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | read floor us | "
-                "INT2 / floor | INT2 us, bf16 QK loop | kvq BF16 us | BF16 GB/s | of copy BW | "
-                "INT2 speedup vs kvq BF16 |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     std::vector<int> batches = quick ? std::vector<int>{1, 32} : std::vector<int>{1, 8, 32, 128};
     std::vector<int> lens = quick ? std::vector<int>{32768} : std::vector<int>{8192, 32768, 131072};
     if (only_batch > 0) batches = {only_batch};
     if (only_len > 0) lens = {only_len};
+    if (scheme_rows) RunSchemeTable(schemes, batches, lens, flusher, iters, copy_bw);
+    if (schemes_only) return 0;
+    std::printf("| B | T | kvq INT2 us | INT2 GB/s (cache) | of copy BW | INT2 splits | read floor us | "
+                "INT2 / floor | INT2 us, bf16 QK loop | kvq BF16 us | BF16 GB/s | of copy BW | "
+                "INT2 speedup vs kvq BF16 |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int batch : batches) {
       for (int len : lens) {
         const Result a = RunOne(true, batch, len, flusher, iters);

@@ -24,23 +24,18 @@
 #include <string>
 #include <vector>
 
+#include "kvq/common/format.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
 #include "l2_flush.cuh"
-
-// Defined in gpu/src/write_kernels.cu for this benchmark only: selects the fused kernel as it
-// was before the 2026-11-21 speed-up (d 128, G 64, INT2), so one run times both.
-namespace kvq::gpu::benchmark_only {
-void UseBaselineFusedWrite(bool use);
-}  // namespace kvq::gpu::benchmark_only
 
 namespace {
 
 using kvq::CacheParams;
 using kvq::RotationKind;
-using kvq::WriteParams;
 
 // Keeps one warp of the GPU busy for `ns` nanoseconds (%globaltimer).
 __global__ void HoldGpu(uint64_t ns) {
@@ -129,23 +124,11 @@ std::string Format(const char* fmt, double v) {
   return buf;
 }
 
+// Hkv 8, Hq 32, S0 64, W 256, P 64; K and V: d 128, G 64, INT2 with the given rotation and clip.
 CacheParams BenchCache(RotationKind kind, float clip, bool bitrev = false) {
-  CacheParams c;
-  c.num_kv_heads = 8;
-  c.num_q_heads = 32;
-  c.sink = 64;
-  c.recent = 256;
-  c.page_size = 64;
-  for (WriteParams* p : {&c.key, &c.value}) {
-    p->head_dim = 128;
-    p->group = 64;
-    p->bits = 2;
-    p->rotation = kind;
-    p->clip = clip;
-    p->bitrev = bitrev;
-  }
-  c.Validate();
-  return c;
+  namespace params = kvq::params;
+  return params::Cache().kv_heads(8).q_heads(32).sink(64).recent(256).page(64).both(
+      params::Write().head_dim(128).group(64).bits(2).rotation(kind).clip(clip).bitrev(bitrev));
 }
 
 }  // namespace
@@ -217,10 +200,11 @@ int main(int argc, char** argv) {
     Upload(d_table, table);
     const size_t pool_rows = static_cast<size_t>(pages) * hkv * base.page_size;
     kvq::gpu::PagePool pool[2];
+    const kvq::FormatLayout layout = kvq::LayoutOf(base.key);
     for (auto& p : pool) {
-      p.codes = DeviceAlloc<uint8_t>(pool_rows * base.key.code_bytes());
-      p.scale = DeviceAlloc<uint16_t>(pool_rows * base.key.num_groups());
-      p.min = DeviceAlloc<uint16_t>(pool_rows * base.key.num_groups());
+      for (int i = 0; i < layout.num_planes; ++i) {
+        p.planes[i] = DeviceAlloc<uint8_t>(pool_rows * layout.plane(i).row_bytes());
+      }
       p.num_pages = pages;
     }
     kvq::gpu::Windows windows;
@@ -246,10 +230,8 @@ int main(int argc, char** argv) {
                                 {"identity, rho=1", RotationKind::kIdentity, 1.0f},
                                 {"FWHT + P_br, rho=1", RotationKind::kHadamard, 1.0f, true},
                                 {"FWHT + P_br, rho=0.96", RotationKind::kHadamard, 0.96f, true}};
-    // Each variant with the current kernel, then with the pre-speed-up one (same inputs, same
-    // run); the first variant is timed once more at the end to show the run-to-run spread.
-    auto time_prefill = [&](const Variant& v, bool baseline, bool hold = true) {
-      kvq::gpu::benchmark_only::UseBaselineFusedWrite(baseline);
+    // Each variant; the FWHT variant is timed once more at the end to show the run-to-run spread.
+    auto time_prefill = [&](const Variant& v, bool hold = true) {
       const CacheParams c = BenchCache(v.kind, v.clip, v.bitrev);
       kvq::gpu::HeadData hk, hv;
       if (v.kind == RotationKind::kDense) {
@@ -267,24 +249,18 @@ int main(int argc, char** argv) {
             HoldGpu<<<1, 32>>>(100000);
             KVQ_CUDA_CHECK(cudaGetLastError());
           });
-      kvq::gpu::benchmark_only::UseBaselineFusedWrite(false);
       return ms;
     };
     for (const Variant& v : variants) {
-      const double ms = time_prefill(v, false);
-      const double before = time_prefill(v, true);
+      const double ms = time_prefill(v);
       rows.push_back({"prefill K+V write", std::string(v.name) + ", T=32768 Hkv=8 d=128 G=64 INT2",
-                      ms,
-                      Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9) +
-                          Format("; before: %.4f ms", before) +
-                          Format(" = %.0f GB/s", input_bytes / (before * 1e-3) / 1e9) +
-                          Format("; speed-up %.2fx", before / ms)});
+                      ms, Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9)});
     }
     {
-      const double ms = time_prefill(variants[2], false);
+      const double ms = time_prefill(variants[2]);
       rows.push_back({"prefill K+V write (repeat)", std::string(variants[2].name), ms,
                       Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9)});
-      const double idle = time_prefill(variants[2], false, /*hold=*/false);
+      const double idle = time_prefill(variants[2], /*hold=*/false);
       rows.push_back({"prefill K+V write (no spin: host enqueue on the clock)",
                       std::string(variants[2].name), idle,
                       Format("%.0f GB/s of bf16 input", input_bytes / (idle * 1e-3) / 1e9)});

@@ -4,8 +4,8 @@ baseline for bench/bench_gpu_attention.cu on the same shapes: d = 128, Hq/Hkv = 
 K/V [B, Hkv, T, d], q [B, Hq, 1, d], enable_gqa=True.
 
 Same method as the CUDA benchmark: L2 flushed before every timed run by reading a buffer twice
-its size (clean lines, bench/l2_flush.cuh; --flush write: by writing it, the method before pass
-8, which leaves the L2 dirty for the timed call to write back), CUDA events around the call,
+its size (clean lines, bench/l2_flush.cuh; --flush write: by writing it, which leaves the L2
+dirty for the timed call to write back), CUDA events around the call,
 median of --iters runs after 3 warm-ups; GB/s counts the K and V bytes (B * Hkv * T * d * 2
 bytes each). Prints a markdown table (torch is on the device image only).
 

@@ -1,194 +1,112 @@
-// Google Benchmark of every write-path stage on every backend of Backends(). Names read
-// "<stage>__<backend>/d:<head_dim>/rows:<n>", so --benchmark_filter=__hwy_avx3 selects a target.
-// Bytes/s counts the row data each stage reads and writes (the rotation matrix, which stays in
-// cache, is not counted); rows/s is the throughput in rows.
+// Google Benchmark of every write-path stage of kvq/common/stages.inc on every CPU backend, and
+// of the whole write path per format. Names read "<stage>__<backend>/d:<head_dim>/rows:<n>", so
+// --benchmark_filter=__hwy_avx3 selects a target. Inputs come from the stage's spec
+// (testbed::MakeStageBuffers: the same valid inputs the stage tests use). Bytes/s counts every
+// argument the stage reads or writes except the rotation matrix (it stays in cache); rows/s is
+// the throughput in rows. The CUDA kernels have their own program (bench_gpu_write.cu): the
+// CUDA backend's host wrappers would time transfers.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "kvq/cpu_ref/kernels.h"
+#include "kvq/common/params_builder.h"
+#include "kvq/common/stages.h"
+#include "kvq/conformance/rows.h"
+#include "kvq/cpu_ref/write_path.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/stage_tester.h"
 
-namespace kvq::cpu {
+namespace kvq {
 namespace {
 
 constexpr int64_t kRows = 4096;
 
-struct Inputs {
-  WriteParams p;
-  size_t n = 0;
-  std::vector<float> x;         // [n, d] normal rows with a few outliers
-  std::vector<float> rotation;  // [d, d]
-  std::vector<uint8_t> codes;   // [n, d]
-  std::vector<uint8_t> packed;  // [n, d*b/8]
-  std::vector<uint16_t> scale, min;
-};
-
-Inputs MakeInputs(int d, size_t n) {
-  Inputs in;
-  in.p.head_dim = d;
-  in.p.group = 64 <= d ? 64 : d;
-  in.p.bits = 2;
-  in.p.clip = 0.92f;
-  in.p.rotation = RotationKind::kHadamard;
-  in.n = n;
-  std::mt19937_64 rng(12345);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  in.x.resize(n * d);
-  for (float& v : in.x) v = normal(rng) * (rng() % 64 == 0 ? 20.0f : 1.0f);
-  in.rotation.resize(static_cast<size_t>(d) * d);
-  for (float& v : in.rotation) v = normal(rng) / 16.0f;
-  in.codes.resize(n * d);
-  in.packed.resize(n * static_cast<size_t>(in.p.code_bytes()));
-  in.scale.resize(n * static_cast<size_t>(in.p.num_groups()));
-  in.min.resize(in.scale.size());
-  ScalarBackend().write.quantize(in.x.data(), in.codes.data(), in.scale.data(), in.min.data(), n,
-                                 in.p);
-  ScalarBackend().write.pack(in.codes.data(), in.packed.data(), n, in.p);
-  return in;
+// The parameters each stage is timed with: INT2, G = 64 (or d), clip 0.92, full FWHT.
+WriteParams BenchParams(int d, Format format = Format::kAffineToken) {
+  return params::Write().head_dim(d).format(format).group(64 <= d ? 64 : d).bits(2).clip(0.92f)
+      .hadamard();
 }
 
-void Report(benchmark::State& state, size_t n, size_t bytes_per_row) {
+void Report(benchmark::State& state, size_t rows, size_t bytes_per_call) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) *
-                          static_cast<int64_t>(n * bytes_per_row));
+                          static_cast<int64_t>(bytes_per_call));
   state.counters["rows/s"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(n),
+      static_cast<double>(state.iterations()) * static_cast<double>(rows),
       benchmark::Counter::kIsRate);
 }
 
-using Stage = void (*)(benchmark::State&, const Backend&);
-
-void RotateDense(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  std::vector<float> y(in.x.size());
+void Stage(benchmark::State& state, const StageSpec& stage, const cpu::Backend& backend) {
+  const WriteParams p = BenchParams(static_cast<int>(state.range(0)), stage.transform
+                                                                          ? Format::kAffineToken
+                                                                          : stage.format);
+  const size_t n = static_cast<size_t>(state.range(1));
+  testbed::StageBuffers buffers = testbed::MakeStageBuffers(stage, n, p, /*seed=*/12345);
+  // In-place arguments are restored before each call (a memcpy, the same for every backend),
+  // so every call sees the same input.
+  std::vector<Tensor> originals = buffers.args;
+  std::vector<void*> args = buffers.Pointers();
+  size_t bytes = 0;
+  for (int i = 0; i < stage.num_args; ++i) {
+    if (stage.args[i].extent != Extent::kMatrix) bytes += buffers.args[i].bytes.size();
+  }
   for (auto _ : state) {
-    b.write.rotate_dense(in.x.data(), in.rotation.data(), y.data(), in.n, in.p);
-    benchmark::DoNotOptimize(y.data());
+    for (int i = 0; i < stage.num_args; ++i) {
+      if (stage.args[i].dir != ArgDir::kInOut) continue;
+      std::memcpy(args[i], originals[i].bytes.data(), originals[i].bytes.size());
+    }
+    cpu::RunStage(backend.write, stage.id, args.data(), n, p);
+    benchmark::DoNotOptimize(args.data());
     benchmark::ClobberMemory();
   }
-  Report(state, in.n, in.p.head_dim * 8u);
+  Report(state, n, bytes);
 }
 
-// In place; the FWHT is orthogonal, so repeating it keeps the data in range.
-void Fwht(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
+// The validating write path of one format (EncodeRows: the transforms, then the codec), from
+// fp32 rows to the stored planes.
+void WritePath(benchmark::State& state, Format format, const cpu::Backend& backend) {
+  const WriteParams p = BenchParams(static_cast<int>(state.range(0)), format);
+  const size_t n = static_cast<size_t>(state.range(1));
+  conformance::SplitMix64 rng(12345);
+  const std::vector<float> x = conformance::MakeRows(
+      std::vector<conformance::RowKind>(n, conformance::RowKind::kHeavyTail), p, &rng, nullptr);
+  size_t bytes = 0;
   for (auto _ : state) {
-    b.write.fwht(in.x.data(), in.n, in.p);
-    benchmark::DoNotOptimize(in.x.data());
-    benchmark::ClobberMemory();
+    const cpu::EncodedRows out = cpu::EncodeRows(backend, p, nullptr, x.data(), n);
+    benchmark::DoNotOptimize(out.plane[0].data());
+    bytes = x.size() * sizeof(float);
+    for (const std::vector<uint8_t>& plane : out.plane) bytes += plane.size();
   }
-  Report(state, in.n, in.p.head_dim * 8u);
-}
-
-void Bitrev(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  std::vector<float> y(in.x.size());
-  for (auto _ : state) {
-    b.write.bitrev(in.x.data(), y.data(), in.n, in.p);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  Report(state, in.n, in.p.head_dim * 8u);
-}
-
-// Clip works in place, so each iteration first restores the input (a memcpy, counted in the
-// time of every backend alike).
-void Clip(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  std::vector<float> work(in.x.size()), tau(in.n);
-  for (auto _ : state) {
-    std::memcpy(work.data(), in.x.data(), in.x.size() * sizeof(float));
-    b.write.clip(work.data(), tau.data(), in.n, in.p);
-    benchmark::DoNotOptimize(work.data());
-    benchmark::ClobberMemory();
-  }
-  Report(state, in.n, in.p.head_dim * 8u);
-}
-
-void Quantize(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  for (auto _ : state) {
-    b.write.quantize(in.x.data(), in.codes.data(), in.scale.data(), in.min.data(), in.n, in.p);
-    benchmark::DoNotOptimize(in.codes.data());
-    benchmark::ClobberMemory();
-  }
-  Report(state, in.n, in.p.head_dim * 5u + in.p.num_groups() * 4u);
-}
-
-void QuantizePack(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  for (auto _ : state) {
-    b.write.quantize(in.x.data(), in.codes.data(), in.scale.data(), in.min.data(), in.n, in.p);
-    b.write.pack(in.codes.data(), in.packed.data(), in.n, in.p);
-    benchmark::DoNotOptimize(in.packed.data());
-    benchmark::ClobberMemory();
-  }
-  // Reads fp32 rows, writes the stored form (packed codes + bf16 scale/min).
-  Report(state, in.n, in.p.head_dim * 4u + in.p.row_bytes());
-}
-
-void Pack(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  for (auto _ : state) {
-    b.write.pack(in.codes.data(), in.packed.data(), in.n, in.p);
-    benchmark::DoNotOptimize(in.packed.data());
-    benchmark::ClobberMemory();
-  }
-  Report(state, in.n, in.p.head_dim + in.p.code_bytes());
-}
-
-void Unpack(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  for (auto _ : state) {
-    b.write.unpack(in.packed.data(), in.codes.data(), in.n, in.p);
-    benchmark::DoNotOptimize(in.codes.data());
-    benchmark::ClobberMemory();
-  }
-  Report(state, in.n, in.p.head_dim + in.p.code_bytes());
-}
-
-void Dequantize(benchmark::State& state, const Backend& b) {
-  Inputs in = MakeInputs(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
-  std::vector<float> y(in.x.size());
-  for (auto _ : state) {
-    b.write.dequantize(in.codes.data(), in.scale.data(), in.min.data(), y.data(), in.n, in.p);
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-  }
-  Report(state, in.n, in.p.head_dim * 5u + in.p.num_groups() * 4u);
+  Report(state, n, bytes);
 }
 
 void RegisterAll() {
-  const struct {
-    const char* name;
-    Stage stage;
-  } stages[] = {{"rotate_dense", RotateDense}, {"fwht", Fwht},         {"bitrev", Bitrev},
-                {"clip", Clip},                {"quantize", Quantize}, {"pack", Pack},
-                {"unpack", Unpack},            {"dequantize", Dequantize},
-                {"quantize_pack", QuantizePack}};
-  for (const auto& s : stages) {
-    for (const Backend& backend : Backends()) {
-      const std::string name = std::string(s.name) + "__" + backend.name;
-      const Stage stage = s.stage;
-      const Backend* b = &backend;
-      auto* bench = benchmark::RegisterBenchmark(
-          name.c_str(), [stage, b](benchmark::State& state) { stage(state, *b); });
-      bench->ArgNames({"d", "rows"})->MinTime(0.2)->Unit(benchmark::kMicrosecond);
-      for (int d : {64, 128, 256}) bench->Args({d, kRows});
+  const auto add = [](const std::string& name, auto run) {
+    auto* bench = benchmark::RegisterBenchmark(name.c_str(), run);
+    bench->ArgNames({"d", "rows"})->MinTime(0.2)->Unit(benchmark::kMicrosecond);
+    for (int d : {64, 128, 256}) bench->Args({d, kRows});
+  };
+  for (const cpu::Backend* backend : testbed::TestBackends({.scalar = true, .cuda = false})) {
+    for (const StageSpec& stage : AllStages()) {
+      add(std::string(stage.name) + "__" + backend->name,
+          [&stage, backend](benchmark::State& state) { Stage(state, stage, *backend); });
+    }
+    for (Format format : AllFormats()) {
+      add(std::string("write_path_") + FormatName(format) + "__" + backend->name,
+          [format, backend](benchmark::State& state) { WritePath(state, format, *backend); });
     }
   }
 }
 
 }  // namespace
-}  // namespace kvq::cpu
+}  // namespace kvq
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  kvq::cpu::RegisterAll();
+  kvq::RegisterAll();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -7,7 +7,7 @@
 // and the timed kernel then pays the write-back of that many bytes of someone else's data:
 // measured on an H100 in one call, 7.4 us of a 58.6 us INT2 decode step (B=1, T=128K) and
 // 9.5 us of cuDNN's 192 us on the same shape, whatever either kernel reads itself
-// (docs/gpu_attention.md, pass 8).
+// (docs/performance.md).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -9,6 +9,7 @@
 #include "kvq/common/io.h"
 #include "kvq/conformance/manifest.h"
 #include "kvq/conformance/runner.h"
+#include "kvq/cpu_ref/kernels.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
@@ -29,9 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       set.case_names.push_back("fuzz");
       set.cases.push_back(kvq::ParseSafetensors(data, size));
       // ReplayCase turns errors into a failed result; the sanitizers catch everything else.
-      const kvq::conformance::ConformanceTarget target =
-          kvq::conformance::CpuTarget(kvq::cpu::ScalarBackend());
-      kvq::conformance::ReplayCase(set, 0, target);
+      kvq::conformance::ReplayCase(set, 0, kvq::cpu::ScalarBackend());
     }
   } catch (const kvq::Error&) {
   }

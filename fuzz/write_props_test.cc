@@ -19,6 +19,7 @@
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
+#include "kvq/testbed/rapidcheck.h"
 
 namespace kvq::cpu {
 namespace {
@@ -88,18 +89,6 @@ std::vector<float> GenRows(size_t d, int max_exponent, size_t* n) {
   return rows;
 }
 
-WriteParams GenParams() {
-  WriteParams p;
-  p.head_dim = *rc::gen::element(64, 128, 256);
-  p.group = *rc::gen::element(32, 64, 128);
-  RC_PRE(p.group <= p.head_dim);
-  p.bits = *rc::gen::element(2, 4);
-  p.clip = *rc::gen::weightedOneOf<float>(
-      {{3, rc::gen::element(1.0f, 0.96f, 0.92f, 0.8f, 0.5f)},
-       {1, rc::gen::map(rc::gen::inRange(1, 1001), [](int i) { return i / 1000.0f; })}});
-  return p;
-}
-
 double Norm(const float* x, size_t d) {
   double sum = 0;
   for (size_t j = 0; j < d; ++j) sum += static_cast<double>(x[j]) * x[j];
@@ -144,7 +133,7 @@ RC_GTEST_PROP(WriteProps, UnpackOfPackIsIdentity, ()) {
 // ŝ rounding down (ŝ < s) is what case (b) pays for: the top of the range sits above L ŝ.
 // All terms are evaluated in double, where they are exact or carry relative error ~1e-16.
 RC_GTEST_PROP(WriteProps, CodesInRangeAndUnclippedElementsReconstructWithinBound, ()) {
-  WriteParams p = GenParams();
+  WriteParams p = *testbed::ArbitraryQuantizerParams();
   p.rotation = *rc::gen::element(RotationKind::kIdentity, RotationKind::kHadamard);
   const size_t d = static_cast<size_t>(p.head_dim);
   size_t n = 0;
@@ -323,9 +312,10 @@ RC_GTEST_PROP(WriteProps, OrthogonalRotationPreservesNorms, ()) {
 // ---------------------------------------------------------------- clip
 
 // tau is one of the row's magnitudes and exactly the order statistic at
-// k = min(floor(rho d), d-1): #{|x| < tau} <= k < #{|x| <= tau}.
+// k = min(floor(rho d), d-1): #{|x| < tau} <= k < #{|x| <= tau} (spec/differences.md, "clip
+// threshold": no interpolation, no bisection).
 RC_GTEST_PROP(WriteProps, TauIsTheOrderStatisticOfTheMagnitudes, ()) {
-  const WriteParams p = GenParams();
+  const WriteParams p = *testbed::ArbitraryQuantizerParams();
   const size_t d = static_cast<size_t>(p.head_dim);
   size_t n = 0;
   const std::vector<float> x = GenRows(d, 127, &n);
@@ -350,6 +340,8 @@ RC_GTEST_PROP(WriteProps, TauIsTheOrderStatisticOfTheMagnitudes, ()) {
   }
 }
 
+// spec/differences.md, "clip at ρ = 1": the authors' decode flush clips the largest value at
+// ρ = 1; kvq's τ is max|x̃| and the row is unchanged.
 RC_GTEST_PROP(WriteProps, ClipWithRhoOneChangesNothing, ()) {
   WriteParams p;
   p.head_dim = *rc::gen::element(64, 128, 256);
@@ -374,7 +366,7 @@ RC_GTEST_PROP(WriteProps, ClipWithRhoOneChangesNothing, ()) {
 // ---------------------------------------------------------------- validation
 
 RC_GTEST_PROP(WriteProps, NonFiniteInputIsRejected, ()) {
-  WriteParams p = GenParams();
+  WriteParams p = *testbed::ArbitraryQuantizerParams();
   p.rotation = *rc::gen::element(RotationKind::kIdentity, RotationKind::kHadamard);
   const size_t d = static_cast<size_t>(p.head_dim);
   size_t n = 0;

@@ -78,15 +78,6 @@ int ParseIntField(const std::string& what, const std::string& text) {
   return static_cast<int>(value);
 }
 
-std::string ShortestFloat(float value) {
-  char buffer[64];
-  for (int digits = 1; digits <= 9; ++digits) {
-    std::snprintf(buffer, sizeof buffer, "%.*g", digits, static_cast<double>(value));
-    if (std::strtof(buffer, nullptr) == value) break;
-  }
-  return buffer;
-}
-
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d) {
   return Tensor::F32({static_cast<int64_t>(n), static_cast<int64_t>(d)}, values);
 }

@@ -51,9 +51,6 @@ float ParseFloatOption(const std::string& option, const std::string& text);
 // Parses a base-10 integer (no sign tricks, no trailing characters); throws naming both.
 int ParseIntField(const std::string& what, const std::string& text);
 
-// The shortest decimal text that reads back (strtof) as exactly `value`.
-std::string ShortestFloat(float value);
-
 // Tensor factories for [n, d]-shaped outputs.
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d);
 

@@ -1,12 +1,12 @@
 // kvq bench: the CPU oracle (best Highway target) and the CUDA path side by side on the same
-// inputs.
-//  - Decode attention on the same caches: INT-b OSCAR-style cache and the bf16 baseline for each
-//    shape. GB/s counts the K and V bytes the cache holds for the batch (what a decode step
-//    must read).
+// inputs, for cache configurations of the scheme catalogue (calib/schemes.inc; --schemes,
+// default oscar,saw_int4,bf16; calibrated schemes use a synthetic calibration of the shape).
+//  - Decode attention on the same caches, one row per (scheme, B, T). GB/s counts the K and V
+//    bytes the cache holds for the batch (what a decode step must read).
 //  - The write path (rotate, clip, quantize, pack) of the same fp32 rows, T tokens x Hkv heads,
-//    for a dense R, Hadamard + P_br and identity: cpu::QuantizeRows against gpu::WriteRows.
-//    GB/s counts the fp32 input. The two outputs (codes, scales, mins) must be identical: a
-//    difference is reported and fails the command.
+//    with each quantized scheme's key write parameters (its KV head 0 rotation and clip):
+//    cpu::QuantizeRows against gpu::WriteRows. GB/s counts the fp32 input. The two outputs
+//    (codes, scales, mins) must be identical: a difference is reported and fails the command.
 // Times: CPU wall clock (median of --iters), GPU CUDA events with a cold L2 (median of at
 // least 20).
 #include <CLI/CLI.hpp>
@@ -19,21 +19,25 @@
 #include <string>
 #include <vector>
 
-#include "kvq/calib/rotation.h"
+#include "kvq/calib/calibration_file.h"
+#include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
 #ifdef KVQ_HAVE_CUDA
+
+#include "cache_upload.h"  // gpu/adapter
+#include "gpu_timing.h"    // bench/
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/device_cache.h"
-#include "kvq/gpu/write.h"
 #endif
 
 namespace {
 
 struct BenchOptions {
   std::string backend = "all";  // cpu | gpu | all
+  std::string schemes = "oscar,saw_int4,bf16";
   std::vector<int> batches{1};
   std::vector<int> lengths{4096, 32768};
   int iters = 5;
@@ -48,35 +52,39 @@ struct BenchOptions {
   uint64_t seed = 1;
 };
 
-kvq::CacheParams MakeParams(const BenchOptions& o, bool quantized) {
-  kvq::CacheParams p;
-  p.num_kv_heads = o.kv_heads;
-  p.num_q_heads = o.q_heads;
-  p.sink = o.sink;
-  p.recent = o.recent;
-  p.page_size = o.page;
-  p.quantized = quantized;
-  for (kvq::WriteParams* w : {&p.key, &p.value}) {
-    w->head_dim = o.head_dim;
-    w->group = o.group;
-    w->bits = o.bits;
-    w->rotation = kvq::RotationKind::kDense;
-  }
-  p.key.clip = 0.96f;
-  p.value.clip = 0.92f;
-  p.Validate();
-  return p;
-}
+// One scheme's cache configuration at the bench's shape and options (layer 0).
+struct BenchScheme {
+  std::string name;
+  kvq::calib::LayerScheme layer;
+};
 
-// One random orthogonal matrix per KV head (OSCAR-shaped: a dense R per head).
-std::vector<float> HeadRotations(const BenchOptions& o, uint64_t salt) {
-  std::vector<float> all;
-  for (int h = 0; h < o.kv_heads; ++h) {
-    const std::vector<float> r =
-        kvq::calib::ToRowMajorF32(kvq::calib::RandomOrthogonal(o.head_dim, o.seed * 1000 + salt + h));
-    all.insert(all.end(), r.begin(), r.end());
+std::vector<BenchScheme> BuildSchemes(const BenchOptions& o) {
+  const std::vector<std::string> names = kvq::calib::ParseSchemeList(o.schemes);
+  kvq::calib::SchemeShape shape;
+  shape.num_kv_heads = o.kv_heads;
+  shape.num_q_heads = o.q_heads;
+  shape.head_dim = o.head_dim;
+  kvq::calib::SchemeOptions options;
+  options.group = o.group;
+  options.bits = o.bits;
+  options.sink = o.sink;
+  options.recent = o.recent;
+  options.page = o.page;
+  options.seed = o.seed;
+  std::unique_ptr<kvq::calib::Calibration> cal;
+  std::vector<BenchScheme> schemes;
+  for (const std::string& name : names) {
+    const kvq::calib::SchemeInfo& info = kvq::calib::SchemeByName(name);
+    if (info.needs_calibration && !cal) {
+      // Enough calibration tokens past the sink for the clip search.
+      const int64_t tokens = 2 * (static_cast<int64_t>(o.sink) + 256);
+      cal = std::make_unique<kvq::calib::Calibration>(
+          kvq::calib::SyntheticCalibration(shape, options, tokens, o.seed));
+    }
+    schemes.push_back(
+        {name, kvq::calib::BuildLayerScheme(name, shape, cal.get(), 0, options)});
   }
-  return all;
+  return schemes;
 }
 
 std::vector<float> NormalValues(size_t n, std::mt19937_64& rng) {
@@ -101,64 +109,79 @@ double MedianHostMicros(F&& run, int iters) {
   return times[times.size() / 2];
 }
 
-// The write path of T x Hkv fp32 rows per length, for three rotations; returns how many
-// (length, rotation) points had CPU and GPU outputs that differ.
-int RunWriteBench(const BenchOptions& o, bool run_cpu, bool run_gpu) {
-  struct Variant {
-    const char* name;
-    kvq::RotationKind rotation;
-    bool bitrev;
-  };
-  const Variant variants[] = {{"dense", kvq::RotationKind::kDense, false},
-                              {"hadamard+P_br", kvq::RotationKind::kHadamard, true},
-                              {"identity", kvq::RotationKind::kIdentity, false}};
-  const float clip = MakeParams(o, true).key.clip;
-  std::printf("\nwrite path (rotate, clip %.2f, quantize, pack), d=%d G=%d INT%d, T x Hkv=%d fp32 "
-              "rows; CPU backend %s\n",
-              clip, o.head_dim, o.group, o.bits, o.kv_heads, kvq::cpu::BestBackend().name.c_str());
-  std::printf("%-14s %8s %10s %12s %9s %12s %9s %9s %6s\n", "rotation", "T", "MB", "cpu_us",
-              "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu", "bits");
-  const std::vector<float> dense =
-      kvq::calib::ToRowMajorF32(kvq::calib::RandomOrthogonal(o.head_dim, o.seed * 1000 + 7));
+// The write path of T x Hkv fp32 rows per length, with each quantized scheme's key write
+// parameters; returns how many (length, scheme) points had CPU and GPU outputs that differ.
+int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes, bool run_cpu,
+                  bool run_gpu) {
+  size_t name_width = 8;
+  for (const BenchScheme& s : schemes) name_width = std::max(name_width, s.name.size());
+  const int w = static_cast<int>(name_width);
+  std::printf("\nwrite path (rotate, clip, quantize, pack) of each scheme's keys (KV head 0), "
+              "d=%d G=%d, T x Hkv=%d fp32 rows; CPU backend %s\n",
+              o.head_dim, o.group, o.kv_heads, kvq::cpu::BestBackend().name.c_str());
+  std::printf("%-*s %8s %5s %6s %10s %12s %9s %12s %9s %9s %6s\n", w, "scheme", "T", "INT",
+              "clip", "MB", "cpu_us", "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu", "bits");
   int differing = 0;
   for (int length : o.lengths) {
     const size_t rows = static_cast<size_t>(length) * o.kv_heads;
     std::mt19937_64 rng(o.seed + 104729u * length);
     const std::vector<float> x = NormalValues(rows * o.head_dim, rng);
     const double megabytes = static_cast<double>(x.size() * sizeof(float)) / 1e6;
-    for (const Variant& v : variants) {
-      kvq::WriteParams p = MakeParams(o, true).key;
-      p.rotation = v.rotation;
-      p.bitrev = v.bitrev;
+    for (const BenchScheme& scheme : schemes) {
+      if (!scheme.layer.params.quantized()) continue;  // the bf16 cache writes no codes
+      kvq::WriteParams p = scheme.layer.params.key;
+      if (!scheme.layer.clip_k.empty()) p.clip = scheme.layer.clip_k[0];
       p.Validate();
-      const float* rotation = v.rotation == kvq::RotationKind::kDense ? dense.data() : nullptr;
+      const size_t dd = static_cast<size_t>(o.head_dim) * o.head_dim;
+      const std::vector<float> dense =
+          p.rotation == kvq::RotationKind::kDense
+              ? std::vector<float>(scheme.layer.rotation_k.begin(),
+                                   scheme.layer.rotation_k.begin() + dd)
+              : std::vector<float>();
+      const float* rotation = p.rotation == kvq::RotationKind::kDense ? dense.data() : nullptr;
       const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
-      kvq::cpu::QuantizedRows cpu_out;
+      kvq::cpu::EncodedRows cpu_out;  // the stored planes (LayoutOf(p)), what a page holds
       double cpu_us = 0, gpu_us = 0;
       if (run_cpu) {
         cpu_us = MedianHostMicros(
-            [&] { cpu_out = kvq::cpu::QuantizeRows(backend, p, rotation, x.data(), rows); },
+            [&] { cpu_out = kvq::cpu::EncodeRows(backend, p, rotation, x.data(), rows); },
             o.iters);
       }
       std::string bits = "-";
 #ifdef KVQ_HAVE_CUDA
+      // A configuration the CUDA path refuses gets no GPU column; the refusal is the
+      // kUnsupported error the GPU code raises.
+      bool gpu_supported = run_gpu;
+      kvq::bench::TimedRowWrite gpu_out;
       if (run_gpu) {
-        const kvq::gpu::TimedRowWrite gpu_out =
-            kvq::gpu::TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
+        try {
+          gpu_out = kvq::bench::TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
+        } catch (const kvq::Error& e) {
+          if (e.code() != kvq::ErrorCode::kUnsupported) throw;
+          gpu_supported = false;
+          bits = "no GPU";
+        }
+      }
+      if (gpu_supported) {
         gpu_us = gpu_out.median_us;
         if (run_cpu) {
-          const bool same = gpu_out.packed == cpu_out.packed && gpu_out.scale == cpu_out.scale &&
-                            gpu_out.min == cpu_out.min;
+          // Every plane of LayoutOf(p), the GPU's bytes against the oracle's.
+          bool same = true;
+          for (int i = 0; i < kvq::LayoutOf(p).num_planes; ++i) {
+            same = same && gpu_out.planes[i] == cpu_out.plane[i];
+          }
           bits = same ? "equal" : "DIFFER";
           differing += same ? 0 : 1;
         }
       }
 #endif
       auto gbps = [megabytes](double us) { return us > 0 ? megabytes / us * 1e3 : 0.0; };
-      std::printf("%-14s %8d %10.1f %12.1f %9.2f %12.1f %9.1f %9s %6s\n", v.name, length,
-                  megabytes, cpu_us, gbps(cpu_us), gpu_us, gbps(gpu_us),
-                  (run_cpu && run_gpu) ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
-                                       : "-",
+      std::printf("%-*s %8d %5d %6.3g %10.1f %12.1f %9.2f %12.1f %9.1f %9s %6s\n", w,
+                  scheme.name.c_str(), length, p.bits, p.clip, megabytes, cpu_us, gbps(cpu_us),
+                  gpu_us, gbps(gpu_us),
+                  (run_cpu && run_gpu && gpu_us > 0)
+                      ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
+                      : "-",
                   bits.c_str());
     }
   }
@@ -181,21 +204,23 @@ void RunBench(const BenchOptions& o) {
   KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: kvq was built without CUDA");
   run_gpu = false;
 #endif
-  const std::vector<float> rotation_k = HeadRotations(o, 1), rotation_v = HeadRotations(o, 2);
+  const std::vector<BenchScheme> schemes = BuildSchemes(o);
+  size_t name_width = 6;
+  for (const BenchScheme& s : schemes) name_width = std::max(name_width, s.name.size());
+  const int w = static_cast<int>(name_width);
   std::printf("decode attention, d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d; CPU backend %s\n",
               o.head_dim, o.q_heads, o.kv_heads, o.group, o.sink, o.recent, o.page,
               kvq::cpu::BestBackend().name.c_str());
-  std::printf("%-6s %5s %8s %10s %12s %9s %12s %9s %9s\n", "cache", "B", "T", "MB", "cpu_us",
-              "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu");
+  std::printf("%-*s %5s %8s %10s %12s %9s %12s %9s %9s\n", w, "scheme", "B", "T", "MB",
+              "cpu_us", "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu");
   for (int batch : o.batches) {
     for (int length : o.lengths) {
       KVQ_CHECK(batch >= 1 && length >= 1, kInvalidArgument, "batch ", batch, " / length ",
                 length, " must be positive");
-      for (const bool quantized : {true, false}) {
-        const kvq::CacheParams params = MakeParams(o, quantized);
-        kvq::cpu::PagedKVCache cache =
-            quantized ? kvq::cpu::PagedKVCache(params, rotation_k, rotation_v)
-                      : kvq::cpu::PagedKVCache(params, {}, {});
+      for (const BenchScheme& scheme : schemes) {
+        const kvq::calib::LayerScheme& layer = scheme.layer;
+        kvq::cpu::PagedKVCache cache(layer.params, layer.rotation_k, layer.rotation_v,
+                                     layer.clip_k, layer.clip_v);
         std::mt19937_64 rng(o.seed + batch * 7919 + length);
         std::vector<int> seqs;
         size_t bytes = 0;
@@ -220,20 +245,28 @@ void RunBench(const BenchOptions& o) {
         }
 #ifdef KVQ_HAVE_CUDA
         if (run_gpu) {
-          kvq::gpu::DeviceCache device(cache, seqs);
-          gpu_us = device.MedianAttendMicros(q.data(), std::max(o.iters, 20), 3, true);
+          try {
+            kvq::gpu::DeviceCache device = kvq::gpu::UploadCache(cache, seqs);
+            gpu_us = kvq::bench::MedianAttendMicros(device, q.data(), std::max(o.iters, 20), 3,
+                                                    /*cold_l2=*/true);
+          } catch (const kvq::Error& e) {
+            // No CUDA decode for this configuration yet (spec 1.1): no GPU column.
+            if (e.code() != kvq::ErrorCode::kUnsupported) throw;
+            gpu_us = 0;
+          }
         }
 #endif
         auto gbps = [bytes](double us) { return us > 0 ? bytes / (us * 1e3) : 0.0; };
-        std::printf("%-6s %5d %8d %10.1f %12.1f %9.2f %12.1f %9.1f %9s\n",
-                    quantized ? ("int" + std::to_string(o.bits)).c_str() : "bf16", batch, length,
+        std::printf("%-*s %5d %8d %10.1f %12.1f %9.2f %12.1f %9.1f %9s\n", w,
+                    scheme.name.c_str(), batch, length,
                     bytes / 1e6, cpu_us, gbps(cpu_us), gpu_us, gbps(gpu_us),
-                    (run_cpu && run_gpu) ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
-                                         : "-");
+                    (run_cpu && run_gpu && gpu_us > 0)
+                        ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
+                        : "-");
       }
     }
   }
-  const int differing = RunWriteBench(o, run_cpu, run_gpu);
+  const int differing = RunWriteBench(o, schemes, run_cpu, run_gpu);
   KVQ_CHECK(differing == 0, kMismatch, "kvq bench: the CPU and GPU write paths gave different "
             "bits at ", differing, " point(s) (rows marked DIFFER)");
 }
@@ -247,6 +280,9 @@ void setup_bench(CLI::App& app) {
       "CPU oracle and CUDA path side by side: decode attention on the same caches, and the write "
       "path on the same rows (checked bit for bit)");
   cmd->add_option("--backend", options->backend, "cpu, gpu or all (default all)");
+  cmd->add_option("--schemes", options->schemes,
+                  "comma-separated schemes of the catalogue or 'all' (default "
+                  "oscar,saw_int4,bf16): " + kvq::calib::SchemeNames());
   cmd->add_option("--batch", options->batches, "batch sizes B (default 1)")->delimiter(',');
   cmd->add_option("--seq-len", options->lengths, "sequence lengths T (default 4096,32768)")
       ->delimiter(',');
@@ -255,10 +291,11 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("--q-heads", options->q_heads, "Hq (default 32)");
   cmd->add_option("--kv-heads", options->kv_heads, "Hkv (default 8)");
   cmd->add_option("--group", options->group, "G (default 64)");
-  cmd->add_option("--bits", options->bits, "2 or 4 (default 2)");
+  cmd->add_option("--bits", options->bits, "2 or 4 (default 2; a scheme's own bits win)");
   cmd->add_option("--sink", options->sink, "S0 (default 64)");
   cmd->add_option("--recent", options->recent, "W (default 256)");
   cmd->add_option("--page", options->page, "P (default 64)");
-  cmd->add_option("--seed", options->seed, "data seed (default 1)");
+  cmd->add_option("--seed", options->seed,
+                  "seed of the data, the synthetic calibration and random_orthogonal (default 1)");
   cmd->callback([options] { RunBench(*options); });
 }

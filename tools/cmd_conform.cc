@@ -1,7 +1,8 @@
-// kvq conform --backend NAME [--vectors DIR]: replays the golden vectors against CPU backends
-// (`cpu` = every backend of kvq::cpu::Backends(), or one by name) or the CUDA backend (`gpu`),
-// prints a case x backend pass/fail table with the first mismatch of each failure, and fails
-// (kvq::Error kMismatch, exit status 2) when any case fails.
+// kvq conform --backend NAME [--vectors DIR]: replays the golden vectors (default folder:
+// conformance::DefaultVectorsDir, beside the binary or $KVQ_VECTORS_DIR) against backends of the
+// one backend list (kvq/backends.h: `all`, `cpu`, `gpu`, or one by name), prints a case x
+// backend pass/fail table with the first mismatch of each failure, and fails (kvq::Error
+// kMismatch, exit status 2) when any case fails.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -11,45 +12,31 @@
 #include <string>
 #include <vector>
 
+#include "kvq/backends.h"
 #include "kvq/common/error.h"
 #include "kvq/conformance/runner.h"
-#include "kvq/cpu_ref/kernels.h"
-#ifdef KVQ_HAVE_CUDA
-#include "kvq/conformance/gpu_targets.h"
-#endif
 
 namespace {
 
 struct ConformOptions {
   std::string backend;
-  std::string vectors = kvq::conformance::DefaultVectorsDir();
+  std::string vectors;  // empty: kvq::conformance::DefaultVectorsDir()
   bool failures_only = false;
 };
-
-std::vector<kvq::conformance::ConformanceTarget> SelectTargets(const std::string& name) {
-  if (name == "cpu") return kvq::conformance::CpuTargets();
-  if (name == "gpu") {
-#ifdef KVQ_HAVE_CUDA
-    return kvq::gpu::ConformanceTargets();
-#else
-    throw kvq::Error(kvq::ErrorCode::kUnsupported,
-                     "--backend gpu: this kvq was built without CUDA");
-#endif
-  }
-  return {kvq::conformance::CpuTarget(kvq::cpu::BackendByName(name))};
-}
 
 void RunConform(const ConformOptions& options) {
   using kvq::conformance::CaseResult;
   using kvq::conformance::CaseStatus;
-  const std::vector<kvq::conformance::ConformanceTarget> targets = SelectTargets(options.backend);
+  const std::vector<const kvq::cpu::Backend*> targets = kvq::SelectBackends(options.backend);
   KVQ_CHECK(!targets.empty(), kUnsupported, "--backend ", options.backend,
-            ": no conformance target is available");
-  const kvq::conformance::VectorSet vectors = kvq::conformance::LoadVectorSet(options.vectors);
+            ": no backend is available");
+  const std::string dir =
+      options.vectors.empty() ? kvq::conformance::DefaultVectorsDir() : options.vectors;
+  const kvq::conformance::VectorSet vectors = kvq::conformance::LoadVectorSet(dir);
 
   std::vector<std::vector<CaseResult>> results;  // [target][case]
-  for (const auto& target : targets) {
-    results.push_back(kvq::conformance::RunConformance(vectors, target));
+  for (const kvq::cpu::Backend* target : targets) {
+    results.push_back(kvq::conformance::RunConformance(vectors, *target));
   }
 
   // One row per case, one column per target: "PASS", "FAIL" or "SKIP".
@@ -57,12 +44,12 @@ void RunConform(const ConformOptions& options) {
   for (const std::string& name : vectors.case_names) name_width = std::max(name_width, name.size());
   std::vector<size_t> widths;
   std::string header = "case";
-  for (const auto& target : targets) {
+  for (const kvq::cpu::Backend* target : targets) {
     header.resize(name_width + 2 * (widths.size() + 1) +
                       std::accumulate(widths.begin(), widths.end(), size_t{0}),
                   ' ');
-    header += target.name;
-    widths.push_back(std::max<size_t>(4, target.name.size()));
+    header += target->name;
+    widths.push_back(std::max<size_t>(4, target->name.size()));
   }
   std::printf("%s\n", header.c_str());
   size_t passed = 0, failed = 0, skipped = 0;
@@ -90,13 +77,13 @@ void RunConform(const ConformOptions& options) {
     for (size_t t = 0; t < targets.size(); ++t) {
       for (const CaseResult& r : results[t]) {
         if (r.status != CaseStatus::kFail) continue;
-        std::printf("  [%s] %s\n", targets[t].name.c_str(),
+        std::printf("  [%s] %s\n", targets[t]->name.c_str(),
                     kvq::conformance::DescribeResult(r).c_str());
       }
     }
   }
   std::printf("\n%zu cases x %zu backends (%s, spec %s): %zu passed, %zu failed, %zu skipped\n",
-              vectors.cases.size(), targets.size(), options.vectors.c_str(),
+              vectors.cases.size(), targets.size(), dir.c_str(),
               vectors.manifest.spec_version.c_str(), passed, failed, skipped);
   std::fflush(stdout);
   KVQ_CHECK(failed == 0, kMismatch, "conformance failed: ", failed, " of ",
@@ -111,9 +98,11 @@ void setup_conform(CLI::App& app) {
   auto options = std::make_shared<ConformOptions>();
   conform
       ->add_option("--backend", options->backend,
-                   "cpu (every CPU backend), a backend name (scalar, hwy_avx2, ...) or gpu")
+                   "all, cpu (every CPU backend), gpu, or a backend name (scalar, hwy_avx2, ...)")
       ->required();
-  conform->add_option("--vectors", options->vectors, "Vectors folder")->capture_default_str();
+  conform->add_option("--vectors", options->vectors,
+                      "Vectors folder (default: vectors/ beside the kvq binary, else "
+                      "../share/kvq/vectors from it, else $KVQ_VECTORS_DIR)");
   conform->add_flag("--failures-only", options->failures_only,
                     "Print only the table rows of failing cases");
   conform->callback([options] { RunConform(*options); });

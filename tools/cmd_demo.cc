@@ -1,6 +1,9 @@
-// kvq demo: the main job in one command, on the embedded default data: synthetic activations
-// (kvq synth defaults) -> OSCAR calibration (kvq calibrate defaults) -> every scheme evaluated
-// on the held-out tokens (kvq eval defaults), with progress lines, the table and what it shows.
+// kvq demo: the main job in one command. By default on the real reference model
+// (calib/models/tiny-llama-a): the fp32 forward captures the calibration windows, OSCAR is
+// calibrated on them, and every scheme of the catalogue runs teacher-forced through its real
+// paged cache on held-out English and code windows (kvq ppl), printing the end-to-end table.
+// --synthetic keeps the former demo: synthetic activations (kvq synth defaults) -> OSCAR
+// calibration -> per-layer attention errors of every scheme (kvq eval defaults).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -9,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_ppl.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/calibration_file.h"
@@ -20,7 +24,20 @@
 
 namespace {
 
+#ifndef KVQ_DEFAULT_MODEL_DIR
+#define KVQ_DEFAULT_MODEL_DIR "calib/models/tiny-llama-a"
+#endif
+
+// The demo's real-data defaults (docs/perplexity.md explains the choice): 2 English + 2 code
+// held-out windows of 1024 tokens (703 predictions each where the history exists, at S0 = 64,
+// W = 256), calibrated on 2 + 2 calibration windows of 1024 tokens: ~30 s on 2 idle cores.
+constexpr const char* kDemoWindows = "heldout_en:0-1,heldout_code:0-1";
+constexpr const char* kDemoCalibWindows = "calib:0-1,calib:4-5";
+constexpr int64_t kDemoLength = 1024;
+
 struct DemoCommand {
+  bool synthetic = false;
+  kvq::cli::PplCommand real;
   uint64_t seed = 0;
   std::string out;
   int threads = 2;
@@ -118,18 +135,48 @@ void RunDemo(const DemoCommand& cmd) {
               backend.name.c_str(), cmd.threads);
 }
 
+// The model folder: --model, else calib/models/tiny-llama-a under the current directory (the
+// README's command runs from the repository root), else the one this binary was built from.
+std::string DefaultModel() {
+  const std::string relative = "calib/models/tiny-llama-a";
+  if (std::filesystem::exists(relative + "/model.safetensors")) return relative;
+  return KVQ_DEFAULT_MODEL_DIR;
+}
+
 }  // namespace
 
 void setup_demo(CLI::App& app) {
   auto cmd = std::make_shared<DemoCommand>();
   CLI::App* sub = app.add_subcommand(
-      "demo", "synth -> calibrate -> eval of every scheme on the embedded default data");
-  sub->add_option("--seed", cmd->seed, "Seed of the synthetic data")->capture_default_str();
-  sub->add_option("--out", cmd->out,
-                  "Folder for activations, calibration, eval.json and report/ (default: none)");
-  sub->add_option("--threads", cmd->threads, "Worker threads")->capture_default_str();
-  sub->add_option("--queries", cmd->queries,
-                  "Query positions per head: the last N held-out positions (0 = all)")
+      "demo",
+      "The main job: end-to-end perplexity / KL of every scheme on the reference model "
+      "(capture -> calibrate -> teacher-forced evaluation); --synthetic: the synthetic "
+      "per-layer demo");
+  sub->add_flag("--synthetic", cmd->synthetic,
+                "The former demo: synth -> calibrate -> eval on synthetic activations");
+  cmd->real.windows = kDemoWindows;
+  cmd->real.calib_windows = kDemoCalibWindows;
+  cmd->real.length = kDemoLength;
+  cmd->real.calib_length = kDemoLength;
+  cmd->real.quiet_progress = true;
+  kvq::cli::AddPplOptions(sub, &cmd->real, /*demo=*/true);
+  sub->add_option("--seed", cmd->seed, "Seed of the synthetic data (--synthetic)")
       ->capture_default_str();
-  sub->callback([cmd]() { RunDemo(*cmd); });
+  sub->add_option("--out", cmd->out,
+                  "Folder for activations, calibration, eval.json and report/ (--synthetic)");
+  sub->add_option("--queries", cmd->queries,
+                  "Query positions per head: the last N held-out positions, 0 = all (--synthetic)")
+      ->capture_default_str();
+  sub->callback([cmd]() {
+    if (cmd->synthetic) {
+      if (cmd->real.threads > 0) cmd->threads = cmd->real.threads;
+      RunDemo(*cmd);
+      return;
+    }
+    kvq::cli::PplCommand real = cmd->real;
+    if (real.model.empty()) real.model = DefaultModel();
+    real.banner = "kvq demo: every KV-cache scheme end to end on the reference model " +
+                  real.model + " (kvq ppl; --synthetic for the synthetic per-layer demo)";
+    kvq::cli::RunPplCommand(real);
+  });
 }

@@ -17,6 +17,7 @@
 #include "cli_common.h"
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
+#include "kvq/common/metadata.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
@@ -28,13 +29,6 @@ struct DequantizeOptions {
   kvq::cli::RotationOptions rotation;
 };
 
-const std::string& Meta(const kvq::Safetensors& file, const std::string& path,
-                        const std::string& key) {
-  const auto it = file.metadata.find(key);
-  KVQ_CHECK(it != file.metadata.end(), kMalformedFile, "'", path, "' has no metadata '", key, "'");
-  return it->second;
-}
-
 std::string Hex(uint32_t bits) {
   std::ostringstream os;
   os << "0x" << std::hex << std::setw(8) << std::setfill('0') << bits;
@@ -44,34 +38,18 @@ std::string Hex(uint32_t bits) {
 // The parameters recorded by `kvq quantize`, checked against the command line.
 kvq::WriteParams ReadParams(const kvq::Safetensors& file, const std::string& path,
                             const kvq::cli::RotationOptions& options) {
-  const std::string& format = Meta(file, path, "format");
+  const kvq::MetadataReader meta(file.metadata, "'" + path + "'");
+  const std::string& format = meta.String("format");
   KVQ_CHECK(format == "kvq-quantized", kMalformedFile, "'", path, "' has format '", format,
             "', expected 'kvq-quantized'");
-  const std::string& version = Meta(file, path, "spec_version");
+  const std::string& version = meta.String("spec_version");
   KVQ_CHECK(version == "1.0", kMalformedFile, "'", path, "' has spec_version '", version,
             "', expected '1.0'");
-  kvq::WriteParams p;
-  p.head_dim = kvq::cli::ParseIntField("metadata head_dim", Meta(file, path, "head_dim"));
-  p.group = kvq::cli::ParseIntField("metadata group", Meta(file, path, "group"));
-  p.bits = kvq::cli::ParseIntField("metadata bits", Meta(file, path, "bits"));
-  p.clip = kvq::cli::ParseFloatOption("metadata clip", Meta(file, path, "clip"));
-  const std::string& rotation = Meta(file, path, "rotation");
-  bool known = false;
-  for (kvq::RotationKind kind :
-       {kvq::RotationKind::kIdentity, kvq::RotationKind::kDense, kvq::RotationKind::kHadamard}) {
-    if (rotation == kvq::RotationKindName(kind)) {
-      p.rotation = kind;
-      known = true;
-    }
-  }
-  KVQ_CHECK(known, kMalformedFile, "'", path, "' has unknown rotation '", rotation, "'");
-  const std::string& bitrev = Meta(file, path, "bitrev");
-  KVQ_CHECK(bitrev == "true" || bitrev == "false", kMalformedFile, "'", path, "' has bitrev '",
-            bitrev, "', expected 'true' or 'false'");
-  p.bitrev = bitrev == "true";
-  p.hadamard_block =
-      kvq::cli::ParseIntField("metadata hadamard_block", Meta(file, path, "hadamard_block"));
-  p.Validate();
+  const kvq::WriteParams p = kvq::GetWriteParams(meta, "");
+  KVQ_CHECK(p.format == kvq::Format::kAffineToken, kMalformedFile, "'", path, "' has row format '",
+            kvq::FormatName(p.format), "'; kvq dequantize reads affine_token rows");
+  const std::string rotation = kvq::RotationKindName(p.rotation);
+  const std::string bitrev = p.bitrev ? "1" : "0";
 
   const kvq::RotationKind asked = kvq::cli::SelectedRotation(options);
   KVQ_CHECK(asked == p.rotation, kInvalidArgument, "rotation '", kvq::RotationKindName(asked),
@@ -120,7 +98,7 @@ void CheckAgainstRotated(const kvq::Safetensors& file, const std::string& path,
 void RunDequantize(const DequantizeOptions& o) {
   kvq::cli::SelectedRotation(o.rotation);  // option errors before any file is read
   const kvq::Safetensors file = kvq::ReadSafetensors(o.in);
-  kvq::WriteParams p = ReadParams(file, o.in, o.rotation);
+  kvq::WriteParams p = ReadParams(file, o.in, o.rotation);  // validated
 
   const kvq::Tensor& dequantized = file.Get("dequantized");
   KVQ_CHECK(dequantized.dtype == kvq::DType::kF32 && dequantized.shape.size() == 2, kMalformedFile,

@@ -31,12 +31,24 @@ struct EvalCommand {
   kvq::calib::EvalOptions options;
 };
 
+// Both from the scheme catalogue (calib/schemes.inc).
 std::string SchemeHelp() {
-  std::string text = "Comma-separated schemes or 'all':";
+  std::string text = "Comma-separated schemes or 'all' (* needs --calibration):";
   for (const kvq::calib::SchemeInfo& s : kvq::calib::Schemes()) {
-    text += std::string("\n  ") + s.name + ": " + s.description;
+    text += std::string("\n  ") + s.name + (s.needs_calibration ? "*" : "") + ": " +
+            s.description;
   }
   return text;
+}
+
+std::string BitsHelp() {
+  std::string own;
+  for (const kvq::calib::SchemeInfo& s : kvq::calib::Schemes()) {
+    if (s.bits == kvq::calib::kSharedBits) continue;
+    own += (own.empty() ? "" : ", ") + std::string(s.name) + " is always " +
+           std::to_string(s.bits);
+  }
+  return "Bits b" + (own.empty() ? std::string() : " (" + own + ")");
 }
 
 void DrawProgress(int done, int total) {
@@ -71,6 +83,12 @@ void RunEval(EvalCommand& cmd) {
   const kvq::calib::EvalResult result = kvq::calib::Evaluate(
       acts, cal.get(), options, backend,
       terminal ? kvq::calib::EvalProgress(DrawProgress) : nullptr);
+  if (result.raw_target_from_activations) {
+    std::fprintf(stderr,
+                 "kvq eval: note: %s is a format_version 1 calibration without raw-target "
+                 "rotations; raw_target's were made from the capture's calibration tokens\n",
+                 cmd.calibration.c_str());
+  }
   std::printf("%s", kvq::calib::FormatTable(result).c_str());
   std::printf("%s", kvq::calib::Summarize(result).c_str());
   if (!cmd.json.empty()) {
@@ -100,7 +118,7 @@ void setup_eval(CLI::App& app) {
                   "Calibration file (kvq calibrate output); needed by the calibrated schemes");
   sub->add_option("--schemes", cmd->schemes, SchemeHelp())->capture_default_str();
   sub->add_option("--group", cmd->group, "Group G (default: the calibration's, else 64)");
-  sub->add_option("--bits", cmd->options.scheme.bits, "Bits b (saw_int4 is always 4)")
+  sub->add_option("--bits", cmd->options.scheme.bits, BitsHelp())
       ->capture_default_str();
   sub->add_option("--sink", cmd->sink, "BF16 sink S0 (default: the calibration's, else 64)");
   sub->add_option("--recent", cmd->recent,

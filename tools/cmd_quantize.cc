@@ -11,6 +11,7 @@
 
 #include "cli_common.h"
 #include "kvq/common/io.h"
+#include "kvq/common/metadata.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 
@@ -45,18 +46,8 @@ void RunQuantize(const QuantizeOptions& o) {
   const size_t n = x.n, d = static_cast<size_t>(p.head_dim);
   const size_t groups = static_cast<size_t>(p.num_groups());
   kvq::Safetensors file;
-  file.metadata = {
-      {"format", "kvq-quantized"},
-      {"spec_version", "1.0"},
-      {"head_dim", std::to_string(p.head_dim)},
-      {"group", std::to_string(p.group)},
-      {"bits", std::to_string(p.bits)},
-      {"clip", kvq::cli::ShortestFloat(p.clip)},
-      {"rotation", kvq::RotationKindName(p.rotation)},
-      {"bitrev", p.bitrev ? "true" : "false"},
-      {"hadamard_block",
-       std::to_string(p.rotation == kvq::RotationKind::kHadamard ? p.fwht_block() : 0)},
-  };
+  file.metadata = {{"format", "kvq-quantized"}, {"spec_version", "1.0"}};
+  kvq::PutWriteParams(p, "", &file.metadata);
   file.Add("rotated", Rows2D(&kvq::Tensor::F32, q.rotated, n, d));
   file.Add("tau", kvq::Tensor::F32({static_cast<int64_t>(n)}, q.tau));
   file.Add("codes", Rows2D(&kvq::Tensor::U8, q.codes, n, d));

@@ -1,5 +1,6 @@
 #include "kvq/calib/activations.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -10,7 +11,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
-#include "kvq/calib/metadata.h"
+#include "kvq/common/metadata.h"
 
 namespace kvq::calib {
 namespace {
@@ -59,6 +60,21 @@ Tensor StoreAs(DType storage, std::vector<int64_t> shape, const std::vector<floa
 
 }  // namespace
 
+std::vector<std::pair<int64_t, int64_t>> RowsAfterSink(const ActivationsInfo& info,
+                                                       int64_t tokens, int64_t skip) {
+  KVQ_CHECK(tokens >= 0 && tokens <= info.tokens && skip >= 0, kInvalidArgument,
+            "rows after sink: tokens ", tokens, " must lie in [0, ", info.tokens,
+            "] and skip ", skip, " must be >= 0");
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  const int64_t length = info.segment_tokens > 0 ? info.segment_tokens : info.tokens;
+  for (int64_t start = 0; start < tokens; start += length) {
+    const int64_t begin = start + skip;
+    const int64_t end = std::min(tokens, start + length);
+    if (begin < end) ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
+
 void ValidateActivations(const Activations& acts) {
   const ActivationsInfo& info = acts.info;
   KVQ_CHECK(info.num_layers >= 1, kInvalidArgument, "activations: num_layers ", info.num_layers,
@@ -77,6 +93,12 @@ void ValidateActivations(const Activations& acts) {
   KVQ_CHECK(info.calib_tokens >= 1 && info.calib_tokens <= info.tokens, kInvalidArgument,
             "activations: calib_tokens ", info.calib_tokens, " must lie in [1, tokens = ",
             info.tokens, "]");
+  KVQ_CHECK(info.segment_tokens >= 0 &&
+                (info.segment_tokens == 0 || (info.tokens % info.segment_tokens == 0 &&
+                                              info.calib_tokens % info.segment_tokens == 0)),
+            kInvalidArgument, "activations: segment_tokens ", info.segment_tokens,
+            " must be 0 or divide tokens = ", info.tokens, " and calib_tokens = ",
+            info.calib_tokens);
   KVQ_CHECK(static_cast<int>(acts.layers.size()) == info.num_layers, kShapeMismatch,
             "activations: ", acts.layers.size(), " layers present, metadata says ",
             info.num_layers);
@@ -114,6 +136,9 @@ Activations ActivationsFromSafetensors(const Safetensors& file) {
   info.rope_base = meta.Double("rope_base");
   info.tokens = meta.Int("tokens", 1, int64_t{1} << 40);
   info.calib_tokens = meta.Int("calib_tokens", 1, int64_t{1} << 40);
+  if (file.metadata.count("segment_tokens") != 0) {
+    info.segment_tokens = meta.Int("segment_tokens", 1, int64_t{1} << 40);
+  }
 
   std::set<std::string> expected_names;
   for (int l = 0; l < info.num_layers; ++l) {
@@ -161,9 +186,12 @@ Safetensors ActivationsToSafetensors(const Activations& acts, DType storage) {
   file.metadata["num_q_heads"] = std::to_string(info.num_q_heads);
   file.metadata["num_kv_heads"] = std::to_string(info.num_kv_heads);
   file.metadata["head_dim"] = std::to_string(info.head_dim);
-  file.metadata["rope_base"] = FormatDouble(info.rope_base);
+  file.metadata["rope_base"] = ShortestDouble(info.rope_base);
   file.metadata["tokens"] = std::to_string(info.tokens);
   file.metadata["calib_tokens"] = std::to_string(info.calib_tokens);
+  if (info.segment_tokens > 0) {
+    file.metadata["segment_tokens"] = std::to_string(info.segment_tokens);
+  }
   const std::vector<int64_t> q_shape = {info.tokens, info.num_q_heads, info.head_dim};
   const std::vector<int64_t> kv_shape = {info.tokens, info.num_kv_heads, info.head_dim};
   for (int l = 0; l < info.num_layers; ++l) {

@@ -83,22 +83,47 @@ void ParallelFor(int count, int threads, const std::function<void(int)>& work,
   if (error) std::rethrow_exception(error);
 }
 
-// Rows [first, last) of one KV head's keys or values, contiguous [n, d].
+// The rows of the token ranges (RowsAfterSink) of one KV head's keys or values, in order,
+// contiguous [n, d].
 std::vector<float> GatherRows(const Activations& acts, int layer, int kv_head, bool keys,
-                              int64_t first, int64_t last) {
+                              const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   const int d = acts.info.head_dim;
-  std::vector<float> rows(static_cast<size_t>(last - first) * d);
-  for (int64_t t = first; t < last; ++t) {
-    const float* src = keys ? acts.k(layer, t, kv_head) : acts.v(layer, t, kv_head);
-    std::copy(src, src + d, rows.begin() + (t - first) * d);
+  std::vector<float> rows;
+  for (const auto& [first, last] : ranges) {
+    for (int64_t t = first; t < last; ++t) {
+      const float* src = keys ? acts.k(layer, t, kv_head) : acts.v(layer, t, kv_head);
+      rows.insert(rows.end(), src, src + d);
+    }
   }
   return rows;
 }
 
 struct HeadTargets {
   MatrixXd query, value;          // C_Q and the chosen value target
-  MatrixXd raw_key, raw_value;    // KᵀK/N and VᵀV/N (raw-target recipe only)
+  MatrixXd raw_key, raw_value;    // KᵀK/N and VᵀV/N (the raw-target rotations and recipe)
 };
+
+// One side's raw-target rotations [Hkv, d, d] from its per-KV-head raw covariances: each
+// head's own (per KV head) or the mean over the heads, summed in head order (per layer).
+std::vector<float> RawRotationsFrom(const std::vector<const MatrixXd*>& per_head,
+                                    Granularity granularity, int d) {
+  const int hkv = static_cast<int>(per_head.size());
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(hkv) * d * d);
+  auto append = [&](const MatrixXd& target) {
+    const std::vector<float> r = ToRowMajorF32(OscarRotation(SortedEigenBasis(target).vectors));
+    out.insert(out.end(), r.begin(), r.end());
+  };
+  if (granularity == Granularity::kLayer) {
+    MatrixXd mean = MatrixXd::Zero(d, d);
+    for (const MatrixXd* target : per_head) mean += *target;
+    mean /= hkv;
+    for (int h = 0; h < hkv; ++h) append(mean);
+  } else {
+    for (const MatrixXd* target : per_head) append(*target);
+  }
+  return out;
+}
 
 struct SideResult {
   EigenBasis basis;
@@ -185,6 +210,40 @@ RotationRecipe ParseRotationRecipe(const std::string& text) {
   return RotationRecipe::kOscar;
 }
 
+void RawTargetRotations(const Activations& acts, int layer, Granularity granularity,
+                        std::vector<float>* keys, std::vector<float>* values) {
+  ValidateActivations(acts);
+  const ActivationsInfo& info = acts.info;
+  KVQ_CHECK(layer >= 0 && layer < info.num_layers, kInvalidArgument, "layer ", layer,
+            " out of range [0, ", info.num_layers, ")");
+  std::vector<MatrixXd> k(info.num_kv_heads), v(info.num_kv_heads);
+  std::vector<const MatrixXd*> kp, vp;
+  for (int h = 0; h < info.num_kv_heads; ++h) {
+    k[h] = RawCovariance(acts, layer, h, true, info.calib_tokens);
+    v[h] = RawCovariance(acts, layer, h, false, info.calib_tokens);
+    kp.push_back(&k[h]);
+    vp.push_back(&v[h]);
+  }
+  *keys = RawRotationsFrom(kp, granularity, info.head_dim);
+  *values = RawRotationsFrom(vp, granularity, info.head_dim);
+}
+
+void AddRawTargetRotations(const Activations& acts, Calibration* cal) {
+  const ActivationsInfo& a = acts.info;
+  const CalibrationInfo& c = cal->info;
+  KVQ_CHECK(c.num_layers == a.num_layers && c.num_kv_heads == a.num_kv_heads &&
+                c.head_dim == a.head_dim,
+            kShapeMismatch, "calibration has ", c.num_layers, " layers x ", c.num_kv_heads,
+            " KV heads x d=", c.head_dim, " but the activations have ", a.num_layers,
+            " layers x ", a.num_kv_heads, " KV heads x d=", a.head_dim);
+  const Granularity granularity = ParseGranularity(c.granularity);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerCalibration& layer = cal->layers[l];
+    RawTargetRotations(acts, l, granularity, &layer.raw_k_rotation, &layer.raw_v_rotation);
+  }
+  ValidateCalibration(*cal);
+}
+
 Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
                       const cpu::Backend& backend, const ProgressCallback& progress,
                       ClipReport* report) {
@@ -199,8 +258,12 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
             " must be finite and >= 0");
   KVQ_CHECK(o.threads >= 1, kInvalidArgument, "threads ", o.threads, " must be >= 1");
   const int64_t tokens = info.calib_tokens;
-  KVQ_CHECK(o.sink >= 0 && o.sink < tokens, kInvalidArgument, "sink ", o.sink,
-            " must lie in [0, calib_tokens = ", tokens, ") so that clip rows remain");
+  const int64_t sequence = info.segment_tokens > 0 ? info.segment_tokens : tokens;
+  KVQ_CHECK(o.sink >= 0 && o.sink < sequence, kInvalidArgument, "sink ", o.sink,
+            " must lie in [0, ", info.segment_tokens > 0 ? "segment_tokens" : "calib_tokens",
+            " = ", sequence, ") so that clip rows remain");
+  // Clip rows: every calibration token outside its sequence's BF16 sink.
+  const std::vector<std::pair<int64_t, int64_t>> clip_ranges = RowsAfterSink(info, tokens, o.sink);
   KVQ_CHECK(o.recent >= 1, kInvalidArgument, "recent ", o.recent, " must be >= 1");
   const std::vector<double> grid = o.clip_grid.empty() ? DefaultClipGrid() : o.clip_grid;
   ValidateClipGrid(grid);
@@ -235,10 +298,8 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
           }
           case ValueTarget::kRaw: t.value = RawCovariance(acts, l, h, false, tokens); break;
         }
-        if (o.rotation == RotationRecipe::kRawTarget) {
-          t.raw_key = RawCovariance(acts, l, h, true, tokens);
-          t.raw_value = RawCovariance(acts, l, h, false, tokens);
-        }
+        t.raw_key = RawCovariance(acts, l, h, true, tokens);
+        t.raw_value = RawCovariance(acts, l, h, false, tokens);
       },
       tick);
 
@@ -307,15 +368,23 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
                   layer.v_basis, layer.v_eigenvalues);
           }
         }
+        std::vector<const MatrixXd*> raw_keys, raw_values;
+        for (int h = 0; h < hkv; ++h) {
+          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
+          raw_keys.push_back(&t.raw_key);
+          raw_values.push_back(&t.raw_value);
+        }
+        layer.raw_k_rotation = RawRotationsFrom(raw_keys, o.granularity, d);
+        layer.raw_v_rotation = RawRotationsFrom(raw_values, o.granularity, d);
         // Clip: the error of each head's rows weighted by that head's own attention-aware
         // target (C_Q for K, the chosen value target for V), summed over the layer's heads.
         std::vector<std::vector<float>> key_rows(hkv), value_rows(hkv);
         std::vector<ClipRows> key_heads(hkv), value_heads(hkv);
         for (int h = 0; h < hkv; ++h) {
           const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
-          key_rows[h] = GatherRows(acts, l, h, true, o.sink, tokens);
-          value_rows[h] = GatherRows(acts, l, h, false, o.sink, tokens);
-          const size_t n = static_cast<size_t>(tokens - o.sink);
+          key_rows[h] = GatherRows(acts, l, h, true, clip_ranges);
+          value_rows[h] = GatherRows(acts, l, h, false, clip_ranges);
+          const size_t n = key_rows[h].size() / static_cast<size_t>(d);
           key_heads[h] = {layer.k_rotation_of(h, d), key_rows[h].data(), n,
                           RotatedMetric(layer.k_rotation_of(h, d), t.query)};
           value_heads[h] = {layer.v_rotation_of(h, d), value_rows[h].data(), n,

@@ -1,9 +1,10 @@
 #include "kvq/calib/calibration_file.h"
 
 #include <cmath>
+#include <iterator>
 #include <set>
 
-#include "kvq/calib/metadata.h"
+#include "kvq/common/metadata.h"
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
 
@@ -13,6 +14,8 @@ namespace {
 constexpr const char* kMatrixTensors[] = {"k_rotation", "v_rotation", "k_basis", "v_basis"};
 constexpr const char* kVectorTensors[] = {"k_eigenvalues", "v_eigenvalues"};
 constexpr const char* kScalarTensors[] = {"k_clip", "v_clip"};
+// Added by format_version 2: absent from version 1 files (and then from every layer).
+constexpr const char* kRawTargetTensors[] = {"raw_k_rotation", "raw_v_rotation"};
 
 std::vector<float>& Field(LayerCalibration& layer, const std::string& name) {
   if (name == "k_rotation") return layer.k_rotation;
@@ -22,6 +25,8 @@ std::vector<float>& Field(LayerCalibration& layer, const std::string& name) {
   if (name == "k_eigenvalues") return layer.k_eigenvalues;
   if (name == "v_eigenvalues") return layer.v_eigenvalues;
   if (name == "k_clip") return layer.k_clip;
+  if (name == "raw_k_rotation") return layer.raw_k_rotation;
+  if (name == "raw_v_rotation") return layer.raw_v_rotation;
   return layer.v_clip;
 }
 
@@ -37,18 +42,32 @@ std::vector<int64_t> FieldShape(const std::string& field, int hkv, int d) {
   for (const char* m : kMatrixTensors) {
     if (field == m) return {hkv, d, d};
   }
+  for (const char* m : kRawTargetTensors) {
+    if (field == m) return {hkv, d, d};
+  }
   for (const char* v : kVectorTensors) {
     if (field == v) return {hkv, d};
   }
   return {hkv};
 }
 
-std::vector<std::string> AllFields() {
+// The tensors of one layer in a file of format_version `version` (the raw-target rotations
+// since version 2).
+std::vector<std::string> FieldsOf(int64_t version) {
   std::vector<std::string> fields;
   for (const char* m : kMatrixTensors) fields.push_back(m);
   for (const char* v : kVectorTensors) fields.push_back(v);
   for (const char* s : kScalarTensors) fields.push_back(s);
+  if (version >= 2) {
+    for (const char* r : kRawTargetTensors) fields.push_back(r);
+  }
   return fields;
+}
+
+// The version a calibration is written as: 1 exactly when it lacks the raw-target rotations.
+int VersionOf(const Calibration& cal) {
+  return cal.HasRawTargetRotations() ? kCalibrationFormatVersion
+                                     : kCalibrationFormatVersionWithoutRawTarget;
 }
 
 size_t Product(const std::vector<int64_t>& shape) {
@@ -72,6 +91,14 @@ double OrthogonalityError(const float* m, int d) {
 }
 
 }  // namespace
+
+bool Calibration::HasRawTargetRotations() const {
+  if (layers.empty()) return false;
+  for (const LayerCalibration& layer : layers) {
+    if (layer.raw_k_rotation.empty() || layer.raw_v_rotation.empty()) return false;
+  }
+  return true;
+}
 
 void ValidateCalibration(const Calibration& cal) {
   const CalibrationInfo& info = cal.info;
@@ -101,9 +128,17 @@ void ValidateCalibration(const Calibration& cal) {
             info.num_layers);
   const int d = info.head_dim;
   const int hkv = info.num_kv_heads;
+  const bool raw_target = cal.HasRawTargetRotations();
+  const std::vector<std::string> fields = FieldsOf(VersionOf(cal));
   for (int l = 0; l < info.num_layers; ++l) {
     const LayerCalibration& layer = cal.layers[l];
-    for (const std::string& field : AllFields()) {
+    if (!raw_target) {
+      for (const char* field : kRawTargetTensors) {
+        KVQ_CHECK(Field(layer, field).empty(), kShapeMismatch, "calibration layer ", l, " holds ",
+                  field, " but another layer lacks the raw-target rotations (all layers or none)");
+      }
+    }
+    for (const std::string& field : fields) {
       const std::vector<float>& values = Field(layer, field);
       const size_t expected = Product(FieldShape(field, hkv, d));
       KVQ_CHECK(values.size() == expected, kShapeMismatch, "calibration layer ", l, " ", field,
@@ -113,8 +148,11 @@ void ValidateCalibration(const Calibration& cal) {
                   " element ", i, " = ", values[i], " is not finite");
       }
     }
+    std::vector<std::string> matrices(std::begin(kMatrixTensors), std::end(kMatrixTensors));
+    if (raw_target) matrices.insert(matrices.end(), std::begin(kRawTargetTensors),
+                                    std::end(kRawTargetTensors));
     for (int h = 0; h < hkv; ++h) {
-      for (const char* field : kMatrixTensors) {
+      for (const std::string& field : matrices) {
         const float* m = Field(layer, field).data() + static_cast<size_t>(h) * d * d;
         const double deviation = OrthogonalityError(m, d);
         KVQ_CHECK(deviation <= 1e-4, kInvalidArgument, "calibration layer ", l, " ", field,
@@ -134,7 +172,7 @@ void ValidateCalibration(const Calibration& cal) {
                   " kv head ", h, " = ", rho, " is outside (0, 1]");
       }
     }
-    for (const std::string& field : AllFields()) {
+    for (const std::string& field : fields) {
       const std::vector<float>& values = Field(layer, field);
       const size_t per_head = values.size() / hkv;
       // Clip ratios are chosen per layer, so they are equal across heads at any granularity;
@@ -159,8 +197,10 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
             "calibration: format is '", meta.String("format"), "', expected '",
             kCalibrationFormat, "'");
   const int64_t version = meta.Int("format_version");
-  KVQ_CHECK(version == kCalibrationFormatVersion, kMalformedFile, "calibration: format_version ",
-            version, " is not supported (expected ", kCalibrationFormatVersion, ")");
+  KVQ_CHECK(version == kCalibrationFormatVersion ||
+                version == kCalibrationFormatVersionWithoutRawTarget,
+            kMalformedFile, "calibration: format_version ", version, " is not supported (expected ",
+            kCalibrationFormatVersionWithoutRawTarget, " or ", kCalibrationFormatVersion, ")");
   Calibration cal;
   CalibrationInfo& info = cal.info;
   info.num_layers = static_cast<int>(meta.Int("num_layers", 1, 1 << 16));
@@ -176,17 +216,18 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   info.value_target = meta.String("value_target");
   info.source = meta.String("source");
 
+  const std::vector<std::string> fields = FieldsOf(version);
   std::set<std::string> expected;
   for (int l = 0; l < info.num_layers; ++l) {
-    for (const std::string& field : AllFields()) expected.insert(TensorName(l, field));
+    for (const std::string& field : fields) expected.insert(TensorName(l, field));
   }
   for (const auto& [name, tensor] : file.tensors) {
     KVQ_CHECK(expected.count(name) == 1, kMalformedFile, "calibration: unexpected tensor '",
-              name, "' (num_layers = ", info.num_layers, ")");
+              name, "' (num_layers = ", info.num_layers, ", format_version ", version, ")");
   }
   cal.layers.resize(info.num_layers);
   for (int l = 0; l < info.num_layers; ++l) {
-    for (const std::string& field : AllFields()) {
+    for (const std::string& field : fields) {
       const std::string name = TensorName(l, field);
       const Tensor* t = file.Find(name);
       KVQ_CHECK(t != nullptr, kMalformedFile, "calibration: tensor '", name, "' is missing");
@@ -210,7 +251,8 @@ Safetensors CalibrationToSafetensors(const Calibration& cal) {
   const CalibrationInfo& info = cal.info;
   Safetensors file;
   file.metadata["format"] = kCalibrationFormat;
-  file.metadata["format_version"] = std::to_string(kCalibrationFormatVersion);
+  const int version = VersionOf(cal);
+  file.metadata["format_version"] = std::to_string(version);
   file.metadata["num_layers"] = std::to_string(info.num_layers);
   file.metadata["num_kv_heads"] = std::to_string(info.num_kv_heads);
   file.metadata["head_dim"] = std::to_string(info.head_dim);
@@ -224,7 +266,7 @@ Safetensors CalibrationToSafetensors(const Calibration& cal) {
   file.metadata["value_target"] = info.value_target;
   file.metadata["source"] = info.source;
   for (int l = 0; l < info.num_layers; ++l) {
-    for (const std::string& field : AllFields()) {
+    for (const std::string& field : FieldsOf(version)) {
       file.Add(TensorName(l, field),
                Tensor::F32(FieldShape(field, info.num_kv_heads, info.head_dim),
                            Field(cal.layers[l], field)));

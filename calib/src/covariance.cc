@@ -77,8 +77,9 @@ AttentionStatistics ComputeAttentionStatistics(const Activations& acts, int laye
   KVQ_CHECK(block >= 1, kInvalidArgument, "attention block ", block, " must be >= 1");
   KVQ_CHECK(sink_tokens >= 0, kInvalidArgument, "sink token count ", sink_tokens,
             " must be >= 0");
-  const int d = acts.info.head_dim;
-  const int group = acts.info.group_size();
+  const ActivationsInfo& info = acts.info;
+  const int d = info.head_dim;
+  const int group = info.group_size();
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const double neg_inf = -std::numeric_limits<double>::infinity();
   const MatrixXd keys = GatherKv(acts, layer, kv_head, true, tokens);
@@ -95,32 +96,37 @@ AttentionStatistics ComputeAttentionStatistics(const Activations& acts, int laye
     VectorXd log_sum_exp(tokens);
     for (int64_t q0 = 0; q0 < tokens; q0 += block) {
       const int64_t rows = std::min<int64_t>(block, tokens - q0);
+      const int64_t first_key = info.SegmentStart(q0) / block * block;
       VectorXd running_max = VectorXd::Constant(rows, neg_inf);
       VectorXd running_sum = VectorXd::Zero(rows);
       VectorXd running_logit_sum = VectorXd::Zero(rows);  // Σ e^{l−m}·l, for the entropy
       VectorXd running_sink = VectorXd::Zero(rows);       // Σ_{s<sink} e^{l−m}
       MatrixXd accumulator = MatrixXd::Zero(rows, d);
-      // Key blocks up to the causal diagonal (key s ≤ query t); each row meets key 0 in the
-      // first block, so its running max is finite from then on.
-      for (int64_t k0 = 0; k0 < q0 + rows; k0 += block) {
+      // Key blocks up to the causal diagonal (key s ≤ query t) from the block holding the
+      // first row's sequence start; keys before a row's own sequence start (a segmented
+      // capture) are masked like future ones. A row's running max is finite from the first
+      // block holding one of its keys on.
+      for (int64_t k0 = first_key; k0 < q0 + rows; k0 += block) {
         const int64_t cols = std::min<int64_t>(block, tokens - k0);
         MatrixXd logits = (queries.middleRows(q0, rows) * keys.middleRows(k0, cols).transpose()) * scale;
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t t = q0 + r;
+          const int64_t first = std::max<int64_t>(0, info.SegmentStart(t) - k0);
           const int64_t last = std::min<int64_t>(cols, t - k0 + 1);  // keys k0 .. t allowed
-          if (last <= 0) {  // the whole block lies after this query: no weight, no update
+          if (last <= first) {  // no key of this block is visible to this query: no update
             logits.row(r).setZero();
             continue;
           }
+          for (int64_t c = 0; c < first; ++c) logits(r, c) = neg_inf;
           for (int64_t c = last; c < cols; ++c) logits(r, c) = neg_inf;
-          const double block_max = logits.row(r).head(last).maxCoeff();
+          const double block_max = logits.row(r).segment(first, last - first).maxCoeff();
           const double new_max = std::max(running_max(r), block_max);
           const double alpha = std::exp(running_max(r) - new_max);  // exp(−inf) = 0 at start
           double block_sum = 0.0;
           double block_logit_sum = 0.0;
           double block_sink = 0.0;
           for (int64_t c = 0; c < cols; ++c) {
-            if (c >= last) {
+            if (c < first || c >= last) {
               logits(r, c) = 0.0;  // now holds the probability weight: masked keys get none
               continue;
             }
@@ -128,7 +134,7 @@ AttentionStatistics ComputeAttentionStatistics(const Activations& acts, int laye
             const double weight = std::exp(logit - new_max);
             block_sum += weight;
             block_logit_sum += weight * logit;
-            if (k0 + c < sink_tokens) block_sink += weight;
+            if (k0 + c - info.SegmentStart(t) < sink_tokens) block_sink += weight;
             logits(r, c) = weight;
           }
           running_sum(r) = alpha * running_sum(r) + block_sum;
@@ -153,14 +159,15 @@ AttentionStatistics ComputeAttentionStatistics(const Activations& acts, int laye
       // the column sums give the attention mass every key receives.
       for (int64_t q0 = 0; q0 < tokens; q0 += block) {
         const int64_t rows = std::min<int64_t>(block, tokens - q0);
-        for (int64_t k0 = 0; k0 < q0 + rows; k0 += block) {
+        for (int64_t k0 = info.SegmentStart(q0) / block * block; k0 < q0 + rows; k0 += block) {
           const int64_t cols = std::min<int64_t>(block, tokens - k0);
           const MatrixXd logits =
               (queries.middleRows(q0, rows) * keys.middleRows(k0, cols).transpose()) * scale;
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t t = q0 + r;
+            const int64_t first = std::max<int64_t>(0, info.SegmentStart(t) - k0);
             const int64_t last = std::min<int64_t>(cols, t - k0 + 1);
-            for (int64_t c = 0; c < last; ++c) {
+            for (int64_t c = first; c < last; ++c) {
               stats.key_weight(k0 + c) += std::exp(logits(r, c) - log_sum_exp(t));
             }
           }

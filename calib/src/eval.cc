@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 
+#include "kvq/calib/calibrate.h"
 #include "kvq/common/error.h"
 
 namespace kvq::calib {
@@ -109,7 +111,18 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
             " must be >= 1");
   std::vector<std::string> names = options.schemes;
   if (names.empty()) names = ParseSchemeList("all");
-  for (const std::string& n : names) SchemeByName(n);
+  bool wants_raw_target = false;
+  for (const std::string& n : names) {
+    wants_raw_target = wants_raw_target || SchemeByName(n).rotation_k == SchemeRotation::kRawTarget;
+  }
+  // A format_version 1 calibration lacks the raw-target rotations: make them from this
+  // capture's calibration tokens exactly as kvq calibrate would have.
+  std::unique_ptr<Calibration> completed;
+  if (cal != nullptr && wants_raw_target && !cal->HasRawTargetRotations()) {
+    completed = std::make_unique<Calibration>(*cal);
+    AddRawTargetRotations(acts, completed.get());
+    cal = completed.get();
+  }
 
   const ActivationsInfo& info = acts.info;
   const int layers = info.num_layers;
@@ -136,6 +149,7 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
   EvalResult result;
   result.info = info;
   result.options = options.scheme;
+  result.raw_target_from_activations = completed != nullptr;
   result.schemes.resize(num_schemes);
   for (int s = 0; s < num_schemes; ++s) {
     result.schemes[s].name = names[s];
@@ -145,6 +159,16 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
   MetricOptions metric_options = options.metrics;
   if (options.sink_prefix) {
     metric_options.prefix_tokens = std::min<int64_t>(options.scheme.sink, info.calib_tokens);
+  }
+  if (info.segment_tokens > 0) {
+    // A segmented capture (kvq capture of several windows): the held-out part must be one
+    // window, which starts with its own sink, so nothing is prepended.
+    KVQ_CHECK(info.tokens - info.calib_tokens == info.segment_tokens, kInvalidArgument,
+              "kvq eval scores one held-out sequence, but the capture holds ",
+              (info.tokens - info.calib_tokens) / info.segment_tokens,
+              " held-out windows of segment_tokens = ", info.segment_tokens,
+              " (capture with exactly one window after the calibration windows)");
+    metric_options.prefix_tokens = 0;
   }
   result.prefix_tokens = metric_options.prefix_tokens;
   RunParallel(
@@ -235,10 +259,10 @@ std::string Summarize(const EvalResult& r) {
                   o, oscar->mean.bits_per_element, versus.empty() ? "" : ": ", versus.c_str());
     out += line;
   }
-  // Ordering of the quantized schemes by attention-output error.
+  // Ordering of the quantized schemes (the catalogue's format column) by attention-output error.
   std::vector<const SchemeResult*> order;
   for (const SchemeResult& s : r.schemes) {
-    if (s.name != "bf16") order.push_back(&s);
+    if (SchemeByName(s.name).quantized()) order.push_back(&s);
   }
   std::stable_sort(order.begin(), order.end(), [](const SchemeResult* a, const SchemeResult* b) {
     return a->mean.output_rel_mse < b->mean.output_rel_mse;

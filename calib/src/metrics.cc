@@ -202,24 +202,46 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
                     " but the cache holds ", rotated[e]);
         }
         double residual = 0.0, range = 0.0;
-        const int groups = wp.num_groups();
-        for (int64_t i = 0; i < history; ++i) {
-          const float tau = q.tau[i];
-          for (int gi = 0; gi < groups; ++gi) {
-            double lo = std::numeric_limits<double>::infinity(), hi = -lo;
-            for (int c = gi * wp.group; c < (gi + 1) * wp.group; ++c) {
-              const float x = q.rotated[i * d + c];
-              const double e = static_cast<double>(x) - q.dequantized[i * d + c];
-              residual += e * e;
-              const double clipped = x > tau ? tau : (x < -tau ? -tau : x);
-              lo = std::min(lo, clipped);
-              hi = std::max(hi, clipped);
+        for (size_t e = 0; e < rotated.size(); ++e) {
+          const double err = static_cast<double>(q.rotated[e]) - q.dequantized[e];
+          residual += err * err;
+        }
+        // The quantizer's groups over its input (the clipped row, divided by n^ with a norm):
+        // per token and G channels, or per tile and channel (affine_tile).
+        const std::vector<float>& input = wp.norm ? q.normalized : q.rotated;
+        const auto clipped = [&](int64_t i, int c) {
+          const float x = input[i * d + c], tau = q.tau[i];
+          return static_cast<double>(x > tau ? tau : (x < -tau ? -tau : x));
+        };
+        double groups = 0.0;
+        if (wp.format == Format::kAffineTile) {
+          const int tile = wp.tile_tokens();
+          for (int64_t t0 = 0; t0 < history; t0 += tile) {
+            for (int c = 0; c < d; ++c) {
+              double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+              for (int64_t i = t0; i < t0 + tile; ++i) {
+                lo = std::min(lo, clipped(i, c));
+                hi = std::max(hi, clipped(i, c));
+              }
+              range += hi - lo;
+              groups += 1.0;
             }
-            range += hi - lo;
+          }
+        } else {
+          for (int64_t i = 0; i < history; ++i) {
+            for (int gi = 0; gi < wp.num_groups(); ++gi) {
+              double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+              for (int c = gi * wp.group; c < (gi + 1) * wp.group; ++c) {
+                lo = std::min(lo, clipped(i, c));
+                hi = std::max(hi, clipped(i, c));
+              }
+              range += hi - lo;
+              groups += 1.0;
+            }
           }
         }
         m.tr_ek = residual / static_cast<double>(history);
-        m.group_range = range / (static_cast<double>(history) * groups);
+        m.group_range = range / groups;
       }
     }
   } else {
@@ -236,13 +258,11 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
 
   // Attention over the query rows. Column r of a [keys, R] matrix is one query row.
   const int64_t rows = data.rows();
-  const int recent = cp.quantized ? cp.recent : 0;
-  // History rows (cache index i ↔ position s0 + i) a query at position p reads quantized:
-  // positions [s0, p + 1 − W), clamped to the history.
+  // History rows (cache index i ↔ position s0 + i) a query at position p reads quantized: the
+  // history of the cache at length p + 1, positions [s0, s0 + H(p + 1)) (spec/cache.md §2).
   auto history_end = [&](int64_t r) -> int64_t {
     if (history == 0) return 0;
-    const int64_t end = data.position(r) + 1 - recent - s0;
-    return std::max<int64_t>(0, std::min<int64_t>(end, history));
+    return std::min<int64_t>(cp.HistoryTokens(data.position(r) + 1), history);
   };
   MatrixXd logit_delta;  // [history, R]
   if (history > 0) logit_delta.noalias() = data.scale * (delta_k * data.q.transpose());

@@ -4,6 +4,7 @@
 
 #include "kvq/calib/random.h"
 #include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
 
 namespace kvq::calib {
 namespace {
@@ -81,10 +82,7 @@ MatrixXd HadamardMatrix(int d) {
 }
 
 int BitReverse(int j, int d) {
-  const int bits = Log2(d);
-  int reversed = 0;
-  for (int b = 0; b < bits; ++b) reversed |= ((j >> b) & 1) << (bits - 1 - b);
-  return reversed;
+  return static_cast<int>(kvq::BitReverse(static_cast<uint32_t>(j), Log2(d)));
 }
 
 MatrixXd BitReversalMatrix(int d) {

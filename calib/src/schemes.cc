@@ -1,81 +1,43 @@
 #include "kvq/calib/schemes.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
-#include "kvq/calib/covariance.h"
+#include "kvq/calib/calibrate.h"
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
+#include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 
 namespace kvq::calib {
 namespace {
 
-// How a scheme's rotation is made (per KV head and side).
-enum class Recipe {
-  kBf16,             // no quantization at all
-  kIdentity,         // naive INT-b
-  kHadamard,         // FWHT (full block)
-  kHadamardBitrev,   // FWHT then P_br
-  kClipOnly,         // identity with the calibrated clip
-  kRandomOrthogonal, // seeded Haar-random dense matrix, calibrated clip
-  kRawTarget,        // U'·H·P_br, U' from KᵀK / VᵀV of the calibration tokens, calibrated clip
-  kEigenbasisOnly,   // U, calibrated clip
-  kNoHadamard,       // U·P_br, calibrated clip
-  kNoBitrev,         // U·H, calibrated clip
-  kOscar,            // the calibration's R and clip
-  kSawInt4,          // INT4, block-diagonal FWHT, no clip
-};
-
-struct Entry {
-  SchemeInfo info;
-  Recipe recipe;
-};
-
-const std::vector<Entry>& Entries() {
-  static const std::vector<Entry> entries = {
-      {{"bf16", "BF16 cache, nothing quantized (the reference's storage)", false}, Recipe::kBf16},
-      {{"naive", "INT-b per-token groups, no rotation, no clip", false}, Recipe::kIdentity},
-      {{"hadamard", "QuaRot-style: FWHT then INT-b, no clip", false}, Recipe::kHadamard},
-      {{"hadamard_bitrev", "FWHT then P_br then INT-b, no clip (H*P_br, table 4 'w/o U')", false},
-       Recipe::kHadamardBitrev},
-      {{"clip_only", "no rotation, the calibrated clip (table 4 'no rotation')", true},
-       Recipe::kClipOnly},
-      {{"random_orthogonal", "seeded Haar-random orthogonal R, the calibrated clip", true},
-       Recipe::kRandomOrthogonal},
-      {{"raw_target", "U'*H*P_br with U' from K^T K / V^T V, the calibrated clip", true},
-       Recipe::kRawTarget},
-      {{"eigenbasis_only", "U alone (table 10 row U_Q), the calibrated clip", true},
-       Recipe::kEigenbasisOnly},
-      {{"oscar_no_hadamard", "U*P_br (table 4 'w/o H'), the calibrated clip", true},
-       Recipe::kNoHadamard},
-      {{"oscar_no_bitrev", "U*H (table 4 'w/o P_br'), the calibrated clip", true},
-       Recipe::kNoBitrev},
-      {{"oscar", "the calibration's R_K, R_V and clip ratios (U*H*P_br)", true}, Recipe::kOscar},
-      {{"saw_int4", "SAW-INT4: block-diagonal FWHT then INT4, no clip", false}, Recipe::kSawInt4},
+// The catalogue (schemes.inc) as a table.
+const std::vector<SchemeInfo>& Table() {
+  static const std::vector<SchemeInfo> table = {
+#define KVQ_SCHEME(id, rotation_k, rotation_v, format_k, format_v, norm, bits, group, windows,  \
+                   clip, calibration, summary)                                                \
+  SchemeInfo{#id,                          summary,                                          \
+             calibration,                  SchemeRotation::k##rotation_k,                    \
+             SchemeRotation::k##rotation_v, Format::k##format_k,                             \
+             Format::k##format_v,          SchemeNorm::norm,                                 \
+             bits,                         group,                                            \
+             windows,                      ClipPolicy::clip},
+#include "kvq/calib/schemes.inc"
+#undef KVQ_SCHEME
   };
-  return entries;
+  return table;
 }
 
-const Entry& EntryByName(const std::string& name) {
-  std::string names;
-  for (const Entry& e : Entries()) {
-    if (name == e.info.name) return e;
-    names += names.empty() ? e.info.name : std::string(", ") + e.info.name;
-  }
-  KVQ_CHECK(false, kInvalidArgument, "unknown scheme '", name, "' (valid: ", names, ")");
-  return Entries().front();
-}
-
-void CheckCalibrationMatches(const Activations& acts, const Calibration& cal) {
-  const ActivationsInfo& a = acts.info;
+void CheckCalibrationMatches(const SchemeShape& shape, const Calibration& cal) {
   const CalibrationInfo& c = cal.info;
-  KVQ_CHECK(c.num_layers == a.num_layers && c.num_kv_heads == a.num_kv_heads &&
-                c.head_dim == a.head_dim && static_cast<int>(cal.layers.size()) == c.num_layers,
+  KVQ_CHECK(c.num_layers == shape.num_layers && c.num_kv_heads == shape.num_kv_heads &&
+                c.head_dim == shape.head_dim && static_cast<int>(cal.layers.size()) == c.num_layers,
             kShapeMismatch, "calibration has ", c.num_layers, " layers x ", c.num_kv_heads,
-            " KV heads x d=", c.head_dim, " but the activations have ", a.num_layers,
-            " layers x ", a.num_kv_heads, " KV heads x d=", a.head_dim);
+            " KV heads x d=", c.head_dim, " but the scheme is built for ", shape.num_layers,
+            " layers x ", shape.num_kv_heads, " KV heads x d=", shape.head_dim);
 }
 
 // Appends one d×d fp64 matrix as fp32 row-major.
@@ -88,35 +50,73 @@ MatrixXd StoredMatrix(const std::vector<float>& all, int head, int d) {
   return FromRowMajorF32(all.data() + static_cast<size_t>(head) * d * d, d, d);
 }
 
-// U' of the raw target (KᵀK / VᵀV over the calibration tokens), honouring the calibration's
-// granularity (per layer: the mean over the layer's KV heads, as calibrate does).
-MatrixXd RawTargetBasis(const Activations& acts, const Calibration& cal, int layer, int head,
-                        bool keys) {
-  const int64_t tokens = acts.info.calib_tokens;
-  if (cal.info.granularity == "layer") {
-    const int d = acts.info.head_dim;
-    MatrixXd mean = MatrixXd::Zero(d, d);
-    for (int h = 0; h < acts.info.num_kv_heads; ++h) {
-      mean += RawCovariance(acts, layer, h, keys, tokens);
-    }
-    mean /= acts.info.num_kv_heads;
-    return SortedEigenBasis(mean).vectors;
+// The block-diagonal normalised Hadamard matrix of blocks of `block` (fp64).
+MatrixXd BlockHadamard(int d, int block) {
+  MatrixXd h = MatrixXd::Zero(d, d);
+  const MatrixXd b = HadamardMatrix(block);
+  for (int start = 0; start < d; start += block) h.block(start, start, block, block) = b;
+  return h;
+}
+
+// saw_hessian's rotation (seeds/003 App. A.3, kvq's reading): M = the layer-pooled query second
+// moment, the mean over the layer's KV heads of C_Q rebuilt as U·diag(λ)·Uᵀ from the
+// calibration (each KV head's C_Q is the mean over its g query heads, so this pools every query
+// head of the layer); M' = H_bd·M·H_bd, the second moment of the block-rotated queries;
+// U' its sorted eigenbasis after damping M' + α·mean(diag M')·I; R = H_bd·U' in fp64.
+MatrixXd HessianBlockRotation(const LayerCalibration& lc, int hkv, int d, int block,
+                              double damping) {
+  MatrixXd m = MatrixXd::Zero(d, d);
+  for (int h = 0; h < hkv; ++h) {
+    const MatrixXd u = StoredMatrix(lc.k_basis, h, d);
+    VectorXd lambda(d);
+    for (int i = 0; i < d; ++i) lambda(i) = lc.k_eigenvalues[static_cast<size_t>(h) * d + i];
+    m += u * lambda.asDiagonal() * u.transpose();
   }
-  return SortedEigenBasis(RawCovariance(acts, layer, head, keys, tokens)).vectors;
+  m /= hkv;
+  const MatrixXd hbd = BlockHadamard(d, block);
+  MatrixXd rotated = hbd.transpose() * m * hbd;
+  rotated = 0.5 * (rotated + rotated.transpose());  // exactly symmetric for the eigensolver
+  return hbd * SortedEigenBasis(rotated, damping).vectors;
 }
 
 }  // namespace
 
-const std::vector<SchemeInfo>& Schemes() {
-  static const std::vector<SchemeInfo> infos = [] {
-    std::vector<SchemeInfo> v;
-    for (const Entry& e : Entries()) v.push_back(e.info);
-    return v;
-  }();
-  return infos;
+const char* ClipPolicyName(ClipPolicy policy) {
+  switch (policy) {
+    case ClipPolicy::kNone: return "none";
+    case ClipPolicy::kCalibration: return "calibration";
+  }
+  return "unknown";
 }
 
-const SchemeInfo& SchemeByName(const std::string& name) { return EntryByName(name).info; }
+const std::vector<SchemeInfo>& Schemes() { return Table(); }
+
+const SchemeInfo& SchemeByName(const std::string& name) {
+  for (const SchemeInfo& s : Table()) {
+    if (name == s.name) return s;
+  }
+  KVQ_CHECK(false, kInvalidArgument, "unknown scheme '", name, "' (valid: ", SchemeNames(), ")");
+  return Table().front();
+}
+
+std::string SchemeNames(const std::string& separator) {
+  std::string names;
+  for (const SchemeInfo& s : Table()) names += (names.empty() ? "" : separator) + s.name;
+  return names;
+}
+
+SchemeShape ShapeOf(const ActivationsInfo& info) {
+  SchemeShape shape;
+  shape.num_layers = info.num_layers;
+  shape.num_kv_heads = info.num_kv_heads;
+  shape.num_q_heads = info.num_q_heads;
+  shape.head_dim = info.head_dim;
+  return shape;
+}
+
+bool SchemeClipsWithCalibration(const std::string& name) {
+  return SchemeByName(name).clip == ClipPolicy::kCalibration;
+}
 
 std::vector<std::string> ParseSchemeList(const std::string& list) {
   std::vector<std::string> names;
@@ -138,117 +138,193 @@ std::vector<std::string> ParseSchemeList(const std::string& list) {
   return names;
 }
 
-LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
+const char* NormScopeName(NormScope scope) {
+  switch (scope) {
+    case NormScope::kHead: return "head";
+    case NormScope::kToken: return "token";
+  }
+  return "unknown";
+}
+
+NormScope ParseNormScope(const std::string& name) {
+  if (name == "head") return NormScope::kHead;
+  if (name == "token") return NormScope::kToken;
+  KVQ_CHECK(false, kInvalidArgument, "norm scope '", name, "' (head or token)");
+  return NormScope::kHead;
+}
+
+LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& o) {
-  const Entry& entry = EntryByName(name);
-  const ActivationsInfo& info = acts.info;
-  KVQ_CHECK(layer >= 0 && layer < info.num_layers, kInvalidArgument, "layer ", layer,
-            " out of range [0, ", info.num_layers, ")");
-  if (entry.info.needs_calibration) {
+  const SchemeInfo& info = SchemeByName(name);
+  KVQ_CHECK(layer >= 0 && layer < shape.num_layers, kInvalidArgument, "layer ", layer,
+            " out of range [0, ", shape.num_layers, ")");
+  if (info.needs_calibration) {
     KVQ_CHECK(cal != nullptr, kInvalidArgument, "scheme '", name,
               "' needs a calibration (kvq calibrate; kvq eval --calibration FILE)");
-    CheckCalibrationMatches(acts, *cal);
+    CheckCalibrationMatches(shape, *cal);
   }
-  const int d = info.head_dim;
-  const int hkv = info.num_kv_heads;
+  const int d = shape.head_dim;
+  const int hkv = shape.num_kv_heads;
 
   LayerScheme s;
   CacheParams& p = s.params;
   p.num_kv_heads = hkv;
-  p.num_q_heads = info.num_q_heads;
-  p.sink = o.sink;
-  p.recent = o.recent;
+  p.num_q_heads = shape.num_q_heads;
+  const SchemeWindows windows = info.windows.shared()
+                                    ? SchemeWindows(o.sink, o.recent, o.flush)
+                                    : info.windows;
+  p.sink = windows.sink;
+  p.recent = windows.recent;
+  p.flush = windows.flush;
   p.page_size = o.page;
-  p.quantized = entry.recipe != Recipe::kBf16;
-  for (WriteParams* w : {&p.key, &p.value}) {
+  const Format formats[2] = {info.format_k, info.format_v};
+  WriteParams* sides[2] = {&p.key, &p.value};
+  for (int side = 0; side < 2; ++side) {
+    WriteParams* w = sides[side];
     w->head_dim = d;
-    w->group = o.group;
-    w->bits = o.bits;
+    w->format = formats[side];
+    w->group = w->format == Format::kAffineTile ? o.tile : info.GroupUnder(o, d);
+    w->bits = info.BitsUnder(o);
     w->clip = 1.0f;
     w->rotation = RotationKind::kIdentity;
     w->hadamard_block = 0;
     w->bitrev = false;
+    w->norm = false;
+    w->norm_heads = 1;
   }
-  const LayerCalibration* lc = cal != nullptr && entry.info.needs_calibration
-                                   ? &cal->layers[layer]
-                                   : nullptr;
-  auto use_calibrated_clip = [&]() {
-    s.clip_k = lc->k_clip;
-    s.clip_v = lc->v_clip;
-  };
-  auto dense = [&](auto&& make /* (head, keys) -> MatrixXd */) {
-    p.key.rotation = p.value.rotation = RotationKind::kDense;
-    for (int h = 0; h < hkv; ++h) {
-      AppendMatrix(make(h, true), s.rotation_k);
-      AppendMatrix(make(h, false), s.rotation_v);
-    }
-  };
+  // A page holds whole tiles: P (a power of two, as G_k is) rises to G_k when it is smaller. The
+  // page size only places rows in memory; no stored bit or output depends on it.
+  for (const WriteParams* w : sides) p.page_size = std::max(p.page_size, w->tile_tokens());
+  if (info.norm == SchemeNorm::kKeys) {
+    p.key.norm = true;
+    p.key.norm_heads = o.norm_scope == NormScope::kToken ? hkv : 1;
+  }
+  const LayerCalibration* lc = info.needs_calibration ? &cal->layers[layer] : nullptr;
+  switch (info.clip) {
+    case ClipPolicy::kNone: break;
+    case ClipPolicy::kCalibration:
+      s.clip_k = lc->k_clip;
+      s.clip_v = lc->v_clip;
+      break;
+  }
   auto basis = [&](int h, bool keys) {
     return StoredMatrix(keys ? lc->k_basis : lc->v_basis, h, d);
   };
+  const auto saw_block = [&]() {
+    KVQ_CHECK(o.saw_block >= 16 && o.saw_block <= 256 && (o.saw_block & (o.saw_block - 1)) == 0,
+              kInvalidArgument, "saw_block ", o.saw_block,
+              " must be a power of two in [16, 256]");
+    return std::min(o.saw_block, d);
+  };
 
-  switch (entry.recipe) {
-    case Recipe::kBf16:
-    case Recipe::kIdentity: break;
-    case Recipe::kHadamard:
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      break;
-    case Recipe::kHadamardBitrev:
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      p.key.bitrev = p.value.bitrev = true;
-      break;
-    case Recipe::kClipOnly: use_calibrated_clip(); break;
-    case Recipe::kRandomOrthogonal:
-      dense([&](int h, bool keys) {
-        const uint64_t key = DeriveSeed(o.seed, {static_cast<uint64_t>(layer),
-                                                 static_cast<uint64_t>(h), keys ? 0u : 1u});
-        return RandomOrthogonal(d, key);
-      });
-      use_calibrated_clip();
-      break;
-    case Recipe::kRawTarget:
-      dense([&](int h, bool keys) {
-        return OscarRotation(RawTargetBasis(acts, *cal, layer, h, keys));
-      });
-      use_calibrated_clip();
-      break;
-    case Recipe::kEigenbasisOnly:
-      dense([&](int h, bool keys) { return basis(h, keys); });
-      use_calibrated_clip();
-      break;
-    case Recipe::kNoHadamard:
-      dense([&](int h, bool keys) { return BasisBitReversal(basis(h, keys)); });
-      use_calibrated_clip();
-      break;
-    case Recipe::kNoBitrev:
-      dense([&](int h, bool keys) { return BasisHadamard(basis(h, keys)); });
-      use_calibrated_clip();
-      break;
-    case Recipe::kOscar:
-      p.key.rotation = p.value.rotation = RotationKind::kDense;
-      s.rotation_k = lc->k_rotation;
-      s.rotation_v = lc->v_rotation;
-      use_calibrated_clip();
-      break;
-    case Recipe::kSawInt4: {
-      KVQ_CHECK(o.saw_block >= 16 && o.saw_block <= 256 && (o.saw_block & (o.saw_block - 1)) == 0,
-                kInvalidArgument, "saw_block ", o.saw_block,
-                " must be a power of two in [16, 256]");
-      p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-      p.key.bits = p.value.bits = 4;
-      const int block = std::min(o.saw_block, d);
-      p.key.hadamard_block = p.value.hadamard_block = block == d ? 0 : block;
-      break;
+  // The one place that turns a catalogue row's rotation into matrices and flags, per side.
+  for (int side = 0; side < 2; ++side) {
+    const bool keys = side == 0;
+    WriteParams* w = sides[side];
+    std::vector<float>& matrices = keys ? s.rotation_k : s.rotation_v;
+    auto dense = [&](auto&& make /* (head) -> MatrixXd */) {
+      w->rotation = RotationKind::kDense;
+      for (int h = 0; h < hkv; ++h) AppendMatrix(make(h), matrices);
+    };
+    auto stored = [&](const std::vector<float>& all) {
+      w->rotation = RotationKind::kDense;
+      matrices = all;
+    };
+    switch (keys ? info.rotation_k : info.rotation_v) {
+      case SchemeRotation::kIdentity: break;
+      case SchemeRotation::kHadamard:
+        w->rotation = RotationKind::kHadamard;
+        break;
+      case SchemeRotation::kHadamardBitrev:
+        w->rotation = RotationKind::kHadamard;
+        w->bitrev = true;
+        break;
+      case SchemeRotation::kBlockHadamard: {
+        const int block = saw_block();
+        w->rotation = RotationKind::kHadamard;
+        w->hadamard_block = block == d ? 0 : block;
+        break;
+      }
+      case SchemeRotation::kRandomOrthogonal:
+        dense([&](int h) {
+          const uint64_t key = DeriveSeed(o.seed, {static_cast<uint64_t>(layer),
+                                                   static_cast<uint64_t>(h), keys ? 0u : 1u});
+          return RandomOrthogonal(d, key);
+        });
+        break;
+      case SchemeRotation::kRawTarget:
+        KVQ_CHECK(!lc->raw_k_rotation.empty() && !lc->raw_v_rotation.empty(), kInvalidArgument,
+                  "scheme '", name, "' needs the calibration's raw-target rotations (tensors "
+                  "layers.", layer, ".raw_k_rotation and layers.", layer,
+                  ".raw_v_rotation), which this calibration lacks: it is a format_version ",
+                  kCalibrationFormatVersionWithoutRawTarget, " file; re-run kvq calibrate to get "
+                  "format_version ", kCalibrationFormatVersion);
+        stored(keys ? lc->raw_k_rotation : lc->raw_v_rotation);
+        break;
+      case SchemeRotation::kEigenbasis:
+        dense([&](int h) { return basis(h, keys); });
+        break;
+      case SchemeRotation::kEigenbasisBitrev:
+        dense([&](int h) { return BasisBitReversal(basis(h, keys)); });
+        break;
+      case SchemeRotation::kEigenbasisHadamard:
+        dense([&](int h) { return BasisHadamard(basis(h, keys)); });
+        break;
+      case SchemeRotation::kCalibrated:
+        stored(keys ? lc->k_rotation : lc->v_rotation);
+        break;
+      case SchemeRotation::kHessianBlock: {
+        KVQ_CHECK(cal->info.rotation != "raw_target", kInvalidArgument, "scheme '", name,
+                  "' rebuilds C_Q from the calibration's key bases, but this calibration's "
+                  "(rotation recipe raw_target) are those of K^T K");
+        KVQ_CHECK(std::isfinite(o.hessian_damping) && o.hessian_damping >= 0, kInvalidArgument,
+                  "hessian damping ", o.hessian_damping, " must be finite and >= 0");
+        const MatrixXd r = HessianBlockRotation(*lc, hkv, d, saw_block(), o.hessian_damping);
+        dense([&](int) { return r; });
+        break;
+      }
     }
   }
   p.Validate();
   return s;
 }
 
+LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
+                             const Calibration* cal, int layer, const SchemeOptions& options) {
+  return BuildLayerScheme(name, ShapeOf(acts.info), cal, layer, options);
+}
+
+Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
+                                 int64_t tokens, uint64_t seed, int threads) {
+  SynthOptions synth;
+  synth.seed = seed;
+  synth.num_layers = shape.num_layers;
+  synth.num_q_heads = shape.num_q_heads;
+  synth.num_kv_heads = shape.num_kv_heads;
+  synth.head_dim = shape.head_dim;
+  synth.tokens = tokens;
+  synth.threads = threads;
+  const Activations acts = Synthesize(synth);
+  CalibrationOptions c;
+  c.group = options.group;
+  c.bits = options.bits;
+  c.sink = options.sink;
+  c.recent = options.recent;
+  c.threads = threads;
+  c.source = "kvq synth seed=" + std::to_string(seed) + " (SyntheticCalibration)";
+  return Calibrate(acts, c, cpu::ScalarBackend());
+}
+
 LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head) {
   const CacheParams& p = scheme.params;
   KVQ_CHECK(kv_head >= 0 && kv_head < p.num_kv_heads, kInvalidArgument, "KV head ", kv_head,
             " out of range [0, ", p.num_kv_heads, ")");
+  for (const WriteParams* w : {&p.key, &p.value}) {
+    KVQ_CHECK(!w->quantized() || !w->norm || w->norm_heads == 1 || p.num_kv_heads == 1,
+              kUnsupported, "a norm over every KV head of a token (norm scope token) couples the "
+              "heads: one KV head cannot be taken alone (evaluate the whole layer, e.g. kvq "
+              "attend)");
+  }
   LayerScheme s;
   s.params = p;
   s.params.num_kv_heads = 1;

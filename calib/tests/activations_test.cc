@@ -60,6 +60,29 @@ TEST(Activations, MetadataFollowsTheSpec) {
   EXPECT_EQ(file.Get("layers.0.v").dtype, DType::kBF16);
 }
 
+TEST(Activations, SegmentTokensRoundTripAndAreValidated) {
+  Activations acts = Small();  // 16 tokens, 8 calibrate
+  EXPECT_EQ(ActivationsToSafetensors(acts, DType::kBF16).metadata.count("segment_tokens"), 0u);
+  acts.info.segment_tokens = 4;
+  const Safetensors file = ActivationsToSafetensors(acts, DType::kBF16);
+  EXPECT_EQ(file.metadata.at("segment_tokens"), "4");
+  EXPECT_EQ(ActivationsFromSafetensors(file).info.segment_tokens, 4);
+  EXPECT_EQ(acts.info.SegmentStart(0), 0);
+  EXPECT_EQ(acts.info.SegmentStart(7), 4);
+  EXPECT_EQ(acts.info.SegmentStart(8), 8);
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(RowsAfterSink(acts.info, 8, 1), (Ranges{{1, 4}, {5, 8}}));
+  EXPECT_EQ(RowsAfterSink(acts.info, 10, 3), (Ranges{{3, 4}, {7, 8}}));  // [11, 10) is empty
+  acts.info.segment_tokens = 0;
+  EXPECT_EQ(RowsAfterSink(acts.info, 8, 2), (Ranges{{2, 8}}));
+  acts.info.segment_tokens = 3;  // divides neither 16 nor 8
+  ExpectError([&] { ValidateActivations(acts); }, ErrorCode::kInvalidArgument,
+              "segment_tokens 3 must be 0 or divide tokens = 16 and calib_tokens = 8");
+  acts.info.segment_tokens = 16;  // divides 16, not calib_tokens 8
+  ExpectError([&] { ValidateActivations(acts); }, ErrorCode::kInvalidArgument,
+              "segment_tokens 16");
+}
+
 TEST(Activations, NonFiniteValueIsNamedByLayerTensorTokenHeadChannel) {
   Activations acts = Small();
   acts.layers[1].k[(5 * 2 + 1) * 64 + 7] = std::nanf("");

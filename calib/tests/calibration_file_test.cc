@@ -14,6 +14,7 @@
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "kvq/testbed/compare.h"
 #include "test_util.h"
 
 namespace kvq::calib {
@@ -21,7 +22,7 @@ namespace {
 
 using Eigen::MatrixXd;
 using testing::ExpectError;
-using testing::SameBits;
+using testbed::BitsEqual;
 
 const Activations& Capture() {
   static const Activations* acts = [] {
@@ -82,10 +83,10 @@ TEST(Calibrate, ThreadCountDoesNotChangeTheBits) {
   const Calibration a = Calibrate(Capture(), one, cpu::BestBackend());
   const Calibration b = Calibrate(Capture(), two, cpu::BestBackend());
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(SameBits(a.layers[l].k_rotation, b.layers[l].k_rotation));
-    EXPECT_TRUE(SameBits(a.layers[l].v_rotation, b.layers[l].v_rotation));
-    EXPECT_TRUE(SameBits(a.layers[l].k_clip, b.layers[l].k_clip));
-    EXPECT_TRUE(SameBits(a.layers[l].v_clip, b.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("k_rotation", a.layers[l].k_rotation, b.layers[l].k_rotation));
+    EXPECT_TRUE(BitsEqual("v_rotation", a.layers[l].v_rotation, b.layers[l].v_rotation));
+    EXPECT_TRUE(BitsEqual("k_clip", a.layers[l].k_clip, b.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("v_clip", a.layers[l].v_clip, b.layers[l].v_clip));
   }
 }
 
@@ -189,21 +190,122 @@ TEST(CalibrationFile, RoundTrip) {
   EXPECT_EQ(back.info.value_target, "attn_output");
   EXPECT_EQ(back.info.source, "capture.safetensors");
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(SameBits(back.layers[l].k_rotation, cal.layers[l].k_rotation));
-    EXPECT_TRUE(SameBits(back.layers[l].v_rotation, cal.layers[l].v_rotation));
-    EXPECT_TRUE(SameBits(back.layers[l].k_basis, cal.layers[l].k_basis));
-    EXPECT_TRUE(SameBits(back.layers[l].v_basis, cal.layers[l].v_basis));
-    EXPECT_TRUE(SameBits(back.layers[l].k_eigenvalues, cal.layers[l].k_eigenvalues));
-    EXPECT_TRUE(SameBits(back.layers[l].v_eigenvalues, cal.layers[l].v_eigenvalues));
-    EXPECT_TRUE(SameBits(back.layers[l].k_clip, cal.layers[l].k_clip));
-    EXPECT_TRUE(SameBits(back.layers[l].v_clip, cal.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("k_rotation", back.layers[l].k_rotation, cal.layers[l].k_rotation));
+    EXPECT_TRUE(BitsEqual("v_rotation", back.layers[l].v_rotation, cal.layers[l].v_rotation));
+    EXPECT_TRUE(BitsEqual("k_basis", back.layers[l].k_basis, cal.layers[l].k_basis));
+    EXPECT_TRUE(BitsEqual("v_basis", back.layers[l].v_basis, cal.layers[l].v_basis));
+    EXPECT_TRUE(BitsEqual("k_eigenvalues", back.layers[l].k_eigenvalues,
+                          cal.layers[l].k_eigenvalues));
+    EXPECT_TRUE(BitsEqual("v_eigenvalues", back.layers[l].v_eigenvalues,
+                          cal.layers[l].v_eigenvalues));
+    EXPECT_TRUE(BitsEqual("k_clip", back.layers[l].k_clip, cal.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("v_clip", back.layers[l].v_clip, cal.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("raw_k_rotation", back.layers[l].raw_k_rotation,
+                          cal.layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("raw_v_rotation", back.layers[l].raw_v_rotation,
+                          cal.layers[l].raw_v_rotation));
   }
+  EXPECT_TRUE(back.HasRawTargetRotations());
   const Safetensors file = CalibrationToSafetensors(cal);
   EXPECT_EQ(file.metadata.at("format"), "kvq-calibration");
-  EXPECT_EQ(file.metadata.at("format_version"), "1");
+  EXPECT_EQ(file.metadata.at("format_version"), "2");
+  EXPECT_EQ(file.Get("layers.1.raw_v_rotation").shape, (std::vector<int64_t>{2, 128, 128}));
   EXPECT_EQ(file.Get("layers.1.k_rotation").shape, (std::vector<int64_t>{2, 128, 128}));
   EXPECT_EQ(file.Get("layers.1.v_eigenvalues").shape, (std::vector<int64_t>{2, 128}));
   EXPECT_EQ(file.Get("layers.0.k_clip").shape, (std::vector<int64_t>{2}));
+}
+
+// The raw_target scheme's rotations: U'·H·P_br of KᵀK/N and VᵀV/N over the calibration tokens,
+// undamped, per head or of the layer mean; RawTargetRotations gives the same bits from a capture.
+TEST(Calibrate, RawTargetRotationsMatchTheirDefinition) {
+  const Activations& acts = Capture();
+  const int64_t n = acts.info.calib_tokens;
+  const size_t dd = 128 * 128;
+  CalibrationOptions o = SmallOptions();
+  o.damping = 0.5;  // damps the OSCAR targets only
+  const Calibration cal = Calibrate(acts, o, cpu::BestBackend());
+  ASSERT_TRUE(cal.HasRawTargetRotations());
+  for (int l = 0; l < 2; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      for (bool keys : {true, false}) {
+        const std::vector<float> r = ToRowMajorF32(
+            OscarRotation(SortedEigenBasis(RawCovariance(acts, l, h, keys, n)).vectors));
+        const std::vector<float>& got =
+            keys ? cal.layers[l].raw_k_rotation : cal.layers[l].raw_v_rotation;
+        EXPECT_EQ(0, std::memcmp(r.data(), got.data() + h * dd, dd * 4))
+            << "layer " << l << " head " << h << (keys ? " keys" : " values");
+      }
+    }
+    std::vector<float> k, v;
+    RawTargetRotations(acts, l, Granularity::kKvHead, &k, &v);
+    EXPECT_TRUE(BitsEqual("k", k, cal.layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("v", v, cal.layers[l].raw_v_rotation));
+  }
+  o.granularity = Granularity::kLayer;
+  const Calibration layer = Calibrate(acts, o, cpu::BestBackend());
+  const MatrixXd mean = (RawCovariance(acts, 1, 0, false, n) + RawCovariance(acts, 1, 1, false, n)) / 2;
+  const std::vector<float> r = ToRowMajorF32(OscarRotation(SortedEigenBasis(mean).vectors));
+  for (int h = 0; h < 2; ++h) {
+    EXPECT_EQ(0, std::memcmp(r.data(), layer.layers[1].raw_v_rotation.data() + h * dd, dd * 4));
+  }
+  std::vector<float> k, v;
+  RawTargetRotations(acts, 1, Granularity::kLayer, &k, &v);
+  EXPECT_TRUE(BitsEqual("v", v, layer.layers[1].raw_v_rotation));
+  EXPECT_TRUE(BitsEqual("k", k, layer.layers[1].raw_k_rotation));
+}
+
+// A format_version 1 file (no raw-target rotations) still reads, and writes back as version 1;
+// AddRawTargetRotations completes it to what kvq calibrate writes now.
+TEST(CalibrationFile, VersionOneFilesStillRead) {
+  Calibration old = Reference();
+  for (LayerCalibration& l : old.layers) {
+    l.raw_k_rotation.clear();
+    l.raw_v_rotation.clear();
+  }
+  const Safetensors file = CalibrationToSafetensors(old);
+  EXPECT_EQ(file.metadata.at("format_version"), "1");
+  EXPECT_EQ(file.Find("layers.0.raw_k_rotation"), nullptr);
+  const Calibration back = CalibrationFromSafetensors(file);
+  EXPECT_FALSE(back.HasRawTargetRotations());
+  EXPECT_TRUE(BitsEqual("k_rotation", back.layers[1].k_rotation, Reference().layers[1].k_rotation));
+  Calibration completed = back;
+  AddRawTargetRotations(Capture(), &completed);
+  ASSERT_TRUE(completed.HasRawTargetRotations());
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_TRUE(BitsEqual("raw_k_rotation", completed.layers[l].raw_k_rotation,
+                          Reference().layers[l].raw_k_rotation));
+    EXPECT_TRUE(BitsEqual("raw_v_rotation", completed.layers[l].raw_v_rotation,
+                          Reference().layers[l].raw_v_rotation));
+  }
+  {
+    // A version 2 file must hold them.
+    Safetensors f;
+    f.metadata = CalibrationToSafetensors(Reference()).metadata;
+    for (const auto& [name, t] : CalibrationToSafetensors(Reference()).tensors) {
+      if (name != "layers.1.raw_k_rotation") f.Add(name, t);
+    }
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+                "layers.1.raw_k_rotation");
+  }
+  {
+    // A version 1 file must not.
+    Safetensors f = file;
+    f.Add("layers.0.raw_k_rotation", CalibrationToSafetensors(Reference()).Get("layers.0.raw_k_rotation"));
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+                "layers.0.raw_k_rotation");
+  }
+  {
+    // All layers or none.
+    Calibration c = Reference();
+    c.layers[1].raw_v_rotation.clear();
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kShapeMismatch, "raw_k_rotation");
+  }
+  {
+    Calibration c = Reference();
+    c.layers[0].raw_v_rotation[7] += 0.01f;
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
+                "layer 0 raw_v_rotation kv head 0 is not orthogonal");
+  }
 }
 
 TEST(CalibrationFile, ValidationErrors) {

@@ -100,6 +100,46 @@ TEST(AttentionStatistics, FlashStyleEqualsNaiveFullMatrix) {
   }
 }
 
+// A segmented capture attends within segments only: its statistics are the row-weighted means
+// of each segment's own, and the sink is counted from each segment's start.
+TEST(AttentionStatistics, SegmentsAreIndependentSequences) {
+  const Activations& whole = SmallCapture();  // 600 tokens
+  const int64_t segment = 150;
+  Activations segmented = whole;
+  segmented.info.segment_tokens = segment;
+  const int64_t tokens = 300;  // two segments
+  MatrixXd expected = MatrixXd::Zero(64, 64);
+  double entropy = 0, sink = 0;
+  for (int s = 0; s < 2; ++s) {
+    Activations part = whole;  // segment s moved to the front
+    for (int l = 0; l < 2; ++l) {
+      for (std::vector<float>* v : {&part.layers[l].q, &part.layers[l].k, &part.layers[l].v}) {
+        const size_t per_token = v->size() / 600;
+        std::copy(v->begin() + s * segment * per_token, v->begin() + (s + 1) * segment * per_token,
+                  v->begin());
+      }
+    }
+    const AttentionStatistics one = ComputeAttentionStatistics(part, 1, 0, segment, false, 3);
+    expected += one.output_covariance / 2.0;
+    entropy += one.mean_entropy / 2.0;
+    sink += one.mean_sink_mass / 2.0;
+  }
+  for (int block : {128, 37}) {
+    const AttentionStatistics both =
+        ComputeAttentionStatistics(segmented, 1, 0, tokens, true, 3, block);
+    EXPECT_LT(RelativeError(both.output_covariance, expected), 1e-12) << block;
+    EXPECT_NEAR(both.mean_entropy, entropy, 1e-10 * entropy) << block;
+    EXPECT_NEAR(both.mean_sink_mass, sink, 1e-12) << block;
+    EXPECT_NEAR(both.key_weight.sum(), 3.0 * tokens, 1e-9 * tokens);
+    // Segment 1's first key receives the attention of its own queries only.
+    EXPECT_GT(both.key_weight(segment), 1.0);
+  }
+  // Not the same as one 300-token sequence.
+  EXPECT_GT(RelativeError(ComputeAttentionStatistics(whole, 1, 0, tokens, false).output_covariance,
+                          expected),
+            1e-3);
+}
+
 TEST(QueryCovariance, MeanOfQtQOverTheGroupsQueryHeads) {
   const Activations& acts = SmallCapture();
   const int64_t tokens = 100;

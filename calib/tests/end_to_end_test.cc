@@ -10,7 +10,7 @@
 namespace kvq::calib {
 namespace {
 
-// Time is measured by `kvq demo` and recorded in docs/accuracy.md, not asserted here.
+// Time is measured by `kvq demo` and recorded in docs/accuracy_synthetic.md, not asserted here.
 TEST(EndToEnd, DefaultsCalibrateAndClipTheOutlierHeavyKeys) {
   const auto start = std::chrono::steady_clock::now();
   const Activations acts = Synthesize(SynthOptions());

@@ -147,6 +147,35 @@ TEST(Eval, ThreadCountDoesNotChangeTheNumbers) {
   }
 }
 
+// A format_version 1 calibration (no raw-target rotations) evaluates raw_target with rotations
+// made from the capture: the numbers equal those of the current calibration file.
+TEST(Eval, VersionOneCalibrationGivesTheSameRawTargetNumbers) {
+  const Small& s = SmallEval();
+  EXPECT_FALSE(s.result.raw_target_from_activations);
+  Calibration old = s.cal;
+  for (LayerCalibration& l : old.layers) {
+    l.raw_k_rotation.clear();
+    l.raw_v_rotation.clear();
+  }
+  EvalOptions e;
+  e.schemes = {"raw_target", "oscar"};
+  e.scheme.group = 32;
+  e.scheme.sink = 16;
+  e.scheme.recent = 64;
+  e.scheme.page = 16;
+  e.metrics.query_positions = 64;
+  const EvalResult r = Evaluate(s.acts, &old, e, cpu::BestBackend());
+  EXPECT_TRUE(r.raw_target_from_activations);
+  for (const std::string& name : e.schemes) {
+    for (size_t f = 0; f < MetricNames().size(); ++f) {
+      const double a = MetricValue(r.Get(name).mean, f), b = MetricValue(s.result.Get(name).mean, f);
+      EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << name << " " << MetricNames()[f];
+    }
+  }
+  e.schemes = {"oscar"};
+  EXPECT_FALSE(Evaluate(s.acts, &old, e, cpu::BestBackend()).raw_target_from_activations);
+}
+
 TEST(Eval, RejectsUnknownSchemesAndMissingCalibration) {
   const Small& s = SmallEval();
   EvalOptions e;
@@ -156,7 +185,7 @@ TEST(Eval, RejectsUnknownSchemesAndMissingCalibration) {
   EXPECT_THROW(Evaluate(s.acts, nullptr, e, cpu::BestBackend()), Error);
 }
 
-// The claim the default synthetic data is built to reflect (docs/accuracy.md): on the embedded
+// The claim the default synthetic data is built to reflect (docs/accuracy_synthetic.md): on the embedded
 // default data (kvq synth defaults, kvq calibrate defaults, kvq eval defaults), OSCAR's
 // attention-output error is below naive INT2's. If this fails, investigate the data model or the
 // pipeline; do not tune the data to it.

@@ -13,12 +13,13 @@
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/testbed/compare.h"
 #include "test_util.h"
 
 namespace kvq::calib {
 namespace {
 
-using testing::SameBits;
+using testbed::BitsEqual;
 using testing::SmallSchemeOptions;
 
 struct Fixture {
@@ -82,12 +83,18 @@ TEST(Schemes, EveryNameBuildsAValidCacheConfiguration) {
       EXPECT_EQ(ls.params.num_kv_heads, 2) << s.name;
       EXPECT_EQ(ls.params.num_q_heads, 4) << s.name;
       EXPECT_EQ(ls.params.head_dim(), 64) << s.name;
-      EXPECT_EQ(ls.params.sink, 16) << s.name;
-      EXPECT_EQ(ls.params.recent, 32) << s.name;
-      EXPECT_EQ(ls.params.page_size, 16) << s.name;
-      const bool dense = ls.params.key.rotation == RotationKind::kDense;
-      EXPECT_EQ(ls.rotation_k.size(), dense ? 2u * 64 * 64 : 0u) << s.name;
-      EXPECT_EQ(ls.rotation_v.size(), dense ? 2u * 64 * 64 : 0u) << s.name;
+      // The shared windows, or the scheme's own (KIVI's, SAW-INT4's).
+      const SchemeWindows w = s.windows.shared() ? SchemeWindows(16, 32, 1) : s.windows;
+      EXPECT_EQ(ls.params.sink, w.sink) << s.name;
+      EXPECT_EQ(ls.params.recent, w.recent) << s.name;
+      EXPECT_EQ(ls.params.flush, w.flush) << s.name;
+      // P = 16, raised to the tile (32) for a tiled side.
+      const bool tiled = s.format_k == Format::kAffineTile || s.format_v == Format::kAffineTile;
+      EXPECT_EQ(ls.params.page_size, tiled ? 32 : 16) << s.name;
+      const bool dense_k = ls.params.key.rotation == RotationKind::kDense;
+      const bool dense_v = ls.params.value.rotation == RotationKind::kDense;
+      EXPECT_EQ(ls.rotation_k.size(), dense_k ? 2u * 64 * 64 : 0u) << s.name;
+      EXPECT_EQ(ls.rotation_v.size(), dense_v ? 2u * 64 * 64 : 0u) << s.name;
     }
   }
 }
@@ -96,10 +103,10 @@ TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
   const Fixture& f = Small();
   const SchemeOptions o = SmallSchemeOptions();
   const LayerScheme bf16 = BuildLayerScheme("bf16", f.acts, nullptr, 0, o);
-  EXPECT_FALSE(bf16.params.quantized);
+  EXPECT_FALSE(bf16.params.quantized());
 
   const LayerScheme naive = BuildLayerScheme("naive", f.acts, nullptr, 0, o);
-  EXPECT_TRUE(naive.params.quantized);
+  EXPECT_TRUE(naive.params.quantized());
   for (const WriteParams& w : {naive.params.key, naive.params.value}) {
     EXPECT_EQ(w.rotation, RotationKind::kIdentity);
     EXPECT_EQ(w.bits, 2);
@@ -124,6 +131,7 @@ TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
   EXPECT_EQ(saw.params.key.bits, 4);
   EXPECT_EQ(saw.params.value.bits, 4);
   EXPECT_EQ(saw.params.key.fwht_block(), 16);
+  EXPECT_EQ(saw.params.value.fwht_block(), 16);
   saw_options.saw_block = 48;
   EXPECT_THROW(BuildLayerScheme("saw_int4", f.acts, nullptr, 0, saw_options), Error);
 
@@ -145,36 +153,252 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
     };
     const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, layer, o);
     EXPECT_EQ(oscar.params.key.rotation, RotationKind::kDense);
-    EXPECT_TRUE(SameBits(oscar.rotation_k, lc.k_rotation));
-    EXPECT_TRUE(SameBits(oscar.rotation_v, lc.v_rotation));
-    EXPECT_TRUE(SameBits(oscar.clip_k, lc.k_clip));
-    EXPECT_TRUE(SameBits(oscar.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("rotation_k", oscar.rotation_k, lc.k_rotation));
+    EXPECT_TRUE(BitsEqual("rotation_v", oscar.rotation_v, lc.v_rotation));
+    EXPECT_TRUE(BitsEqual("clip_k", oscar.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", oscar.clip_v, lc.v_clip));
 
     const LayerScheme nb = BuildLayerScheme("oscar_no_bitrev", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(SameBits(nb.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nb.rotation_k, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.k_basis, h));
                          })));
-    EXPECT_TRUE(SameBits(nb.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", nb.rotation_v, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.v_basis, h));
                          })));
-    EXPECT_TRUE(SameBits(nb.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", nb.clip_k, lc.k_clip));
     const LayerScheme nh = BuildLayerScheme("oscar_no_hadamard", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(SameBits(nh.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nh.rotation_k, PerHead(2, [&](int h) {
                            return BasisBitReversal(basis(lc.k_basis, h));
                          })));
     const LayerScheme raw = BuildLayerScheme("raw_target", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(SameBits(raw.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", raw.rotation_v, PerHead(2, [&](int h) {
                            return OscarRotation(
                                SortedEigenBasis(RawCovariance(f.acts, layer, h, false,
                                                               f.acts.info.calib_tokens))
                                    .vectors);
                          })));
-    EXPECT_TRUE(SameBits(raw.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", raw.clip_v, lc.v_clip));
     const LayerScheme clip = BuildLayerScheme("clip_only", f.acts, &f.cal, layer, o);
     EXPECT_EQ(clip.params.key.rotation, RotationKind::kIdentity);
-    EXPECT_TRUE(SameBits(clip.clip_k, lc.k_clip));
-    EXPECT_TRUE(SameBits(clip.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", clip.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", clip.clip_v, lc.v_clip));
   }
+}
+
+// The catalogue's columns (schemes.inc) decide what BuildLayerScheme makes: the format, the
+// bits (shared or the scheme's own), the clip policy and whether a calibration is needed.
+TEST(Schemes, CatalogueColumnsDecideTheBuild) {
+  const Fixture& f = Small();
+  ASSERT_EQ(Schemes().size(), ParseSchemeList("all").size());
+  for (const SchemeInfo& s : Schemes()) {
+    EXPECT_EQ(&SchemeByName(s.name), &s) << s.name;
+    EXPECT_NE(SchemeNames().find(s.name), std::string::npos);
+    EXPECT_GT(std::string(s.description).size(), 10u) << s.name;
+    for (int bits : {2, 4}) {
+      SchemeOptions o = SmallSchemeOptions();
+      o.bits = bits;
+      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, 1, o);
+      EXPECT_EQ(ls.params.key.format, s.format_k) << s.name;
+      EXPECT_EQ(ls.params.value.format, s.format_v) << s.name;
+      EXPECT_EQ(ls.params.quantized(), s.quantized()) << s.name;
+      if (s.quantized()) {
+        const int expected = s.bits == kSharedBits ? bits : s.bits;
+        EXPECT_EQ(ls.params.key.bits, expected) << s.name;
+        EXPECT_EQ(ls.params.value.bits, expected) << s.name;
+        EXPECT_EQ(s.BitsUnder(o), expected) << s.name;
+      }
+      switch (s.clip) {
+        case ClipPolicy::kNone:
+          EXPECT_TRUE(ls.clip_k.empty() && ls.clip_v.empty()) << s.name;
+          EXPECT_EQ(ls.params.key.clip, 1.0f) << s.name;
+          break;
+        case ClipPolicy::kCalibration:
+          EXPECT_TRUE(BitsEqual("clip_k", ls.clip_k, f.cal.layers[1].k_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_v", ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
+          break;
+      }
+    }
+    // A calibration is needed exactly when the row says so.
+    if (s.needs_calibration) {
+      testing::ExpectError(
+          [&] { BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions()); },
+          ErrorCode::kInvalidArgument, "needs a calibration");
+    } else {
+      const LayerScheme without = BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions());
+      const LayerScheme with = BuildLayerScheme(s.name, f.acts, &f.cal, 0, SmallSchemeOptions());
+      EXPECT_TRUE(BitsEqual("rotation_k", without.rotation_k, with.rotation_k)) << s.name;
+      EXPECT_TRUE(without.clip_k.empty()) << s.name;
+    }
+  }
+  EXPECT_STREQ(ClipPolicyName(ClipPolicy::kNone), "none");
+  EXPECT_STREQ(ClipPolicyName(ClipPolicy::kCalibration), "calibration");
+}
+
+// Spec 1.1's rows (issue 17) against DESIGN.md's defaults: KIVI-family keys per channel over
+// tiles of 32 (SchemeOptions::tile) and values per token in groups of 32 (at d = 256 too),
+// S0 = 0, W = 1, F = 128; kivi_norm's norm on the original keys, ots's on the FWHT'd keys
+// (per head, or per token over every KV head); SAW-INT4 with G = d, the block FWHT min(128, d)
+// on K and V (K only for saw_int4_k), S0 = W = 0; saw_hessian's dense H_bd*U.
+TEST(Schemes, Spec11RowsHaveTheirDefiningParameters) {
+  const Fixture& f = Small();
+  const SchemeOptions o = SmallSchemeOptions();
+  for (const char* name : {"kivi", "kivi_hadamard", "kivi_norm", "ots"}) {
+    const LayerScheme ls = BuildLayerScheme(name, f.acts, nullptr, 0, o);
+    const CacheParams& p = ls.params;
+    EXPECT_EQ(p.sink, 0) << name;
+    EXPECT_EQ(p.recent, 1) << name;
+    EXPECT_EQ(p.flush, 128) << name;
+    EXPECT_EQ(p.key.format, Format::kAffineTile) << name;
+    EXPECT_EQ(p.key.tile_tokens(), 32) << name;
+    EXPECT_EQ(p.value.format, Format::kAffineToken) << name;
+    EXPECT_EQ(p.value.group, 32) << name;
+    EXPECT_EQ(p.key.bits, 2) << name;
+    EXPECT_EQ(p.key.clip, 1.0f) << name;
+    const bool fwht = std::string(name) == "kivi_hadamard" || std::string(name) == "ots";
+    const bool norm = std::string(name) == "kivi_norm" || std::string(name) == "ots";
+    for (const WriteParams& w : {p.key, p.value}) {
+      EXPECT_EQ(w.rotation, fwht ? RotationKind::kHadamard : RotationKind::kIdentity) << name;
+      EXPECT_EQ(w.fwht_block(), 64);
+      EXPECT_FALSE(w.bitrev);
+    }
+    EXPECT_EQ(p.key.norm, norm) << name;
+    EXPECT_FALSE(p.value.norm) << name;
+    EXPECT_EQ(p.key.norm_heads, 1) << name;
+  }
+  SchemeOptions token = o;
+  token.norm_scope = NormScope::kToken;
+  token.tile = 64;
+  const LayerScheme ots = BuildLayerScheme("ots", f.acts, nullptr, 0, token);
+  EXPECT_EQ(ots.params.key.norm_heads, 2);
+  EXPECT_EQ(ots.params.key.group, 64);
+  EXPECT_EQ(ots.params.page_size, 64);
+  testing::ExpectError([&] { SliceKvHead(ots, 1); }, ErrorCode::kUnsupported, "norm scope token");
+  EXPECT_EQ(ParseNormScope("token"), NormScope::kToken);
+  EXPECT_STREQ(NormScopeName(NormScope::kHead), "head");
+  testing::ExpectError([] { ParseNormScope("layer"); }, ErrorCode::kInvalidArgument, "layer");
+
+  for (const char* name : {"saw_int4", "saw_int4_k", "saw_hessian"}) {
+    const LayerScheme ls = BuildLayerScheme(name, f.acts, &f.cal, 1, o);
+    const CacheParams& p = ls.params;
+    EXPECT_EQ(p.sink, 0) << name;
+    EXPECT_EQ(p.recent, 0) << name;
+    EXPECT_EQ(p.flush, 1) << name;
+    for (const WriteParams& w : {p.key, p.value}) {
+      EXPECT_EQ(w.format, Format::kAffineToken) << name;
+      EXPECT_EQ(w.bits, 4) << name;
+      EXPECT_EQ(w.group, 64) << name;  // G = d
+      EXPECT_EQ(w.clip, 1.0f) << name;
+    }
+  }
+  const LayerScheme saw = BuildLayerScheme("saw_int4", f.acts, nullptr, 0, o);
+  EXPECT_EQ(saw.params.key.rotation, RotationKind::kHadamard);
+  EXPECT_EQ(saw.params.value.rotation, RotationKind::kHadamard);
+  EXPECT_EQ(saw.params.key.fwht_block(), 64);  // min(128, d)
+  const LayerScheme k_only = BuildLayerScheme("saw_int4_k", f.acts, nullptr, 0, o);
+  EXPECT_EQ(k_only.params.key.rotation, RotationKind::kHadamard);
+  EXPECT_EQ(k_only.params.value.rotation, RotationKind::kIdentity);
+
+  // saw_hessian: one dense R = H_bd*U' for every head and both sides, orthogonal, U' the
+  // eigenbasis of the block-rotated, damped, layer-pooled C_Q (rebuilt from U diag(λ) U^T).
+  SchemeOptions block = o;
+  block.saw_block = 16;
+  const LayerScheme hess = BuildLayerScheme("saw_hessian", f.acts, &f.cal, 1, block);
+  ASSERT_EQ(hess.params.key.rotation, RotationKind::kDense);
+  ASSERT_EQ(hess.rotation_k.size(), 2u * 64 * 64);
+  EXPECT_TRUE(BitsEqual("rotation_v", hess.rotation_v, hess.rotation_k));
+  const MatrixXd r = FromRowMajorF32(hess.rotation_k.data(), 64, 64);
+  const MatrixXd r1 = FromRowMajorF32(hess.rotation_k.data() + 64 * 64, 64, 64);
+  EXPECT_EQ(r, r1);
+  EXPECT_LT((r.transpose() * r - MatrixXd::Identity(64, 64)).cwiseAbs().maxCoeff(), 1e-5);
+  const LayerCalibration& lc = f.cal.layers[1];
+  MatrixXd m = MatrixXd::Zero(64, 64);
+  for (int h = 0; h < 2; ++h) {
+    const MatrixXd u = FromRowMajorF32(lc.k_basis.data() + h * 64 * 64, 64, 64);
+    VectorXd lambda(64);
+    for (int i = 0; i < 64; ++i) lambda(i) = lc.k_eigenvalues[h * 64 + i];
+    m += 0.5 * u * lambda.asDiagonal() * u.transpose();
+  }
+  MatrixXd hbd = MatrixXd::Zero(64, 64);
+  for (int b = 0; b < 64; b += 16) hbd.block(b, b, 16, 16) = HadamardMatrix(16);
+  // R^T (H M H) R... in the rotated frame: U'^T (H M H + damping) U' is diagonal, descending.
+  const MatrixXd u_prime = hbd.transpose() * r;
+  const MatrixXd target = hbd * m * hbd;
+  const MatrixXd diag = u_prime.transpose() * target * u_prime;
+  for (int i = 0; i < 64; ++i) {
+    for (int j = 0; j < 64; ++j) {
+      if (i != j) EXPECT_LT(std::fabs(diag(i, j)), 1e-4 * diag(0, 0)) << i << " " << j;
+    }
+    if (i > 0) EXPECT_LE(diag(i, i), diag(i - 1, i - 1) * (1 + 1e-6)) << i;
+  }
+  testing::ExpectError([&] { BuildLayerScheme("saw_hessian", f.acts, nullptr, 1, o); },
+                       ErrorCode::kInvalidArgument, "needs a calibration");
+  Calibration raw = f.cal;
+  raw.info.rotation = "raw_target";
+  testing::ExpectError([&] { BuildLayerScheme("saw_hessian", f.acts, &raw, 1, o); },
+                       ErrorCode::kInvalidArgument, "K^T K");
+}
+
+// BuildLayerScheme on a shape gives what it gives on a capture of that shape.
+TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
+  const Fixture& f = Small();
+  const SchemeShape shape = ShapeOf(f.acts.info);
+  EXPECT_EQ(shape.num_layers, 2);
+  EXPECT_EQ(shape.num_kv_heads, 2);
+  EXPECT_EQ(shape.num_q_heads, 4);
+  EXPECT_EQ(shape.head_dim, 64);
+  for (const SchemeInfo& s : Schemes()) {
+    const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.cal, 1, SmallSchemeOptions());
+    const LayerScheme b = BuildLayerScheme(s.name, shape, &f.cal, 1, SmallSchemeOptions());
+    EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k) && BitsEqual("rotation_v", a.rotation_v, b.rotation_v) &&
+                BitsEqual("clip_k", a.clip_k, b.clip_k) && BitsEqual("clip_v", a.clip_v, b.clip_v))
+        << s.name;
+  }
+  SchemeShape other = shape;
+  other.num_kv_heads = 1;
+  testing::ExpectError([&] { BuildLayerScheme("oscar", other, &f.cal, 0, SmallSchemeOptions()); },
+                       ErrorCode::kShapeMismatch, "calibration has 2 layers x 2 KV heads");
+}
+
+// raw_target reads the calibration's raw-target rotations; a format_version 1 calibration
+// lacks them, and the error says which tensor and why.
+TEST(Schemes, RawTargetNamesTheMissingRotations) {
+  Calibration old = Small().cal;
+  for (LayerCalibration& l : old.layers) {
+    l.raw_k_rotation.clear();
+    l.raw_v_rotation.clear();
+  }
+  testing::ExpectError(
+      [&] { BuildLayerScheme("raw_target", Small().acts, &old, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "layers.1.raw_k_rotation");
+  testing::ExpectError(
+      [&] { BuildLayerScheme("raw_target", Small().acts, &old, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "format_version 1");
+  // Every other calibrated scheme is served by it.
+  for (const SchemeInfo& s : Schemes()) {
+    if (s.rotation_k == SchemeRotation::kRawTarget) continue;
+    EXPECT_NO_THROW(BuildLayerScheme(s.name, Small().acts, &old, 1, SmallSchemeOptions()))
+        << s.name;
+  }
+}
+
+TEST(Schemes, SyntheticCalibrationIsSeeded) {
+  SchemeShape shape;
+  shape.num_kv_heads = 1;
+  shape.num_q_heads = 2;
+  shape.head_dim = 64;
+  SchemeOptions o = SmallSchemeOptions();
+  const Calibration a = SyntheticCalibration(shape, o, 128, 3);
+  const Calibration b = SyntheticCalibration(shape, o, 128, 3, 1);
+  const Calibration c = SyntheticCalibration(shape, o, 128, 4);
+  EXPECT_EQ(a.info.num_layers, 1);
+  EXPECT_EQ(a.info.group, 32);
+  EXPECT_EQ(a.info.sink, 16);
+  EXPECT_TRUE(a.HasRawTargetRotations());
+  EXPECT_TRUE(BitsEqual("k_rotation", a.layers[0].k_rotation, b.layers[0].k_rotation));
+  EXPECT_TRUE(BitsEqual("raw_v_rotation", a.layers[0].raw_v_rotation, b.layers[0].raw_v_rotation));
+  EXPECT_FALSE(BitsEqual("k_rotation", a.layers[0].k_rotation, c.layers[0].k_rotation));
+  o.sink = 64;  // = the calibration tokens: no clip rows
+  EXPECT_THROW(SyntheticCalibration(shape, o, 128, 3), Error);
 }
 
 TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
@@ -182,10 +406,10 @@ TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
   SchemeOptions o = SmallSchemeOptions();
   const LayerScheme a = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
   const LayerScheme b = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_TRUE(SameBits(a.rotation_k, b.rotation_k));
+  EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k));
   o.seed = 1;
   const LayerScheme c = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_FALSE(SameBits(a.rotation_k, c.rotation_k));
+  EXPECT_FALSE(BitsEqual("rotation_k", a.rotation_k, c.rotation_k));
   const int d = 64;
   const MatrixXd k0 = FromRowMajorF32(a.rotation_k.data(), d, d);
   const MatrixXd k1 = FromRowMajorF32(a.rotation_k.data() + d * d, d, d);

@@ -39,10 +39,10 @@ struct NpyDtype {
   DType dtype;
 };
 // The accepted descriptors. A one-byte type has no byte order, so '|u1' (what NumPy writes)
-// and '<u1' both mean uint8.
+// and '<u1' both mean uint8, '|i1' and '<i1' int8.
 constexpr NpyDtype kNpyDtypes[] = {
-    {"<f4", DType::kF32}, {"<f2", DType::kF16}, {"|u1", DType::kU8},
-    {"<u1", DType::kU8},  {"<i4", DType::kI32},
+    {"<f4", DType::kF32}, {"<f2", DType::kF16}, {"|u1", DType::kU8}, {"<u1", DType::kU8},
+    {"<i4", DType::kI32}, {"|i1", DType::kI8},  {"<i1", DType::kI8},
 };
 
 const char* NpyDescr(DType dtype) {
@@ -55,6 +55,8 @@ const char* NpyDescr(DType dtype) {
       return "|u1";
     case DType::kI32:
       return "<i4";
+    case DType::kI8:
+      return "|i1";
     case DType::kBF16:
       break;
   }
@@ -158,7 +160,7 @@ class NpyHeaderParser {
     Fail(descr.empty() || descr[0] != '>', "big-endian dtype " + Quote(descr));
     Fail(descr.find('O') == std::string::npos,
          "object arrays are not supported: descr " + Quote(descr));
-    Fail(false, "unsupported dtype " + Quote(descr) + " (<f4, <f2, |u1, <i4)");
+    Fail(false, "unsupported dtype " + Quote(descr) + " (<f4, <f2, |u1, <i4, |i1)");
     return DType::kF32;
   }
 

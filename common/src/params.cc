@@ -30,14 +30,28 @@ const char* RotationKindName(RotationKind kind) {
 
 bool IsSupportedHeadDim(int d) { return d == 64 || d == 128 || d == 256; }
 bool IsSupportedGroup(int g) { return g == 32 || g == 64 || g == 128; }
+bool IsSupportedGroup(int g, int d) { return (IsSupportedGroup(g) && g <= d) || g == d; }
 
 void WriteParams::Validate() const {
   KVQ_CHECK(IsSupportedHeadDim(head_dim), kInvalidArgument, "head_dim ", head_dim,
             " is not supported (64, 128 or 256)");
-  KVQ_CHECK(IsSupportedGroup(group), kInvalidArgument, "group size ", group,
-            " is not supported (32, 64 or 128)");
-  KVQ_CHECK(group <= head_dim, kInvalidArgument, "group size ", group, " exceeds head_dim ",
-            head_dim);
+  switch (format) {
+    case Format::kBf16: return;  // the original row is stored; nothing else applies
+    case Format::kAffineToken:
+      KVQ_CHECK(IsSupportedGroup(group) || group == head_dim, kInvalidArgument, "group size ",
+                group, " is not supported (32, 64, 128 or head_dim ", head_dim, ")");
+      KVQ_CHECK(group <= head_dim, kInvalidArgument, "group size ", group, " exceeds head_dim ",
+                head_dim);
+      KVQ_CHECK(!norm, kInvalidArgument, "a norm is not supported by format '",
+                FormatName(format), "' (affine_tile only)");
+      break;
+    case Format::kAffineTile:
+      KVQ_CHECK(IsSupportedGroup(group), kInvalidArgument, "tile size ", group,
+                " is not supported (32, 64 or 128 tokens)");
+      break;
+    default:
+      KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " is unknown");
+  }
   KVQ_CHECK(bits == 2 || bits == 4, kInvalidArgument, "bits ", bits,
             " is not supported (2 or 4)");
   KVQ_CHECK(std::isfinite(clip) && clip > 0.0f && clip <= 1.0f, kInvalidArgument,
@@ -53,6 +67,13 @@ void WriteParams::Validate() const {
     KVQ_CHECK(hadamard_block == 0, kInvalidArgument, "hadamard block ", hadamard_block,
               " given for rotation '", RotationKindName(rotation), "'");
   }
+  if (norm) {
+    KVQ_CHECK(norm_heads >= 1 && norm_heads <= 4096, kInvalidArgument, "norm_heads ", norm_heads,
+              " is outside [1, 4096]");
+  } else {
+    KVQ_CHECK(norm_heads == 1, kInvalidArgument, "norm_heads ", norm_heads,
+              " given without a norm");
+  }
 }
 
 void CacheParams::Validate() const {
@@ -62,7 +83,8 @@ void CacheParams::Validate() const {
             "num_q_heads ", num_q_heads, " is not a positive multiple of num_kv_heads ",
             num_kv_heads);
   KVQ_CHECK(sink >= 0, kInvalidArgument, "sink length ", sink, " is negative");
-  KVQ_CHECK(recent >= 1, kInvalidArgument, "recent window ", recent, " must be at least 1");
+  KVQ_CHECK(recent >= 0, kInvalidArgument, "recent window ", recent, " is negative");
+  KVQ_CHECK(flush >= 1, kInvalidArgument, "flush granularity ", flush, " must be at least 1");
   KVQ_CHECK(page_size >= 16 && page_size <= 1024 && (page_size & (page_size - 1)) == 0,
             kInvalidArgument, "page size ", page_size,
             " is not a power of two in [16, 1024]");
@@ -78,8 +100,38 @@ void CacheParams::Validate() const {
   }
   KVQ_CHECK(key.head_dim == value.head_dim, kInvalidArgument, "key head_dim ", key.head_dim,
             " differs from value head_dim ", value.head_dim);
+  KVQ_CHECK(key.quantized() == value.quantized(), kInvalidArgument, "key format '",
+            FormatName(key.format), "' and value format '", FormatName(value.format),
+            "' mix a bf16 and a quantized history (not supported: the bf16 cache keeps both)");
+  for (const WriteParams* wp : {&key, &value}) {
+    const char* half = wp == &key ? "key" : "value";
+    const int tile = wp->quantized() ? wp->tile_tokens() : 1;
+    KVQ_CHECK(flush % tile == 0, kInvalidArgument, "flush granularity ", flush,
+              " is not a multiple of the ", half, " tile of ", tile, " tokens");
+    KVQ_CHECK(page_size % tile == 0, kInvalidArgument, "page size ", page_size,
+              " is not a multiple of the ", half, " tile of ", tile, " tokens");
+    KVQ_CHECK(!wp->quantized() || !wp->norm || wp->norm_heads == 1 ||
+                  wp->norm_heads == num_kv_heads,
+              kInvalidArgument, half, " norm spans ", wp->norm_heads, " KV heads: 1 (per head) or ",
+              num_kv_heads, " (the token scope, every KV head)");
+  }
   KVQ_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, kInvalidArgument,
             "softmax scale ", softmax_scale, " is not a finite value >= 0 (0 means 1/sqrt(d))");
+}
+
+float WriteParams::fwht_scale() const {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(fwht_block())));
+}
+
+int64_t CacheParams::HistoryTokens(int64_t t) const {
+  if (!quantized()) return 0;
+  const int64_t over = t - sink - recent;
+  return over <= 0 ? 0 : over / flush * flush;
+}
+
+int64_t CacheParams::RecentBegin(int64_t t) const {
+  const int64_t begin = static_cast<int64_t>(sink) + HistoryTokens(t);
+  return t < begin ? t : begin;
 }
 
 float CacheParams::scale() const {

@@ -32,7 +32,7 @@ std::string Name(const std::string& name) {
 }
 
 bool ParseDType(const std::string& name, DType* dtype) {
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kU8, DType::kI32}) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kU8, DType::kI32, DType::kI8}) {
     if (name == DTypeName(d)) {
       *dtype = d;
       return true;
@@ -106,7 +106,7 @@ Entry ParseEntry(const std::string& name, const Json& info, uint64_t buffer_size
             " must be a string, got ", Show(dtype));
   KVQ_CHECK(ParseDType(dtype.get<std::string>(), &entry.dtype), kMalformedFile,
             "safetensors: tensor ", Name(name), " has unsupported dtype ", Show(dtype),
-            " (F32, F16, BF16, U8, I32)");
+            " (F32, F16, BF16, U8, I32, I8)");
   const Json& shape = info["shape"];
   KVQ_CHECK(shape.is_array(), kMalformedFile, "safetensors: shape of ", Name(name),
             " must be an array, got ", Show(shape));

@@ -21,6 +21,8 @@ const char* DTypeName(DType dtype) {
       return "U8";
     case DType::kI32:
       return "I32";
+    case DType::kI8:
+      return "I8";
   }
   return "unknown";
 }
@@ -37,6 +39,8 @@ size_t DTypeSize(DType dtype) {
       return 1;
     case DType::kI32:
       return 4;
+    case DType::kI8:
+      return 1;
   }
   throw Error(ErrorCode::kInvalidArgument,
               detail::Concat("unknown dtype ", static_cast<int>(dtype)));
@@ -113,6 +117,7 @@ std::vector<float> Tensor::ToF32() const {
       return out;
     case DType::kU8:
     case DType::kI32:
+    case DType::kI8:
       break;
   }
   throw Error(ErrorCode::kInvalidArgument,
@@ -133,6 +138,9 @@ Tensor Tensor::U8(std::vector<int64_t> shape, const std::vector<uint8_t>& values
 }
 Tensor Tensor::I32(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
   return Make(DType::kI32, std::move(shape), values);
+}
+Tensor Tensor::I8(std::vector<int64_t> shape, const std::vector<int8_t>& values) {
+  return Make(DType::kI8, std::move(shape), values);
 }
 
 bool operator==(const Tensor& a, const Tensor& b) {

@@ -57,7 +57,7 @@ void ExpectMalformed(const std::string& file, const std::vector<std::string>& ne
 TEST(Npy, RoundTripsEveryDtypeAndShape) {
   const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {5}, {2, 3}, {2, 0, 3}, {3, 1, 4, 2}};
   uint32_t seed = 1;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kU8, DType::kI32}) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kU8, DType::kI32, DType::kI8}) {
     for (const auto& shape : shapes) {
       const Tensor t = RandomTensor(dtype, shape, seed++);
       const std::vector<uint8_t> bytes = SerializeNpy(t);
@@ -139,6 +139,15 @@ TEST(Npy, RejectsBrokenPreamble) {
   long_header[8] = '\xff';
   long_header[9] = '\xff';
   ExpectMalformed(long_header, {"header length 65535"});
+}
+
+TEST(Npy, ReadsInt8InBothSpellings) {
+  for (const char* descr : {"|i1", "<i1"}) {
+    const Tensor t = ParseString(MakeNpy(std::string("{'descr': '") + descr +
+                                             "', 'fortran_order': False, 'shape': (2,), }",
+                                         std::string("\x80\x05", 2)));
+    EXPECT_EQ(t, Tensor::I8({2}, {-128, 5})) << descr;
+  }
 }
 
 TEST(Npy, RejectsUnsupportedDtypesAndLayouts) {

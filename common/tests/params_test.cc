@@ -1,5 +1,6 @@
 // WriteParams::Validate: every supported configuration passes, each rejection names the value.
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 
 #include <gtest/gtest.h>
 
@@ -7,6 +8,7 @@
 #include <limits>
 
 #include "kvq/common/error.h"
+#include "kvq/common/metadata.h"
 #include "test_util.h"
 
 namespace kvq {
@@ -15,11 +17,7 @@ namespace {
 using testing::ExpectError;
 
 WriteParams Params(int d, int g, int bits) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = g;
-  p.bits = bits;
-  return p;
+  return params::Write().head_dim(d).group(g).bits(bits).Unchecked();
 }
 
 TEST(WriteParams, AcceptsEverySupportedConfiguration) {
@@ -56,9 +54,11 @@ TEST(WriteParams, AcceptsEverySupportedConfiguration) {
   EXPECT_EQ(p.levels(), 3);
   EXPECT_EQ(p.num_groups(), 2);
   EXPECT_EQ(p.code_bytes(), 32);
-  EXPECT_EQ(p.row_bytes(), 40);
+  EXPECT_EQ(LayoutOf(p).Bytes(PlaneRole::kCodes, 1, 1) + LayoutOf(p).Bytes(PlaneRole::kMetadata, 1, 1),
+            40u);
   EXPECT_EQ(p.fwht_block(), 128);
-  EXPECT_EQ(Params(256, 32, 4).row_bytes(), 128 + 8 * 4);
+  const FormatLayout l = LayoutOf(Params(256, 32, 4));
+  EXPECT_EQ(l.Bytes(PlaneRole::kCodes, 1, 1) + l.Bytes(PlaneRole::kMetadata, 1, 1), 128u + 8 * 4);
 }
 
 TEST(WriteParams, RejectsEachUnsupportedValueByName) {
@@ -67,10 +67,14 @@ TEST(WriteParams, RejectsEachUnsupportedValueByName) {
     ExpectError([&] { Params(d, 32, 2).Validate(); }, E::kInvalidArgument,
                 {"head_dim " + std::to_string(d)});
   }
-  for (int g : {0, 16, 48, 256}) {
+  for (int g : {0, 16, 48, 512}) {
     ExpectError([&] { Params(256, g, 2).Validate(); }, E::kInvalidArgument,
                 {"group size " + std::to_string(g)});
   }
+  // G = d is one group per row (spec 1.1), at d = 256 too; 256 is no group of d = 128.
+  EXPECT_NO_THROW(Params(256, 256, 2).Validate());
+  EXPECT_NO_THROW(Params(256, 256, 4).Validate());
+  ExpectError([&] { Params(128, 256, 2).Validate(); }, E::kInvalidArgument, {"group size 256"});
   ExpectError([] { Params(64, 128, 2).Validate(); }, E::kInvalidArgument,
               {"group size 128", "head_dim 64"});
   for (int bits : {0, 1, 3, 8}) {
@@ -105,6 +109,128 @@ TEST(WriteParams, RejectsEachUnsupportedValueByName) {
     ExpectError([&] { p.Validate(); }, E::kInvalidArgument,
                 {"hadamard block 32", RotationKindName(kind)});
   }
+}
+
+// Spec 1.1: affine_tile takes G_k in {32, 64, 128} tokens (at every d, 128 > d = 64 too) and
+// an optional norm; the norm needs a tile format and norm_heads >= 1; norm_heads without a norm
+// is rejected.
+TEST(WriteParams, TileAndNormRules) {
+  using E = ErrorCode;
+  for (int d : {64, 128, 256}) {
+    for (int gk : {32, 64, 128}) {
+      WriteParams p = Params(d, gk, 2);
+      p.format = Format::kAffineTile;
+      EXPECT_NO_THROW(p.Validate()) << d << " " << gk;
+      EXPECT_EQ(p.tile_tokens(), gk);
+      EXPECT_EQ(p.tile_channel_bytes(), gk / 4);
+      p.norm = true;
+      for (int heads : {1, 2, 3, 8}) {
+        p.norm_heads = heads;
+        EXPECT_NO_THROW(p.Validate());
+        EXPECT_EQ(p.norm_span(), d * heads);
+      }
+    }
+  }
+  for (int gk : {16, 48, 256, 0}) {
+    WriteParams p = Params(256, gk, 2);
+    p.format = Format::kAffineTile;
+    ExpectError([&] { p.Validate(); }, E::kInvalidArgument, {"tile size " + std::to_string(gk)});
+  }
+  WriteParams token = Params(128, 64, 2);
+  EXPECT_EQ(token.tile_tokens(), 1);
+  token.norm = true;
+  ExpectError([&] { token.Validate(); }, E::kInvalidArgument, {"norm", "affine_token"});
+  WriteParams tile = Params(128, 32, 2);
+  tile.format = Format::kAffineTile;
+  tile.norm_heads = 2;
+  ExpectError([&] { tile.Validate(); }, E::kInvalidArgument, {"norm_heads 2", "without a norm"});
+  tile.norm = true;
+  tile.norm_heads = 0;
+  ExpectError([&] { tile.Validate(); }, E::kInvalidArgument, {"norm_heads 0"});
+}
+
+// The planes of affine_tile and what they cost: codes per tile [d, G_k*b/8], (scale, min) per
+// tile and channel, a norm per token (per head) or per token for all heads (shared).
+TEST(FormatLayout, AffineTilePlanesAndBytes) {
+  WriteParams p = Params(128, 32, 2);
+  p.format = Format::kAffineTile;
+  FormatLayout l = LayoutOf(p);
+  ASSERT_EQ(l.num_planes, 3);
+  EXPECT_EQ(l.tile_tokens, 32);
+  EXPECT_EQ(std::string(l.plane(0).name), "codes");
+  EXPECT_EQ(l.plane(0).row_bytes(), 128u * 8);
+  EXPECT_EQ(l.plane(1).row_bytes(), 256u);
+  EXPECT_EQ(l.RowsPerPage(0, 128), 4);
+  // 32 tokens of 2 KV heads: 2 bits + 32 bits per channel per tile = 3 bits per element.
+  EXPECT_EQ(8 * (l.Bytes(PlaneRole::kCodes, 32, 2) + l.Bytes(PlaneRole::kMetadata, 32, 2)),
+            3u * 32 * 2 * 128);
+  // A started tile is counted whole.
+  EXPECT_EQ(l.Bytes(PlaneRole::kMetadata, 1, 1), 512u);
+  p.norm = true;
+  l = LayoutOf(p);
+  ASSERT_EQ(l.num_planes, 4);
+  EXPECT_EQ(std::string(l.plane(3).name), "norm");
+  EXPECT_EQ(l.plane(3).scope, PlaneScope::kToken);
+  EXPECT_EQ(l.PageBytes(3, 64, 4), 4u * 64 * 2);
+  EXPECT_EQ(l.Bytes(PlaneRole::kMetadata, 32, 4), 4u * (512 + 32 * 2));
+  p.norm_heads = 4;
+  l = LayoutOf(p);
+  ASSERT_EQ(l.num_planes, 4);
+  EXPECT_EQ(l.plane(3).scope, PlaneScope::kSharedToken);
+  EXPECT_EQ(l.HeadsPerPage(3, 4), 1);
+  EXPECT_EQ(l.PageBytes(3, 64, 4), 64u * 2);
+  EXPECT_EQ(l.Bytes(PlaneRole::kMetadata, 32, 4), 4u * 512 + 32 * 2);
+  // Every head's row of a shared plane is the one row of its page.
+  EXPECT_EQ(l.RowOffset(3, 64, 4, 2, 3, 5), l.RowOffset(3, 64, 4, 2, 0, 5));
+  EXPECT_EQ(l.RowOffset(3, 64, 4, 2, 0, 5), (2u * 64 + 5) * 2);
+  EXPECT_EQ(l.RowOffset(0, 64, 4, 2, 3, 33), ((2u * 4 + 3) * 2 + 1) * 128 * 8);
+}
+
+}  // namespace
+}  // namespace kvq
+
+namespace kvq {
+namespace {
+
+// The one metadata codec (metadata.h): spec 1.0's keys are unchanged for the formats of 1.0 (no
+// row_format, no norm keys), and spec 1.1's parameters round-trip with row_format, norm and
+// norm_heads; a file without the norm keys reads as "no norm".
+TEST(MetadataCodec, Spec11KeysOnlyWhereSpec11Says) {
+  WriteParams token = Params(128, 64, 2);
+  Metadata m;
+  PutWriteParams(token, "", &m);
+  EXPECT_EQ(m.count("row_format"), 0u);
+  EXPECT_EQ(m.count("norm"), 0u);
+  EXPECT_EQ(m.count("norm_heads"), 0u);
+  EXPECT_EQ(m.size(), 7u);  // head_dim, group, bits, clip, rotation, hadamard_block, bitrev
+
+  WriteParams tile = Params(256, 32, 4);
+  tile.format = Format::kAffineTile;
+  tile.norm = true;
+  tile.norm_heads = 3;
+  tile.rotation = RotationKind::kHadamard;
+  Metadata t;
+  PutWriteParams(tile, "key.", &t);
+  EXPECT_EQ(t.at("key.row_format"), "affine_tile");
+  EXPECT_EQ(t.at("key.norm"), "1");
+  EXPECT_EQ(t.at("key.norm_heads"), "3");
+  const WriteParams back = GetWriteParams(MetadataReader(t, "test"), "key.");
+  EXPECT_EQ(back.format, Format::kAffineTile);
+  EXPECT_EQ(back.group, 32);
+  EXPECT_EQ(back.bits, 4);
+  EXPECT_TRUE(back.norm);
+  EXPECT_EQ(back.norm_heads, 3);
+  EXPECT_EQ(back.rotation, RotationKind::kHadamard);
+  t.erase("key.norm");
+  t.erase("key.norm_heads");
+  EXPECT_FALSE(GetWriteParams(MetadataReader(t, "test"), "key.").norm);
+  // A norm on a format without a norm plane is a malformed file.
+  Metadata bad;
+  PutWriteParams(token, "", &bad);
+  bad["norm"] = "1";
+  bad["norm_heads"] = "1";
+  testing::ExpectError([&] { GetWriteParams(MetadataReader(bad, "test"), ""); },
+                       ErrorCode::kMalformedFile, {"norm"});
 }
 
 }  // namespace

@@ -78,7 +78,8 @@ TEST(Safetensors, RoundTripsEveryDtype) {
   Safetensors file;
   file.metadata = {{"format", "kvq"}, {"unicode", "\xc3\xa9t\xc3\xa9"}, {"", "empty key"}};
   uint32_t seed = 11;
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kU8, DType::kI32}) {
+  for (DType dtype :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kU8, DType::kI32, DType::kI8}) {
     for (const auto& shape :
          std::vector<std::vector<int64_t>>{{}, {0}, {7}, {3, 4}, {2, 0, 5}, {2, 3, 2}}) {
       file.Add(std::string(DTypeName(dtype)) + "_" + std::to_string(seed),
@@ -173,10 +174,28 @@ TEST(Safetensors, RejectsBadJson) {
   ExpectMalformed(MakeFile("{\"a\":{\"shape\":[[1]]}}", ""), {"nests deeper"});
 }
 
+// I8 (int8-row model weights, calib/models): two's complement bytes, one per element.
+TEST(Safetensors, ReadsI8) {
+  const Safetensors file =
+      ParseString(MakeFile("{\"w\":{\"dtype\":\"I8\",\"shape\":[2,2],\"data_offsets\":[0,4]}}",
+                           std::string("\x81\x7f\x00\xff", 4)));
+  const Tensor& w = file.Get("w");
+  EXPECT_EQ(w.dtype, DType::kI8);
+  EXPECT_EQ(w.shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(w.data<int8_t>()[0], -127);
+  EXPECT_EQ(w.data<int8_t>()[1], 127);
+  EXPECT_EQ(w.data<int8_t>()[2], 0);
+  EXPECT_EQ(w.data<int8_t>()[3], -1);
+  EXPECT_EQ(w, Tensor::I8({2, 2}, {-127, 127, 0, -1}));
+  // The byte count must match, as for every dtype.
+  ExpectMalformed(OneTensorFile("\"I8\"", "[3]", "[0,4]", "1234"), {"spans 4 bytes", "needs 3"});
+}
+
 TEST(Safetensors, RejectsBadEntries) {
   ExpectMalformed(OneTensorFile("\"F64\"", "[1]", "[0,8]", "12345678"),
                   {"'a'", "unsupported dtype \"F64\""});
   ExpectMalformed(OneTensorFile("\"I64\"", "[1]", "[0,8]", "12345678"), {"\"I64\""});
+  ExpectMalformed(OneTensorFile("\"U16\"", "[1]", "[0,2]", "12"), {"\"U16\"", "I8)"});
   ExpectMalformed(OneTensorFile("5", "[1]", "[0,1]", "1"), {"must be a string, got 5"});
   ExpectMalformed(OneTensorFile("\"U8\"", "3", "[0,3]", "123"), {"must be an array, got 3"});
   ExpectMalformed(OneTensorFile("\"U8\"", "[-1]", "[0,0]", ""), {"got -1"});

@@ -23,11 +23,13 @@ TEST(Tensor, DTypeNamesAndSizes) {
   EXPECT_STREQ(DTypeName(DType::kBF16), "BF16");
   EXPECT_STREQ(DTypeName(DType::kU8), "U8");
   EXPECT_STREQ(DTypeName(DType::kI32), "I32");
+  EXPECT_STREQ(DTypeName(DType::kI8), "I8");
   EXPECT_EQ(DTypeSize(DType::kF32), 4u);
   EXPECT_EQ(DTypeSize(DType::kF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
   EXPECT_EQ(DTypeSize(DType::kU8), 1u);
   EXPECT_EQ(DTypeSize(DType::kI32), 4u);
+  EXPECT_EQ(DTypeSize(DType::kI8), 1u);
 }
 
 TEST(Tensor, NumelAndShapeString) {
@@ -94,6 +96,7 @@ TEST(Tensor, ToF32IsExactForEveryHalfPattern) {
 TEST(Tensor, ToF32RejectsIntegersAndInconsistentBytes) {
   ExpectError([] { Tensor::U8({1}, {1}).ToF32(); }, ErrorCode::kInvalidArgument, {"U8"});
   ExpectError([] { Tensor::I32({1}, {1}).ToF32(); }, ErrorCode::kInvalidArgument, {"I32"});
+  ExpectError([] { Tensor::I8({1}, {-1}).ToF32(); }, ErrorCode::kInvalidArgument, {"I8"});
   Tensor t = Tensor::F32({2}, {1, 2});
   t.bytes.resize(7);
   ExpectError([&] { t.ToF32(); }, ErrorCode::kShapeMismatch, {"7 bytes", "expected 8"});

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvq/common/error.h"
+#include "kvq/common/stages.h"
 #include "kvq/common/tensor.h"
 
 namespace kvq::conformance {
@@ -17,25 +18,6 @@ namespace {
 std::string CaseName(const Safetensors& file) {
   auto it = file.metadata.find("case");
   return it == file.metadata.end() ? std::string("<unnamed case>") : it->second;
-}
-
-[[noreturn]] void BadValue(const Safetensors& file, const std::string& key,
-                           const std::string& text, const char* expected) {
-  throw Error(ErrorCode::kMalformedFile,
-              detail::Concat("case ", CaseName(file), ": metadata '", key, "' = '", text,
-                             "' is not ", expected));
-}
-
-const char* RotationName(RotationKind kind) {
-  switch (kind) {
-    case RotationKind::kIdentity:
-      return "identity";
-    case RotationKind::kDense:
-      return "dense";
-    case RotationKind::kHadamard:
-      return "hadamard";
-  }
-  return "?";
 }
 
 }  // namespace
@@ -62,151 +44,55 @@ CaseKind ParseCaseKind(const std::string& name) {
   throw Error(ErrorCode::kMalformedFile, "unknown case kind '" + name + "'");
 }
 
-std::string FormatFloat(float v) {
-  char text[64];
-  for (int digits = 1; digits <= 9; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(v));
-    const float back = std::strtof(text, nullptr);
-    if (std::memcmp(&back, &v, sizeof v) == 0) break;
+bool IsReplayableSpecVersion(const std::string& version) {
+  return version == "1.0" || version == "1.1";
+}
+
+const char* SpecVersionOf(const WriteParams& p) {
+  if (!p.quantized()) return "1.0";
+  const bool v11 = p.format != Format::kAffineToken || p.norm ||
+                   (p.group == p.head_dim && !IsSupportedGroup(p.group));
+  return v11 ? "1.1" : "1.0";
+}
+
+const char* SpecVersionOf(const CacheParams& p) {
+  if (p.flush != 1 || p.recent == 0) return "1.1";
+  if (std::string(SpecVersionOf(p.key)) == "1.1" || std::string(SpecVersionOf(p.value)) == "1.1") {
+    return "1.1";
   }
-  return text;
+  return "1.0";
 }
 
-std::string FormatDouble(double v) {
-  char text[64];
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, v);
-    const double back = std::strtod(text, nullptr);
-    if (std::memcmp(&back, &v, sizeof v) == 0) break;
+const char* RequiredSpecVersion(const Safetensors& file) {
+  const MetadataReader meta = CaseMetadata(file);
+  const CaseKind kind = ParseCaseKind(meta.String("kind"));
+  if (kind == CaseKind::kCache || kind == CaseKind::kAttention) {
+    return SpecVersionOf(GetCacheParams(meta));
   }
-  return text;
-}
-
-const std::string& MetaString(const Safetensors& file, const std::string& key) {
-  auto it = file.metadata.find(key);
-  KVQ_CHECK(it != file.metadata.end(), kMalformedFile, "case ", CaseName(file),
-            ": metadata key '", key, "' is missing");
-  return it->second;
-}
-
-int64_t MetaInt(const Safetensors& file, const std::string& key) {
-  const std::string& text = MetaString(file, key);
-  errno = 0;
-  char* end = nullptr;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || *end != '\0') BadValue(file, key, text, "an integer");
-  return value;
-}
-
-uint64_t MetaU64(const Safetensors& file, const std::string& key) {
-  const std::string& text = MetaString(file, key);
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || text[0] == '-' || errno != 0 || *end != '\0') {
-    BadValue(file, key, text, "an unsigned integer");
-  }
-  return value;
-}
-
-float MetaFloat(const Safetensors& file, const std::string& key) {
-  const std::string& text = MetaString(file, key);
-  char* end = nullptr;
-  const float value = std::strtof(text.c_str(), &end);
-  if (text.empty() || *end != '\0') BadValue(file, key, text, "a number");
-  return value;
-}
-
-double MetaDouble(const Safetensors& file, const std::string& key) {
-  const std::string& text = MetaString(file, key);
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0') BadValue(file, key, text, "a number");
-  return value;
-}
-
-bool MetaBool(const Safetensors& file, const std::string& key) {
-  const std::string& text = MetaString(file, key);
-  if (text == "1") return true;
-  if (text == "0") return false;
-  BadValue(file, key, text, "0 or 1");
-}
-
-void PutWriteParams(const WriteParams& p, const std::string& prefix, Safetensors* file) {
-  auto& m = file->metadata;
-  m[prefix + "head_dim"] = std::to_string(p.head_dim);
-  m[prefix + "group"] = std::to_string(p.group);
-  m[prefix + "bits"] = std::to_string(p.bits);
-  m[prefix + "clip"] = FormatFloat(p.clip);
-  m[prefix + "rotation"] = RotationName(p.rotation);
-  m[prefix + "hadamard_block"] = std::to_string(p.hadamard_block);
-  m[prefix + "bitrev"] = p.bitrev ? "1" : "0";
-}
-
-WriteParams GetWriteParams(const Safetensors& file, const std::string& prefix) {
-  WriteParams p;
-  p.head_dim = static_cast<int>(MetaInt(file, prefix + "head_dim"));
-  p.group = static_cast<int>(MetaInt(file, prefix + "group"));
-  p.bits = static_cast<int>(MetaInt(file, prefix + "bits"));
-  p.clip = MetaFloat(file, prefix + "clip");
-  const std::string& rotation = MetaString(file, prefix + "rotation");
-  bool known = false;
-  for (RotationKind kind :
-       {RotationKind::kIdentity, RotationKind::kDense, RotationKind::kHadamard}) {
-    if (rotation == RotationName(kind)) {
-      p.rotation = kind;
-      known = true;
+  const WriteParams p = GetWriteParams(meta, "");
+  if (kind == CaseKind::kStage) {
+    const StageSpec& stage = StageByName(meta.String("stage"));
+    const std::string name = stage.name;
+    if (name == "norm" || name == "denorm" || (!stage.transform && stage.format != Format::kAffineToken)) {
+      return "1.1";
     }
   }
-  if (!known) BadValue(file, prefix + "rotation", rotation, "identity, dense or hadamard");
-  p.hadamard_block = static_cast<int>(MetaInt(file, prefix + "hadamard_block"));
-  p.bitrev = MetaBool(file, prefix + "bitrev");
-  try {
-    p.Validate();
-  } catch (const Error& e) {
-    throw Error(ErrorCode::kMalformedFile,
-                detail::Concat("case ", CaseName(file), ": ", prefix, "parameters: ", e.what()));
-  }
-  return p;
+  return SpecVersionOf(p);
 }
 
-void PutCacheParams(const CacheParams& p, Safetensors* file) {
-  auto& m = file->metadata;
-  m["num_kv_heads"] = std::to_string(p.num_kv_heads);
-  m["num_q_heads"] = std::to_string(p.num_q_heads);
-  m["sink"] = std::to_string(p.sink);
-  m["recent"] = std::to_string(p.recent);
-  m["page_size"] = std::to_string(p.page_size);
-  m["quantized"] = p.quantized ? "1" : "0";
-  m["softmax_scale"] = FormatFloat(p.softmax_scale);
-  PutWriteParams(p.key, "key.", file);
-  PutWriteParams(p.value, "value.", file);
+MetadataReader CaseMetadata(const Safetensors& file) {
+  return MetadataReader(file.metadata, "case " + CaseName(file));
 }
 
 CacheParams GetCacheParams(const Safetensors& file) {
-  CacheParams p;
-  p.num_kv_heads = static_cast<int>(MetaInt(file, "num_kv_heads"));
-  p.num_q_heads = static_cast<int>(MetaInt(file, "num_q_heads"));
-  p.sink = static_cast<int>(MetaInt(file, "sink"));
-  p.recent = static_cast<int>(MetaInt(file, "recent"));
-  p.page_size = static_cast<int>(MetaInt(file, "page_size"));
-  p.quantized = MetaBool(file, "quantized");
-  p.softmax_scale = MetaFloat(file, "softmax_scale");
-  p.key = GetWriteParams(file, "key.");
-  p.value = GetWriteParams(file, "value.");
-  try {
-    p.Validate();
-  } catch (const Error& e) {
-    throw Error(ErrorCode::kMalformedFile,
-                detail::Concat("case ", CaseName(file), ": cache parameters: ", e.what()));
-  }
-  return p;
+  return kvq::GetCacheParams(CaseMetadata(file));
 }
 
 std::vector<float> GatherRotations(const Safetensors& file, const Fixtures& fixtures,
                                    const std::string& index_tensor, int head_dim) {
-  const std::string& path = MetaString(file, "rotation_fixture");
-  const std::string& sha = MetaString(file, "rotation_fixture_sha256");
+  const MetadataReader meta = CaseMetadata(file);
+  const std::string& path = meta.String("rotation_fixture");
+  const std::string& sha = meta.String("rotation_fixture_sha256");
   auto it = fixtures.find(path);
   KVQ_CHECK(it != fixtures.end(), kMalformedFile, "case ", CaseName(file), ": rotation fixture '",
             path, "' is not in the manifest");
@@ -243,7 +129,7 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
   const int hkv = params.num_kv_heads;
   const int d = params.head_dim();
   std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
-  if (params.quantized) {
+  if (params.quantized()) {
     if (params.key.rotation == RotationKind::kDense) {
       rotation_k = GatherRotations(file, fixtures, "in.rotation_k_index", d);
     }

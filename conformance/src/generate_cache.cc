@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kvq/common/error.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/attention.h"
@@ -18,58 +19,6 @@ namespace {
 
 int64_t I(size_t v) { return static_cast<int64_t>(v); }
 
-// A cache script as "in.ops" triples (op, slot, tokens), counting the rows it consumes.
-class Script {
- public:
-  int Add() {
-    Push(CacheOp::kAddSequence, slots_, 0);
-    return slots_++;
-  }
-  void Prefill(int slot, int tokens) {
-    Push(CacheOp::kPrefill, slot, tokens);
-    rows_ += static_cast<size_t>(tokens);
-  }
-  void Append(int slot) {
-    Push(CacheOp::kAppend, slot, 1);
-    rows_ += 1;
-  }
-  void Remove(int slot) { Push(CacheOp::kRemoveSequence, slot, 0); }
-
-  const std::vector<int32_t>& ops() const { return ops_; }
-  size_t rows() const { return rows_; }
-
- private:
-  void Push(CacheOp op, int slot, int tokens) {
-    ops_.insert(ops_.end(), {static_cast<int32_t>(op), slot, tokens});
-  }
-  std::vector<int32_t> ops_;
-  int slots_ = 0;
-  size_t rows_ = 0;
-};
-
-struct CacheConfig {
-  std::string name;
-  CacheParams params;
-  std::vector<int32_t> rotation_k, rotation_v;  // fixture indices per KV head (dense only)
-  std::vector<float> clip_k, clip_v;            // per-head clip ratios, or empty
-  std::function<void(Script*)> script;
-};
-
-CacheParams Cache(int hkv, int hq, int sink, int recent, int page, const WriteParams& key,
-                  const WriteParams& value, float softmax_scale = 0.0f, bool quantized = true) {
-  CacheParams c;
-  c.num_kv_heads = hkv;
-  c.num_q_heads = hq;
-  c.sink = sink;
-  c.recent = recent;
-  c.page_size = page;
-  c.quantized = quantized;
-  c.key = key;
-  c.value = value;
-  c.softmax_scale = softmax_scale;
-  c.Validate();
-  return c;
-}
 
 std::vector<CacheConfig> CacheConfigs() {
   std::vector<CacheConfig> configs;
@@ -78,8 +27,10 @@ std::vector<CacheConfig> CacheConfigs() {
     // is removed and a third reuses its freed page.
     CacheConfig c;
     c.name = "d64_b2_g32_dense_s4_w8_p16";
-    c.params = Cache(2, 4, 4, 8, 16, MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kDense),
-                     MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kDense));
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(4).recent(8).page(16)
+        .key(params::Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense))
+        .value(params::Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense))
+        .Build();
     c.rotation_k = {0, 1};
     c.rotation_v = {2, 3};
     c.clip_k = {0.96f, 1.0f};
@@ -105,8 +56,10 @@ std::vector<CacheConfig> CacheConfigs() {
     CacheConfig c;
     c.name = "d128_b4_hadamard_bitrev_s0_w4_p16";
     c.params =
-        Cache(1, 2, 0, 4, 16, MakeWriteParams(128, 64, 4, 0.96f, RotationKind::kHadamard, 0, true),
-              MakeWriteParams(128, 128, 4, 1.0f, RotationKind::kIdentity));
+        params::Cache().kv_heads(1).q_heads(2).sink(0).recent(4).page(16)
+            .key(params::Write().head_dim(128).group(64).bits(4).clip(0.96f).hadamard().bitrev())
+            .value(params::Write().head_dim(128).group(128).bits(4))
+            .Build();
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 37);
@@ -124,8 +77,10 @@ std::vector<CacheConfig> CacheConfigs() {
     CacheConfig c;
     c.name = "d128_kb2_vb4_block32_s8_w16_p16";
     c.params =
-        Cache(2, 2, 8, 16, 16, MakeWriteParams(128, 128, 2, 1.0f, RotationKind::kHadamard, 32),
-              MakeWriteParams(128, 32, 4, 1.0f, RotationKind::kHadamard, 0, true));
+        params::Cache().kv_heads(2).q_heads(2).sink(8).recent(16).page(16)
+            .key(params::Write().head_dim(128).group(128).bits(2).hadamard(32))
+            .value(params::Write().head_dim(128).group(32).bits(4).hadamard().bitrev())
+            .Build();
     c.clip_k = {0.92f, 0.96f};
     c.clip_v = {1.0f, 0.5f};
     c.script = [](Script* s) {
@@ -138,8 +93,10 @@ std::vector<CacheConfig> CacheConfigs() {
   {
     CacheConfig c;
     c.name = "d256_b2_g64_identity_s2_w4_p16";
-    c.params = Cache(1, 2, 2, 4, 16, MakeWriteParams(256, 64, 2, 0.92f, RotationKind::kIdentity),
-                     MakeWriteParams(256, 64, 2, 0.96f, RotationKind::kIdentity));
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(2).recent(4).page(16)
+        .key(params::Write().head_dim(256).group(64).bits(2).clip(0.92f))
+        .value(params::Write().head_dim(256).group(64).bits(2).clip(0.96f))
+        .Build();
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 30);
@@ -147,12 +104,104 @@ std::vector<CacheConfig> CacheConfigs() {
     };
     configs.push_back(c);
   }
+  // ---- spec 1.1 ----
+  {
+    // KIVI: tiled keys (G_k = 32), per-token values (G = 32), S0 = 0, W = 1, F = 64: the
+    // history grows 64 tokens when the 65th token past it arrives. Two sequences interleave,
+    // one is removed and a third reuses its pages.
+    CacheConfig c;
+    c.name = "kivi_d64_gk32_f64_w1";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(64).page(64)
+        .key(params::Write().head_dim(64).bits(2).tile(32))
+        .value(params::Write().head_dim(64).bits(2).group(32))
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 110);  // history 64
+      const int b = s->Add();
+      s->Prefill(b, 50);   // no history yet
+      for (int i = 0; i < 20; ++i) {
+        s->Append(a);      // a reaches 130: history 128 at 129
+        s->Append(b);      // b reaches 70: history 64 at 65
+      }
+      s->Remove(b);
+      const int c3 = s->Add();
+      s->Prefill(c3, 66);  // reuses b's page: history 64
+    };
+    configs.push_back(c);
+  }
+  {
+    // OScaR: FWHT keys and values, the norm per token over every KV head (the authors'
+    // scope), tiles of 32, F = 32, W = 1.
+    CacheConfig c;
+    c.name = "ots_token_norm_d64_hkv2_f32";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(32).page(32)
+        .key(params::Write().head_dim(64).bits(2).tile(32).hadamard().norm(true, 2))
+        .value(params::Write().head_dim(64).bits(2).group(32).hadamard())
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 50);
+      for (int i = 0; i < 40; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // OScaR with the per-head norm (kvq's default), a sink, W = 8, F = 64 over G_k = 32, d = 128.
+    CacheConfig c;
+    c.name = "ots_head_norm_d128_s4_w8_f64";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(4).recent(8).flush(64).page(64)
+        .key(params::Write().head_dim(128).bits(2).tile(32).hadamard().norm())
+        .value(params::Write().head_dim(128).bits(2).group(32).hadamard())
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 80);
+      for (int i = 0; i < 60; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // SAW-INT4: one (scale, min) per row (G = d = 256), FWHT blocks of 128 on K and V, no
+    // windows (S0 = W = 0): every token is history when it arrives.
+    CacheConfig c;
+    c.name = "saw_int4_d256_g256_w0";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(0).recent(0).page(16)
+        .both(params::Write().head_dim(256).bits(4).group(256).hadamard(128))
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 20);
+      for (int i = 0; i < 5; ++i) s->Append(a);
+      const int b = s->Add();
+      s->Append(b);
+    };
+    configs.push_back(c);
+  }
+  {
+    // W = 0 with a sink and F = 8 on per-token rows, tiled INT4 values with a per-head norm.
+    CacheConfig c;
+    c.name = "w0_s3_f32_tiled_values_d64";
+    c.params = params::Cache().kv_heads(2).q_heads(2).sink(3).recent(0).flush(32).page(32)
+        .key(params::Write().head_dim(64).bits(2).group(64).rotation(RotationKind::kDense))
+        .value(params::Write().head_dim(64).bits(4).tile(32).norm())
+        .Build();
+    c.rotation_k = {0, 1};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 40);
+      for (int i = 0; i < 30; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
   {
     // The bf16 baseline: every token kept as bf16, no pages.
     CacheConfig c;
     c.name = "bf16_d64";
-    c.params = Cache(2, 4, 4, 8, 16, MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kIdentity),
-                     MakeWriteParams(64, 32, 2, 1.0f, RotationKind::kIdentity), 0.0f, false);
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(4).recent(8).page(16)
+        .key(params::Write().head_dim(64).group(32).bits(2))
+        .value(params::Write().head_dim(64).group(32).bits(2)).bf16()
+        .Build();
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 10);
@@ -172,8 +221,12 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
   {
     CacheConfig c;
     c.name = "d128_b2_g64_dense_long";
-    c.params = Cache(1, 4, 4, 8, 16, MakeWriteParams(128, 64, 2, 0.96f, RotationKind::kDense),
-                     MakeWriteParams(128, 64, 2, 0.92f, RotationKind::kDense));
+    c.params = params::Cache().kv_heads(1).q_heads(4).sink(4).recent(8).page(16)
+        .key(params::Write().head_dim(128).group(64).bits(2).clip(0.96f)
+                 .rotation(RotationKind::kDense))
+        .value(params::Write().head_dim(128).group(64).bits(2).clip(0.92f)
+                   .rotation(RotationKind::kDense))
+        .Build();
     c.rotation_k = {0};
     c.rotation_v = {1};
     c.script = [](Script* s) {
@@ -190,8 +243,11 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
   {
     CacheConfig c;
     c.name = "d64_b4_g64_hadamard_gqa4_scale0p25";
-    c.params = Cache(2, 8, 4, 8, 16, MakeWriteParams(64, 64, 4, 0.96f, RotationKind::kHadamard),
-                     MakeWriteParams(64, 32, 4, 0.92f, RotationKind::kHadamard, 0, true), 0.25f);
+    c.params = params::Cache().kv_heads(2).q_heads(8).sink(4).recent(8).page(16)
+        .key(params::Write().head_dim(64).group(64).bits(4).clip(0.96f).hadamard())
+        .value(params::Write().head_dim(64).group(32).bits(4).clip(0.92f).hadamard().bitrev())
+        .softmax_scale(0.25f)
+        .Build();
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 45);
@@ -207,18 +263,22 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
 // uniform; all rounded to bf16.
 Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const std::string& name,
                         CaseKind kind, SplitMix64* rng) {
-  Safetensors file = out->NewCase(name, kind, rng);
+  Safetensors file = out->NewCase(name, kind, rng, SpecVersionOf(config.params));
   const CacheParams& p = config.params;
-  PutCacheParams(p, &file);
+  PutCacheParams(p, &file.metadata);
   const int d = p.head_dim();
   const int hkv = p.num_kv_heads;
-  if (p.quantized) {
-    if (p.key.rotation == RotationKind::kDense) {
-      out->UseRotations(&file, d, "in.rotation_k_index", config.rotation_k);
-    }
-    if (p.value.rotation == RotationKind::kDense) {
-      out->UseRotations(&file, d, "in.rotation_v_index", config.rotation_v);
-    }
+  if (p.quantized()) {
+    // The d fixture's matrices, or the case's own fixture (scheme cases).
+    auto use = [&](const char* index_tensor, const std::vector<int32_t>& indices) {
+      if (config.rotation_fixture.empty()) {
+        out->UseRotations(&file, d, index_tensor, indices);
+      } else {
+        out->UseFixtureRotations(&file, config.rotation_fixture, index_tensor, indices);
+      }
+    };
+    if (p.key.rotation == RotationKind::kDense) use("in.rotation_k_index", config.rotation_k);
+    if (p.value.rotation == RotationKind::kDense) use("in.rotation_v_index", config.rotation_v);
     if (!config.clip_k.empty()) file.Add("in.clip_k", Tensor::F32({hkv}, config.clip_k));
     if (!config.clip_v.empty()) file.Add("in.clip_v", Tensor::F32({hkv}, config.clip_v));
   }
@@ -251,21 +311,19 @@ void AddCacheExpectations(const ReplayedCache& replayed, Safetensors* file) {
   const char* names[2] = {"key", "value"};
   const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
   const int64_t pages = cache.NumPages();
-  if (p.quantized) {
+  if (p.quantized()) {
+    // Every plane of the format: [pages, Hkv, rows per page, elements] (formats.inc).
     for (int h = 0; h < 2; ++h) {
-      const WriteParams& wp = h == 0 ? p.key : p.value;
-      const std::string base = std::string("expect.pool.") + names[h];
-      const uint8_t* codes = cache.PoolCodes(kvs[h]);
-      const size_t code_bytes = static_cast<size_t>(pages) * cache.PageCodeBytes(kvs[h]);
-      file->Add(base + ".codes", Tensor::U8({pages, hkv, psize, wp.code_bytes()},
-                                            std::vector<uint8_t>(codes, codes + code_bytes)));
-      const size_t meta = static_cast<size_t>(pages) * cache.PageMetadataCount(kvs[h]);
-      const uint16_t* scale = cache.PoolScale(kvs[h]);
-      const uint16_t* min = cache.PoolMin(kvs[h]);
-      file->Add(base + ".scale", Tensor::BF16({pages, hkv, psize, wp.num_groups()},
-                                              std::vector<uint16_t>(scale, scale + meta)));
-      file->Add(base + ".min", Tensor::BF16({pages, hkv, psize, wp.num_groups()},
-                                            std::vector<uint16_t>(min, min + meta)));
+      const FormatLayout& layout = cache.Layout(kvs[h]);
+      for (int i = 0; i < layout.num_planes; ++i) {
+        const PlaneSpec& plane = layout.plane(i);
+        Tensor t;
+        t.dtype = plane.dtype;
+        t.shape = {pages, layout.HeadsPerPage(i, hkv), layout.RowsPerPage(i, psize), plane.elements};
+        const uint8_t* bytes = cache.PoolPlane(kvs[h], i);
+        t.bytes.assign(bytes, bytes + static_cast<size_t>(pages) * cache.PagePlaneBytes(kvs[h], i));
+        file->Add(std::string("expect.pool.") + names[h] + "." + plane.name, std::move(t));
+      }
     }
   }
   for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
@@ -280,7 +338,7 @@ void AddCacheExpectations(const ReplayedCache& replayed, Safetensors* file) {
     const std::vector<int32_t>& table = cache.PageTable(id);
     file->Add(base + ".page_table", Tensor::I32({I(table.size())}, table));
     for (int h = 0; h < 2; ++h) {
-      if (!p.quantized) {
+      if (!p.quantized()) {
         const uint16_t* dense = cache.DenseRows(id, kvs[h]);
         file->Add(base + ".dense." + names[h],
                   Tensor::BF16({I(t), hkv, d}, std::vector<uint16_t>(dense, dense + t * row)));
@@ -310,6 +368,8 @@ void AddCacheCase(VectorCollector* out, const CacheConfig& config) {
   AddCacheExpectations(replayed, &file);
   out->AddCase(name, CaseKind::kCache, file);
 }
+
+}  // namespace
 
 void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
   const std::string name = "attention/" + config.name;
@@ -341,8 +401,8 @@ void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
                 " exceeds ", kAttentionCpuTolerance);
     }
   }
-  file.metadata["tolerance"] = FormatDouble(kAttentionCpuTolerance);
-  file.metadata["tolerance_gpu"] = FormatDouble(kAttentionGpuTolerance);
+  file.metadata["tolerance"] = ShortestDouble(kAttentionCpuTolerance);
+  file.metadata["tolerance_gpu"] = ShortestDouble(kAttentionGpuTolerance);
   file.metadata["tolerance_measure"] =
       "per query head: max_j |out - reference| / max_j |reference| (spec/cache.md 5)";
   const int64_t nq = I(slots.size());
@@ -350,10 +410,9 @@ void AddAttentionCase(VectorCollector* out, const CacheConfig& config) {
   file.Add("in.q", Tensor::F32({nq, hq, d}, q));
   file.Add("expect.out", Tensor::F32({nq, hq, d}, expected));
   file.Add("expect.reference_f64", Tensor::U8({nq, hq, d, 8}, F64ToBytes(reference)));
+  for (const auto& [key, value] : config.metadata) file.metadata[key] = value;
   out->AddCase(name, CaseKind::kAttention, file);
 }
-
-}  // namespace
 
 void AddCacheAndAttentionCases(VectorCollector* out) {
   for (const CacheConfig& config : CacheConfigs()) {

@@ -5,12 +5,13 @@
 #include <vector>
 
 #include "kvq/common/error.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "generator_internal.h"
-#include "rows.h"
+#include "kvq/conformance/rows.h"
 
 namespace kvq::conformance::internal {
 namespace {
@@ -47,7 +48,7 @@ constexpr RotationVariant kEdgeRotations[] = {
 void SetStage(Safetensors* file, const std::string& stage, const WriteParams& p, size_t rows,
               const std::string& row_kinds) {
   file->metadata["stage"] = stage;
-  PutWriteParams(p, "", file);
+  PutWriteParams(p, "", &file->metadata);
   file->metadata["rows"] = std::to_string(rows);
   file->metadata["row_kinds"] = row_kinds;
 }
@@ -56,9 +57,10 @@ void SetStage(Safetensors* file, const std::string& stage, const WriteParams& p,
 // case's own generator; the rows go to *x.
 Safetensors NewRowsStageCase(VectorCollector* out, const std::string& name,
                              const std::string& stage, const WriteParams& p,
-                             const std::vector<RowKind>& kinds, std::vector<float>* x) {
+                             const std::vector<RowKind>& kinds, std::vector<float>* x,
+                             const char* spec_version = "1.0") {
   SplitMix64 rng(0);
-  Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+  Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, spec_version);
   std::string names;
   *x = MakeRows(kinds, p, &rng, &names);
   SetStage(&file, stage, p, kinds.size(), names);
@@ -69,7 +71,8 @@ Safetensors NewRowsStageCase(VectorCollector* out, const std::string& name,
 void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     const std::string name = "stage/rotate_dense_d" + std::to_string(d);
-    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kDense);
+    const WriteParams p =
+        params::Write().head_dim(d).group(32).bits(2).rotation(RotationKind::kDense);
     const std::vector<RowKind> kinds = {RowKind::kRandom,    RowKind::kHeavyTail,
                                         RowKind::kOutlier,   RowKind::kSubnormal,
                                         RowKind::kHuge,      RowKind::kMixedZeros};
@@ -88,7 +91,7 @@ void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (const auto& [d, block] : fwht_sizes) {
     const std::string name = "stage/fwht_d" + std::to_string(d) + "_h" +
                              std::to_string(block == 0 ? d : block);
-    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kHadamard, block);
+    const WriteParams p = params::Write().head_dim(d).group(32).bits(2).hadamard(block);
     const std::vector<RowKind> kinds = {RowKind::kRandom,  RowKind::kHeavyTail,
                                         RowKind::kConstant, RowKind::kOutlier,
                                         RowKind::kSubnormal, RowKind::kHuge};
@@ -102,9 +105,9 @@ void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   }
   for (int d : kHeadDims) {
     const std::string name = "stage/bitrev_d" + std::to_string(d);
-    const WriteParams p = MakeWriteParams(d, 32, 2, 1.0f, RotationKind::kIdentity, 0, true);
+    const WriteParams p = params::Write().head_dim(d).group(32).bits(2).bitrev();
     SplitMix64 rng(0);
-    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.0");
     // Two ramps (each output value names its source channel) and two random rows.
     const size_t rows = 4;
     std::vector<float> x(rows * d);
@@ -136,7 +139,7 @@ void AddClipStages(VectorCollector* out, const cpu::Backend& scalar) {
     if (d == 64) clips.insert(clips.end(), {0.96875f, 0.5f});
     for (float rho : clips) {
       const std::string name = "stage/clip_d" + std::to_string(d) + "_" + RhoTag(rho);
-      const WriteParams p = MakeWriteParams(d, 32, 2, rho);
+      const WriteParams p = params::Write().head_dim(d).group(32).bits(2).clip(rho);
       std::vector<float> x;
       Safetensors file = NewRowsStageCase(out, name, "clip", p, kinds, &x);
       std::vector<float> y = x;
@@ -156,7 +159,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
     for (int g : kGroups) {
       if (g > d) continue;
       for (int b : kBits) {
-        const WriteParams p = MakeWriteParams(d, g, b);
+        const WriteParams p = params::Write().head_dim(d).group(g).bits(b);
         const std::string suffix =
             "_d" + std::to_string(d) + "_g" + std::to_string(g) + "_b" + std::to_string(b);
         const size_t groups = static_cast<size_t>(p.num_groups());
@@ -179,7 +182,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
         {
           const std::string name = "stage/dequantize" + suffix;
           SplitMix64 rng(0);
-          Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+          Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.0");
           const size_t n = 4;
           std::vector<uint8_t> codes(n * d);
           for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Below(p.levels() + 1));
@@ -227,7 +230,7 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
 void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     for (int b : kBits) {
-      const WriteParams p = MakeWriteParams(d, 32, b);
+      const WriteParams p = params::Write().head_dim(d).group(32).bits(b);
       const size_t cb = static_cast<size_t>(p.code_bytes());
       const size_t enumerating = (256 + cb - 1) / cb;
       const size_t n = enumerating + 1;
@@ -235,7 +238,7 @@ void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
       for (const char* stage : {"pack", "unpack"}) {
         const std::string name = std::string("stage/") + stage + suffix;
         SplitMix64 rng(0);
-        Safetensors file = out->NewCase(name, CaseKind::kStage, &rng);
+        Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.0");
         std::vector<uint8_t> packed(n * cb);
         for (size_t i = 0; i < enumerating * cb; ++i) packed[i] = static_cast<uint8_t>(i % 256);
         for (size_t i = enumerating * cb; i < n * cb; ++i) {
@@ -261,14 +264,22 @@ void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
 
 // ---- the whole write path ----
 void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std::string& name,
-                     const WriteParams& p, const std::vector<RowKind>& kinds, int rotation_index) {
+                     const WriteParams& p, const std::vector<RowKind>& kinds, int rotation_index,
+                     bool constant_last_tile = false) {
   SplitMix64 rng(0);
-  Safetensors file = out->NewCase(name, CaseKind::kPipeline, &rng);
+  Safetensors file = out->NewCase(name, CaseKind::kPipeline, &rng, SpecVersionOf(p));
   std::string names;
-  const std::vector<float> x = MakeRows(kinds, p, &rng, &names);
+  std::vector<float> x = MakeRows(kinds, p, &rng, &names);
   const size_t n = kinds.size();
+  if (constant_last_tile) {  // every row of the last tile repeats its first: constant channels
+    const size_t tile = static_cast<size_t>(p.tile_tokens()), dd = static_cast<size_t>(p.head_dim);
+    for (size_t r = n - tile + 1; r < n; ++r) {
+      std::copy(x.begin() + (n - tile) * dd, x.begin() + (n - tile + 1) * dd, x.begin() + r * dd);
+    }
+    names += ",last_tile_constant_along_tokens";
+  }
   const int d = p.head_dim;
-  PutWriteParams(p, "", &file);
+  PutWriteParams(p, "", &file.metadata);
   file.metadata["rows"] = std::to_string(n);
   file.metadata["row_kinds"] = names;
   std::vector<float> rotation;
@@ -278,33 +289,226 @@ void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std
   }
   const cpu::QuantizedRows q =
       cpu::QuantizeRows(scalar, p, rotation.empty() ? nullptr : rotation.data(), x.data(), n);
-  const int64_t groups = p.num_groups();
   file.Add("in.x", Tensor::F32({I(n), d}, x));
-  file.Add("expect.rotated", Tensor::F32({I(n), d}, q.rotated));
-  file.Add("expect.tau", Tensor::F32({I(n)}, q.tau));
-  file.Add("expect.codes", Tensor::U8({I(n), d}, q.codes));
-  file.Add("expect.packed", Tensor::U8({I(n), p.code_bytes()}, q.packed));
-  file.Add("expect.scale", Tensor::BF16({I(n), groups}, q.scale));
-  file.Add("expect.min", Tensor::BF16({I(n), groups}, q.min));
-  file.Add("expect.dequantized", Tensor::F32({I(n), d}, q.dequantized));
+  for (auto& [field, tensor] : q.Tensors(p)) file.Add("expect." + field, std::move(tensor));
   out->AddCase(name, CaseKind::kPipeline, file);
+}
+
+// ---- spec 1.1: norm, denorm and the affine_tile codec ----
+
+// A random finite bf16: zero now and then, subnormals, normal values from 2^-20 to 2^92.
+uint16_t RandomBf16(SplitMix64* rng, bool non_negative) {
+  const uint32_t sign = non_negative || rng->Bit() == 0 ? 0u : 0x8000u;
+  switch (rng->Below(6)) {
+    case 0: return static_cast<uint16_t>(sign);
+    case 1: return static_cast<uint16_t>(sign | (1 + rng->Below(127)));  // subnormal
+    case 2: {
+      const uint32_t exponent = 200 + rng->Below(20);  // 2^73 .. 2^92
+      return static_cast<uint16_t>(sign | (exponent << 7) | rng->Below(128));
+    }
+    default: {
+      const uint32_t exponent = 107 + rng->Below(40);  // 2^-20 .. 2^19
+      return static_cast<uint16_t>(sign | (exponent << 7) | rng->Below(128));
+    }
+  }
+}
+
+void AddNormStages(VectorCollector* out, const cpu::Backend& scalar) {
+  // Every row kind: the zero rows (n^ = 0), subnormals whose squares underflow, huge rows whose
+  // squares overflow (n^ = +Inf, the stage is total; the write path rejects it).
+  const std::vector<RowKind> kinds = {
+      RowKind::kRandom,   RowKind::kHeavyTail, RowKind::kZeros,    RowKind::kNegativeZeros,
+      RowKind::kConstant, RowKind::kOutlier,   RowKind::kSubnormal, RowKind::kHuge,
+      RowKind::kDuplicates};
+  for (int d : kHeadDims) {
+    for (int heads : {1, 3}) {
+      if (d == 256 && heads == 3) continue;
+      const WriteParams p = params::Write().head_dim(d).tile(32).norm(true, heads);
+      const std::string name =
+          "stage/norm_d" + std::to_string(d) + "_heads" + std::to_string(heads);
+      SplitMix64 rng(0);
+      Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.1");
+      // Span r is `heads` rows of kind r laid end to end.
+      std::vector<RowKind> rows;
+      for (RowKind k : kinds) rows.insert(rows.end(), static_cast<size_t>(heads), k);
+      std::string names;
+      const std::vector<float> x = MakeRows(rows, p, &rng, &names);
+      const size_t n = kinds.size();
+      SetStage(&file, "norm", p, n, names);
+      std::vector<float> y = x;
+      std::vector<uint16_t> norm(n);
+      scalar.write.norm(y.data(), norm.data(), n, p);
+      file.Add("in.x", Tensor::F32({I(n), p.norm_span()}, x));
+      file.Add("expect.x", Tensor::F32({I(n), p.norm_span()}, y));
+      file.Add("expect.norm", Tensor::BF16({I(n)}, norm));
+      out->AddCase(name, CaseKind::kStage, file);
+    }
+  }
+  for (int d : {64, 256}) {
+    const WriteParams p = params::Write().head_dim(d).tile(32).norm();
+    const std::string name = "stage/denorm_d" + std::to_string(d);
+    const std::vector<RowKind> kinds = {RowKind::kRandom, RowKind::kHeavyTail,
+                                        RowKind::kSubnormal, RowKind::kMixedZeros,
+                                        RowKind::kOutlier, RowKind::kRandom};
+    std::vector<float> y;
+    Safetensors file = NewRowsStageCase(out, name, "denorm", p, kinds, &y, "1.1");
+    SplitMix64 rng(CaseSeed(out->seed(), name + "/norms"));
+    std::vector<uint16_t> norm(kinds.size());
+    for (uint16_t& v : norm) v = RandomBf16(&rng, true);
+    std::vector<float> got = y;
+    scalar.write.denorm(got.data(), norm.data(), kinds.size(), p);
+    file.Add("in.y", Tensor::F32({I(kinds.size()), d}, y));
+    file.Add("in.norm", Tensor::BF16({I(kinds.size())}, norm));
+    file.Add("expect.y", Tensor::F32({I(kinds.size()), d}, got));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+}
+
+void AddTileStages(VectorCollector* out, const cpu::Backend& scalar) {
+  struct Shape {
+    int d, gk, bits;
+  };
+  // quantize_tile: rows cycle through every row kind the vectors draw; a second tile at
+  // G_k = 32 repeats one row (every channel constant: scale 0, codes 0).
+  const Shape quantize[] = {{64, 32, 2},  {64, 32, 4},  {64, 64, 2},  {64, 128, 4},
+                            {128, 32, 2}, {128, 64, 4}, {256, 32, 4}};
+  for (const Shape& sh : quantize) {
+    const WriteParams p = params::Write().head_dim(sh.d).tile(sh.gk).bits(sh.bits);
+    const std::string suffix = "_d" + std::to_string(sh.d) + "_gk" + std::to_string(sh.gk) +
+                               "_b" + std::to_string(sh.bits);
+    const size_t tiles = sh.gk == 32 && sh.d <= 128 ? 2 : 1;
+    const size_t n = tiles * static_cast<size_t>(sh.gk);
+    std::vector<RowKind> kinds;
+    for (size_t r = 0; r < n; ++r) kinds.push_back(AllRowKinds()[r % AllRowKinds().size()]);
+    const std::string name = "stage/quantize_tile" + suffix;
+    std::vector<float> x;
+    Safetensors file = NewRowsStageCase(out, name, "quantize_tile", p, kinds, &x, "1.1");
+    if (tiles == 2) {
+      const size_t dd = static_cast<size_t>(sh.d), first = static_cast<size_t>(sh.gk);
+      for (size_t r = first + 1; r < n; ++r) {
+        std::copy(x.begin() + first * dd, x.begin() + (first + 1) * dd, x.begin() + r * dd);
+      }
+      file.metadata["row_kinds"] += ",tile1_constant_along_tokens";
+    }
+    std::vector<uint8_t> codes(n * sh.d);
+    std::vector<uint16_t> scale(tiles * sh.d), min(tiles * sh.d);
+    scalar.write.quantize_tile(x.data(), codes.data(), scale.data(), min.data(), n, p);
+    file.Add("in.x", Tensor::F32({I(n), sh.d}, x));
+    file.Add("expect.codes", Tensor::U8({I(n), sh.d}, codes));
+    file.Add("expect.scale", Tensor::BF16({I(tiles), sh.d}, scale));
+    file.Add("expect.min", Tensor::BF16({I(tiles), sh.d}, min));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  // pack_tile / unpack_tile: every byte value of the packed tiles, then random bytes.
+  const Shape packing[] = {{64, 32, 2}, {64, 32, 4}, {64, 64, 2}, {64, 128, 4}, {256, 32, 2}};
+  for (const Shape& sh : packing) {
+    const WriteParams p = params::Write().head_dim(sh.d).tile(sh.gk).bits(sh.bits);
+    const std::string suffix = "_d" + std::to_string(sh.d) + "_gk" + std::to_string(sh.gk) +
+                               "_b" + std::to_string(sh.bits);
+    const size_t n = static_cast<size_t>(sh.gk);
+    const size_t bytes = n * static_cast<size_t>(sh.d * sh.bits / 8);
+    for (const char* stage : {"pack_tile", "unpack_tile"}) {
+      const std::string name = std::string("stage/") + stage + suffix;
+      SplitMix64 rng(0);
+      Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.1");
+      std::vector<uint8_t> packed(bytes);
+      for (size_t i = 0; i < bytes; ++i) {
+        packed[i] = i < 256 ? static_cast<uint8_t>(i) : static_cast<uint8_t>(rng.Below(256));
+      }
+      std::vector<uint8_t> codes(n * sh.d);
+      scalar.write.unpack_tile(packed.data(), codes.data(), n, p);
+      SetStage(&file, stage, p, n, "every_byte_value,random");
+      const std::vector<int64_t> packed_shape = ArgShape(Extent::kTilePacked, I(n), p);
+      if (std::string(stage) == "pack_tile") {
+        std::vector<uint8_t> repacked(bytes);
+        scalar.write.pack_tile(codes.data(), repacked.data(), n, p);
+        file.Add("in.codes", Tensor::U8({I(n), sh.d}, codes));
+        file.Add("expect.packed", Tensor::U8(packed_shape, repacked));
+      } else {
+        file.Add("in.packed", Tensor::U8(packed_shape, packed));
+        file.Add("expect.codes", Tensor::U8({I(n), sh.d}, codes));
+      }
+      out->AddCase(name, CaseKind::kStage, file);
+    }
+  }
+  // dequantize_tile: random codes, zero / normal / subnormal / large scales, mins of both signs.
+  const Shape dequantize[] = {{64, 32, 2}, {64, 64, 4}, {256, 32, 4}};
+  for (const Shape& sh : dequantize) {
+    const WriteParams p = params::Write().head_dim(sh.d).tile(sh.gk).bits(sh.bits);
+    const std::string name = "stage/dequantize_tile_d" + std::to_string(sh.d) + "_gk" +
+                             std::to_string(sh.gk) + "_b" + std::to_string(sh.bits);
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.1");
+    const size_t tiles = sh.d <= 128 ? 2 : 1, n = tiles * static_cast<size_t>(sh.gk);
+    std::vector<uint8_t> codes(n * sh.d);
+    for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Below(p.levels() + 1));
+    std::vector<uint16_t> scale(tiles * sh.d), min(tiles * sh.d);
+    for (size_t i = 0; i < scale.size(); ++i) {
+      scale[i] = RandomBf16(&rng, true);
+      min[i] = RandomBf16(&rng, false);
+    }
+    SetStage(&file, "dequantize_tile", p, n, "random_codes,scales_zero_normal_subnormal_large");
+    std::vector<float> y(n * sh.d);
+    scalar.write.dequantize_tile(codes.data(), scale.data(), min.data(), y.data(), n, p);
+    file.Add("in.codes", Tensor::U8({I(n), sh.d}, codes));
+    file.Add("in.scale", Tensor::BF16({I(tiles), sh.d}, scale));
+    file.Add("in.min", Tensor::BF16({I(tiles), sh.d}, min));
+    file.Add("expect.y", Tensor::F32({I(n), sh.d}, y));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+}
+
+// The write paths of spec 1.1, one tile of rows each: KIVI (tiles, no rotation), OScaR (FWHT,
+// norm, tiles), the edges through a tile, dense + P_br + clip + norm, and SAW-INT4's one group
+// per row (G = d, d = 256 included).
+void AddSpec11Pipelines(VectorCollector* out, const cpu::Backend& scalar) {
+  struct Case {
+    const char* name;
+    params::Write p;
+    bool constant_last_tile;
+  };
+  const params::Write w;
+  const Case cases[] = {
+      {"tile_d64_gk32_b2_identity", params::Write(w).head_dim(64).tile(32), true},
+      {"tile_d128_gk32_b2_identity", params::Write(w).head_dim(128).tile(32), false},
+      {"tile_d64_gk32_b2_hadamard_norm", params::Write(w).head_dim(64).tile(32).hadamard().norm(),
+       true},
+      {"tile_d128_gk32_b2_hadamard_norm",
+       params::Write(w).head_dim(128).tile(32).hadamard().norm(), false},
+      {"tile_d256_gk32_b2_hadamard_norm",
+       params::Write(w).head_dim(256).tile(32).hadamard().norm(), false},
+      {"tile_d64_gk64_b4_dense_bitrev_norm_rho0p92",
+       params::Write(w).head_dim(64).tile(64).bits(4).rotation(RotationKind::kDense).bitrev()
+           .clip(0.92f).norm(),
+       false},
+      {"tile_d64_gk64_b2_hadamard_h16", params::Write(w).head_dim(64).tile(64).hadamard(16),
+       false},
+      {"tile_d64_gk32_b4_identity_norm", params::Write(w).head_dim(64).tile(32).bits(4).norm(),
+       true},
+      {"group_d_d128_b4_hadamard", params::Write(w).head_dim(128).group(128).bits(4).hadamard(),
+       false},
+      {"group_d_d256_b4_hadamard_h128",
+       params::Write(w).head_dim(256).group(256).bits(4).hadamard(128), false},
+      {"group_d_d256_b2_identity", params::Write(w).head_dim(256).group(256).bits(2), false},
+  };
+  for (const Case& c : cases) {
+    const WriteParams p = c.p.Build();
+    const size_t n = static_cast<size_t>(p.format == Format::kAffineTile ? p.tile_tokens() : 6);
+    // Edge rows in turn through the tile (norms cannot take huge rows: their squares overflow).
+    std::vector<RowKind> kinds;
+    const std::vector<RowKind>& all = AllRowKinds();
+    for (size_t r = 0; r < n; ++r) {
+      RowKind k = all[r % all.size()];
+      if (p.norm && k == RowKind::kHuge) k = RowKind::kHeavyTail;
+      kinds.push_back(k);
+    }
+    AddPipelineCase(out, scalar, std::string("pipeline/") + c.name, p, kinds, 0,
+                    c.constant_last_tile);
+  }
 }
 
 }  // namespace
 
-WriteParams MakeWriteParams(int d, int group, int bits, float clip, RotationKind rotation,
-                            int block, bool bitrev) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = group;
-  p.bits = bits;
-  p.clip = clip;
-  p.rotation = rotation;
-  p.hadamard_block = block;
-  p.bitrev = bitrev;
-  p.Validate();
-  return p;
-}
 
 void AddStageCases(VectorCollector* out) {
   const cpu::Backend& scalar = cpu::ScalarBackend();
@@ -312,6 +516,8 @@ void AddStageCases(VectorCollector* out) {
   AddClipStages(out, scalar);
   AddQuantizerStages(out, scalar);
   AddPackingStages(out, scalar);
+  AddNormStages(out, scalar);
+  AddTileStages(out, scalar);
 }
 
 void AddPipelineCases(VectorCollector* out) {
@@ -329,7 +535,8 @@ void AddPipelineCases(VectorCollector* out) {
       for (int b : kBits) {
         for (float rho : kGridClips) {
           for (const RotationVariant& rot : kGridRotations) {
-            const WriteParams p = MakeWriteParams(d, g, b, rho, rot.kind, rot.block, rot.bitrev);
+            const WriteParams p = params::Write().head_dim(d).group(g).bits(b).clip(rho)
+                                      .rotation(rot.kind).block(rot.block).bitrev(rot.bitrev);
             const std::string name = "pipeline/d" + std::to_string(d) + "_g" + std::to_string(g) +
                                      "_b" + std::to_string(b) + "_" + RhoTag(rho) + "_" +
                                      rot.name;
@@ -350,13 +557,15 @@ void AddPipelineCases(VectorCollector* out) {
   for (int b : kBits) {
     for (float rho : {1.0f, 0.92f}) {
       for (const RotationVariant& rot : kEdgeRotations) {
-        const WriteParams p = MakeWriteParams(64, 32, b, rho, rot.kind, rot.block, rot.bitrev);
+        const WriteParams p = params::Write().head_dim(64).group(32).bits(b).clip(rho)
+                                  .rotation(rot.kind).block(rot.block).bitrev(rot.bitrev);
         const std::string name = "pipeline/edges_d64_g32_b" + std::to_string(b) + "_" +
                                  RhoTag(rho) + "_" + rot.name;
         AddPipelineCase(out, scalar, name, p, AllRowKinds(), 1);
       }
     }
   }
+  AddSpec11Pipelines(out, scalar);
   // Block-diagonal Hadamard (SAW-INT4 style).
   struct Block {
     int d, g, b;
@@ -371,7 +580,8 @@ void AddPipelineCases(VectorCollector* out) {
                                             RowKind::kOutlier, RowKind::kTies};
   for (const Block& bl : blocks) {
     const WriteParams p =
-        MakeWriteParams(bl.d, bl.g, bl.b, bl.rho, RotationKind::kHadamard, bl.block, bl.bitrev);
+        params::Write().head_dim(bl.d).group(bl.g).bits(bl.b).clip(bl.rho).hadamard(bl.block)
+            .bitrev(bl.bitrev);
     const std::string name = "pipeline/block_d" + std::to_string(bl.d) + "_g" +
                              std::to_string(bl.g) + "_b" + std::to_string(bl.b) + "_" +
                              RhoTag(bl.rho) + "_h" + std::to_string(bl.block) +

@@ -23,35 +23,9 @@ namespace {
 // cases at d = 64, while the d = 256 fixture (256 KiB a matrix) stays at one.
 int MatricesFor(int head_dim) { return head_dim == 64 ? 4 : head_dim == 128 ? 2 : 1; }
 
-// A random orthogonal matrix: modified Gram-Schmidt (twice) in double over rows of uniform
-// values, rounded once to fp32. Only +, -, *, / and sqrt, all correctly rounded: the same
-// matrix on every machine.
-std::vector<float> RandomOrthogonal(int d, SplitMix64* rng) {
-  const size_t n = static_cast<size_t>(d);
-  std::vector<double> q(n * n);
-  for (double& v : q) v = rng->Uniform();
-  for (size_t i = 0; i < n; ++i) {
-    double* v = q.data() + i * n;
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t j = 0; j < i; ++j) {
-        const double* u = q.data() + j * n;
-        double dot = 0.0;
-        for (size_t k = 0; k < n; ++k) dot += v[k] * u[k];
-        for (size_t k = 0; k < n; ++k) v[k] -= dot * u[k];
-      }
-    }
-    double norm = 0.0;
-    for (size_t k = 0; k < n; ++k) norm += v[k] * v[k];
-    norm = std::sqrt(norm);
-    for (size_t k = 0; k < n; ++k) v[k] /= norm;
-  }
-  std::vector<float> r(n * n);
-  for (size_t k = 0; k < n * n; ++k) r[k] = static_cast<float>(q[k]);
-  return r;
-}
-
-void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_seed) {
-  file->metadata["spec_version"] = kSpecVersion;
+void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_seed,
+                       const char* spec_version) {
+  file->metadata["spec_version"] = spec_version;
   file->metadata["generator"] = kGeneratorName;
   file->metadata["generator_version"] = kGeneratorVersion;
   file->metadata["seed"] = std::to_string(case_seed);
@@ -61,18 +35,18 @@ void PutCommonMetadata(Safetensors* file, uint64_t case_seed, uint64_t global_se
 }  // namespace
 
 std::string RhoTag(float rho) {
-  std::string text = FormatFloat(rho);
+  std::string text = ShortestFloat(rho);
   std::replace(text.begin(), text.end(), '.', 'p');
   return "rho" + text;
 }
 
-Safetensors VectorCollector::NewCase(const std::string& name, CaseKind kind,
-                                     SplitMix64* rng) const {
+Safetensors VectorCollector::NewCase(const std::string& name, CaseKind kind, SplitMix64* rng,
+                                     const char* spec_version) const {
   const uint64_t case_seed = CaseSeed(seed_, name);
   *rng = SplitMix64(case_seed);
   Safetensors file;
   file.metadata["format"] = kCaseFormat;
-  PutCommonMetadata(&file, case_seed, seed_);
+  PutCommonMetadata(&file, case_seed, seed_, spec_version);
   file.metadata["case"] = name;
   file.metadata["kind"] = CaseKindName(kind);
   return file;
@@ -83,6 +57,11 @@ void VectorCollector::AddCase(const std::string& name, CaseKind kind, const Safe
   for (const Entry& e : entries_) {
     KVQ_CHECK(e.path != path, kInvalidArgument, "generator: duplicate case '", name, "'");
   }
+  // A case keeps the version of the rules it exercises (a 1.0 case stays byte-identical).
+  const std::string labelled = CaseMetadata(file).String("spec_version");
+  KVQ_CHECK(labelled == RequiredSpecVersion(file), kInvalidArgument, "generator: case '", name,
+            "' is labelled spec ", labelled, " but its parameters need spec ",
+            RequiredSpecVersion(file));
   entries_.push_back(Entry{path, "case", CaseKindName(kind), SerializeSafetensors(file)});
 }
 
@@ -98,7 +77,7 @@ std::string VectorCollector::EnsureFixture(int head_dim) {
   }
   Safetensors file;
   file.metadata["format"] = kFixtureFormat;
-  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_);
+  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_, "1.0");
   file.metadata["description"] =
       "random orthogonal matrices (Gram-Schmidt in fp64, rounded once to fp32), row-major";
   file.Add("rotations", Tensor::F32({m, head_dim, head_dim}, all));
@@ -109,6 +88,44 @@ std::string VectorCollector::EnsureFixture(int head_dim) {
 }
 
 int VectorCollector::FixtureMatrices(int head_dim) { return MatricesFor(head_dim); }
+
+std::string VectorCollector::AddRotationFixture(const std::string& name,
+                                                const std::string& description, int head_dim,
+                                                const std::vector<float>& matrices) {
+  const std::string path = "fixtures/" + name + ".safetensors";
+  KVQ_CHECK(fixtures_.count(path) == 0, kInvalidArgument, "generator: duplicate fixture '", path,
+            "'");
+  const int64_t dd = static_cast<int64_t>(head_dim) * head_dim;
+  KVQ_CHECK(!matrices.empty() && static_cast<int64_t>(matrices.size()) % dd == 0,
+            kInvalidArgument, "generator: fixture '", path, "' holds ", matrices.size(),
+            " values, not whole ", head_dim, "x", head_dim, " matrices");
+  Safetensors file;
+  file.metadata["format"] = kFixtureFormat;
+  PutCommonMetadata(&file, CaseSeed(seed_, path), seed_, "1.0");
+  file.metadata["description"] = description;
+  file.Add("rotations", Tensor::F32({static_cast<int64_t>(matrices.size()) / dd, head_dim,
+                                     head_dim},
+                                    matrices));
+  std::vector<uint8_t> bytes = SerializeSafetensors(file);
+  fixtures_[path] = Fixture{Sha256Hex(bytes), std::move(file)};
+  entries_.push_back(Entry{path, "fixture", "", std::move(bytes)});
+  return path;
+}
+
+void VectorCollector::UseFixtureRotations(Safetensors* file, const std::string& path,
+                                          const std::string& index_tensor,
+                                          const std::vector<int32_t>& indices) {
+  auto it = fixtures_.find(path);
+  KVQ_CHECK(it != fixtures_.end(), kInvalidArgument, "generator: no fixture '", path, "'");
+  const int64_t m = it->second.file.Get("rotations").shape[0];
+  for (int32_t i : indices) {
+    KVQ_CHECK(i >= 0 && i < m, kInvalidArgument, "generator: rotation index ", i, " past the ",
+              m, " matrices of ", path);
+  }
+  file->metadata["rotation_fixture"] = path;
+  file->metadata["rotation_fixture_sha256"] = it->second.sha256;
+  file->Add(index_tensor, Tensor::I32({static_cast<int64_t>(indices.size())}, indices));
+}
 
 void VectorCollector::UseRotations(Safetensors* file, int head_dim, const std::string& index_tensor,
                                    const std::vector<int32_t>& indices) {
@@ -129,6 +146,7 @@ std::vector<GeneratedFile> GenerateVectorFiles(uint64_t seed) {
   internal::AddStageCases(&collector);
   internal::AddPipelineCases(&collector);
   internal::AddCacheAndAttentionCases(&collector);
+  internal::AddSchemeAttentionCases(&collector);
 
   std::vector<GeneratedFile> files;
   Manifest manifest;

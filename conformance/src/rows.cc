@@ -1,18 +1,33 @@
-// Row generators for the golden vectors (rows.h). Every value is built with exact arithmetic
-// from the generator's bits, so a seed gives the same rows everywhere.
-#include "rows.h"
+// Row generators of the tests and the golden vectors (kvq/conformance/rows.h). Every value is
+// built with exact arithmetic from the generator's bits, so a seed gives the same rows
+// everywhere.
+#include "kvq/conformance/rows.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "kvq/common/numeric.h"
 
-namespace kvq::conformance::internal {
+namespace kvq::conformance {
 namespace {
 
 // 2^e for e in [-149, 127], built from the bits (no libm).
 float PowerOfTwo(int e) {
   if (e >= -126) return F32FromBits(static_cast<uint32_t>(e + 127) << 23);
   return F32FromBits(1u << (e + 149));  // subnormal
+}
+
+// A value in [1, 2) with 23 random fraction bits.
+float Mantissa(SplitMix64* rng) {
+  return F32FromBits(0x3f800000u | static_cast<uint32_t>(rng->NextU64() >> 41));
+}
+
+// +-2^e * Mantissa() for e uniform in [lo, hi].
+float SignedPower(int lo, int hi, SplitMix64* rng) {
+  const uint32_t span = static_cast<uint32_t>(hi - lo + 1);
+  const float power = PowerOfTwo(lo + static_cast<int>(rng->Below(span)));
+  const float magnitude = power * Mantissa(rng);  // exact: a power of two times [1, 2)
+  return rng->Bit() ? -magnitude : magnitude;
 }
 
 }  // namespace
@@ -41,6 +56,34 @@ const char* RowKindName(RowKind kind) {
       return "huge";
     case RowKind::kDuplicates:
       return "duplicates";
+    case RowKind::kBf16Bell:
+      return "bf16_bell";
+    case RowKind::kCauchy:
+      return "cauchy";
+    case RowKind::kSparseSpikes:
+      return "sparse_spikes";
+    case RowKind::kLargeScale:
+      return "large_scale";
+    case RowKind::kTinyScale:
+      return "tiny_scale";
+    case RowKind::kSmallIntegers:
+      return "small_integers";
+    case RowKind::kLargeOffset:
+      return "large_offset";
+    case RowKind::kNearLimit:
+      return "near_limit";
+    case RowKind::kMinimal:
+      return "minimal";
+    case RowKind::kRamp:
+      return "ramp";
+    case RowKind::kFarOutliers:
+      return "far_outliers";
+    case RowKind::kEqualMagnitudes:
+      return "equal_magnitudes";
+    case RowKind::kWideRange:
+      return "wide_range";
+    case RowKind::kSignedOffset:
+      return "signed_offset";
   }
   return "?";
 }
@@ -59,6 +102,30 @@ const std::vector<RowKind>& AllRowKinds() {
     all.insert(all.end(), EdgeRowKinds().begin(), EdgeRowKinds().end());
     return all;
   }();
+  return kinds;
+}
+
+std::vector<RowKind> TestRowKinds(bool within_write_range) {
+  std::vector<RowKind> kinds = AllRowKinds();
+  for (RowKind k : {RowKind::kBf16Bell, RowKind::kCauchy, RowKind::kSparseSpikes,
+                    RowKind::kLargeScale, RowKind::kTinyScale, RowKind::kSmallIntegers,
+                    RowKind::kLargeOffset, RowKind::kNearLimit, RowKind::kMinimal,
+                    RowKind::kRamp, RowKind::kFarOutliers, RowKind::kEqualMagnitudes,
+                    RowKind::kWideRange, RowKind::kSignedOffset}) {
+    if (!(within_write_range && k == RowKind::kNearLimit)) kinds.push_back(k);
+  }
+  return kinds;
+}
+
+std::vector<RowKind> TestRowKinds(const WriteParams& p) {
+  std::vector<RowKind> kinds;
+  for (RowKind k : TestRowKinds(true)) {
+    if (p.norm && (k == RowKind::kHuge || k == RowKind::kLargeScale ||
+                   k == RowKind::kFarOutliers || k == RowKind::kWideRange)) {
+      continue;
+    }
+    kinds.push_back(k);
+  }
   return kinds;
 }
 
@@ -107,15 +174,17 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
     }
     case RowKind::kTies: {
       const int levels = p.levels();
-      for (int g0 = 0; g0 < d; g0 += p.group) {
+      // Channel groups of G (a tile format's G_k counts tokens: groups of min(G_k, d) here).
+      const int group = p.group < d ? p.group : d;
+      for (int g0 = 0; g0 < d; g0 += group) {
         float* x = row + g0;
         const float unit = PowerOfTwo(static_cast<int>(rng->Below(5)) - 2);
         float lo, hi;
-        if ((g0 / p.group) % 2 == 0) {
+        if ((g0 / group) % 2 == 0) {
           // s = unit exactly, min exact in bf16: (x - m) / s = k + 0.5 exactly.
           lo = -static_cast<float>(rng->Below(8)) * unit;
           hi = lo + static_cast<float>(levels) * unit;
-          for (int j = 0; j < p.group; ++j) {
+          for (int j = 0; j < group; ++j) {
             x[j] = lo + (static_cast<float>(rng->Below(levels)) + 0.5f) * unit;
           }
         } else {
@@ -124,11 +193,11 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
           const float tie = 1.00390625f;  // 1 + 2^-8
           lo = -tie * unit;
           hi = lo + static_cast<float>(levels) * tie * unit;
-          for (int j = 0; j < p.group; ++j) x[j] = lo + (hi - lo) * rng->Uniform01();
+          for (int j = 0; j < group; ++j) x[j] = lo + (hi - lo) * rng->Uniform01();
         }
         // The extremes at random places of the group.
-        const int a = static_cast<int>(rng->Below(p.group));
-        int b = static_cast<int>(rng->Below(p.group - 1));
+        const int a = static_cast<int>(rng->Below(group));
+        int b = static_cast<int>(rng->Below(group - 1));
         if (b >= a) ++b;
         x[a] = lo;
         x[b] = hi;
@@ -154,6 +223,76 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
       for (int j = 0; j < d; ++j) row[j] = kValues[rng->Below(9)];
       break;
     }
+    case RowKind::kBf16Bell:
+      for (int j = 0; j < d; ++j) row[j] = RoundToBf16(4.0f * rng->Bell());
+      break;
+    case RowKind::kCauchy:
+      for (int j = 0; j < d; ++j) {
+        const float u = std::fabs(rng->Uniform()) + 9.5367431640625e-07f;  // + 2^-20
+        const float v = rng->Bell() / u;  // IEEE division: the same bits everywhere
+        row[j] = v > 1e6f ? 1e6f : (v < -1e6f ? -1e6f : v);
+      }
+      break;
+    case RowKind::kSparseSpikes:
+      for (int j = 0; j < d; ++j) {
+        const float v = rng->Bell();
+        row[j] = rng->Below(32) == 0 ? 100.0f * v : v;
+      }
+      break;
+    case RowKind::kLargeScale:
+      for (int j = 0; j < d; ++j) row[j] = PowerOfTwo(66) * rng->Bell();
+      break;
+    case RowKind::kTinyScale:
+      for (int j = 0; j < d; ++j) row[j] = PowerOfTwo(-100) * rng->Bell();
+      break;
+    case RowKind::kSmallIntegers:
+      for (int j = 0; j < d; ++j) row[j] = static_cast<float>(static_cast<int>(rng->Below(9)) - 4);
+      break;
+    case RowKind::kLargeOffset:
+      for (int j = 0; j < d; ++j) row[j] = 1001.0f + static_cast<float>(rng->Below(3)) * 0.5f;
+      break;
+    case RowKind::kNearLimit:
+      for (int j = 0; j < d; ++j) row[j] = -8.0e37f + static_cast<float>(j % 5) * 2.0e37f;
+      break;
+    case RowKind::kMinimal:
+      for (int j = 0; j < d; ++j) {
+        const uint32_t pick = rng->Below(3);
+        const float v = pick == 0 ? 1.17549435e-38f : (pick == 1 ? 1.4e-45f : 0.0f);
+        row[j] = rng->Bit() ? -v : v;
+      }
+      break;
+    case RowKind::kRamp:
+      for (int j = 0; j < d; ++j) {
+        row[j] = static_cast<float>(j % 2 == 0 ? 1 : -1) * static_cast<float>(j / 2) * 0.5f;
+      }
+      break;
+    case RowKind::kFarOutliers:
+      for (int j = 0; j < d; ++j) row[j] = rng->Bell();
+      for (int k = 0; k < 3; ++k) {
+        const uint32_t channel = rng->Below(d);
+        row[channel] = SignedPower(0, 100, rng);
+      }
+      break;
+    case RowKind::kEqualMagnitudes: {
+      const float c = Mantissa(rng);
+      for (int j = 0; j < d; ++j) {
+        if (rng->Below(10) == 0) {
+          row[j] = 4.0f * rng->Bell();
+        } else {
+          row[j] = rng->Bit() ? -c : c;
+        }
+      }
+      break;
+    }
+    case RowKind::kWideRange:
+      for (int j = 0; j < d; ++j) row[j] = SignedPower(-100, 100, rng);
+      break;
+    case RowKind::kSignedOffset: {
+      const float offset = SignedPower(9, 11, rng);
+      // offset + 2^-10 * bell: the product is exact, so the one rounding is the sum's.
+      for (int j = 0; j < d; ++j) row[j] = offset + PowerOfTwo(-10) * rng->Bell();
+      break;
+    }
   }
 }
 
@@ -161,12 +300,20 @@ std::vector<float> MakeRows(const std::vector<RowKind>& kinds, const WriteParams
                             SplitMix64* rng, std::string* names) {
   const size_t d = static_cast<size_t>(p.head_dim);
   std::vector<float> rows(kinds.size() * d);
-  names->clear();
+  if (names != nullptr) names->clear();
   for (size_t r = 0; r < kinds.size(); ++r) {
     FillRow(kinds[r], p, rng, rows.data() + r * d);
-    *names += (r ? "," : "") + std::string(RowKindName(kinds[r]));
+    if (names != nullptr) *names += (r ? "," : "") + std::string(RowKindName(kinds[r]));
   }
   return rows;
 }
 
-}  // namespace kvq::conformance::internal
+std::vector<float> MixedRows(size_t n, const WriteParams& p, SplitMix64* rng,
+                             const std::vector<RowKind>& kinds) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  std::vector<float> rows(n * d);
+  for (size_t r = 0; r < n; ++r) FillRow(kinds[r % kinds.size()], p, rng, rows.data() + r * d);
+  return rows;
+}
+
+}  // namespace kvq::conformance

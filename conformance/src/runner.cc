@@ -7,19 +7,20 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <set>
 #include <sstream>
 #include <utility>
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
+#include "kvq/common/stages.h"
 #include "kvq/common/tensor.h"
+#include "kvq/conformance/bits.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/write_path.h"
-
-#ifndef KVQ_CONFORMANCE_VECTORS_DIR
-#error "KVQ_CONFORMANCE_VECTORS_DIR must be defined by conformance/CMakeLists.txt"
-#endif
 
 namespace kvq::conformance {
 namespace {
@@ -27,53 +28,6 @@ namespace {
 // Fills output buffers before a kernel runs, so an element the kernel forgets to write shows
 // up as a mismatch instead of passing by luck.
 constexpr uint8_t kPoison = 0xA5;
-
-std::string FormatElement(const Tensor& t, size_t i) {
-  char text[96];
-  switch (t.dtype) {
-    case DType::kF32: {
-      uint32_t bits;
-      std::memcpy(&bits, t.bytes.data() + 4 * i, 4);
-      std::snprintf(text, sizeof text, "0x%08" PRIx32 " (%.9g)", bits,
-                    static_cast<double>(F32FromBits(bits)));
-      break;
-    }
-    case DType::kBF16:
-    case DType::kF16: {
-      uint16_t bits;
-      std::memcpy(&bits, t.bytes.data() + 2 * i, 2);
-      const float value = t.dtype == DType::kBF16 ? F32FromBf16(bits) : F32FromF16(bits);
-      std::snprintf(text, sizeof text, "0x%04x (%.9g)", static_cast<unsigned>(bits),
-                    static_cast<double>(value));
-      break;
-    }
-    case DType::kU8:
-      std::snprintf(text, sizeof text, "%u", static_cast<unsigned>(t.bytes[i]));
-      break;
-    case DType::kI32: {
-      int32_t v;
-      std::memcpy(&v, t.bytes.data() + 4 * i, 4);
-      std::snprintf(text, sizeof text, "%" PRId32, v);
-      break;
-    }
-  }
-  return text;
-}
-
-std::string IndexString(const std::vector<int64_t>& shape, size_t flat) {
-  std::vector<int64_t> index(shape.size());
-  for (size_t k = shape.size(); k-- > 0;) {
-    index[k] = static_cast<int64_t>(flat % static_cast<size_t>(shape[k]));
-    flat /= static_cast<size_t>(shape[k]);
-  }
-  std::ostringstream os;
-  os << "[";
-  for (size_t k = 0; k < index.size(); ++k) os << (k ? ", " : "") << index[k];
-  os << "] of " << "[";
-  for (size_t k = 0; k < shape.size(); ++k) os << (k ? ", " : "") << shape[k];
-  os << "]";
-  return os.str();
-}
 
 // The failure a replay reports: thrown inside a case, caught by ReplayCase.
 struct CaseFailure {
@@ -85,36 +39,24 @@ struct CaseFailure {
 // first differing element. `axes` names the dimensions for the message ("row", "column").
 void ExpectBits(const std::string& stage, const Tensor& expected, const void* got_data,
                 size_t got_bytes, const std::string& axes = "") {
-  KVQ_CHECK(got_bytes == expected.bytes.size(), kShapeMismatch, stage, ": the target produced ",
-            got_bytes, " bytes, the case expects ", expected.bytes.size());
-  const uint8_t* got = static_cast<const uint8_t*>(got_data);
-  // Empty tensors (e.g. a page table with no page) have null data: nothing to compare.
-  if (got_bytes == 0 || std::memcmp(got, expected.bytes.data(), got_bytes) == 0) return;
-  const size_t item = DTypeSize(expected.dtype);
-  size_t i = 0;
-  while (std::memcmp(got + i * item, expected.bytes.data() + i * item, item) == 0) ++i;
-  Tensor got_tensor;
-  got_tensor.dtype = expected.dtype;
-  got_tensor.shape = expected.shape;
-  got_tensor.bytes.assign(got, got + got_bytes);
+  std::optional<BitMismatch> m;
+  try {
+    m = FirstBitMismatch(expected, got_data, got_bytes);
+  } catch (const Error& e) {
+    throw Error(e.code(), stage + ": " + e.what());
+  }
+  if (!m) return;
   CaseFailure f;
   f.mismatch.stage = stage;
+  f.mismatch.row = m->row;
+  f.mismatch.column = m->column;
+  f.mismatch.where = m->where + (axes.empty() ? "" : " (" + axes + ")");
+  f.mismatch.expected = m->expected;
+  f.mismatch.got = m->got;
   // Row: the index over every dimension but the last; column: the last. A 1-D tensor (tau,
   // per-row values) has rows only.
-  std::string at;
-  if (expected.shape.size() <= 1) {
-    f.mismatch.row = static_cast<int64_t>(i);
-    at = "row " + std::to_string(f.mismatch.row);
-  } else {
-    const int64_t last = expected.shape.back();
-    f.mismatch.row = static_cast<int64_t>(i) / last;
-    f.mismatch.column = static_cast<int64_t>(i) % last;
-    at = "row " + std::to_string(f.mismatch.row) + ", column " +
-         std::to_string(f.mismatch.column);
-  }
-  f.mismatch.where = IndexString(expected.shape, i) + (axes.empty() ? "" : " (" + axes + ")");
-  f.mismatch.expected = FormatElement(expected, i);
-  f.mismatch.got = FormatElement(got_tensor, i);
+  const std::string at = "row " + std::to_string(m->row) +
+                         (m->column >= 0 ? ", column " + std::to_string(m->column) : "");
   f.message = stage + " differs at " + at + " " + f.mismatch.where + ": expected " +
               f.mismatch.expected + ", got " + f.mismatch.got;
   throw f;
@@ -142,88 +84,50 @@ std::vector<T> Poisoned(size_t count) {
   return v;
 }
 
-// ---- Write-path stages, called directly through the target's kernel table ----
+// ---- Write-path stages, called directly through the backend's kernel table ----
+// Generic over kvq/common/stages.inc: inputs "in.<name>" (a matrix from the case's rotation
+// fixture), outputs poisoned, then compared with "expect.<expect>" in argument order.
 void ReplayStage(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
-  const std::string& stage = MetaString(c, "stage");
-  const WriteParams p = GetWriteParams(c, "");
-  const int64_t n = MetaInt(c, "rows");
-  const int64_t d = p.head_dim, groups = p.num_groups(), cb = p.code_bytes();
-  const size_t rows = static_cast<size_t>(n);
-  const cpu::WriteKernels& k = backend.write;
-  auto require = [&](const void* fn) {
-    KVQ_CHECK(fn != nullptr, kUnsupported, "backend '", backend.name, "' has no ", stage,
-              " kernel");
-  };
-  const std::string rc = "row, column";
-  if (stage == "rotate_dense") {
-    require(reinterpret_cast<const void*>(k.rotate_dense));
-    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
-    const std::vector<float> r = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
-    KVQ_CHECK(r.size() == static_cast<size_t>(d * d), kMalformedFile,
-              "in.rotation_index must pick one matrix");
-    std::vector<float> y = Poisoned<float>(rows * d);
-    k.rotate_dense(x.data<float>(), r.data(), y.data(), rows, p);
-    ExpectBits("y", c.Get("expect.y"), y, rc);
-  } else if (stage == "fwht" || stage == "bitrev") {
-    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
-    std::vector<float> y;
-    if (stage == "fwht") {
-      require(reinterpret_cast<const void*>(k.fwht));
-      y = x.ToF32();
-      k.fwht(y.data(), rows, p);
+  const MetadataReader meta = CaseMetadata(c);
+  const std::string& name = meta.String("stage");
+  const StageSpec* stage = FindStage(name);
+  KVQ_CHECK(stage != nullptr, kMalformedFile, "case ", meta.what(), ": unknown stage '", name,
+            "'");
+  const WriteParams p = GetWriteParams(meta, "");
+  const int64_t n = meta.Int("rows", 0, int64_t{1} << 32);
+  std::vector<std::vector<uint8_t>> buffers(static_cast<size_t>(stage->num_args));
+  void* args[kMaxStageArgs] = {};
+  for (int i = 0; i < stage->num_args; ++i) {
+    const StageArg& arg = stage->args[i];
+    std::vector<uint8_t>& buffer = buffers[static_cast<size_t>(i)];
+    const std::vector<int64_t> shape = ArgShape(arg.extent, n, p);
+    if (arg.extent == Extent::kMatrix) {
+      const std::vector<float> r = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
+      KVQ_CHECK(r.size() == static_cast<size_t>(p.head_dim) * p.head_dim, kMalformedFile,
+                "in.rotation_index must pick one matrix");
+      buffer.resize(r.size() * sizeof(float));
+      std::memcpy(buffer.data(), r.data(), buffer.size());
+    } else if (arg.is_input()) {
+      buffer = Input(c, std::string("in.") + arg.name, arg.dtype, shape).bytes;
     } else {
-      require(reinterpret_cast<const void*>(k.bitrev));
-      y = Poisoned<float>(rows * d);
-      k.bitrev(x.data<float>(), y.data(), rows, p);
+      buffer.assign(ArgElements(arg.extent, n, p) * DTypeSize(arg.dtype), kPoison);
     }
-    ExpectBits("y", c.Get("expect.y"), y, rc);
-  } else if (stage == "clip") {
-    require(reinterpret_cast<const void*>(k.clip));
-    std::vector<float> y = Input(c, "in.x", DType::kF32, {n, d}).ToF32();
-    std::vector<float> tau = Poisoned<float>(rows);
-    k.clip(y.data(), tau.data(), rows, p);
-    ExpectBits("tau", c.Get("expect.tau"), tau, "row");
-    ExpectBits("x", c.Get("expect.x"), y, rc);
-  } else if (stage == "quantize") {
-    require(reinterpret_cast<const void*>(k.quantize));
-    const Tensor& x = Input(c, "in.x", DType::kF32, {n, d});
-    std::vector<uint8_t> codes = Poisoned<uint8_t>(rows * d);
-    std::vector<uint16_t> scale = Poisoned<uint16_t>(rows * groups);
-    std::vector<uint16_t> min = Poisoned<uint16_t>(rows * groups);
-    k.quantize(x.data<float>(), codes.data(), scale.data(), min.data(), rows, p);
-    ExpectBits("scale", c.Get("expect.scale"), scale, "row, group");
-    ExpectBits("min", c.Get("expect.min"), min, "row, group");
-    ExpectBits("codes", c.Get("expect.codes"), codes, rc);
-  } else if (stage == "pack") {
-    require(reinterpret_cast<const void*>(k.pack));
-    const Tensor& codes = Input(c, "in.codes", DType::kU8, {n, d});
-    std::vector<uint8_t> packed = Poisoned<uint8_t>(rows * cb);
-    k.pack(codes.data<uint8_t>(), packed.data(), rows, p);
-    ExpectBits("packed", c.Get("expect.packed"), packed, "row, byte");
-  } else if (stage == "unpack") {
-    require(reinterpret_cast<const void*>(k.unpack));
-    const Tensor& packed = Input(c, "in.packed", DType::kU8, {n, cb});
-    std::vector<uint8_t> codes = Poisoned<uint8_t>(rows * d);
-    k.unpack(packed.data<uint8_t>(), codes.data(), rows, p);
-    ExpectBits("codes", c.Get("expect.codes"), codes, rc);
-  } else if (stage == "dequantize") {
-    require(reinterpret_cast<const void*>(k.dequantize));
-    const Tensor& codes = Input(c, "in.codes", DType::kU8, {n, d});
-    const Tensor& scale = Input(c, "in.scale", DType::kBF16, {n, groups});
-    const Tensor& min = Input(c, "in.min", DType::kBF16, {n, groups});
-    std::vector<float> y = Poisoned<float>(rows * d);
-    k.dequantize(codes.data<uint8_t>(), scale.data<uint16_t>(), min.data<uint16_t>(), y.data(),
-                 rows, p);
-    ExpectBits("y", c.Get("expect.y"), y, rc);
-  } else {
-    KVQ_CHECK(false, kMalformedFile, "unknown stage '", stage, "'");
+    args[i] = buffer.data();
+  }
+  cpu::RunStage(backend.write, stage->id, args, static_cast<size_t>(n), p);
+  for (int i = 0; i < stage->num_args; ++i) {
+    const StageArg& arg = stage->args[i];
+    if (!arg.is_output()) continue;
+    const std::vector<uint8_t>& got = buffers[static_cast<size_t>(i)];
+    ExpectBits(arg.expect, c.Get(std::string("expect.") + arg.expect), got.data(), got.size(),
+               ExtentAxes(arg.extent));
   }
 }
 
 // ---- The whole write path through the validating entry point ----
 void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
-  const WriteParams p = GetWriteParams(c, "");
-  const int64_t n = MetaInt(c, "rows");
+  const WriteParams p = GetWriteParams(CaseMetadata(c), "");
+  const int64_t n = CaseMetadata(c).Int("rows");
   const Tensor& x = Input(c, "in.x", DType::kF32, {n, p.head_dim});
   std::vector<float> rotation;
   if (p.rotation == RotationKind::kDense) {
@@ -232,14 +136,23 @@ void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backen
   const cpu::QuantizedRows out = cpu::QuantizeRows(
       backend, p, rotation.empty() ? nullptr : rotation.data(), x.data<float>(),
       static_cast<size_t>(n));
-  // In write-path order, so the first mismatch names the earliest stage that went wrong.
-  ExpectBits("rotated", c.Get("expect.rotated"), out.rotated, "row, column");
-  ExpectBits("tau", c.Get("expect.tau"), out.tau, "row");
-  ExpectBits("scale", c.Get("expect.scale"), out.scale, "row, group");
-  ExpectBits("min", c.Get("expect.min"), out.min, "row, group");
-  ExpectBits("codes", c.Get("expect.codes"), out.codes, "row, column");
-  ExpectBits("packed", c.Get("expect.packed"), out.packed, "row, byte");
-  ExpectBits("dequantized", c.Get("expect.dequantized"), out.dequantized, "row, column");
+  // Every field of the format's write path, in write-path order, so the first mismatch names
+  // the earliest stage that went wrong; the case must expect exactly these fields.
+  const bool tile = p.format == Format::kAffineTile;
+  std::set<std::string> compared;
+  for (const auto& [field, got] : out.Tensors(p)) {
+    const char* axes = "row, column";
+    if (field == "tau" || field == "norm") axes = "row";
+    if (field == "scale" || field == "min") axes = tile ? "tile, channel" : "row, group";
+    if (field == "packed") axes = tile ? "tile, channel, byte" : "row, byte";
+    ExpectBits(field, c.Get("expect." + field), got.bytes.data(), got.bytes.size(), axes);
+    compared.insert("expect." + field);
+  }
+  for (const auto& [name, tensor] : c.tensors) {
+    KVQ_CHECK(name.rfind("expect.", 0) != 0 || compared.count(name) != 0, kMalformedFile,
+              "case ", CaseMetadata(c).what(), ": ", name, " is not an output of the write path of ",
+              FormatName(p.format), p.norm ? " with a norm" : "");
+  }
 }
 
 // ---- Paged cache storage ----
@@ -253,17 +166,16 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
              "pages created, pages free");
   const char* kv_names[2] = {"key", "value"};
   const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
-  if (params.quantized) {
+  if (params.quantized()) {
+    // Every plane of the format, in the layout's order (kvq/common/formats.inc).
     for (int h = 0; h < 2; ++h) {
-      const std::string base = std::string("pool.") + kv_names[h];
+      const FormatLayout& layout = cache.Layout(kvs[h]);
       const size_t pages = static_cast<size_t>(cache.NumPages());
-      ExpectBits(base + ".codes", c.Get("expect." + base + ".codes"), cache.PoolCodes(kvs[h]),
-                 pages * cache.PageCodeBytes(kvs[h]), "page, KV head, slot, byte");
-      const size_t meta = pages * cache.PageMetadataCount(kvs[h]) * sizeof(uint16_t);
-      ExpectBits(base + ".scale", c.Get("expect." + base + ".scale"), cache.PoolScale(kvs[h]),
-                 meta, "page, KV head, slot, group");
-      ExpectBits(base + ".min", c.Get("expect." + base + ".min"), cache.PoolMin(kvs[h]), meta,
-                 "page, KV head, slot, group");
+      for (int i = 0; i < layout.num_planes; ++i) {
+        const std::string name = std::string("pool.") + kv_names[h] + "." + layout.plane(i).name;
+        ExpectBits(name, c.Get("expect." + name), cache.PoolPlane(kvs[h], i),
+                   pages * cache.PagePlaneBytes(kvs[h], i), "page, KV head, slot, element");
+      }
     }
   }
   for (size_t slot = 0; slot < replayed.slot_ids.size(); ++slot) {
@@ -284,7 +196,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
                cache.PageTable(id), "page index");
     for (int h = 0; h < 2; ++h) {
       const std::string kv = kv_names[h];
-      if (!params.quantized) {
+      if (!params.quantized()) {
         ExpectBits(base + ".dense." + kv, c.Get("expect." + base + ".dense." + kv),
                    cache.DenseRows(id, kvs[h]), t * row * sizeof(uint16_t),
                    "position, KV head, channel");
@@ -293,12 +205,12 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
       ExpectBits(base + ".sink." + kv, c.Get("expect." + base + ".sink." + kv),
                  cache.SinkRows(id, kvs[h]), cache.SinkLength(id) * row * sizeof(uint16_t),
                  "position, KV head, channel");
-      // Recent rows in position order, read from the ring at slot position % W (the layout).
+      // Recent rows in position order, read from the ring at slot position % (W + F - 1).
       const size_t begin = cache.RecentBegin(id);
       std::vector<uint16_t> recent;
       const uint16_t* ring = cache.RecentRing(id, kvs[h]);
       for (size_t pos = begin; pos < t; ++pos) {
-        const uint16_t* r = ring + (pos % static_cast<size_t>(params.recent)) * row;
+        const uint16_t* r = ring + (pos % static_cast<size_t>(params.ring_slots())) * row;
         recent.insert(recent.end(), r, r + row);
       }
       ExpectBits(base + ".recent." + kv, c.Get("expect." + base + ".recent." + kv), recent,
@@ -308,7 +220,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
 }
 
 // ---- Decode attention against the fp64 reference ----
-void ReplayAttention(const VectorSet& vs, const Safetensors& c, const ConformanceTarget& target) {
+void ReplayAttention(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
   const ReplayedCache replayed = ReplayCacheScript(c, vs.fixtures, cpu::ScalarBackend());
   const cpu::PagedKVCache& cache = *replayed.cache;
   const CacheParams& params = cache.params();
@@ -318,8 +230,9 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const Conformanc
   const Tensor& q = Input(c, "in.q", DType::kF32, {nq, hq, d});
   const Tensor& ref_bytes = Input(c, "expect.reference_f64", DType::kU8, {nq, hq, d, 8});
   const std::vector<double> ref = BytesToF64(ref_bytes.bytes);
-  const double tolerance = MetaDouble(
-      c, target.tolerance == ToleranceClass::kGpu ? "tolerance_gpu" : "tolerance");
+  // The CPU oracle's tolerance, or the CUDA path's (spec/cache.md §5).
+  const double tolerance = CaseMetadata(c).Double(
+      backend.device == cpu::Device::kCuda ? "tolerance_gpu" : "tolerance");
   const size_t per_query = static_cast<size_t>(hq * d);
   for (int64_t i = 0; i < nq; ++i) {
     const int32_t slot = slots.data<int32_t>()[i];
@@ -327,7 +240,7 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const Conformanc
                   replayed.slot_ids[slot] >= 0,
               kMalformedFile, "in.query_slots[", i, "] = ", slot, " is not a live sequence");
     std::vector<float> out(per_query, std::numeric_limits<float>::quiet_NaN());
-    target.attend(cache, replayed.slot_ids[slot], q.data<float>() + i * per_query, out.data());
+    backend.attend(cache, {replayed.slot_ids[slot]}, q.data<float>() + i * per_query, out.data());
     const double* r = ref.data() + i * per_query;
     const std::vector<double> errors = cpu::RelativeErrorPerHead(out.data(), r, hq, d);
     for (int h = 0; h < hq; ++h) {
@@ -372,24 +285,6 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const Conformanc
 
 }  // namespace
 
-ConformanceTarget CpuTarget(const cpu::Backend& backend) {
-  ConformanceTarget target;
-  target.name = backend.name;
-  target.backend = &backend;
-  const cpu::Backend* b = &backend;
-  target.attend = [b](const cpu::PagedKVCache& cache, int seq, const float* q, float* out) {
-    cpu::Attend(*b, cache, seq, q, out);
-  };
-  target.tolerance = ToleranceClass::kCpu;
-  return target;
-}
-
-std::vector<ConformanceTarget> CpuTargets() {
-  std::vector<ConformanceTarget> targets;
-  for (const cpu::Backend& backend : cpu::Backends()) targets.push_back(CpuTarget(backend));
-  return targets;
-}
-
 const char* CaseStatusName(CaseStatus status) {
   switch (status) {
     case CaseStatus::kPass:
@@ -414,19 +309,22 @@ VectorSet LoadVectorSet(const std::string& dir) {
       throw Error(ErrorCode::kMalformedFile, "'" + f.entry.path + "': " + e.what());
     }
     if (f.entry.role == "fixture") {
-      KVQ_CHECK(MetaString(parsed, "format") == kFixtureFormat, kMalformedFile, "'",
+      KVQ_CHECK(CaseMetadata(parsed).String("format") == kFixtureFormat, kMalformedFile, "'",
                 f.entry.path, "' is listed as a fixture but its format is '",
-                MetaString(parsed, "format"), "'");
+                CaseMetadata(parsed).String("format"), "'");
       vs.fixtures[f.entry.path] = Fixture{f.entry.sha256, std::move(parsed)};
       continue;
     }
-    KVQ_CHECK(MetaString(parsed, "format") == kCaseFormat, kMalformedFile, "'", f.entry.path,
-              "' has format '", MetaString(parsed, "format"), "', expected ", kCaseFormat);
-    KVQ_CHECK(MetaString(parsed, "spec_version") == kSpecVersion, kMismatch, "'", f.entry.path,
-              "' is for spec ", MetaString(parsed, "spec_version"), ", this build implements ",
-              kSpecVersion);
-    KVQ_CHECK(MetaString(parsed, "kind") == f.entry.kind, kMalformedFile, "'", f.entry.path,
-              "' has kind '", MetaString(parsed, "kind"), "' but manifest.json says '",
+    KVQ_CHECK(CaseMetadata(parsed).String("format") == kCaseFormat, kMalformedFile, "'", f.entry.path,
+              "' has format '", CaseMetadata(parsed).String("format"), "', expected ", kCaseFormat);
+    const std::string& version = CaseMetadata(parsed).String("spec_version");
+    KVQ_CHECK(IsReplayableSpecVersion(version), kMismatch, "'", f.entry.path, "' is for spec ",
+              version, ", this build implements spec ", kSpecVersion, " (cases of 1.0 and 1.1)");
+    KVQ_CHECK(version == RequiredSpecVersion(parsed), kMalformedFile, "'", f.entry.path,
+              "' is labelled spec ", version, " but its parameters are those of spec ",
+              RequiredSpecVersion(parsed));
+    KVQ_CHECK(CaseMetadata(parsed).String("kind") == f.entry.kind, kMalformedFile, "'", f.entry.path,
+              "' has kind '", CaseMetadata(parsed).String("kind"), "' but manifest.json says '",
               f.entry.kind, "'");
     ParseCaseKind(f.entry.kind);
     std::string name = f.entry.path;
@@ -441,38 +339,32 @@ VectorSet LoadVectorSet(const std::string& dir) {
   return vs;
 }
 
-CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceTarget& target) {
+CaseResult ReplayCase(const VectorSet& vectors, size_t index, const cpu::Backend& backend) {
   KVQ_CHECK(index < vectors.cases.size(), kInvalidArgument, "case index ", index, " of ",
             vectors.cases.size());
   const Safetensors& c = vectors.cases[index];
   CaseResult result;
   result.name = vectors.case_names[index];
-  result.kind = MetaString(c, "kind");
+  result.kind = CaseMetadata(c).String("kind");
   const CaseKind kind = ParseCaseKind(result.kind);
-  const bool needs_backend = kind != CaseKind::kAttention;
-  if (needs_backend && target.backend == nullptr) {
+  if (kind == CaseKind::kAttention && !backend.attend) {
     result.status = CaseStatus::kSkipped;
-    result.message = "target '" + target.name + "' has no write backend";
-    return result;
-  }
-  if (kind == CaseKind::kAttention && !target.attend) {
-    result.status = CaseStatus::kSkipped;
-    result.message = "target '" + target.name + "' has no attention function";
+    result.message = "backend '" + backend.name + "' has no decode step";
     return result;
   }
   try {
     switch (kind) {
       case CaseKind::kStage:
-        ReplayStage(vectors, c, *target.backend);
+        ReplayStage(vectors, c, backend);
         break;
       case CaseKind::kPipeline:
-        ReplayPipeline(vectors, c, *target.backend);
+        ReplayPipeline(vectors, c, backend);
         break;
       case CaseKind::kCache:
-        ReplayCache(vectors, c, *target.backend);
+        ReplayCache(vectors, c, backend);
         break;
       case CaseKind::kAttention:
-        ReplayAttention(vectors, c, target);
+        ReplayAttention(vectors, c, backend);
         break;
     }
     result.status = CaseStatus::kPass;
@@ -493,17 +385,17 @@ CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceT
   return result;
 }
 
-std::vector<CaseResult> RunConformance(const VectorSet& vectors, const ConformanceTarget& target) {
+std::vector<CaseResult> RunConformance(const VectorSet& vectors, const cpu::Backend& backend) {
   std::vector<CaseResult> results;
   results.reserve(vectors.cases.size());
   for (size_t i = 0; i < vectors.cases.size(); ++i) {
-    results.push_back(ReplayCase(vectors, i, target));
+    results.push_back(ReplayCase(vectors, i, backend));
   }
   return results;
 }
 
-std::vector<CaseResult> RunConformance(const std::string& dir, const ConformanceTarget& target) {
-  return RunConformance(LoadVectorSet(dir), target);
+std::vector<CaseResult> RunConformance(const std::string& dir, const cpu::Backend& backend) {
+  return RunConformance(LoadVectorSet(dir), backend);
 }
 
 std::string DescribeResult(const CaseResult& result) {
@@ -512,6 +404,40 @@ std::string DescribeResult(const CaseResult& result) {
   return line;
 }
 
-std::string DefaultVectorsDir() { return KVQ_CONFORMANCE_VECTORS_DIR; }
+std::string DefaultVectorsDir() {
+  namespace fs = std::filesystem;
+  std::vector<std::string> looked;
+  // A folder qualifies when it holds manifest.json; otherwise say what was there.
+  auto holds_vectors = [&](const fs::path& dir, const std::string& label) {
+    std::error_code ec;
+    if (fs::is_regular_file(dir / kManifestFileName, ec)) return true;
+    const bool exists = fs::exists(dir, ec);
+    looked.push_back(label + dir.string() + (exists ? " (no manifest.json)" : " (absent)"));
+    return false;
+  };
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path beside = exe.parent_path() / "vectors";
+    if (holds_vectors(beside, "")) return beside.string();
+    const fs::path installed = (exe.parent_path() / ".." / "share" / "kvq" / "vectors");
+    if (holds_vectors(installed.lexically_normal(), "")) {
+      return installed.lexically_normal().string();
+    }
+  } else {
+    looked.push_back("beside the executable (/proc/self/exe: " + ec.message() + ")");
+  }
+  const char* env = std::getenv("KVQ_VECTORS_DIR");
+  if (env != nullptr && env[0] != '\0') {
+    if (holds_vectors(env, "$KVQ_VECTORS_DIR=")) return env;
+  } else {
+    looked.push_back("$KVQ_VECTORS_DIR (not set)");
+  }
+  std::string places;
+  for (const std::string& place : looked) places += (places.empty() ? "" : "; ") + place;
+  KVQ_CHECK(false, kIoError, "no golden vectors folder found; looked in: ", places,
+            "; give --vectors DIR or set KVQ_VECTORS_DIR");
+  return {};
+}
 
 }  // namespace kvq::conformance

@@ -88,11 +88,11 @@ class ConformanceRunner : public ::testing::Test {
 TEST_F(ConformanceRunner, FreshVectorsPassOnEveryCpuBackend) {
   const VectorSet vectors = LoadVectorSet(dir_.string());
   ASSERT_GT(vectors.cases.size(), 250u);
-  for (const ConformanceTarget& target : CpuTargets()) {
-    const std::vector<CaseResult> results = RunConformance(vectors, target);
+  for (const cpu::Backend& backend : cpu::Backends()) {
+    const std::vector<CaseResult> results = RunConformance(vectors, backend);
     ASSERT_EQ(results.size(), vectors.cases.size());
     for (const CaseResult& r : results) {
-      EXPECT_EQ(r.status, CaseStatus::kPass) << target.name << ": " << DescribeResult(r);
+      EXPECT_EQ(r.status, CaseStatus::kPass) << backend.name << ": " << DescribeResult(r);
     }
   }
 }
@@ -101,10 +101,10 @@ TEST_F(ConformanceRunner, EveryStageAndKindIsCovered) {
   const VectorSet vectors = LoadVectorSet(dir_.string());
   std::map<std::string, int> stages, kinds;
   for (const Safetensors& c : vectors.cases) {
-    ++kinds[MetaString(c, "kind")];
-    if (MetaString(c, "kind") == "stage") ++stages[MetaString(c, "stage")];
+    ++kinds[CaseMetadata(c).String("kind")];
+    if (CaseMetadata(c).String("kind") == "stage") ++stages[CaseMetadata(c).String("stage")];
   }
-  for (const std::string& stage : StageNames()) EXPECT_GT(stages[stage], 0) << stage;
+  for (const StageSpec& stage : AllStages()) EXPECT_GT(stages[stage.name], 0) << stage.name;
   EXPECT_GE(kinds["pipeline"], 192);  // the full d x G x bits x rho x rotation grid
   EXPECT_GT(kinds["cache"], 0);
   EXPECT_GT(kinds["attention"], 0);
@@ -120,7 +120,7 @@ TEST_F(ConformanceRunner, CorruptedExpectedCodeIsReportedWithCaseRowAndColumn) {
   Rewrite(relative, file, /*update_manifest=*/true);
 
   const std::vector<CaseResult> results =
-      RunConformance(dir_.string(), CpuTarget(cpu::ScalarBackend()));
+      RunConformance(dir_.string(), cpu::ScalarBackend());
   const CaseResult& r = Find(results, name);
   ASSERT_EQ(r.status, CaseStatus::kFail) << DescribeResult(r);
   EXPECT_EQ(r.mismatch.stage, "codes");
@@ -142,7 +142,7 @@ TEST_F(ConformanceRunner, CorruptedTauBitIsReportedAtItsRow) {
   Rewrite(relative, file, true);
 
   const std::vector<CaseResult> results =
-      RunConformance(dir_.string(), CpuTarget(cpu::BestBackend()));
+      RunConformance(dir_.string(), cpu::BestBackend());
   const CaseResult& r = Find(results, name);
   ASSERT_EQ(r.status, CaseStatus::kFail);
   EXPECT_EQ(r.mismatch.stage, "tau");
@@ -163,7 +163,7 @@ TEST_F(ConformanceRunner, CorruptedCachePageBitIsReported) {
   Rewrite(relative, file, true);
 
   const std::vector<CaseResult> results =
-      RunConformance(dir_.string(), CpuTarget(cpu::ScalarBackend()));
+      RunConformance(dir_.string(), cpu::ScalarBackend());
   const CaseResult& r = Find(results, name);
   ASSERT_EQ(r.status, CaseStatus::kFail);
   EXPECT_EQ(r.mismatch.stage, "pool.value.scale");
@@ -187,7 +187,7 @@ TEST_F(ConformanceRunner, AttentionOutsideToleranceIsReported) {
   Rewrite(relative, file, true);
 
   const std::vector<CaseResult> results =
-      RunConformance(dir_.string(), CpuTarget(cpu::ScalarBackend()));
+      RunConformance(dir_.string(), cpu::ScalarBackend());
   const CaseResult& r = Find(results, name);
   ASSERT_EQ(r.status, CaseStatus::kFail);
   EXPECT_EQ(r.mismatch.stage, "out");
@@ -210,7 +210,7 @@ TEST_F(ConformanceRunner, TamperedFileFailsTheManifestCheck) {
     EXPECT_NE(message.find(relative), std::string::npos) << message;
     EXPECT_NE(message.find(Sha256Hex(bytes)), std::string::npos) << message;
   }
-  EXPECT_THROW(RunConformance(dir_.string(), CpuTarget(cpu::ScalarBackend())), Error);
+  EXPECT_THROW(RunConformance(dir_.string(), cpu::ScalarBackend()), Error);
 }
 
 TEST_F(ConformanceRunner, TamperedFixtureFailsTheManifestCheck) {
@@ -264,8 +264,7 @@ TEST_F(ConformanceRunner, BrokenKernelIsCaught) {
   cpu::Backend broken = cpu::ScalarBackend();
   broken.name = "broken";
   broken.write.quantize = &OffByOneQuantize;
-  ConformanceTarget target = CpuTarget(broken);
-  const std::vector<CaseResult> results = RunConformance(dir_.string(), target);
+  const std::vector<CaseResult> results = RunConformance(dir_.string(), broken);
   size_t failed = 0;
   for (const CaseResult& r : results) {
     if (r.status != CaseStatus::kFail) continue;
@@ -283,17 +282,70 @@ TEST_F(ConformanceRunner, BrokenKernelIsCaught) {
   EXPECT_EQ(stage.status, CaseStatus::kFail);
 }
 
-TEST_F(ConformanceRunner, TargetWithoutBackendSkipsWritePathAndRunsAttention) {
-  ConformanceTarget target;
+// A tile quantizer that is right except for one (scale, min) pair: exactly the cases that run it
+// (its stage, the affine_tile pipelines, the caches with tiled keys or values) fail.
+void WrongMinQuantizeTile(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min,
+                          size_t n, const WriteParams& p) {
+  cpu::ScalarBackend().write.quantize_tile(x, codes, scale, min, n, p);
+  if (n > 0) min[3] ^= 1;
+}
+
+TEST_F(ConformanceRunner, BrokenTileKernelIsCaught) {
+  cpu::Backend broken = cpu::ScalarBackend();
+  broken.name = "broken_tile";
+  broken.write.quantize_tile = &WrongMinQuantizeTile;
+  size_t failed = 0;
+  for (const CaseResult& r : RunConformance(dir_.string(), broken)) {
+    const bool tiled = r.name.find("tile") != std::string::npos ||
+                       r.name.find("kivi") != std::string::npos ||
+                       r.name.find("ots") != std::string::npos;
+    if (r.kind == "attention") continue;  // built with the scalar backend
+    if (r.name.rfind("stage/", 0) == 0 && r.name.rfind("stage/quantize_tile", 0) != 0) {
+      EXPECT_EQ(r.status, CaseStatus::kPass) << DescribeResult(r);
+      continue;
+    }
+    EXPECT_EQ(r.status == CaseStatus::kFail, tiled) << DescribeResult(r);
+    if (r.status != CaseStatus::kFail) continue;
+    ++failed;
+    if (r.kind == "stage" || r.kind == "pipeline") {
+      EXPECT_EQ(r.mismatch.stage, "min") << DescribeResult(r);
+      EXPECT_EQ(r.mismatch.row, 0);
+      EXPECT_EQ(r.mismatch.column, 3);
+    }
+  }
+  EXPECT_GE(failed, 7u + 7u + 4u);  // quantize_tile stages, tile pipelines, tiled caches
+}
+
+// A case whose label and parameters disagree is refused when the set is loaded.
+TEST_F(ConformanceRunner, CaseLabelledWithTheWrongSpecVersionIsRejected) {
+  const std::string relative = "cache/kivi_d64_gk32_f64_w1.safetensors";
+  Safetensors file = ReadSafetensors(Path(relative));
+  file.metadata["spec_version"] = "1.0";
+  Rewrite(relative, file, /*update_manifest=*/true);
+  try {
+    LoadVectorSet(dir_.string());
+    FAIL() << "a 1.1 case labelled 1.0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kMalformedFile);
+    EXPECT_NE(std::string(e.what()).find("labelled spec 1.0"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ConformanceRunner, BackendWithoutWriteKernelsSkipsWritePathAndRunsAttention) {
+  cpu::Backend target;
   target.name = "attention_only";
-  target.attend = [](const cpu::PagedKVCache& cache, int seq, const float* q, float* out) {
-    cpu::Attend(cpu::ScalarBackend(), cache, seq, q, out);
+  target.attend = [](const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
+                     const float* q, float* out) {
+    cpu::AttendBatch(cpu::ScalarBackend(), cache, seqs, q, out);
   };
   const std::vector<CaseResult> results = RunConformance(dir_.string(), target);
   size_t attention = 0;
   for (const CaseResult& r : results) {
     if (r.kind == "attention") {
       ++attention;
+      EXPECT_EQ(r.status, CaseStatus::kPass) << DescribeResult(r);
+    } else if (r.name == "cache/bf16_d64") {
+      // The bf16 cache never runs the write path: it needs no write kernel.
       EXPECT_EQ(r.status, CaseStatus::kPass) << DescribeResult(r);
     } else {
       EXPECT_EQ(r.status, CaseStatus::kSkipped) << r.name;
@@ -304,10 +356,12 @@ TEST_F(ConformanceRunner, TargetWithoutBackendSkipsWritePathAndRunsAttention) {
 
 TEST_F(ConformanceRunner, WrongAttentionIsCaughtAndGpuToleranceIsLooser) {
   // Outputs scaled by (1 + 1e-4): outside the CPU tolerance, inside the GPU one.
-  ConformanceTarget target = CpuTarget(cpu::ScalarBackend());
-  target.attend = [](const cpu::PagedKVCache& cache, int seq, const float* q, float* out) {
-    cpu::Attend(cpu::ScalarBackend(), cache, seq, q, out);
-    const size_t n = static_cast<size_t>(cache.params().num_q_heads * cache.params().head_dim());
+  cpu::Backend target = cpu::ScalarBackend();
+  target.attend = [](const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
+                     const float* q, float* out) {
+    cpu::AttendBatch(cpu::ScalarBackend(), cache, seqs, q, out);
+    const size_t n = seqs.size() *
+                     static_cast<size_t>(cache.params().num_q_heads * cache.params().head_dim());
     for (size_t i = 0; i < n; ++i) out[i] *= 1.0001f;
   };
   const VectorSet vectors = LoadVectorSet(dir_.string());
@@ -316,7 +370,7 @@ TEST_F(ConformanceRunner, WrongAttentionIsCaughtAndGpuToleranceIsLooser) {
       EXPECT_EQ(r.status, CaseStatus::kFail) << r.name;
     }
   }
-  target.tolerance = ToleranceClass::kGpu;
+  target.device = cpu::Device::kCuda;  // judged at the CUDA path's tolerance
   for (const CaseResult& r : RunConformance(vectors, target)) {
     if (r.kind == "attention") {
       EXPECT_EQ(r.status, CaseStatus::kPass) << DescribeResult(r);
@@ -339,10 +393,32 @@ TEST(ConformanceGenerator, SameSeedSameBytesOtherSeedOtherData) {
   EXPECT_EQ(differing, a.size());  // every file records its seed, every case has random data
 }
 
+// The budget: spec 1.0's cases (2.99 MB) and spec 1.1's (1.86 MB: the norm, the affine_tile
+// codec, their pipelines, and the KIVI, OScaR, SAW-INT4, W = 0 and F > 1 caches).
 TEST(ConformanceGenerator, SetStaysSmall) {
   uint64_t total = 0;
   for (const GeneratedFile& f : Generated()) total += f.bytes.size();
-  EXPECT_LE(total, 3000000u) << "the golden vectors grew past 3 MB";
+  // 3 MB for the spec-1.0 families, 485,608 bytes for attention/scheme_* (one case per scheme
+  // of the catalogue, 19 of them, and their fixtures), 1.86 MB for spec 1.1's families (the
+  // norm, the affine_tile codec, their pipelines, the KIVI, OScaR, SAW-INT4, W = 0 and F > 1
+  // caches) and the manifest's lines: 5,335,181 bytes today.
+  EXPECT_LE(total, 5400000u) << "the golden vectors grew past 5.4 MB";
+}
+
+// Every case carries the version whose rules it exercises: spec 1.0's cases kept "1.0" (their
+// bytes are those of the 1.0 set), the cases of 1.1's rules say "1.1", and both kinds exist.
+TEST(ConformanceGenerator, CasesCarryTheSpecVersionOfTheirRules) {
+  std::map<std::string, int> versions;
+  for (const GeneratedFile& f : Generated()) {
+    if (f.path == kManifestFileName || f.path.rfind("fixtures/", 0) == 0) continue;
+    const Safetensors c = ParseSafetensors(f.bytes.data(), f.bytes.size());
+    const std::string version = CaseMetadata(c).String("spec_version");
+    EXPECT_EQ(version, RequiredSpecVersion(c)) << f.path;
+    ++versions[version];
+  }
+  EXPECT_GE(versions["1.0"], 290);
+  EXPECT_GE(versions["1.1"], 40);
+  EXPECT_EQ(versions.size(), 2u);
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ void BitReverseF64(std::vector<double>* x) {
   const int d = static_cast<int>(x->size());
   const int bits = internal::Log2(d);
   std::vector<double> y(x->size());
-  for (int j = 0; j < d; ++j) y[j] = (*x)[internal::BitReverse(static_cast<uint32_t>(j), bits)];
+  for (int j = 0; j < d; ++j) y[j] = (*x)[BitReverse(static_cast<uint32_t>(j), bits)];
   *x = std::move(y);
 }
 
@@ -102,51 +102,6 @@ std::vector<double> RotateInverseF64(std::vector<double> x, const WriteParams& p
     FwhtF64(x.data(), d, p.fwht_block());
   }
   return x;
-}
-
-// The write path's rotation stages without the validating layer (Attend has checked q, and
-// the cache checked its matrices): the same stage calls in the same order as Rotate, so q~
-// has the spec'd bits. y [n, d], x [n, d] may not alias; work [n, d] scratch.
-void RotateRows(const Backend& backend, const WriteParams& p, const float* r, const float* x,
-                float* y, float* work, size_t n) {
-  const size_t count = n * static_cast<size_t>(p.head_dim);
-  float* rotated = p.bitrev ? work : y;
-  switch (p.rotation) {
-    case RotationKind::kIdentity:
-      std::copy(x, x + count, rotated);
-      break;
-    case RotationKind::kDense:
-      backend.write.rotate_dense(x, r, rotated, n, p);
-      break;
-    case RotationKind::kHadamard:
-      std::copy(x, x + count, rotated);
-      backend.write.fwht(rotated, n, p);
-      break;
-  }
-  if (p.bitrev) backend.write.bitrev(work, y, n, p);
-}
-
-// The inverse, y = x·P_brᵀ·Rᵀ (as RotateInverse), with r_transposed = Rᵀ.
-void RotateRowsInverse(const Backend& backend, const WriteParams& p, const float* r_transposed,
-                       const float* x, float* y, float* work, size_t n) {
-  const size_t count = n * static_cast<size_t>(p.head_dim);
-  const float* unpermuted = x;
-  if (p.bitrev) {
-    backend.write.bitrev(x, work, n, p);
-    unpermuted = work;
-  }
-  switch (p.rotation) {
-    case RotationKind::kIdentity:
-      std::copy(unpermuted, unpermuted + count, y);
-      break;
-    case RotationKind::kDense:
-      backend.write.rotate_dense(unpermuted, r_transposed, y, n, p);
-      break;
-    case RotationKind::kHadamard:
-      std::copy(unpermuted, unpermuted + count, y);
-      backend.write.fwht(y, n, p);
-      break;
-  }
 }
 
 }  // namespace
@@ -175,7 +130,7 @@ void Attend(const Backend& backend, const PagedKVCache& cache, int seq, const fl
   const size_t history = cache.HistoryLength(seq);
 
   std::vector<float> scratch(g * std::max(page, kBf16Run));
-  std::vector<float> q_rot(g * d), o_hist(g * d), o_hist_rot(g * d), work(g * d);
+  std::vector<float> q_rot(g * d), o_hist(g * d), o_hist_rot(g * d);
   Partial bf16(g, d), hist(g, d), chunk(g, d);
 
   for (size_t kvh = 0; kvh < hkv; ++kvh) {
@@ -191,13 +146,13 @@ void Attend(const Backend& backend, const PagedKVCache& cache, int seq, const fl
                             bf16.l.data(), bf16.acc.data());
       }
     };
-    if (!p.quantized) {
+    if (!p.quantized()) {
       bf16_rows(cache.DenseRows(seq, KV::kKey), cache.DenseRows(seq, KV::kValue), t);
     } else {
       bf16_rows(cache.SinkRows(seq, KV::kKey), cache.SinkRows(seq, KV::kValue),
                 cache.SinkLength(seq));
-      // The recent positions occupy ring slots [b % W, ...), wrapping once at most.
-      const size_t window = static_cast<size_t>(p.recent);
+      // The recent positions occupy ring slots [b % (W + F - 1), ...), wrapping once at most.
+      const size_t window = static_cast<size_t>(p.ring_slots());
       const size_t begin = cache.RecentBegin(seq);
       const uint16_t* ring_k = cache.RecentRing(seq, KV::kKey);
       const uint16_t* ring_v = cache.RecentRing(seq, KV::kValue);
@@ -215,12 +170,7 @@ void Attend(const Backend& backend, const PagedKVCache& cache, int seq, const fl
       const int head = static_cast<int>(kvh);
       const WriteParams kp = cache.HeadParams(KV::kKey, head);
       const WriteParams vp = cache.HeadParams(KV::kValue, head);
-      RotateRows(backend, kp, cache.Rotation(KV::kKey, head), qh, q_rot.data(), work.data(), g);
-      const std::vector<int32_t>& table = cache.PageTable(seq);
-      const size_t k_cb = static_cast<size_t>(kp.code_bytes());
-      const size_t v_cb = static_cast<size_t>(vp.code_bytes());
-      const size_t k_ng = static_cast<size_t>(kp.num_groups());
-      const size_t v_ng = static_cast<size_t>(vp.num_groups());
+      internal::RotateRows(backend, kp, cache.Rotation(KV::kKey, head), qh, q_rot.data(), g);
       const size_t pages = (history + page - 1) / page;
       const size_t per_chunk = static_cast<size_t>(options.chunk_pages);
       hist.Reset();
@@ -228,13 +178,8 @@ void Attend(const Backend& backend, const PagedKVCache& cache, int seq, const fl
         chunk.Reset();
         for (size_t pi = c0; pi < std::min(pages, c0 + per_chunk); ++pi) {
           const size_t n = std::min(page, history - pi * page);
-          const size_t base = (static_cast<size_t>(table[pi]) * hkv + kvh) * page;
-          QuantizedRowsView k{cache.PoolCodes(KV::kKey) + base * k_cb,
-                              cache.PoolScale(KV::kKey) + base * k_ng,
-                              cache.PoolMin(KV::kKey) + base * k_ng};
-          QuantizedRowsView v{cache.PoolCodes(KV::kValue) + base * v_cb,
-                              cache.PoolScale(KV::kValue) + base * v_ng,
-                              cache.PoolMin(KV::kValue) + base * v_ng};
+          const HistoryRunView k = cache.HistoryRow(seq, pi * page, head, KV::kKey);
+          const HistoryRunView v = cache.HistoryRow(seq, pi * page, head, KV::kValue);
           kernels.history_update(q_rot.data(), g, k, v, n, kp, vp, scale, scratch.data(),
                                  chunk.m.data(), chunk.l.data(), chunk.acc.data());
         }
@@ -244,8 +189,8 @@ void Attend(const Backend& backend, const PagedKVCache& cache, int seq, const fl
       for (size_t h = 0; h < g; ++h) {
         for (size_t j = 0; j < d; ++j) o_hist_rot[h * d + j] = hist.acc[h * d + j] / hist.l[h];
       }
-      RotateRowsInverse(backend, vp, cache.RotationTransposed(KV::kValue, head),
-                        o_hist_rot.data(), o_hist.data(), work.data(), g);
+      internal::RotateRowsInverse(backend, vp, cache.RotationTransposed(KV::kValue, head),
+                                  o_hist_rot.data(), o_hist.data(), g);
     }
 
     for (size_t h = 0; h < g; ++h) {

@@ -13,9 +13,7 @@
 //
 // Requires Highway 1.0.3 only.
 
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL  // same target set as write_hwy.cc
-#endif
+#include "hwy_targets.h"  // first: the same target list as write_hwy.cc
 
 #include <cmath>
 #include <cstddef>
@@ -58,7 +56,7 @@ struct Bf16Source {
 // INT2 byte i holds channels i, d/4+i, d/2+i, 3d/4+i (2 bits each); INT4 byte i holds i and
 // d/2+i: channel j sits in byte (j mod part) at bit offset bits * (j / part). The row's
 // (scale, min) pairs come already widened to fp32, so each vector costs two broadcast loads.
-struct QuantizedSource {
+struct AffineTokenSource {
   const uint8_t* codes;
   const float* scale;  // [d/G] fp32
   const float* min;    // [d/G] fp32
@@ -82,19 +80,40 @@ struct QuantizedSource {
   }
 };
 
+// One fp32 row already decoded.
+struct F32Source {
+  const float* row;
+
+  HWY_INLINE VF Load(DF df, size_t j0) const { return hn::LoadU(df, row + j0); }
+};
+
 size_t Log2(size_t x) {
   size_t log = 0;
   while ((size_t{1} << log) < x) ++log;
   return log;
 }
 
-// A run of n quantized rows with every (scale, min) widened to fp32 once per call (into
-// `widened`, [2, n, d/G]); Row(i) is row i's source.
-class QuantizedRun {
+// ---- Per format: a run of n history rows, and Row(i), the source of row i ----
+
+class Bf16Run {
  public:
-  QuantizedRun(const QuantizedRowsView& rows, size_t n, const WriteParams& p,
-               std::vector<float>* widened)
-      : codes_(rows.codes) {
+  Bf16Run(const HistoryRunView& rows, size_t, const WriteParams& p, std::vector<float>*)
+      : rows_(reinterpret_cast<const uint16_t*>(rows.plane[0])),
+        d_(static_cast<size_t>(p.head_dim)) {}
+  HWY_INLINE Bf16Source Row(size_t i) const { return Bf16Source{rows_ + i * d_}; }
+
+ private:
+  const uint16_t* rows_;
+  size_t d_;
+};
+
+// Every (scale, min) of the run is widened to fp32 once per call (into `widened`,
+// [2, n, d/G]).
+class AffineTokenRun {
+ public:
+  AffineTokenRun(const HistoryRunView& rows, size_t n, const WriteParams& p,
+                 std::vector<float>* widened)
+      : codes_(rows.plane[0]) {
     code_bytes_ = static_cast<size_t>(p.code_bytes());
     groups_ = static_cast<size_t>(p.num_groups());
     row_.part_shift = Log2(code_bytes_);
@@ -105,14 +124,16 @@ class QuantizedRun {
     widened->resize(2 * count);
     scale_ = widened->data();
     min_ = scale_ + count;
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(rows.plane[1]);
+    const uint16_t* mins = reinterpret_cast<const uint16_t*>(rows.plane[2]);
     for (size_t i = 0; i < count; ++i) {
-      scale_[i] = F32FromBf16(rows.scale[i]);
-      min_[i] = F32FromBf16(rows.min[i]);
+      scale_[i] = F32FromBf16(scales[i]);
+      min_[i] = F32FromBf16(mins[i]);
     }
   }
 
-  HWY_INLINE QuantizedSource Row(size_t i) const {
-    QuantizedSource s = row_;
+  HWY_INLINE AffineTokenSource Row(size_t i) const {
+    AffineTokenSource s = row_;
     s.codes = codes_ + i * code_bytes_;
     s.scale = scale_ + i * groups_;
     s.min = min_ + i * groups_;
@@ -124,8 +145,92 @@ class QuantizedRun {
   float* scale_ = nullptr;
   float* min_ = nullptr;
   size_t code_bytes_, groups_;
-  QuantizedSource row_{};
+  AffineTokenSource row_{};
 };
+
+// A tile stores each channel's codes along the tokens, so a row's channels are G_k*b/8 bytes
+// apart: the run is decoded once per call into fp32 rows (into `decoded`, [n, d]), the exact
+// values code * scale + min (times n^ with a norm) of the codec, and read from there. Per tile,
+// the channel-major bytes are transposed to [G_k*b/8][d] (bytes), then each token's codes come
+// out lane-wise over the channels (shift and mask) and are dequantized with the tile's
+// per-channel (scale, min) held as fp32 vectors.
+class AffineTileRun {
+ public:
+  AffineTileRun(const HistoryRunView& rows, size_t n, const WriteParams& p,
+                std::vector<float>* decoded)
+      : d_(static_cast<size_t>(p.head_dim)) {
+    const DF df;
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    const size_t lanes = hn::Lanes(df);
+    const size_t tile = static_cast<size_t>(p.tile_tokens());
+    const size_t slice = static_cast<size_t>(p.tile_channel_bytes());
+    const size_t offset = static_cast<size_t>(rows.tile_offset);
+    const size_t tiles = (offset + n + tile - 1) / tile;
+    const int norm_plane = p.norm ? LayoutOf(p).Find("norm") : -1;
+    const uint16_t* norms =
+        norm_plane >= 0 ? reinterpret_cast<const uint16_t*>(rows.plane[norm_plane]) : nullptr;
+    const int bits = p.bits;
+    const auto mask = hn::Set(di, static_cast<int32_t>(p.levels()));
+    decoded->resize(n * d_ + 2 * d_);
+    rows_ = decoded->data();
+    float* sf = rows_ + n * d_;
+    float* mf = sf + d_;
+    staging_.resize(slice * d_);
+    for (size_t t = 0; t < tiles; ++t) {
+      const uint8_t* in = rows.plane[0] + t * d_ * slice;
+      for (size_t j = 0; j < d_; ++j) {
+        for (size_t i = 0; i < slice; ++i) staging_[i * d_ + j] = in[j * slice + i];
+      }
+      const uint16_t* scales = reinterpret_cast<const uint16_t*>(rows.plane[1]) + t * d_;
+      const uint16_t* mins = reinterpret_cast<const uint16_t*>(rows.plane[2]) + t * d_;
+      for (size_t j = 0; j < d_; ++j) {
+        sf[j] = F32FromBf16(scales[j]);
+        mf[j] = F32FromBf16(mins[j]);
+      }
+      for (size_t r = 0; r < tile; ++r) {
+        const size_t k = t * tile + r;  // token of the run's tiles
+        if (k < offset || k >= offset + n) continue;
+        const size_t i = k - offset;
+        const uint8_t* bytes = staging_.data() + (r % slice) * d_;
+        const int shift = static_cast<int>(r / slice) * bits;
+        const VF factor = hn::Set(df, norms != nullptr ? F32FromBf16(norms[i]) : 1.0f);
+        float* out = rows_ + i * d_;
+        for (size_t j = 0; j < d_; j += lanes) {
+          const auto raw = hn::PromoteTo(di, hn::LoadU(d8, bytes + j));
+          const auto code = hn::And(hn::ShiftRightSame(raw, shift), mask);
+          VF y = hn::Add(hn::Mul(hn::ConvertTo(df, code), hn::LoadU(df, sf + j)),
+                         hn::LoadU(df, mf + j));
+          if (norms != nullptr) y = hn::Mul(y, factor);
+          hn::StoreU(y, df, out + j);
+        }
+      }
+    }
+  }
+  HWY_INLINE F32Source Row(size_t i) const { return F32Source{rows_ + i * d_}; }
+
+ private:
+  size_t d_;
+  float* rows_ = nullptr;
+  std::vector<uint8_t> staging_;
+};
+
+// Calls fn(make_source) where make_source(i) is the source of row i of the run, decoded by the
+// codec of p.format (one <Name>Run class per row of formats.inc).
+template <class Fn>
+HWY_INLINE void WithRowSources(const HistoryRunView& run, size_t n, const WriteParams& p,
+                               std::vector<float>* scratch, const Fn& fn) {
+  switch (p.format) {
+#define KVQ_FORMAT(id, Name, tile_tokens, summary)                   \
+  case Format::k##Name: {                                            \
+    const Name##Run rows(run, n, p, scratch);                        \
+    fn([&rows](size_t i) { return rows.Row(i); });                   \
+    return;                                                          \
+  }
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  }
+}
 
 // out[h] = scale * (q[h] . row) for the HB heads of q (rows d apart).
 template <size_t HB, class Source>
@@ -274,15 +379,16 @@ void Bf16Update(const float* q, size_t g, Bf16RowsView k, Bf16RowsView v, size_t
   Update(q, g, make_key, make_value, n, static_cast<size_t>(d), scale, scratch, m, l, acc);
 }
 
-void HistoryUpdate(const float* q_rot, size_t g, QuantizedRowsView k, QuantizedRowsView v,
-                   size_t n, const WriteParams& kp, const WriteParams& vp, float scale,
-                   float* scratch, float* m, float* l, float* acc) {
+void HistoryUpdate(const float* q_rot, size_t g, HistoryRunView k, HistoryRunView v, size_t n,
+                   const WriteParams& kp, const WriteParams& vp, float scale, float* scratch,
+                   float* m, float* l, float* acc) {
   thread_local std::vector<float> key_metadata, value_metadata;
-  const QuantizedRun keys(k, n, kp, &key_metadata), values(v, n, vp, &value_metadata);
-  const auto make_key = [&](size_t i) { return keys.Row(i); };
-  const auto make_value = [&](size_t i) { return values.Row(i); };
-  Update(q_rot, g, make_key, make_value, n, static_cast<size_t>(kp.head_dim), scale, scratch, m,
-         l, acc);
+  const size_t d = static_cast<size_t>(kp.head_dim);
+  WithRowSources(k, n, kp, &key_metadata, [&](const auto& make_key) {
+    WithRowSources(v, n, vp, &value_metadata, [&](const auto& make_value) {
+      Update(q_rot, g, make_key, make_value, n, d, scale, scratch, m, l, acc);
+    });
+  });
 }
 
 AttentionKernels MakeAttentionKernels() {
@@ -303,30 +409,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvq::cpu::internal {
 
 AttentionKernels HwyAttentionKernels(int64_t hwy_target) {
-  switch (hwy_target) {
-#if HWY_TARGETS & HWY_AVX3_DL
-    case HWY_AVX3_DL: return N_AVX3_DL::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_AVX3
-    case HWY_AVX3: return N_AVX3::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_AVX2
-    case HWY_AVX2: return N_AVX2::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_SSE4
-    case HWY_SSE4: return N_SSE4::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-    case HWY_SSSE3: return N_SSSE3::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_EMU128
-    case HWY_EMU128: return N_EMU128::MakeAttentionKernels();
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-    case HWY_SCALAR: return N_SCALAR::MakeAttentionKernels();
-#endif
-    default: break;
-  }
+  KVQ_HWY_PER_TARGET(hwy_target, MakeAttentionKernels)
   KVQ_CHECK(false, kUnsupported, "no decode-attention kernels were compiled for Highway target ",
             hwy_target, " (", hwy::TargetName(hwy_target), ")");
   return {};

@@ -1,27 +1,77 @@
-// The backend list: the scalar reference first, then every Highway target compiled into
-// write_hwy.cc that this CPU supports, best first.
+// The CPU backend list: the scalar reference first, then every Highway target compiled into
+// cpu_ref that this CPU supports, best first. Each entry's write and attention tables come from
+// the same target (hwy_targets.h); its `attend` runs the decode driver with them.
+#include <cctype>
 #include <string>
 #include <vector>
 
+#include <hwy/targets.h>
+
 #include "kvq/common/error.h"
+#include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "attention_internal.h"
 #include "write_internal.h"
 
 namespace kvq::cpu {
 
+void RunStage(const WriteKernels& k, StageId id, void* const* args, size_t n,
+              const WriteParams& p) {
+  switch (id) {
+#define KVQ_STAGE(name, Name, family, params, arg_list)                                  \
+  case StageId::k##Name:                                                                 \
+    KVQ_CHECK(k.name != nullptr, kUnsupported, "stage '" #name "' is not implemented"); \
+    InvokeStage(k.name, args, n, p);                                                     \
+    return;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+  }
+}
+
+bool HasStage(const WriteKernels& k, StageId id) {
+  switch (id) {
+#define KVQ_STAGE(name, Name, family, params, arg_list) \
+  case StageId::k##Name:                                \
+    return k.name != nullptr;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+  }
+  return false;
+}
+
 const std::vector<Backend>& Backends() {
   static const std::vector<Backend> backends = [] {
     std::vector<Backend> list;
     Backend scalar;
     scalar.name = "scalar";
-    scalar.hwy_target = 0;
     scalar.write = internal::ScalarWriteKernels();
     scalar.attention = internal::ScalarAttentionKernels();
     list.push_back(scalar);
-    for (Backend backend : internal::HwyBackends()) {
-      backend.attention = internal::HwyAttentionKernels(backend.hwy_target);  // attention_hwy.cc
+    for (const int64_t target : internal::HwyTargets()) {
+      Backend backend;
+      backend.name = "hwy_";
+      for (const char* c = hwy::TargetName(target); *c != '\0'; ++c) {
+        backend.name += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
+      }
+      backend.hwy_target = target;
+      backend.write = internal::HwyWriteKernels(target);
+      backend.attention = internal::HwyAttentionKernels(target);
       list.push_back(backend);
+    }
+    // Each entry's whole decode step runs the driver with the entry's own tables (looked up
+    // when called: the list is complete by then).
+    for (size_t i = 0; i < list.size(); ++i) {
+      list[i].attend = [i](const PagedKVCache& cache, const std::vector<int>& seqs,
+                           const float* q, float* out) {
+        AttendBatch(Backends()[i], cache, seqs, q, out);
+      };
+    }
+    // Each target's table must be its own: distinct targets, distinct code.
+    for (size_t a = 1; a < list.size(); ++a) {
+      for (size_t b = a + 1; b < list.size(); ++b) {
+        KVQ_CHECK(list[a].write.rotate_dense != list[b].write.rotate_dense, kUnsupported,
+                  "Highway targets ", list[a].name, " and ", list[b].name, " share kernels");
+      }
     }
     return list;
   }();

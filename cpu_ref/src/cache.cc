@@ -40,7 +40,9 @@ PagedKVCache::PagedKVCache(const CacheParams& params, std::vector<float> rotatio
                            std::vector<float> clip_v, const Backend& write_backend)
     : params_(params), write_backend_(&write_backend) {
   params_.Validate();
-  if (!params_.quantized) return;  // the bf16 baseline needs no write data
+  if (!params_.quantized()) return;  // the bf16 baseline needs no write data
+  layout_[0] = LayoutOf(params_.key);
+  layout_[1] = LayoutOf(params_.value);
   const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
   const size_t d = static_cast<size_t>(params_.head_dim());
   std::vector<float>* rotations[2] = {&rotation_k, &rotation_v};
@@ -86,11 +88,11 @@ PagedKVCache::PagedKVCache(const CacheParams& params, std::vector<float> rotatio
 int PagedKVCache::AddSequence() {
   const int id = next_sequence_id_++;
   Sequence& s = sequences_[id];
-  if (params_.quantized) {
+  if (params_.quantized()) {
     const size_t row = RowElements();
     for (int kv = 0; kv < 2; ++kv) {
       s.sink[kv].assign(static_cast<size_t>(params_.sink) * row, 0);
-      s.recent[kv].assign(static_cast<size_t>(params_.recent) * row, 0);
+      s.recent[kv].assign(static_cast<size_t>(params_.ring_slots()) * row, 0);
     }
   }
   return id;
@@ -100,11 +102,11 @@ void PagedKVCache::RemoveSequence(int seq) {
   Sequence& s = Get(seq);
   for (int32_t page : s.page_table) {
     for (int kv = 0; kv < 2; ++kv) {
-      const size_t cb = PageCodeBytes(static_cast<KV>(kv));
-      const size_t mc = PageMetadataCount(static_cast<KV>(kv));
-      std::fill_n(codes_[kv].begin() + static_cast<ptrdiff_t>(page * cb), cb, uint8_t{0});
-      std::fill_n(scale_[kv].begin() + static_cast<ptrdiff_t>(page * mc), mc, uint16_t{0});
-      std::fill_n(min_[kv].begin() + static_cast<ptrdiff_t>(page * mc), mc, uint16_t{0});
+      for (int i = 0; i < layout_[kv].num_planes; ++i) {
+        const size_t bytes = PagePlaneBytes(static_cast<KV>(kv), i);
+        std::fill_n(pool_[kv][i].begin() + static_cast<ptrdiff_t>(page * bytes), bytes,
+                    uint8_t{0});
+      }
     }
     free_pages_.push_back(page);
   }
@@ -164,7 +166,7 @@ void PagedKVCache::Extend(int seq, const uint16_t* k, const uint16_t* v, size_t 
 
   const size_t t0 = s.length;
   const size_t t1 = t0 + tokens;
-  if (!params_.quantized) {
+  if (!params_.quantized()) {
     for (int kv = 0; kv < 2; ++kv) s.dense[kv].insert(s.dense[kv].end(), inputs[kv],
                                                       inputs[kv] + tokens * row);
     s.length = t1;
@@ -172,73 +174,73 @@ void PagedKVCache::Extend(int seq, const uint16_t* k, const uint16_t* v, size_t 
   }
 
   const size_t sink = static_cast<size_t>(params_.sink);
-  const size_t window = static_cast<size_t>(params_.recent);
+  const size_t ring = static_cast<size_t>(params_.ring_slots());
   const size_t page = static_cast<size_t>(params_.page_size);
-  // The history covers [S0, max(S0, t - W)); positions [e0, e1) enter it now.
-  const size_t e0 = std::max(sink, t0 > window ? t0 - window : 0);
-  const size_t e1 = std::max(sink, t1 > window ? t1 - window : 0);
+  // The history covers [S0, S0 + H(t)); positions [e0, e1) enter it now.
+  const size_t e0 = sink + static_cast<size_t>(params_.HistoryTokens(static_cast<int64_t>(t0)));
+  const size_t e1 = sink + static_cast<size_t>(params_.HistoryTokens(static_cast<int64_t>(t1)));
   const size_t n = e1 - e0;
 
-  // 1. Everything that can fail: quantize the rows entering the history, per half and head.
-  struct Packed {
-    std::vector<uint8_t> codes;
-    std::vector<uint16_t> scale, min;
-  };
-  std::vector<Packed> packed(2 * hkv);
+  // 1. Everything that can fail: encode the rows entering the history, per half, all KV heads
+  //    of a token together (a token-scope norm spans them).
+  std::vector<EncodedRows> encoded[2];
   if (n > 0) {
-    std::vector<float> x(n * d);
+    std::vector<float> x(n * row);
     for (int kv = 0; kv < 2; ++kv) {
+      for (size_t r = 0; r < n; ++r) {
+        const size_t p = e0 + r;
+        // A position below t0 is still in the ring: it was recent at length t0.
+        const uint16_t* src = p < t0 ? s.recent[kv].data() + (p % ring) * row
+                                     : inputs[kv] + (p - t0) * row;
+        for (size_t j = 0; j < row; ++j) x[r * row + j] = F32FromBf16(src[j]);
+      }
+      const KV half = static_cast<KV>(kv);
+      std::vector<WriteParams> params;
+      std::vector<const float*> rotations;
       for (size_t h = 0; h < hkv; ++h) {
-        for (size_t r = 0; r < n; ++r) {
-          const size_t p = e0 + r;
-          // A position below t0 is still in the ring: it was recent at length t0.
-          const uint16_t* src = p < t0 ? s.recent[kv].data() + (p % window) * row
-                                       : inputs[kv] + (p - t0) * row;
-          for (size_t j = 0; j < d; ++j) x[r * d + j] = F32FromBf16(src[h * d + j]);
-        }
-        const KV half = static_cast<KV>(kv);
-        QuantizedRows q;
-        try {
-          q = QuantizeRows(*write_backend_, HeadParams(half, static_cast<int>(h)),
-                           Rotation(half, static_cast<int>(h)), x.data(), n);
-        } catch (const Error& e) {
-          throw Error(e.code(), detail::Concat("sequence ", seq, ": writing ", KVName(kv),
-                                               " history rows of positions [", e0, ", ", e1,
-                                               ") (row r is position ", e0, " + r), KV head ",
-                                               h, ": ", e.what()));
-        }
-        Packed& out = packed[kv * hkv + h];
-        out.codes = std::move(q.packed);
-        out.scale = std::move(q.scale);
-        out.min = std::move(q.min);
+        params.push_back(HeadParams(half, static_cast<int>(h)));
+        rotations.push_back(Rotation(half, static_cast<int>(h)));
+      }
+      try {
+        encoded[kv] = EncodeTokens(*write_backend_, params, rotations, x.data(), n);
+      } catch (const Error& e) {
+        throw Error(e.code(), detail::Concat("sequence ", seq, ": writing ", KVName(kv),
+                                             " history rows of positions [", e0, ", ", e1,
+                                             ") (row r is position ", e0, " + r): ", e.what()));
       }
     }
   }
 
-  // 2. Commit: pages, history rows, sink rows, recent rows.
+  // 2. Commit: pages, history rows (plane by plane), sink rows, recent rows.
   const size_t history_rows = e1 - sink;
   while (s.page_table.size() < CeilDiv(history_rows, page)) s.page_table.push_back(AllocatePage());
   for (int kv = 0; kv < 2; ++kv) {
-    const WriteParams& wp = kv == 0 ? params_.key : params_.value;
-    const size_t cb = static_cast<size_t>(wp.code_bytes());
-    const size_t ng = static_cast<size_t>(wp.num_groups());
-    for (size_t r = 0; r < n; ++r) {
-      const size_t i = e0 - sink + r;
-      const size_t pg = static_cast<size_t>(s.page_table[i / page]);
-      const size_t slot = i % page;
-      for (size_t h = 0; h < hkv; ++h) {
-        const Packed& src = packed[kv * hkv + h];
-        const size_t base = (pg * hkv + h) * page + slot;
-        std::memcpy(&codes_[kv][base * cb], &src.codes[r * cb], cb);
-        std::memcpy(&scale_[kv][base * ng], &src.scale[r * ng], ng * sizeof(uint16_t));
-        std::memcpy(&min_[kv][base * ng], &src.min[r * ng], ng * sizeof(uint16_t));
+    const FormatLayout& layout = layout_[kv];
+    for (int i = 0; i < layout.num_planes && n > 0; ++i) {
+      const PlaneSpec& plane = layout.plane(i);
+      const size_t row_bytes = plane.row_bytes();
+      // A tile plane has one row per tile_tokens tokens; the rows entering the history start
+      // and end on tile boundaries (F is a multiple of the tile, and so is P). A shared plane
+      // has one row for all KV heads (each head's encoding holds the same bytes).
+      const size_t per_row = plane.scope == PlaneScope::kTile
+                                 ? static_cast<size_t>(layout.tile_tokens) : 1;
+      const size_t heads = static_cast<size_t>(layout.HeadsPerPage(i, params_.num_kv_heads));
+      for (size_t r = 0; r < n / per_row; ++r) {
+        const size_t token = e0 - sink + r * per_row;  // history index of the row's first token
+        const int64_t pg = s.page_table[token / page];
+        for (size_t h = 0; h < heads; ++h) {
+          const size_t base = layout.RowOffset(i, params_.page_size, params_.num_kv_heads, pg,
+                                               static_cast<int>(h),
+                                               static_cast<int64_t>(token % page));
+          std::memcpy(&pool_[kv][i][base], &encoded[kv][h].plane[i][r * row_bytes], row_bytes);
+        }
       }
     }
     for (size_t p = t0; p < std::min(sink, t1); ++p) {
       std::memcpy(&s.sink[kv][p * row], inputs[kv] + (p - t0) * row, row * sizeof(uint16_t));
     }
     for (size_t p = std::max(t0, e1); p < t1; ++p) {
-      std::memcpy(&s.recent[kv][(p % window) * row], inputs[kv] + (p - t0) * row,
+      std::memcpy(&s.recent[kv][(p % ring) * row], inputs[kv] + (p - t0) * row,
                   row * sizeof(uint16_t));
     }
   }
@@ -255,10 +257,10 @@ int32_t PagedKVCache::AllocatePage() {
             " pages)");
   const int32_t page = num_pages_++;
   for (int kv = 0; kv < 2; ++kv) {
-    const KV half = static_cast<KV>(kv);
-    codes_[kv].resize(static_cast<size_t>(num_pages_) * PageCodeBytes(half), 0);
-    scale_[kv].resize(static_cast<size_t>(num_pages_) * PageMetadataCount(half), 0);
-    min_[kv].resize(static_cast<size_t>(num_pages_) * PageMetadataCount(half), 0);
+    for (int i = 0; i < layout_[kv].num_planes; ++i) {
+      pool_[kv][i].resize(static_cast<size_t>(num_pages_) * PagePlaneBytes(static_cast<KV>(kv), i),
+                          0);
+    }
   }
   return page;
 }
@@ -292,17 +294,11 @@ size_t PagedKVCache::SinkLength(int seq) const {
 }
 
 size_t PagedKVCache::HistoryLength(int seq) const {
-  const size_t t = Get(seq).length;
-  const size_t reserved = static_cast<size_t>(params_.sink) + static_cast<size_t>(params_.recent);
-  return params_.quantized && t > reserved ? t - reserved : 0;
+  return static_cast<size_t>(params_.HistoryTokens(static_cast<int64_t>(Get(seq).length)));
 }
 
 size_t PagedKVCache::RecentBegin(int seq) const {
-  const size_t t = Get(seq).length;
-  const size_t sink = SinkLength(seq);
-  if (!params_.quantized) return sink;
-  const size_t window = static_cast<size_t>(params_.recent);
-  return std::max(sink, t > window ? t - window : 0);
+  return static_cast<size_t>(params_.RecentBegin(static_cast<int64_t>(Get(seq).length)));
 }
 
 bool PagedKVCache::IsBf16Position(int seq, size_t position) const {
@@ -318,74 +314,67 @@ const uint16_t* PagedKVCache::Bf16Row(int seq, size_t position, KV kv) const {
   const Sequence& s = Get(seq);
   const size_t row = RowElements();
   const int i = Index(kv);
-  if (!params_.quantized) return s.dense[i].data() + position * row;
+  if (!params_.quantized()) return s.dense[i].data() + position * row;
   if (position < static_cast<size_t>(params_.sink)) return s.sink[i].data() + position * row;
-  return s.recent[i].data() + (position % static_cast<size_t>(params_.recent)) * row;
+  return s.recent[i].data() + (position % static_cast<size_t>(params_.ring_slots())) * row;
 }
 
 const uint16_t* PagedKVCache::SinkRows(int seq, KV kv) const {
   const Sequence& s = Get(seq);
-  return params_.quantized ? s.sink[Index(kv)].data() : nullptr;
+  return params_.quantized() ? s.sink[Index(kv)].data() : nullptr;
 }
 
 const uint16_t* PagedKVCache::RecentRing(int seq, KV kv) const {
   const Sequence& s = Get(seq);
-  return params_.quantized ? s.recent[Index(kv)].data() : nullptr;
+  return params_.quantized() ? s.recent[Index(kv)].data() : nullptr;
 }
 
 const uint16_t* PagedKVCache::DenseRows(int seq, KV kv) const {
   const Sequence& s = Get(seq);
-  return params_.quantized ? nullptr : s.dense[Index(kv)].data();
+  return params_.quantized() ? nullptr : s.dense[Index(kv)].data();
 }
 
 const std::vector<int32_t>& PagedKVCache::PageTable(int seq) const { return Get(seq).page_table; }
 
-size_t PagedKVCache::PageCodeBytes(KV kv) const {
-  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
-  return static_cast<size_t>(params_.num_kv_heads) * static_cast<size_t>(params_.page_size) *
-         static_cast<size_t>(wp.code_bytes());
+size_t PagedKVCache::PagePlaneBytes(KV kv, int plane) const {
+  return layout_[Index(kv)].PageBytes(plane, params_.page_size, params_.num_kv_heads);
 }
 
-size_t PagedKVCache::PageMetadataCount(KV kv) const {
-  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
-  return static_cast<size_t>(params_.num_kv_heads) * static_cast<size_t>(params_.page_size) *
-         static_cast<size_t>(wp.num_groups());
-}
-
-HistoryRowRef PagedKVCache::HistoryRow(int seq, size_t i, int head, KV kv) const {
+HistoryRunView PagedKVCache::HistoryRow(int seq, size_t i, int head, KV kv) const {
   const Sequence& s = Get(seq);
   const size_t n = HistoryLength(seq);
   KVQ_CHECK(i < n, kInvalidArgument, "history row ", i, " is past the history length ", n,
             " of sequence ", seq);
   KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
             " is outside [0, ", params_.num_kv_heads, ")");
-  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
   const size_t page = static_cast<size_t>(params_.page_size);
-  const size_t base =
-      (static_cast<size_t>(s.page_table[i / page]) * static_cast<size_t>(params_.num_kv_heads) +
-       static_cast<size_t>(head)) * page + i % page;
-  const int k = Index(kv);
-  HistoryRowRef ref;
-  ref.codes = codes_[k].data() + base * static_cast<size_t>(wp.code_bytes());
-  ref.scale = scale_[k].data() + base * static_cast<size_t>(wp.num_groups());
-  ref.min = min_[k].data() + base * static_cast<size_t>(wp.num_groups());
-  return ref;
+  const int64_t pg = s.page_table[i / page];
+  const FormatLayout& layout = layout_[Index(kv)];
+  HistoryRunView view;
+  for (int p = 0; p < layout.num_planes; ++p) {
+    view.plane[p] = pool_[Index(kv)][p].data() +
+                    layout.RowOffset(p, params_.page_size, params_.num_kv_heads, pg, head,
+                                     static_cast<int64_t>(i % page));
+  }
+  view.tile_offset = static_cast<int>(i % static_cast<size_t>(layout.tile_tokens));
+  return view;
 }
 
 void PagedKVCache::DequantizedHistoryRow(int seq, size_t i, int head, KV kv, float* out) const {
-  const HistoryRowRef ref = HistoryRow(seq, i, head, kv);
-  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
-  std::vector<uint8_t> codes(static_cast<size_t>(wp.head_dim));
-  const WriteKernels& stages = ScalarBackend().write;
-  stages.unpack(ref.codes, codes.data(), 1, wp);
-  stages.dequantize(codes.data(), ref.scale, ref.min, out, 1, wp);
+  const HistoryRunView row = HistoryRow(seq, i, head, kv);
+  DecodeRows(ScalarBackend(), kv == KV::kKey ? params_.key : params_.value, row, 1, out);
 }
 
 std::vector<float> PagedKVCache::DequantizedHistory(int seq, int head, KV kv) const {
   const size_t n = HistoryLength(seq);
   const size_t d = static_cast<size_t>(params_.head_dim());
   std::vector<float> rows(n * d);
-  for (size_t i = 0; i < n; ++i) DequantizedHistoryRow(seq, i, head, kv, &rows[i * d]);
+  // One page run at a time (a tile format decodes whole tiles).
+  const size_t page = static_cast<size_t>(params_.page_size);
+  for (size_t i0 = 0; i0 < n; i0 += page) {
+    DecodeRows(ScalarBackend(), kv == KV::kKey ? params_.key : params_.value,
+               HistoryRow(seq, i0, head, kv), std::min(page, n - i0), &rows[i0 * d]);
+  }
   return rows;
 }
 
@@ -422,24 +411,22 @@ WriteParams PagedKVCache::HeadParams(KV kv, int head) const {
 CacheBytes PagedKVCache::Bytes(int seq) const {
   const Sequence& s = Get(seq);
   const size_t row_bytes = RowElements() * sizeof(uint16_t);  // one bf16 row of K (or of V)
-  const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
   CacheBytes b;
   b.elements = 2 * s.length * RowElements();
   const size_t sink_rows = SinkLength(seq);
   b.sink = 2 * sink_rows * row_bytes;
   b.recent = 2 * (s.length - RecentBegin(seq)) * row_bytes;
-  if (params_.quantized) {
-    const size_t code_bytes = static_cast<size_t>(params_.key.code_bytes() +
-                                                  params_.value.code_bytes());
-    const size_t meta_bytes = static_cast<size_t>(params_.key.num_groups() +
-                                                  params_.value.num_groups()) *
-                              2 * sizeof(uint16_t);
-    const size_t used = HistoryLength(seq);
-    const size_t allocated = s.page_table.size() * static_cast<size_t>(params_.page_size);
-    b.history_codes = used * hkv * code_bytes;
-    b.history_metadata = used * hkv * meta_bytes;
-    b.history_codes_allocated = allocated * hkv * code_bytes;
-    b.history_metadata_allocated = allocated * hkv * meta_bytes;
+  if (params_.quantized()) {
+    const int64_t used = static_cast<int64_t>(HistoryLength(seq));
+    const int64_t allocated =
+        static_cast<int64_t>(s.page_table.size()) * static_cast<int64_t>(params_.page_size);
+    const int heads = params_.num_kv_heads;
+    for (const FormatLayout& layout : layout_) {
+      b.history_codes += layout.Bytes(PlaneRole::kCodes, used, heads);
+      b.history_metadata += layout.Bytes(PlaneRole::kMetadata, used, heads);
+      b.history_codes_allocated += layout.Bytes(PlaneRole::kCodes, allocated, heads);
+      b.history_metadata_allocated += layout.Bytes(PlaneRole::kMetadata, allocated, heads);
+    }
   }
   return b;
 }

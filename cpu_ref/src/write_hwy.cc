@@ -11,21 +11,25 @@
 //  - clip: the order statistic is found by an exact radix select on the bits of |x|;
 //  - quantize: exact min/max, the scalar metadata math, IEEE division, clamp then
 //    round-half-to-even by adding and subtracting 2^23 (exact for codes 0..15);
-//  - pack/unpack/dequantize are integer or exact operations.
+//  - pack/unpack/dequantize are integer or exact operations;
+//  - norm: the squares are lane-wise, the tree's strides >= the vector length add whole
+//    vectors (a[j] + a[j+h], the same pairs as the scalar loop), the last strides and the
+//    correctly rounded sqrt run on one row's scalars; the division is IEEE;
+//  - tiles: per-channel min/max over the tile's rows are lane-wise (exact), the metadata math is
+//    the scalar's per channel, codes as in quantize; packing along tokens is integer.
 //
 // Requires Highway 1.0.3 only (no LoadN, ReduceSum or HWY_EXPORT_T).
 
-// AVX3_DL (Ice Lake and later) is compiled only on request; this machine class has it.
-#ifndef HWY_WANT_AVX3_DL
-#define HWY_WANT_AVX3_DL
-#endif
+#include "hwy_targets.h"  // first: fixes the target list
 
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "write_internal.h"
@@ -135,7 +139,7 @@ void Fwht(float* x, size_t n, const WriteParams& p) {
   const size_t block = static_cast<size_t>(p.fwht_block());
   // Blocks are at least 16 floats, a vector at most 16: every block is whole vectors.
   HWY_ASSERT(block % lanes == 0);
-  const V scale = hn::Set(df, FwhtScale(p.fwht_block()));
+  const V scale = hn::Set(df, p.fwht_scale());
   const InVectorStages stages = MakeInVectorStages(lanes);
   const bool scale_after_in_vector = (block == lanes);
   for (size_t row = 0; row < n; ++row) {
@@ -300,6 +304,213 @@ void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, si
   }
 }
 
+// ------------------------------------------------------------------ norm
+
+void Norm(float* x, uint16_t* norm, size_t n, const WriteParams& p) {
+  const DF df;
+  using V = hn::Vec<DF>;
+  const size_t lanes = hn::Lanes(df);
+  const size_t m = static_cast<size_t>(p.norm_span());
+  size_t padded = 1;
+  while (padded < m) padded *= 2;
+  // m = d * heads with d >= 64: whole vectors, and padded >= m is a power of two >= 64.
+  HWY_ASSERT(m % lanes == 0 && padded % lanes == 0);
+  std::vector<float> a(padded);
+  for (size_t row = 0; row < n; ++row) {
+    float* xr = x + row * m;
+    for (size_t j = 0; j < m; j += lanes) {
+      const V v = hn::LoadU(df, xr + j);
+      hn::StoreU(hn::Mul(v, v), df, a.data() + j);
+    }
+    for (size_t j = m; j < padded; ++j) a[j] = +0.0f;
+    size_t h = padded / 2;
+    for (; h >= lanes; h /= 2) {
+      for (size_t j = 0; j < h; j += lanes) {
+        hn::StoreU(hn::Add(hn::LoadU(df, a.data() + j), hn::LoadU(df, a.data() + j + h)), df,
+                   a.data() + j);
+      }
+    }
+    for (; h >= 1; h /= 2) {
+      for (size_t j = 0; j < h; ++j) a[j] = a[j] + a[j + h];
+    }
+    const float length = std::sqrt(a[0]);
+    const uint16_t bits = Bf16FromF32(length);
+    norm[row] = bits;
+    const float stored = F32FromBf16(bits);
+    if (stored == 0.0f) {
+      for (size_t j = 0; j < m; j += lanes) hn::StoreU(hn::Zero(df), df, xr + j);
+      continue;
+    }
+    const V divisor = hn::Set(df, stored);
+    for (size_t j = 0; j < m; j += lanes) {
+      hn::StoreU(hn::Div(hn::LoadU(df, xr + j), divisor), df, xr + j);
+    }
+  }
+}
+
+void Denorm(float* y, const uint16_t* norm, size_t n, const WriteParams& p) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  for (size_t row = 0; row < n; ++row) {
+    const auto factor = hn::Set(df, F32FromBf16(norm[row]));
+    float* yr = y + row * d;
+    for (size_t j = 0; j < d; j += lanes) hn::StoreU(hn::Mul(hn::LoadU(df, yr + j), factor), df, yr + j);
+  }
+}
+
+// ------------------------------------------------------------------ tiles
+
+// Tile t's rows [t*G_k, (t+1)*G_k): lanes run over channels, the loop over the tile's rows.
+void QuantizeTile(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
+                  const WriteParams& p) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DF> d8;
+  using V = hn::Vec<DF>;
+  const size_t lanes = hn::Lanes(df);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const float levels = static_cast<float>(p.levels());
+  HWY_ASSERT(d % lanes == 0 && d <= 256);
+  HWY_ALIGN float lo[256], hi[256], sf[256], mf[256];
+  const V zero = hn::Zero(df);
+  const V top = hn::Set(df, levels);
+  const V round_magic = hn::Set(df, 8388608.0f);  // 2^23
+  for (size_t t = 0; t < n / tile; ++t) {
+    const float* xt = x + t * tile * d;
+    for (size_t j = 0; j < d; j += lanes) {
+      V lo_v = hn::LoadU(df, xt + j);
+      V hi_v = lo_v;
+      for (size_t r = 1; r < tile; ++r) {
+        const V v = hn::LoadU(df, xt + r * d + j);
+        lo_v = hn::Min(lo_v, v);
+        hi_v = hn::Max(hi_v, v);
+      }
+      hn::Store(lo_v, df, lo + j);
+      hn::Store(hi_v, df, hi + j);
+    }
+    // The metadata of each channel exactly as the scalar computes it.
+    for (size_t j = 0; j < d; ++j) {
+      const float l = lo[j] + 0.0f;
+      const float h = hi[j] + 0.0f;
+      const float s = (h - l) / levels;
+      const uint16_t scale_bits = Bf16FromF32(s);
+      const uint16_t min_bits = Bf16FromF32(l);
+      scale[t * d + j] = scale_bits;
+      min[t * d + j] = min_bits;
+      sf[j] = F32FromBf16(scale_bits);
+      mf[j] = F32FromBf16(min_bits);
+    }
+    for (size_t r = 0; r < tile; ++r) {
+      const float* xr = xt + r * d;
+      uint8_t* qr = codes + (t * tile + r) * d;
+      for (size_t j = 0; j < d; j += lanes) {
+        const V s = hn::Load(df, sf + j);
+        const auto nonzero = hn::Ne(s, zero);
+        // A zero scale divides by 1 instead, and the code is then forced to 0.
+        const V divisor = hn::IfThenElse(nonzero, s, hn::Set(df, 1.0f));
+        V q = hn::Div(hn::Sub(hn::LoadU(df, xr + j), hn::Load(df, mf + j)), divisor);
+        q = hn::Min(hn::Max(q, zero), top);
+        q = hn::IfThenElseZero(nonzero, hn::Sub(hn::Add(q, round_magic), round_magic));
+        hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, q)), d8, qr + j);
+      }
+    }
+  }
+}
+
+// Packing along the tokens: the bytes of (token slice i, every channel) are formed lane-wise
+// over the channels into a [slice][d] staging tile, which is then transposed into the
+// channel-major [d][slice] layout.
+void PackTile(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
+  const hn::CappedTag<uint8_t, 16> d8;
+  const size_t lanes = hn::Lanes(d8);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const size_t per_byte = static_cast<size_t>(8 / p.bits);
+  const size_t slice = tile / per_byte;
+  HWY_ASSERT(d % lanes == 0);
+  std::vector<uint8_t> staging(slice * d);
+  for (size_t t = 0; t < n / tile; ++t) {
+    const uint8_t* ct = codes + t * tile * d;
+    for (size_t i = 0; i < slice; ++i) {
+      for (size_t j = 0; j < d; j += lanes) {
+        auto byte = hn::LoadU(d8, ct + i * d + j);
+        if (p.bits == 2) {
+          byte = hn::Or(hn::Or(byte, hn::ShiftLeft<2>(hn::LoadU(d8, ct + (slice + i) * d + j))),
+                        hn::Or(hn::ShiftLeft<4>(hn::LoadU(d8, ct + (2 * slice + i) * d + j)),
+                               hn::ShiftLeft<6>(hn::LoadU(d8, ct + (3 * slice + i) * d + j))));
+        } else {
+          byte = hn::Or(byte, hn::ShiftLeft<4>(hn::LoadU(d8, ct + (slice + i) * d + j)));
+        }
+        hn::StoreU(byte, d8, staging.data() + i * d + j);
+      }
+    }
+    uint8_t* out = packed + t * d * slice;
+    for (size_t j = 0; j < d; ++j) {
+      for (size_t i = 0; i < slice; ++i) out[j * slice + i] = staging[i * d + j];
+    }
+  }
+}
+
+void UnpackTile(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
+  const hn::CappedTag<uint8_t, 16> d8;
+  const size_t lanes = hn::Lanes(d8);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const size_t per_byte = static_cast<size_t>(8 / p.bits);
+  const size_t slice = tile / per_byte;
+  HWY_ASSERT(d % lanes == 0);
+  std::vector<uint8_t> staging(slice * d);
+  for (size_t t = 0; t < n / tile; ++t) {
+    const uint8_t* in = packed + t * d * slice;
+    for (size_t j = 0; j < d; ++j) {
+      for (size_t i = 0; i < slice; ++i) staging[i * d + j] = in[j * slice + i];
+    }
+    uint8_t* ct = codes + t * tile * d;
+    for (size_t i = 0; i < slice; ++i) {
+      for (size_t j = 0; j < d; j += lanes) {
+        const auto byte = hn::LoadU(d8, staging.data() + i * d + j);
+        if (p.bits == 2) {
+          const auto mask = hn::Set(d8, uint8_t{3});
+          hn::StoreU(hn::And(byte, mask), d8, ct + i * d + j);
+          hn::StoreU(hn::And(hn::ShiftRight<2>(byte), mask), d8, ct + (slice + i) * d + j);
+          hn::StoreU(hn::And(hn::ShiftRight<4>(byte), mask), d8, ct + (2 * slice + i) * d + j);
+          hn::StoreU(hn::ShiftRight<6>(byte), d8, ct + (3 * slice + i) * d + j);
+        } else {
+          hn::StoreU(hn::And(byte, hn::Set(d8, uint8_t{15})), d8, ct + i * d + j);
+          hn::StoreU(hn::ShiftRight<4>(byte), d8, ct + (slice + i) * d + j);
+        }
+      }
+    }
+  }
+}
+
+void DequantizeTile(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
+                    size_t n, const WriteParams& p) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t lanes = hn::Lanes(df);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  HWY_ASSERT(d % lanes == 0 && d <= 256);
+  HWY_ALIGN float sf[256], mf[256];
+  for (size_t t = 0; t < n / tile; ++t) {
+    for (size_t j = 0; j < d; ++j) {
+      sf[j] = F32FromBf16(scale[t * d + j]);
+      mf[j] = F32FromBf16(min[t * d + j]);
+    }
+    for (size_t r = t * tile; r < (t + 1) * tile; ++r) {
+      for (size_t j = 0; j < d; j += lanes) {
+        const auto q = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, codes + r * d + j)));
+        hn::StoreU(hn::Add(hn::Mul(q, hn::Load(df, sf + j)), hn::Load(df, mf + j)), df,
+                   y + r * d + j);
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------------ pack / unpack
 
 // The byte slices of a row are 16, 32 or 64 bytes: full vectors where they fit, else 16.
@@ -417,14 +628,9 @@ void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min
 
 WriteKernels MakeWriteKernels() {
   WriteKernels k;
-  k.rotate_dense = RotateDense;
-  k.fwht = Fwht;
-  k.bitrev = Bitrev;
-  k.clip = Clip;
-  k.quantize = Quantize;
-  k.pack = Pack;
-  k.unpack = Unpack;
-  k.dequantize = Dequantize;
+#define KVQ_STAGE(name, Name, family, params, args) k.name = &Name;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
   return k;
 }
 
@@ -433,42 +639,15 @@ WriteKernels MakeWriteKernels() {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include <cctype>
-
 namespace kvq::cpu::internal {
 
-HWY_EXPORT(MakeWriteKernels);
+std::vector<int64_t> HwyTargets() { return hwy::SupportedAndGeneratedTargets(); }
 
-// The per-target table is read out of Highway's own dispatch table: for each compiled target
-// the CPU supports, restrict dispatch to that target alone and let HWY_DYNAMIC_DISPATCH
-// return that target's MakeWriteKernels(). This uses only public Highway 1.0.3 API (no
-// knowledge of the table layout) and runs once, under the function-local static's guard.
-// Caveat: while it runs, dispatch of *other* Highway functions in the process is restricted
-// too; it runs on first use of Backends(), before any kernel of this library is called.
-const std::vector<Backend>& HwyBackends() {
-  static const std::vector<Backend> backends = [] {
-    std::vector<Backend> list;
-    for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
-      hwy::SetSupportedTargetsForTest(target);
-      Backend backend;
-      backend.name = "hwy_";
-      for (const char* c = hwy::TargetName(target); *c != '\0'; ++c) {
-        backend.name += static_cast<char>(std::tolower(static_cast<unsigned char>(*c)));
-      }
-      backend.hwy_target = target;
-      backend.write = HWY_DYNAMIC_DISPATCH(MakeWriteKernels)();
-      list.push_back(backend);
-    }
-    hwy::SetSupportedTargetsForTest(0);
-    // Each target's table must be its own: distinct targets, distinct code.
-    for (size_t a = 0; a < list.size(); ++a) {
-      for (size_t b = a + 1; b < list.size(); ++b) {
-        HWY_ASSERT(list[a].write.rotate_dense != list[b].write.rotate_dense);
-      }
-    }
-    return list;
-  }();
-  return backends;
+WriteKernels HwyWriteKernels(int64_t hwy_target) {
+  KVQ_HWY_PER_TARGET(hwy_target, MakeWriteKernels)
+  KVQ_CHECK(false, kUnsupported, "no write kernels were compiled for Highway target ",
+            hwy_target, " (", hwy::TargetName(hwy_target), ")");
+  return {};
 }
 
 }  // namespace kvq::cpu::internal

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
 
 namespace kvq::cpu::internal {
@@ -14,23 +15,26 @@ namespace kvq::cpu::internal {
 // The scalar executable spec (write_scalar.cc).
 WriteKernels ScalarWriteKernels();
 
-// One Backend per Highway target compiled into write_hwy.cc and supported by this CPU, best
-// first (write_hwy.cc). Built once; never empty (the portable target, HWY_SCALAR with GCC 12 or EMU128
-// elsewhere, is always compiled and supported).
-const std::vector<Backend>& HwyBackends();
+// The Highway targets compiled into cpu_ref and supported by this CPU, best first; never empty
+// (the portable target, HWY_SCALAR with GCC 12 or EMU128 elsewhere, is always there).
+std::vector<int64_t> HwyTargets();
+// The write-path table of one of those targets (write_hwy.cc, hwy_targets.h). Throws
+// kvq::Error(kUnsupported) for a target that was not compiled.
+WriteKernels HwyWriteKernels(int64_t hwy_target);
+
+// The rotation stages of the write path without its validation (rotation(), P_br), for callers
+// that validated already (the decode driver): y [n, d] = x·R then P_br; y may alias x.
+void RotateRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                const float* x, float* y, size_t n);
+// The inverse map y = x·P_brᵀ·Rᵀ given r_transposed = Rᵀ (dense only; else unused).
+void RotateRowsInverse(const Backend& backend, const WriteParams& p, const float* r_transposed,
+                       const float* x, float* y, size_t n);
 
 // log2 of a power of two.
 inline int Log2(int power_of_two) {
   int log = 0;
   while ((1 << log) < power_of_two) ++log;
   return log;
-}
-
-// beta(j): the low `bits` bits of j in reverse order (an involution).
-inline uint32_t BitReverse(uint32_t j, int bits) {
-  uint32_t reversed = 0;
-  for (int b = 0; b < bits; ++b) reversed |= ((j >> b) & 1u) << (bits - 1 - b);
-  return reversed;
 }
 
 // beta(j) for j = 0..d-1, d = 64, 128 or 256, as int32 gather indices. Built once.
@@ -47,11 +51,6 @@ inline const int32_t* BitReverseTable(int d) {
   };
   static const Tables tables;
   return tables.by_log2[Log2(d)];
-}
-
-// The FWHT normaliser: 1/sqrt(block) computed in double and rounded once to fp32.
-inline float FwhtScale(int block) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
 }
 
 // k = min(floor(rho*d), d-1) with rho*d computed in double: the 0-based ascending rank of the

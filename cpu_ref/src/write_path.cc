@@ -11,6 +11,8 @@
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/common/stages.h"
+#include "write_internal.h"
 
 namespace kvq::cpu {
 namespace {
@@ -51,11 +53,10 @@ void CheckRotation(const WriteParams& p, const float* rotation) {
 void CheckInputs(const Backend& backend, const WriteParams& p, const float* rotation,
                  const float* x, size_t n) {
   p.Validate();
-  KVQ_CHECK(backend.write.rotate_dense != nullptr && backend.write.fwht != nullptr &&
-                backend.write.bitrev != nullptr && backend.write.clip != nullptr &&
-                backend.write.quantize != nullptr && backend.write.pack != nullptr &&
-                backend.write.unpack != nullptr && backend.write.dequantize != nullptr,
-            kInvalidArgument, "backend '", backend.name, "' has a missing write kernel");
+  for (const StageSpec& stage : AllStages()) {
+    KVQ_CHECK(!StageRuns(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
+              "backend '", backend.name, "' has no '", stage.name, "' kernel");
+  }
   CheckedElements(n, p.head_dim);
   if (n == 0) return;
   KVQ_CHECK(x != nullptr, kInvalidArgument, "input rows are null (", n, " rows)");
@@ -67,9 +68,12 @@ bool Overlap(const float* a, const float* b, size_t count) {
   return a < b + count && b < a + count;
 }
 
-// The stages after validation. y may alias x.
-void RotateUnchecked(const Backend& backend, const WriteParams& p, const float* rotation,
-                     const float* x, float* y, size_t n) {
+}  // namespace
+
+namespace internal {
+
+void RotateRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                const float* x, float* y, size_t n) {
   const size_t count = n * static_cast<size_t>(p.head_dim);
   switch (p.rotation) {
     case RotationKind::kIdentity:
@@ -96,23 +100,9 @@ void RotateUnchecked(const Backend& backend, const WriteParams& p, const float* 
   }
 }
 
-}  // namespace
-
-void Rotate(const Backend& backend, const WriteParams& p, const float* rotation, const float* x,
-            float* y, size_t n) {
-  CheckInputs(backend, p, rotation, x, n);
-  if (n == 0) return;
-  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
-  RotateUnchecked(backend, p, rotation, x, y, n);
-}
-
-void RotateInverse(const Backend& backend, const WriteParams& p, const float* rotation,
-                   const float* x, float* y, size_t n) {
-  CheckInputs(backend, p, rotation, x, n);
-  if (n == 0) return;
-  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
-  const size_t d = static_cast<size_t>(p.head_dim);
-  const size_t count = n * d;
+void RotateRowsInverse(const Backend& backend, const WriteParams& p, const float* r_transposed,
+                       const float* x, float* y, size_t n) {
+  const size_t count = n * static_cast<size_t>(p.head_dim);
   // P_br is an involution: undo it first (the forward map applied it last).
   std::vector<float> work(x, x + count);
   if (p.bitrev) {
@@ -124,13 +114,8 @@ void RotateInverse(const Backend& backend, const WriteParams& p, const float* ro
     case RotationKind::kIdentity:
       break;
     case RotationKind::kDense: {
-      // x·Rᵀ with the same dense kernel: transpose once.
-      std::vector<float> transposed(d * d);
-      for (size_t i = 0; i < d; ++i) {
-        for (size_t j = 0; j < d; ++j) transposed[j * d + i] = rotation[i * d + j];
-      }
       std::vector<float> rotated(count);
-      backend.write.rotate_dense(work.data(), transposed.data(), rotated.data(), n, p);
+      backend.write.rotate_dense(work.data(), r_transposed, rotated.data(), n, p);
       work.swap(rotated);
       break;
     }
@@ -142,40 +127,379 @@ void RotateInverse(const Backend& backend, const WriteParams& p, const float* ro
   std::memcpy(y, work.data(), count * sizeof(float));
 }
 
-QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const float* rotation,
-                           const float* x, size_t n) {
-  QuantizedRows out;
-  CheckInputs(backend, p, rotation, x, n);
-  const size_t d = static_cast<size_t>(p.head_dim);
-  const size_t count = n * d;
-  const size_t groups = static_cast<size_t>(p.num_groups());
-  out.rows = n;
-  out.rotated.resize(count);
-  out.tau.resize(n);
-  out.codes.resize(count);
-  out.packed.resize(n * static_cast<size_t>(p.code_bytes()));
-  out.scale.resize(n * groups);
-  out.min.resize(n * groups);
-  out.dequantized.resize(count);
-  if (n == 0) return out;
+}  // namespace internal
 
-  RotateUnchecked(backend, p, rotation, x, out.rotated.data(), n);
-  // Magnitudes up to 2^126 keep hi - lo, the scale and every dequantized value finite.
-  for (size_t row = 0; row < n; ++row) {
-    for (size_t col = 0; col < d; ++col) {
-      const float v = out.rotated[row * d + col];
-      KVQ_CHECK(std::fabs(v) <= kMaxRotatedAbs, kNonFinite, "rotated value ", v, " at row ", row,
-                ", column ", col, " exceeds the supported magnitude 2^126");
+void Rotate(const Backend& backend, const WriteParams& p, const float* rotation, const float* x,
+            float* y, size_t n) {
+  CheckInputs(backend, p, rotation, x, n);
+  if (n == 0) return;
+  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
+  internal::RotateRows(backend, p, rotation, x, y, n);
+}
+
+void RotateInverse(const Backend& backend, const WriteParams& p, const float* rotation,
+                   const float* x, float* y, size_t n) {
+  CheckInputs(backend, p, rotation, x, n);
+  if (n == 0) return;
+  KVQ_CHECK(y != nullptr, kInvalidArgument, "output rows are null (", n, " rows)");
+  const size_t d = static_cast<size_t>(p.head_dim);
+  // x·Rᵀ with the same dense kernel: transpose once.
+  std::vector<float> transposed;
+  if (p.rotation == RotationKind::kDense) {
+    transposed.resize(d * d);
+    for (size_t i = 0; i < d; ++i) {
+      for (size_t j = 0; j < d; ++j) transposed[j * d + i] = rotation[i * d + j];
     }
   }
-  std::vector<float> clipped(out.rotated);
-  backend.write.clip(clipped.data(), out.tau.data(), n, p);
-  backend.write.quantize(clipped.data(), out.codes.data(), out.scale.data(), out.min.data(), n,
-                         p);
-  backend.write.pack(out.codes.data(), out.packed.data(), n, p);
-  backend.write.dequantize(out.codes.data(), out.scale.data(), out.min.data(),
-                           out.dequantized.data(), n, p);
+  internal::RotateRowsInverse(backend, p, transposed.data(), x, y, n);
+}
+
+namespace {
+
+// Everything QuantizeTokens rejects before touching the data: each head's parameters (one
+// format, d and norm), the backend's stages, the tile, the rotations, the input.
+void CheckTokenInputs(const Backend& backend, const std::vector<WriteParams>& params,
+                      const std::vector<const float*>& rotations, const float* x, size_t n) {
+  KVQ_CHECK(!params.empty() && rotations.size() == params.size(), kInvalidArgument,
+            "the write path of ", params.size(), " KV heads got ", rotations.size(),
+            " rotations");
+  const WriteParams& p0 = params.front();
+  for (size_t h = 0; h < params.size(); ++h) {
+    const WriteParams& p = params[h];
+    p.Validate();
+    KVQ_CHECK(p.quantized(), kInvalidArgument, "the quantizing write path does not run format '",
+              FormatName(p.format), "'");
+    KVQ_CHECK(p.format == p0.format && p.head_dim == p0.head_dim && p.group == p0.group &&
+                  p.norm == p0.norm && p.norm_heads == p0.norm_heads,
+              kInvalidArgument, "KV head ", h, " has write params [", p.head_dim, " ",
+              FormatName(p.format), "] that differ from KV head 0's in format, d, group or norm");
+    for (const StageSpec& stage : AllStages()) {
+      KVQ_CHECK(!StageRuns(stage, p) || HasStage(backend.write, stage.id), kUnsupported,
+                "backend '", backend.name, "' has no '", stage.name, "' kernel");
+    }
+  }
+  const size_t heads = params.size();
+  KVQ_CHECK(!p0.norm || p0.norm_heads == 1 || static_cast<size_t>(p0.norm_heads) == heads,
+            kInvalidArgument, "a norm over ", p0.norm_heads, " KV heads needs the rows of all ",
+            p0.norm_heads, " heads of each token (got ", heads, ")");
+  const size_t tile = static_cast<size_t>(p0.tile_tokens());
+  KVQ_CHECK(n % tile == 0, kInvalidArgument, "format '", FormatName(p0.format),
+            "' stores tiles of ", tile, " tokens; ", n, " rows is not a whole number of tiles");
+  CheckedElements(n, p0.head_dim * static_cast<int>(heads));
+  if (n == 0) return;
+  KVQ_CHECK(x != nullptr, kInvalidArgument, "input rows are null (", n, " rows)");
+  for (size_t h = 0; h < heads; ++h) CheckRotation(params[h], rotations[h]);
+  CheckFinite(x, n, p0.head_dim * static_cast<int>(heads), "input");
+}
+
+// The codec stages of each quantized format on the clipped rows: codes, metadata, packed
+// bytes, and the dequantized rows (before any norm factor).
+void QuantizeAffineToken(const Backend& backend, const WriteParams& p, const float* clipped,
+                         size_t n, QuantizedRows* out) {
+  const size_t groups = n * static_cast<size_t>(p.num_groups());
+  out->packed.resize(n * static_cast<size_t>(p.code_bytes()));
+  out->scale.resize(groups);
+  out->min.resize(groups);
+  backend.write.quantize(clipped, out->codes.data(), out->scale.data(), out->min.data(), n, p);
+  backend.write.pack(out->codes.data(), out->packed.data(), n, p);
+  backend.write.dequantize(out->codes.data(), out->scale.data(), out->min.data(),
+                           out->dequantized.data(), n, p);
+}
+
+void QuantizeAffineTile(const Backend& backend, const WriteParams& p, const float* clipped,
+                        size_t n, QuantizedRows* out) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tiles = n / static_cast<size_t>(p.tile_tokens());
+  out->packed.resize(tiles * d * static_cast<size_t>(p.tile_channel_bytes()));
+  out->scale.resize(tiles * d);
+  out->min.resize(tiles * d);
+  backend.write.quantize_tile(clipped, out->codes.data(), out->scale.data(), out->min.data(), n,
+                              p);
+  backend.write.pack_tile(out->codes.data(), out->packed.data(), n, p);
+  backend.write.dequantize_tile(out->codes.data(), out->scale.data(), out->min.data(),
+                                out->dequantized.data(), n, p);
+}
+
+}  // namespace
+
+std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
+                                          const std::vector<WriteParams>& params,
+                                          const std::vector<const float*>& rotations,
+                                          const float* x, size_t n) {
+  CheckTokenInputs(backend, params, rotations, x, n);
+  const WriteParams& p0 = params.front();
+  const size_t heads = params.size();
+  const size_t d = static_cast<size_t>(p0.head_dim);
+  const size_t count = n * d;
+  // Names the head in messages only when there are several.
+  const auto where = [heads](size_t h) {
+    return heads > 1 ? detail::Concat(", KV head ", h) : std::string();
+  };
+  std::vector<QuantizedRows> out(heads);
+  for (size_t h = 0; h < heads; ++h) {
+    QuantizedRows& q = out[h];
+    q.rows = n;
+    q.rotated.resize(count);
+    q.tau.resize(n);
+    q.codes.resize(count);
+    q.dequantized.resize(count);
+    if (p0.norm) {
+      q.norm.resize(n);
+      q.normalized.resize(count);
+    }
+    if (n == 0) continue;
+    std::vector<float> rows(count);
+    for (size_t r = 0; r < n; ++r) {
+      std::memcpy(&rows[r * d], x + (r * heads + h) * d, d * sizeof(float));
+    }
+    internal::RotateRows(backend, params[h], rotations[h], rows.data(), q.rotated.data(), n);
+    // Magnitudes up to 2^126 keep hi - lo, the scale and every dequantized value finite.
+    for (size_t row = 0; row < n; ++row) {
+      for (size_t col = 0; col < d; ++col) {
+        const float v = q.rotated[row * d + col];
+        KVQ_CHECK(std::fabs(v) <= kMaxRotatedAbs, kNonFinite, "rotated value ", v, " at row ",
+                  row, where(h), ", column ", col, " exceeds the supported magnitude 2^126");
+      }
+    }
+  }
+  if (n == 0) return out;
+
+  // The norm: per head, or one over each token's heads laid end to end (norm_heads == H).
+  if (p0.norm) {
+    const size_t span_heads = static_cast<size_t>(p0.norm_heads);
+    const size_t span = span_heads * d;
+    std::vector<float> spans(n * span);
+    std::vector<uint16_t> norms(n);
+    for (size_t first = 0; first < heads; first += span_heads) {
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t k = 0; k < span_heads; ++k) {
+          std::memcpy(&spans[r * span + k * d], &out[first + k].rotated[r * d], d * sizeof(float));
+        }
+      }
+      backend.write.norm(spans.data(), norms.data(), n, params[first]);
+      for (size_t r = 0; r < n; ++r) {
+        KVQ_CHECK(!IsNonFinite(F32FromBf16(norms[r])), kNonFinite, "the norm of row ", r,
+                  span_heads > 1 ? " (all KV heads)" : where(first).c_str(),
+                  " overflows: its squared length exceeds the fp32 range (a norm supports rows "
+                  "of length up to about 2^63)");
+      }
+      for (size_t k = 0; k < span_heads; ++k) {
+        QuantizedRows& q = out[first + k];
+        q.norm = norms;
+        for (size_t r = 0; r < n; ++r) {
+          std::memcpy(&q.normalized[r * d], &spans[r * span + k * d], d * sizeof(float));
+        }
+      }
+    }
+  }
+
+  for (size_t h = 0; h < heads; ++h) {
+    const WriteParams& p = params[h];
+    QuantizedRows& q = out[h];
+    std::vector<float> clipped(p.norm ? q.normalized : q.rotated);
+    backend.write.clip(clipped.data(), q.tau.data(), n, p);
+    switch (p.format) {
+      case Format::kAffineToken: QuantizeAffineToken(backend, p, clipped.data(), n, &q); break;
+      case Format::kAffineTile: QuantizeAffineTile(backend, p, clipped.data(), n, &q); break;
+      default:
+        KVQ_CHECK(false, kInvalidArgument, "format '", FormatName(p.format), "' has no quantizer");
+    }
+    if (p.norm) backend.write.denorm(q.dequantized.data(), q.norm.data(), n, p);
+  }
   return out;
+}
+
+QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                           const float* x, size_t n) {
+  KVQ_CHECK(p.format != Format::kBf16, kInvalidArgument, "QuantizeRows runs the write path of ",
+            "a quantized format, not format '", FormatName(p.format), "'");
+  KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, "a norm over ", p.norm_heads,
+            " KV heads needs every head's rows (QuantizeTokens)");
+  return std::move(QuantizeTokens(backend, {p}, {rotation}, x, n).front());
+}
+
+std::vector<std::pair<std::string, Tensor>> QuantizedRows::Tensors(const WriteParams& p) const {
+  const int64_t n = static_cast<int64_t>(rows), d = p.head_dim;
+  const bool tile = p.format == Format::kAffineTile;
+  const std::vector<int64_t> meta_shape = tile ? ArgShape(Extent::kTileChannels, n, p)
+                                               : ArgShape(Extent::kGroups, n, p);
+  const std::vector<int64_t> packed_shape = tile ? ArgShape(Extent::kTilePacked, n, p)
+                                                 : ArgShape(Extent::kPacked, n, p);
+  std::vector<std::pair<std::string, Tensor>> t;
+  t.emplace_back("rotated", Tensor::F32({n, d}, rotated));
+  if (p.norm) {
+    t.emplace_back("norm", Tensor::BF16({n}, norm));
+    t.emplace_back("normalized", Tensor::F32({n, d}, normalized));
+  }
+  t.emplace_back("tau", Tensor::F32({n}, tau));
+  t.emplace_back("scale", Tensor::BF16(meta_shape, scale));
+  t.emplace_back("min", Tensor::BF16(meta_shape, min));
+  t.emplace_back("codes", Tensor::U8({n, d}, codes));
+  t.emplace_back("packed", Tensor::U8(packed_shape, packed));
+  t.emplace_back("dequantized", Tensor::F32({n, d}, dequantized));
+  return t;
+}
+
+namespace {
+
+// ---- The codec of each format (formats.inc): Encode<Name> and Decode<Name> ----
+// Encode: n tokens of the heads of `params` from x [n, H, d]; one EncodedRows per head.
+
+void EncodeBf16(const Backend&, const std::vector<WriteParams>& params,
+                const std::vector<const float*>&, const float* x, size_t n,
+                std::vector<EncodedRows>* out) {
+  const size_t heads = params.size();
+  const int d = params.front().head_dim;
+  const size_t dd = static_cast<size_t>(d);
+  CheckedElements(n, d * static_cast<int>(heads));
+  if (n == 0) return;
+  KVQ_CHECK(x != nullptr, kInvalidArgument, "input rows are null (", n, " rows)");
+  CheckFinite(x, n, d * static_cast<int>(heads), "input");
+  for (size_t h = 0; h < heads; ++h) {
+    std::vector<uint8_t>& plane = (*out)[h].plane[0];
+    plane.resize(n * dd * sizeof(uint16_t));
+    for (size_t r = 0; r < n; ++r) {
+      for (size_t j = 0; j < dd; ++j) {
+        const float v = x[(r * heads + h) * dd + j];
+        const uint16_t bits = Bf16FromF32(v);
+        KVQ_CHECK(!IsNonFinite(F32FromBf16(bits)), kNonFinite, "value ", v, " at row ", r,
+                  heads > 1 ? detail::Concat(", KV head ", h) : std::string(), ", column ", j,
+                  " rounds to inf in bf16");
+        std::memcpy(plane.data() + (r * dd + j) * sizeof(uint16_t), &bits, sizeof bits);
+      }
+    }
+  }
+}
+
+void DecodeBf16(const Backend&, const WriteParams& p, const HistoryRunView& rows, size_t n,
+                float* y) {
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  for (size_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, rows.plane[0] + i * sizeof(uint16_t), sizeof bits);
+    y[i] = F32FromBf16(bits);
+  }
+}
+
+// The planes of a quantized format from its write path's fields, by plane name.
+void EncodeQuantized(const Backend& backend, const std::vector<WriteParams>& params,
+                     const std::vector<const float*>& rotations, const float* x, size_t n,
+                     std::vector<EncodedRows>* out) {
+  std::vector<QuantizedRows> q = QuantizeTokens(backend, params, rotations, x, n);
+  const FormatLayout layout = LayoutOf(params.front());
+  for (size_t h = 0; h < params.size(); ++h) {
+    for (int i = 0; i < layout.num_planes; ++i) {
+      const std::string name = layout.plane(i).name;
+      const void* data = nullptr;
+      size_t bytes = 0;
+      if (name == "codes") {
+        data = q[h].packed.data();
+        bytes = q[h].packed.size();
+      } else if (name == "scale" || name == "min" || name == "norm") {
+        const std::vector<uint16_t>& v =
+            name == "scale" ? q[h].scale : (name == "min" ? q[h].min : q[h].norm);
+        data = v.data();
+        bytes = v.size() * sizeof(uint16_t);
+      } else {
+        KVQ_CHECK(false, kInvalidArgument, "plane '", name, "' of format '",
+                  FormatName(layout.format), "' has no write-path field");
+      }
+      (*out)[h].plane[i].resize(bytes);
+      if (bytes > 0) std::memcpy((*out)[h].plane[i].data(), data, bytes);
+    }
+  }
+}
+
+void EncodeAffineToken(const Backend& backend, const std::vector<WriteParams>& params,
+                       const std::vector<const float*>& rotations, const float* x, size_t n,
+                       std::vector<EncodedRows>* out) {
+  EncodeQuantized(backend, params, rotations, x, n, out);
+}
+
+void DecodeAffineToken(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                       size_t n, float* y) {
+  std::vector<uint8_t> codes(n * static_cast<size_t>(p.head_dim));
+  backend.write.unpack(rows.plane[0], codes.data(), n, p);
+  backend.write.dequantize(codes.data(), reinterpret_cast<const uint16_t*>(rows.plane[1]),
+                           reinterpret_cast<const uint16_t*>(rows.plane[2]), y, n, p);
+}
+
+void EncodeAffineTile(const Backend& backend, const std::vector<WriteParams>& params,
+                      const std::vector<const float*>& rotations, const float* x, size_t n,
+                      std::vector<EncodedRows>* out) {
+  EncodeQuantized(backend, params, rotations, x, n, out);
+}
+
+// The whole tiles covering the run are decoded, then its rows are kept and multiplied by n^.
+void DecodeAffineTile(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                      size_t n, float* y) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const size_t offset = static_cast<size_t>(rows.tile_offset);
+  const size_t covered = (offset + n + tile - 1) / tile * tile;
+  std::vector<uint8_t> codes(covered * d);
+  std::vector<float> decoded(covered * d);
+  backend.write.unpack_tile(rows.plane[0], codes.data(), covered, p);
+  backend.write.dequantize_tile(codes.data(), reinterpret_cast<const uint16_t*>(rows.plane[1]),
+                                reinterpret_cast<const uint16_t*>(rows.plane[2]), decoded.data(),
+                                covered, p);
+  std::memcpy(y, decoded.data() + offset * d, n * d * sizeof(float));
+  if (p.norm) {
+    const int norm = LayoutOf(p).Find("norm");
+    backend.write.denorm(y, reinterpret_cast<const uint16_t*>(rows.plane[norm]), n, p);
+  }
+}
+
+struct Codec {
+  void (*encode)(const Backend&, const std::vector<WriteParams>&, const std::vector<const float*>&,
+                 const float*, size_t, std::vector<EncodedRows>*);
+  void (*decode)(const Backend&, const WriteParams&, const HistoryRunView&, size_t, float*);
+};
+
+Codec CodecOf(Format format) {
+  switch (format) {
+#define KVQ_FORMAT(id, Name, tile_tokens, summary) \
+  case Format::k##Name:                            \
+    return {&Encode##Name, &Decode##Name};
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  }
+  KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " has no codec");
+  return {};
+}
+
+}  // namespace
+
+std::vector<EncodedRows> EncodeTokens(const Backend& backend,
+                                      const std::vector<WriteParams>& params,
+                                      const std::vector<const float*>& rotations,
+                                      const float* x, size_t n) {
+  KVQ_CHECK(!params.empty() && rotations.size() == params.size(), kInvalidArgument,
+            "the write path of ", params.size(), " KV heads got ", rotations.size(),
+            " rotations");
+  for (const WriteParams& p : params) p.Validate();
+  const WriteParams& p0 = params.front();
+  const size_t tile = static_cast<size_t>(p0.tile_tokens());
+  KVQ_CHECK(n % tile == 0, kInvalidArgument, "format '", FormatName(p0.format),
+            "' stores tiles of ", tile, " tokens; ", n, " rows is not a whole number of tiles");
+  std::vector<EncodedRows> out(params.size());
+  for (EncodedRows& e : out) e.rows = n;
+  CodecOf(p0.format).encode(backend, params, rotations, x, n, &out);
+  return out;
+}
+
+EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                       const float* x, size_t n) {
+  p.Validate();
+  KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, "a norm over ", p.norm_heads,
+            " KV heads needs every head's rows (EncodeTokens)");
+  return std::move(EncodeTokens(backend, {p}, {rotation}, x, n).front());
+}
+
+void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                size_t n, float* y) {
+  if (n == 0) return;
+  CodecOf(p.format).decode(backend, p, rows, n, y);
 }
 
 }  // namespace kvq::cpu

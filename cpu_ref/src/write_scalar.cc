@@ -19,7 +19,7 @@ namespace kvq::cpu::internal {
 namespace {
 
 // y[j] = sum_i x[i]*R[i][j]: i ascending, acc from +0.0f, the product rounded on its own.
-void RotateDenseScalar(const float* x, const float* r, float* y, size_t n,
+void RotateDense(const float* x, const float* r, float* y, size_t n,
                        const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   for (size_t row = 0; row < n; ++row) {
@@ -37,10 +37,10 @@ void RotateDenseScalar(const float* x, const float* r, float* y, size_t n,
 }
 
 // Butterflies with strides 1, 2, ..., block/2 on each block, then one multiply by the scale.
-void FwhtScalar(float* x, size_t n, const WriteParams& p) {
+void Fwht(float* x, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t block = static_cast<size_t>(p.fwht_block());
-  const float scale = FwhtScale(p.fwht_block());
+  const float scale = p.fwht_scale();
   for (size_t row = 0; row < n; ++row) {
     for (size_t start = 0; start < d; start += block) {
       float* b = x + row * d + start;
@@ -59,7 +59,7 @@ void FwhtScalar(float* x, size_t n, const WriteParams& p) {
 }
 
 // y[j] = x[beta(j)].
-void BitrevScalar(const float* x, float* y, size_t n, const WriteParams& p) {
+void Bitrev(const float* x, float* y, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const int log2_d = Log2(p.head_dim);
   for (size_t row = 0; row < n; ++row) {
@@ -70,7 +70,7 @@ void BitrevScalar(const float* x, float* y, size_t n, const WriteParams& p) {
 }
 
 // tau = a[k] with a = |x| sorted ascending; then the two comparisons of the spec.
-void ClipScalar(float* x, float* tau, size_t n, const WriteParams& p) {
+void Clip(float* x, float* tau, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t k = ClipRank(p.clip, p.head_dim);
   std::vector<float> magnitudes(d);
@@ -86,48 +86,161 @@ void ClipScalar(float* x, float* tau, size_t n, const WriteParams& p) {
   }
 }
 
-void QuantizeScalar(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-                    const WriteParams& p) {
+// The tree norm of each span of m = d * norm_heads values (numerics.md §5.1): squares in fp32,
+// padded with +0 to a power of two M, folded by a[j] = a[j] + a[j + h] for h = M/2, ..., 1;
+// n = sqrtf(a[0]) (correctly rounded), n^ = bf16(n); the span becomes x / n^ (IEEE), or +0
+// everywhere when n^ = 0.
+void Norm(float* x, uint16_t* norm, size_t n, const WriteParams& p) {
+  const size_t m = static_cast<size_t>(p.norm_span());
+  size_t padded = 1;
+  while (padded < m) padded *= 2;
+  std::vector<float> a(padded);
+  for (size_t row = 0; row < n; ++row) {
+    float* xr = x + row * m;
+    for (size_t j = 0; j < padded; ++j) a[j] = j < m ? xr[j] * xr[j] : +0.0f;
+    for (size_t h = padded / 2; h >= 1; h /= 2) {
+      for (size_t j = 0; j < h; ++j) a[j] = a[j] + a[j + h];
+    }
+    const float length = std::sqrt(a[0]);
+    const uint16_t bits = Bf16FromF32(length);
+    norm[row] = bits;
+    const float stored = F32FromBf16(bits);
+    for (size_t j = 0; j < m; ++j) xr[j] = stored == 0.0f ? +0.0f : xr[j] / stored;
+  }
+}
+
+// y = y * n^, one rounding.
+void Denorm(float* y, const uint16_t* norm, size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  for (size_t row = 0; row < n; ++row) {
+    const float stored = F32FromBf16(norm[row]);
+    for (size_t j = 0; j < d; ++j) y[row * d + j] = y[row * d + j] * stored;
+  }
+}
+
+// Spec §5 on one group of `count` values x[0], x[stride], ...: the stored (scale, min) and the
+// codes q[0], q[stride], ... (the same rule for a per-token group of channels and for one
+// channel of a tile).
+void QuantizeGroup(const float* x, size_t count, size_t stride, float levels, uint8_t* q,
+                   uint16_t* scale, uint16_t* min) {
+  float lo = x[0];
+  float hi = x[0];
+  for (size_t j = 1; j < count; ++j) {
+    lo = (x[j * stride] < lo) ? x[j * stride] : lo;
+    hi = (x[j * stride] > hi) ? x[j * stride] : hi;
+  }
+  lo = lo + 0.0f;  // -0 -> +0: the bits cannot depend on which zero the scan kept
+  hi = hi + 0.0f;
+  const float s = (hi - lo) / levels;
+  *scale = Bf16FromF32(s);
+  *min = Bf16FromF32(lo);
+  const float sf = F32FromBf16(*scale);
+  const float mf = F32FromBf16(*min);
+  for (size_t j = 0; j < count; ++j) {
+    if (sf == 0.0f) {
+      q[j * stride] = 0;
+      continue;
+    }
+    const float t = (x[j * stride] - mf) / sf;
+    float c = std::nearbyint(t);  // the default rounding mode: half to even
+    c = (c < 0.0f) ? 0.0f : ((c > levels) ? levels : c);
+    q[j * stride] = static_cast<uint8_t>(c);
+  }
+}
+
+// Per token, per contiguous group of G channels.
+void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
+              const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t group = static_cast<size_t>(p.group);
   const size_t groups = d / group;
   const float levels = static_cast<float>(p.levels());
   for (size_t row = 0; row < n; ++row) {
     for (size_t g = 0; g < groups; ++g) {
-      const float* xg = x + row * d + g * group;
-      uint8_t* qg = codes + row * d + g * group;
-      float lo = xg[0];
-      float hi = xg[0];
-      for (size_t j = 1; j < group; ++j) {
-        lo = (xg[j] < lo) ? xg[j] : lo;
-        hi = (xg[j] > hi) ? xg[j] : hi;
-      }
-      lo = lo + 0.0f;  // -0 -> +0: the bits cannot depend on which zero the scan kept
-      hi = hi + 0.0f;
-      const float s = (hi - lo) / levels;
-      const uint16_t scale_bits = Bf16FromF32(s);
-      const uint16_t min_bits = Bf16FromF32(lo);
-      scale[row * groups + g] = scale_bits;
-      min[row * groups + g] = min_bits;
-      const float sf = F32FromBf16(scale_bits);
-      const float mf = F32FromBf16(min_bits);
-      for (size_t j = 0; j < group; ++j) {
-        if (sf == 0.0f) {
-          qg[j] = 0;
-          continue;
+      QuantizeGroup(x + row * d + g * group, group, 1, levels, codes + row * d + g * group,
+                    scale + row * groups + g, min + row * groups + g);
+    }
+  }
+}
+
+// ---- affine_tile: tile t holds rows [t*G_k, (t+1)*G_k); channel j of a tile is one group ----
+
+// The transposed tile: group (t, j) is x[t*G_k + r][j] for r = 0..G_k-1; its (scale, min) go to
+// [t][j]; codes stay token-major like the rows.
+void QuantizeTile(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
+                  const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const float levels = static_cast<float>(p.levels());
+  for (size_t t = 0; t < n / tile; ++t) {
+    for (size_t j = 0; j < d; ++j) {
+      QuantizeGroup(x + t * tile * d + j, tile, d, levels, codes + t * tile * d + j,
+                    scale + t * d + j, min + t * d + j);
+    }
+  }
+}
+
+// Tile t, channel j: bytes [t][j][0 .. G_k*b/8) hold the channel's G_k codes by the split rule
+// along the tokens: INT2 byte i <- tokens i, G_k/4+i, G_k/2+i, 3G_k/4+i; INT4 byte i <- tokens
+// i (low nibble) and G_k/2+i.
+void PackTile(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const size_t per_byte = static_cast<size_t>(8 / p.bits);
+  const size_t slice = tile / per_byte;  // bytes per channel
+  for (size_t t = 0; t < n / tile; ++t) {
+    for (size_t j = 0; j < d; ++j) {
+      uint8_t* out = packed + (t * d + j) * slice;
+      for (size_t i = 0; i < slice; ++i) {
+        unsigned byte = 0;
+        for (size_t part = 0; part < per_byte; ++part) {
+          const size_t token = t * tile + part * slice + i;
+          byte |= static_cast<unsigned>(codes[token * d + j]) << (part * p.bits);
         }
-        const float t = (xg[j] - mf) / sf;
-        float q = std::nearbyint(t);  // the default rounding mode: half to even
-        q = (q < 0.0f) ? 0.0f : ((q > levels) ? levels : q);
-        qg[j] = static_cast<uint8_t>(q);
+        out[i] = static_cast<uint8_t>(byte);
       }
+    }
+  }
+}
+
+void UnpackTile(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  const size_t per_byte = static_cast<size_t>(8 / p.bits);
+  const size_t slice = tile / per_byte;
+  const unsigned mask = (1u << p.bits) - 1u;
+  for (size_t t = 0; t < n / tile; ++t) {
+    for (size_t j = 0; j < d; ++j) {
+      const uint8_t* in = packed + (t * d + j) * slice;
+      for (size_t i = 0; i < slice; ++i) {
+        for (size_t part = 0; part < per_byte; ++part) {
+          const size_t token = t * tile + part * slice + i;
+          codes[token * d + j] = static_cast<uint8_t>((in[i] >> (part * p.bits)) & mask);
+        }
+      }
+    }
+  }
+}
+
+// y = q*sf + mf with the (scale, min) of the token's tile and the channel.
+void DequantizeTile(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
+                    size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t tile = static_cast<size_t>(p.tile_tokens());
+  for (size_t row = 0; row < n / tile * tile; ++row) {
+    const size_t t = row / tile;
+    for (size_t j = 0; j < d; ++j) {
+      const float sf = F32FromBf16(scale[t * d + j]);
+      const float mf = F32FromBf16(min[t * d + j]);
+      const float product = static_cast<float>(codes[row * d + j]) * sf;
+      y[row * d + j] = product + mf;
     }
   }
 }
 
 // INT2: byte i <- channels i, d/4+i, d/2+i, 3d/4+i in bits [1:0], [3:2], [5:4], [7:6].
 // INT4: byte i <- channel i (low nibble), d/2+i (high nibble).
-void PackScalar(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
+void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t per_byte = static_cast<size_t>(8 / p.bits);
   const size_t slice = d / per_byte;  // bytes per row
@@ -144,7 +257,7 @@ void PackScalar(const uint8_t* codes, uint8_t* packed, size_t n, const WritePara
   }
 }
 
-void UnpackScalar(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
+void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t per_byte = static_cast<size_t>(8 / p.bits);
   const size_t slice = d / per_byte;
@@ -161,7 +274,7 @@ void UnpackScalar(const uint8_t* packed, uint8_t* codes, size_t n, const WritePa
 }
 
 // y = q*sf + mf: the product is exact, the sum rounded once.
-void DequantizeScalar(const uint8_t* codes, const uint16_t* scale, const uint16_t* min,
+void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min,
                       float* y, size_t n, const WriteParams& p) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t group = static_cast<size_t>(p.group);
@@ -181,14 +294,9 @@ void DequantizeScalar(const uint8_t* codes, const uint16_t* scale, const uint16_
 
 WriteKernels ScalarWriteKernels() {
   WriteKernels k;
-  k.rotate_dense = RotateDenseScalar;
-  k.fwht = FwhtScalar;
-  k.bitrev = BitrevScalar;
-  k.clip = ClipScalar;
-  k.quantize = QuantizeScalar;
-  k.pack = PackScalar;
-  k.unpack = UnpackScalar;
-  k.dequantize = DequantizeScalar;
+#define KVQ_STAGE(name, Name, family, params, args) k.name = &Name;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
   return k;
 }
 

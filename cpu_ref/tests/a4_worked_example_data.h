@@ -7,7 +7,7 @@
 // grid (channel j at row j / 16, column j % 16); rows 0-3 are group 0, rows 4-7 group 1 (G = 64).
 #pragma once
 
-namespace kvq::cpu::testing::a4 {
+namespace kvq::cpu::a4 {
 
 // K_{t,.}: the raw key row (channel basis)
 inline constexpr float kRawKeyRow[128] = {
@@ -76,4 +76,4 @@ inline constexpr float kKUqHGroupRange[2] = {13.52f, 13.58f};
 inline constexpr float kKUqHPGroupRange[2] = {13.82f, 9.36f};
 inline constexpr float kKHGroupRange[2] = {13.12f, 14.01f};
 
-}  // namespace kvq::cpu::testing::a4
+}  // namespace kvq::cpu::a4

@@ -9,15 +9,18 @@
 #include <vector>
 
 #include "a4_worked_example_data.h"
+#include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
-#include "write_test_util.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/params.h"
 
-namespace kvq::cpu::testing {
+namespace kvq::cpu {
 namespace {
 
-class A4WorkedExampleTest : public ::testing::TestWithParam<std::string> {
+class A4WorkedExampleTest : public ::testing::TestWithParam<const Backend*> {
  protected:
-  const WriteKernels& k() const { return BackendByName(GetParam()).write; }
+  const WriteKernels& k() const { return (*GetParam()).write; }
   static WriteParams Params() {
     WriteParams p;
     p.head_dim = 128;
@@ -89,7 +92,7 @@ TEST_P(A4WorkedExampleTest, PrintedGroupRanges) {
 }
 
 INSTANTIATE_TEST_SUITE_P(A4, A4WorkedExampleTest,
-                         ::testing::ValuesIn(BackendNames(/*include_scalar=*/true)), ParamName);
+                         ::testing::ValuesIn(testbed::TestBackends()), testbed::BackendTestName);
 
 }  // namespace
-}  // namespace kvq::cpu::testing
+}  // namespace kvq::cpu

@@ -12,30 +12,23 @@
 #include <string>
 #include <vector>
 
-#include "cache_test_util.h"
 #include "kvq/common/error.h"
+#include "kvq/conformance/prng.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/cache.h"
+#include "kvq/cpu_ref/write_path.h"
 
 namespace kvq::cpu {
 namespace {
 
-using testing::DescribeParams;
-using testing::MakeCache;
-using testing::MakeCacheParams;
-using testing::RandomRows;
 
-std::vector<std::string> AllBackendNames() {
-  std::vector<std::string> names;
-  for (const Backend& b : Backends()) names.push_back(b.name);
-  return names;
-}
-
-std::vector<float> RandomQuery(const CacheParams& p, std::mt19937_64& rng, float magnitude) {
-  std::normal_distribution<float> normal(0.0f, magnitude);
-  std::vector<float> q(static_cast<size_t>(p.num_q_heads) * p.head_dim());
-  for (float& x : q) x = normal(rng);
-  return q;
+std::vector<float> RandomQuery(const CacheParams& p, conformance::SplitMix64& rng,
+                               float magnitude) {
+  return testbed::Queries(static_cast<size_t>(p.num_q_heads), p.head_dim(), &rng, magnitude);
 }
 
 // Attend with `backend` and hold every query head against the fp64 reference.
@@ -64,9 +57,9 @@ void ExpectMatchesReference(const Backend& backend, const PagedKVCache& cache, i
   }
 }
 
-class AttentionTest : public ::testing::TestWithParam<std::string> {
+class AttentionTest : public ::testing::TestWithParam<const Backend*> {
  protected:
-  const Backend& backend() const { return BackendByName(GetParam()); }
+  const Backend& backend() const { return *GetParam(); }
 };
 
 // Lengths around every boundary: T = 1, inside the sink, no history, history of P - 1, P,
@@ -87,8 +80,7 @@ TEST_P(AttentionTest, MatchesReferenceAtBoundaries) {
   };
   uint64_t seed = 100;
   for (const Config& c : configs) {
-    CacheParams p = MakeCacheParams(c.hq, c.hkv, c.d, c.bits, c.group, c.sink, c.recent, c.page,
-                                    c.rotation, c.bitrev);
+    CacheParams p = testbed::Cache().q_heads(c.hq).kv_heads(c.hkv).sink(c.sink).recent(c.recent).page(c.page).both(testbed::Write().head_dim(c.d).bits(c.bits).group(c.group).rotation(c.rotation).bitrev(c.bitrev)).Unchecked();
     const size_t reserved = static_cast<size_t>(c.sink + c.recent);
     const size_t P = static_cast<size_t>(c.page);
     const std::vector<size_t> lengths = {1,
@@ -100,12 +92,12 @@ TEST_P(AttentionTest, MatchesReferenceAtBoundaries) {
                                          reserved + P + 1,
                                          reserved + 3 * P + 5};
     for (size_t length : lengths) {
-      std::mt19937_64 rng(++seed);
-      const std::string context = "seed " + std::to_string(seed) + " " + DescribeParams(p);
-      PagedKVCache cache = MakeCache(p, rng);
+      conformance::SplitMix64 rng(++seed);
+      const std::string context = "seed " + std::to_string(seed) + " " + testbed::Describe(p);
+      PagedKVCache cache = testbed::MakeCache(p, &rng);
       const int seq = cache.AddSequence();
-      const std::vector<float> k = RandomRows(length, c.hkv, c.d, rng);
-      const std::vector<float> v = RandomRows(length, c.hkv, c.d, rng);
+      const std::vector<float> k = testbed::KvRows(length, c.hkv, c.d, &rng);
+      const std::vector<float> v = testbed::KvRows(length, c.hkv, c.d, &rng);
       // Build by prefill of half and decode of the rest, as a server would.
       const size_t half = length / 2;
       const size_t row = static_cast<size_t>(c.hkv * c.d);
@@ -119,13 +111,84 @@ TEST_P(AttentionTest, MatchesReferenceAtBoundaries) {
   }
 }
 
+// Spec 1.1's caches at their boundaries: tiled keys (KIVI), with the FWHT and a per-head or
+// per-token norm (OScaR), W = 0 with and without a sink (SAW-INT4: G = d, d = 256 included),
+// F > 1 with per-token rows. Lengths around the first and later flushes (H jumps by F).
+TEST_P(AttentionTest, Spec11CachesMatchReferenceAtFlushBoundaries) {
+  struct Config {
+    const char* name;
+    testbed::Cache cache;
+  };
+  const testbed::Write kivi_k = testbed::Write().head_dim(128).bits(2).tile(32);
+  const testbed::Write kivi_v = testbed::Write().head_dim(128).bits(2).group(32);
+  const Config configs[] = {
+      {"kivi", testbed::Cache().q_heads(8).kv_heads(2).sink(0).recent(1).flush(128).page(128)
+                   .key(kivi_k).value(kivi_v)},
+      {"kivi_gk64_s4_w8_f64", testbed::Cache().q_heads(4).kv_heads(2).sink(4).recent(8).flush(64)
+                                  .page(64).key(testbed::Write(kivi_k).tile(64))
+                                  .value(kivi_v)},
+      {"ots_head_norm", testbed::Cache().q_heads(6).kv_heads(2).sink(0).recent(1).flush(64)
+                            .page(64).key(testbed::Write(kivi_k).hadamard().norm())
+                            .value(testbed::Write(kivi_v).hadamard())},
+      {"ots_token_norm", testbed::Cache().q_heads(6).kv_heads(3).sink(0).recent(1).flush(32)
+                             .page(32).key(testbed::Write(kivi_k).hadamard().norm(true, 3))
+                             .value(testbed::Write(kivi_v).hadamard())},
+      {"tile_int4_d64_dense_norm", testbed::Cache().q_heads(4).kv_heads(1).sink(2).recent(3)
+                                       .flush(32).page(64)
+                                       .key(testbed::Write().head_dim(64).bits(4).tile(32)
+                                                .rotation(RotationKind::kDense).norm())
+                                       .value(testbed::Write().head_dim(64).bits(4).tile(32))},
+      {"saw_int4_d256", testbed::Cache().q_heads(4).kv_heads(2).sink(0).recent(0).page(16)
+                            .key(testbed::Write().head_dim(256).bits(4).group(256).hadamard(128))
+                            .value(testbed::Write().head_dim(256).bits(4).group(256).hadamard(128))},
+      {"saw_int4_k_d128", testbed::Cache().q_heads(8).kv_heads(2).sink(0).recent(0).page(16)
+                              .key(testbed::Write().head_dim(128).bits(4).group(128).hadamard())
+                              .value(testbed::Write().head_dim(128).bits(4).group(128))},
+      {"w0_with_sink", testbed::Cache().q_heads(2).kv_heads(1).sink(5).recent(0).page(16)
+                           .both(testbed::Write().head_dim(64).bits(2).group(32).hadamard())},
+      {"f8_w3", testbed::Cache().q_heads(4).kv_heads(2).sink(2).recent(3).flush(8).page(16)
+                    .both(testbed::Write().head_dim(64).bits(2).group(64).rotation(
+                        RotationKind::kDense))},
+  };
+  uint64_t seed = 900;
+  for (const Config& c : configs) {
+    const CacheParams p = c.cache.Build();
+    const size_t reserved = static_cast<size_t>(p.sink + p.recent);
+    const size_t f = static_cast<size_t>(p.flush);
+    std::vector<size_t> lengths = {1, reserved + 1, reserved + f - 1, reserved + f,
+                                   reserved + f + 1, reserved + 2 * f + 3};
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    for (size_t length : lengths) {
+      if (length == 0) continue;
+      conformance::SplitMix64 rng(++seed);
+      const std::string context = std::string(c.name) + " seed " + std::to_string(seed) + " " +
+                                  testbed::Describe(p);
+      PagedKVCache cache = testbed::MakeCache(p, &rng);
+      const int seq = cache.AddSequence();
+      const int hkv = p.num_kv_heads, d = p.head_dim();
+      const std::vector<float> k = testbed::KvRows(length, hkv, d, &rng);
+      const std::vector<float> v = testbed::KvRows(length, hkv, d, &rng);
+      const size_t half = length / 2;
+      const size_t row = static_cast<size_t>(hkv * d);
+      cache.Prefill(seq, k.data(), v.data(), half);
+      for (size_t t = half; t < length; ++t) cache.Append(seq, &k[t * row], &v[t * row]);
+      ASSERT_EQ(cache.HistoryLength(seq), static_cast<size_t>(p.HistoryTokens(length))) << context;
+      for (float magnitude : {1.0f, 4.0f}) {
+        ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, magnitude),
+                               context + " |q|~" + std::to_string(magnitude));
+      }
+    }
+  }
+}
+
 // The same cache read with different history chunkings: all within the bound.
 TEST_P(AttentionTest, ChunkingDoesNotMatter) {
-  std::mt19937_64 rng(5);
-  CacheParams p = MakeCacheParams(16, 4, 128, 2, 64, 8, 16, 16, RotationKind::kDense, true);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(5);
+  CacheParams p = testbed::Cache().q_heads(16).kv_heads(4).sink(8).recent(16).page(16).both(testbed::Write().head_dim(128).bits(2).group(64).rotation(RotationKind::kDense).bitrev(true)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
-  const std::vector<float> k = RandomRows(300, 4, 128, rng), v = RandomRows(300, 4, 128, rng);
+  const std::vector<float> k = testbed::KvRows(300, 4, 128, &rng), v = testbed::KvRows(300, 4, 128, &rng);
   cache.Prefill(seq, k.data(), v.data(), 300);
   const std::vector<float> q = RandomQuery(p, rng, 2.0f);
   for (int chunk : {1, 2, 3, 17, 1000}) {
@@ -138,15 +201,15 @@ TEST_P(AttentionTest, ChunkingDoesNotMatter) {
 
 // Several sequences of different lengths in one batch, each against its own reference.
 TEST_P(AttentionTest, BatchOfDifferentLengths) {
-  std::mt19937_64 rng(21);
-  CacheParams p = MakeCacheParams(32, 8, 128, 2, 64, 16, 32, 16, RotationKind::kDense, true);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(21);
+  CacheParams p = testbed::Cache().q_heads(32).kv_heads(8).sink(16).recent(32).page(16).both(testbed::Write().head_dim(128).bits(2).group(64).rotation(RotationKind::kDense).bitrev(true)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const std::vector<size_t> lengths = {1, 40, 48, 49, 64, 65, 200, 333};
   std::vector<int> seqs;
   for (size_t length : lengths) {
     const int seq = cache.AddSequence();
-    const std::vector<float> k = RandomRows(length, 8, 128, rng);
-    const std::vector<float> v = RandomRows(length, 8, 128, rng);
+    const std::vector<float> k = testbed::KvRows(length, 8, 128, &rng);
+    const std::vector<float> v = testbed::KvRows(length, 8, 128, &rng);
     cache.Prefill(seq, k.data(), v.data(), length);
     seqs.push_back(seq);
   }
@@ -172,25 +235,25 @@ TEST_P(AttentionTest, BatchOfDifferentLengths) {
 
 // The bf16 baseline cache through the same API.
 TEST_P(AttentionTest, Bf16Cache) {
-  std::mt19937_64 rng(8);
-  CacheParams p = MakeCacheParams(32, 8, 128, 2, 64, 64, 256, 64, RotationKind::kIdentity, false);
-  p.quantized = false;
+  conformance::SplitMix64 rng(8);
+  CacheParams p = testbed::Cache().q_heads(32).kv_heads(8).sink(64).recent(256).page(64).both(testbed::Write().head_dim(128).bits(2).group(64).rotation(RotationKind::kIdentity).bitrev(false)).Unchecked();
+  p.key.format = p.value.format = kvq::Format::kBf16;
   PagedKVCache cache(p, {}, {});
   const int seq = cache.AddSequence();
-  const std::vector<float> k = RandomRows(700, 8, 128, rng), v = RandomRows(700, 8, 128, rng);
+  const std::vector<float> k = testbed::KvRows(700, 8, 128, &rng), v = testbed::KvRows(700, 8, 128, &rng);
   cache.Prefill(seq, k.data(), v.data(), 700);
   ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, 3.0f), "bf16 cache");
 }
 
 // A long sequence: 20K tokens, the default serving configuration shape.
 TEST_P(AttentionTest, LongSequence) {
-  std::mt19937_64 rng(77);
-  CacheParams p = MakeCacheParams(8, 2, 128, 2, 64, 64, 256, 64, RotationKind::kDense, true);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(77);
+  CacheParams p = testbed::Cache().q_heads(8).kv_heads(2).sink(64).recent(256).page(64).both(testbed::Write().head_dim(128).bits(2).group(64).rotation(RotationKind::kDense).bitrev(true)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
   const size_t length = 20000;
-  const std::vector<float> k = RandomRows(length, 2, 128, rng);
-  const std::vector<float> v = RandomRows(length, 2, 128, rng);
+  const std::vector<float> k = testbed::KvRows(length, 2, 128, &rng);
+  const std::vector<float> v = testbed::KvRows(length, 2, 128, &rng);
   cache.Prefill(seq, k.data(), v.data(), length);
   ASSERT_EQ(cache.HistoryLength(seq), length - 320);
   for (float magnitude : {1.0f, 4.0f}) {
@@ -199,21 +262,21 @@ TEST_P(AttentionTest, LongSequence) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, AttentionTest, ::testing::ValuesIn(AllBackendNames()),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           return info.param;
-                         });
+// The CPU kernels of every CPU backend (the CUDA decode step has its own tests in gpu/tests).
+INSTANTIATE_TEST_SUITE_P(Backends, AttentionTest,
+                         ::testing::ValuesIn(testbed::TestBackends({.scalar = true, .cuda = false})),
+                         testbed::BackendTestName);
 
 // The reference against Algorithm 1 of seeds/000 read literally: dequantize the history, map
 // it back by Rᵀ, concatenate sink | history | recent and run plain softmax attention. For an
 // orthogonal R the two agree up to fp64 rounding and R's fp32 rounding.
 TEST(AttendReference, MatchesAlgorithmOneLiterally) {
-  std::mt19937_64 rng(31);
-  CacheParams p = MakeCacheParams(8, 2, 64, 2, 32, 4, 6, 16, RotationKind::kDense, true);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(31);
+  CacheParams p = testbed::Cache().q_heads(8).kv_heads(2).sink(4).recent(6).page(16).both(testbed::Write().head_dim(64).bits(2).group(32).rotation(RotationKind::kDense).bitrev(true)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
   const size_t length = 60, d = 64;
-  const std::vector<float> k = RandomRows(length, 2, 64, rng), v = RandomRows(length, 2, 64, rng);
+  const std::vector<float> k = testbed::KvRows(length, 2, 64, &rng), v = testbed::KvRows(length, 2, 64, &rng);
   cache.Prefill(seq, k.data(), v.data(), length);
   const std::vector<float> q = RandomQuery(p, rng, 2.0f);
   std::vector<double> ref(q.size());
@@ -279,10 +342,61 @@ TEST(AttendReference, MatchesAlgorithmOneLiterally) {
   }
 }
 
+// spec/cache.md §5.1, the decode algebra of a tile: with x^[t][j] = n^_t (code[t][j] s^[j] +
+// m^[j]) in exact arithmetic, q~.x^_t = n^_t (sum_j a[j] code[t][j] + c) with a = q~ o s^ and
+// c = q~ . m^ built once per (query head, tile). The folded logits, in fp64 from the stored
+// planes, agree with the reference's logits over the fp32 dequantized rows to the fp32
+// rounding of those rows (relative to sum_j |q~_j x^_tj|).
+TEST(AttendReference, TileLogitsFoldScalesAndMinsIntoTheQuery) {
+  conformance::SplitMix64 rng(44);
+  const CacheParams p = testbed::Cache().q_heads(2).kv_heads(1).sink(0).recent(1).flush(64)
+                            .page(64).key(testbed::Write().head_dim(128).bits(2).tile(32)
+                                              .hadamard().norm())
+                            .value(testbed::Write().head_dim(128).bits(2).group(32)).Build();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
+  const int seq = cache.AddSequence();
+  const size_t d = 128;
+  const std::vector<float> k = testbed::KvRows(200, 1, 128, &rng), v = testbed::KvRows(200, 1, 128, &rng);
+  cache.Prefill(seq, k.data(), v.data(), 200);
+  const size_t history = cache.HistoryLength(seq);
+  ASSERT_EQ(history, 192u);
+  const std::vector<float> rows = cache.DequantizedHistory(seq, 0, KV::kKey);
+  const std::vector<float> q = RandomQuery(p, rng, 2.0f);
+  std::vector<float> q_rot(d);
+  Rotate(ScalarBackend(), p.key, nullptr, q.data(), q_rot.data(), 1);
+  const int slice = p.key.tile_channel_bytes();
+  for (size_t t0 = 0; t0 < history; t0 += 32) {
+    const HistoryRunView tile = cache.HistoryRow(seq, t0, 0, KV::kKey);
+    ASSERT_EQ(tile.tile_offset, 0);
+    const uint16_t* scale = reinterpret_cast<const uint16_t*>(tile.plane[1]);
+    const uint16_t* min = reinterpret_cast<const uint16_t*>(tile.plane[2]);
+    std::vector<double> a(d);
+    double c = 0.0;
+    for (size_t j = 0; j < d; ++j) {
+      a[j] = static_cast<double>(q_rot[j]) * F32FromBf16(scale[j]);
+      c += static_cast<double>(q_rot[j]) * F32FromBf16(min[j]);
+    }
+    for (size_t r = 0; r < 32; ++r) {
+      const HistoryRunView row = cache.HistoryRow(seq, t0 + r, 0, KV::kKey);
+      double folded = c, direct = 0.0, magnitude = 0.0;
+      for (size_t j = 0; j < d; ++j) {
+        const int byte = tile.plane[0][j * slice + r % slice];
+        const int code = (byte >> (2 * (r / slice))) & 3;
+        folded += a[j] * code;
+        direct += static_cast<double>(q_rot[j]) * rows[(t0 + r) * d + j];
+        magnitude += std::fabs(static_cast<double>(q_rot[j]) * rows[(t0 + r) * d + j]);
+      }
+      folded *= F32FromBf16(reinterpret_cast<const uint16_t*>(row.plane[3])[0]);
+      // Each x^ is rounded twice in fp32 (the sum, the norm product): 2^-23 relative.
+      EXPECT_LE(std::fabs(folded - direct), 0x1p-22 * magnitude) << "row " << t0 + r;
+    }
+  }
+}
+
 TEST(Attend, RejectsBadInputs) {
-  std::mt19937_64 rng(2);
-  CacheParams p = MakeCacheParams(4, 2, 64, 2, 32, 2, 3, 16, RotationKind::kHadamard, false);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(2);
+  CacheParams p = testbed::Cache().q_heads(4).kv_heads(2).sink(2).recent(3).page(16).both(testbed::Write().head_dim(64).bits(2).group(32).rotation(RotationKind::kHadamard).bitrev(false)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
   std::vector<float> q = RandomQuery(p, rng, 1.0f), out(q.size());
   const Backend& backend = BestBackend();
@@ -299,7 +413,7 @@ TEST(Attend, RejectsBadInputs) {
          ErrorCode::kInvalidArgument, "is empty");
   expect([&] { Attend(backend, cache, 99, q.data(), out.data()); }, ErrorCode::kInvalidArgument,
          "unknown sequence id 99");
-  const std::vector<float> k = RandomRows(30, 2, 64, rng);
+  const std::vector<float> k = testbed::KvRows(30, 2, 64, &rng);
   cache.Prefill(seq, k.data(), k.data(), 30);
   q[2 * 64 + 7] = std::numeric_limits<float>::infinity();
   expect([&] { Attend(backend, cache, seq, q.data(), out.data()); }, ErrorCode::kNonFinite,

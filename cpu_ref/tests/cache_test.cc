@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -13,39 +14,23 @@
 #include <string>
 #include <vector>
 
-#include "cache_test_util.h"
 #include "kvq/common/error.h"
+#include "kvq/conformance/prng.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/cache_checks.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/write_path.h"
 
 namespace kvq::cpu {
 namespace {
 
-using testing::DescribeParams;
-using testing::MakeCache;
-using testing::MakeCacheParams;
-using testing::RandomRows;
 
-// Expects `fn` to throw kvq::Error with `code` and a message containing every piece of `parts`.
-template <typename Fn>
-void ExpectError(Fn fn, ErrorCode code, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error thrown; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << part << "'";
-    }
-  }
-}
-
-std::vector<uint16_t> ToBf16(const std::vector<float>& x) {
-  std::vector<uint16_t> bits(x.size());
-  for (size_t i = 0; i < x.size(); ++i) bits[i] = Bf16FromF32(x[i]);
-  return bits;
-}
+using testbed::CacheHolds;
+using testbed::ExpectError;
+using testbed::ToBf16;
 
 TEST(CacheParams, DefaultsAreValid) {
   CacheParams p;
@@ -79,7 +64,23 @@ TEST(CacheParams, RejectsNamingTheValue) {
                     "page size " + std::to_string(page));
   }
   expect_rejected([](CacheParams& p) { p.sink = -1; }, "sink length -1");
-  expect_rejected([](CacheParams& p) { p.recent = 0; }, "recent window 0");
+  expect_rejected([](CacheParams& p) { p.recent = -1; }, "recent window -1");
+  // A tile format: F and P must be whole tiles, a norm spans 1 or every KV head.
+  const auto tile = [](CacheParams& p) {
+    p.key.format = Format::kAffineTile;
+    p.key.group = 32;
+    p.flush = 64;
+  };
+  expect_rejected([&](CacheParams& p) { tile(p); p.flush = 48; }, "flush granularity 48");
+  expect_rejected([&](CacheParams& p) { tile(p); p.flush = 1; }, "flush granularity 1");
+  expect_rejected([&](CacheParams& p) { tile(p); p.page_size = 16; }, "page size 16");
+  expect_rejected(
+      [&](CacheParams& p) {
+        tile(p);
+        p.key.norm = true;
+        p.key.norm_heads = 3;
+      },
+      "norm spans 3 KV heads");
   expect_rejected([](CacheParams& p) { p.key.bits = 3; }, "key: bits 3");
   expect_rejected([](CacheParams& p) { p.softmax_scale = -1.0f; }, "softmax scale -1");
   expect_rejected(
@@ -93,162 +94,216 @@ TEST(CacheParams, RejectsNamingTheValue) {
   p.Validate();
   p.page_size = 1024;
   p.Validate();
+  p.recent = 0;  // spec 1.1: every token after the sink goes straight to the history
+  p.Validate();
+  tile(p);
+  p.page_size = 32;
+  p.key.norm = true;
+  p.key.norm_heads = p.num_kv_heads;  // the token scope
+  p.Validate();
+  p.key.norm_heads = 1;
+  p.Validate();
 }
 
-// The direct write of one token's row: what every history slot must hold, bit for bit.
-struct RowBits {
-  std::vector<uint8_t> codes;
-  std::vector<uint16_t> scale, min;
-};
+// The prefill == demotion invariant over random configurations (flush F included) and the byte
+// accounting are RapidCheck properties: fuzz/cache_props_test.cc.
 
-RowBits DirectWrite(const PagedKVCache& cache, KV kv, int head, const uint16_t* row_bf16) {
-  const int d = cache.params().head_dim();
-  std::vector<float> x(static_cast<size_t>(d));
-  for (int j = 0; j < d; ++j) x[j] = F32FromBf16(row_bf16[j]);
-  QuantizedRows q = QuantizeRows(ScalarBackend(), cache.HeadParams(kv, head),
-                                 cache.Rotation(kv, head), x.data(), 1);
-  return RowBits{q.packed, q.scale, q.min};
+// ---- spec/differences.md, "clip threshold" and "clip at ρ = 1" ----
+// The authors' prefill kernel clips at the order statistic a[k], as kvq does. Their decode-flush
+// kernel, which quantizes every token demoted from the bf16 recent window, bisects [0, max|x|]
+// in log2(d) steps and keeps the upper end: about a[k - 1] plus up to max|x| / d, and at ρ = 1
+// (k = d - 1) it clips the largest value. With that pair of rules a token's history bits would
+// depend on whether prefill wrote it or decode demoted it. kvq has one rule for both paths
+// (spec/numerics.md §4, spec/cache.md §3). The rows below are built so that the two rules give
+// different thresholds on every row (checked first); the tests then show that the history bits
+// are the same by both paths, and are the order statistic's.
+
+// The authors' flush threshold (OSCAR @ 473ff3f9, gpu_flush_int2.py:204-218), in fp32.
+float BisectionThreshold(const float* x, int d, float rho) {
+  const int k = std::min(std::max(static_cast<int>(static_cast<double>(rho) * d), 0), d - 1);
+  float lo = 0.0f, hi = 0.0f;
+  for (int j = 0; j < d; ++j) hi = std::max(hi, std::fabs(x[j]));
+  for (int step = 1; step < d; step *= 2) {  // log2(d) steps
+    const float mid = (lo + hi) * 0.5f;
+    int above = 0;
+    for (int j = 0; j < d; ++j) above += std::fabs(x[j]) > mid ? 1 : 0;
+    if (above > d - k) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return hi;
 }
 
-// Every stored bit of `seq` against the rows it was given (bf16 bits [t, Hkv, d]).
-void ExpectHolds(const PagedKVCache& cache, int seq, const std::vector<uint16_t> rows[2],
-                 const std::string& context) {
-  const CacheParams& p = cache.params();
-  const size_t t = cache.Length(seq);
-  const size_t hkv = static_cast<size_t>(p.num_kv_heads);
-  const size_t d = static_cast<size_t>(p.head_dim());
-  const size_t row = hkv * d;
-  ASSERT_EQ(rows[0].size(), t * row) << context;
-  const size_t reserved = static_cast<size_t>(p.sink + p.recent);
-  const size_t history = p.quantized && t > reserved ? t - reserved : 0;
-  ASSERT_EQ(cache.HistoryLength(seq), history) << context;
-  const size_t page = static_cast<size_t>(p.page_size);
-  ASSERT_EQ(cache.PageTable(seq).size(), (history + page - 1) / page) << context;
-  for (size_t pos = 0; pos < t; ++pos) {
-    const bool in_history = pos >= static_cast<size_t>(p.sink) && pos - p.sink < history;
-    ASSERT_EQ(cache.IsBf16Position(seq, pos), !in_history) << context << " position " << pos;
-    for (int kv = 0; kv < 2; ++kv) {
-      const KV half = static_cast<KV>(kv);
-      const uint16_t* want = &rows[kv][pos * row];
-      if (!in_history) {
-        ASSERT_EQ(std::memcmp(cache.Bf16Row(seq, pos, half), want, row * sizeof(uint16_t)), 0)
-            << context << " bf16 row of position " << pos << (kv ? " (value)" : " (key)");
-        continue;
-      }
-      const WriteParams& wp = kv == 0 ? p.key : p.value;
-      for (size_t h = 0; h < hkv; ++h) {
-        const RowBits direct = DirectWrite(cache, half, static_cast<int>(h), want + h * d);
-        const HistoryRowRef got =
-            cache.HistoryRow(seq, pos - static_cast<size_t>(p.sink), static_cast<int>(h), half);
-        const size_t cb = static_cast<size_t>(wp.code_bytes());
+// kvq's threshold: a[min(floor(rho d), d - 1)] of the ascending magnitudes.
+float OrderStatistic(const float* x, int d, float rho) {
+  std::vector<float> a(x, x + d);
+  for (float& v : a) v = std::fabs(v);
+  std::sort(a.begin(), a.end());
+  const size_t k = std::min(static_cast<size_t>(std::floor(static_cast<double>(rho) * d)),
+                            static_cast<size_t>(d - 1));
+  return a[k];
+}
+
+// The bf16 (scale, min) of every group of x [d] clipped at tau (spec/numerics.md §4-5).
+void GroupMetadata(const float* x, const WriteParams& p, float tau, uint16_t* scale,
+                   uint16_t* min) {
+  for (int g = 0; g < p.num_groups(); ++g) {
+    float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+    for (int j = g * p.group; j < (g + 1) * p.group; ++j) {
+      const float v = x[j] > tau ? tau : (x[j] < -tau ? -tau : x[j]);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    lo += 0.0f;
+    hi += 0.0f;
+    scale[g] = Bf16FromF32((hi - lo) / static_cast<float>(p.levels()));
+    min[g] = Bf16FromF32(lo);
+  }
+}
+
+// n rows of d small values (multiples of 1/64 in [-2, 2], exact in bf16), each with one
+// outlier of magnitude 960 (exact in bf16) at a random channel and sign. The bisection's grid
+// step is 960 / d >= 3.75 > 2, so it stops above every small value, while a[k] (k < d - 1) is a
+// small value and at ρ = 1 a[d - 1] = 960.
+std::vector<float> OutlierRows(size_t n, int d, std::mt19937_64& rng) {
+  std::vector<float> x(n * static_cast<size_t>(d));
+  for (size_t r = 0; r < n; ++r) {
+    float* row = &x[r * static_cast<size_t>(d)];
+    for (int j = 0; j < d; ++j) row[j] = static_cast<float>(static_cast<int>(rng() % 257) - 128) / 64.0f;
+    row[rng() % static_cast<uint64_t>(d)] = rng() % 2 ? 960.0f : -960.0f;
+  }
+  return x;
+}
+
+// One cache, Hkv = 2 with per-head clip ratios `clips` (keys and values alike), identity
+// rotation so that the stored rows are the rows given. Sequence a: one prefill of T tokens;
+// sequence b: a prefill with no history yet, then one AppendBf16 a token, so that every history
+// token of b was demoted. Checks every history row of both against the order statistic's
+// (scale, min), a against b plane by plane, and that the bisection's threshold would have
+// stored another (scale, min). Calls `more(cache, a, i, head, kv, row)` on each history row.
+template <typename More>
+void ExpectOneClipRuleForPrefillAndDemotion(int d, int group, int bits, int flush,
+                                            const std::vector<float>& clips, uint64_t seed,
+                                            More more) {
+  std::mt19937_64 rng(seed);
+  const int hkv = 2;
+  const CacheParams p = testbed::Cache().q_heads(hkv).kv_heads(hkv).sink(3).recent(5).page(16)
+                           .flush(flush).both(testbed::Write().head_dim(d).group(group).bits(bits))
+                           .Build();
+  const std::string context = "seed " + std::to_string(seed) + " F=" + std::to_string(flush) +
+                              " " + testbed::Describe(p);
+  SCOPED_TRACE(context);
+  PagedKVCache cache(p, {}, {}, clips, clips, ScalarBackend());
+  const size_t tokens = 40;
+  const size_t row = static_cast<size_t>(hkv * d);
+  const std::vector<float> x[2] = {OutlierRows(tokens * hkv, d, rng),
+                                   OutlierRows(tokens * hkv, d, rng)};
+  const std::vector<uint16_t> bits16[2] = {ToBf16(x[0]), ToBf16(x[1])};
+  for (int kv = 0; kv < 2; ++kv) {
+    for (size_t r = 0; r < tokens * hkv; ++r) {
+      const float* xr = &x[kv][r * static_cast<size_t>(d)];
+      const float rho = clips[r % hkv];
+      ASSERT_NE(BisectionThreshold(xr, d, rho), OrderStatistic(xr, d, rho))
+          << "row " << r << ": the two clip rules agree, so the row tests nothing";
+    }
+  }
+  const int a = cache.AddSequence();
+  const int b = cache.AddSequence();
+  cache.PrefillBf16(a, bits16[0].data(), bits16[1].data(), tokens);
+  const size_t head_start = static_cast<size_t>(p.sink + p.recent);
+  cache.PrefillBf16(b, bits16[0].data(), bits16[1].data(), head_start);
+  ASSERT_EQ(cache.HistoryLength(b), 0u);
+  for (size_t t = head_start; t < tokens; ++t) {
+    cache.AppendBf16(b, &bits16[0][t * row], &bits16[1][t * row]);
+  }
+  const size_t history = static_cast<size_t>(p.HistoryTokens(static_cast<int64_t>(tokens)));
+  ASSERT_GT(history, 0u);
+  ASSERT_EQ(cache.HistoryLength(a), history);
+  ASSERT_EQ(cache.HistoryLength(b), history);
+  for (size_t i = 0; i < history; ++i) {
+    const size_t position = static_cast<size_t>(p.sink) + i;
+    for (int h = 0; h < hkv; ++h) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const KV half = static_cast<KV>(kv);
+        const WriteParams wp = cache.HeadParams(half, h);
+        const float* xr = &x[kv][position * row + static_cast<size_t>(h * d)];
+        const std::string where = std::string(kv ? "value" : "key") + " position " +
+                                  std::to_string(position) + " head " + std::to_string(h);
+        const HistoryRunView ra = cache.HistoryRow(a, i, h, half);
+        const HistoryRunView rb = cache.HistoryRow(b, i, h, half);
+        const FormatLayout& layout = cache.Layout(half);
+        for (int plane = 0; plane < layout.num_planes; ++plane) {
+          ASSERT_EQ(std::memcmp(ra.plane[plane], rb.plane[plane], layout.plane(plane).row_bytes()),
+                    0)
+              << where << ": prefill and demotion stored different " << layout.plane(plane).name;
+        }
         const size_t ng = static_cast<size_t>(wp.num_groups());
-        for (size_t b = 0; b < cb; ++b) {
-          ASSERT_EQ(got.codes[b], direct.codes[b])
-              << context << (kv ? " value" : " key") << " position " << pos << " head " << h
-              << " code byte " << b;
-        }
+        std::vector<uint16_t> scale(ng), min(ng), bisect_scale(ng), bisect_min(ng);
+        GroupMetadata(xr, wp, OrderStatistic(xr, d, wp.clip), scale.data(), min.data());
+        GroupMetadata(xr, wp, BisectionThreshold(xr, d, wp.clip), bisect_scale.data(),
+                      bisect_min.data());
+        const uint16_t* stored_scale = reinterpret_cast<const uint16_t*>(ra.plane[1]);
+        const uint16_t* stored_min = reinterpret_cast<const uint16_t*>(ra.plane[2]);
         for (size_t g = 0; g < ng; ++g) {
-          ASSERT_EQ(got.scale[g], direct.scale[g])
-              << context << " position " << pos << " head " << h << " scale of group " << g;
-          ASSERT_EQ(got.min[g], direct.min[g])
-              << context << " position " << pos << " head " << h << " min of group " << g;
+          ASSERT_EQ(stored_scale[g], scale[g]) << where << " group " << g;
+          ASSERT_EQ(stored_min[g], min[g]) << where << " group " << g;
         }
+        ASSERT_FALSE(scale == bisect_scale && min == bisect_min)
+            << where << ": a bisection threshold would have stored the same metadata";
+        more(cache, a, i, h, half, xr);
       }
     }
   }
 }
 
-// Random lengths, S0, W, P, rotations and bit widths; several sequences built differently
-// (whole prefill, prefill then decode, random chunks), interleaved in one cache.
-TEST(PagedKVCache, HistoryBitsIndependentOfPrefillOrDemotion) {
-  for (uint64_t seed = 1; seed <= 12; ++seed) {
-    std::mt19937_64 rng(seed);
-    const int d = std::vector<int>{64, 128, 256}[rng() % 3];
-    const int group = std::min(d, std::vector<int>{32, 64, 128}[rng() % 3]);
-    const RotationKind kinds[3] = {RotationKind::kIdentity, RotationKind::kDense,
-                                   RotationKind::kHadamard};
-    const int hkv = 1 + static_cast<int>(rng() % 3);
-    CacheParams p = MakeCacheParams(hkv * 2, hkv, d, rng() % 2 ? 2 : 4, group,
-                                    static_cast<int>(rng() % 20), 1 + static_cast<int>(rng() % 40),
-                                    16 << (rng() % 3), kinds[rng() % 3], rng() % 2 == 0);
-    p.value.bits = rng() % 2 ? 2 : 4;  // K and V widths may differ
-    const std::string context = "seed " + std::to_string(seed) + " " + DescribeParams(p);
-    SCOPED_TRACE(context);
-    PagedKVCache cache = MakeCache(p, rng);
+TEST(PagedKVCache, ClipThresholdDifferenceSameBitsByPrefillAndDemotion) {
+  uint64_t seed = 1;
+  for (const auto& shape : {std::array<int, 3>{64, 32, 2}, std::array<int, 3>{128, 128, 2},
+                            std::array<int, 3>{128, 64, 4}, std::array<int, 3>{256, 128, 2}}) {
+    for (int flush : {1, 4}) {
+      ExpectOneClipRuleForPrefillAndDemotion(
+          shape[0], shape[1], shape[2], flush, {0.92f, 0.96f}, seed++,
+          [](const PagedKVCache&, int, size_t, int, KV, const float*) {});
+    }
+  }
+}
 
-    constexpr int kSequences = 4;
-    std::vector<size_t> target(kSequences);
-    std::vector<std::vector<uint16_t>> rows[2];
-    for (int kv = 0; kv < 2; ++kv) rows[kv].resize(kSequences);
-    const size_t row = static_cast<size_t>(hkv * d);
-    for (int s = 0; s < kSequences; ++s) {
-      target[s] = 1 + rng() % 150;
-      for (int kv = 0; kv < 2; ++kv) rows[kv][s] = ToBf16(RandomRows(target[s], hkv, d, rng));
-    }
-    std::vector<int> ids;
-    for (int s = 0; s < kSequences; ++s) ids.push_back(cache.AddSequence());
-    // Sequence 0: one prefill. 1: prefill of a random prefix, then Append (fp32 path).
-    // 2: every token by AppendBf16. 3: random chunks.
-    cache.PrefillBf16(ids[0], rows[0][0].data(), rows[1][0].data(), target[0]);
-    const size_t prefix = rng() % (target[1] + 1);
-    cache.PrefillBf16(ids[1], rows[0][1].data(), rows[1][1].data(), prefix);
-    std::vector<size_t> done = {target[0], prefix, 0, 0};
-    while (true) {
-      bool progressed = false;
-      for (int s = 1; s < kSequences; ++s) {  // interleave the decoders
-        if (done[s] == target[s]) continue;
-        progressed = true;
-        const uint16_t* k = &rows[0][s][done[s] * row];
-        const uint16_t* v = &rows[1][s][done[s] * row];
-        if (s == 1) {
-          std::vector<float> kf(row), vf(row);
-          for (size_t i = 0; i < row; ++i) {
-            kf[i] = F32FromBf16(k[i]);
-            vf[i] = F32FromBf16(v[i]);
-          }
-          cache.Append(ids[s], kf.data(), vf.data());
-          done[s] += 1;
-        } else if (s == 2) {
-          cache.AppendBf16(ids[s], k, v);
-          done[s] += 1;
-        } else {
-          const size_t chunk = std::min(target[s] - done[s], 1 + rng() % 50);
-          cache.PrefillBf16(ids[s], k, v, chunk);
-          done[s] += chunk;
-        }
-      }
-      if (!progressed) break;
-    }
-    for (int s = 0; s < kSequences; ++s) {
-      ASSERT_EQ(cache.Length(ids[s]), target[s]);
-      const std::vector<uint16_t> both[2] = {rows[0][s], rows[1][s]};
-      ExpectHolds(cache, ids[s], both, context + " sequence " + std::to_string(s));
-    }
-    // Sequences 0 and 2 hold the same tokens only if equal length; build an exact twin of
-    // sequence 3 by one prefill and compare the raw page bytes too.
-    const int twin = cache.AddSequence();
-    cache.PrefillBf16(twin, rows[0][3].data(), rows[1][3].data(), target[3]);
-    for (size_t i = 0; i < cache.HistoryLength(twin); ++i) {
-      for (int h = 0; h < hkv; ++h) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const HistoryRowRef a = cache.HistoryRow(ids[3], i, h, static_cast<KV>(kv));
-          const HistoryRowRef b = cache.HistoryRow(twin, i, h, static_cast<KV>(kv));
-          const WriteParams& wp = kv == 0 ? p.key : p.value;
-          ASSERT_EQ(std::memcmp(a.codes, b.codes, static_cast<size_t>(wp.code_bytes())), 0);
-          ASSERT_EQ(std::memcmp(a.scale, b.scale, 2 * static_cast<size_t>(wp.num_groups())), 0);
-          ASSERT_EQ(std::memcmp(a.min, b.min, 2 * static_cast<size_t>(wp.num_groups())), 0);
-        }
-      }
+// At ρ = 1 the authors' flush clipped the measured outlier 990.302 to 15.47; kvq's τ is max|x|,
+// nothing is clipped (spec/numerics.md §4), and the outlier comes back within one step.
+TEST(PagedKVCache, ClipAtRhoOneDifferenceOutlierKeptByPrefillAndDemotion) {
+  uint64_t seed = 100;
+  for (const auto& shape : {std::array<int, 3>{64, 32, 2}, std::array<int, 3>{128, 128, 2},
+                            std::array<int, 3>{128, 64, 4}}) {
+    for (int flush : {1, 4}) {
+      ExpectOneClipRuleForPrefillAndDemotion(
+          shape[0], shape[1], shape[2], flush, {1.0f, 1.0f}, seed++,
+          [](const PagedKVCache& cache, int seq, size_t i, int head, KV kv, const float* x) {
+            const WriteParams wp = cache.HeadParams(kv, head);
+            const int d = wp.head_dim;
+            std::vector<float> y(static_cast<size_t>(d));
+            cache.DequantizedHistoryRow(seq, i, head, kv, y.data());
+            const HistoryRunView row = cache.HistoryRow(seq, i, head, kv);
+            const uint16_t* scale = reinterpret_cast<const uint16_t*>(row.plane[1]);
+            for (int j = 0; j < d; ++j) {
+              if (std::fabs(x[j]) != 960.0f) continue;
+              const float step = F32FromBf16(scale[j / wp.group]);
+              EXPECT_LE(std::fabs(y[j] - x[j]), step)
+                  << "history token " << i << " head " << head << " channel " << j
+                  << ": the outlier " << x[j] << " came back as " << y[j];
+            }
+          });
     }
   }
 }
 
 TEST(PagedKVCache, NoHistoryUpToSinkPlusWindow) {
-  std::mt19937_64 rng(7);
-  CacheParams p = MakeCacheParams(8, 2, 64, 2, 32, 5, 11, 16, RotationKind::kHadamard, true);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(7);
+  CacheParams p = testbed::Cache().q_heads(8).kv_heads(2).sink(5).recent(11).page(16).both(testbed::Write().head_dim(64).bits(2).group(32).rotation(RotationKind::kHadamard).bitrev(true)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
-  std::vector<float> k = RandomRows(17, 2, 64, rng), v = RandomRows(17, 2, 64, rng);
+  std::vector<float> k = testbed::KvRows(17, 2, 64, &rng), v = testbed::KvRows(17, 2, 64, &rng);
   for (size_t t = 0; t < 16; ++t) {
     cache.Append(seq, &k[t * 128], &v[t * 128]);
     EXPECT_EQ(cache.HistoryLength(seq), 0u);
@@ -264,14 +319,14 @@ TEST(PagedKVCache, NoHistoryUpToSinkPlusWindow) {
 }
 
 TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
-  std::mt19937_64 rng(11);
-  CacheParams p = MakeCacheParams(4, 2, 64, 2, 64, 3, 5, 16, RotationKind::kIdentity, false);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(11);
+  CacheParams p = testbed::Cache().q_heads(4).kv_heads(2).sink(3).recent(5).page(16).both(testbed::Write().head_dim(64).bits(2).group(64).rotation(RotationKind::kIdentity).bitrev(false)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int a = cache.AddSequence();
   const int b = cache.AddSequence();
   const size_t row = 128;
-  const std::vector<uint16_t> ka = ToBf16(RandomRows(60, 2, 64, rng));
-  const std::vector<uint16_t> va = ToBf16(RandomRows(60, 2, 64, rng));
+  const std::vector<uint16_t> ka = ToBf16(testbed::KvRows(60, 2, 64, &rng));
+  const std::vector<uint16_t> va = ToBf16(testbed::KvRows(60, 2, 64, &rng));
   // Interleave: a gets 40 tokens, b 60, a 20 more, so pages alternate between sequences.
   cache.PrefillBf16(a, ka.data(), va.data(), 40);
   cache.PrefillBf16(b, ka.data(), va.data(), 60);
@@ -290,10 +345,10 @@ TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
       const size_t base =
           (static_cast<size_t>(cache.PageTable(a)[i / page]) * 2 + static_cast<size_t>(h)) * page +
           i % page;
-      const HistoryRowRef ref = cache.HistoryRow(a, i, h, KV::kKey);
-      EXPECT_EQ(ref.codes, cache.PoolCodes(KV::kKey) + base * cb);
-      EXPECT_EQ(ref.scale, cache.PoolScale(KV::kKey) + base * ng);
-      EXPECT_EQ(ref.min, cache.PoolMin(KV::kKey) + base * ng);
+      const HistoryRunView ref = cache.HistoryRow(a, i, h, KV::kKey);
+      EXPECT_EQ(ref.plane[0], cache.PoolPlane(KV::kKey, 0) + base * cb);
+      EXPECT_EQ(ref.plane[1], cache.PoolPlane(KV::kKey, 1) + base * ng * 2);
+      EXPECT_EQ(ref.plane[2], cache.PoolPlane(KV::kKey, 2) + base * ng * 2);
     }
   }
   // Ring: position p at slot p % W; sink rows in order.
@@ -306,15 +361,16 @@ TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
   const size_t last = static_cast<size_t>(cache.PageTable(a)[3]);
   for (size_t slot = 52 % 16; slot < 16; ++slot) {
     for (size_t byte = 0; byte < cb; ++byte) {
-      EXPECT_EQ(cache.PoolCodes(KV::kKey)[((last * 2) * page + slot) * cb + byte], 0);
+      EXPECT_EQ(cache.PoolPlane(KV::kKey, 0)[((last * 2) * page + slot) * cb + byte], 0);
     }
   }
   // Removing a frees its pages (zeroed); the next allocations reuse them, newest freed first.
   cache.RemoveSequence(a);
   EXPECT_FALSE(cache.HasSequence(a));
   EXPECT_EQ(cache.NumFreePages(), 4);
-  for (size_t i = 0; i < cache.PageCodeBytes(KV::kKey); ++i) {
-    ASSERT_EQ(cache.PoolCodes(KV::kKey)[7 * cache.PageCodeBytes(KV::kKey) + i], 0);
+  for (int plane = 0; plane < cache.Layout(KV::kKey).num_planes; ++plane) {
+    const size_t bytes = cache.PagePlaneBytes(KV::kKey, plane);
+    for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(cache.PoolPlane(KV::kKey, plane)[7 * bytes + i], 0);
   }
   const int c = cache.AddSequence();
   EXPECT_NE(c, a);  // ids are not reused
@@ -325,15 +381,15 @@ TEST(PagedKVCache, LayoutOfPagesRingAndSink) {
   const std::vector<uint16_t> kc(ka.begin(), ka.begin() + 25 * row);
   const std::vector<uint16_t> vc(va.begin(), va.begin() + 25 * row);
   const std::vector<uint16_t> both[2] = {kc, vc};
-  ExpectHolds(cache, c, both, "reused pages");
+  EXPECT_TRUE(CacheHolds(cache, c, both)) << "reused pages";
 }
 
 TEST(PagedKVCache, ByteAccountingAndEffectiveBits) {
-  std::mt19937_64 rng(3);
+  conformance::SplitMix64 rng(3);
   CacheParams p;  // Hkv 8, d 128, G 64, INT2, S0 64, W 256, P 64
-  PagedKVCache cache = MakeCache(p, rng);
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
-  const std::vector<float> k = RandomRows(1000, 8, 128, rng), v = RandomRows(1000, 8, 128, rng);
+  const std::vector<float> k = testbed::KvRows(1000, 8, 128, &rng), v = testbed::KvRows(1000, 8, 128, &rng);
   cache.Prefill(seq, k.data(), v.data(), 1000);
   const CacheBytes b = cache.Bytes(seq);
   const size_t row_bytes = 8 * 128 * 2;
@@ -355,7 +411,7 @@ TEST(PagedKVCache, ByteAccountingAndEffectiveBits) {
 
   // The bf16 baseline: 16 bits per element, no pages.
   CacheParams q = p;
-  q.quantized = false;
+  q.key.format = q.value.format = kvq::Format::kBf16;
   PagedKVCache dense(q, {}, {});
   const int s2 = dense.AddSequence();
   dense.Prefill(s2, k.data(), v.data(), 1000);
@@ -367,28 +423,28 @@ TEST(PagedKVCache, ByteAccountingAndEffectiveBits) {
 }
 
 TEST(PagedKVCache, Bf16CacheKeepsEveryRow) {
-  std::mt19937_64 rng(5);
-  CacheParams p = MakeCacheParams(4, 4, 64, 2, 64, 2, 3, 16, RotationKind::kDense, false);
-  p.quantized = false;
+  conformance::SplitMix64 rng(5);
+  CacheParams p = testbed::Cache().q_heads(4).kv_heads(4).sink(2).recent(3).page(16).both(testbed::Write().head_dim(64).bits(2).group(64).rotation(RotationKind::kDense).bitrev(false)).Unchecked();
+  p.key.format = p.value.format = kvq::Format::kBf16;
   PagedKVCache cache(p, {}, {});
   const int seq = cache.AddSequence();
-  const std::vector<float> k = RandomRows(40, 4, 64, rng), v = RandomRows(40, 4, 64, rng);
+  const std::vector<float> k = testbed::KvRows(40, 4, 64, &rng), v = testbed::KvRows(40, 4, 64, &rng);
   cache.Prefill(seq, k.data(), v.data(), 30);
   for (size_t t = 30; t < 40; ++t) cache.Append(seq, &k[t * 256], &v[t * 256]);
   EXPECT_EQ(cache.HistoryLength(seq), 0u);
   EXPECT_EQ(cache.NumPages(), 0);
   EXPECT_EQ(cache.SinkRows(seq, KV::kKey), nullptr);
   const std::vector<uint16_t> both[2] = {ToBf16(k), ToBf16(v)};
-  ExpectHolds(cache, seq, both, "bf16 cache");
+  EXPECT_TRUE(CacheHolds(cache, seq, both)) << "bf16 cache";
   EXPECT_EQ(std::memcmp(cache.DenseRows(seq, KV::kValue), both[1].data(), both[1].size() * 2), 0);
 }
 
 TEST(PagedKVCache, DequantizedHistoryRowMatchesWritePath) {
-  std::mt19937_64 rng(9);
-  CacheParams p = MakeCacheParams(8, 2, 128, 2, 64, 4, 8, 16, RotationKind::kDense, true);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(9);
+  CacheParams p = testbed::Cache().q_heads(8).kv_heads(2).sink(4).recent(8).page(16).both(testbed::Write().head_dim(128).bits(2).group(64).rotation(RotationKind::kDense).bitrev(true)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
-  const std::vector<float> k = RandomRows(50, 2, 128, rng), v = RandomRows(50, 2, 128, rng);
+  const std::vector<float> k = testbed::KvRows(50, 2, 128, &rng), v = testbed::KvRows(50, 2, 128, &rng);
   cache.Prefill(seq, k.data(), v.data(), 50);
   std::vector<float> x(128), got(128);
   for (size_t i = 0; i < cache.HistoryLength(seq); ++i) {
@@ -407,11 +463,11 @@ TEST(PagedKVCache, DequantizedHistoryRowMatchesWritePath) {
 }
 
 TEST(PagedKVCache, RejectsBadInputsAndStaysUnchanged) {
-  std::mt19937_64 rng(13);
-  CacheParams p = MakeCacheParams(4, 2, 64, 2, 32, 2, 3, 16, RotationKind::kHadamard, false);
-  PagedKVCache cache = MakeCache(p, rng);
+  conformance::SplitMix64 rng(13);
+  CacheParams p = testbed::Cache().q_heads(4).kv_heads(2).sink(2).recent(3).page(16).both(testbed::Write().head_dim(64).bits(2).group(32).rotation(RotationKind::kHadamard).bitrev(false)).Unchecked();
+  PagedKVCache cache = testbed::MakeCache(p, &rng);
   const int seq = cache.AddSequence();
-  std::vector<float> k = RandomRows(8, 2, 64, rng), v = RandomRows(8, 2, 64, rng);
+  std::vector<float> k = testbed::KvRows(8, 2, 64, &rng), v = testbed::KvRows(8, 2, 64, &rng);
 
   ExpectError([&] { cache.Prefill(seq + 100, k.data(), v.data(), 1); },
               ErrorCode::kInvalidArgument, {"unknown sequence id " + std::to_string(seq + 100)});
@@ -451,7 +507,7 @@ TEST(PagedKVCache, RejectsBadInputsAndStaysUnchanged) {
 }
 
 TEST(PagedKVCache, RejectsBadWriteData) {
-  CacheParams p = MakeCacheParams(4, 2, 64, 2, 32, 2, 3, 16, RotationKind::kDense, false);
+  CacheParams p = testbed::Cache().q_heads(4).kv_heads(2).sink(2).recent(3).page(16).both(testbed::Write().head_dim(64).bits(2).group(32).rotation(RotationKind::kDense).bitrev(false)).Unchecked();
   std::vector<float> eye(2 * 64 * 64, 0.0f);
   for (int h = 0; h < 2; ++h) {
     for (int i = 0; i < 64; ++i) eye[(h * 64 + i) * 64 + i] = 1.0f;
@@ -472,6 +528,102 @@ TEST(PagedKVCache, RejectsBadWriteData) {
   p.page_size = 20;
   ExpectError([&] { PagedKVCache c(p, {}, eye); }, ErrorCode::kInvalidArgument,
               {"page size 20"});
+}
+
+}  // namespace
+}  // namespace kvq::cpu
+
+namespace kvq::cpu {
+namespace {
+
+// KIVI's and OScaR's timing (spec/cache.md §2): with S0 = 0, W = 1, F = 128 the token that
+// completes a block is first read in bf16; H(128) = 0, H(129) = 128, H(257) = 256, and K and V
+// share the boundary. Appends and one prefill store the same bits (CacheHolds).
+TEST(PagedKVCacheSpec11, KiviTimingAndOneBoundary) {
+  const CacheParams p = testbed::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(128)
+                            .page(64).key(testbed::Write().head_dim(64).tile(32))
+                            .value(testbed::Write().head_dim(64).group(32)).Build();
+  EXPECT_EQ(p.HistoryTokens(128), 0);
+  EXPECT_EQ(p.HistoryTokens(129), 128);
+  EXPECT_EQ(p.HistoryTokens(256), 128);
+  EXPECT_EQ(p.HistoryTokens(257), 256);
+  EXPECT_EQ(p.ring_slots(), 128);
+  conformance::SplitMix64 rng(4);
+  PagedKVCache cache(p, {}, {});
+  const int appended = cache.AddSequence(), prefilled = cache.AddSequence();
+  std::vector<uint16_t> rows[2];
+  for (int kv = 0; kv < 2; ++kv) rows[kv] = ToBf16(testbed::KvRows(260, 2, 64, &rng));
+  const size_t row = 2 * 64;
+  for (size_t t = 0; t < 260; ++t) {
+    cache.AppendBf16(appended, &rows[0][t * row], &rows[1][t * row]);
+    EXPECT_EQ(cache.HistoryLength(appended), static_cast<size_t>(p.HistoryTokens(t + 1)));
+    EXPECT_EQ(cache.RecentBegin(appended), static_cast<size_t>(p.HistoryTokens(t + 1)));
+  }
+  cache.PrefillBf16(prefilled, rows[0].data(), rows[1].data(), 260);
+  EXPECT_TRUE(CacheHolds(cache, appended, rows));
+  EXPECT_TRUE(CacheHolds(cache, prefilled, rows));
+  for (int kv = 0; kv < 2; ++kv) {
+    for (size_t i = 0; i < 256; ++i) {
+      for (int h = 0; h < 2; ++h) {
+        std::vector<float> a(64), b(64);
+        cache.DequantizedHistoryRow(appended, i, h, static_cast<KV>(kv), a.data());
+        cache.DequantizedHistoryRow(prefilled, i, h, static_cast<KV>(kv), b.data());
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), 64 * sizeof(float)), 0) << i;
+      }
+    }
+  }
+}
+
+// W = 0: every token after the sink is history when it arrives (the current one included).
+TEST(PagedKVCacheSpec11, RecentWindowZero) {
+  const CacheParams p = testbed::Cache().kv_heads(1).q_heads(2).sink(3).recent(0).page(16)
+                            .both(testbed::Write().head_dim(256).group(256).bits(4).hadamard(128))
+                            .Build();
+  EXPECT_EQ(p.ring_slots(), 0);
+  conformance::SplitMix64 rng(6);
+  PagedKVCache cache(p, {}, {});
+  const int seq = cache.AddSequence();
+  std::vector<uint16_t> rows[2];
+  for (int kv = 0; kv < 2; ++kv) rows[kv] = ToBf16(testbed::KvRows(40, 1, 256, &rng));
+  for (size_t t = 0; t < 40; ++t) {
+    cache.AppendBf16(seq, &rows[0][t * 256], &rows[1][t * 256]);
+    EXPECT_EQ(cache.HistoryLength(seq), t + 1 > 3 ? t + 1 - 3 : 0);
+    EXPECT_EQ(cache.RecentBegin(seq), t + 1);
+    EXPECT_EQ(cache.IsBf16Position(seq, t), t < 3);
+  }
+  EXPECT_TRUE(CacheHolds(cache, seq, rows));
+}
+
+// Honest accounting at d = 128, INT2, over a history of whole blocks: KIVI stores 3.0 bits per
+// element (K: 2 + 32 bits of (scale, min) per channel per 32 tokens; V: 2 + 32 / 32), OScaR
+// 3.0625 (K's bf16 norm per token and head: + 16 / 128 on K), the token-scope norm once per
+// token for the 4 KV heads (+ 16 / 512 on K); SAW-INT4 4.25 (G = d).
+TEST(PagedKVCacheSpec11, HistoryBitsPerElement) {
+  const testbed::Write kk = testbed::Write().head_dim(128).tile(32);
+  const testbed::Write vv = testbed::Write().head_dim(128).group(32);
+  const auto history_bits = [](const CacheParams& p) {
+    PagedKVCache cache(p, {}, {});
+    const int seq = cache.AddSequence();
+    conformance::SplitMix64 rng(2);
+    const size_t t = 129;  // KIVI: 128 history tokens and 1 recent; SAW: 129 history tokens
+    const std::vector<float> k = testbed::KvRows(t, p.num_kv_heads, 128, &rng);
+    cache.Prefill(seq, k.data(), k.data(), t);
+    const CacheBytes b = cache.Bytes(seq);
+    const double history_elements =
+        2.0 * static_cast<double>(cache.HistoryLength(seq)) * p.num_kv_heads * 128;
+    return 8.0 * static_cast<double>(b.history_codes + b.history_metadata) / history_elements;
+  };
+  const testbed::Cache kivi =
+      testbed::Cache().kv_heads(4).q_heads(4).sink(0).recent(1).flush(128).page(128);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(kk).value(vv)), 3.0);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm()).value(vv)),
+            3.0625);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm(true, 4))
+                             .value(vv)),
+            3.0 + 16.0 / 512 / 2);
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).recent(0).flush(1).page(64).both(
+                testbed::Write().head_dim(128).group(128).bits(4).hadamard())),
+            4.25);
 }
 
 }  // namespace

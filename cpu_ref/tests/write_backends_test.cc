@@ -1,256 +1,143 @@
-// Every Highway backend against the scalar reference, bit for bit, for every stage of the
-// write path and for the whole QuantizeRows pipeline. Test names end in the backend name, so
-// --gtest_filter='*hwy_avx2*' selects one target.
-//
-// Rows: kRowsPerDistribution seeded random rows of each Distribution, then the EdgeRows of the
-// configuration; on a mismatch the message names the seed, row and column (rows
-// [0, 3*kinds) are random, row r of them of distribution r / 3; the rest are edge rows in
-// the order of EdgeRows()).
+// Every backend of kvq::AllBackends() (each Highway target, and CUDA where a device is present)
+// against the scalar reference, bit for bit: every stage of kvq/common/stages.inc over its
+// parameter grid, and the whole QuantizeRows pipeline. Test names end in "<stage>__<backend>",
+// so --gtest_filter='*__hwy_avx2' or '*__cuda' selects a backend. A mismatch names the stage,
+// parameters, seed and row count, and dumps inputs, reference and result (testbed/compare.h).
 #include <gtest/gtest.h>
 
-#include <cstdint>
-#include <random>
-#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "kvq/common/numeric.h"
-#include "kvq/cpu_ref/kernels.h"
+#include "kvq/backends.h"
+#include "kvq/common/error.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/common/stages.h"
+#include "kvq/conformance/rows.h"
 #include "kvq/cpu_ref/write_path.h"
-#include "write_test_util.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
+#include "kvq/testbed/stage_tester.h"
 
-namespace kvq::cpu::testing {
+namespace kvq {
 namespace {
 
-constexpr size_t kRowsPerDistribution = 3;
+using testbed::StageTester;
+using testbed::Write;
+
 constexpr int kHeadDims[] = {64, 128, 256};
 constexpr int kGroups[] = {32, 64, 128};
 constexpr int kBits[] = {2, 4};
-constexpr float kClips[] = {1.0f, 0.96f, 0.92f, 0.8f, 0.5f};
+constexpr float kClips[] = {1.0f, 0.96f, 0.92f, 0.8f, 0.5f, 0.001f};
 
-// Random rows followed by edge rows; when `finite_rotation_only`, drops edge rows whose
-// rotation could leave the range the write path accepts (|x| > 1e30).
-std::vector<float> TestRows(const WriteParams& p, uint64_t seed, bool moderate_only = false) {
-  const size_t d = static_cast<size_t>(p.head_dim);
-  std::mt19937_64 rng(seed);
-  std::vector<float> rows;
-  for (int dist = 0; dist < static_cast<int>(Distribution::kCount); ++dist) {
-    for (size_t r = 0; r < kRowsPerDistribution; ++r) {
-      rows.resize(rows.size() + d);
-      FillRow(static_cast<Distribution>(dist), rng, rows.data() + rows.size() - d, d);
-    }
-  }
-  const std::vector<float> edge = EdgeRows(p, seed ^ 0x9e3779b97f4a7c15ull);
-  for (size_t start = 0; start < edge.size(); start += d) {
-    bool keep = true;
-    for (size_t j = 0; j < d && moderate_only; ++j) keep = keep && std::fabs(edge[start + j]) <= 1e30f;
-    if (keep) rows.insert(rows.end(), edge.begin() + start, edge.begin() + start + d);
-  }
-  return rows;
-}
-
-std::string Context(const char* stage, const WriteParams& p, uint64_t seed) {
-  std::ostringstream os;
-  os << stage << " seed=" << seed << " d=" << p.head_dim << " G=" << p.group
-     << " bits=" << p.bits << " rho=" << p.clip << " rotation=" << RotationKindName(p.rotation)
-     << " block=" << p.fwht_block() << " bitrev=" << p.bitrev;
-  return os.str();
-}
-
-// Calls `test(p)` for every quantizer shape (d, G <= d, b) in a fixed order: the tests take one
-// seed per call, so the order is part of what they check.
-template <typename Test>
-void ForEachQuantizerShape(Test test) {
+// The parameter grid a stage is tested over: what its rule depends on.
+std::vector<WriteParams> StageGrid(const StageSpec& stage) {
+  std::vector<WriteParams> grid;
   for (int d : kHeadDims) {
-    for (int g : kGroups) {
-      if (g > d) continue;
-      for (int bits : kBits) test(ShapeParams(d, g, bits));
+    switch (stage.id) {
+      case StageId::kFwht:
+        for (int block = 16; block <= d; block *= 2) {
+          grid.push_back(Write().head_dim(d).group(32).hadamard(block == d ? 0 : block));
+        }
+        break;
+      case StageId::kClip:
+        for (float rho : kClips) grid.push_back(Write().head_dim(d).group(32).clip(rho));
+        break;
+      case StageId::kRotateDense:
+      case StageId::kBitrev:
+        grid.push_back(Write().head_dim(d).group(32));
+        break;
+      case StageId::kNorm:
+      case StageId::kDenorm:
+        // Spans of 1, 2, 3 (padded to 4) and 8 KV heads' rows.
+        for (int heads : {1, 2, 3, 8}) {
+          grid.push_back(Write().head_dim(d).tile(32).norm(true, heads));
+        }
+        break;
+      default:  // a codec stage: every quantizer shape of its format
+        for (int g : kGroups) {
+          if (g > d && stage.format != Format::kAffineTile) continue;
+          for (int b : kBits) {
+            grid.push_back(Write().head_dim(d).format(stage.format).group(g).bits(b));
+          }
+        }
+        // One (scale, min) per row (G = d), at d = 256 too.
+        if (stage.format == Format::kAffineToken && d > 128) {
+          for (int b : kBits) grid.push_back(Write().head_dim(d).group(d).bits(b));
+        }
     }
+  }
+  return grid;
+}
+
+class StageTest
+    : public ::testing::TestWithParam<std::tuple<const StageSpec*, const cpu::Backend*>> {};
+
+TEST_P(StageTest, MatchesScalar) {
+  const auto [stage, backend] = GetParam();
+  uint64_t seed = 1000 * (static_cast<uint64_t>(stage->id) + 1);
+  for (const WriteParams& p : StageGrid(*stage)) {
+    StageTester(stage->id).params(p).seed(++seed).Test(*backend);
   }
 }
 
-class WriteStepTest : public ::testing::TestWithParam<std::string> {
- protected:
-  const Backend& backend() const { return BackendByName(GetParam()); }
-  const Backend& scalar() const { return ScalarBackend(); }
-};
-
-TEST_P(WriteStepTest, RotateDenseMatchesScalar) {
-  uint64_t seed = 1000;
-  for (int d : kHeadDims) {
-    const WriteParams p = ShapeParams(d, 32, 2);
-    ++seed;
-    const std::vector<float> r = RandomMatrix(d, seed);
-    const std::vector<float> x = TestRows(p, seed);
-    const size_t n = x.size() / d;
-    // Row counts below, at and past the register tile of 4 rows.
-    for (size_t rows : {size_t{1}, size_t{3}, size_t{4}, size_t{5}, n}) {
-      std::vector<float> want(rows * d), got(rows * d);
-      scalar().write.rotate_dense(x.data(), r.data(), want.data(), rows, p);
-      backend().write.rotate_dense(x.data(), r.data(), got.data(), rows, p);
-      EXPECT_TRUE(SameBits(want, got, d, Context("rotate_dense", p, seed) + " rows=" +
-                                             std::to_string(rows)));
+std::vector<std::tuple<const StageSpec*, const cpu::Backend*>> StageBackendPairs() {
+  std::vector<std::tuple<const StageSpec*, const cpu::Backend*>> pairs;
+  for (const StageSpec& stage : AllStages()) {
+    for (const cpu::Backend* backend : AllBackends()) {
+      if (backend->name != "scalar") pairs.emplace_back(&stage, backend);
     }
   }
+  return pairs;
 }
 
-TEST_P(WriteStepTest, FwhtMatchesScalar) {
-  uint64_t seed = 2000;
-  for (int d : kHeadDims) {
-    for (int block = 16; block <= d; block *= 2) {
-      WriteParams p = ShapeParams(d, 32, 2);
-      p.rotation = RotationKind::kHadamard;
-      p.hadamard_block = block;
-      ++seed;
-      const std::vector<float> x = TestRows(p, seed);
-      const size_t n = x.size() / d;
-      std::vector<float> want(x), got(x);
-      scalar().write.fwht(want.data(), n, p);
-      backend().write.fwht(got.data(), n, p);
-      EXPECT_TRUE(SameBits(want, got, d, Context("fwht", p, seed)));
-    }
-  }
+INSTANTIATE_TEST_SUITE_P(
+    Write, StageTest, ::testing::ValuesIn(StageBackendPairs()),
+    [](const ::testing::TestParamInfo<StageTest::ParamType>& info) {
+      return std::string(std::get<0>(info.param)->name) + "__" + std::get<1>(info.param)->name;
+    });
+
+// The whole validating pipeline, every field of QuantizedRows, over every supported
+// configuration (rows that stay within the write path's range after any rotation).
+class PipelineTest : public ::testing::TestWithParam<const cpu::Backend*> {};
+
+testbed::NamedTensors Outputs(const cpu::QuantizedRows& q, const WriteParams& p) {
+  testbed::NamedTensors named;
+  for (auto& [name, tensor] : q.Tensors(p)) named.emplace_back(name, tensor);
+  return named;
 }
 
-TEST_P(WriteStepTest, BitrevMatchesScalar) {
-  uint64_t seed = 3000;
-  for (int d : kHeadDims) {
-    const WriteParams p = ShapeParams(d, 32, 2);
-    ++seed;
-    const std::vector<float> x = TestRows(p, seed);
-    const size_t n = x.size() / d;
-    std::vector<float> want(x.size()), got(x.size());
-    scalar().write.bitrev(x.data(), want.data(), n, p);
-    backend().write.bitrev(x.data(), got.data(), n, p);
-    EXPECT_TRUE(SameBits(want, got, d, Context("bitrev", p, seed)));
-  }
-}
-
-TEST_P(WriteStepTest, ClipMatchesScalar) {
-  uint64_t seed = 4000;
-  for (int d : kHeadDims) {
-    for (float rho : kClips) {
-      WriteParams p = ShapeParams(d, 32, 2);
-      p.clip = rho;
-      ++seed;
-      const std::vector<float> x = TestRows(p, seed);
-      const size_t n = x.size() / d;
-      std::vector<float> want(x), got(x);
-      std::vector<float> want_tau(n), got_tau(n);
-      scalar().write.clip(want.data(), want_tau.data(), n, p);
-      backend().write.clip(got.data(), got_tau.data(), n, p);
-      EXPECT_TRUE(SameBits(want_tau, got_tau, 1, Context("clip tau", p, seed)));
-      EXPECT_TRUE(SameBits(want, got, d, Context("clip rows", p, seed)));
-    }
-  }
-}
-
-TEST_P(WriteStepTest, QuantizeMatchesScalar) {
-  uint64_t seed = 5000;
-  ForEachQuantizerShape([&](const WriteParams& p) {
-    const int d = p.head_dim;
-    ++seed;
-    const std::vector<float> x = TestRows(p, seed);
-    const size_t n = x.size() / d;
-    const size_t groups = static_cast<size_t>(p.num_groups());
-    std::vector<uint8_t> want_codes(n * d), got_codes(n * d);
-    std::vector<uint16_t> want_scale(n * groups), got_scale(n * groups);
-    std::vector<uint16_t> want_min(n * groups), got_min(n * groups);
-    scalar().write.quantize(x.data(), want_codes.data(), want_scale.data(), want_min.data(), n, p);
-    backend().write.quantize(x.data(), got_codes.data(), got_scale.data(), got_min.data(), n, p);
-    EXPECT_TRUE(SameBits(want_scale, got_scale, groups, Context("quantize scale", p, seed)));
-    EXPECT_TRUE(SameBits(want_min, got_min, groups, Context("quantize min", p, seed)));
-    EXPECT_TRUE(SameBits(want_codes, got_codes, d, Context("quantize codes", p, seed)));
-  });
-}
-
-TEST_P(WriteStepTest, PackAndUnpackMatchScalar) {
-  uint64_t seed = 6000;
-  for (int d : kHeadDims) {
-    for (int bits : kBits) {
-      const WriteParams p = ShapeParams(d, 32, bits);
-      ++seed;
-      std::mt19937_64 rng(seed);
-      const size_t n = 37;
-      const size_t bytes = static_cast<size_t>(p.code_bytes());
-      std::vector<uint8_t> codes(n * d);
-      for (auto& c : codes) c = static_cast<uint8_t>(rng() % (p.levels() + 1));
-      std::vector<uint8_t> want(n * bytes), got(n * bytes);
-      scalar().write.pack(codes.data(), want.data(), n, p);
-      backend().write.pack(codes.data(), got.data(), n, p);
-      EXPECT_TRUE(SameBits(want, got, bytes, Context("pack", p, seed)));
-
-      std::vector<uint8_t> packed(n * bytes);
-      for (auto& b : packed) b = static_cast<uint8_t>(rng());
-      std::vector<uint8_t> want_codes(n * d), got_codes(n * d);
-      scalar().write.unpack(packed.data(), want_codes.data(), n, p);
-      backend().write.unpack(packed.data(), got_codes.data(), n, p);
-      EXPECT_TRUE(SameBits(want_codes, got_codes, d, Context("unpack", p, seed)));
-    }
-  }
-}
-
-TEST_P(WriteStepTest, DequantizeMatchesScalar) {
-  uint64_t seed = 7000;
-  ForEachQuantizerShape([&](const WriteParams& p) {
-    const int d = p.head_dim;
-    ++seed;
-    std::mt19937_64 rng(seed);
-    const size_t n = 41;
-    const size_t groups = static_cast<size_t>(p.num_groups());
-    std::vector<uint8_t> codes(n * d);
-    for (auto& c : codes) c = static_cast<uint8_t>(rng() % (p.levels() + 1));
-    // Finite bf16 scale (non-negative, as the quantizer makes them) and min, over the whole
-    // exponent range that keeps q*s + m finite; zeros and subnormals included.
-    std::vector<uint16_t> scale(n * groups), min(n * groups);
-    for (size_t i = 0; i < scale.size(); ++i) {
-      const uint16_t exponent = static_cast<uint16_t>(rng() % 250);  // below 2^123
-      scale[i] = static_cast<uint16_t>((exponent << 7) | (rng() & 0x7f));
-      min[i] = static_cast<uint16_t>((rng() & 0x8000) | (rng() % 250) << 7 | (rng() & 0x7f));
-      if (rng() % 16 == 0) scale[i] = 0;
-    }
-    std::vector<float> want(n * d), got(n * d);
-    scalar().write.dequantize(codes.data(), scale.data(), min.data(), want.data(), n, p);
-    backend().write.dequantize(codes.data(), scale.data(), min.data(), got.data(), n, p);
-    EXPECT_TRUE(SameBits(want, got, d, Context("dequantize", p, seed)));
-  });
-}
-
-// The whole pipeline, every field of QuantizedRows, over every supported configuration.
-TEST_P(WriteStepTest, QuantizeRowsMatchesScalar) {
+TEST_P(PipelineTest, QuantizeRowsMatchesScalar) {
+  const cpu::Backend& backend = *GetParam();
   uint64_t seed = 8000;
   for (int d : kHeadDims) {
-    const std::vector<float> dense = RandomMatrix(d, 77 + d);
-    std::vector<std::pair<RotationKind, int>> rotations = {{RotationKind::kIdentity, 0},
-                                                          {RotationKind::kDense, 0}};
-    for (int block = 16; block <= d; block *= 2) rotations.push_back({RotationKind::kHadamard, block});
+    conformance::SplitMix64 matrix_rng(77 + d);
+    const std::vector<float> dense = testbed::RandomMatrix(d, &matrix_rng);
+    std::vector<Write> rotations = {Write(), Write().rotation(RotationKind::kDense)};
+    for (int block = 16; block <= d; block *= 2) rotations.push_back(Write().hadamard(block));
     for (int g : kGroups) {
       if (g > d) continue;
       for (int bits : kBits) {
         for (float rho : kClips) {
-          for (const auto& [kind, block] : rotations) {
+          for (const Write& rotation : rotations) {
             for (bool bitrev : {false, true}) {
-              WriteParams p = ShapeParams(d, g, bits);
-              p.clip = rho;
-              p.rotation = kind;
-              p.hadamard_block = block;
-              p.bitrev = bitrev;
-              ++seed;
-              const std::vector<float> x = TestRows(p, seed, /*moderate_only=*/true);
-              const size_t n = x.size() / d;
-              const std::string context = Context("QuantizeRows", p, seed);
-              const QuantizedRows want = QuantizeRows(scalar(), p, dense.data(), x.data(), n);
-              const QuantizedRows got = QuantizeRows(backend(), p, dense.data(), x.data(), n);
-              const size_t groups = static_cast<size_t>(p.num_groups());
-              ASSERT_TRUE(SameBits(want.rotated, got.rotated, d, context + " rotated"));
-              ASSERT_TRUE(SameBits(want.tau, got.tau, 1, context + " tau"));
-              ASSERT_TRUE(SameBits(want.scale, got.scale, groups, context + " scale"));
-              ASSERT_TRUE(SameBits(want.min, got.min, groups, context + " min"));
-              ASSERT_TRUE(SameBits(want.codes, got.codes, d, context + " codes"));
-              ASSERT_TRUE(SameBits(want.packed, got.packed,
-                                   static_cast<size_t>(p.code_bytes()), context + " packed"));
-              ASSERT_TRUE(SameBits(want.dequantized, got.dequantized, d,
-                                   context + " dequantized"));
+              const WriteParams p =
+                  Write(rotation.Unchecked()).head_dim(d).group(g).bits(bits).clip(rho).bitrev(bitrev);
+              conformance::SplitMix64 rng(++seed);
+              const std::vector<float> x =
+                  conformance::MakeRows(conformance::TestRowKinds(), p, &rng, nullptr);
+              const size_t n = x.size() / static_cast<size_t>(d);
+              const cpu::QuantizedRows want = cpu::QuantizeRows(cpu::ScalarBackend(), p,
+                                                                dense.data(), x.data(), n);
+              const cpu::QuantizedRows got = cpu::QuantizeRows(backend, p, dense.data(),
+                                                               x.data(), n);
+              const int64_t rows = static_cast<int64_t>(n);
+              ASSERT_TRUE(testbed::AllBitsEqual(
+                  "QuantizeRows " + testbed::Describe(p) + " seed " + std::to_string(seed) +
+                      " on " + backend.name,
+                  Outputs(want, p), Outputs(got, p),
+                  {{"x", Tensor::F32({rows, d}, x)}, {"rotation", Tensor::F32({d, d}, dense)}}));
             }
           }
         }
@@ -259,8 +146,76 @@ TEST_P(WriteStepTest, QuantizeRowsMatchesScalar) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Write, WriteStepTest,
-                         ::testing::ValuesIn(BackendNames(/*include_scalar=*/false)), ParamName);
+// Spec 1.1's write paths: affine_tile (G_k = 32, 64, 128) with and without a per-head norm,
+// the token-scope norm over 1, 2 and 3 KV heads (QuantizeTokens), and G = d at d = 256.
+TEST_P(PipelineTest, QuantizeTokensMatchesScalar) {
+  const cpu::Backend& backend = *GetParam();
+  uint64_t seed = 9000;
+  for (int d : kHeadDims) {
+    conformance::SplitMix64 matrix_rng(91 + d);
+    const std::vector<float> dense = testbed::RandomMatrix(d, &matrix_rng);
+    const std::vector<Write> rotations = {Write(), Write().rotation(RotationKind::kDense),
+                                          Write().hadamard(), Write().hadamard(16).bitrev()};
+    std::vector<std::pair<Write, int>> formats;  // (params, KV heads)
+    for (int gk : kGroups) {
+      formats.push_back({Write().tile(gk), 1});
+      formats.push_back({Write().tile(gk).norm(), 1});
+    }
+    for (int heads : {2, 3}) formats.push_back({Write().tile(32).norm(true, heads), heads});
+    formats.push_back({Write().group(d), 1});
+    for (const auto& [format, heads] : formats) {
+      for (int bits : kBits) {
+        for (float rho : {1.0f, 0.92f}) {
+          for (const Write& rotation : rotations) {
+            WriteParams p = Write(format.Unchecked()).head_dim(d).bits(bits).clip(rho).Unchecked();
+            const WriteParams r = rotation.Unchecked();
+            p.rotation = r.rotation;
+            p.hadamard_block = r.hadamard_block;
+            p.bitrev = r.bitrev;
+            p = Write(p).Build();
+            conformance::SplitMix64 rng(++seed);
+            // Two tiles of every test row kind, heads laid end to end.
+            const size_t n = static_cast<size_t>(2 * p.tile_tokens());
+            std::vector<float> x;
+            while (x.size() < n * heads * d) {
+              const std::vector<float> more =
+                  conformance::MakeRows(conformance::TestRowKinds(p), p, &rng, nullptr);
+              x.insert(x.end(), more.begin(), more.end());
+            }
+            x.resize(n * heads * d);
+            const std::vector<WriteParams> params(static_cast<size_t>(heads), p);
+            const std::vector<const float*> rots(static_cast<size_t>(heads), dense.data());
+            const std::vector<cpu::QuantizedRows> want =
+                cpu::QuantizeTokens(cpu::ScalarBackend(), params, rots, x.data(), n);
+            const std::vector<cpu::QuantizedRows> got =
+                cpu::QuantizeTokens(backend, params, rots, x.data(), n);
+            for (int h = 0; h < heads; ++h) {
+              ASSERT_TRUE(testbed::AllBitsEqual(
+                  "QuantizeTokens " + testbed::Describe(p) + " head " + std::to_string(h) + "/" +
+                      std::to_string(heads) + " seed " + std::to_string(seed) + " on " +
+                      backend.name,
+                  Outputs(want[h], p), Outputs(got[h], p),
+                  {{"x", Tensor::F32({static_cast<int64_t>(n), heads * d}, x)}}));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+std::vector<const cpu::Backend*> NonScalarBackends() {
+  std::vector<const cpu::Backend*> list;
+  for (const cpu::Backend* b : AllBackends()) {
+    if (b->name != "scalar") list.push_back(b);
+  }
+  return list;
+}
+
+INSTANTIATE_TEST_SUITE_P(Write, PipelineTest, ::testing::ValuesIn(NonScalarBackends()),
+                         [](const ::testing::TestParamInfo<const cpu::Backend*>& info) {
+                           return info.param->name;
+                         });
 
 }  // namespace
-}  // namespace kvq::cpu::testing
+}  // namespace kvq

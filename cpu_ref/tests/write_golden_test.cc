@@ -7,18 +7,22 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
-#include "write_test_util.h"
+#include "kvq/cpu_ref/write_path.h"
+#include "kvq/testbed/backends.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/params.h"
 
-namespace kvq::cpu::testing {
+namespace kvq::cpu {
 namespace {
 
-class WriteGoldenTest : public ::testing::TestWithParam<std::string> {
+class WriteGoldenTest : public ::testing::TestWithParam<const Backend*> {
  protected:
-  const WriteKernels& k() const { return BackendByName(GetParam()).write; }
+  const WriteKernels& k() const { return (*GetParam()).write; }
 };
 
 // ---------------------------------------------------------------- quantize
@@ -30,7 +34,7 @@ class WriteGoldenTest : public ::testing::TestWithParam<std::string> {
 //   -0.5 -> 1;  0.0 -> rint(1.5) = 2 (tie to even);  0.25 -> rint(1.75) = 2;
 //    0.5 -> 2;  1.0 -> rint(2.5) = 2 (tie to even);  1.5 -> 3;  0.1 -> rint(1.6) = 2.
 TEST_P(WriteGoldenTest, QuantizeInt2KnownCodesAndTiesToEven) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<float> x(64, 0.1f);
   const float inputs[] = {-1.5f, -1.25f, -1.0f, -0.5f, 0.0f, 0.25f, 0.5f, 1.0f};
   const uint8_t expected[] = {0, 0, 0, 1, 2, 2, 2, 2};
@@ -50,7 +54,7 @@ TEST_P(WriteGoldenTest, QuantizeInt2KnownCodesAndTiesToEven) {
 // m̂ = +0 = 0x0000. x = (k + 0.5) * 0.125 lands on k + 0.5: rounds to the even neighbour.
 // Group 1 is constant 5.0: s = 0 so ŝ = 0 and every code is 0; m̂ = bf16(5) = 0x40A0.
 TEST_P(WriteGoldenTest, QuantizeInt4TiesAndConstantGroup) {
-  const WriteParams p = ShapeParams(64, 32, 4);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(4).Build();
   std::vector<float> x(64, 5.0f);
   x[0] = 0.0f;
   x[1] = 1.875f;
@@ -73,9 +77,11 @@ TEST_P(WriteGoldenTest, QuantizeInt4TiesAndConstantGroup) {
 
 // lo = 0, hi = 1, INT2: s = fp32(1/3) = 0x3EAAAAAB; its low half 0xAAAB > 0x8000 rounds the
 // bf16 up: ŝ = 0x3EAB = 0.333984375 (> s). Codes: 1/ŝ = 2.994... -> 3; 0.5/ŝ = 1.497 -> 1;
-// 0.6/ŝ = 1.796 -> 2; 0.16/ŝ = 0.479 -> 0; 0.17/ŝ = 0.509 -> 1.
+// 0.6/ŝ = 1.796 -> 2; 0.16/ŝ = 0.479 -> 0; 0.17/ŝ = 0.509 -> 1. Codes are computed against
+// what is stored (spec/differences.md, "quantizer metadata"): the authors' fp32 s and half-up
+// rounding give 0.5/s + 0 + 0.5 = 2.0 -> 2 for x = 0.5, where kvq stores 1.
 TEST_P(WriteGoldenTest, QuantizeScaleRoundedToBf16) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<float> x(64, 0.5f);
   x[0] = 0.0f;
   x[1] = 1.0f;
@@ -97,7 +103,7 @@ TEST_P(WriteGoldenTest, QuantizeScaleRoundedToBf16) {
 
 // A group of negative zeros: lo = -0 + 0 = +0, so m̂ is +0 (0x0000), never 0x8000; s = 0.
 TEST_P(WriteGoldenTest, QuantizeNegativeZeroGroupStoresPositiveZero) {
-  const WriteParams p = ShapeParams(64, 32, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   std::vector<float> x(64, -0.0f);
   for (int i = 32; i < 64; i += 2) x[i] = 0.0f;  // group 1 mixes the two zeros
   std::vector<uint8_t> codes(64, 0xff);
@@ -112,7 +118,7 @@ TEST_P(WriteGoldenTest, QuantizeNegativeZeroGroupStoresPositiveZero) {
 
 // The largest range the write path admits: lo = -2^125, hi = 2^125 (hi - lo = 2^126).
 TEST_P(WriteGoldenTest, QuantizeLargeRange) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   const float big = 4.2535296e37f;  // 2^125
   std::vector<float> x(64, 0.0f);
   x[0] = -big;
@@ -133,12 +139,139 @@ TEST_P(WriteGoldenTest, QuantizeLargeRange) {
   EXPECT_EQ(codes[2], 1);
 }
 
+// ---------------------------------------------------------------- spec/differences.md
+
+// The spec's code of one element (spec/numerics.md §5 step 4): 0 when the stored scale is 0,
+// else clamp(rint((x - mf) / sf), 0, L) with fp32 arithmetic and rint to nearest even.
+uint8_t SpecCode(float x, uint16_t scale, uint16_t min, int levels) {
+  const float sf = F32FromBf16(scale);
+  if (sf == 0.0f) return 0;
+  const float t = (x - F32FromBf16(min)) / sf;
+  return static_cast<uint8_t>(std::nearbyint(std::clamp(t, 0.0f, static_cast<float>(levels))));
+}
+
+// spec/differences.md, "code clamp and packing". The authors' single-scale kernel (G = d) floors
+// the scale at 1e-8 / 3 and neither clamps a code nor masks it when it packs. On the exactly
+// constant row x = -2.14435 (measured on an H100) every code came out 8, and every byte
+// 8 | 8 << 2 | 8 << 4 | 8 << 6 = 0xA8 (mod 256) unpacks to (0, 2, 2, 2). In kvq hi - lo = 0, so
+// s = ŝ = 0 and every code is 0 (spec/numerics.md §5 step 4): the bytes are 0, m̂ = bf16(x) and
+// every dequantized value is m̂. Checked for every head_dim, group (G = d included), bit width
+// and two clip ratios, from the smallest subnormal to the largest accepted magnitude, through
+// the validating write path; the packed bytes also unpack to the codes.
+TEST_P(WriteGoldenTest, CodeClampConstantRowsStoreZeroCodesAndBytes) {
+  const Backend& backend = (*GetParam());
+  const float values[] = {-2.14435f,       -2.140625f, -0.9296875f, 1.0f,          0.0f,
+                          -0.0f,           1e-8f,      3.3333334e-9f, 1e-40f,      F32FromBits(1u),
+                          F32FromBits(0x80000001u), 65504.0f,   kMaxRotatedAbs, -kMaxRotatedAbs};
+  const size_t n = sizeof(values) / sizeof(values[0]);
+  for (int d : {64, 128, 256}) {
+    for (int group : {32, 64, 128}) {
+      if (group > d) continue;
+      for (int bits : {2, 4}) {
+        for (float rho : {1.0f, 0.92f}) {
+          WriteParams p = testbed::Write().head_dim(d).group(group).bits(bits).Build();
+          p.clip = rho;
+          const size_t dd = static_cast<size_t>(d);
+          const size_t groups = static_cast<size_t>(p.num_groups());
+          const size_t bytes = static_cast<size_t>(p.code_bytes());
+          std::vector<float> x(n * dd);
+          for (size_t r = 0; r < n; ++r) std::fill_n(x.begin() + r * dd, dd, values[r]);
+          const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), n);
+          std::vector<uint8_t> unpacked(n * dd, 0xff);
+          backend.write.unpack(q.packed.data(), unpacked.data(), n, p);
+          for (size_t r = 0; r < n; ++r) {
+            const std::string where = "d " + std::to_string(d) + " G " + std::to_string(group) +
+                                      " bits " + std::to_string(bits) + " rho " +
+                                      std::to_string(rho) + " x " + testbed::DescribeFloat(values[r]);
+            const uint16_t min = Bf16FromF32(values[r] + 0.0f);
+            for (size_t g = 0; g < groups; ++g) {
+              ASSERT_EQ(q.scale[r * groups + g], 0x0000) << where;
+              ASSERT_EQ(q.min[r * groups + g], min) << where;
+            }
+            for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(q.packed[r * bytes + i], 0) << where;
+            const float xhat = 0.0f * 0.0f + F32FromBf16(min);
+            for (size_t j = 0; j < dd; ++j) {
+              ASSERT_EQ(q.codes[r * dd + j], 0) << where << " channel " << j;
+              ASSERT_EQ(unpacked[r * dd + j], 0) << where << " channel " << j;
+              ASSERT_EQ(F32Bits(q.dequantized[r * dd + j]), F32Bits(xhat)) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// spec/differences.md, "scale floor". The authors' scale is max(hi - lo, 1e-8) / 3, so every
+// code of a group whose range is below 1e-8 is 0 (the measurement's subnormal rows: all 1 153
+// of their codes). kvq has no floor: s = (hi - lo) / L and ŝ = bf16(s), whose exponent range is
+// fp32's, so a tiny range keeps its L + 1 levels; only where s rounds to a bf16 zero
+// (s < 2^-134) is every code 0, by the ŝ = 0 rule. One group of G = d per row (G = 128 at
+// d = 256: two groups), lo at its first channel, hi at its second, the other channels between
+// them. Checked: ŝ and m̂ as the spec computes them, every code the spec's and in [0, L], the
+// packed bytes unpack to the codes, and which cases keep their levels.
+TEST_P(WriteGoldenTest, ScaleFloorTinyRangesKeepCodesInRange) {
+  const Backend& backend = (*GetParam());
+  const struct {
+    float lo, hi;
+    bool zero_scale;  // s < 2^-134: ŝ = 0 and every code 0
+  } cases[] = {
+      {0x1p-20f, 0x1p-20f + 0x1p-30f, false},      // normal values, range 9.3e-10
+      {-0x1p-30f, -0x1p-30f + 0x1p-40f, false},    // negative, range 9.1e-13
+      {0.0f, 3 * 0x1p-130f, false},                // subnormal range, ŝ a bf16 subnormal
+      {-0x1p-141f, 0x1p-141f, true},               // s = 2^-140 / L rounds to a bf16 zero
+  };
+  for (const auto& c : cases) {
+    for (int d : {64, 128, 256}) {
+      for (int bits : {2, 4}) {
+        const int group = std::min(d, 128);
+        const WriteParams p = testbed::Write().head_dim(d).group(group).bits(bits).Build();
+        const size_t dd = static_cast<size_t>(d);
+        const size_t gs = static_cast<size_t>(group);
+        std::vector<float> x(dd);
+        for (size_t j = 0; j < dd; ++j) {
+          x[j] = c.lo + (c.hi - c.lo) * (static_cast<float>(j % 7) / 7.0f);
+          if (j % gs == 0) x[j] = c.lo;
+          if (j % gs == 1) x[j] = c.hi;
+        }
+        const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), 1);
+        const std::string where = "lo " + testbed::DescribeFloat(c.lo) + " hi " + testbed::DescribeFloat(c.hi) + " d " +
+                                  std::to_string(d) + " bits " + std::to_string(bits);
+        const int levels = p.levels();
+        const uint16_t scale = Bf16FromF32((c.hi - c.lo) / static_cast<float>(levels));
+        const uint16_t min = Bf16FromF32(c.lo + 0.0f);
+        ASSERT_EQ(scale == 0, c.zero_scale) << where;
+        for (int g = 0; g < p.num_groups(); ++g) {
+          ASSERT_EQ(q.scale[g], scale) << where << " group " << g;
+          ASSERT_EQ(q.min[g], min) << where << " group " << g;
+        }
+        std::vector<uint8_t> unpacked(dd, 0xff);
+        backend.write.unpack(q.packed.data(), unpacked.data(), 1, p);
+        for (size_t j = 0; j < dd; ++j) {
+          ASSERT_LE(q.codes[j], levels) << where << " channel " << j;
+          ASSERT_EQ(q.codes[j], SpecCode(x[j], scale, min, levels))
+              << where << " channel " << j << " x " << testbed::DescribeFloat(x[j]);
+          ASSERT_EQ(unpacked[j], q.codes[j]) << where << " channel " << j;
+          if (c.zero_scale) {
+            ASSERT_EQ(q.codes[j], 0) << where << " channel " << j;
+          } else if (j % gs == 0) {
+            EXPECT_EQ(q.codes[j], 0) << where << " channel " << j;
+          } else if (j % gs == 1) {
+            EXPECT_GT(q.codes[j], levels / 2)
+                << where << " channel " << j << ": the top of a tiny range keeps its level";
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- dequantize
 
 // code 3 * 0.333984375 (bf16 0x3EAB) = 1.001953125 exactly; + (-1.5) = -0.498046875 exactly.
 // code 0 gives m̂ itself; code 2 gives 0.66796875 - 1.5 = -0.83203125.
 TEST_P(WriteGoldenTest, DequantizeKnownValues) {
-  const WriteParams p = ShapeParams(64, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(64).bits(2).Build();
   std::vector<uint8_t> codes(64, 2);
   codes[0] = 3;
   codes[1] = 0;
@@ -158,7 +291,7 @@ TEST_P(WriteGoldenTest, DequantizeKnownValues) {
 TEST_P(WriteGoldenTest, FwhtOfUnitVectorIsHadamardColumn) {
   for (int d : {64, 128, 256}) {
     for (int block : {d, 16}) {
-      WriteParams p = ShapeParams(d, 32, 2);
+      WriteParams p = testbed::Write().head_dim(d).group(32).bits(2).Build();
       p.rotation = RotationKind::kHadamard;
       p.hadamard_block = block;
       const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
@@ -185,7 +318,7 @@ TEST_P(WriteGoldenTest, FwhtOfUnitVectorIsHadamardColumn) {
 // (8, +0, +0, ...) after. For b = 128, s = fp32(1/sqrt(128)) = 0x3DB504F3
 // (1/sqrt(128) = 0.08838834764..., nearest fp32 0.0883883461356163).
 TEST_P(WriteGoldenTest, FwhtOfConstantRow) {
-  WriteParams p = ShapeParams(64, 32, 2);
+  WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   p.rotation = RotationKind::kHadamard;
   std::vector<float> x(64, 1.0f);
   k().fwht(x.data(), 1, p);
@@ -203,7 +336,7 @@ TEST_P(WriteGoldenTest, FwhtOfConstantRow) {
 // d = 128 (7 bits): beta(1) = 1000000b = 64, beta(2) = 32, beta(3) = 96, beta(64) = 1,
 // beta(127) = 127, beta(0) = 0, beta(5) = 1010000b = 80.
 TEST_P(WriteGoldenTest, BitrevKnownIndices) {
-  const WriteParams p = ShapeParams(128, 64, 2);
+  const WriteParams p = testbed::Write().head_dim(128).group(64).bits(2).Build();
   std::vector<float> x(128), y(128);
   for (int j = 0; j < 128; ++j) x[j] = static_cast<float>(j);
   k().bitrev(x.data(), y.data(), 1, p);
@@ -217,9 +350,9 @@ TEST_P(WriteGoldenTest, BitrevKnownIndices) {
   // d = 64 (6 bits): beta(1) = 32; d = 256 (8 bits): beta(1) = 128, beta(3) = 192.
   std::vector<float> x256(256), y256(256);
   for (int j = 0; j < 256; ++j) x256[j] = static_cast<float>(j);
-  k().bitrev(x256.data(), y256.data(), 1, ShapeParams(64, 64, 2));
+  k().bitrev(x256.data(), y256.data(), 1, testbed::Write().head_dim(64).group(64).bits(2).Build());
   EXPECT_EQ(y256[1], 32.0f);
-  k().bitrev(x256.data(), y256.data(), 1, ShapeParams(256, 64, 2));
+  k().bitrev(x256.data(), y256.data(), 1, testbed::Write().head_dim(256).group(64).bits(2).Build());
   EXPECT_EQ(y256[1], 128.0f);
   EXPECT_EQ(y256[3], 192.0f);
 }
@@ -229,14 +362,15 @@ TEST_P(WriteGoldenTest, BitrevKnownIndices) {
 // x[j] = ±(j + 1), d = 64: the sorted magnitudes are 1..64, so a[k] = k + 1.
 // rho = 0.5: k = 32 -> tau = 33; rho = 0.96f (0.959999978...): 61.44 -> k = 61 -> tau = 62;
 // rho = 0.92f: 58.88 -> k = 58 -> tau = 59; rho = 0.8f: 51.2 -> k = 51 -> tau = 52;
-// rho = 1: k = min(64, 63) = 63 -> tau = 64.
+// rho = 1: k = min(64, 63) = 63 -> tau = 64 (spec/differences.md, "clip threshold" and "clip at
+// ρ = 1": no interpolation, no bisection, and ρ = 1 leaves the largest value alone).
 TEST_P(WriteGoldenTest, ClipOrderStatistic) {
   const struct {
     float rho;
     float tau;
   } cases[] = {{0.5f, 33.0f}, {0.96f, 62.0f}, {0.92f, 59.0f}, {0.8f, 52.0f}, {1.0f, 64.0f}};
   for (const auto& c : cases) {
-    WriteParams p = ShapeParams(64, 32, 2);
+    WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
     p.clip = c.rho;
     std::vector<float> x(64);
     for (int j = 0; j < 64; ++j) x[j] = (j % 2 == 0 ? 1.0f : -1.0f) * static_cast<float>(j + 1);
@@ -255,7 +389,7 @@ TEST_P(WriteGoldenTest, ClipOrderStatistic) {
 // Zeros: |−0| = +0, so tau = +0 (bits 0) and, as the clamp uses comparisons, every −0 and +0
 // of the row keeps its sign; a row of ±1 with rho = 0.5 has tau = 1 and stays unchanged.
 TEST_P(WriteGoldenTest, ClipKeepsSignedZerosAndTies) {
-  WriteParams p = ShapeParams(64, 32, 2);
+  WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   p.clip = 0.5f;
   std::vector<float> x(64);
   for (int j = 0; j < 64; ++j) x[j] = (j % 2 == 0) ? -0.0f : 0.0f;
@@ -293,7 +427,7 @@ TEST_P(WriteGoldenTest, ClipKeepsSignedZerosAndTies) {
 // Column 2 picks 2*x[3] only: y[2] = 1.5 for x[3] = 0.75.
 TEST_P(WriteGoldenTest, RotateDenseOrderAndNoFma) {
   const int d = 64;
-  const WriteParams p = ShapeParams(d, 32, 2);
+  const WriteParams p = testbed::Write().head_dim(d).group(32).bits(2).Build();
   std::vector<float> r(d * d, 0.0f);
   auto at = [&](int i, int j) -> float& { return r[static_cast<size_t>(i) * d + j]; };
   const float a = 1.0f + 0x1p-12f;
@@ -325,7 +459,7 @@ TEST_P(WriteGoldenTest, RotateDenseOrderAndNoFma) {
 // Single 3s: c[0] -> byte 0 = 0x03; c[16+1] -> byte 1 = 0x0C; c[32+2] -> byte 2 = 0x30;
 // c[48+3] -> byte 3 = 0xC0.
 TEST_P(WriteGoldenTest, PackInt2KnownBytes) {
-  const WriteParams p = ShapeParams(64, 32, 2);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(2).Build();
   std::vector<uint8_t> codes(64), packed(16);
   for (int j = 0; j < 64; ++j) codes[j] = static_cast<uint8_t>(j / 16);
   k().pack(codes.data(), packed.data(), 1, p);
@@ -343,7 +477,7 @@ TEST_P(WriteGoldenTest, PackInt2KnownBytes) {
 // INT4, d = 64 (32 bytes): byte i = c[i] | c[32+i] << 4; with c[i] = i % 16 and
 // c[32+i] = 15 - i % 16: byte i = (i % 16) | (15 - i % 16) << 4, e.g. byte 0 = 0xF0, byte 5 = 0xA5.
 TEST_P(WriteGoldenTest, PackInt4KnownBytes) {
-  const WriteParams p = ShapeParams(64, 32, 4);
+  const WriteParams p = testbed::Write().head_dim(64).group(32).bits(4).Build();
   std::vector<uint8_t> codes(64), packed(32);
   for (int i = 0; i < 32; ++i) {
     codes[i] = static_cast<uint8_t>(i % 16);
@@ -363,7 +497,7 @@ TEST_P(WriteGoldenTest, PackInt4KnownBytes) {
 TEST_P(WriteGoldenTest, UnpackPackIsIdentityOnAllBytes) {
   for (int d : {64, 128, 256}) {
     for (int bits : {2, 4}) {
-      const WriteParams p = ShapeParams(d, 32, bits);
+      const WriteParams p = testbed::Write().head_dim(d).group(32).bits(bits).Build();
       const size_t bytes = static_cast<size_t>(p.code_bytes());
       const size_t rows = 256;  // row r starts at byte value r, so every value visits every slot
       std::vector<uint8_t> packed(rows * bytes);
@@ -389,7 +523,7 @@ TEST_P(WriteGoldenTest, UnpackPackIsIdentityOnAllBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Golden, WriteGoldenTest,
-                         ::testing::ValuesIn(BackendNames(/*include_scalar=*/true)), ParamName);
+                         ::testing::ValuesIn(testbed::TestBackends()), testbed::BackendTestName);
 
 }  // namespace
-}  // namespace kvq::cpu::testing
+}  // namespace kvq::cpu

@@ -13,35 +13,28 @@
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
+#include "kvq/conformance/rows.h"
 #include "kvq/cpu_ref/kernels.h"
-#include "write_test_util.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
 
-namespace kvq::cpu::testing {
+namespace kvq::cpu {
 namespace {
 
+using conformance::RowKind;
+using testbed::BitsEqual;
+using testbed::ExpectError;
+
+// Validation order matters here, so Unchecked(): Build() would reject the bad values itself.
 WriteParams Params(RotationKind kind = RotationKind::kIdentity, int d = 64) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = 32;
-  p.bits = 2;
-  p.clip = 0.92f;
-  p.rotation = kind;
-  return p;
+  return testbed::Write().head_dim(d).group(32).bits(2).clip(0.92f).rotation(kind).Unchecked();
 }
 
-// Runs f, expects kvq::Error with `code` and every piece of `needles` in the message.
-template <typename F>
-void ExpectError(F&& f, ErrorCode code, const std::vector<std::string>& needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no kvq::Error thrown";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << needle << "'";
-    }
-  }
+// n rows of one kind.
+std::vector<float> Rows(RowKind kind, const WriteParams& p, size_t n, uint64_t seed) {
+  conformance::SplitMix64 rng(seed);
+  return conformance::MakeRows(std::vector<RowKind>(n, kind), p, &rng, nullptr);
 }
 
 TEST(WritePathTest, RejectsInvalidParams) {
@@ -152,10 +145,9 @@ TEST(WritePathTest, QuantizeRowsRunsTheStagesInOrder) {
     p.bitrev = true;
     p.group = 64;
     const size_t n = 9, d = 128;
-    std::mt19937_64 rng(42);
-    std::vector<float> x(n * d);
-    for (size_t r = 0; r < n; ++r) FillRow(Distribution::kOutliers, rng, x.data() + r * d, d);
-    const std::vector<float> rot = RandomMatrix(128, 5);
+    const std::vector<float> x = Rows(RowKind::kSparseSpikes, p, n, 42);
+    conformance::SplitMix64 matrix_rng(5);
+    const std::vector<float> rot = testbed::RandomMatrix(128, &matrix_rng);
     const WriteKernels& k = ScalarBackend().write;
     std::vector<float> rotated(n * d), permuted(n * d);
     if (kind == RotationKind::kDense) {
@@ -176,20 +168,20 @@ TEST(WritePathTest, QuantizeRowsRunsTheStagesInOrder) {
 
     const QuantizedRows q = QuantizeRows(ScalarBackend(), p, rot.data(), x.data(), n);
     const std::string kind_name = RotationKindName(kind);
-    EXPECT_TRUE(SameBits(permuted, q.rotated, d, kind_name + " rotated"));
-    EXPECT_TRUE(SameBits(tau, q.tau, 1, kind_name + " tau"));
-    EXPECT_TRUE(SameBits(codes, q.codes, d, kind_name + " codes"));
-    EXPECT_TRUE(SameBits(packed, q.packed, 32, kind_name + " packed"));
-    EXPECT_TRUE(SameBits(scale, q.scale, 2, kind_name + " scale"));
-    EXPECT_TRUE(SameBits(min, q.min, 2, kind_name + " min"));
-    EXPECT_TRUE(SameBits(deq, q.dequantized, d, kind_name + " dequantized"));
+    EXPECT_TRUE(BitsEqual(kind_name + " rotated", permuted, q.rotated, d));
+    EXPECT_TRUE(BitsEqual(kind_name + " tau", tau, q.tau, 1));
+    EXPECT_TRUE(BitsEqual(kind_name + " codes", codes, q.codes, d));
+    EXPECT_TRUE(BitsEqual(kind_name + " packed", packed, q.packed, 32));
+    EXPECT_TRUE(BitsEqual(kind_name + " scale", scale, q.scale, 2));
+    EXPECT_TRUE(BitsEqual(kind_name + " min", min, q.min, 2));
+    EXPECT_TRUE(BitsEqual(kind_name + " dequantized", deq, q.dequantized, d));
     // Rotate() alone gives the same rotated rows, in place too.
     std::vector<float> y(n * d);
     Rotate(ScalarBackend(), p, rot.data(), x.data(), y.data(), n);
-    EXPECT_TRUE(SameBits(permuted, y, d, kind_name + " Rotate"));
+    EXPECT_TRUE(BitsEqual(kind_name + " Rotate", permuted, y, d));
     std::vector<float> in_place = x;
     Rotate(ScalarBackend(), p, rot.data(), in_place.data(), in_place.data(), n);
-    EXPECT_TRUE(SameBits(permuted, in_place, d, kind_name + " Rotate in place"));
+    EXPECT_TRUE(BitsEqual(kind_name + " Rotate in place", permuted, in_place, d));
   }
 }
 
@@ -198,9 +190,7 @@ TEST(WritePathTest, QuantizeRowsRunsTheStagesInOrder) {
 // scaled by 1: exact too) and a Hadamard-like dense matrix.
 TEST(WritePathTest, RotateInverseUndoesRotate) {
   const size_t n = 5, d = 128;
-  std::mt19937_64 rng(7);
-  std::vector<float> x(n * d);
-  for (size_t r = 0; r < n; ++r) FillRow(Distribution::kNormal, rng, x.data() + r * d, d);
+  const std::vector<float> x = Rows(RowKind::kHeavyTail, Params(RotationKind::kIdentity, 128), n, 7);
   // Signed permutation: R[i][pi(i)] = ±1.
   std::vector<float> perm(d * d, 0.0f);
   for (size_t i = 0; i < d; ++i) perm[i * d + (i * 37 + 11) % d] = (i % 3 == 0) ? -1.0f : 1.0f;
@@ -216,7 +206,7 @@ TEST(WritePathTest, RotateInverseUndoesRotate) {
         const std::string context = backend.name + " " + RotationKindName(kind) +
                                     (bitrev ? " +bitrev" : "");
         if (kind != RotationKind::kHadamard) {
-          EXPECT_TRUE(SameBits(x, back, d, context));
+          EXPECT_TRUE(BitsEqual(context, x, back, d));
         } else {
           // Two normalised FWHTs: relative error <= 2 (log2 b + 2) 2^-24 in norm (the
           // derivation is in fuzz/write_props_test.cc).
@@ -237,4 +227,4 @@ TEST(WritePathTest, RotateInverseUndoesRotate) {
 }
 
 }  // namespace
-}  // namespace kvq::cpu::testing
+}  // namespace kvq::cpu

@@ -1,224 +1,256 @@
 #!/usr/bin/env bash
-# Runs on the device machine, from the repository root, over binaries staged by
-# gpu/scripts/stage_device.sh in .carry/. Writes under $OUT (at most 8 files, flat; a device
-# call brings back 8):
-#   device.txt     nvidia-smi, compute-sanitizer / ncu versions
-#   tests.log      every gpu test binary's gtest output
-#   sanitizer.log  compute-sanitizer memcheck and racecheck on reduced runs of every kernel
-#   bench.md       kvq_bench_gpu_write (and any other bench_gpu_* program)
-#   ncu.txt        Nsight Compute speed of light / occupancy / warp state of the fused write
-#                  kernels (dense: the tile kernel; FWHT rho = 1: the streaming kernel)
-#   fwht_sass.csv  --sass only (with --write-only, so that the files stay within 8): executed
-#                  instructions per SASS line of the FWHT launch
-#   conform.log    kvq conform --backend gpu, then kvq bench --backend all
-#   dump.log       tools/tests/dump_activations_test.py (torch + transformers on the device)
-#   summary.md     the table printed last
-#   attn_sass.csv  --attn-only --sass: executed instructions per SASS line of the INT2 decode
-#                  kernel (B=1 T=128K)
-# Usage: bash gpu/scripts/on_device.sh [--no-tests] [--no-sanitizer] [--no-bench] [--no-ncu]
-#                                      [--write-only | --attn-only] [--sass]
-#   --write-only: only the write path's tests (gpu_write_*), sanitizer runs and benchmark, no other
-#                 engineers' gpu tests (saves device time when only write code changed)
-#   --attn-only:  only the decode attention's test, sanitizer runs and benchmarks (with PyTorch
-#                 SDPA); ncu on the INT2 decode kernel instead of the write kernels
+# Runs on the device machine over the bundle gpu/scripts/stage_device.sh made, from the folder
+# it was staged into (this script's copy there). Two parts, one device call each (each fits the
+# 10-minute limit of a call; run them back to back while the machine is warm):
+#   --part checks   device.txt     nvidia-smi, compute-sanitizer / ncu versions
+#                   tests.log      every gpu test, and every other test's CUDA backend cases
+#                                  (--gtest_filter='*cuda*' of the tests that expand the list)
+#                   sanitizer.log  compute-sanitizer memcheck, racecheck and synccheck on reduced
+#                                  runs that reach every kernel
+#                   conform.log    kvq conform --backend gpu
+#   --part timing   timing.md      the previous tree's benchmark programs (old/, when staged)
+#                                  against this tree's, interleaved, --rounds times: decode
+#                                  INT2 / bf16-QK loop / BF16 per (B, T) and the write rows
+#                   timing.log     their raw output
+#                   bench.md       the GPU benchmarks' full tables (the spec 1.1 schemes' decode
+#                                  rows too), PyTorch SDPA, kvq bench
+#   --part ppl      ppl.log        kvq ppl --backend both on the committed model A: every scheme
+#                                  of the catalogue (own windows) on the CPU (the device
+#                                  machine's cores) and through the CUDA write and decode,
+#                   ppl_A.json     and the comparison of their perplexities
+#   every part      summary.md     one row per step, printed last
+# Usage: bash .carry/on_device.sh --part checks|timing|ppl [--rounds N] [--ncu] [--dump]
+#   --rounds N  old/new rounds of the timing comparison (default 3)
+#   --ncu       (timing) Nsight Compute on the INT2 decode kernel, B=1 T=128K, into bench.md
+#   --dump      (checks) tools/tests/dump_activations_test.py (torch + transformers)
 set -uo pipefail
 
+here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/kvq_device_out}
 mkdir -p "$OUT"
-carry=.carry
-# stage_device.sh packs the binaries; unpack them once.
-if [[ -f $carry/bundle.tar.gz && ! -d $carry/bin ]]; then tar -C "$carry" -xzf "$carry/bundle.tar.gz"; fi
-export LD_LIBRARY_PATH="$PWD/$carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-run_ncu=1; run_bench=1; run_tests=1; run_sanitizer=1; write_only=0; attn_only=0; run_sass=0
-for arg in "$@"; do
-  case "$arg" in
-    --no-ncu) run_ncu=0 ;;
-    --no-bench) run_bench=0 ;;
-    --no-tests) run_tests=0 ;;
-    --no-sanitizer) run_sanitizer=0 ;;
-    --sass) run_sass=1 ;;
-    --write-only) write_only=1 ;;
-    --attn-only) attn_only=1 ;;
+part=""; rounds=3; run_ncu=0; run_dump=0
+while (( $# )); do
+  case "$1" in
+    --part) part="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --ncu) run_ncu=1; shift ;;
+    --dump) run_dump=1; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+[[ $part == checks || $part == timing || $part == ppl ]] ||
+  { echo "--part checks|timing|ppl" >&2; exit 2; }
+
+# Unpacked once per bundle: a warm machine keeps /tmp between calls, so the stamp (the bundle's
+# checksum) decides whether the binaries there are this call's.
+stage=/tmp/kvq_stage
+stamp=$(sha256sum "$here/bundle.tar.xz" | cut -c1-64)
+if [[ ! -d $stage/bin || "$(cat "$stage/.bundle" 2>/dev/null)" != "$stamp" ]]; then
+  rm -rf "$stage" && mkdir -p "$stage"
+  if command -v xz > /dev/null; then
+    tar -C "$stage" -xJf "$here/bundle.tar.xz"
+  else  # the image's python3 reads xz (lzma) without the xz program
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+      "$here/bundle.tar.xz" "$stage"
+  fi
+  echo "$stamp" > "$stage/.bundle"
+fi
+bin=$stage/bin
+export LD_LIBRARY_PATH="$stage/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 summary="$OUT/summary.md"
 : > "$summary"
 row() { printf '| %s | %s |\n' "$1" "$2" >> "$summary"; }
 echo "| step | result |" >> "$summary"
 echo "| --- | --- |" >> "$summary"
+row "device" "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -n1)"
+row "bundle" "$(ls "$bin" | wc -l) programs; libkvq_gpu.so $(du -h "$stage/lib/libkvq_gpu.so" | cut -f1)"
 
-{
-  date -u
-  nvidia-smi
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw --format=csv
-  command -v compute-sanitizer && compute-sanitizer --version | tail -n2
-  command -v ncu && ncu --version | tail -n1
-} > "$OUT/device.txt" 2>&1
-row "device" "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
+if [[ $part == checks ]]; then
+  {
+    date -u
+    nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw --format=csv
+    command -v compute-sanitizer && compute-sanitizer --version | tail -n2
+    command -v ncu && ncu --version | tail -n1
+    ldd "$bin/gpu_attention_test" | grep -E 'kvq_gpu|cudart'
+  } > "$OUT/device.txt" 2>&1
 
-# ---- Tests ----
-: > "$OUT/tests.log"
-(( run_tests )) && for t in "$carry"/bin/gpu_*_test; do
-  [[ -x "$t" ]] || continue
-  name=$(basename "$t")
-  (( write_only )) && [[ $name != gpu_write_* ]] && continue
-  (( attn_only )) && [[ $name != gpu_attention_test ]] && continue
-  start=$(date +%s)
-  one="$OUT/current_test.log"
-  "$t" --gtest_brief=1 > "$one" 2>&1
-  rc=$?
-  secs=$(( $(date +%s) - start ))
-  total=$(grep -oE '^\[==========\] [0-9]+ tests' "$one" | grep -oE '[0-9]+ tests' | tail -n1)
-  counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$one" | sed -E 's/^\[ +//; s/ +\]//' | tr '\n' ',' )
-  { echo "===== $name (rc=$rc, ${secs}s) ====="; cat "$one"; } >> "$OUT/tests.log"
-  rm -f "$one"
-  row "$name" "rc=$rc, ${secs}s, ${total:-?}: ${counts:-no summary}"
-done
+  # ---- Tests: every gpu test; the CUDA cases of the tests that expand the backend list ----
+  : > "$OUT/tests.log"
+  run_test() {  # binary [gtest args...]
+    local t=$1; shift
+    local name; name=$(basename "$t")
+    local start; start=$(date +%s)
+    local one="$OUT/current_test.log"
+    "$t" --gtest_brief=1 "$@" > "$one" 2>&1
+    local rc=$?
+    local total counts
+    total=$(grep -oE '^\[==========\] [0-9]+ tests?' "$one" | grep -oE '[0-9]+ tests?' | tail -n1)
+    counts=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$one" | sed -E 's/^\[ +//; s/ +\]//' | tr '\n' ',')
+    { echo "===== $name $* (rc=$rc, $(( $(date +%s) - start ))s) ====="; cat "$one"; } >> "$OUT/tests.log"
+    rm -f "$one"
+    row "$name $*" "rc=$rc, $(( $(date +%s) - start ))s, ${total:-?}: ${counts:-no summary}"
+  }
+  for t in "$bin"/gpu_*_test; do run_test "$t"; done
+  while read -r t; do
+    [[ -n $t && -x $bin/$t ]] && run_test "$bin/$t" --gtest_filter='*cuda*'
+  done < "$stage/backend_tests.txt"
 
-# ---- compute-sanitizer: a reduced run of every kernel ----
-: > "$OUT/sanitizer.log"
-sanitize() {  # tool binary filter
-  local tool=$1 bin=$carry/bin/$2 filter=$3
-  [[ -x "$bin" ]] || { row "sanitizer $tool $2" "binary missing"; return; }
-  echo "===== $tool $2 --gtest_filter=$filter =====" >> "$OUT/sanitizer.log"
-  local start=$(date +%s)
-  timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" --gtest_brief=1 \
-    --gtest_filter="$filter" >> "$OUT/sanitizer.log" 2>&1
-  local rc=$?
-  local errors
-  errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -n1)
-  row "sanitizer $tool $2" "rc=$rc, $(( $(date +%s) - start ))s, ${errors:-no summary line}"
-}
-if (( ! run_sanitizer )); then
-  row "compute-sanitizer" "skipped (--no-sanitizer)"
-elif command -v compute-sanitizer >/dev/null; then
-  stages='Grid/WriteStagesTest.*/d64_g32_int2__cuda:Grid/WriteStagesTest.*/d256_g128_int4__cuda'
-  fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*'
-  paged='Caches/PagedWriteTest.*'
-  (( ! attn_only )) && for tool in memcheck racecheck; do
-    sanitize "$tool" gpu_write_stages_test "$stages"
-    sanitize "$tool" gpu_write_fused_test "$fused"
-    sanitize "$tool" gpu_write_paged_test "$paged"
-  done
-  if (( ! write_only )); then
-    # Decode attention: the reduced cases its tests provide for the sanitizers.
+  # ---- compute-sanitizer: reduced runs that reach every kernel ----
+  : > "$OUT/sanitizer.log"
+  sanitize() {  # tool binary filter
+    local tool=$1 b=$bin/$2 filter=$3
+    [[ -x "$b" ]] || { row "sanitizer $tool $2" "binary missing"; return; }
+    echo "===== $tool $2 --gtest_filter=$filter =====" >> "$OUT/sanitizer.log"
+    local start; start=$(date +%s)
+    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 99 "$b" --gtest_brief=1 \
+      --gtest_filter="$filter" >> "$OUT/sanitizer.log" 2>&1
+    local rc=$?
+    local errors
+    errors=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -n1)
+    row "sanitizer $tool $2" "rc=$rc, $(( $(date +%s) - start ))s, ${errors:-no summary line}"
+  }
+  if command -v compute-sanitizer >/dev/null; then
+    # The stage kernels (through the CUDA backend's host wrappers), the fused write's tile and
+    # stream kernels, the tile write (per-head and token norms) and G = d = 256, the paged modes
+    # (spec 1.1's flushes and W = 0 included) with the window kernels, the decode-step kernels in
+    # every loop (two-MMA, packed, int8 QK, tiled keys; bf16 cache; window blocks; no windows),
+    # the DeviceCache path.
+    stages='Write/StageTest.*__cuda'
+    fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*:Grid/TileWriteTest.*/d128_tile32_int2_fwht_bitrev_norm__cuda:Grid/TileWriteTest.*/d128_tile128_int4_fwht_bitrev_norm__cuda:Grid/FusedWriteTest.*/d256_g256_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g256_int4_dense__cuda:TileWriteRefuses.*'
+    paged='Caches/PagedWriteTest.*'
     attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*:*Timeline*'
     for tool in memcheck racecheck synccheck; do
+      sanitize "$tool" cpu_ref_write_backends_test "$stages"
+      sanitize "$tool" gpu_write_fused_test "$fused"
+      sanitize "$tool" gpu_write_paged_test "$paged"
       sanitize "$tool" gpu_attention_test "$attention"
-    done
-    # The CPU-cache mirror (uploads, then the decode kernels).
-    (( ! attn_only )) && for tool in memcheck racecheck; do
       sanitize "$tool" gpu_device_cache_test '*'
     done
+  else
+    row "compute-sanitizer" "not found"
   fi
-else
-  row "compute-sanitizer" "not found"
-fi
 
-# ---- Benchmarks ----
-if (( run_bench )); then
-  : > "$OUT/bench.md"
-  for b in "$carry"/bin/kvq_bench_gpu_*; do
-    [[ -x "$b" ]] || continue
-    (( write_only )) && [[ $(basename "$b") != kvq_bench_gpu_write ]] && continue
-    (( attn_only )) && [[ $(basename "$b") != kvq_bench_gpu_attention ]] && continue
-    "$b" >> "$OUT/bench.md" 2>&1
-    rc=$?
-    row "$(basename "$b")" "rc=$rc"
-  done
-  # PyTorch SDPA (cuDNN and flash backends) on the attention benchmark's shapes, same method.
-  if (( ! write_only )) && [[ -f bench/bench_sdpa.py ]]; then
-    python3 bench/bench_sdpa.py --iters 30 >> "$OUT/bench.md" 2>&1
-    row "bench_sdpa.py" "rc=$?"
-    # The flush of the runs before pass 8 (a write pass: the timed call pays the L2's
-    # write-back), on the target shapes, for comparison with the tables above.
-    if [[ -x $carry/bin/kvq_bench_gpu_attention ]]; then
-      { echo; echo "## reference: L2 flushed by a write pass"; echo; } >> "$OUT/bench.md"
-      rc=0
-      for bt in "1 131072" "8 32768"; do
-        set -- $bt
-        "$carry/bin/kvq_bench_gpu_attention" --int2-only --iters 30 --flush write --batch "$1" --len "$2" \
-          >> "$OUT/bench.md" 2>&1 || rc=$?
-        python3 bench/bench_sdpa.py --iters 30 --flush write --batch "$1" --len "$2" \
-          >> "$OUT/bench.md" 2>&1 || rc=$?
-      done
-      row "write-flush reference rows" "rc=$rc"
-    fi
-  fi
-fi
-
-# ---- The CLI on the device: GPU conformance and the CPU/GPU side-by-side benchmark ----
-if (( ! write_only && ! attn_only )) && [[ -x $carry/bin/kvq ]]; then
-  "$carry/bin/kvq" conform --backend gpu > "$OUT/conform.log" 2>&1
+  # ---- The CLI: GPU conformance ----
+  # The vectors of the checkout the call runs in (the binary's compiled-in folder is the build
+  # machine's).
+  "$bin/kvq" conform --backend gpu --vectors conformance/vectors > "$OUT/conform.log" 2>&1
   row "kvq conform --backend gpu" "rc=$?, $(tail -n1 "$OUT/conform.log")"
-  if (( run_bench )); then
-    "$carry/bin/kvq" bench --backend all --batch 1 --seq-len 4096,32768 --iters 5 >> "$OUT/conform.log" 2>&1
-    row "kvq bench --backend all" "rc=$?"
+
+  if (( run_dump )) && [[ -f tools/tests/dump_activations_test.py ]] &&
+     python3 -c 'import torch, transformers, safetensors' 2>/dev/null; then
+    python3 tools/tests/dump_activations_test.py --out /tmp/kvq_dump >> "$OUT/conform.log" 2>&1
+    row "dump_activations_test.py" "rc=$?"
   fi
 fi
 
-# ---- The activation dumper (tools/dump_activations.py) on small random Llama/Qwen models ----
-if (( ! write_only && ! attn_only )) && python3 -c 'import torch, transformers, safetensors' 2>/dev/null; then
-  python3 tools/tests/dump_activations_test.py --out /tmp/kvq_dump > "$OUT/dump.log" 2>&1
-  row "dump_activations_test.py" "rc=$?, $(tail -n1 "$OUT/dump.log")"
+if [[ $part == timing ]]; then
+  : > "$OUT/timing.log"
+  : > "$OUT/bench.md"
+  # ---- Old (previous tree, staged under old/) against new, interleaved, same process setup ----
+  if [[ -d $stage/old/bin ]]; then
+    for r in $(seq 1 "$rounds"); do
+      for bt in "1 32768" "1 131072" "8 32768" "8 131072" "32 32768" "32 131072"; do
+        set -- $bt
+        for which in old new; do
+          if [[ $which == old ]]; then
+            b=$stage/old/bin/kvq_bench_gpu_attention; lib=$stage/old/lib
+          else
+            b=$bin/kvq_bench_gpu_attention; lib=$stage/lib
+          fi
+          echo "===== attention $which round $r B=$1 T=$2 =====" >> "$OUT/timing.log"
+          LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" "$b" --iters 30 --batch "$1" --len "$2" \
+            >> "$OUT/timing.log" 2>&1
+        done
+      done
+      for which in old new; do
+        if [[ $which == old ]]; then
+          b=$stage/old/bin/kvq_bench_gpu_write; lib=$stage/old/lib
+        else
+          b=$bin/kvq_bench_gpu_write; lib=$stage/lib
+        fi
+        echo "===== write $which round $r =====" >> "$OUT/timing.log"
+        LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" "$b" >> "$OUT/timing.log" 2>&1
+      done
+    done
+    python3 - "$OUT/timing.log" > "$OUT/timing.md" <<'PY'
+import re, statistics, sys
+# Medians per (what, which) over the rounds; ratio new / old.
+att = {}  # (B, T, column) -> {which: [us]}
+wr = {}   # row name -> {which: [ms]}
+which = kind = None
+for line in open(sys.argv[1]):
+    m = re.match(r'===== (attention|write) (old|new) round (\d+)', line)
+    if m:
+        kind, which = m.group(1), m.group(2)
+        continue
+    cells = [c.strip() for c in line.strip().strip('|').split('|')]
+    if kind == 'attention' and len(cells) >= 13 and cells[0].isdigit():
+        b, t = int(cells[0]), int(cells[1])
+        for col, idx in (('INT2 us', 2), ('INT2 bf16-QK loop us', 8), ('BF16 us', 9)):
+            try:
+                att.setdefault((b, t, col), {}).setdefault(which, []).append(float(cells[idx]))
+            except ValueError:
+                pass
+    if kind == 'write' and len(cells) >= 3 and cells[2].endswith(' ms'):
+        name = cells[0] + ': ' + cells[1]
+        wr.setdefault(name, {}).setdefault(which, []).append(float(cells[2][:-3]))
+def fmt(d, unit):
+    f = '%.1f' if unit == 'us' else '%.4f'
+    o, n = d.get('old', []), d.get('new', [])
+    cells = '| %s | %s ' % (' / '.join(f % x for x in o), ' / '.join(f % x for x in n))
+    if not o or not n:
+        return cells + '| - |'
+    return cells + '| %.3f |' % (statistics.median(n) / statistics.median(o))
+print('| decode step | old (each round) | new (each round) | new / old (medians) |')
+print('| --- | --- | --- | --- |')
+for key in sorted(att):
+    print('| B=%d T=%d %s ' % key + fmt(att[key], 'us'))
+print()
+print('| write (ms) | old (each round) | new (each round) | new / old (medians) |')
+print('| --- | --- | --- | --- |')
+for key in wr:
+    if 'cudaMemcpy' in key:
+        continue
+    print('| %s ' % key + fmt(wr[key], 'ms'))
+PY
+    row "old vs new timing ($rounds rounds)" "rc=$?, timing.md"
+  else
+    row "old vs new timing" "no old/ programs staged"
+  fi
+
+  # ---- This tree's benchmarks: full tables, PyTorch SDPA, kvq bench ----
+  for b in "$bin"/kvq_bench_gpu_*; do
+    "$b" >> "$OUT/bench.md" 2>&1
+    row "$(basename "$b")" "rc=$?"
+  done
+  # The spec 1.1 schemes' decode steps (kivi, ots, saw_int4 and plain INT4; B x T grid).
+  "$bin/kvq_bench_gpu_attention" --schemes-only >> "$OUT/bench.md" 2>&1
+  row "kvq_bench_gpu_attention --schemes-only" "rc=$?"
+  if [[ -f $here/bench_sdpa.py ]]; then
+    python3 "$here/bench_sdpa.py" --iters 30 >> "$OUT/bench.md" 2>&1
+    row "bench_sdpa.py" "rc=$?"
+  fi
+  "$bin/kvq" bench --backend all --schemes oscar,kivi,ots,saw_int4,bf16 --batch 1 \
+    --seq-len 4096,32768 --iters 5 >> "$OUT/bench.md" 2>&1
+  row "kvq bench --backend all" "rc=$?"
+  if (( run_ncu )) && command -v ncu >/dev/null; then
+    timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats \
+      "$bin/kvq_bench_gpu_attention" --batch 1 --len 131072 --int2-only --iters 3 \
+      >> "$OUT/bench.md" 2>&1
+    row "ncu decode B=1 T=128K" "rc=$?"
+  fi
 fi
 
-# ---- Nsight Compute: the fused kernels, dense (first launch) and FWHT rho = 1 (after 104
-# launches of the quick run: 2 dense variants x (new, baseline) x 13 calls x 2 launches) ----
-# --attn-only: the INT2 decode kernel at B=1 T=128K and B=32 T=32K (the plan's loop), and with
-# --sass its executed instructions per SASS line at B=1 T=128K.
-if (( run_ncu && attn_only )) && command -v ncu >/dev/null; then
-  : > "$OUT/ncu.txt"
-  for shape in "1 131072" "32 32768"; do
-    set -- $shape
-    timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 --launch-count 1 \
-      --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
-      --section InstructionStats --section LaunchStats --section Occupancy \
-      "$carry/bin/kvq_bench_gpu_attention" --batch "$1" --len "$2" --int2-only --iters 3 \
-      --int8-qk 1 >> "$OUT/ncu.txt" 2>&1
-    row "ncu decode B=$1 T=$2" "rc=$?"
-  done
-  # The three kernels of one B=1 step (rotation, decode, merge; ncu runs them one at a time, so
-  # without the programmatic-launch overlap): duration each, at T = 8K and 128K.
-  for len in 8192 131072; do
-    echo "===== B=1 T=$len: the step's kernels =====" >> "$OUT/ncu.txt"
-    timeout 100 ncu --kernel-name regex:"RotateQueries|DecodeAttentionKernel|MergePartials" \
-      --launch-skip 9 --launch-count 3 --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second \
-      "$carry/bin/kvq_bench_gpu_attention" --batch 1 --len "$len" --int2-only --iters 3 \
-      --int8-qk 1 >> "$OUT/ncu.txt" 2>&1
-    row "ncu step kernels B=1 T=$len" "rc=$?"
-  done
-  (( run_sass )) && timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 \
-    --launch-count 1 --section SourceCounters -o "$OUT/attn_sass" -f \
-    "$carry/bin/kvq_bench_gpu_attention" --batch 1 --len 131072 --int2-only --iters 3 \
-    --int8-qk 1 > /dev/null 2>&1 &&
-    ncu -i "$OUT/attn_sass.ncu-rep" --page source --csv --print-source sass \
-      > "$OUT/attn_sass.csv" 2>&1 &&
-    row "ncu SASS counts (decode B=1 T=128K)" "attn_sass.csv"
-  rm -f "$OUT/attn_sass.ncu-rep"
-fi
-if (( run_ncu && ! attn_only )) && command -v ncu >/dev/null && [[ -x $carry/bin/kvq_bench_gpu_write ]]; then
-  : > "$OUT/ncu.txt"
-  for skip in 0 104; do
-    timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip "$skip" \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section SchedulerStats --section InstructionStats \
-      "$carry/bin/kvq_bench_gpu_write" --quick >> "$OUT/ncu.txt" 2>&1
-    rc=$?
-    row "ncu fused (launch-skip $skip)" "rc=$rc"
-  done
-  # --sass: executed instructions per SASS line of the FWHT rho = 1 launch (the write kernel's
-  # instruction budget, docs/gpu_write.md), as CSV.
-  (( run_sass )) && timeout 120 ncu --clock-control none -k regex:FusedWrite --launch-skip 104 \
-    --launch-count 1 --section SourceCounters -o "$OUT/fwht_sass" -f \
-    "$carry/bin/kvq_bench_gpu_write" --quick > /dev/null 2>&1 &&
-    ncu -i "$OUT/fwht_sass.ncu-rep" --page source --csv --print-source sass \
-      > "$OUT/fwht_sass.csv" 2>&1 &&
-    row "ncu SASS counts (FWHT rho=1)" "fwht_sass.csv"
-  rm -f "$OUT/fwht_sass.ncu-rep"
+if [[ $part == ppl ]]; then
+  "$bin/kvq" ppl --model calib/models/tiny-llama-a --schemes all --backend both --threads 0 \
+    --json "$OUT/ppl_A.json" > "$OUT/ppl.log" 2>&1
+  row "kvq ppl --backend both (model A)" "rc=$?, ppl.log"
 fi
 
 echo
-cat "$OUT/bench.md" 2>/dev/null | grep -E '^\|' || true
+[[ -f $OUT/timing.md ]] && cat "$OUT/timing.md"
+[[ -f $OUT/ppl.log ]] && tail -n 60 "$OUT/ppl.log"
 echo
 cat "$summary"

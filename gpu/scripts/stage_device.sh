@@ -1,79 +1,116 @@
 #!/usr/bin/env bash
-# Builds the GPU binaries here (build-gpu, sm_90, Release) and stages them for the device
-# machine in .carry/ (git-ignored): every gpu/ test binary, the GPU benchmarks, the kvq CLI
-# when it builds, and the shared libraries they need that the device image lacks (Highway,
-# Google Benchmark, the CUDA runtime this build was linked against). Prints the one device
-# command to run (its `carry` is .carry).
+# Builds the GPU programs here (sm_90, Release) and stages them for the device machine, with
+# on_device.sh beside them, in one folder a device call carries: every gpu/ test, the tests of
+# other folders that expand the CUDA backend (testbed::TestBackends / AllBackends), the GPU
+# benchmarks, the kvq CLI, the one GPU library (libkvq_gpu.so) and the shared libraries the
+# device image lacks (Highway, Google Benchmark, RapidCheck, the CUDA runtime this build linked).
+# Optionally the benchmark programs of a previous tree's build, under old/, so that one device
+# call times both (on_device.sh --part timing).
 #
-# Usage: gpu/scripts/stage_device.sh [-j N]   (default -j2: the build machine is shared)
+# Usage: gpu/scripts/stage_device.sh [-j N] [--build DIR] [--carry DIR] [--old-build DIR]
+#   -j N             build jobs (default 2: the build machine is shared)
+#   --build DIR      build folder (default <repo>/build-gpu, configured here when missing)
+#   --carry DIR      staging folder (default <repo>/.carry). A device call sends the checkout
+#                    the session started in plus the ignored folders named in `carry`: from a
+#                    helper's worktree, stage into that checkout's ignored .carry.
+#   --old-build DIR  a previous tree's build folder: its kvq_bench_gpu_attention and
+#                    kvq_bench_gpu_write (built there) are staged as old/bin with old/lib.
+# The device command (carry: the staging folder's name, e.g. [".carry"]):
+#   bash .carry/on_device.sh --part checks     (tests, compute-sanitizer, kvq conform)
+#   bash .carry/on_device.sh --part timing     (old vs new benchmark rounds, benchmarks)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 build="$repo/build-gpu"
 carry="$repo/.carry"
+old_build=""
 jobs=2
-if [[ "${1:-}" == "-j" ]]; then jobs="$2"; fi
+while (( $# )); do
+  case "$1" in
+    -j) jobs="$2"; shift 2 ;;
+    --build) build="$2"; shift 2 ;;
+    --carry) carry="$2"; shift 2 ;;
+    --old-build) old_build="$2"; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
 
-cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  >/dev/null
+if [[ ! -f "$build/build.ninja" ]]; then
+  cmake -S "$repo" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    >/dev/null
+fi
 
-# One test target per gpu/tests/*_test.{cc,cu} (gpu_<name>), one bench per bench/bench_gpu_*.cu.
+# gpu_<name> per gpu/tests/*_test.{cc,cu}; <folder>_<name> per test elsewhere that expands the
+# CUDA backend; kvq_<name> per bench/bench_gpu_*.cu; the CLI.
 targets=()
 for source in "$repo"/gpu/tests/*_test.cc "$repo"/gpu/tests/*_test.cu; do
   [[ -e "$source" ]] || continue
-  name=$(basename "$source"); name=${name%.*}
-  targets+=("gpu_$name")
+  name=$(basename "$source"); targets+=("gpu_${name%.*}")
 done
+backend_tests=()
+for source in $(grep -l -E 'TestBackends|AllBackends' "$repo"/cpu_ref/tests/*_test.cc \
+                  "$repo"/conformance/tests/*_test.cc "$repo"/fuzz/*_test.cc 2>/dev/null); do
+  name=$(basename "$source" .cc)
+  case "$source" in
+    */cpu_ref/tests/*) backend_tests+=("cpu_ref_$name") ;;
+    */conformance/tests/*) backend_tests+=("conformance_$name") ;;
+    */fuzz/*) backend_tests+=("fuzz_$name") ;;
+  esac
+done
+targets+=("${backend_tests[@]}")
 for source in "$repo"/bench/bench_gpu_*.cu; do
   [[ -e "$source" ]] || continue
-  name=$(basename "$source"); name=${name%.*}
-  targets+=("kvq_$name")
+  name=$(basename "$source"); targets+=("kvq_${name%.*}")
 done
+targets+=(kvq)
 echo "building: ${targets[*]}"
-# Someone else's half-written file must not block staging: on failure, build target by target
-# and stage what builds (the failures are listed).
-if ! ninja -C "$build" -j "$jobs" "${targets[@]}"; then
-  built=()
-  for t in "${targets[@]}"; do
-    if ninja -C "$build" -j "$jobs" "$t" >/dev/null 2>&1; then built+=("$t"); else
-      echo "warning: $t does not build; not staged" >&2
-    fi
-  done
-  targets=("${built[@]}")
-fi
-have_cli=0
-if ninja -C "$build" -j "$jobs" kvq >/dev/null 2>&1; then have_cli=1; else
-  echo "warning: the kvq CLI does not build right now; staging without it" >&2
-fi
+ninja -C "$build" -j "$jobs" "${targets[@]}"
 
 rm -rf "$carry"
-mkdir -p "$carry/bin" "$carry/lib"
+mkdir -p "$carry/stage/bin" "$carry/stage/lib"
 binaries=()
 for t in "${targets[@]}"; do
-  path=$(find "$build" -maxdepth 2 -type f -name "$t" -perm -u+x | head -n1)
+  path=$(find "$build" -maxdepth 3 -type f -name "$t" -perm -u+x | head -n1)
   [[ -n "$path" ]] || { echo "error: built target $t not found" >&2; exit 1; }
-  cp "$path" "$carry/bin/"
+  cp "$path" "$carry/stage/bin/"
   binaries+=("$path")
 done
-if (( have_cli )); then cp "$build/tools/kvq" "$carry/bin/"; binaries+=("$build/tools/kvq"); fi
-# The device call carries at most 64 MiB: drop host debug sections (device code stays).
-strip --strip-debug "$carry"/bin/*
+printf '%s\n' "${backend_tests[@]}" > "$carry/stage/backend_tests.txt"
+cp "$build/gpu/libkvq_gpu.so" "$carry/stage/lib/"
 
 # Shared libraries the device image does not have (it has CUDA 13.0 and a newer libstdc++).
-for b in "${binaries[@]}"; do
-  ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libhwy|libbenchmark|libcudart|librapidcheck' || true
-done | sort -u | while read -r lib; do cp -L "$lib" "$carry/lib/"; done
+copy_libs() {  # destination binaries...
+  local dest=$1; shift
+  for b in "$@"; do
+    ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libhwy|libbenchmark|libcudart|librapidcheck' || true
+  done | sort -u | while read -r lib; do cp -L "$lib" "$dest/"; done
+}
+copy_libs "$carry/stage/lib" "${binaries[@]}" "$build/gpu/libkvq_gpu.so"
 
+if [[ -n "$old_build" ]]; then
+  mkdir -p "$carry/stage/old/bin" "$carry/stage/old/lib"
+  old_bins=()
+  for t in kvq_bench_gpu_attention kvq_bench_gpu_write; do
+    cp "$old_build/bench/$t" "$carry/stage/old/bin/"
+    old_bins+=("$old_build/bench/$t")
+  done
+  copy_libs "$carry/stage/old/lib" "${old_bins[@]}"
+fi
 
-# Every binary links all kernels statically, so the fatbins repeat: pack them (gzip is on every
-# image) to stay under the 64 MiB a device call carries; on_device.sh unpacks the bundle.
-tar -C "$carry" -czf "$carry/bundle.tar.gz" bin lib
-staged_bins=$(ls "$carry/bin" | tr '\n' ' ')
-staged_libs=$(ls "$carry/lib" | tr '\n' ' ')
-rm -rf "$carry/bin" "$carry/lib"
+# The device call carries at most 64 MiB: drop host debug sections (device code stays), then
+# pack; on_device.sh unpacks the bundle (with xz, or with python3's lzma where xz is missing).
+strip --strip-debug "$carry"/stage/bin/* "$carry"/stage/lib/libkvq_gpu.so
+[[ -d "$carry/stage/old" ]] && strip --strip-debug "$carry"/stage/old/bin/*
+# xz, not gzip: the bundle and the tracked tree travel together under 64 MiB, and gzip
+# leaves the CUDA library a quarter larger.
+rm -f "$carry/bundle.tar.gz"
+XZ_OPT="-6 -T${jobs}" tar -C "$carry/stage" -cJf "$carry/bundle.tar.xz" .
+rm -rf "$carry/stage"
+cp "$repo/gpu/scripts/on_device.sh" "$carry/on_device.sh"
+cp "$repo/bench/bench_sdpa.py" "$carry/bench_sdpa.py"
 du -sh "$carry"
-echo "staged: $staged_bins"
-echo "libs:   $staged_libs"
+echo "staged: ${targets[*]} libkvq_gpu.so${old_build:+ old: kvq_bench_gpu_attention kvq_bench_gpu_write}"
 echo
-echo "device command (run with carry=[\".carry\"], timeout_s <= 480):"
-echo "  bash gpu/scripts/on_device.sh"
+echo "device commands (carry: [\"$(basename "$carry")\"], timeout_s <= 600):"
+echo "  bash $(basename "$carry")/on_device.sh --part checks"
+echo "  bash $(basename "$carry")/on_device.sh --part timing"

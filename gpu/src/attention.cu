@@ -5,12 +5,14 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "kvq/common/error.h"
+#include "kvq/common/format.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
 
 namespace kvq::gpu {
 namespace {
@@ -40,7 +42,8 @@ constexpr int kBf16BlocksPerSm = 8;
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// Validates what the kernels rely on and returns the history format.
+// Validates what the kernels rely on and returns the history format: the one place where the
+// cache's formats become the kernels' compile-time history kind (attention::HistoryFormatOf).
 HistoryFormat CheckSupported(const CacheParams& c) {
   c.Validate();
   const int d = c.head_dim();
@@ -48,15 +51,50 @@ HistoryFormat CheckSupported(const CacheParams& c) {
   KVQ_CHECK(g <= attention::kMaxHeadsPerBlock || g % attention::kMaxHeadsPerBlock == 0,
             kUnsupported, "GQA group Hq/Hkv = ", g,
             " is not supported by the CUDA decode attention (at most 8, or a multiple of 8)");
-  if (!c.quantized) return HistoryFormat::kBf16;
-  KVQ_CHECK(c.key.bits == c.value.bits, kUnsupported, "key bits ", c.key.bits,
-            " differ from value bits ", c.value.bits, " (the CUDA decode attention needs one)");
+  HistoryFormat key_kind, value_kind, kind;
+  KVQ_CHECK(attention::HistoryFormatOf(c.key.format, c.key.bits, &key_kind), kUnsupported,
+            "key format ", FormatName(c.key.format), " with ", c.key.bits,
+            " bits is not supported by the CUDA decode attention");
+  KVQ_CHECK(attention::HistoryFormatOf(c.value.format, c.value.bits, &value_kind), kUnsupported,
+            "value format ", FormatName(c.value.format), " with ", c.value.bits,
+            " bits is not supported by the CUDA decode attention");
+  KVQ_CHECK(attention::StepKindOf(key_kind, value_kind, &kind), kUnsupported, "key ",
+            FormatName(c.key.format), " (bits ", c.key.bits, ") and value ",
+            FormatName(c.value.format), " (bits ", c.value.bits,
+            ") are not a pair the CUDA decode attention serves (one per-token format, or tiled "
+            "keys over per-token values of the same width)");
+  CheckKernelLayout(c.key, "CUDA decode attention (key)");
+  CheckKernelLayout(c.value, "CUDA decode attention (value)");
+  if (kind == HistoryFormat::kBf16) return kind;
   const int row_bytes = d * c.key.bits / 8;
-  KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
-            " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+  if (attention::IsTileKind(kind)) {
+    const int slice = c.key.tile_channel_bytes();
+    KVQ_CHECK(slice == 8 || slice == 16, kUnsupported, "key tile of ", c.key.group,
+              " tokens at ", c.key.bits, " bits (", slice,
+              " bytes a channel) is not supported by the CUDA decode attention (8 or 16: "
+              "INT2 with G_k = 32 or 64, INT4 with G_k = 32)");
+  } else {
+    KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
+              " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+  }
   KVQ_CHECK(c.value.group >= row_bytes, kUnsupported, "value group ", c.value.group,
             " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
-  return c.key.bits == 2 ? HistoryFormat::kInt2 : HistoryFormat::kInt4;
+  KVQ_CHECK((attention::IsTileKind(kind) || IsSupportedGroup(c.key.group)) &&
+                IsSupportedGroup(c.value.group),
+            kUnsupported, "groups ", c.key.group, " / ", c.value.group,
+            " (G = d = 256, spec 1.1) are not supported by the CUDA decode attention (32, 64 or "
+            "128)");
+  return kind;
+}
+
+// Tokens of the windows a step of max_seq_len reads at most (sink + recent ring), and history
+// tokens at most: H(max_seq_len); a bf16 cache pages every token.
+int64_t WindowTokens(const CacheParams& c, int64_t max_seq_len) {
+  return c.quantized() ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.ring_slots())
+                       : 0;
+}
+int64_t PagedTokens(const CacheParams& c, int64_t max_seq_len) {
+  return c.quantized() ? c.HistoryTokens(max_seq_len) : max_seq_len;
 }
 
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -75,15 +113,11 @@ struct WorkspaceLayout {
   }
 };
 
-float FwhtScale(const WriteParams& p) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.fwht_block())));
-}
-
 }  // namespace
 
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms, bool allow_int8_qk) {
-  CheckSupported(c);
+  const HistoryFormat kind = CheckSupported(c);
   KVQ_CHECK(batch >= 1 && batch <= 65535, kInvalidArgument, "batch ", batch,
             " is outside [1, 65535]");
   KVQ_CHECK(max_seq_len >= 1, kInvalidArgument, "max_seq_len ", max_seq_len, " is below 1");
@@ -95,15 +129,11 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   const int g = c.group_size();
   const int heads_per_block = std::min(g, attention::kMaxHeadsPerBlock);
   const int64_t blocks_per_split = static_cast<int64_t>(c.num_kv_heads) * (g / heads_per_block) * batch;
-  const bool int8_qk = c.quantized && heads_per_block <= 4 && allow_int8_qk;
 
   DecodeAttentionPlan plan;
   // Quantized cache: sink + recent rows (bf16, the window blocks) and paged history rows.
-  const int64_t window_tokens =
-      c.quantized ? std::min<int64_t>(max_seq_len, static_cast<int64_t>(c.sink) + c.recent) : 0;
-  const int64_t paged_tokens =
-      c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(max_seq_len) - c.recent - c.sink)
-                  : max_seq_len;
+  const int64_t window_tokens = WindowTokens(c, max_seq_len);
+  const int64_t paged_tokens = PagedTokens(c, max_seq_len);
   // Decode blocks resident at once: a wave.
   const int64_t resident =
       static_cast<int64_t>(attention::ResidentDecodeBlocksPerSm(c.head_dim())) * num_sms;
@@ -116,7 +146,7 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
     window_split_tokens = CeilDiv(CeilDiv(window_tokens, splits), kWindowTokensPerSplit) *
                           static_cast<int64_t>(kWindowTokensPerSplit);
   }
-  if (paged_tokens > 0 && !c.quantized) {
+  if (paged_tokens > 0 && !c.quantized()) {
     // bf16 cache: memory-bound with a 2-stage pipeline, it wants many blocks in flight: about
     // kBf16BlocksPerSm blocks per multiprocessor over the grid (on an H100, one wave of long
     // splits measured 10-17% slower for it).
@@ -166,14 +196,19 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   } else {
     plan.hist_tokens_per_split = kTileTokens;
   }
-  if (c.quantized) {
+  if (c.quantized()) {
     plan.window_tokens_per_split = static_cast<int>(window_split_tokens);
     plan.window_splits = CeilDiv(window_tokens, window_split_tokens);
   }
-  plan.pack_hi_lo = c.quantized && heads_per_block <= 4;
-  // The group epilogue: 16% fewer instructions than the per-field one, 8-17% faster (pass 3).
-  plan.group_epilogue = c.quantized;
-  plan.int8_qk = int8_qk;
+  // The loop: int8 QK^T where a block serves at most 4 query heads, else the bf16 MMAs with the
+  // hi / lo parts packed into the column halves (g <= 4) or in two MMAs. Tile keys have the
+  // bf16 loops only (their folded query changes every tile).
+  if (c.quantized() && heads_per_block <= 4) {
+    plan.quant_loop = allow_int8_qk && !attention::IsTileKind(kind) ? QuantLoop::kInt8Qk
+                                                                    : QuantLoop::kPacked;
+  } else {
+    plan.quant_loop = QuantLoop::kTwoMma;
+  }
   plan.aux_heads_per_block = static_cast<int64_t>(batch) * c.num_q_heads <= kAuxHeadBlocksPerSm * num_sms
                                     ? 1
                                     : attention::WidestAuxHeads(g, c.head_dim());
@@ -194,9 +229,9 @@ DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
   const int g = c.group_size();
   const int64_t rows = static_cast<int64_t>(batch) * c.num_q_heads;
   DecodeStepBlocks n;
-  n.rotate = c.quantized ? rows / std::max(plan.aux_heads_per_block, 1) : 0;
+  n.rotate = c.quantized() ? rows / std::max(plan.aux_heads_per_block, 1) : 0;
   n.decode = static_cast<int64_t>(c.num_kv_heads) * (g / std::min(g, attention::kMaxHeadsPerBlock)) *
-             batch * (plan.hist_splits + (c.quantized ? plan.window_splits : 0));
+             batch * (plan.hist_splits + (c.quantized() ? plan.window_splits : 0));
   n.merge = rows / std::max(plan.aux_heads_per_block, 1);
   return n;
 }
@@ -221,30 +256,29 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                 plan.hist_tokens_per_split <= attention::kMaxSplitTokens,
             kInvalidArgument, "invalid plan: ", plan.hist_splits, " history splits of ",
             plan.hist_tokens_per_split, " tokens");
-  KVQ_CHECK(plan.chunks_per_warp == 1 || plan.chunks_per_warp == 2, kInvalidArgument,
-            "invalid plan: chunks_per_warp ", plan.chunks_per_warp, " (1 or 2)");
-  KVQ_CHECK(!plan.pack_hi_lo || std::min(c.group_size(), attention::kMaxHeadsPerBlock) <= 4,
-            kInvalidArgument, "invalid plan: pack_hi_lo needs at most 4 query heads per block, g = ",
-            c.group_size());
-  KVQ_CHECK(!plan.group_epilogue || plan.chunks_per_warp == 1, kInvalidArgument,
-            "invalid plan: group_epilogue needs chunks_per_warp 1, got ", plan.chunks_per_warp);
-  KVQ_CHECK(!plan.int8_qk || (c.quantized && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
-            kInvalidArgument, "invalid plan: int8_qk needs a quantized cache and at most 4 query "
-            "heads per block, g = ", g);
+  const int loop = static_cast<int>(plan.quant_loop);
+  KVQ_CHECK(plan.quant_loop == QuantLoop::kTwoMma || plan.quant_loop == QuantLoop::kPacked ||
+                plan.quant_loop == QuantLoop::kInt8Qk,
+            kInvalidArgument, "invalid plan: quant_loop ", loop);
+  KVQ_CHECK(plan.quant_loop == QuantLoop::kTwoMma ||
+                (c.quantized() && std::min(g, attention::kMaxHeadsPerBlock) <= 4),
+            kInvalidArgument, "invalid plan: quant_loop ", loop,
+            " (packed or int8) needs a quantized cache and at most 4 query heads per block, g = ",
+            g);
+  KVQ_CHECK(plan.quant_loop != QuantLoop::kInt8Qk || !attention::IsTileKind(format),
+            kInvalidArgument, "invalid plan: the int8 QK loop does not read tiled keys");
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
                 plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
                 g % plan.aux_heads_per_block == 0,
             kInvalidArgument, "invalid plan: aux_heads_per_block ", plan.aux_heads_per_block,
             " (1 .. ", attention::MaxAuxHeads(d), " at d = ", d, ", dividing g = ", g, ")");
   // The plan must cover the longest sequence.
-  const int64_t paged_tokens =
-      c.quantized ? std::max<int64_t>(0, static_cast<int64_t>(in.max_seq_len) - c.recent - c.sink)
-                  : in.max_seq_len;
+  const int64_t paged_tokens = PagedTokens(c, in.max_seq_len);
   KVQ_CHECK(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split >= paged_tokens,
             kInvalidArgument, "plan covers ", plan.hist_splits * plan.hist_tokens_per_split,
             " paged tokens, max_seq_len ", in.max_seq_len, " needs ", paged_tokens);
-  if (c.quantized) {
-    const int64_t window = std::min<int64_t>(in.max_seq_len, static_cast<int64_t>(c.sink) + c.recent);
+  if (c.quantized()) {
+    const int64_t window = WindowTokens(c, in.max_seq_len);
     KVQ_CHECK(static_cast<int64_t>(plan.window_splits) * plan.window_tokens_per_split >= window,
               kInvalidArgument, "plan covers ", plan.window_splits * plan.window_tokens_per_split,
               " window tokens, ", window, " needed");
@@ -254,25 +288,26 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   KVQ_CHECK(workspace_bytes >= plan.workspace_bytes && workspace_bytes >= layout.bytes,
             kInvalidArgument, "workspace of ", workspace_bytes, " bytes is below the plan's ",
             std::max(plan.workspace_bytes, layout.bytes));
+  const FormatLayout key_layout = LayoutOf(c.key);
+  const FormatLayout value_layout = LayoutOf(c.value);
   if (paged_tokens > 0) {
     KVQ_CHECK(in.page_tables && in.max_pages >= CeilDiv(paged_tokens, c.page_size),
               kInvalidArgument, "page tables: null or max_pages ", in.max_pages, " below ",
               CeilDiv(paged_tokens, c.page_size));
-    KVQ_CHECK(in.key_codes && in.value_codes && Aligned16(in.key_codes) &&
-                  Aligned16(in.value_codes),
-              kInvalidArgument, "null or misaligned key / value page pool");
-    if (c.quantized) {
-      KVQ_CHECK(in.key_scale && in.key_min && in.value_scale && in.value_min &&
-                    Aligned16(in.key_scale) && Aligned16(in.key_min) &&
-                    Aligned16(in.value_scale) && Aligned16(in.value_min),
-                kInvalidArgument, "null or misaligned scale / min pool");
+    for (int i = 0; i < key_layout.num_planes; ++i) {
+      KVQ_CHECK(in.key_planes[i] && Aligned16(in.key_planes[i]), kInvalidArgument,
+                "null or misaligned key page pool plane '", key_layout.plane(i).name, "'");
+    }
+    for (int i = 0; i < value_layout.num_planes; ++i) {
+      KVQ_CHECK(in.value_planes[i] && Aligned16(in.value_planes[i]), kInvalidArgument,
+                "null or misaligned value page pool plane '", value_layout.plane(i).name, "'");
     }
   }
-  if (c.quantized) {
+  if (c.quantized()) {
     KVQ_CHECK((c.sink == 0 || (in.sink_key && in.sink_value && Aligned16(in.sink_key) &&
                                Aligned16(in.sink_value))) &&
-                  in.recent_key && in.recent_value && Aligned16(in.recent_key) &&
-                  Aligned16(in.recent_value),
+                  (c.ring_slots() == 0 || (in.recent_key && in.recent_value &&
+                                           Aligned16(in.recent_key) && Aligned16(in.recent_value))),
               kInvalidArgument, "null or misaligned sink / recent windows");
     KVQ_CHECK(c.key.rotation != RotationKind::kDense || (in.rotation_key && Aligned16(in.rotation_key)),
               kInvalidArgument, "null or misaligned key rotation for a dense key write path");
@@ -285,17 +320,13 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   float* part_ml = reinterpret_cast<float*>(ws + layout.part_ml);
   float* part_acc = reinterpret_cast<float*>(ws + layout.part_acc);
 
-  if (c.quantized) {
+  if (c.quantized()) {
     attention::RotateQueriesParams rq;
     rq.batch = in.batch;
     rq.num_q_heads = c.num_q_heads;
     rq.q_per_kv = g;
     rq.heads_per_block = plan.aux_heads_per_block;
-    rq.rotation = static_cast<int>(c.key.rotation);
-    rq.rotations = in.rotation_key;
-    rq.fwht_block = c.key.fwht_block();
-    rq.fwht_scale = FwhtScale(c.key);
-    rq.bitrev = c.key.bitrev;
+    rq.rotation = MakeRotationArgs(c.key, HeadData{in.rotation_key});
     rq.q = in.q;
     rq.q_rot = q_rot;
     rq.timeline = in.timeline;
@@ -311,18 +342,18 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.head_chunks = g / kp.heads_per_block;
   kp.sink = c.sink;
   kp.recent = c.recent;
+  kp.flush = c.flush;
+  kp.ring_slots = std::max(c.ring_slots(), 1);
+  kp.key_norm = c.key.format == Format::kAffineTile && c.key.norm;
   kp.page_size_log2 = 0;
   while ((1 << kp.page_size_log2) < c.page_size) ++kp.page_size_log2;
   kp.key_group = c.key.group;
   kp.value_group = c.value.group;
   kp.hist_splits = plan.hist_splits;
   kp.hist_tokens_per_split = plan.hist_tokens_per_split;
-  kp.window_splits = c.quantized ? plan.window_splits : 0;
+  kp.window_splits = c.quantized() ? plan.window_splits : 0;
   kp.window_tokens_per_split = std::max(plan.window_tokens_per_split, 1);
-  kp.chunks_per_warp = plan.chunks_per_warp;
-  kp.pack_hi_lo = plan.pack_hi_lo;
-  kp.group_epilogue = plan.group_epilogue;
-  kp.int8_qk = plan.int8_qk;
+  kp.quant_loop = c.quantized() ? plan.quant_loop : QuantLoop::kTwoMma;
   kp.logit_scale_log2 = static_cast<float>(static_cast<double>(c.scale()) * 1.4426950408889634);
   kp.seq_lens = in.seq_lens;
   kp.page_tables = in.page_tables;
@@ -333,31 +364,29 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.sink_v = in.sink_value;
   kp.recent_k = in.recent_key;
   kp.recent_v = in.recent_value;
-  kp.k_codes = in.key_codes;
-  kp.v_codes = in.value_codes;
-  kp.k_scale = in.key_scale;
-  kp.k_min = in.key_min;
-  kp.v_scale = in.value_scale;
-  kp.v_min = in.value_min;
-  const int64_t tokens_per_page = static_cast<int64_t>(c.num_kv_heads) * c.page_size;
-  if (c.quantized) {
-    kp.k_codes_page_stride = tokens_per_page * (d * c.key.bits / 8);
-    kp.v_codes_page_stride = tokens_per_page * (d * c.value.bits / 8);
-    kp.k_meta_page_stride = tokens_per_page * (d / c.key.group) * 2;
-    kp.v_meta_page_stride = tokens_per_page * (d / c.value.group) * 2;
-  } else {
-    kp.k_codes_page_stride = tokens_per_page * d * 2;
-    kp.v_codes_page_stride = tokens_per_page * d * 2;
-  }
+  const auto set_planes = [&](const FormatLayout& layout, const uint8_t* const* pools,
+                              const uint8_t** planes, int64_t* page_stride, int64_t* head_stride) {
+    for (int i = 0; i < layout.num_planes; ++i) {
+      planes[i] = pools[i];
+      page_stride[i] = static_cast<int64_t>(layout.PageBytes(i, c.page_size, c.num_kv_heads));
+      head_stride[i] = layout.HeadsPerPage(i, c.num_kv_heads) > 1 || c.num_kv_heads == 1
+                           ? layout.RowsPerPage(i, c.page_size) *
+                                 static_cast<int64_t>(layout.plane(i).row_bytes())
+                           : 0;
+    }
+  };
+  set_planes(key_layout, in.key_planes, kp.k_planes, kp.k_page_stride, kp.k_head_stride);
+  set_planes(value_layout, in.value_planes, kp.v_planes, kp.v_page_stride, kp.v_head_stride);
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
-  kp.programmatic_launch = c.quantized;  // right after the query rotation
+  kp.programmatic_launch = c.quantized();  // right after the query rotation
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
-  if (!kp.k_codes) kp.k_codes = reinterpret_cast<const uint8_t*>(in.q);
-  if (!kp.v_codes) kp.v_codes = reinterpret_cast<const uint8_t*>(in.q);
+  for (const uint8_t** first_plane : {&kp.k_planes[0], &kp.v_planes[0]}) {
+    if (!*first_plane) *first_plane = reinterpret_cast<const uint8_t*>(in.q);
+  }
   KVQ_CUDA_CHECK(attention::DispatchDecodeAttention(d, format, kp, stream));
 
   attention::MergeParams mp;
@@ -370,12 +399,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.total_splits = splits;
   mp.max_seq_len = in.max_seq_len;
   mp.seq_lens = in.seq_lens;
-  mp.rotate_history = c.quantized;
-  mp.rotation = static_cast<int>(c.value.rotation);
-  mp.rotations = in.rotation_value;
-  mp.fwht_block = c.value.fwht_block();
-  mp.fwht_scale = FwhtScale(c.value);
-  mp.bitrev = c.value.bitrev;
+  mp.rotate_history = c.quantized();
+  mp.rotation = MakeRotationArgs(c.value, HeadData{in.rotation_value});
   mp.part_ml = part_ml;
   mp.part_acc = part_acc;
   mp.out = out;

@@ -77,8 +77,8 @@ __device__ __forceinline__ void Bf16Split(const DecodeKernelParams& p, unsigned 
       const bool valid = tok < end;
       const uint16_t* src;
       if constexpr (PAGED) {
-        const uint8_t* pool = kv ? p.v_codes : p.k_codes;
-        const int64_t stride = kv ? p.v_codes_page_stride : p.k_codes_page_stride;
+        const uint8_t* pool = kv ? p.v_planes[kBf16RowsPlane] : p.k_planes[kBf16RowsPlane];
+        const int64_t stride = kv ? p.v_page_stride[kBf16RowsPlane] : p.k_page_stride[kBf16RowsPlane];
         if (valid) {
           const int page = page_ids[(tok >> p.page_size_log2) - first_page];
           const int slot = tok & (page_size - 1);
@@ -94,8 +94,8 @@ __device__ __forceinline__ void Bf16Split(const DecodeKernelParams& p, unsigned 
         } else {
           const uint16_t* ring = kv ? p.recent_v : p.recent_k;
           const int pos = valid ? recent_begin + (tok - n_sink) : 0;
-          const int slot = pos % p.recent;
-          src = ring + (static_cast<int64_t>(b) * p.recent + slot) * row_elems + kvh * D;
+          const int slot = pos % p.ring_slots;
+          src = ring + (static_cast<int64_t>(b) * p.ring_slots + slot) * row_elems + kvh * D;
         }
       }
       CpAsync16(dst_stage + kv * kTileTokens * Geo::kRowStride + r * Geo::kRowStride + piece * 16,

@@ -75,7 +75,7 @@ __device__ __forceinline__ void MbarrierWait(uint64_t* bar, uint32_t parity) {
 // needs room, so the stream does not push out what is read again (the split partials, q~, the
 // rotations). H100, against no hint: about 1% faster where a step streams more than the L2
 // holds (B=1 T=128K, B >= 8 T >= 32K), about 1% slower at B=1 T=32K, and B=1 T=128K behind a
-// dirty L2 58.6 -> 53.3 us (docs/gpu_attention.md, pass 9).
+// dirty L2 58.6 -> 53.3 us (2026-11-21; docs/performance.md).
 __device__ __forceinline__ uint64_t EvictFirstPolicy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));

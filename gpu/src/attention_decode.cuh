@@ -30,6 +30,7 @@
 //   attention_bf16_rows.cuh    the bf16 loop (window rows; the bf16 cache's pages)
 //   attention_quant_rows.cuh   INT-b pages: code fields, tile pipeline, bf16-MMA loops
 //   attention_quant_int8.cuh   INT-b pages with QK^T on the int8 tensor cores
+//   attention_tile_keys.cuh    tiled keys (scales folded into the query) + INT-b values
 //   this file                  the dispatch over groups, the kernel, its launcher
 #pragma once
 
@@ -40,6 +41,7 @@
 #include "attention_quant_int8.cuh"
 #include "attention_quant_rows.cuh"
 #include "attention_split_state.cuh"
+#include "attention_tile_keys.cuh"
 #include "kvq/gpu/attention_launch.h"
 #include "launch.cuh"
 
@@ -51,8 +53,9 @@ inline constexpr bool kFieldsPerGroupValid =
     FPG * QuantGeometry<D, BITS>::kRowBytes >= 32 && FPG * QuantGeometry<D, BITS>::kRowBytes <= 128 &&
     FPG <= QuantGeometry<D, BITS>::kFields;
 
-// QuantSplit with the group epilogue: FPGK = fpg_k and FPGV = fpg_v as compile-time values
-// (fields per group of K and of V; the launcher admits only valid groups).
+// The quantized history's split in loop LOOP (QuantSplitInt8 or QuantSplit) with FPGK = fpg_k
+// and FPGV = fpg_v as compile-time values (fields per group of K and of V; the launcher admits
+// only valid groups).
 template <int D, int BITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
 __device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
                                                    int kvh, int head0, int b, int split,
@@ -62,8 +65,8 @@ __device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, 
       if constexpr (LOOP == QuantLoop::kInt8Qk) {
         QuantSplitInt8<D, BITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
       } else {
-        QuantSplit<D, BITS, 1, LOOP == QuantLoop::kPacked, FPGK, FPGV>(p, smem, kvh, head0, b,
-                                                                       split, begin, end);
+        QuantSplit<D, BITS, LOOP == QuantLoop::kPacked, FPGK, FPGV>(p, smem, kvh, head0, b,
+                                                                    split, begin, end);
       }
       return;
     }
@@ -94,6 +97,31 @@ __device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, u
   }
 }
 
+// The tiled-key split (TileKeySplit) with SLICE = G_k * b / 8 (8 or 16) and FPGV = fpg_v as
+// compile-time values (the launcher admits only those).
+template <int D, int BITS, bool PACK, int SLICE = 8, int FPGV = 1>
+__device__ __forceinline__ void TileSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
+                                                 int kvh, int head0, int b, int split, int begin,
+                                                 int end) {
+  constexpr int RB = QuantGeometry<D, BITS>::kRowBytes;
+  if (p.key_group * BITS / 8 == SLICE) {
+    if constexpr (kFieldsPerGroupValid<D, BITS, FPGV> && SLICE * 8 / BITS >= 32) {
+      if (p.value_group == FPGV * RB) {
+        TileKeySplit<D, BITS, PACK, SLICE, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+        return;
+      }
+    }
+    if constexpr (FPGV < 4) {
+      TileSplitGrouped<D, BITS, PACK, SLICE, 2 * FPGV>(p, smem, kvh, head0, b, split, begin, end);
+      return;
+    }
+  } else if constexpr (SLICE < 16) {
+    TileSplitGrouped<D, BITS, PACK, 2 * SLICE, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+    return;
+  }
+  __trap();  // unreachable: the launcher refuses other tiles and groups
+}
+
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
@@ -116,8 +144,9 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
     }
     Bf16Split<D, true, 2>(p, smem, kvh, head0, b, z, begin, end, 0, 0);
   } else {
+    // H(t) = F * floor(max(0, t - S0 - W) / F) history tokens (spec/cache.md §2).
+    const int n_hist = max(0, t - p.recent - p.sink) / p.flush * p.flush;
     if (z < p.hist_splits) {
-      const int n_hist = max(0, t - p.recent - p.sink);
       const int begin = z * p.hist_tokens_per_split;
       const int end = min(begin + p.hist_tokens_per_split, n_hist);
       if (begin >= end) {
@@ -125,20 +154,16 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
-      constexpr int kBits = static_cast<int>(FORMAT);
-      constexpr bool PACK = LOOP == QuantLoop::kPacked;
-      if constexpr (LOOP == QuantLoop::kInt8Qk) {
-        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
-      } else if (p.group_epilogue) {
-        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
-      } else if (p.chunks_per_warp == 2) {
-        QuantSplit<D, kBits, 2, PACK>(p, smem, kvh, head0, b, z, begin, end);
+      constexpr int kBits = BitsOfKind(FORMAT);
+      if constexpr (IsTileKind(FORMAT)) {
+        TileSplitGrouped<D, kBits, LOOP == QuantLoop::kPacked>(p, smem, kvh, head0, b, z, begin,
+                                                               end);
       } else {
-        QuantSplit<D, kBits, 1, PACK>(p, smem, kvh, head0, b, z, begin, end);
+        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
       }
     } else {
       const int n_sink = min(p.sink, t);
-      const int recent_begin = max(p.sink, t - p.recent);
+      const int recent_begin = min(t, p.sink + n_hist);
       const int n_window = n_sink + max(0, t - recent_begin);
       const int begin = (z - p.hist_splits) * p.window_tokens_per_split;
       const int end = min(begin + p.window_tokens_per_split, n_window);
@@ -152,8 +177,8 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
   }
 }
 
-// LOOP: the quantized history's loop (DecodeAttentionPlan: int8_qk, pack_hi_lo); a kernel per
-// loop so that each gets its own register allocation. The bf16 cache takes kTwoMma.
+// LOOP: the quantized history's loop (DecodeAttentionPlan::quant_loop); a kernel per loop so
+// that each gets its own register allocation. The bf16 cache takes kTwoMma.
 template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
 __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
     DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
@@ -178,7 +203,7 @@ constexpr int DecodeSharedBytesFor() {
     constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
     return pipeline > combine ? pipeline : combine;
   } else {
-    using Geo = QuantGeometry<D, static_cast<int>(FORMAT)>;
+    using Geo = QuantGeometry<D, BitsOfKind(FORMAT), IsTileKind(FORMAT)>;
     constexpr int quant =
         Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes + Geo::kBarrierBytes + page_ids;
     constexpr int window = Bf16Geometry<D>::kStageBytes;
@@ -194,15 +219,24 @@ namespace kvq::gpu::attention {
 template <int HEAD_DIM, HistoryFormat FORMAT>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
-  using detail::QuantLoop;
   constexpr bool kQuantized = FORMAT != HistoryFormat::kBf16;
   // The bf16 cache has one loop; a quantized cache's loops are instantiated only for it.
   constexpr QuantLoop kPacked = kQuantized ? QuantLoop::kPacked : QuantLoop::kTwoMma;
-  constexpr QuantLoop kInt8Qk = kQuantized ? QuantLoop::kInt8Qk : QuantLoop::kTwoMma;
-  auto kernel = !kQuantized     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
-                : p.int8_qk     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>
-                : p.pack_hi_lo  ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>
-                                : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>;
+  // Tile keys have no int8 QK loop (the plan never takes it for them).
+  constexpr bool kHasInt8 = kQuantized && !IsTileKind(FORMAT);
+  constexpr QuantLoop kInt8Qk = kHasInt8 ? QuantLoop::kInt8Qk : kPacked;
+  // The plan's loop; anything else is refused, never run as another loop.
+  if (kQuantized && p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
+      p.quant_loop != QuantLoop::kInt8Qk) {
+    return cudaErrorInvalidValue;
+  }
+  if (!kHasInt8 && kQuantized && p.quant_loop == QuantLoop::kInt8Qk) return cudaErrorInvalidValue;
+  auto kernel = !kQuantized ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
+                : p.quant_loop == QuantLoop::kInt8Qk
+                    ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>
+                : p.quant_loop == QuantLoop::kPacked
+                    ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>
+                    : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>;
   if (kSmem > 48 * 1024) {
     // Once per process and kernel (device 0's limit is the same on every Hopper part).
     static const cudaError_t raised = [] {

@@ -4,11 +4,10 @@
 
 namespace kvq::gpu::attention {
 
-template cudaError_t LaunchDecodeAttention<64, HistoryFormat::kBf16>(const DecodeKernelParams&,
-                                                                   cudaStream_t);
-template cudaError_t LaunchDecodeAttention<128, HistoryFormat::kBf16>(const DecodeKernelParams&,
+#define KVQ_INSTANTIATE_DECODE(D, FMT) \
+  template cudaError_t LaunchDecodeAttention<D, HistoryFormat::FMT>(const DecodeKernelParams&, \
                                                                     cudaStream_t);
-template cudaError_t LaunchDecodeAttention<256, HistoryFormat::kBf16>(const DecodeKernelParams&,
-                                                                    cudaStream_t);
+KVQ_GPU_HEAD_DIMS(KVQ_INSTANTIATE_DECODE, kBf16)
+#undef KVQ_INSTANTIATE_DECODE
 
 }  // namespace kvq::gpu::attention

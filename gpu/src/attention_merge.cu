@@ -1,40 +1,29 @@
 // The two small kernels around the decode kernel (kvq/gpu/attention_launch.h): the query
 // rotation q~ = q·R_K (then P_br) before it, and the log-sum-exp merge of the split partials
-// with R_V^T after it; plus the runtime dispatch of all three.
+// with R_V^T after it. Their dispatch (with the decode kernel's) is attention_dispatch.cu.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
-#include "attention_decode.cuh"
+#include "attention_common.cuh"
+#include "kvq/common/numeric.h"
+#include "kvq/common/params.h"
 #include "kvq/gpu/attention_launch.h"
+#include "launch.cuh"
 
 namespace kvq::gpu::attention {
 
-// Compiled in attention_decode_{int2,int4,bf16}.cu.
-#define KVQ_ATTENTION_EXTERN(D, FMT) \
-  extern template cudaError_t LaunchDecodeAttention<D, HistoryFormat::FMT>( \
-      const DecodeKernelParams&, cudaStream_t);
-KVQ_ATTENTION_EXTERN(64, kInt2)
-KVQ_ATTENTION_EXTERN(128, kInt2)
-KVQ_ATTENTION_EXTERN(256, kInt2)
-KVQ_ATTENTION_EXTERN(64, kInt4)
-KVQ_ATTENTION_EXTERN(128, kInt4)
-KVQ_ATTENTION_EXTERN(256, kInt4)
-KVQ_ATTENTION_EXTERN(64, kBf16)
-KVQ_ATTENTION_EXTERN(128, kBf16)
-KVQ_ATTENTION_EXTERN(256, kBf16)
-#undef KVQ_ATTENTION_EXTERN
-
 namespace {
 
-constexpr int kRotationDense = 1;     // kvq::RotationKind::kDense
-constexpr int kRotationHadamard = 2;  // kvq::RotationKind::kHadamard
+constexpr int kRotationDense = static_cast<int>(RotationKind::kDense);
+constexpr int kRotationHadamard = static_cast<int>(RotationKind::kHadamard);
 
+// beta(c) over the log2(D) bits of a channel (kvq::BitReverse).
 template <int D>
-__device__ __forceinline__ int BitReverse(int c) {
+__device__ __forceinline__ int ChannelBitReverse(int c) {
   constexpr int kBits = D == 64 ? 6 : (D == 128 ? 7 : 8);
-  return static_cast<int>(__brev(static_cast<unsigned>(c)) >> (32 - kBits));
+  return static_cast<int>(BitReverse(static_cast<uint32_t>(c), kBits));
 }
 
 // One block per (head chunk, sequence) and D x H threads: heads [blockIdx.x * H,
@@ -59,10 +48,11 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
   // The decode kernel after this one may launch now: its blocks set up and start their page
   // copies, then wait for this grid to finish before reading q_rot.
   detail::LaunchDependents();
-  const bool dense = p.rotation == kRotationDense;
-  const float4* r = dense ? reinterpret_cast<const float4*>(
-                                p.rotations + static_cast<int64_t>(head0 / p.q_per_kv) * D * D)
-                          : nullptr;
+  const bool dense = p.rotation.kind == kRotationDense;
+  const float4* r =
+      dense ? reinterpret_cast<const float4*>(p.rotation.matrices +
+                                              static_cast<int64_t>(head0 / p.q_per_kv) * D * D)
+            : nullptr;
   constexpr int kChunk4 = kRows * D / 4;  // float4s of a pass
   // A pass's rows are copied in together (one memory latency a pass), then each thread runs the
   // spec's sequential sum over i from shared memory. The first pass's copy and an L2 prefetch
@@ -95,8 +85,8 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
       __syncthreads();
     }
     v = acc;
-  } else if (p.rotation == kRotationHadamard) {
-    for (int s = 1; s < p.fwht_block; s <<= 1) {
+  } else if (p.rotation.kind == kRotationHadamard) {
+    for (int s = 1; s < p.rotation.fwht_block; s <<= 1) {
       if ((j & s) == 0) {
         const float a = x[h][j];
         const float c = x[h][j + s];
@@ -105,13 +95,13 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
       }
       __syncthreads();
     }
-    v = __fmul_rn(x[h][j], p.fwht_scale);
+    v = __fmul_rn(x[h][j], p.rotation.fwht_scale);
   }
-  if (p.bitrev) {
+  if (p.rotation.bitrev) {
     __syncthreads();  // every read of x above is done
     x[h][j] = v;
     __syncthreads();
-    v = x[h][BitReverse<D>(j)];
+    v = x[h][ChannelBitReverse<D>(j)];
   }
   p.q_rot[row + j] = v;
 }
@@ -176,8 +166,8 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
   // R_V^T (dense): a warp takes kRows rows of R_V a step. R_V is not the decode kernel's
   // output, so the first step's rows load before the wait, while the decode grid drains (the
   // decode blocks let this grid launch early).
-  const bool dense = p.rotate_history && p.rotation == kRotationDense;
-  const float* r = p.rotations + static_cast<int64_t>(kvh) * D * D;
+  const bool dense = p.rotate_history && p.rotation.kind == kRotationDense;
+  const float* r = p.rotation.matrices + static_cast<int64_t>(kvh) * D * D;
   constexpr int kRows = 4;
   float rv[kRows][kPerLane];
   auto load_rows = [&](int j0) {
@@ -291,7 +281,7 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
 #pragma unroll
       for (int u = 0; u < kWarpsPerHead; ++u) v += part[h * kWarpsPerHead + u][c];
       if (round == 0) {
-        y[h][(p.rotate_history && p.bitrev) ? BitReverse<D>(c) : c] = v;
+        y[h][(p.rotate_history && p.rotation.bitrev) ? ChannelBitReverse<D>(c) : c] = v;
       } else {
         win[h][c] = v;
       }
@@ -324,9 +314,9 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
       const int pair = WarpReduceScatter(dot, lane);
       if (pair >= 0 && pair / kRows < heads) back[pair / kRows][j0 + pair % kRows] = dot[0];
     }
-  } else if (p.rotate_history && p.rotation == kRotationHadamard) {
+  } else if (p.rotate_history && p.rotation.kind == kRotationHadamard) {
     // The normalised (block) Hadamard transform is its own inverse.
-    for (int s = 1; s < p.fwht_block; s <<= 1) {
+    for (int s = 1; s < p.rotation.fwht_block; s <<= 1) {
       for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) {
         const int h = i / D;
         const int c = i - h * D;
@@ -340,7 +330,7 @@ __device__ __forceinline__ void MergeHeads(const MergeParams& p) {
       __syncthreads();
     }
     for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) {
-      back[i / D][i % D] = y[i / D][i % D] * p.fwht_scale;
+      back[i / D][i % D] = y[i / D][i % D] * p.rotation.fwht_scale;
     }
   } else {
     for (int i = threadIdx.x; i < heads * D; i += kMergeThreads) back[i / D][i % D] = y[i / D][i % D];
@@ -394,7 +384,7 @@ cudaError_t LaunchMergePartials(const MergeParams& p, cudaStream_t stream) {
   auto kernel = heads == 1   ? MergePartialsKernel<HEAD_DIM, 1>
                 : heads <= 4 ? MergePartialsKernel<HEAD_DIM, 4>
                              : MergePartialsKernel<HEAD_DIM, kAuxMaxHeads>;
-  const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(kMergeThreads), 0, stream,
+  const cudaError_t launched = launch::LaunchKernel(kernel, grid, dim3(kMergeThreads), 0, stream,
                                                     p.programmatic_launch, p);
   if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
@@ -406,57 +396,5 @@ template cudaError_t LaunchRotateQueries<256>(const RotateQueriesParams&, cudaSt
 template cudaError_t LaunchMergePartials<64>(const MergeParams&, cudaStream_t);
 template cudaError_t LaunchMergePartials<128>(const MergeParams&, cudaStream_t);
 template cudaError_t LaunchMergePartials<256>(const MergeParams&, cudaStream_t);
-
-cudaError_t DispatchDecodeAttention(int head_dim, HistoryFormat format,
-                                    const DecodeKernelParams& p, cudaStream_t stream) {
-#define KVQ_ATTENTION_CASE(D, FMT) \
-  if (head_dim == D && format == HistoryFormat::FMT) return LaunchDecodeAttention<D, HistoryFormat::FMT>(p, stream);
-  KVQ_ATTENTION_CASE(64, kInt2)
-  KVQ_ATTENTION_CASE(128, kInt2)
-  KVQ_ATTENTION_CASE(256, kInt2)
-  KVQ_ATTENTION_CASE(64, kInt4)
-  KVQ_ATTENTION_CASE(128, kInt4)
-  KVQ_ATTENTION_CASE(256, kInt4)
-  KVQ_ATTENTION_CASE(64, kBf16)
-  KVQ_ATTENTION_CASE(128, kBf16)
-  KVQ_ATTENTION_CASE(256, kBf16)
-#undef KVQ_ATTENTION_CASE
-  return cudaErrorInvalidValue;
-}
-
-cudaError_t DispatchRotateQueries(int head_dim, const RotateQueriesParams& p,
-                                  cudaStream_t stream) {
-  switch (head_dim) {
-    case 64: return LaunchRotateQueries<64>(p, stream);
-    case 128: return LaunchRotateQueries<128>(p, stream);
-    case 256: return LaunchRotateQueries<256>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-cudaError_t DispatchMergePartials(int head_dim, const MergeParams& p, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64: return LaunchMergePartials<64>(p, stream);
-    case 128: return LaunchMergePartials<128>(p, stream);
-    case 256: return LaunchMergePartials<256>(p, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-int DecodeSharedBytes(int head_dim, HistoryFormat format) {
-#define KVQ_ATTENTION_SMEM(D, FMT) \
-  if (head_dim == D && format == HistoryFormat::FMT) return detail::DecodeSharedBytesFor<D, HistoryFormat::FMT>();
-  KVQ_ATTENTION_SMEM(64, kInt2)
-  KVQ_ATTENTION_SMEM(128, kInt2)
-  KVQ_ATTENTION_SMEM(256, kInt2)
-  KVQ_ATTENTION_SMEM(64, kInt4)
-  KVQ_ATTENTION_SMEM(128, kInt4)
-  KVQ_ATTENTION_SMEM(256, kInt4)
-  KVQ_ATTENTION_SMEM(64, kBf16)
-  KVQ_ATTENTION_SMEM(128, kBf16)
-  KVQ_ATTENTION_SMEM(256, kBf16)
-#undef KVQ_ATTENTION_SMEM
-  return 0;
-}
 
 }  // namespace kvq::gpu::attention

@@ -15,7 +15,7 @@
 namespace kvq::gpu::attention::detail {
 
 // ------------------------------------------------------------------------------------------
-// INT-b history with QK^T on the integer tensor cores (DecodeAttentionPlan::int8_qk; at most 4
+// INT-b history with QK^T on the integer tensor cores (QuantLoop::kInt8Qk; at most 4
 // query heads per block).
 //
 // QK^T: mma.sync m16n8k32, A = code bytes as u8, B = the query as int8 digits, int32
@@ -324,8 +324,7 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
         }
       });
     }
-    pipe.Release(tile);
-    pipe.Produce(tile, 1);
+    pipe.Done(tile);
   }
 
   // Head t4's accumulator = column 2 t4 (hi part) + column 2 t4 + 1 (lo part); field f

@@ -66,14 +66,11 @@ __host__ __device__ constexpr float PvUnscale() {
 // ------------------------------------------------------------------------------------------
 // INT-b history pages.
 
-// The loops of the quantized history (a kernel instantiation each).
-enum class QuantLoop : int {
-  kTwoMma = 0,  // bf16 MMAs, the hi and lo parts of the query and of p * scale in two MMAs
-  kPacked = 1,  // bf16 MMAs, hi and lo in columns h and h + 4 (heads per block <= 4)
-  kInt8Qk = 2,  // QK^T on the int8 tensor cores (QuantSplitInt8; heads per block <= 4)
-};
-
-template <int D, int BITS>
+// KEY_TILE: the stage also holds the keys' norms (tile keys, kTileInt*: bf16 [64] after the
+// metadata); the tile keys' codes, scales and mins take the places of the per-token ones (a tile
+// row of codes is G_k * RB bytes, its scale and min rows 2 D bytes: at most 2 D / 32 bytes a
+// token, what kMetaBytes holds).
+template <int D, int BITS, bool KEY_TILE = false>
 struct QuantGeometry {
   static constexpr int kFields = 8 / BITS;            // codes per byte
   static constexpr int kRowBytes = D * BITS / 8;      // RB
@@ -85,7 +82,9 @@ struct QuantGeometry {
   static constexpr int kStages = 4;
   static constexpr int kCodesBytes = kTileTokens * kRowBytes;      // K or V codes of a stage
   static constexpr int kMetaBytes = kTileTokens * kMaxGroups * 2;  // one metadata array
-  static constexpr int kStageBytes = 2 * kCodesBytes + 4 * kMetaBytes;
+  static constexpr int kNormOffset = 2 * kCodesBytes + 4 * kMetaBytes;
+  static constexpr int kNormBytes = KEY_TILE ? kTileTokens * 2 : 0;
+  static constexpr int kStageBytes = kNormOffset + kNormBytes;
   static constexpr int kBarrierBytes = 16 * kStages;  // full + empty mbarrier per stage
   // q~ [8][D] fp32, then per (field, head) the sums of the represented q~ and of its scaled
   // parts: [2][kFields][8] fp32, and the B fragments of the query, uint4 {hi k-lo, hi k-hi,
@@ -98,26 +97,29 @@ struct QuantGeometry {
 };
 
 // The copy pipeline of a quantized-history split: kStages shared-memory stages of one 64-token
-// tile each (K and V codes, K scale / min, V scale / min), filled by the copy engine and
-// released without a block-wide barrier. stage_full[s] completes when a tile's bytes arrived;
-// stage_empty[s] when every thread of the block read the stage, and the stage's refill waits for
-// that phase.
+// tile each (K and V codes, K scale / min, V scale / min, and with KEY_TILE the K norms), filled
+// by the copy engine and released without a block-wide barrier. stage_full[s] completes when a
+// tile's bytes arrived; stage_empty[s] when every thread of the block read the stage, and the
+// stage's refill waits for that phase.
 //
-// A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales and mins
-// of this KV head are contiguous runs ([Hkv, P, row] layout), so a tile is 6 bulk copies per
-// page run ({K, V} codes, K scale, K min, V scale, V min), issued by lanes of one warp
-// (lane = 6 * run + kind) and counted on the stage's mbarrier. Rows are copied in whole
-// 16-token chunks (a page holds whole chunks: P >= 16); rows past `end` in the last chunk are
-// read but masked by the loop.
-template <int D, int BITS>
+// A tile's rows live in at most 64 / P pages; inside one page the tile's codes, scales, mins
+// (and norms) of this KV head are contiguous runs ([Hkv, P, row] layout; a tile plane's rows
+// [Hkv, P / G_k, row] are as contiguous, and runs start on whole key tiles: P and the splits
+// are multiples of G_k), so a tile is kKinds bulk copies per page run ({K, V} codes, K scale,
+// K min, V scale, V min, K norm), issued by lanes of one warp (lane = kKinds * run + kind) and
+// counted on the stage's mbarrier. Rows are copied in whole 16-token chunks (a page holds whole
+// chunks: P >= 16); rows past `end` in the last chunk are read but masked by the loop.
+template <int D, int BITS, bool KEY_TILE = false>
 struct QuantTilePipeline {
-  using Geo = QuantGeometry<D, BITS>;
+  using Geo = QuantGeometry<D, BITS, KEY_TILE>;
+  static constexpr int kKinds = KEY_TILE ? 7 : 6;
+  static_assert(kKinds * (kTileTokens / 16) <= 32, "one copy lane per kind and page run");
   static constexpr int kFullOffset = Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes;
   const DecodeKernelParams& p;
   unsigned char* smem;
   const unsigned char* copy_src;  // this lane's pool, advanced to KV head kvh's rows of page 0
   int64_t copy_page_stride;
-  int copy_row_bytes;
+  int copy_row_bytes;             // bytes a token of this lane's plane (0: nothing to copy)
   int copy_dst;
   int begin;
   int end16;
@@ -135,41 +137,52 @@ struct QuantTilePipeline {
     return reinterpret_cast<int*>(smem + kFullOffset + Geo::kBarrierBytes);
   }
 
+  // Warps that read each tile (kWarps: every warp reads every tile; fewer: the warps form
+  // kWarps / warps_per_tile groups, group j reading the tiles i with i % groups == j).
+  int warps_per_tile;
+
   // Loads the split's page ids and initialises the barriers; Start() publishes them.
   __device__ __forceinline__ QuantTilePipeline(const DecodeKernelParams& params,
                                                unsigned char* smem_base, int kvh, int b,
-                                               int split_begin, int split_end)
-      : p(params), smem(smem_base), begin(split_begin) {
+                                               int split_begin, int split_end,
+                                               int tile_warps = kWarps)
+      : p(params), smem(smem_base), begin(split_begin), warps_per_tile(tile_warps) {
     constexpr int RB = Geo::kRowBytes;
     LoadSplitPages(p, b, split_begin, split_end, PageIds());
     n_tiles = (split_end - split_begin + kTileTokens - 1) / kTileTokens;
     end16 = (split_end + kChunkTokens - 1) & ~(kChunkTokens - 1);
-    const int ngk = D / p.key_group;
-    const int ngv = D / p.value_group;
-    bytes_per_token = 2 * RB + 4 * (ngk + ngv);
+    // Metadata bytes a token: per-token groups (D / G pairs) or a tile's row over its G_k tokens.
+    const int meta_k = KEY_TILE ? 2 * D / p.key_group : 2 * (D / p.key_group);
+    const int meta_v = 2 * (D / p.value_group);
+    const int norm_k = KEY_TILE && p.key_norm ? 2 : 0;
+    bytes_per_token = 2 * RB + 2 * meta_k + 2 * meta_v + norm_k;
     l2_policy = EvictFirstPolicy();
     if (threadIdx.x == 0) {
 #pragma unroll
       for (int s = 0; s < Geo::kStages; ++s) {
         MbarrierInit(Full(s), 1);
-        MbarrierInit(Empty(s), kThreads);
+        MbarrierInit(Empty(s), 32 * warps_per_tile);
       }
       FenceMbarrierInit();
     }
-    const int kind = (threadIdx.x & 31) % 6;
-    const int ng = kind < 2 ? 0 : (kind < 4 ? ngk : ngv);
-    const unsigned char* pool;
-    switch (kind) {
-      case 0: pool = p.k_codes; copy_page_stride = p.k_codes_page_stride; break;
-      case 1: pool = p.v_codes; copy_page_stride = p.v_codes_page_stride; break;
-      case 2: pool = reinterpret_cast<const unsigned char*>(p.k_scale); copy_page_stride = p.k_meta_page_stride; break;
-      case 3: pool = reinterpret_cast<const unsigned char*>(p.k_min); copy_page_stride = p.k_meta_page_stride; break;
-      case 4: pool = reinterpret_cast<const unsigned char*>(p.v_scale); copy_page_stride = p.v_meta_page_stride; break;
-      default: pool = reinterpret_cast<const unsigned char*>(p.v_min); copy_page_stride = p.v_meta_page_stride; break;
-    }
-    copy_row_bytes = kind < 2 ? RB : 2 * ng;
-    copy_dst = kind < 2 ? kind * Geo::kCodesBytes : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
-    copy_src = pool + (static_cast<int64_t>(kvh) << p.page_size_log2) * copy_row_bytes;
+    const int kind = (threadIdx.x & 31) % kKinds;
+    // kind -> (K or V, plane, bytes a token, destination in the stage). The affine_tile planes
+    // codes / scale / min sit where affine_token's do (kTile*Plane == kAffine*Plane).
+    static_assert(kTileCodesPlane == kAffineCodesPlane && kTileScalePlane == kAffineScalePlane &&
+                      kTileMinPlane == kAffineMinPlane,
+                  "tile and token planes share positions");
+    const bool value = kind == 1 || kind == 4 || kind == 5;
+    const int plane = kind < 2 ? kAffineCodesPlane
+                      : kind == 6 ? kTileNormPlane
+                      : (kind == 2 || kind == 4) ? kAffineScalePlane
+                                                 : kAffineMinPlane;
+    copy_row_bytes = kind < 2 ? RB : kind == 6 ? norm_k : (value ? meta_v : meta_k);
+    copy_dst = kind < 2 ? kind * Geo::kCodesBytes
+               : kind == 6 ? Geo::kNormOffset
+                           : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
+    const unsigned char* pool = value ? p.v_planes[plane] : p.k_planes[plane];
+    copy_page_stride = value ? p.v_page_stride[plane] : p.k_page_stride[plane];
+    copy_src = pool + kvh * (value ? p.v_head_stride[plane] : p.k_head_stride[plane]);
   }
 
   // Tile `tile` (< n_tiles) into stage `stage`; called by a whole warp.
@@ -181,8 +194,8 @@ struct QuantTilePipeline {
     const int n_tok = min(kTileTokens, end16 - first);
     if (lane == 0) MbarrierArriveExpectTx(Full(stage), n_tok * bytes_per_token);
     __syncwarp();
-    const int r0 = (lane / 6) * run_tokens;
-    if (lane < 6 * (kTileTokens / 16) && r0 < n_tok) {
+    const int r0 = (lane / kKinds) * run_tokens;
+    if (lane < kKinds * (kTileTokens / 16) && r0 < n_tok && copy_row_bytes > 0) {
       const int n = min(run_tokens, n_tok - r0);
       const int tok = first + r0;
       const int page = PageIds()[(tok >> p.page_size_log2) - (begin >> p.page_size_log2)];
@@ -215,21 +228,27 @@ struct QuantTilePipeline {
   __device__ __forceinline__ void Release(int tile) const {
     MbarrierArrive(Empty(tile % Geo::kStages));
   }
-  // Refill of the stages of step `tile`'s predecessors: step i's producer is warp (i / cpw) % 4
-  // (the role rotates, so no warp carries it every step). Tile `next` goes into the stage of
-  // tile next - kStages, which every thread must have released. With cpw = 1 the producer
-  // issues at the end of its step (tile + 3, needed two steps later; the others have usually
-  // released tile - 1 by then); with cpw = 2 at the start (the tiles are needed next step).
-  __device__ __forceinline__ void Produce(int tile, int cpw) const {
-    if ((threadIdx.x >> 5) != (tile / cpw) % kWarps) return;
-    for (int u = 0; u < cpw; ++u) {
-      const int next = tile + Geo::kStages - cpw + u;
-      if (next < n_tiles) {
-        if (next >= Geo::kStages) {
-          MbarrierWait(Empty(next % Geo::kStages), ((next / Geo::kStages) - 1) & 1);
-        }
-        Issue(next, next % Geo::kStages);
+  // This thread is done with `tile`: its stage released, and the tile's producer warp issues
+  // the refill (Release, then Produce).
+  __device__ __forceinline__ void Done(int tile) const {
+    Release(tile);
+    Produce(tile);
+  }
+  // Refill at the end of step `tile`, called by the warps that read it: the producer is one of
+  // them, the role rotating among them (every warp reading every tile: warp tile % 4, so no
+  // warp carries it every step). It issues tile + 3, needed two steps later (the others have
+  // usually released tile - 1 by then), into the stage of tile + 3 - kStages, which every
+  // reader of that tile must have released.
+  __device__ __forceinline__ void Produce(int tile) const {
+    const int groups = kWarps / warps_per_tile;
+    const int producer = (tile % groups) * warps_per_tile + (tile / groups) % warps_per_tile;
+    if ((threadIdx.x >> 5) != producer) return;
+    const int next = tile + Geo::kStages - 1;
+    if (next < n_tiles) {
+      if (next >= Geo::kStages) {
+        MbarrierWait(Empty(next % Geo::kStages), ((next / Geo::kStages) - 1) & 1);
       }
+      Issue(next, next % Geo::kStages);
     }
   }
 };
@@ -341,21 +360,164 @@ __device__ __forceinline__ void QkEpilogue(float (&s)[4], const float (&c)[4], f
   s[3] += sfb * c3 + mfb * qs.y;
 }
 
-// CPW: 16-token chunks per warp and loop step (1 or 2). With 2, a warp runs QK^T of two
-// chunks (from two consecutive tiles) side by side, one softmax update for both, then both PVs:
-// twice the independent work between the dependent steps, half the barriers and reductions.
-// PACK (heads_per_block <= 4): the bf16 hi and lo parts of the query and of p * scale use the
-// two halves of the MMA's N = 8 columns: column h < 4 carries head h's hi part, column h + 4
-// its lo part. QK^T and PV are one MMA each instead of two; the hi and lo columns are added by
-// one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at the end
-// of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits and run
-// the same softmax, so their m, l and p agree bit for bit.
-// FPGK, FPGV: fields per quantization group of K and of V (G / RB) as compile-time values
-// (1, 2 or 4; the group epilogue), or 0: the group of a field looked up at run time and QK^T
-// finished per field (the per-field epilogue). With FPGK > 0 the fields of a group share one
-// accumulator and one epilogue, and a row's scales / mins (D / G bf16) are one 2-, 4- or
-// 8-byte load each.
-template <int D, int BITS, int CPW, bool PACK, int FPGK = 0, int FPGV = 0>
+// PV of a quantized history's chunk with the bf16 MMAs over per-token (affine_token) value rows,
+// shared by the loops whose softmax is WarpState's (QuantSplit, TileKeySplit): A = the V^T code
+// fields in place (exact), B = p * scale * 2^64 as bf16 hi and lo (PACK: in the column halves,
+// as QuantSplit says); the min term sum_t p_t * min_t per field's group on the side.
+// FPGV: fields per V group.
+template <int D, int BITS, bool PACK, int FPGV>
+struct PvLoop {
+  using Geo = QuantGeometry<D, BITS>;
+  static constexpr int F = Geo::kFields;
+  float min_sum[F][2];
+
+  __device__ __forceinline__ PvLoop() {
+#pragma unroll
+    for (int f = 0; f < F; ++f) min_sum[f][0] = min_sum[f][1] = 0.0f;
+  }
+  // The softmax moved its max: alpha[i] for head column i (WarpState::Update).
+  __device__ __forceinline__ void Rescale(const float (&alpha)[2]) {
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+      min_sum[f][0] *= alpha[0];
+      min_sum[f][1] *= alpha[1];
+    }
+  }
+  // The 16-token chunk `chunk` (0..3) of `stage` (rows row_a, row_b of the accumulator layout;
+  // V rows vrow for PV's k index) with p = pr (WarpState::Update's layout).
+  __device__ __forceinline__ void Step(const unsigned char* stage, int chunk, int gi, int t4,
+                                       int row_a, int row_b, const int (&vrow)[4],
+                                       const float (&pr)[4], bool valid_a, bool valid_b,
+                                       WarpState<D>& st) {
+    constexpr int RB = Geo::kRowBytes;
+    const int ngv = D / (FPGV * RB);
+    // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
+    const unsigned char* vc = stage + Geo::kCodesBytes + chunk * kChunkTokens * RB;
+    const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                            2 * Geo::kMetaBytes) +
+                          chunk * kChunkTokens * ngv;
+    const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
+                                                            3 * Geo::kMetaBytes) +
+                          chunk * kChunkTokens * ngv;
+    const PvCodes<D, BITS> codes(vc, vrow, gi);
+    // The row's NGV scales and mins, one load each.
+    constexpr int NGV = F / FPGV;
+    // PACK: lanes t4 and t4 ^ 2 hold the same p (QuantSplit: the same logits, bit for bit); the
+    // hi columns (t4 < 2) need the hi parts of rows a and b, the lo columns (t4 >= 2) the lo
+    // parts. Each lane forms one row's p * scale (t4 < 2: row a, else row b) and one shuffle
+    // (lane ^ 2) trades the part the other lane needs: the same B operands, half the work.
+    const bool lo_lane = PACK && t4 >= 2;
+    const int s_row = lo_lane ? row_b : row_a;  // PACK: the row whose scales this lane reads
+    const bool s_valid = lo_lane ? valid_b : valid_a;
+    const float p0 = lo_lane ? pr[2] : pr[0], p1 = lo_lane ? pr[3] : pr[1];
+    uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + (PACK ? s_row : row_a) * NGV),
+                     vsa);
+    if constexpr (!PACK) {
+      LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
+    }
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
+    LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
+    uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
+    float mfa = 0.0f, mfb = 0.0f;
+    StaticFor<F>([&](auto fc) {
+      constexpr int f = decltype(fc)::value;
+      if constexpr (f % FPGV == 0) {
+        // Select, not multiply: rows past the end may hold any bits.
+        constexpr int g = f / FPGV;
+        mfa = valid_a ? Bf16OfRow<g>(vma) : 0.0f;
+        mfb = valid_b ? Bf16OfRow<g>(vmb) : 0.0f;
+        // B = p * scale * 2^64 against the in-place (subnormal) code fields.
+        if constexpr (PACK) {
+          const float sf_v = (s_valid ? Bf16OfRow<g>(vsa) : 0.0f) * kPvOperandScale;
+          uint32_t hi, lo;
+          SplitBf16(p0 * sf_v, p1 * sf_v, hi, lo);
+          const uint32_t keep = lo_lane ? lo : hi;
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, lo_lane ? hi : lo, 2);
+          // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
+          bh0 = Transpose8x8(lo_lane ? got : keep);  // row a
+          bh1 = Transpose8x8(lo_lane ? keep : got);  // row b
+        } else {
+          const float sfa = valid_a ? Bf16OfRow<g>(vsa) : 0.0f;
+          const float sfb = valid_b ? Bf16OfRow<g>(vsb) : 0.0f;
+          uint32_t hi_a, lo_a, hi_b, lo_b;
+          const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
+          SplitBf16(pr[0] * sfa_v, pr[1] * sfa_v, hi_a, lo_a);
+          SplitBf16(pr[2] * sfb_v, pr[3] * sfb_v, hi_b, lo_b);
+          bh0 = Transpose8x8(hi_a);
+          bh1 = Transpose8x8(hi_b);
+          bl0 = Transpose8x8(lo_a);
+          bl1 = Transpose8x8(lo_b);
+        }
+      }
+      min_sum[f][0] += pr[0] * mfa + pr[2] * mfb;
+      min_sum[f][1] += pr[1] * mfa + pr[3] * mfb;
+#pragma unroll
+      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        uint32_t a[4];
+        codes.template A<f>(jp, a);
+        const int mt = f * Geo::kPvPairs + jp;
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
+        if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
+      }
+    });
+  }
+  // Ends the split: the PACK columns added, each field unscaled, the min term added.
+  __device__ __forceinline__ void Finish(WarpState<D>& st) {
+    if constexpr (PACK) {
+      // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then
+      // hold copies for the unused heads 4..7, which CombineAndStore never writes out.
+#pragma unroll
+      for (int mt = 0; mt < D / 16; ++mt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st.acc[mt][i] += __shfl_xor_sync(0xffffffffu, st.acc[mt][i], 2);
+      }
+    }
+    // Field f accumulated 2^(f*b - 69) * sum p * scale * q (PvUnscale); then the min term:
+    // sum_t p_t * min_t of each field's group, the same for every channel of it.
+    StaticFor<F>([&](auto fc) {
+      constexpr int f = decltype(fc)::value;
+      constexpr float kUnscale = PvUnscale<BITS, f>();
+      const float m0 = SumOverRows(min_sum[f][0]);
+      const float m1 = SumOverRows(min_sum[f][1]);
+#pragma unroll
+      for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        const int mt = f * Geo::kPvPairs + jp;
+        st.acc[mt][0] = st.acc[mt][0] * kUnscale + m0;
+        st.acc[mt][1] = st.acc[mt][1] * kUnscale + m1;
+        st.acc[mt][2] = st.acc[mt][2] * kUnscale + m0;
+        st.acc[mt][3] = st.acc[mt][3] * kUnscale + m1;
+      }
+    });
+  }
+};
+
+// The end of a split whose PV is PvLoop's (QuantSplit, TileKeySplit): PV's unscale and min term,
+// then the block's warps combine their states and store the split's partials.
+template <int D, int BITS, bool PACK, int FPGV>
+__device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
+                                                 PvLoop<D, BITS, PACK, FPGV>& pv,
+                                                 WarpState<D>& st, unsigned char* smem, int gi,
+                                                 int b, int head0, int split) {
+  pv.Finish(st);
+  __syncthreads();
+  CombineAndStore<D>(
+      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
+      head0, split);
+}
+
+// One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
+// warp takes one 16-token chunk of every 64-token tile: QK^T, one softmax update, PV.
+// PACK (heads_per_block <= 4, kPacked): the bf16 hi and lo parts of the query and of p * scale
+// use the two halves of the MMA's N = 8 columns: column h < 4 carries head h's hi part, column
+// h + 4 its lo part. QK^T and PV are one MMA each instead of two; the hi and lo columns are
+// added by one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at
+// the end of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits
+// and run the same softmax, so their m, l and p agree bit for bit.
+// FPGK, FPGV: fields per quantization group of K and of V (G / RB: 1, 2 or 4) as compile-time
+// values (the group epilogue): the fields of a group share one accumulator and one epilogue,
+// and a row's scales / mins (D / G bf16) are one 2-, 4- or 8-byte load each.
+template <int D, int BITS, bool PACK, int FPGK, int FPGV>
 __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
                                            int kvh, int head0, int b, int split, int begin,
                                            int end) {
@@ -363,17 +525,12 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   constexpr int F = Geo::kFields;
   constexpr int RB = Geo::kRowBytes;
   constexpr int NW = Geo::kQkWords;
+  static_assert(FPGK > 0 && FPGV > 0, "fields per group of K and of V");
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int gi = lane >> 2;
   const int t4 = lane & 3;
   const int h0 = 2 * t4;
-  const int ngk = D / p.key_group;
-  const int ngv = D / p.value_group;
-  const int fpg_k = p.key_group / RB;    // fields per group (>= 1, a power of two)
-  const int fpg_v = p.value_group / RB;
-  const int fpg_k_log2 = __ffs(fpg_k) - 1;  // group of field f: f >> log2 (no division)
-  const int fpg_v_log2 = __ffs(fpg_v) - 1;
   const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
 
   using Pipeline = QuantTilePipeline<D, BITS>;
@@ -383,9 +540,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
   // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
   // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
-  // field the sum of the represented q~ (hi + lo) over the field's channels (min term).
-  static_assert(CPW == 1 || CPW == 2, "chunks per warp step");
-  pipe.Start(Geo::kStages - CPW);
+  // group the sum of the represented q~ (hi + lo) over the group's channels (min term).
+  pipe.Start(Geo::kStages - 1);
   LoadRotatedQueries<D>(p, b, head0, q_s);
 
   // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
@@ -393,8 +549,8 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   // The query fragments live in shared memory (read once per k-step, 16 bytes a lane) rather
   // than in 4*D/16 registers, which keeps the kernel under 128 registers without spills.
   uint4* bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D + 2 * F * kMaxHeadsPerBlock);
-  // qsum_s[f][h]: sum of the represented q~ (hi + lo) of head h over field f's channels;
-  // bias_s[f][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
+  // qsum_s[g][h]: sum of the represented q~ (hi + lo) of head h over group g's channels;
+  // bias_s[g][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
   float* qsum_s = q_s + kMaxHeadsPerBlock * D;
   float* bias_s = qsum_s + F * kMaxHeadsPerBlock;
   uint2* bq2_s = reinterpret_cast<uint2*>(bq_s);  // PACK: {part k-lo, part k-hi} per lane
@@ -402,7 +558,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
     // PACK: column gi carries the hi (gi < 4) or lo (gi >= 4) part of head gi & 3.
     const float* qh = q_s + (PACK ? (gi & 3) : gi) * D;
     const bool lo_column = PACK && gi >= 4;
-    float group_bias = 0.0f, group_qsum = 0.0f;  // FPGK > 0
+    float group_bias = 0.0f, group_qsum = 0.0f;
     StaticFor<F>([&](auto fc) {
       constexpr int f = decltype(fc)::value;
       constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
@@ -437,22 +593,16 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      if constexpr (FPGK > 0) {
-        // Group epilogue: the sums over the fields of group f / FPGK.
-        group_bias += sum;
-        group_qsum += sum / kScale;  // exact: a power of two
-        if (f % FPGK == FPGK - 1) {
-          if (warp == 0 && t4 == 0) {
-            const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
-            bias_s[at] = group_bias;
-            qsum_s[at] = group_qsum;
-          }
-          group_bias = group_qsum = 0.0f;
+      // The sums over the fields of group f / FPGK.
+      group_bias += sum;
+      group_qsum += sum / kScale;  // exact: a power of two
+      if (f % FPGK == FPGK - 1) {
+        if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
+          const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
+          bias_s[at] = group_bias;
+          qsum_s[at] = group_qsum;
         }
-      } else if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
-        const int at = f * kMaxHeadsPerBlock + gi;
-        bias_s[at] = sum;
-        qsum_s[at] = sum / kScale;  // exact: a power of two
+        group_bias = group_qsum = 0.0f;
       }
     });
   }
@@ -460,9 +610,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
   WarpState<D> st;
   st.Init();
-  float min_sum[F][2];
-#pragma unroll
-  for (int f = 0; f < F; ++f) min_sum[f][0] = min_sum[f][1] = 0.0f;
+  PvLoop<D, BITS, PACK, FPGV> pv;
 
   const int row_a = ChunkRow(gi);
   const int row_b = ChunkRow(gi + 8);
@@ -473,229 +621,69 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   // has no block-wide barrier (QuantTilePipeline), so warps drift apart by up to the pipeline
   // depth instead of meeting every tile.
   __syncthreads();
-  for (int tile = 0; tile < n_tiles; tile += CPW) {
-    if constexpr (CPW > 1) pipe.Produce(tile, CPW);
-    // Sub-chunk u: this warp's 16 rows of tile + u.
-    const unsigned char* stage[CPW];
-    int chunk_first[CPW];
-    bool has[CPW];
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      const int t = tile + u;
-      chunk_first[u] = begin + t * kTileTokens + warp * kChunkTokens;
-      has[u] = t < n_tiles && chunk_first[u] < end;
-      if (t < n_tiles) pipe.WaitFull(t);
-      // A sub-chunk without rows reads the first one's (loaded) rows, all masked.
-      stage[u] = pipe.Stage(has[u] ? t : tile);
-    }
-    do {
-    if (!has[0]) break;  // has[u] implies has[0]
-    bool valid_a[CPW], valid_b[CPW];
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      valid_a[u] = has[u] && chunk_first[u] + row_a < end;
-      valid_b[u] = has[u] && chunk_first[u] + row_b < end;
-    }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    // This warp's 16 rows of the tile.
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    pipe.WaitFull(tile);
+    const unsigned char* stage = pipe.Stage(tile);
+    if (chunk_first < end) {
+      const bool valid_a = chunk_first + row_a < end;
+      const bool valid_b = chunk_first + row_b < end;
 
-    // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
-    float s[CPW][4];
-    {
-      uint32_t ka[CPW][NW], kb[CPW][NW], ka8[CPW][NW], kb8[CPW][NW];  // 8: bytes 1, 3 moved down
-#pragma unroll
-      for (int u = 0; u < CPW; ++u) {
-        const unsigned char* kc = stage[u] + warp * kChunkTokens * RB;
-        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka[u]);
-        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb[u]);
+      // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
+      float s[4];
+      {
+        uint32_t ka[NW], kb[NW], ka8[NW], kb8[NW];  // 8: bytes 1, 3 moved down
+        const unsigned char* kc = stage + warp * kChunkTokens * RB;
+        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
+        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-          ka8[u][w] = ka[u][w] >> 8;
-          kb8[u][w] = kb[u][w] >> 8;
+          ka8[w] = ka[w] >> 8;
+          kb8[w] = kb[w] >> 8;
         }
-        s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
-      }
-      if constexpr (FPGK > 0) {
-        // One accumulator per (group, sub-chunk): the fields of a group add up before one
-        // epilogue with the group's scale and min; NGK = D / G scales (mins) of a row in one load.
+        s[0] = s[1] = s[2] = s[3] = 0.0f;
+        // One accumulator per group: the fields of a group add up before one epilogue with the
+        // group's scale and min; NGK = D / G scales (mins) of a row in one load.
         constexpr int NGK = F / FPGK;
-#pragma unroll
-        for (int u = 0; u < CPW; ++u) {
-          const unsigned char* meta = stage[u] + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
-          uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
-          LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
-          LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
-          LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
-          LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
-          StaticFor<NGK>([&](auto gc) {
-            constexpr int g = decltype(gc)::value;
-            float c[4] = {0.f, 0.f, 0.f, 0.f};
-            StaticFor<FPGK>([&](auto jc) {
-              constexpr int f = g * FPGK + decltype(jc)::value;
-              QkField<BITS, f, NW, PACK>(c, ka[u], kb[u], ka8[u], kb8[u], code_bias, bq_s, lane);
-            });
-            const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
-            const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
-            QkEpilogue(s[u], c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
-                       Bf16OfRow<g>(mb));
-          });
-        }
-      } else {
-      // One accumulator per (field, sub-chunk), finished by its own epilogue with its group's
-      // scale and min (the sum over the fields of a group is the group's term): no run-time
-      // branch on the group size, and F * CPW independent HMMA chains of 2*NW.
-      StaticFor<F>([&](auto fc) {
-        constexpr int f = decltype(fc)::value;
-        const int g = f >> fpg_k_log2;
-        const float2 qs = *reinterpret_cast<const float2*>(qsum_s + f * kMaxHeadsPerBlock + h0);
-        const float2 qb = *reinterpret_cast<const float2*>(bias_s + f * kMaxHeadsPerBlock + h0);
-#pragma unroll
-        for (int u = 0; u < CPW; ++u) {
+        const unsigned char* meta = stage + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
+        uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
+        LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
+        LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
+        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
+        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
+        StaticFor<NGK>([&](auto gc) {
+          constexpr int g = decltype(gc)::value;
           float c[4] = {0.f, 0.f, 0.f, 0.f};
-          QkField<BITS, f, NW, PACK>(c, ka[u], kb[u], ka8[u], kb8[u], code_bias, bq_s, lane);
-          const uint16_t* ks = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes) +
-                               warp * kChunkTokens * ngk;
-          const uint16_t* km = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
-                                                                 Geo::kMetaBytes) +
-                               warp * kChunkTokens * ngk;
-          QkEpilogue(s[u], c, qb, qs, Bf16ToFloat(ks[row_a * ngk + g]),
-                     Bf16ToFloat(ks[row_b * ngk + g]), Bf16ToFloat(km[row_a * ngk + g]),
-                     Bf16ToFloat(km[row_b * ngk + g]));
-        }
-      });
-      }  // FPGK == 0
-      if constexpr (PACK) {
-        // Head h's logit = column h (hi part) + column h + 4 (lo part).
+          StaticFor<FPGK>([&](auto jc) {
+            constexpr int f = g * FPGK + decltype(jc)::value;
+            QkField<BITS, f, NW, PACK>(c, ka, kb, ka8, kb8, code_bias, bq_s, lane);
+          });
+          const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
+          const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
+          QkEpilogue(s, c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
+                     Bf16OfRow<g>(mb));
+        });
+        if constexpr (PACK) {
+          // Head h's logit = column h (hi part) + column h + 4 (lo part).
 #pragma unroll
-        for (int u = 0; u < CPW; ++u) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) s[u][i] += __shfl_xor_sync(0xffffffffu, s[u][i], 2);
+          for (int i = 0; i < 4; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
         }
       }
-    }
-    float sl[CPW][4];
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      sl[u][0] = valid_a[u] ? s[u][0] * fac : -INFINITY;
-      sl[u][1] = valid_a[u] ? s[u][1] * fac : -INFINITY;
-      sl[u][2] = valid_b[u] ? s[u][2] * fac : -INFINITY;
-      sl[u][3] = valid_b[u] ? s[u][3] * fac : -INFINITY;
-    }
-    float pr[CPW][4];
-    float alpha[2];
-    if (st.template UpdateN<CPW>(sl, pr, alpha)) {  // alpha == 1 on lanes whose max did not move
-#pragma unroll
-      for (int f = 0; f < F; ++f) {
-        min_sum[f][0] *= alpha[0];
-        min_sum[f][1] *= alpha[1];
-      }
-    }
+      float sl[4];
+      sl[0] = valid_a ? s[0] * fac : -INFINITY;
+      sl[1] = valid_a ? s[1] * fac : -INFINITY;
+      sl[2] = valid_b ? s[2] * fac : -INFINITY;
+      sl[3] = valid_b ? s[3] * fac : -INFINITY;
+      float pr[4];
+      float alpha[2];
+      if (st.Update(sl, pr, alpha)) pv.Rescale(alpha);  // alpha == 1 where the max stayed
 
-    // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      const unsigned char* vc = stage[u] + Geo::kCodesBytes + warp * kChunkTokens * RB;
-      const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
-                                                              2 * Geo::kMetaBytes) +
-                            warp * kChunkTokens * ngv;
-      const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage[u] + 2 * Geo::kCodesBytes +
-                                                              3 * Geo::kMetaBytes) +
-                            warp * kChunkTokens * ngv;
-      const bool va = valid_a[u], vb = valid_b[u];
-      const float(&pu)[4] = pr[u];
-      const PvCodes<D, BITS> codes(vc, vrow, gi);
-      // FPGV > 0: the row's NGV scales and mins, one load each.
-      constexpr int NGV = FPGV > 0 ? F / FPGV : 1;
-      uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
-      if constexpr (FPGV > 0) {
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_a * NGV), vsa);
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vsc + row_b * NGV), vsb);
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_a * NGV), vma);
-        LoadBf16Row<NGV>(reinterpret_cast<const unsigned char*>(vmn + row_b * NGV), vmb);
-      }
-      uint32_t bh0 = 0, bh1 = 0, bl0 = 0, bl1 = 0;
-      float mfa = 0.0f, mfb = 0.0f;
-      StaticFor<F>([&](auto fc) {
-        constexpr int f = decltype(fc)::value;
-        if (FPGV > 0 ? f % (FPGV > 0 ? FPGV : 1) == 0 : (f & (fpg_v - 1)) == 0) {
-          float sfa, sfb;
-          // Select, not multiply: rows past the end may hold any bits.
-          if constexpr (FPGV > 0) {
-            constexpr int g = f / (FPGV > 0 ? FPGV : 1);
-            sfa = va ? Bf16OfRow<g>(vsa) : 0.0f;
-            sfb = vb ? Bf16OfRow<g>(vsb) : 0.0f;
-            mfa = va ? Bf16OfRow<g>(vma) : 0.0f;
-            mfb = vb ? Bf16OfRow<g>(vmb) : 0.0f;
-          } else {
-            const int g = f >> fpg_v_log2;
-            sfa = va ? Bf16ToFloat(vsc[row_a * ngv + g]) : 0.0f;
-            sfb = vb ? Bf16ToFloat(vsc[row_b * ngv + g]) : 0.0f;
-            mfa = va ? Bf16ToFloat(vmn[row_a * ngv + g]) : 0.0f;
-            mfb = vb ? Bf16ToFloat(vmn[row_b * ngv + g]) : 0.0f;
-          }
-          uint32_t hi_a, lo_a, hi_b, lo_b;
-          // B = p * scale * 2^64 against the in-place (subnormal) code fields.
-          const float sfa_v = sfa * kPvOperandScale, sfb_v = sfb * kPvOperandScale;
-          SplitBf16(pu[0] * sfa_v, pu[1] * sfa_v, hi_a, lo_a);
-          SplitBf16(pu[2] * sfb_v, pu[3] * sfb_v, hi_b, lo_b);
-          if constexpr (PACK) {
-            // Columns 2*t4, 2*t4 + 1 >= 4 (t4 >= 2) take the lo part.
-            bh0 = Transpose8x8(t4 >= 2 ? lo_a : hi_a);
-            bh1 = Transpose8x8(t4 >= 2 ? lo_b : hi_b);
-          } else {
-            bh0 = Transpose8x8(hi_a);
-            bh1 = Transpose8x8(hi_b);
-            bl0 = Transpose8x8(lo_a);
-            bl1 = Transpose8x8(lo_b);
-          }
-        }
-        min_sum[f][0] += pu[0] * mfa + pu[2] * mfb;
-        min_sum[f][1] += pu[1] * mfa + pu[3] * mfb;
-#pragma unroll
-        for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-          uint32_t a[4];
-          codes.template A<f>(jp, a);
-          const int mt = f * Geo::kPvPairs + jp;
-          MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
-          if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
-        }
-      });
+      pv.Step(stage, warp, gi, t4, row_a, row_b, vrow, pr, valid_a, valid_b, st);
     }
-    } while (false);
-    // This thread is done reading the step's stages (tile + u).
-#pragma unroll
-    for (int u = 0; u < CPW; ++u) {
-      if (tile + u < n_tiles) pipe.Release(tile + u);
-    }
-    if constexpr (CPW == 1) pipe.Produce(tile, CPW);
+    pipe.Done(tile);
   }
-  if constexpr (PACK) {
-    // Head h's accumulator = column h (p * scale hi) + column h + 4 (lo); lanes t4 >= 2 then
-    // hold copies for the unused heads 4..7, which CombineAndStore never writes out.
-#pragma unroll
-    for (int mt = 0; mt < D / 16; ++mt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) st.acc[mt][i] += __shfl_xor_sync(0xffffffffu, st.acc[mt][i], 2);
-    }
-  }
-  // Field f accumulated 2^(f*b - 69) * sum p * scale * q (PvUnscale); then the min term:
-  // sum_t p_t * min_t of each field's group, the same for every channel of it.
-  StaticFor<F>([&](auto fc) {
-    constexpr int f = decltype(fc)::value;
-    constexpr float kUnscale = PvUnscale<BITS, f>();
-    const float m0 = SumOverRows(min_sum[f][0]);
-    const float m1 = SumOverRows(min_sum[f][1]);
-#pragma unroll
-    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-      const int mt = f * Geo::kPvPairs + jp;
-      st.acc[mt][0] = st.acc[mt][0] * kUnscale + m0;
-      st.acc[mt][1] = st.acc[mt][1] * kUnscale + m1;
-      st.acc[mt][2] = st.acc[mt][2] * kUnscale + m0;
-      st.acc[mt][3] = st.acc[mt][3] * kUnscale + m1;
-    }
-  });
-  __syncthreads();
-  CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
-      head0, split);
+  FinishQuantSplit(p, pv, st, smem, gi, b, head0, split);
 }
 
 }  // namespace kvq::gpu::attention::detail

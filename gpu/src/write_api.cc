@@ -3,22 +3,20 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "kvq/common/error.h"
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
+#include "kvq/common/stages.h"
 #include "kvq/gpu/cuda_check.h"
-#include "kvq/gpu/device_array.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
 #include "kvq/gpu/write.h"
 
 namespace kvq::gpu {
 namespace {
-
-float FwhtScale(int block) {
-  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(block)));
-}
 
 int Log2(int power_of_two) {
   int log = 0;
@@ -36,6 +34,10 @@ void CheckLaunch(cudaError_t status, const char* what, const WriteParams& p, con
                                RotationKindName(p.rotation), ", FWHT block ", p.fwht_block(),
                                " (or a pointer that is null or not 16-byte aligned)"));
   }
+  if (status == cudaErrorNotSupported) {
+    throw Error(ErrorCode::kUnsupported,
+                kvq::detail::Concat(what, ": no CUDA kernel for this stage yet (spec 1.1)"));
+  }
   if (status != cudaSuccess) ThrowCudaError(status, what, file, line);
 }
 #define KVQ_CHECK_LAUNCH(expr, what, p) CheckLaunch((expr), what, p, __FILE__, __LINE__)
@@ -48,45 +50,63 @@ int CheckedRows(size_t n, const char* what) {
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-StageArgs BaseStageArgs(size_t n, const WriteParams& p, const char* what) {
-  p.Validate();
-  StageArgs a;
-  a.rows = static_cast<int64_t>(n);
-  KVQ_CHECK(a.rows >= 0 && n <= (static_cast<size_t>(INT64_MAX) / 256), kInvalidArgument, what,
-            ": row count ", n, " is too large");
-  a.head_dim = p.head_dim;
-  a.group = p.group;
-  a.bits = p.bits;
-  a.clip = p.clip;
-  a.fwht_block = p.fwht_block();
-  a.fwht_scale = FwhtScale(p.fwht_block());
-  return a;
-}
-
-void RunStage(Stage stage, const StageArgs& a, const WriteParams& p, cudaStream_t stream) {
-  if (a.rows == 0) return;
-  KVQ_CHECK_LAUNCH(DispatchStage(stage, a, stream), StageName(stage), p);
-}
-
 #define KVQ_REQUIRE_POINTER(ptr, what) \
   KVQ_CHECK((ptr) != nullptr, kInvalidArgument, what, ": " #ptr " is null")
 
-// The fields of FusedWriteArgs that come from WriteParams and per-head data.
-FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads, const char* what) {
-  FusedWriteArgs a;
-  a.rotation = static_cast<int>(p.rotation);
+// The fused kernels write the affine_token format (write_fused.cu; G of 32, 64, 128 channels or
+// G = d) and the affine_tile format (write_tile.cu; identity or FWHT rotations, a norm per KV
+// head or per token over all of them): refuse anything else, naming it.
+void CheckFusedFormat(const WriteParams& p, const char* what) {
+  switch (p.format) {
+    case Format::kAffineToken:
+      KVQ_CHECK(IsSupportedGroup(p.group, p.head_dim), kUnsupported, what, ": group ", p.group,
+                " has no CUDA fused write (32, 64 or 128 channels, or G = d)");
+      break;
+    case Format::kAffineTile:
+      KVQ_CHECK(p.rotation != RotationKind::kDense, kUnsupported, what,
+                ": the CUDA tile write takes identity or FWHT rotations, not a dense one");
+      KVQ_CHECK(!p.norm || static_cast<int64_t>(p.norm_span()) <= kMaxNormSpan, kUnsupported,
+                what, ": a norm over ", p.norm_heads, " KV heads of d = ", p.head_dim,
+                " spans more than the CUDA limit of ", kMaxNormSpan, " values");
+      break;
+    default:
+      KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores the affine_token and "
+                "affine_tile formats, not ", FormatName(p.format));
+  }
+  CheckKernelLayout(p, what);
+}
+
+// The launcher of p's format.
+cudaError_t DispatchWrite(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
+  if (p.format == Format::kAffineTile) return DispatchTileWrite(p.head_dim, a, stream);
+  return DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream);
+}
+
+// The fields of FusedWriteArgs that come from WriteParams and per-head data: `a` with the
+// rotation and clip of `p` / `heads` and the destination planes `planes` (LayoutOf(p) order).
+FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
+                            uint8_t* const (&planes)[kMaxPlanes], FusedWriteArgs a,
+                            const char* what) {
+  CheckFusedFormat(p, what);
   if (p.rotation == RotationKind::kDense) {
     KVQ_CHECK(heads.rotation != nullptr, kInvalidArgument, what,
               ": dense rotation requested but the rotation matrices are null");
     KVQ_CHECK(Aligned16(heads.rotation), kInvalidArgument, what,
               ": the rotation matrices are not 16-byte aligned");
   }
-  a.rotations = heads.rotation;
-  a.fwht_block = p.fwht_block();
-  a.fwht_scale = FwhtScale(p.fwht_block());
-  a.bitrev = p.bitrev;
+  a.rotation = MakeRotationArgs(p, heads);
   a.clip = p.clip;
   a.clip_per_head = heads.clip;
+  a.tile_tokens = p.format == Format::kAffineTile ? p.group : 0;
+  a.bits = p.bits;
+  a.norm = p.norm;
+  a.norm_shared = p.norm && p.norm_heads > 1;  // the token scope (the cache checked Hkv)
+  const FormatLayout layout = LayoutOf(p);
+  for (int i = 0; i < kMaxPlanes; ++i) {
+    KVQ_CHECK(i >= layout.num_planes || planes[i] != nullptr, kInvalidArgument, what,
+              ": the destination plane '", layout.plane(i).name, "' is null");
+    a.planes[i] = i < layout.num_planes ? planes[i] : nullptr;
+  }
   return a;
 }
 
@@ -98,178 +118,125 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
   if (rows == 0) return;
   KVQ_REQUIRE_POINTER(x, kWhat);
   KVQ_CHECK(Aligned16(x), kInvalidArgument, kWhat, ": input rows are not 16-byte aligned");
-  KVQ_REQUIRE_POINTER(out.packed, kWhat);
-  KVQ_REQUIRE_POINTER(out.scale, kWhat);
-  KVQ_REQUIRE_POINTER(out.min, kWhat);
   HeadData heads;
   heads.rotation = rotation;
-  FusedWriteArgs a = WriteArgsFor(p, heads, kWhat);
+  if (p.format == Format::kAffineTile) {
+    KVQ_CHECK(rows % p.group == 0, kInvalidArgument, kWhat, ": ", rows,
+              " rows is not a whole number of tiles of ", p.group, " tokens");
+    KVQ_CHECK(out.rotated == nullptr && out.tau == nullptr, kInvalidArgument, kWhat,
+              ": the tile write has no rotated / tau outputs (affine_token only)");
+    KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, kWhat, ": a norm over ",
+              p.norm_heads, " KV heads needs every head's rows (the paged cache writes)");
+  }
+  FusedWriteArgs a = WriteArgsFor(p, heads, out.planes, FusedWriteArgs(), kWhat);
   a.x = x;
   a.x_is_bf16 = bf16;
   a.num_heads = 1;
   a.num_tokens = rows;
   a.token_stride = p.head_dim;
   a.mode = WriteMode::kRows;
-  a.codes = out.packed;
-  a.scale = out.scale;
-  a.min = out.min;
   a.rotated = out.rotated;
   a.tau = out.tau;
   a.error_flags = error_flags;
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream), kWhat, p);
+  KVQ_CHECK_LAUNCH(DispatchWrite(p, a, stream), kWhat, p);
 }
 
 void CheckPool(const PagePool& pool, const char* what) {
-  KVQ_CHECK(pool.codes != nullptr && pool.scale != nullptr && pool.min != nullptr,
-            kInvalidArgument, what, ": a page pool pointer is null");
   KVQ_CHECK(pool.num_pages > 0, kInvalidArgument, what, ": the page pool has ", pool.num_pages,
             " pages");
 }
 
 void CheckCacheParams(const CacheParams& c, const char* what) {
   c.Validate();
-  KVQ_CHECK(c.quantized, kInvalidArgument, what,
-            ": CacheParams.quantized is false; the bf16 baseline has no history pages to write");
+  KVQ_CHECK(c.quantized(), kInvalidArgument, what,
+            ": the cache format is bf16 (not quantized); the bf16 baseline has no history "
+            "pages to write");
+  CheckFusedFormat(c.key, (std::string(what) + " (key)").c_str());
+  CheckFusedFormat(c.value, (std::string(what) + " (value)").c_str());
   KVQ_CHECK(c.num_kv_heads <= 65535, kInvalidArgument, what, ": num_kv_heads ", c.num_kv_heads,
             " exceeds 65535");
 }
 
 // The arguments of a history write (prefill or demotion) of K or V: `a` with the rotation,
-// clip and pool of that tensor (validated).
+// clip and pool of that tensor (validated; a null plane is named).
+// A flush (kFlush) takes the batch in num_tokens: a row of F per sequence for the per-token
+// write, a tile of them for the tile write (F / G_k blocks a sequence, write.h).
 FusedWriteArgs HistoryArgs(const WriteParams& p, const HeadData& heads, const PagePool& pool,
                            FusedWriteArgs a, const char* what) {
-  const FusedWriteArgs from_params = WriteArgsFor(p, heads, what);
-  a.rotation = from_params.rotation;
-  a.rotations = from_params.rotations;
-  a.fwht_block = from_params.fwht_block;
-  a.fwht_scale = from_params.fwht_scale;
-  a.bitrev = from_params.bitrev;
-  a.clip = from_params.clip;
-  a.clip_per_head = from_params.clip_per_head;
-  a.codes = pool.codes;
-  a.scale = pool.scale;
-  a.min = pool.min;
+  a = WriteArgsFor(p, heads, pool.planes, a, what);
   a.num_pages = pool.num_pages;
+  if (a.mode == WriteMode::kFlush && p.format != Format::kAffineTile) {
+    KVQ_CHECK(static_cast<int64_t>(a.num_tokens) * a.flush <= INT_MAX, kInvalidArgument, what,
+              ": batch ", a.num_tokens, " x flush ", a.flush, " rows exceed ", INT_MAX);
+    a.num_tokens *= a.flush;
+  }
   return a;
 }
 
 // The key and the value history writes of `base` (rows key_rows / value_rows). Both are
 // validated before the key launch is queued, so a bad value argument writes nothing; the value
 // launch overlaps the key launch's tail (they share nothing but the error flags' atomic OR).
+// key_new / value_new: a flush's new rows (kFlush with W = 0), else null.
 void LaunchHistories(const CacheParams& c, const HeadData& key_heads, const HeadData& value_heads,
                      const PagePool& key_pool, const PagePool& value_pool, FusedWriteArgs base,
-                     const void* key_rows, const void* value_rows, const char* what,
-                     cudaStream_t stream) {
+                     const void* key_rows, const void* value_rows, const void* key_new,
+                     const void* value_new, const char* what, cudaStream_t stream) {
   const std::string key_what = std::string(what) + " (key)";
   const std::string value_what = std::string(what) + " (value)";
   base.x = key_rows;
+  base.new_rows = key_new;
   const FusedWriteArgs k = HistoryArgs(c.key, key_heads, key_pool, base, key_what.c_str());
   base.x = value_rows;
+  base.new_rows = value_new;
   base.overlap_previous = true;
   const FusedWriteArgs v = HistoryArgs(c.value, value_heads, value_pool, base, value_what.c_str());
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(c.key.head_dim, c.key.group, c.key.bits, k, stream),
-                   key_what.c_str(), c.key);
-  KVQ_CHECK_LAUNCH(DispatchFusedWrite(c.value.head_dim, c.value.group, c.value.bits, v, stream),
-                   value_what.c_str(), c.value);
+  KVQ_CHECK_LAUNCH(DispatchWrite(c.key, k, stream), key_what.c_str(), c.key);
+  KVQ_CHECK_LAUNCH(DispatchWrite(c.value, v, stream), value_what.c_str(), c.value);
 }
 
 }  // namespace
 
 // ---- Stages ------------------------------------------------------------------------------------
 
-void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
-                 cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "rotate_dense");
+void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
+              cudaStream_t stream) {
+  const StageSpec& spec = GetStage(stage);
+  p.Validate();
+  KVQ_CHECK(StageApplies(spec, p), kUnsupported, spec.name, ": a stage of the ", spec.family,
+            " format, not of ", FormatName(p.format));
+  KVQ_CHECK(n <= static_cast<size_t>(INT64_MAX) / 256, kInvalidArgument, spec.name,
+            ": row count ", n, " is too large");
   if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "rotate_dense");
-  KVQ_REQUIRE_POINTER(r, "rotate_dense");
-  KVQ_REQUIRE_POINTER(y, "rotate_dense");
-  a.x = x;
-  a.r = r;
-  a.y = y;
-  RunStage(Stage::kRotateDense, a, p, stream);
+  StageArgs a;
+  for (int i = 0; i < spec.num_args; ++i) {
+    KVQ_CHECK(args[i] != nullptr, kInvalidArgument, spec.name, ": ", spec.args[i].name,
+              " is null");
+    for (int j = 0; j < i; ++j) {
+      KVQ_CHECK(args[i] != args[j], kInvalidArgument, spec.name, ": ", spec.args[j].name,
+                " and ", spec.args[i].name, " alias");
+    }
+    a.args[i] = args[i];
+  }
+  a.num_args = spec.num_args;
+  a.rows = static_cast<int64_t>(n);
+  a.params = p;
+  a.fwht_block = p.fwht_block();
+  a.fwht_scale = p.fwht_scale();
+  KVQ_CHECK_LAUNCH(DispatchStage(stage, a, stream), spec.name, p);
 }
 
-void Fwht(float* x, size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "fwht");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "fwht");
-  a.y = x;
-  RunStage(Stage::kFwht, a, p, stream);
-}
-
-void Bitrev(const float* x, float* y, size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "bitrev");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "bitrev");
-  KVQ_REQUIRE_POINTER(y, "bitrev");
-  KVQ_CHECK(x != y, kInvalidArgument, "bitrev: input and output alias");
-  a.x = x;
-  a.y = y;
-  RunStage(Stage::kBitrev, a, p, stream);
-}
-
-void Clip(float* x, float* tau, size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "clip");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "clip");
-  KVQ_REQUIRE_POINTER(tau, "clip");
-  a.y = x;
-  a.tau = tau;
-  RunStage(Stage::kClip, a, p, stream);
-}
-
-void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-              const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "quantize");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(x, "quantize");
-  KVQ_REQUIRE_POINTER(codes, "quantize");
-  KVQ_REQUIRE_POINTER(scale, "quantize");
-  KVQ_REQUIRE_POINTER(min, "quantize");
-  a.x = x;
-  a.codes = codes;
-  a.scale = scale;
-  a.min = min;
-  RunStage(Stage::kQuantize, a, p, stream);
-}
-
-void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p,
-          cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "pack");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(codes, "pack");
-  KVQ_REQUIRE_POINTER(packed, "pack");
-  a.codes_in = codes;
-  a.packed = packed;
-  RunStage(Stage::kPack, a, p, stream);
-}
-
-void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p,
-            cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "unpack");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(packed, "unpack");
-  KVQ_REQUIRE_POINTER(codes, "unpack");
-  a.packed_in = packed;
-  a.codes = codes;
-  RunStage(Stage::kUnpack, a, p, stream);
-}
-
-void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
-                size_t n, const WriteParams& p, cudaStream_t stream) {
-  StageArgs a = BaseStageArgs(n, p, "dequantize");
-  if (n == 0) return;
-  KVQ_REQUIRE_POINTER(codes, "dequantize");
-  KVQ_REQUIRE_POINTER(scale, "dequantize");
-  KVQ_REQUIRE_POINTER(min, "dequantize");
-  KVQ_REQUIRE_POINTER(y, "dequantize");
-  a.codes_in = codes;
-  a.scale_in = scale;
-  a.min_in = min;
-  a.y = y;
-  RunStage(Stage::kDequantize, a, p, stream);
-}
+// The stages of stages.inc: each passes its pointers, in order, to RunStage.
+#define KVQ_GPU_STAGE_DEFINITION(...) (__VA_ARGS__, cudaStream_t stream)
+#define KVQ_ARG(name, expect, dtype, dir, extent) const_cast<void*>(static_cast<const void*>(name)),
+#define KVQ_STAGE(name, Name, family, params, arg_list)  \
+  void Name KVQ_GPU_STAGE_DEFINITION params {            \
+    void* const list[] = {arg_list};                     \
+    RunStage(StageId::k##Name, list, n, p, stream);      \
+  }
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_ARG
+#undef KVQ_GPU_STAGE_DEFINITION
 
 // ---- Fused writes ------------------------------------------------------------------------------
 
@@ -281,38 +248,6 @@ void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, s
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags, cudaStream_t stream) {
   WriteRowsImpl(p, rotation, x, /*bf16=*/false, n, out, error_flags, stream);
-}
-
-TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
-                            int iters, int warmup) {
-  constexpr const char* kWhat = "TimeWriteRows";
-  p.Validate();
-  KVQ_CHECK(HasCudaDevice(), kUnsupported, kWhat, ": no CUDA device");
-  const int rows = CheckedRows(n, kWhat);
-  KVQ_CHECK(rows > 0, kInvalidArgument, kWhat, ": no rows to write");
-  KVQ_REQUIRE_POINTER(x, kWhat);
-  const bool dense = p.rotation == RotationKind::kDense;
-  if (dense) KVQ_REQUIRE_POINTER(rotation, kWhat);
-  const size_t d = static_cast<size_t>(p.head_dim);
-  DeviceArray<float> dx(x, n * d);
-  DeviceArray<float> dr(dense ? rotation : nullptr, dense ? d * d : 0);
-  DeviceArray<uint8_t> packed(n * static_cast<size_t>(p.code_bytes()));
-  DeviceArray<uint16_t> scale(n * static_cast<size_t>(p.num_groups()));
-  DeviceArray<uint16_t> min(n * static_cast<size_t>(p.num_groups()));
-  DeviceArray<int> flags(1);
-  KVQ_CUDA_CHECK(cudaMemset(flags.get(), 0, flags.bytes()));
-  RowOutputs out;
-  out.packed = packed.get();
-  out.scale = scale.get();
-  out.min = min.get();
-  TimedRowWrite result;
-  result.median_us = MedianDeviceMicros(
-      [&] { WriteRows(p, dr.get(), dx.get(), n, out, flags.get()); }, iters, warmup, true);
-  CheckErrorFlags(flags.get(), kWhat);
-  result.packed = packed.Download();
-  result.scale = scale.Download();
-  result.min = min.Download();
-  return result;
 }
 
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value, int tokens,
@@ -332,8 +267,9 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
 
   // Everything is validated before the first launch. The history goes first (two long
   // launches), then both tensors' bf16 windows in one short one: queued behind the history,
-  // the window launch costs the stream no idle time.
-  const int history = tokens - c.recent - c.sink;
+  // the window launch costs the stream no idle time. The history is [S0, S0 + H(T)), whole
+  // flushes (and so whole tiles).
+  const int history = static_cast<int>(c.HistoryTokens(tokens));
   if (history > 0) {
     KVQ_REQUIRE_POINTER(page_table, kWhat);
     CheckPool(key_pool, kWhat);
@@ -344,9 +280,9 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
   w.value = value;
   w.row_elems = static_cast<int64_t>(row_elems);
   w.sink_tokens = std::min(c.sink, tokens);
-  w.recent_begin = std::max(w.sink_tokens, tokens - c.recent);  // tokens when all are sink
+  w.recent_begin = static_cast<int>(c.RecentBegin(tokens));  // tokens when all are sink
   w.tokens = tokens;
-  w.recent = c.recent;
+  w.recent = c.ring_slots();
   if (w.sink_tokens > 0) {
     KVQ_REQUIRE_POINTER(windows.sink_key, kWhat);
     KVQ_REQUIRE_POINTER(windows.sink_value, kWhat);
@@ -373,8 +309,8 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
     a.page_table = page_table;
     a.page_size_log2 = Log2(c.page_size);
     a.error_flags = error_flags;
-    LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, key, value, kWhat,
-                    stream);
+    LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, key, value, nullptr,
+                    nullptr, kWhat, stream);
     w.overlap_previous = true;  // shares nothing with the value launch
   }
 
@@ -395,8 +331,11 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   KVQ_REQUIRE_POINTER(key, kWhat);
   KVQ_REQUIRE_POINTER(value, kWhat);
   KVQ_REQUIRE_POINTER(lengths, kWhat);
-  KVQ_REQUIRE_POINTER(windows.recent_key, kWhat);
-  KVQ_REQUIRE_POINTER(windows.recent_value, kWhat);
+  const int ring = c.ring_slots();  // W + F - 1; 0 with W = 0 and F = 1 (no recent rows)
+  if (ring > 0) {
+    KVQ_REQUIRE_POINTER(windows.recent_key, kWhat);
+    KVQ_REQUIRE_POINTER(windows.recent_value, kWhat);
+  }
   if (c.sink > 0) {
     KVQ_REQUIRE_POINTER(windows.sink_key, kWhat);
     KVQ_REQUIRE_POINTER(windows.sink_value, kWhat);
@@ -414,22 +353,30 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
             ": page_tables is null with max_pages ", max_pages);
   CheckPool(key_pool, kWhat);
   CheckPool(value_pool, kWhat);
+  // F = 1 with W >= 1 demotes one ring row per sequence (kAppend, spec 1.0's rule); any other
+  // window rule flushes F rows (or none), the step's own row among them when W = 0 (kFlush).
+  const bool flush = c.flush > 1 || c.recent == 0;
   FusedWriteArgs a;
   a.x_is_bf16 = true;
   a.num_heads = c.num_kv_heads;
   a.num_tokens = batch;
   a.token_stride = row_elems;
-  a.mode = WriteMode::kAppend;
+  a.mode = flush ? WriteMode::kFlush : WriteMode::kAppend;
   a.page_table = page_tables;
   a.page_table_stride = max_pages;
   a.page_size_log2 = Log2(c.page_size);
   a.seq_lengths = lengths;
   a.sink = c.sink;
   a.recent = c.recent;
-  a.seq_stride = static_cast<int64_t>(c.recent) * row_elems;
+  a.seq_stride = static_cast<int64_t>(ring) * row_elems;
+  a.flush = c.flush;
+  a.ring_slots = ring;
   a.error_flags = error_flags;
-  LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a, windows.recent_key,
-                  windows.recent_value, kWhat, stream);
+  // With no ring (W = 0, F = 1) the rows read are the step's own: x names them too, so that
+  // every pointer a kernel may touch is a real one.
+  LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a,
+                  ring > 0 ? windows.recent_key : key, ring > 0 ? windows.recent_value : value,
+                  flush ? key : nullptr, flush ? value : nullptr, kWhat, stream);
 
   AppendCopyArgs copy;
   copy.key = key;
@@ -443,7 +390,9 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   copy.num_heads = c.num_kv_heads;
   copy.head_dim = c.head_dim();
   copy.sink = c.sink;
-  copy.recent = c.recent;
+  copy.recent = ring;
+  copy.window = c.recent;
+  copy.flush = c.flush;
   copy.error_flags = error_flags;
   copy.overlap_previous = true;  // starts in the demotions' tail, waits for them before a row
   KVQ_CHECK_LAUNCH(LaunchAppendCopy(copy, stream), kWhat, c.key);

@@ -385,6 +385,54 @@ __device__ __forceinline__ float ClipValue(float x, float tau) {
   return (x > tau) ? tau : ((x < -tau) ? -tau : x);
 }
 
+// ---- The norm's tree (spec/numerics.md §5.1) --------------------------------------------------
+
+// The spec's tree over squares[0, padded) in shared memory (padded a power of two, the squares
+// past the span already +0): for h = padded/2, ..., 1, squares[j] += squares[j + h] for j < h,
+// level by level behind a barrier. Returns S = squares[0] in every thread. Each sum is one
+// __fadd_rn of the scalar loop's two operands, so S has the scalar's bits. Called by every
+// thread of the block, after a barrier that follows the last write of a square.
+__device__ __forceinline__ float BlockTreeSum(float* squares, int padded) {
+  for (int h = padded / 2; h >= 1; h /= 2) {
+    for (int j = static_cast<int>(threadIdx.x); j < h; j += static_cast<int>(blockDim.x)) {
+      squares[j] = __fadd_rn(squares[j], squares[j + h]);
+    }
+    __syncthreads();
+  }
+  return squares[0];
+}
+
+// The same tree over one row of D values held by a slice (one KV head: M = D), in the
+// pair-strided order of logical lane rho: position bits [0] = k & 1, [1, 1 + b) = rho,
+// [1 + b, 4 + b) = k >> 1 (b = kLaneBits). The tree folds the top bit first: the register
+// bits (k masks 8, 4, 2), the lane bits (rho's top bit first: a shuffle over the physical lane
+// bit that holds it, reversed after a bit reversal), then bit 0. Returns S in every lane of
+// the slice.
+template <int D>
+__device__ __forceinline__ float SliceTreeSquareSum(const float (&v)[16], bool bitrev) {
+  constexpr int kLaneBits = SliceTraits<D>::kLaneBits;
+  float a[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) a[k] = __fmul_rn(v[k], v[k]);
+#pragma unroll
+  for (int mask = 8; mask >= 2; mask >>= 1) {
+#pragma unroll
+    for (int k = 0; k < mask; ++k) a[k] = __fadd_rn(a[k], a[k + mask]);
+  }
+#pragma unroll
+  for (int bit = kLaneBits - 1; bit >= 0; --bit) {
+    const int offset = bitrev ? 1 << (kLaneBits - 1 - bit) : 1 << bit;
+    a[0] = __fadd_rn(a[0], __shfl_xor_sync(kFullMask, a[0], offset));
+    a[1] = __fadd_rn(a[1], __shfl_xor_sync(kFullMask, a[1], offset));
+  }
+  return __fadd_rn(a[0], a[1]);
+}
+
+// u = x / n^ with the stored norm's fp32 value (IEEE division), +0 everywhere when n^ = 0.
+__device__ __forceinline__ float Normalize(float x, float stored_norm) {
+  return stored_norm == 0.0f ? +0.0f : __fdiv_rn(x, stored_norm);
+}
+
 // ---- Row statistics ---------------------------------------------------------------------------
 
 // fp32 min / max that return NaN when either input is NaN (PTX min.NaN / max.NaN, sm_80+), so a
@@ -460,6 +508,26 @@ __device__ __forceinline__ GroupRanges<D, G> ComputeGroupRanges(const float (&v)
 }
 
 // ---- Quantizer --------------------------------------------------------------------------------
+
+// Spec §5 steps 1-3 on one group of `count` values x[0], x[stride], ... (a channel of a tile,
+// §5.2): the exact min and max (+0 normalised), s = (hi - lo) / L and the stored bf16 pair.
+struct StoredPair {
+  uint16_t scale;
+  uint16_t min;
+};
+__device__ __forceinline__ StoredPair StridedGroupPair(const float* x, int count, int64_t stride,
+                                                      float levels) {
+  float lo = x[0];
+  float hi = lo;
+  for (int r = 1; r < count; ++r) {
+    const float v = x[r * stride];
+    lo = (v < lo) ? v : lo;
+    hi = (v > hi) ? v : hi;
+  }
+  lo = __fadd_rn(lo, 0.0f);  // -0 -> +0
+  hi = __fadd_rn(hi, 0.0f);
+  return {Bf16FromF32(__fdiv_rn(__fsub_rn(hi, lo), levels)), Bf16FromF32(lo)};
+}
 
 // rint half-to-even by addition: for 0 <= c <= 2^22, c + 1.5*2^23 lies in [2^23, 2^24) where
 // the fp32 spacing is 1, so the RN sum is 1.5*2^23 + rint(c) and its low mantissa bits are

@@ -26,75 +26,49 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/conformance/prng.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
+#include "kvq/common/format.h"
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
 
 namespace kvq::gpu {
 namespace {
 
+using conformance::SplitMix64;
+
 constexpr double kBf16CacheTolerance = 1e-4;
 
-// ---- host data ----
-
-std::vector<float> RandomOrthogonal(int d, std::mt19937_64& rng) {
-  std::normal_distribution<double> normal(0.0, 1.0);
-  std::vector<double> m(static_cast<size_t>(d) * d);
-  for (double& x : m) x = normal(rng);
-  for (int i = 0; i < d; ++i) {
-    double* row = &m[static_cast<size_t>(i) * d];
-    for (int pass = 0; pass < 2; ++pass) {
-      for (int k = 0; k < i; ++k) {
-        const double* other = &m[static_cast<size_t>(k) * d];
-        double dot = 0.0;
-        for (int j = 0; j < d; ++j) dot += row[j] * other[j];
-        for (int j = 0; j < d; ++j) row[j] -= dot * other[j];
-      }
-    }
-    double norm = 0.0;
-    for (int j = 0; j < d; ++j) norm += row[j] * row[j];
-    norm = std::sqrt(norm);
-    for (int j = 0; j < d; ++j) row[j] /= norm;
-  }
-  return std::vector<float>(m.begin(), m.end());
-}
-
-std::vector<float> HeadRotations(const WriteParams& p, int hkv, std::mt19937_64& rng) {
-  std::vector<float> all;
-  if (p.rotation != RotationKind::kDense) return all;
-  for (int h = 0; h < hkv; ++h) {
-    const std::vector<float> r = RandomOrthogonal(p.head_dim, rng);
-    all.insert(all.end(), r.begin(), r.end());
-  }
-  return all;
-}
-
-// K/V-like rows: N(0, 1), every 29th channel x8 (outliers), a per-row offset.
-std::vector<float> RandomRows(size_t tokens, int hkv, int d, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> rows(tokens * hkv * d);
-  for (size_t i = 0; i < rows.size(); i += d) {
-    const float offset = 0.3f * normal(rng);
-    for (int c = 0; c < d; ++c) rows[i + c] = ((c % 29 == 3) ? 8.0f : 1.0f) * normal(rng) + offset;
-  }
-  return rows;
-}
+// Host data: the testbed's (kvq/testbed/data.h): per-head random orthogonal rotations and clip
+// ratios (MakeCache), K/V-like rows (KvRows: bell-shaped, channels j % 29 == 3 eight times
+// larger), queries (Queries), page ids (RandomPermutation).
 
 struct Config {
-  std::string name;
+  std::string id;    // the test's name (a gtest parameter name)
+  std::string name;  // what the messages call it
   int hq = 8, hkv = 2, d = 128, bits = 2, group = 64, sink = 64, recent = 256, page = 64;
   int value_group = 0;  // 0: the same as group
+  // Spec 1.1: tile > 0 stores the keys as affine_tile over tiles of `tile` tokens (values stay
+  // per token in groups of value_group), with a norm spanning norm_heads KV heads when norm is
+  // set (Hkv: the token scope); F = flush.
+  int tile = 0;
+  bool norm = false;
+  int norm_heads = 1;
+  int flush = 1;
   bool quantized = true;
   RotationKind key_rotation = RotationKind::kDense;
   RotationKind value_rotation = RotationKind::kDense;
@@ -102,29 +76,30 @@ struct Config {
   int hadamard_block = 0;
   std::vector<int> lengths;
   bool bf16_queries = false;  // queries that are exact bf16 values (the lo operand is skipped)
-  float value_magnitude = 1.0f;  // value rows are N(0, 1) times this (a power of two)
+  float value_magnitude = 1.0f;  // value rows are KvRows times this (a power of two)
   uint64_t seed = 1;
+  double tolerance = kGpuAttentionTolerance;  // per head, against the fp64 reference
+  bool check_oracle = true;  // also against the CPU oracle (skipped only for time)
 };
 
+// cfg's cache parameters, unvalidated: some tests hand the planner configurations it must
+// refuse.
 CacheParams MakeParams(const Config& cfg) {
-  CacheParams c;
-  c.num_q_heads = cfg.hq;
-  c.num_kv_heads = cfg.hkv;
-  c.sink = cfg.sink;
-  c.recent = cfg.recent;
-  c.page_size = cfg.page;
-  c.quantized = cfg.quantized;
-  for (int kv = 0; kv < 2; ++kv) {
-    WriteParams& w = kv == 0 ? c.key : c.value;
-    w.head_dim = cfg.d;
-    w.group = kv == 1 && cfg.value_group > 0 ? cfg.value_group : cfg.group;
-    w.bits = cfg.bits;
-    w.rotation = kv == 0 ? cfg.key_rotation : cfg.value_rotation;
-    w.bitrev = kv == 0 ? cfg.key_bitrev : cfg.value_bitrev;
-    w.hadamard_block = w.rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
-    w.clip = 1.0f;
-  }
-  return c;
+  const auto half = [&](int group, RotationKind rotation, bool bitrev) {
+    const int block = rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
+    return testbed::Write().head_dim(cfg.d).group(group).bits(cfg.bits).rotation(rotation)
+        .block(block).bitrev(bitrev);
+  };
+  testbed::Write key = half(cfg.group, cfg.key_rotation, cfg.key_bitrev);
+  if (cfg.tile > 0) key.tile(cfg.tile).norm(cfg.norm, cfg.norm_heads);
+  testbed::Cache c =
+      testbed::Cache().q_heads(cfg.hq).kv_heads(cfg.hkv).sink(cfg.sink).recent(cfg.recent)
+          .flush(cfg.flush).page(cfg.page)
+          .key(key)
+          .value(half(cfg.value_group > 0 ? cfg.value_group : cfg.group, cfg.value_rotation,
+                      cfg.value_bitrev));
+  if (!cfg.quantized) c.bf16();
+  return c.Unchecked();
 }
 
 template <typename T>
@@ -157,17 +132,22 @@ struct DeviceBuffer {
   }
 };
 
-// The knobs of a plan the tests set: the quantized-history loop (chunks per warp step, hi / lo
-// packing, group epilogue, int8 QK^T) and the heads per block of the rotation and merge
-// (0: the plan's).
+// The knobs of a plan the tests set: the quantized-history loop and the heads per block of the
+// rotation and merge (0: the plan's).
 struct Variant {
-  int chunks_per_warp = 1;
-  bool pack_hi_lo = false;
-  bool group_epilogue = false;
-  bool int8_qk = false;
+  QuantLoop loop = QuantLoop::kTwoMma;
   int aux_heads = 0;
   int window_split = 0;  // window tokens per window block (0: the plan's)
 };
+
+const char* LoopName(QuantLoop loop) {
+  switch (loop) {
+    case QuantLoop::kTwoMma: return "two-MMA loop";
+    case QuantLoop::kPacked: return "packed hi/lo loop";
+    case QuantLoop::kInt8Qk: return "int8 QK loop";
+  }
+  return "?";
+}
 
 // The cache of cfg.lengths sequences on the host (cpu::PagedKVCache) and on the device, page
 // ids shuffled on upload.
@@ -182,40 +162,32 @@ struct TestCase {
   // device
   DeviceBuffer<int32_t> lens, tables;
   int max_pages = 0;
-  DeviceBuffer<uint8_t> k_codes, v_codes;
-  DeviceBuffer<uint16_t> k_scale, k_min, v_scale, v_min;
+  DeviceBuffer<uint8_t> planes[2][kMaxPlanes];  // K, V: the pool per plane of the layout
   DeviceBuffer<uint16_t> sink_k, sink_v, recent_k, recent_v;
   DeviceBuffer<float> rot_k, rot_v, q_dev;
 
-  static cpu::PagedKVCache MakeCache(const Config& cfg, std::mt19937_64& rng) {
-    const CacheParams p = MakeParams(cfg);
-    if (!p.quantized) return cpu::PagedKVCache(p, {}, {});
-    std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, rng);
-    std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, rng);
-    return cpu::PagedKVCache(p, std::move(rk), std::move(rv));
-  }
-
-  explicit TestCase(const Config& c) : TestCase(c, std::mt19937_64(c.seed)) {}
-  TestCase(const Config& c, std::mt19937_64 rng)
-      : cfg(c), params(MakeParams(c)), cache(MakeCache(c, rng)) {
+  explicit TestCase(const Config& c) : TestCase(c, SplitMix64(c.seed)) {}
+  TestCase(const Config& c, SplitMix64 rng)
+      : cfg(c), params(MakeParams(c)), cache(testbed::MakeCache(params, &rng)) {
     const int d = cfg.d, hkv = cfg.hkv;
     for (int len : cfg.lengths) {
       const int s = cache.AddSequence();
-      const std::vector<float> k = RandomRows(len, hkv, d, rng);
-      std::vector<float> v = RandomRows(len, hkv, d, rng);
-      for (float& x : v) x *= cfg.value_magnitude;
+      const std::vector<float> k = testbed::KvRows(static_cast<size_t>(len), hkv, d, &rng);
+      const std::vector<float> v =
+          testbed::KvRows(static_cast<size_t>(len), hkv, d, &rng, cfg.value_magnitude);
       cache.Prefill(s, k.data(), v.data(), len);
       seqs.push_back(s);
       max_len = std::max(max_len, len);
     }
     const int batch = static_cast<int>(seqs.size());
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    q.resize(static_cast<size_t>(batch) * cfg.hq * d);
-    for (float& x : q) x = cfg.bf16_queries ? RoundToBf16(normal(rng)) : normal(rng);
-    Upload(rng);
+    q = testbed::Queries(static_cast<size_t>(batch) * cfg.hq, d, &rng);
+    if (cfg.bf16_queries) {
+      for (float& x : q) x = RoundToBf16(x);
+    }
+    Upload(&rng);
   }
 
-  void Upload(std::mt19937_64& rng) {
+  void Upload(SplitMix64* rng) {
     const int batch = static_cast<int>(seqs.size());
     const int d = cfg.d, hkv = cfg.hkv, page = cfg.page;
     std::vector<int32_t> lens_h;
@@ -223,27 +195,28 @@ struct TestCase {
     lens = DeviceBuffer<int32_t>(lens_h);
     q_dev = DeviceBuffer<float>(q);
     const size_t row = static_cast<size_t>(hkv) * d;
-    if (params.quantized) {
+    if (params.quantized()) {
       // Pool with shuffled page ids: CPU page i -> device page perm[i].
       const int pages = cache.NumPages();
-      std::vector<int32_t> perm(pages);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
+      const std::vector<int32_t> perm = testbed::RandomPermutation(pages, rng);
       for (int kv = 0; kv < 2; ++kv) {
         const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
-        const size_t cb = cache.PageCodeBytes(which);
-        const size_t mc = cache.PageMetadataCount(which);
-        std::vector<uint8_t> codes(std::max<size_t>(pages, 1) * cb, 0xAB);
-        std::vector<uint16_t> scale(std::max<size_t>(pages, 1) * mc, 0x7fc0);  // NaN filler
-        std::vector<uint16_t> mins(std::max<size_t>(pages, 1) * mc, 0x7fc0);
-        for (int i = 0; i < pages; ++i) {
-          std::memcpy(&codes[perm[i] * cb], cache.PoolCodes(which) + i * cb, cb);
-          std::memcpy(&scale[perm[i] * mc], cache.PoolScale(which) + i * mc, mc * 2);
-          std::memcpy(&mins[perm[i] * mc], cache.PoolMin(which) + i * mc, mc * 2);
+        const FormatLayout& layout = cache.Layout(which);
+        for (int plane = 0; plane < layout.num_planes; ++plane) {
+          const size_t pb = cache.PagePlaneBytes(which, plane);
+          // Filler of pages no sequence owns: NaN for bf16 planes, 0xAB bytes for codes.
+          std::vector<uint8_t> bytes(std::max<size_t>(pages, 1) * pb, 0xAB);
+          if (layout.plane(plane).dtype == DType::kBF16) {
+            for (size_t i = 0; i + 1 < bytes.size(); i += 2) {
+              bytes[i] = 0xc0;
+              bytes[i + 1] = 0x7f;
+            }
+          }
+          for (int i = 0; i < pages; ++i) {
+            std::memcpy(&bytes[perm[i] * pb], cache.PoolPlane(which, plane) + i * pb, pb);
+          }
+          planes[kv][plane] = DeviceBuffer<uint8_t>(bytes);
         }
-        (kv ? v_codes : k_codes) = DeviceBuffer<uint8_t>(codes);
-        (kv ? v_scale : k_scale) = DeviceBuffer<uint16_t>(scale);
-        (kv ? v_min : k_min) = DeviceBuffer<uint16_t>(mins);
       }
       max_pages = 1;
       for (int s : seqs) max_pages = std::max<int>(max_pages, cache.PageTable(s).size());
@@ -255,7 +228,7 @@ struct TestCase {
       tables = DeviceBuffer<int32_t>(tab);
       // Batched windows; rows the cache does not use are NaN so reading them would show.
       const size_t sink_elems = static_cast<size_t>(cfg.sink) * row;
-      const size_t ring_elems = static_cast<size_t>(cfg.recent) * row;
+      const size_t ring_elems = static_cast<size_t>(params.ring_slots()) * row;
       for (int kv = 0; kv < 2; ++kv) {
         const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
         std::vector<uint16_t> sink(std::max<size_t>(batch * sink_elems, 8), 0x7fc0);
@@ -264,9 +237,8 @@ struct TestCase {
           const size_t t = cache.Length(seqs[b]);
           const size_t n_sink = std::min<size_t>(t, cfg.sink);
           std::memcpy(&sink[b * sink_elems], cache.SinkRows(seqs[b], which), n_sink * row * 2);
-          const size_t rb = std::max<size_t>(cfg.sink, t > static_cast<size_t>(cfg.recent) ? t - cfg.recent : 0);
-          for (size_t pos = rb; pos < t; ++pos) {
-            const size_t slot = pos % cfg.recent;
+          for (size_t pos = cache.RecentBegin(seqs[b]); pos < t; ++pos) {
+            const size_t slot = pos % params.ring_slots();
             std::memcpy(&ring[b * ring_elems + slot * row],
                         cache.RecentRing(seqs[b], which) + slot * row, row * 2);
           }
@@ -288,9 +260,7 @@ struct TestCase {
       // bf16 cache: page the dense rows, page ids shuffled.
       max_pages = (max_len + page - 1) / page;
       const int pages = max_pages * batch;
-      std::vector<int32_t> perm(pages);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), rng);
+      const std::vector<int32_t> perm = testbed::RandomPermutation(pages, rng);
       std::vector<int32_t> tab(static_cast<size_t>(batch) * max_pages);
       const size_t page_elems = static_cast<size_t>(hkv) * page * d;
       for (int kv = 0; kv < 2; ++kv) {
@@ -311,7 +281,7 @@ struct TestCase {
         }
         std::vector<uint8_t> bytes(pool.size() * 2);
         std::memcpy(bytes.data(), pool.data(), bytes.size());
-        (kv ? v_codes : k_codes) = DeviceBuffer<uint8_t>(bytes);
+        planes[kv][kBf16RowsPlane] = DeviceBuffer<uint8_t>(bytes);
       }
       tables = DeviceBuffer<int32_t>(tab);
     }
@@ -324,12 +294,10 @@ struct TestCase {
     in.seq_lens = lens.ptr;
     in.page_tables = tables.ptr;
     in.max_pages = max_pages;
-    in.key_codes = k_codes.ptr;
-    in.value_codes = v_codes.ptr;
-    in.key_scale = k_scale.ptr;
-    in.key_min = k_min.ptr;
-    in.value_scale = v_scale.ptr;
-    in.value_min = v_min.ptr;
+    for (int i = 0; i < kMaxPlanes; ++i) {
+      in.key_planes[i] = planes[0][i].ptr;
+      in.value_planes[i] = planes[1][i].ptr;
+    }
     in.sink_key = sink_k.ptr;
     in.sink_value = sink_v.ptr;
     in.recent_key = recent_k.ptr;
@@ -345,13 +313,10 @@ struct TestCase {
   std::vector<float> RunGpu(const Variant& v, uint64_t* timeline = nullptr) const {
     const int batch = static_cast<int>(seqs.size());
     DecodeAttentionPlan plan = PlanDecodeAttention(params, batch, max_len);
-    plan.chunks_per_warp = v.chunks_per_warp;
-    plan.pack_hi_lo = v.pack_hi_lo;
-    plan.group_epilogue = v.group_epilogue;
-    plan.int8_qk = v.int8_qk;
+    plan.quant_loop = v.loop;
     if (v.aux_heads > 0) plan.aux_heads_per_block = v.aux_heads;
-    if (v.window_split > 0 && params.quantized) {
-      const int window = std::min(max_len, params.sink + params.recent);
+    if (v.window_split > 0 && params.quantized()) {
+      const int window = std::min(max_len, params.sink + params.ring_slots());
       plan.window_tokens_per_split = v.window_split;
       plan.window_splits = (window + v.window_split - 1) / v.window_split;
       plan.workspace_bytes = DecodeAttentionWorkspaceBytes(params, batch, plan);
@@ -369,10 +334,11 @@ struct TestCase {
 };
 
 // Checks every output against the fp64 reference and the oracle; reports the worst error.
-// Quantized caches run every loop variant of the history kernel: 1 and 2 chunks per warp step
-// with the per-field QK epilogue and 1 with the per-group one, each without and (when heads per
-// block <= 4) with the hi / lo column packing.
-void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_oracle = true) {
+// Quantized caches run every loop of the history kernel that serves their heads per block: the
+// two-MMA loop, and with at most 4 heads a block the packed hi / lo and the int8 QK loops.
+void CheckAgainstReferences(const TestCase& tc) {
+  const double tolerance = tc.cfg.tolerance;
+  const bool check_oracle = tc.cfg.check_oracle;
   const int batch = static_cast<int>(tc.seqs.size());
   const int hq = tc.cfg.hq, d = tc.cfg.d;
   std::vector<float> oracle(static_cast<size_t>(batch) * hq * d);
@@ -382,24 +348,21 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
     refs[b].resize(static_cast<size_t>(hq) * d);
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
-  const bool can_pack = tc.params.quantized && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
+  const bool can_pack = tc.params.quantized() && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
+  const bool tile_keys = tc.params.key.format == Format::kAffineTile;  // no int8 QK loop
   std::vector<Variant> variants;
-  if (tc.params.quantized) {
-    variants.push_back({1, false, false, false});
-    variants.push_back({1, false, true, false});
-  }
-  variants.push_back({2, false, false, false});
+  variants.push_back({QuantLoop::kTwoMma});  // a bf16 cache's one loop
   if (can_pack) {
-    variants.push_back({1, true, false, false});
-    variants.push_back({2, true, false, false});
-    variants.push_back({1, true, true, false});
-    variants.push_back({1, false, true, true});
+    variants.push_back({QuantLoop::kPacked});
+    if (!tile_keys) variants.push_back({QuantLoop::kInt8Qk});
   }
+  // The plan's loop.
+  const Variant planned{PlanDecodeAttention(tc.params, batch, tc.max_len).quant_loop};
   // The plan's loop with the rotation and merge a block per KV head (or 8 heads), as large
   // batches take them (the small test batches plan a block per query head).
   const int g = hq / tc.cfg.hkv;
   if (g > 1) {
-    Variant wide = can_pack ? Variant{1, false, true, true} : Variant{1, false, tc.params.quantized};
+    Variant wide = planned;
     wide.aux_heads = attention::WidestAuxHeads(g, d);
     variants.push_back(wide);
     if (wide.aux_heads > 2 && g % 2 == 0) {
@@ -410,17 +373,14 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
   }
   // The plan's loop with the whole window in one block per sequence and head chunk, as the
   // planner cuts it for large batches (the small test batches get 64-token window blocks).
-  if (tc.params.quantized) {
-    Variant one_window = can_pack ? Variant{1, false, true, true} : Variant{1, false, true};
+  if (tc.params.quantized()) {
+    Variant one_window = planned;
     one_window.window_split = 320;
     variants.push_back(one_window);
   }
   for (const Variant& v : variants) {
-    const int chunks_per_warp = v.chunks_per_warp;
-    SCOPED_TRACE(::testing::Message() << "chunks_per_warp " << chunks_per_warp << " pack_hi_lo "
-                                      << v.pack_hi_lo << " group_epilogue " << v.group_epilogue
-                                      << " int8_qk " << v.int8_qk << " aux_heads " << v.aux_heads
-                                      << " window_split " << v.window_split);
+    SCOPED_TRACE(::testing::Message() << LoopName(v.loop) << ", aux_heads " << v.aux_heads
+                                      << ", window_split " << v.window_split);
     const std::vector<float> gpu = tc.RunGpu(v);
     double worst_ref = 0.0, worst_oracle = 0.0;
     for (int b = 0; b < batch; ++b) {
@@ -451,9 +411,8 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
         }
       }
     }
-    std::printf("[ %s, %d chunk(s)/warp%s%s%s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
-                tc.cfg.name.c_str(), chunks_per_warp, v.pack_hi_lo ? ", packed hi/lo" : "",
-                v.group_epilogue ? ", group epilogue" : "", v.int8_qk ? ", int8 QK" : "",
+    std::printf("[ %s, %s%s%s ] max rel. error per head: %.3e vs fp64 reference, %.3e vs oracle (tolerance %.1e)\n",
+                tc.cfg.name.c_str(), tc.params.quantized() ? LoopName(v.loop) : "bf16 loop",
                 (v.aux_heads > 0 ? ", rotation/merge " + std::to_string(v.aux_heads) + " heads a block" : std::string()).c_str(),
                 v.window_split > 0 ? (", " + std::to_string(v.window_split) + "-token window blocks").c_str() : "",
                 worst_ref, worst_oracle, tolerance);
@@ -470,189 +429,279 @@ void CheckAgainstReferences(const TestCase& tc, double tolerance, bool check_ora
 // plus one, several pages, and an uneven long one.
 const std::vector<int> kBoundaryLengths = {1, 37, 64, 65, 320, 321, 384, 385, 1000, 4123};
 
-TEST(GpuAttention, Int2Dense_Gqa4_Boundaries) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G64 g4 dense+bitrev";
-  cfg.lengths = kBoundaryLengths;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int2Dense_Gqa4_Bf16Queries) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G64 g4 bf16 queries";
-  cfg.lengths = {2, 300, 700, 2500};
-  cfg.bf16_queries = true;
-  cfg.seed = 7;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-// Value rows far from unit magnitude: the INT-b PV loops carry p * scale * 2^64 against code
-// fields worth 2^-133 each (spec/cache.md §5: value group scales in [2^-50, 2^56]); rows of
-// magnitude 2^44 and 2^-40 put the scales near 2^43 and 2^-41. The error is relative to the
-// output's magnitude, so the tolerance is the usual one.
-TEST(GpuAttention, Int2Dense_Gqa4_ValueMagnitudes) {
-  REQUIRE_GPU();
-  for (const float magnitude : {0x1p44f, 0x1p-40f}) {
+// The configurations every loop of the history kernel is checked on (CheckAgainstReferences),
+// one row each; the defaults are Config's (INT2, d = 128, G = 64, g = 4, dense R + P_br on K and
+// V, S0 = 64, W = 256, P = 64).
+std::vector<Config> AttentionConfigs() {
+  std::vector<Config> all;
+  auto add = [&](const char* id, const char* name, auto&& set) {
     Config cfg;
-    cfg.name = std::string("int2 d128 G64 g4 values x ") + (magnitude > 1.0f ? "2^44" : "2^-40");
-    cfg.lengths = {65, 400, 3000};
-    cfg.value_magnitude = magnitude;
-    cfg.seed = 11;
-    CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-  }
-}
-
-TEST(GpuAttention, Int2Hadamard_Gqa1_Group32_Page16) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G32 g1 P16 hadamard32 / identity";
-  cfg.hq = 2;
-  cfg.hkv = 2;
-  cfg.group = 32;
-  cfg.page = 16;
-  cfg.key_rotation = RotationKind::kHadamard;
-  cfg.hadamard_block = 32;
-  cfg.value_rotation = RotationKind::kIdentity;
-  cfg.value_bitrev = false;
-  cfg.lengths = {1, 321, 336, 337, 999, 3000};
-  cfg.seed = 2;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-// Different K and V groups (the group epilogue takes each as its own compile-time value).
-TEST(GpuAttention, Int2Dense_Gqa4_KeyGroup32_ValueGroup128) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G_K32 G_V128 g4";
-  cfg.hq = 8;
-  cfg.hkv = 2;
-  cfg.group = 32;
-  cfg.value_group = 128;
-  cfg.lengths = {65, 385, 2000};
-  cfg.seed = 9;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int2Dense_Gqa8_Group128_Page128) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G128 g8 P128";
-  cfg.hq = 8;
-  cfg.hkv = 1;
-  cfg.group = 128;
-  cfg.page = 128;
-  cfg.sink = 16;
-  cfg.recent = 64;
-  cfg.lengths = {80, 81, 208, 209, 2222};
-  cfg.seed = 3;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int2Dense_Gqa16_TwoHeadChunks) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G64 g16";
-  cfg.hq = 32;
-  cfg.hkv = 2;
-  cfg.lengths = {500, 1500};
-  cfg.seed = 4;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int4Dense_Gqa4) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int4 d128 G64 g4";
-  cfg.bits = 4;
-  cfg.lengths = {1, 321, 385, 2049};
-  cfg.seed = 5;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int2Dense_HeadDim64_Group32) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d64 G32 g4";
-  cfg.d = 64;
-  cfg.group = 32;
-  cfg.lengths = {1, 400, 1777};
-  cfg.seed = 6;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int2Dense_HeadDim256_Group64) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d256 G64 g4";
-  cfg.d = 256;
-  cfg.lengths = {1, 400, 1777};
-  cfg.seed = 8;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int4Dense_HeadDim64) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int4 d64 G32 g4";
-  cfg.d = 64;
-  cfg.bits = 4;
-  cfg.group = 32;
-  cfg.lengths = {1, 400, 1777};
-  cfg.seed = 9;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-}
-
-TEST(GpuAttention, Int2Dense_Long64K) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "int2 d128 G64 g4 T=64K";
-  cfg.lengths = {65536, 3000};
-  cfg.seed = 10;
+    cfg.id = id;
+    cfg.name = name;
+    set(cfg);
+    all.push_back(cfg);
+  };
+  add("Int2Dense_Gqa4_Boundaries", "int2 d128 G64 g4 dense+bitrev",
+      [](Config& c) { c.lengths = kBoundaryLengths; });
+  add("Int2Dense_Gqa4_Bf16Queries", "int2 d128 G64 g4 bf16 queries", [](Config& c) {
+    c.lengths = {2, 300, 700, 2500};
+    c.bf16_queries = true;
+    c.seed = 7;
+  });
+  // Value rows far from unit magnitude: the INT-b PV loops carry p * scale * 2^64 against code
+  // fields worth 2^-133 each (spec/cache.md §5: value group scales in [2^-50, 2^56]); rows of
+  // magnitude 2^44 and 2^-40 put the scales near 2^43 and 2^-41. The error is relative to the
+  // output's magnitude, so the tolerance is the usual one.
+  add("Int2Dense_Gqa4_ValueMagnitudes_2p44", "int2 d128 G64 g4 values x 2^44", [](Config& c) {
+    c.lengths = {65, 400, 3000};
+    c.value_magnitude = 0x1p44f;
+    c.seed = 11;
+  });
+  add("Int2Dense_Gqa4_ValueMagnitudes_2m40", "int2 d128 G64 g4 values x 2^-40", [](Config& c) {
+    c.lengths = {65, 400, 3000};
+    c.value_magnitude = 0x1p-40f;
+    c.seed = 11;
+  });
+  add("Int2Hadamard_Gqa1_Group32_Page16", "int2 d128 G32 g1 P16 hadamard32 / identity",
+      [](Config& c) {
+        c.hq = 2;
+        c.hkv = 2;
+        c.group = 32;
+        c.page = 16;
+        c.key_rotation = RotationKind::kHadamard;
+        c.hadamard_block = 32;
+        c.value_rotation = RotationKind::kIdentity;
+        c.value_bitrev = false;
+        c.lengths = {1, 321, 336, 337, 999, 3000};
+        c.seed = 2;
+      });
+  // Different K and V groups (the group epilogue takes each as its own compile-time value).
+  add("Int2Dense_Gqa4_KeyGroup32_ValueGroup128", "int2 d128 G_K32 G_V128 g4", [](Config& c) {
+    c.hq = 8;
+    c.hkv = 2;
+    c.group = 32;
+    c.value_group = 128;
+    c.lengths = {65, 385, 2000};
+    c.seed = 9;
+  });
+  add("Int2Dense_Gqa8_Group128_Page128", "int2 d128 G128 g8 P128", [](Config& c) {
+    c.hq = 8;
+    c.hkv = 1;
+    c.group = 128;
+    c.page = 128;
+    c.sink = 16;
+    c.recent = 64;
+    c.lengths = {80, 81, 208, 209, 2222};
+    c.seed = 3;
+  });
+  add("Int2Dense_Gqa16_TwoHeadChunks", "int2 d128 G64 g16", [](Config& c) {
+    c.hq = 32;
+    c.hkv = 2;
+    c.lengths = {500, 1500};
+    c.seed = 4;
+  });
+  add("Int4Dense_Gqa4", "int4 d128 G64 g4", [](Config& c) {
+    c.bits = 4;
+    c.lengths = {1, 321, 385, 2049};
+    c.seed = 5;
+  });
+  add("Int2Dense_HeadDim64_Group32", "int2 d64 G32 g4", [](Config& c) {
+    c.d = 64;
+    c.group = 32;
+    c.lengths = {1, 400, 1777};
+    c.seed = 6;
+  });
+  add("Int2Dense_HeadDim256_Group64", "int2 d256 G64 g4", [](Config& c) {
+    c.d = 256;
+    c.lengths = {1, 400, 1777};
+    c.seed = 8;
+  });
+  add("Int4Dense_HeadDim64", "int4 d64 G32 g4", [](Config& c) {
+    c.d = 64;
+    c.bits = 4;
+    c.group = 32;
+    c.lengths = {1, 400, 1777};
+    c.seed = 9;
+  });
   // The oracle is skipped here only for time; the fp64 reference covers the same rows.
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance, /*check_oracle=*/false);
+  add("Int2Dense_Long64K", "int2 d128 G64 g4 T=64K", [](Config& c) {
+    c.lengths = {65536, 3000};
+    c.seed = 10;
+    c.check_oracle = false;
+  });
+  add("Bf16Cache_Gqa4", "bf16 cache d128 g4", [](Config& c) {
+    c.quantized = false;
+    c.lengths = {1, 15, 16, 64, 65, 1000, 20000};
+    c.seed = 11;
+    c.tolerance = kBf16CacheTolerance;
+  });
+  add("Bf16Cache_Gqa1_Bf16Queries", "bf16 cache d128 g1 bf16 queries", [](Config& c) {
+    c.quantized = false;
+    c.hq = 2;
+    c.bf16_queries = true;
+    c.page = 16;
+    c.lengths = {1, 17, 333, 4000};
+    c.seed = 12;
+    c.tolerance = kBf16CacheTolerance;
+  });
+  // ---- Spec 1.1: tiled keys (affine_tile, the scales folded into the query), the flush F,
+  // W = 0 and S0 = 0. The schemes' own configurations (kivi, kivi_hadamard, kivi_norm, ots,
+  // saw_int4, saw_int4_k of calib/include/kvq/calib/schemes.inc: S0 = 0, W = 1, F = 128, K tiles
+  // of 32 tokens, V groups of 32; SAW: INT4, G = d, S0 = W = 0) and the edges around them.
+  // Lengths: inside the first block (no history), one block and one token (H = 128), a page
+  // boundary, several blocks, an uneven long one.
+  const std::vector<int> kFlushLengths = {1, 128, 129, 130, 256, 257, 700, 3001};
+  auto kivi = [&](Config& c) {
+    c.sink = 0;
+    c.recent = 1;
+    c.flush = 128;
+    c.tile = 32;
+    c.group = 32;
+    c.page = 64;
+    c.key_rotation = c.value_rotation = RotationKind::kIdentity;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = kFlushLengths;
+  };
+  add("Kivi_Int2_Tile32", "kivi: int2 K tiles of 32, V G32, S0 0 W 1 F 128", [&](Config& c) {
+    kivi(c);
+    c.seed = 21;
+  });
+  add("KiviHadamard_Int2_Tile32", "kivi_hadamard: FWHT K and V", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.seed = 22;
+  });
+  add("KiviNorm_Int2_Tile32", "kivi_norm: key norm per KV head", [&](Config& c) {
+    kivi(c);
+    c.norm = true;
+    c.seed = 23;
+  });
+  add("Ots_Int2_Tile32", "ots (OScaR): FWHT, key norm per KV head", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.seed = 24;
+  });
+  add("Ots_Int2_Tile32_TokenScopeNorm", "ots, token-scope norm (one over the KV heads)",
+      [&](Config& c) {
+        kivi(c);
+        c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+        c.norm = true;
+        c.norm_heads = c.hkv;
+        c.seed = 25;
+      });
+  // G_k = 64 (16 bytes a channel), windows of spec 1.0's kind beside it, g = 8 (two-MMA loop),
+  // and a sink with W = 0.
+  add("Tile64_Int2_Gqa8_Sink", "int2 K tiles of 64, V G64, S0 16 W 0 F 64, g 8", [&](Config& c) {
+    c.hq = 8;
+    c.hkv = 1;
+    c.sink = 16;
+    c.recent = 0;
+    c.flush = 64;
+    c.tile = 64;
+    c.group = 64;
+    c.norm = true;
+    c.lengths = {1, 16, 17, 80, 81, 143, 1000, 2100};
+    c.seed = 26;
+  });
+  add("Tile32_Int4_ValueGroup64", "int4 K tiles of 32, V G64, F 32, W 8", [&](Config& c) {
+    c.bits = 4;
+    c.sink = 4;
+    c.recent = 8;
+    c.flush = 32;
+    c.tile = 32;
+    c.group = 64;
+    c.page = 32;
+    c.norm = true;
+    c.lengths = {1, 12, 13, 44, 45, 77, 500, 1999};
+    c.seed = 27;
+  });
+  add("Tile32_Int2_HeadDim64", "int2 d64 K tiles of 32, V G32", [&](Config& c) {
+    kivi(c);
+    c.d = 64;
+    c.norm = true;
+    c.seed = 28;
+  });
+  add("Tile32_Int2_HeadDim256", "int2 d256 K tiles of 32, V G64", [&](Config& c) {
+    kivi(c);
+    c.d = 256;
+    c.group = 64;
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.seed = 29;
+  });
+  // SAW-INT4 (G = d, S0 = W = 0: no window blocks) and saw_int4_k (FWHT of the keys only).
+  auto saw = [&](Config& c) {
+    c.bits = 4;
+    c.group = c.d;
+    c.sink = 0;
+    c.recent = 0;
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = {1, 2, 63, 64, 65, 1000, 4097};
+  };
+  add("SawInt4_GroupD_NoWindows", "saw_int4: int4 G = d, S0 = W = 0", [&](Config& c) {
+    saw(c);
+    c.seed = 30;
+  });
+  add("SawInt4K_GroupD_NoWindows", "saw_int4_k: keys rotated only", [&](Config& c) {
+    saw(c);
+    c.value_rotation = RotationKind::kIdentity;
+    c.seed = 31;
+  });
+  add("Ots_Int2_Long64K", "ots T=64K", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.lengths = {65536, 3000};
+    c.seed = 32;
+    c.check_oracle = false;
+  });
+  // Small enough for compute-sanitizer (memcheck / racecheck / synccheck): both kernel paths,
+  // page edges.
+  auto small = [](Config& c) {
+    c.sink = 8;
+    c.recent = 16;
+    c.page = 16;
+    c.lengths = {1, 24, 25, 40, 41, 200};
+    c.seed = 13;
+  };
+  add("Sanitizer_Small_Int2", "sanitizer int2", small);
+  add("Sanitizer_Small_Ots", "sanitizer ots", [&](Config& c) {
+    kivi(c);
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.norm = true;
+    c.page = 32;
+    c.lengths = {1, 128, 129, 200, 300};
+    c.seed = 33;
+  });
+  add("Sanitizer_Small_Saw", "sanitizer saw_int4", [&](Config& c) {
+    saw(c);
+    c.lengths = {1, 40, 200};
+    c.seed = 34;
+  });
+  add("Sanitizer_Small_Bf16", "sanitizer bf16", [&](Config& c) {
+    small(c);
+    c.quantized = false;
+    c.tolerance = kBf16CacheTolerance;
+  });
+  return all;
 }
 
-TEST(GpuAttention, Bf16Cache_Gqa4) {
+// gtest prints a parameter by its id, not its bytes.
+void PrintTo(const Config& cfg, std::ostream* os) { *os << cfg.id; }
+
+class GpuAttentionConfig : public ::testing::TestWithParam<Config> {};
+
+TEST_P(GpuAttentionConfig, MatchesReferences) {
   REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "bf16 cache d128 g4";
-  cfg.quantized = false;
-  cfg.lengths = {1, 15, 16, 64, 65, 1000, 20000};
-  cfg.seed = 11;
-  CheckAgainstReferences(TestCase(cfg), kBf16CacheTolerance);
+  CheckAgainstReferences(TestCase(GetParam()));
 }
 
-TEST(GpuAttention, Bf16Cache_Gqa1_Bf16Queries) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "bf16 cache d128 g1 bf16 queries";
-  cfg.quantized = false;
-  cfg.hq = 2;
-  cfg.bf16_queries = true;
-  cfg.page = 16;
-  cfg.lengths = {1, 17, 333, 4000};
-  cfg.seed = 12;
-  CheckAgainstReferences(TestCase(cfg), kBf16CacheTolerance);
-}
-
-// Small enough for compute-sanitizer (memcheck / racecheck): both kernels paths, page edges.
-TEST(GpuAttention, Sanitizer_Small) {
-  REQUIRE_GPU();
-  Config cfg;
-  cfg.name = "sanitizer int2";
-  cfg.sink = 8;
-  cfg.recent = 16;
-  cfg.page = 16;
-  cfg.lengths = {1, 24, 25, 40, 41, 200};
-  cfg.seed = 13;
-  CheckAgainstReferences(TestCase(cfg), kGpuAttentionTolerance);
-  Config bf = cfg;
-  bf.name = "sanitizer bf16";
-  bf.quantized = false;
-  CheckAgainstReferences(TestCase(bf), kBf16CacheTolerance);
-}
+INSTANTIATE_TEST_SUITE_P(Configs, GpuAttentionConfig, ::testing::ValuesIn(AttentionConfigs()),
+                         [](const ::testing::TestParamInfo<Config>& info) {
+                           return info.param.id;
+                         });
 
 // One mma.sync m16n8k16 (bf16 in, fp32 out) of a warp: A [16][16] row-major, B [16][8] (k, n),
 // D [16][8], all as the fragment layout of the PTX ISA places them.
@@ -688,19 +737,19 @@ __global__ void MmaBf16Probe(const uint16_t* a, const uint16_t* b, float* d) {
 // below 2^20 of them: exact in fp32 whatever the summation order.
 TEST(GpuAttention, TensorCoresKeepBf16Subnormals) {
   REQUIRE_GPU();
-  std::mt19937_64 rng(133);
+  SplitMix64 rng(133);
   std::vector<uint16_t> a(16 * 16), b(16 * 8);
   for (int trial = 0; trial < 17; ++trial) {
     for (int i = 0; i < 256; ++i) {
       // Trial 0..15: pattern v = 16 * trial + (i % 16) in row i / 16 spread over the tile, so
       // every v in [0, 256) appears; trial 16: random patterns.
-      const int v = trial < 16 ? 16 * trial + (i % 16) : static_cast<int>(rng() % 256);
+      const int v = trial < 16 ? 16 * trial + (i % 16) : static_cast<int>(rng.Below(256));
       a[(i * 7) % 256] = static_cast<uint16_t>(v);
     }
     for (int i = 0; i < 16 * 8; ++i) {
       // bf16 of +-m * 2^57: an 8-bit significand m in [128, 255].
-      const int m = 128 + static_cast<int>(rng() % 128);
-      const float x = std::ldexp(static_cast<float>(m), 57) * (rng() % 2 ? -1.0f : 1.0f);
+      const int m = 128 + static_cast<int>(rng.Below(128));
+      const float x = std::ldexp(static_cast<float>(m), 57) * (rng.Bit() ? -1.0f : 1.0f);
       uint32_t bits;
       std::memcpy(&bits, &x, 4);
       b[i] = static_cast<uint16_t>(bits >> 16);  // exact: m has 8 significant bits
@@ -732,51 +781,43 @@ TEST(GpuAttention, TensorCoresKeepBf16Subnormals) {
 // FWHT, bit reversal), for every head of a batch.
 TEST(GpuAttention, RotateQueries_BitExact) {
   REQUIRE_GPU();
-  std::mt19937_64 rng(21);
+  SplitMix64 rng(21);
   // One (d, rotation, g, heads per block) case: every head of a batch of 2 over 2 KV heads.
   auto check = [&](int d, int kind, int g, int heads_per_block) {
-    WriteParams wp;
-    wp.head_dim = d;
-    wp.group = 32;
-    wp.rotation = static_cast<RotationKind>(kind);
-    wp.hadamard_block = kind == 2 ? 32 : 0;
-    wp.bitrev = kind != 0;
+    const WriteParams wp = testbed::Write().head_dim(d).group(32)
+                               .rotation(static_cast<RotationKind>(kind))
+                               .block(kind == 2 ? 32 : 0).bitrev(kind != 0);
     const int hkv = 2, batch = 2, hq = hkv * g;
-    std::vector<float> rot = HeadRotations(wp, hkv, rng);
-    std::normal_distribution<float> normal(0.0f, 2.0f);
-    std::vector<float> q(static_cast<size_t>(batch) * hq * d);
-    for (float& x : q) x = normal(rng);
+    const std::vector<float> rot = testbed::HeadRotations(wp, hkv, &rng);
+    const std::vector<float> q =
+        testbed::Queries(static_cast<size_t>(batch) * hq, d, &rng, 2.0f);
     DeviceBuffer<float> q_dev(q), rot_dev(rot), out(q.size());
     attention::RotateQueriesParams rp;
     rp.batch = batch;
     rp.num_q_heads = hq;
     rp.q_per_kv = g;
     rp.heads_per_block = heads_per_block;
-    rp.rotation = kind;
-    rp.rotations = rot_dev.ptr;
-    rp.fwht_block = wp.fwht_block();
-    rp.fwht_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(wp.fwht_block())));
-    rp.bitrev = wp.bitrev;
+    rp.rotation = MakeRotationArgs(wp, HeadData{rot_dev.ptr});
     rp.q = q_dev.ptr;
     rp.q_rot = out.ptr;
     KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rp, nullptr));
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> got = out.ToHost();
+    // The CPU's rotation of every (batch, head) row, [B * Hq, d].
+    std::vector<float> want(q.size());
     for (int b = 0; b < batch; ++b) {
       for (int h = 0; h < hq; ++h) {
         const size_t off = (static_cast<size_t>(b) * hq + h) * d;
-        std::vector<float> want(d);
         cpu::Rotate(cpu::ScalarBackend(), wp,
                     kind == 1 ? &rot[static_cast<size_t>(h / g) * d * d] : nullptr, &q[off],
-                    want.data(), 1);
-        for (int j = 0; j < d; ++j) {
-          ASSERT_EQ(F32Bits(got[off + j]), F32Bits(want[j]))
-              << "d " << d << " rotation " << kind << " g " << g << " heads per block "
-              << heads_per_block << " batch " << b << " head " << h << " channel " << j
-              << ": gpu " << got[off + j] << " cpu " << want[j];
-        }
+                    &want[off], 1);
       }
     }
+    testbed::NamedTensors inputs = {{"q", testbed::AsTensor(q, d)}};
+    if (!rot.empty()) inputs.emplace_back("rotation", testbed::AsTensor(rot, d));
+    EXPECT_TRUE(testbed::BitsEqual(
+        "RotateQueries " + testbed::Describe(wp) + " g " + std::to_string(g) +
+            " heads per block " + std::to_string(heads_per_block),
+        "q_rot", testbed::AsTensor(want, d), testbed::AsTensor(out.ToHost(), d), inputs));
   };
   for (int d : {64, 128, 256}) {
     for (int kind = 0; kind < 3; ++kind) {
@@ -808,34 +849,38 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   Config cfg;
   cfg.bits = 4;
   cfg.group = 32;  // d*b/8 = 64 > G
-  EXPECT_THROW(
-      {
-        try {
-          PlanDecodeAttention(MakeParams(cfg), 1, 100, 132);
-        } catch (const Error& e) {
-          EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-          EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  using testbed::ExpectError;
+  ExpectError([&] { PlanDecodeAttention(MakeParams(cfg), 1, 100, 132); }, ErrorCode::kUnsupported,
+              {"32"});
   Config gqa;
   gqa.hq = 24;
   gqa.hkv = 2;  // g = 12
   EXPECT_THROW(PlanDecodeAttention(MakeParams(gqa), 1, 100, 132), Error);
+  // Key tiles of 128 tokens (32 bytes a channel), and K and V in formats of different kinds:
+  // kUnsupported naming the value.
+  const CacheParams base = MakeParams(Config());
+  Config tiled;
+  tiled.tile = 128;
+  tiled.page = 128;
+  tiled.flush = 128;
+  ExpectError([&] { PlanDecodeAttention(MakeParams(tiled), 1, 100, 132); },
+              ErrorCode::kUnsupported, {"128"});
+  const CacheParams mixed =
+      testbed::Cache(base).value(testbed::Write(base.value).bits(4)).Unchecked();
+  ExpectError([&] { PlanDecodeAttention(mixed, 1, 100, 132); }, ErrorCode::kUnsupported,
+              {"bits 4"});
   Config ok;
   const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), 1, 131072, 132);
   EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, 131072 - 320);
   EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
   EXPECT_EQ(plan.window_tokens_per_split, 64);
   EXPECT_EQ(plan.window_splits, 5);
-  EXPECT_TRUE(plan.group_epilogue) << "quantized caches take the group epilogue";
-  EXPECT_TRUE(plan.int8_qk) << "g = 4 takes the int8 QK loop";
+  EXPECT_EQ(plan.quant_loop, QuantLoop::kInt8Qk) << "g = 4 takes the int8 QK loop";
   EXPECT_THROW(PlanDecodeAttention(MakeParams(ok), 0, 100, 132), Error);
-  // The group epilogue runs one chunk per warp step: a plan asking for two is refused before
-  // anything is launched (the pointers below are never dereferenced).
-  DecodeAttentionPlan two = plan;
-  two.chunks_per_warp = 2;
+  // A loop the kernels do not have is refused before anything is launched (the pointers below
+  // are never dereferenced).
+  DecodeAttentionPlan unknown = plan;
+  unknown.quant_loop = static_cast<QuantLoop>(7);
   alignas(256) static unsigned char workspace[256];
   static int32_t lens[1] = {131072};
   static float q[128], out[128];
@@ -844,27 +889,22 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   in.max_seq_len = 131072;
   in.seq_lens = lens;
   in.q = q;
-  // DecodeAttention refuses `plan` with an error that names `knob`.
+  // DecodeAttention refuses `plan` as an invalid argument with an error that names `knob`.
   auto expect_refused = [&](const Config& cfg, const DecodeAttentionPlan& bad, const char* knob) {
-    EXPECT_THROW(
-        {
-          try {
-            DecodeAttention(MakeParams(cfg), in, bad, workspace, bad.workspace_bytes, out);
-          } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find(knob), std::string::npos) << e.what();
-            throw;
-          }
-        },
-        Error);
+    ExpectError(
+        [&] { DecodeAttention(MakeParams(cfg), in, bad, workspace, bad.workspace_bytes, out); },
+        ErrorCode::kInvalidArgument, {knob});
   };
-  expect_refused(ok, two, "group_epilogue");
-  // The int8 QK loop serves at most 4 heads per block: g = 8 with int8_qk is refused.
+  expect_refused(ok, unknown, "quant_loop 7");
+  // The int8 QK and packed loops serve at most 4 heads per block: g = 8 with either is refused.
   Config wide = ok;
   wide.hq = 64;
   DecodeAttentionPlan wide_plan = PlanDecodeAttention(MakeParams(wide), 1, 131072, 132);
-  EXPECT_FALSE(wide_plan.int8_qk);
-  wide_plan.int8_qk = true;
-  expect_refused(wide, wide_plan, "int8_qk");
+  EXPECT_EQ(wide_plan.quant_loop, QuantLoop::kTwoMma);
+  wide_plan.quant_loop = QuantLoop::kInt8Qk;
+  expect_refused(wide, wide_plan, "quant_loop 2");
+  wide_plan.quant_loop = QuantLoop::kPacked;
+  expect_refused(wide, wide_plan, "quant_loop 1");
   // Rotation / merge blocks must take a divisor of g heads (g = 4 here).
   DecodeAttentionPlan aux = plan;
   aux.aux_heads_per_block = 3;
@@ -895,7 +935,7 @@ TEST(GpuAttention, Timeline_RecordsEveryBlockInDependencyOrder) {
             static_cast<int64_t>(heads_x) * batch * (plan.hist_splits + plan.window_splits));
   DeviceBuffer<uint64_t> timeline(4 * blocks.total());
   KVQ_CUDA_CHECK(cudaMemset(timeline.ptr, 0, timeline.count * 8));
-  const Variant loop{1, true, true, plan.int8_qk};
+  const Variant loop{plan.quant_loop};
   const std::vector<float> profiled = tc.RunGpu(loop, timeline.ptr);
   const std::vector<float> plain = tc.RunGpu(loop);
   ASSERT_EQ(profiled.size(), plain.size());
@@ -972,7 +1012,8 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
         SCOPED_TRACE(::testing::Message() << "B " << batch << " T " << len << " int8 " << allow_int8);
         const DecodeAttentionPlan plan =
             PlanDecodeAttention(MakeParams(ok), batch, len, 132, allow_int8);
-        EXPECT_EQ(plan.int8_qk, allow_int8) << "g = 4 takes the int8 QK loop unless refused";
+        // g = 4 takes the int8 QK loop unless refused, then the packed hi / lo bf16 loop.
+        EXPECT_EQ(plan.quant_loop, allow_int8 ? QuantLoop::kInt8Qk : QuantLoop::kPacked);
         const int resident = attention::ResidentDecodeBlocksPerSm(128) * 132;
         EXPECT_EQ(resident, 4 * 132);
         const int64_t paged = len - 320;
@@ -980,8 +1021,6 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
         EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, paged);
         EXPECT_LE(plan.hist_tokens_per_split, attention::kMaxSplitTokens);
         EXPECT_EQ(plan.hist_tokens_per_split % attention::kTileTokens, 0);
-        EXPECT_EQ(plan.chunks_per_warp, 1);
-        EXPECT_TRUE(plan.pack_hi_lo) << "g = 4 packs the hi / lo parts (bf16 QK loops)";
         // No more waves than the split cap forces, and a long single sequence fills its wave.
         const int64_t min_splits = (paged + attention::kMaxSplitTokens - 1) / attention::kMaxSplitTokens;
         const int64_t waves = (min_splits * 8 * batch + resident - 1) / resident;
@@ -1013,12 +1052,11 @@ TEST(GpuAttention, PlanFillsWholeWaves) {
   EXPECT_EQ(plan.hist_tokens_per_split, 1024);  // ceil(131072 / ceil(8 * 132 / 8)) -> 64s
   EXPECT_EQ(plan.hist_splits, 128);
   EXPECT_EQ(plan.window_splits, 0);
-  EXPECT_FALSE(plan.pack_hi_lo);
-  EXPECT_FALSE(plan.int8_qk);
+  EXPECT_EQ(plan.quant_loop, QuantLoop::kTwoMma);
   // g = 8 fills all N = 8 columns with heads: no packing.
   Config wide = ok;
   wide.hq = 64;
-  EXPECT_FALSE(PlanDecodeAttention(MakeParams(wide), 1, 131072, 132).pack_hi_lo);
+  EXPECT_EQ(PlanDecodeAttention(MakeParams(wide), 1, 131072, 132).quant_loop, QuantLoop::kTwoMma);
 }
 
 }  // namespace

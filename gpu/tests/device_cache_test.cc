@@ -1,62 +1,54 @@
-// DeviceCache mirrors a CPU PagedKVCache on the device: decode attention over the mirror must
+// DeviceCache (uploaded from a CPU PagedKVCache by the adapter's UploadCache) mirrors the cache on
+// the device: decode attention over the mirror must
 // match the fp64 reference over the same rows within the GPU tolerance (spec/cache.md §5), for
 // quantized and bf16 caches and for batches of sequences of different lengths.
 #include "kvq/gpu/device_cache.h"
 
 #include <gtest/gtest.h>
 
+#include "cache_upload.h"  // gpu/adapter
+
 #include <cmath>
-#include <random>
 #include <vector>
 
+#include "kvq/conformance/prng.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
 
 namespace kvq::gpu {
 namespace {
 
-CacheParams SmallParams(bool quantized) {
-  CacheParams p;
-  p.num_kv_heads = 2;
-  p.num_q_heads = 8;
-  p.sink = 16;
-  p.recent = 32;
-  p.page_size = 16;
-  p.quantized = quantized;
-  p.key.head_dim = p.value.head_dim = 128;
-  p.key.group = p.value.group = 64;
-  p.key.bits = p.value.bits = 2;
-  p.key.rotation = p.value.rotation = RotationKind::kHadamard;
-  p.key.bitrev = true;
-  p.key.clip = 0.96f;
-  p.value.clip = 0.92f;
-  return p;
-}
+using testbed::Write;
 
-std::vector<float> Normal(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
+// Hq 8 Hkv 2 S0 16 W 32 P 16, FWHT on K (+ P_br) and V, INT2 d128 G64 (or the bf16 cache).
+CacheParams SmallParams(bool quantized) {
+  testbed::Cache c = testbed::Cache().kv_heads(2).q_heads(8).sink(16).recent(32).page(16)
+                         .key(Write().head_dim(128).group(64).bits(2).hadamard().bitrev()
+                                  .clip(0.96f))
+                         .value(Write().head_dim(128).group(64).bits(2).hadamard().clip(0.92f));
+  if (!quantized) c.bf16();
+  return c;
 }
 
 void CheckBatch(bool quantized, const std::vector<int>& lengths, uint64_t seed) {
   if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 rng(seed);
+  conformance::SplitMix64 rng(seed);
   const CacheParams p = SmallParams(quantized);
   const int d = p.head_dim(), hkv = p.num_kv_heads, hq = p.num_q_heads;
   cpu::PagedKVCache cache(p, {}, {});
   std::vector<int> seqs;
   for (int len : lengths) {
     const int s = cache.AddSequence();
-    const std::vector<float> k = Normal(static_cast<size_t>(len) * hkv * d, rng);
-    const std::vector<float> v = Normal(static_cast<size_t>(len) * hkv * d, rng);
+    const std::vector<float> k = testbed::KvRows(static_cast<size_t>(len), hkv, d, &rng);
+    const std::vector<float> v = testbed::KvRows(static_cast<size_t>(len), hkv, d, &rng);
     cache.Prefill(s, k.data(), v.data(), len);
     seqs.push_back(s);
   }
-  const std::vector<float> q = Normal(seqs.size() * hq * d, rng);
+  const std::vector<float> q = testbed::Queries(seqs.size() * hq, d, &rng);
   std::vector<float> out(q.size());
-  DeviceCache device(cache, seqs);
+  DeviceCache device = UploadCache(cache, seqs);
   EXPECT_GT(device.BytesPerStep(), 0u);
   device.Attend(q.data(), out.data());
   for (size_t b = 0; b < seqs.size(); ++b) {
@@ -81,8 +73,8 @@ TEST(DeviceCacheTest, RejectsEmptySequence) {
   if (!HasCudaDevice()) GTEST_SKIP() << "no CUDA device";
   cpu::PagedKVCache cache(SmallParams(true), {}, {});
   const int s = cache.AddSequence();
-  EXPECT_THROW(DeviceCache(cache, {s}), Error);
-  EXPECT_THROW(DeviceCache(cache, {}), Error);
+  EXPECT_THROW(UploadCache(cache, {s}), Error);
+  EXPECT_THROW(UploadCache(cache, {}), Error);
 }
 
 }  // namespace

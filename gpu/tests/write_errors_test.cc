@@ -4,16 +4,23 @@
 // machines without a GPU too (CI); the device-only ones skip there.
 #include <gtest/gtest.h>
 
-#include <functional>
+#include <set>
 #include <string>
 
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
+#include "kvq/common/stages.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/params.h"
 
 namespace kvq::gpu {
 namespace {
+
+using testbed::Cache;
+using testbed::ExpectError;
+using testbed::Write;
 
 // A FusedWriteArgs that would be valid apart from what a test changes (pointers are never
 // dereferenced: the launcher refuses before launching).
@@ -25,9 +32,9 @@ FusedWriteArgs PlausibleArgs() {
   a.x = x;
   a.num_tokens = 1;
   a.token_stride = 128;
-  a.codes = codes;
-  a.scale = meta;
-  a.min = meta;
+  a.planes[kAffineCodesPlane] = codes;
+  a.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(meta);
+  a.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(meta);
   return a;
 }
 
@@ -49,14 +56,14 @@ TEST(LauncherRefuses, UnsupportedPageSizeRotationOrBlock) {
   a.page_size_log2 = 11;  // P = 2048
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
   a = PlausibleArgs();
-  a.rotation = 7;
+  a.rotation.kind = 7;
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
-  a.rotation = static_cast<int>(RotationKind::kDense);  // no matrices
+  a.rotation.kind = static_cast<int>(RotationKind::kDense);  // no matrices
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
-  a.rotation = static_cast<int>(RotationKind::kHadamard);
-  a.fwht_block = 8;
+  a.rotation.kind = static_cast<int>(RotationKind::kHadamard);
+  a.rotation.fwht_block = 8;
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
-  a.fwht_block = 256;  // larger than d
+  a.rotation.fwht_block = 256;  // larger than d
   EXPECT_EQ((LaunchFusedWrite<128, 64, 2>(a, nullptr)), cudaErrorInvalidValue);
   a = PlausibleArgs();
   a.x = static_cast<const uint8_t*>(a.x) + 2;  // not 16-byte aligned
@@ -66,20 +73,50 @@ TEST(LauncherRefuses, UnsupportedPageSizeRotationOrBlock) {
 TEST(LauncherRefuses, UnsupportedStageConfigurations) {
   StageArgs a;
   a.rows = 1;
-  a.head_dim = 96;
-  EXPECT_EQ(DispatchStage(Stage::kBitrev, a, nullptr), cudaErrorInvalidValue);
-  a.head_dim = 128;
-  a.group = 256;
-  a.bits = 2;
-  EXPECT_EQ(DispatchStage(Stage::kQuantize, a, nullptr), cudaErrorInvalidValue);
-  a.group = 64;
-  a.bits = 3;
-  EXPECT_EQ(DispatchStage(Stage::kPack, a, nullptr), cudaErrorInvalidValue);
-  a.bits = 2;
+  a.params = Write().head_dim(96).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kBitrev, a, nullptr), cudaErrorInvalidValue);
+  a.params = Write().head_dim(128).group(256).bits(2).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kQuantize, a, nullptr), cudaErrorInvalidValue);
+  a.params = Write().head_dim(128).group(64).bits(3).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kPack, a, nullptr), cudaErrorInvalidValue);
+  a.params = Write().head_dim(128).group(64).bits(2).Unchecked();
   a.fwht_block = 12;
-  EXPECT_EQ(DispatchStage(Stage::kFwht, a, nullptr), cudaErrorInvalidValue);
-  a.clip = 0.0f;
-  EXPECT_EQ(DispatchStage(Stage::kClip, a, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(DispatchStage(StageId::kFwht, a, nullptr), cudaErrorInvalidValue);
+  a.params = Write().head_dim(128).group(64).bits(2).clip(0.0f).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kClip, a, nullptr), cudaErrorInvalidValue);
+}
+
+// Every stage of the list (kvq/common/stages.inc) has a launcher: with no rows, each accepts a
+// valid configuration and launches nothing (never cudaErrorInvalidValue for a stage it lacks,
+// never cudaErrorNotSupported: every stage of spec 1.1 has its CUDA kernel).
+TEST(LauncherRefuses, NoStageOfTheListIsMissing) {
+  for (const StageSpec& stage : AllStages()) {
+    StageArgs a;
+    a.rows = 0;
+    a.fwht_block = 128;
+    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaSuccess) << stage.name;
+  }
+}
+
+// The tile codec refuses a row count that is not a whole number of tiles, a tile outside
+// {32, 64, 128} and widths other than 2 and 4; the norm refuses a span above 32768 values.
+TEST(LauncherRefuses, UnsupportedTileAndNormConfigurations) {
+  StageArgs a;
+  a.rows = 48;  // not a multiple of the tile of 32
+  a.params = Write().head_dim(64).tile(32).bits(2).Unchecked();
+  for (StageId id : {StageId::kQuantizeTile, StageId::kPackTile, StageId::kUnpackTile,
+                     StageId::kDequantizeTile}) {
+    EXPECT_EQ(DispatchStage(id, a, nullptr), cudaErrorInvalidValue) << GetStage(id).name;
+  }
+  a.rows = 32;
+  a.params = Write().head_dim(64).tile(32).bits(3).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kPackTile, a, nullptr), cudaErrorInvalidValue);
+  a.params = Write().head_dim(64).tile(32).bits(2).Unchecked();
+  a.params.group = 16;
+  EXPECT_EQ(DispatchStage(StageId::kQuantizeTile, a, nullptr), cudaErrorInvalidValue);
+  a.rows = 1;
+  a.params = Write().head_dim(256).tile(32).bits(2).norm(true, 256).Unchecked();
+  EXPECT_EQ(DispatchStage(StageId::kNorm, a, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(LauncherRefuses, InconsistentPrefillWindows) {
@@ -115,92 +152,84 @@ TEST(LauncherRefuses, InconsistentPrefillWindows) {
 }
 
 // The message must name the offending value.
-void ExpectInvalidArgument(const std::function<void()>& call, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected kvq::Error naming " << needle;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(RuntimeApiRejects, InvalidWriteParams) {
-  WriteParams p;
-  p.head_dim = 96;
+  constexpr ErrorCode kInvalid = ErrorCode::kInvalidArgument;
   RowOutputs out;
-  ExpectInvalidArgument([&] { WriteRows(p, nullptr, static_cast<const float*>(nullptr), 4, out); },
-                        "96");
-  p.head_dim = 128;
-  p.bits = 3;
-  ExpectInvalidArgument([&] { Quantize(nullptr, nullptr, nullptr, nullptr, 4, p); }, "3");
-  p.bits = 2;
-  p.rotation = RotationKind::kDense;
+  const WriteParams d96 = Write().head_dim(96).Unchecked();
+  ExpectError([&] { WriteRows(d96, nullptr, static_cast<const float*>(nullptr), 4, out); },
+              kInvalid, {"96"});
+  const WriteParams bits3 = Write().head_dim(128).bits(3).Unchecked();
+  ExpectError([&] { Quantize(nullptr, nullptr, nullptr, nullptr, 4, bits3); }, kInvalid, {"3"});
+  const WriteParams p = Write().head_dim(128).bits(2);
+  ExpectError([&] { Bitrev(nullptr, nullptr, 4, p); }, kInvalid, {"x is null"});
   alignas(16) static float x[128];
+  ExpectError([&] { Bitrev(x, x, 1, p); }, kInvalid, {"x and y alias"});
   static uint8_t packed[32];
   static uint16_t meta[2];
-  out.packed = packed;
-  out.scale = meta;
-  out.min = meta;
-  ExpectInvalidArgument([&] { WriteRows(p, nullptr, x, 1, out); }, "rotation matrices are null");
+  ExpectError([&] { WriteRows(p, nullptr, x, 1, out); }, kInvalid, {"plane 'codes' is null"});
+  const WriteParams dense = Write(p).rotation(RotationKind::kDense);
+  out.planes[kAffineCodesPlane] = packed;
+  out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(meta);
+  out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(meta + 1);
+  ExpectError([&] { WriteRows(dense, nullptr, x, 1, out); }, kInvalid,
+              {"rotation matrices are null"});
+}
+
+// What the kernels do not serve is refused as kUnsupported, naming the value: a codec stage of
+// another format, a fused write or cache of a format the fused kernels do not store, a dense
+// rotation on the tile write, a norm that spans more than kMaxNormSpan values.
+TEST(RuntimeApiRejects, UnsupportedFormats) {
+  constexpr ErrorCode kUnsupported = ErrorCode::kUnsupported;
+  const WriteParams bf16 = Write().format(Format::kBf16).Unchecked();
+  alignas(16) static float x[128];
+  static uint8_t codes[128];
+  static uint16_t meta[4];
+  ExpectError([&] { Quantize(x, codes, meta, meta + 2, 1, bf16); }, kUnsupported, {"bf16"});
+  RowOutputs out;
+  ExpectError([&] { WriteRows(bf16, nullptr, x, 1, out); }, kUnsupported, {"bf16"});
+  alignas(16) static uint16_t k[8];
+  const CacheParams dense_tile = Cache().sink(0).recent(1).flush(32).page(32)
+                                     .key(Write().tile(32).rotation(RotationKind::kDense))
+                                     .value(Write().group(32));
+  ExpectError(
+      [&] {
+        PrefillWrite(dense_tile, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{},
+                     PagePool{}, Windows{});
+      },
+      kUnsupported, {"(key)", "dense"});
+  const CacheParams wide_norm = Cache().kv_heads(256).q_heads(256).sink(0).recent(1).flush(32)
+                                    .page(32)
+                                    .key(Write().head_dim(256).tile(32).norm(true, 256))
+                                    .value(Write().head_dim(256).group(32));
+  ExpectError(
+      [&] {
+        PrefillWrite(wide_norm, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{},
+                     PagePool{}, Windows{});
+      },
+      kUnsupported, {"norm over 256 KV heads", "32768"});
 }
 
 TEST(RuntimeApiRejects, InvalidCacheParams) {
-  CacheParams c;
-  c.page_size = 48;
   alignas(16) static uint16_t k[8];
-  ExpectInvalidArgument(
+  const CacheParams page48 = Cache().page(48).Unchecked();
+  ExpectError(
       [&] {
-        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
+        PrefillWrite(page48, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
                      Windows{});
       },
-      "48");
-  c.page_size = 64;
-  c.quantized = false;
-  ExpectInvalidArgument(
+      ErrorCode::kInvalidArgument, {"48"});
+  const CacheParams bf16 = Cache().page(64).bf16().Unchecked();
+  ExpectError(
       [&] {
-        PrefillWrite(c, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
+        PrefillWrite(bf16, k, k, 1, nullptr, HeadData{}, HeadData{}, PagePool{}, PagePool{},
                      Windows{});
       },
-      "quantized");
-}
-
-TEST(CudaBackend, IsNamedCudaAndFillsEveryWriteKernel) {
-  const cpu::Backend& b = CudaBackend();
-  EXPECT_EQ(b.name, "cuda");
-  EXPECT_NE(b.write.rotate_dense, nullptr);
-  EXPECT_NE(b.write.fwht, nullptr);
-  EXPECT_NE(b.write.bitrev, nullptr);
-  EXPECT_NE(b.write.clip, nullptr);
-  EXPECT_NE(b.write.quantize, nullptr);
-  EXPECT_NE(b.write.pack, nullptr);
-  EXPECT_NE(b.write.unpack, nullptr);
-  EXPECT_NE(b.write.dequantize, nullptr);
-}
-
-TEST(CudaBackend, WithoutDeviceThrowsUnsupported) {
-  if (HasCudaDevice()) GTEST_SKIP() << "a CUDA device is present";
-  WriteParams p;
-  float x[128] = {};
-  float y[128];
-  try {
-    CudaBackend().write.bitrev(x, y, 1, p);
-    ADD_FAILURE() << "expected kvq::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-  }
+      ErrorCode::kInvalidArgument, {"quantized"});
 }
 
 TEST(CudaCheck, ErrorCarriesNameStringAndCallSite) {
-  try {
-    KVQ_CUDA_CHECK(cudaErrorInvalidValue);
-    ADD_FAILURE() << "expected kvq::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(what.find("cudaErrorInvalidValue"), std::string::npos) << what;
-    EXPECT_NE(what.find("write_errors_test.cc"), std::string::npos) << what;
-  }
+  ExpectError([] { KVQ_CUDA_CHECK(cudaErrorInvalidValue); }, ErrorCode::kInvalidArgument,
+              {"cudaErrorInvalidValue", "write_errors_test.cc"});
 }
 
 }  // namespace

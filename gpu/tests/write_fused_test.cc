@@ -1,22 +1,40 @@
-// The fused CUDA write kernel (WriteRows) against cpu::QuantizeRows on the scalar backend,
+// The fused CUDA write kernels (WriteRows) against cpu::QuantizeRows on the scalar backend,
 // bit for bit: rotated rows, clip thresholds, packed codes, bf16 scale and min, over the full
-// grid d x G x bits x rotation variant x clip ratio x input type (bf16, fp32).
+// grid d x G x bits x rotation variant x clip ratio x input type (bf16, fp32); and the tile
+// write of affine_tile (codes, scale, min, the per-head norm) over d x G_k x bits x rotation x
+// norm x clip.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "gpu_timing.h"  // bench/
+#include "kvq/conformance/prng.h"
+#include "kvq/conformance/rows.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "kvq/gpu/write.h"
+#include "kvq/testbed/cache_checks.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
 
 namespace kvq::gpu {
 namespace {
 
 using namespace kvq::gpu::testing;
+using conformance::MixedRows;
+using conformance::SplitMix64;
+using conformance::TestRowKinds;
+using testbed::AllBitsEqual;
+using testbed::AsTensor;
+using testbed::Describe;
+using testbed::FromBf16;
+using testbed::NamedTensors;
+using testbed::ToBf16;
+using testbed::Write;
 
 struct FusedCase {
   Shape shape;
@@ -24,13 +42,22 @@ struct FusedCase {
   size_t variant;  // index into RotationVariants()
 };
 
-// Runs WriteRows on n rows once per poison byte and compares every output with the oracle.
+// Runs WriteRows on n rows once per poison byte and compares every output with the oracle
+// (a failure dumps the rows, the rotation, the oracle's outputs and the kernel's).
 void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& rotation,
                               const std::vector<float>& x_f32, const std::vector<uint16_t>* x_bf16,
                               size_t n, const std::string& context) {
   const int d = p.head_dim;
   const cpu::QuantizedRows want =
       cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
+  const NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)},
+                                 {"tau", AsTensor(want.tau)},
+                                 {"packed", AsTensor(want.packed, p.code_bytes())},
+                                 {"scale", AsTensor(want.scale, p.num_groups())},
+                                 {"min", AsTensor(want.min, p.num_groups())}};
+  const NamedTensors inputs = {
+      {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)},
+      {"rotation", AsTensor(rotation, d)}};
   DeviceBuffer<float> dr(rotation);
   DeviceBuffer<float> dx_f32(x_f32);
   DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
@@ -46,9 +73,9 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
     tau.Fill(poison);
     flags.Fill(0);
     RowOutputs out;
-    out.packed = packed.get();
-    out.scale = scale.get();
-    out.min = min.get();
+    out.planes[kAffineCodesPlane] = packed.get();
+    out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
+    out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(min.get());
     out.rotated = rotated.get();
     out.tau = tau.get();
     if (x_bf16 != nullptr) {
@@ -56,12 +83,13 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
     } else {
       WriteRows(p, dr.get(), dx_f32.get(), n, out, flags.get());
     }
-    const std::string ctx = context + " poison=" + std::to_string(poison);
-    EXPECT_TRUE(BitsEqual(want.rotated, rotated.Download(), d, "rotated", ctx));
-    EXPECT_TRUE(BitsEqual(want.tau, tau.Download(), 1, "tau", ctx));
-    EXPECT_TRUE(BitsEqual(want.packed, packed.Download(), p.code_bytes(), "packed", ctx));
-    EXPECT_TRUE(BitsEqual(want.scale, scale.Download(), p.num_groups(), "scale", ctx));
-    EXPECT_TRUE(BitsEqual(want.min, min.Download(), p.num_groups(), "min", ctx));
+    const std::string ctx = context + " poison " + std::to_string(poison);
+    const NamedTensors got = {{"rotated", AsTensor(rotated.Download(), d)},
+                              {"tau", AsTensor(tau.Download())},
+                              {"packed", AsTensor(packed.Download(), p.code_bytes())},
+                              {"scale", AsTensor(scale.Download(), p.num_groups())},
+                              {"min", AsTensor(min.Download(), p.num_groups())}};
+    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
     EXPECT_EQ(flags.Download()[0], 0) << ctx;
   }
 }
@@ -76,18 +104,20 @@ TEST_P(FusedWriteTest, MatchesScalarOracleBitForBit) {
   const RotationVariant& v = RotationVariants()[c.variant];
   const int d = c.shape.d;
   const uint32_t seed = 7919u * d + 131u * c.shape.group + 17u * c.bits + c.variant;
-  std::mt19937 rng(seed);
-  constexpr size_t kRows = 150;  // several tiles, the last one partial
+  SplitMix64 rng(seed);
+  // Several tiles, the last one partial; the rows take every test row kind in turn (each kind
+  // six times).
+  constexpr size_t kRows = 150;
   for (float clip : ClipRatios(d)) {
-    const WriteParams p = MakeParams(d, c.shape.group, c.bits, v, clip);
-    const std::vector<float> rotation = RandomRotations(1, d, rng);
-    const std::string context = ParamsString(p) + " variant=" + v.name + " seed=" +
+    const WriteParams p = v.Params(d).group(c.shape.group).bits(c.bits).clip(clip);
+    const std::vector<float> rotation = testbed::RandomMatrix(d, &rng);
+    const std::string context = "FusedWrite " + Describe(p) + " " + v.name + " seed " +
                                 std::to_string(seed);
     // bf16 input (what the cache stores): the oracle sees the same values widened exactly.
-    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(kRows, d, p.group, p.levels(), rng));
+    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(kRows, p, &rng));
     ExpectFusedMatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, kRows, context + " bf16");
     // fp32 input.
-    const std::vector<float> x_f32 = MixedRows(kRows, d, p.group, p.levels(), rng);
+    const std::vector<float> x_f32 = MixedRows(kRows, p, &rng);
     ExpectFusedMatchesOracle(p, rotation, x_f32, nullptr, kRows, context + " f32");
   }
 }
@@ -110,21 +140,139 @@ INSTANTIATE_TEST_SUITE_P(
              "_" + RotationVariants()[info.param.variant].name + "__cuda";
     });
 
+// The tile write (affine_tile) of n rows, n a whole number of tiles: packed tiles, per-tile
+// (scale, min) and with a norm the per-row norm, once per poison byte.
+void ExpectTileWriteMatchesOracle(const WriteParams& p, const std::vector<float>& x_f32,
+                                  const std::vector<uint16_t>* x_bf16, size_t n,
+                                  const std::string& context) {
+  const int d = p.head_dim;
+  const cpu::QuantizedRows want =
+      cpu::QuantizeRows(cpu::ScalarBackend(), p, nullptr, x_f32.data(), n);
+  const int64_t tile_bytes = static_cast<int64_t>(d) * p.tile_channel_bytes();
+  NamedTensors expected = {{"packed", AsTensor(want.packed, tile_bytes)},
+                           {"scale", AsTensor(want.scale, d)},
+                           {"min", AsTensor(want.min, d)}};
+  if (p.norm) expected.emplace_back("norm", AsTensor(want.norm));
+  const NamedTensors inputs = {
+      {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)}};
+  const size_t tiles = n / static_cast<size_t>(p.group);
+  DeviceBuffer<float> dx_f32(x_f32);
+  DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
+  DeviceBuffer<uint8_t> packed(tiles * tile_bytes);
+  DeviceBuffer<uint16_t> scale(tiles * d), min(tiles * d), norm(p.norm ? n : 0);
+  DeviceBuffer<int> flags(1);
+  for (uint8_t poison : kPoisons) {
+    packed.Fill(poison);
+    scale.Fill(poison);
+    min.Fill(poison);
+    if (p.norm) norm.Fill(poison);
+    flags.Fill(0);
+    RowOutputs out;
+    out.planes[kTileCodesPlane] = packed.get();
+    out.planes[kTileScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
+    out.planes[kTileMinPlane] = reinterpret_cast<uint8_t*>(min.get());
+    if (p.norm) out.planes[kTileNormPlane] = reinterpret_cast<uint8_t*>(norm.get());
+    if (x_bf16 != nullptr) {
+      WriteRows(p, nullptr, dx_bf16.get(), n, out, flags.get());
+    } else {
+      WriteRows(p, nullptr, dx_f32.get(), n, out, flags.get());
+    }
+    const std::string ctx = context + " poison " + std::to_string(poison);
+    NamedTensors got = {{"packed", AsTensor(packed.Download(), tile_bytes)},
+                        {"scale", AsTensor(scale.Download(), d)},
+                        {"min", AsTensor(min.Download(), d)}};
+    if (p.norm) got.emplace_back("norm", AsTensor(norm.Download()));
+    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
+    EXPECT_EQ(flags.Download()[0], 0) << ctx;
+  }
+}
+
+struct TileCase {
+  int d;
+  int tile;
+  int bits;
+  size_t variant;  // index into RotationVariants() (not the dense ones: no tile kernel)
+  bool norm;
+};
+
+class TileWriteTest : public ::testing::TestWithParam<TileCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(TileWriteTest, MatchesScalarOracleBitForBit) {
+  const TileCase& c = GetParam();
+  const RotationVariant& v = RotationVariants()[c.variant];
+  const uint32_t seed = 6007u * c.d + 257u * c.tile + 31u * c.bits + 7u * c.variant + c.norm;
+  SplitMix64 rng(seed);
+  for (float clip : {1.0f, 0.92f, 0.001f}) {
+    const WriteParams p = v.Params(c.d).tile(c.tile).bits(c.bits).clip(clip).norm(c.norm);
+    // Three tiles of rows of every test row kind the write path accepts, in turn.
+    const size_t n = 3 * static_cast<size_t>(c.tile);
+    const std::string context = "TileWrite " + Describe(p) + " " + v.name + " seed " +
+                                std::to_string(seed);
+    const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(n, p, &rng, TestRowKinds(p)));
+    ExpectTileWriteMatchesOracle(p, FromBf16(x_bf16), &x_bf16, n, context + " bf16");
+    const std::vector<float> x_f32 = MixedRows(n, p, &rng, TestRowKinds(p));
+    ExpectTileWriteMatchesOracle(p, x_f32, nullptr, n, context + " f32");
+  }
+}
+
+std::vector<TileCase> AllTileCases() {
+  std::vector<TileCase> cases;
+  for (int d : {64, 128, 256}) {
+    for (int tile : {32, 64, 128}) {
+      for (int bits : {2, 4}) {
+        for (size_t v = 0; v < RotationVariants().size(); ++v) {
+          if (RotationVariants()[v].kind == RotationKind::kDense) continue;
+          for (bool norm : {false, true}) cases.push_back({d, tile, bits, v, norm});
+        }
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, TileWriteTest, ::testing::ValuesIn(AllTileCases()),
+    [](const ::testing::TestParamInfo<TileCase>& info) {
+      const TileCase& c = info.param;
+      return "d" + std::to_string(c.d) + "_tile" + std::to_string(c.tile) + "_int" +
+             std::to_string(c.bits) + "_" + RotationVariants()[c.variant].name +
+             (c.norm ? "_norm" : "") + "__cuda";
+    });
+
+// The tile write refuses what it has no kernel for, naming it: a dense rotation, a row count
+// that is not a whole number of tiles, the token-scope norm on one head's flat rows.
+TEST(TileWriteRefuses, DenseRowsOfPartialTilesAndTheTokenScope) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  DeviceBuffer<float> x(64 * 64), rotation(64 * 64);
+  DeviceBuffer<uint8_t> planes(1 << 16);
+  RowOutputs out;
+  for (int i = 0; i < 4; ++i) out.planes[i] = planes.get() + i * 16384;
+  testbed::ExpectError(
+      [&] { WriteRows(Write().head_dim(64).tile(32).rotation(RotationKind::kDense), rotation.get(),
+                      x.get(), 64, out); },
+      ErrorCode::kUnsupported, {"dense"});
+  testbed::ExpectError([&] { WriteRows(Write().head_dim(64).tile(32), nullptr, x.get(), 48, out); },
+                       ErrorCode::kInvalidArgument, {"48 rows", "32 tokens"});
+  testbed::ExpectError(
+      [&] { WriteRows(Write().head_dim(64).tile(32).norm(true, 2), nullptr, x.get(), 32, out); },
+      ErrorCode::kInvalidArgument, {"norm over 2 KV heads"});
+}
+
 // Many more tiles than resident blocks: the dense kernel's persistent loop over tiles (R kept
 // in shared memory across tiles) and the streamed-R path of d = 256.
 TEST(FusedWriteLarge, PersistentTilesMatchScalar) {
   KVQ_SKIP_WITHOUT_CUDA();
-  std::mt19937 rng(42);
+  SplitMix64 rng(42);
   for (int d : {128, 256}) {
-    RotationVariant dense = RotationVariants()[3];  // dense + bitrev
-    const WriteParams p = MakeParams(d, 64, 2, dense, 0.96f);
+    const WriteParams p = Write().head_dim(d).group(64).bits(2).clip(0.96f)
+                              .rotation(RotationKind::kDense).bitrev();
     const size_t rows = d == 128 ? 20000 : 3000;
-    std::vector<float> x(rows * d);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (float& value : x) value = normal(rng);
-    const std::vector<uint16_t> x_bf16 = ToBf16(x);
-    ExpectFusedMatchesOracle(p, RandomRotations(1, d, rng), FromBf16(x_bf16), &x_bf16, rows,
-                             ParamsString(p) + " large");
+    const std::vector<uint16_t> x_bf16 = ToBf16(testbed::KvRows(rows, 1, d, &rng));
+    ExpectFusedMatchesOracle(p, testbed::RandomMatrix(d, &rng), FromBf16(x_bf16), &x_bf16, rows,
+                             "FusedWriteLarge " + Describe(p) + " persistent");
   }
 }
 
@@ -137,16 +285,16 @@ TEST(FusedWriteLarge, PrefetchedTilesMatchScalar) {
   int sms = 0;
   KVQ_CUDA_CHECK(cudaGetDevice(&device));
   KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  std::mt19937 rng(4242);
+  SplitMix64 rng(4242);
   for (int d : {64, 128, 256}) {
     for (size_t variant : {size_t{0}, size_t{5}}) {  // identity; fwht_bitrev
-      const WriteParams p = MakeParams(d, 32, 4, RotationVariants()[variant], 0.92f);
+      const RotationVariant& v = RotationVariants()[variant];
+      const WriteParams p = v.Params(d).group(32).bits(4).clip(0.92f);
       const size_t tile_rows = 4096 / d;
       const size_t rows = 3 * 4 * static_cast<size_t>(sms) * tile_rows + 7;
-      const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(rows, d, p.group, p.levels(), rng));
-      ExpectFusedMatchesOracle(p, RandomRotations(1, d, rng), FromBf16(x_bf16), &x_bf16, rows,
-                               ParamsString(p) + " variant=" + RotationVariants()[variant].name +
-                                   " prefetched");
+      const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(rows, p, &rng));
+      ExpectFusedMatchesOracle(p, testbed::RandomMatrix(d, &rng), FromBf16(x_bf16), &x_bf16, rows,
+                               "FusedWriteLarge " + Describe(p) + " " + v.name + " prefetched");
     }
   }
 }
@@ -154,7 +302,7 @@ TEST(FusedWriteLarge, PrefetchedTilesMatchScalar) {
 // Rows the validating CPU path rejects raise kErrorFlagNonFinite instead of passing silently.
 TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
   KVQ_SKIP_WITHOUT_CUDA();
-  const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[0], 1.0f);
+  const WriteParams p = Write().head_dim(128).group(64).bits(2);  // identity, no clip
   const float bad_values[] = {std::numeric_limits<float>::quiet_NaN(),
                               std::numeric_limits<float>::infinity(), 1.0e38f};
   for (float bad : bad_values) {
@@ -166,34 +314,51 @@ TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
     DeviceBuffer<int> flags(1);
     flags.Fill(0);
     RowOutputs out;
-    out.packed = packed.get();
-    out.scale = scale.get();
-    out.min = min.get();
+    out.planes[kAffineCodesPlane] = packed.get();
+    out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
+    out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(min.get());
     WriteRows(p, nullptr, dx.get(), 4, out, flags.get());
     EXPECT_EQ(flags.Download()[0], kErrorFlagNonFinite) << "value " << bad;
     EXPECT_THROW(CheckErrorFlags(flags.get(), "WriteRows"), Error);
   }
 }
 
-// The timing entry point of `kvq bench` returns the write's outputs: the oracle's bits.
+// bf16 bits out of a plane's bytes.
+std::vector<uint16_t> Bf16Plane(const std::vector<uint8_t>& bytes) {
+  std::vector<uint16_t> out(bytes.size() / 2);
+  std::memcpy(out.data(), bytes.data(), out.size() * 2);
+  return out;
+}
+
+// The timing helper of `kvq bench` (bench/gpu_timing.h) returns the write's outputs: the
+// oracle's bits.
 TEST(TimeWriteRowsTest, ReturnsTheOraclesBits) {
+  using bench::TimedRowWrite;
+  using bench::TimeWriteRows;
   KVQ_SKIP_WITHOUT_CUDA();
-  std::mt19937 rng(77);
+  SplitMix64 rng(77);
   for (size_t variant : {size_t{3}, size_t{5}}) {  // dense_bitrev; fwht_bitrev
-    const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[variant], 0.96f);
-    const std::vector<float> rotation = RandomRotations(1, 128, rng);
+    const RotationVariant& v = RotationVariants()[variant];
+    const WriteParams p = v.Params(128).group(64).bits(2).clip(0.96f);
+    const std::vector<float> rotation = testbed::RandomMatrix(128, &rng);
     const size_t rows = 1000;
-    const std::vector<float> x = MixedRows(rows, 128, p.group, p.levels(), rng);
+    const std::vector<float> x = MixedRows(rows, p, &rng);
     const cpu::QuantizedRows want =
         cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x.data(), rows);
     const TimedRowWrite got = TimeWriteRows(p, rotation.data(), x.data(), rows, 3, 1);
-    const std::string ctx = ParamsString(p) + " variant=" + RotationVariants()[variant].name;
+    const std::string ctx = "TimeWriteRows " + Describe(p) + " " + v.name;
     EXPECT_GT(got.median_us, 0.0) << ctx;
-    EXPECT_TRUE(BitsEqual(want.packed, got.packed, p.code_bytes(), "packed", ctx));
-    EXPECT_TRUE(BitsEqual(want.scale, got.scale, p.num_groups(), "scale", ctx));
-    EXPECT_TRUE(BitsEqual(want.min, got.min, p.num_groups(), "min", ctx));
+    EXPECT_TRUE(AllBitsEqual(
+        ctx,
+        {{"packed", AsTensor(want.packed, p.code_bytes())},
+         {"scale", AsTensor(want.scale, p.num_groups())},
+         {"min", AsTensor(want.min, p.num_groups())}},
+        {{"packed", AsTensor(got.planes[kAffineCodesPlane], p.code_bytes())},
+         {"scale", AsTensor(Bf16Plane(got.planes[kAffineScalePlane]), p.num_groups())},
+         {"min", AsTensor(Bf16Plane(got.planes[kAffineMinPlane]), p.num_groups())}},
+        {{"x", AsTensor(x, 128)}, {"rotation", AsTensor(rotation, 128)}}));
   }
-  const WriteParams p = MakeParams(128, 64, 2, RotationVariants()[0], 1.0f);
+  const WriteParams p = Write().head_dim(128).group(64).bits(2);  // identity, no clip
   const std::vector<float> x(128, 1.0f);
   EXPECT_THROW(TimeWriteRows(p, nullptr, x.data(), 0, 3, 1), Error);  // no rows
   EXPECT_THROW(TimeWriteRows(p, nullptr, x.data(), 1, 0, 1), Error);  // no timed run

@@ -13,18 +13,22 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "../src/write_row.cuh"
 #include "gpu_test_util.h"
+#include "kvq/conformance/prng.h"
+#include "kvq/conformance/rows.h"
+#include "kvq/testbed/compare.h"
 
 namespace kvq::gpu {
 namespace {
 
 using namespace kvq::gpu::testing;
+using conformance::SplitMix64;
+using testbed::DescribeFloat;
 
 // ---- QuantizeCode ------------------------------------------------------------------------------
 
@@ -148,9 +152,7 @@ void ExpectCodesMatchDivision(const char* name) {
   }
   const CodeMismatch r = result.Download()[0];
   std::ostringstream first;
-  first.precision(9);
-  first << "a=" << r.a << " (0x" << std::hex << Bits(r.a) << ") sf=" << std::dec << r.sf
-        << " (0x" << std::hex << Bits(r.sf) << ") got=" << std::dec << r.got
+  first << "a=" << DescribeFloat(r.a) << " sf=" << DescribeFloat(r.sf) << " got=" << r.got
         << " want=" << r.want;
   EXPECT_EQ(r.count, 0ull) << name << ": " << r.count << " of " << r.pairs
                            << " pairs differ from __fdiv_rn; first: " << first.str();
@@ -200,22 +202,20 @@ __global__ void ClipEveryRankKernel(const float* rows, int num_rows, float* tau,
   if (r == 0) tau[slice] = t;
 }
 
-std::vector<float> SelectRows(int d, std::mt19937& rng) {
-  std::vector<float> rows;
-  const int kinds = static_cast<int>(RowKind::kCount);
-  for (int kind = 0; kind < kinds; ++kind) {
-    std::vector<float> row(d);
-    FillRow(static_cast<RowKind>(kind), row.data(), d, 32, 3, rng);
-    rows.insert(rows.end(), row.begin(), row.end());
-  }
+// One row of every row kind (conformance::TestRowKinds(false): near-limit magnitudes too, the
+// clip has no range limit), shaped for G = 32, INT2.
+std::vector<float> SelectRows(int d, SplitMix64* rng) {
+  std::vector<float> rows = conformance::MakeRows(
+      conformance::TestRowKinds(/*within_write_range=*/false),
+      testbed::Write().head_dim(d).group(32).bits(2), rng, nullptr);
   // Runs of ties around every rank: values from a tiny set, and a row of one repeated value
   // with a few larger ones.
   for (int variant = 0; variant < 4; ++variant) {
     std::vector<float> row(d);
     for (int j = 0; j < d; ++j) {
-      const int pick = static_cast<int>(rng() % (variant + 2));
-      row[j] = ((rng() & 1u) ? 1.0f : -1.0f) * static_cast<float>(pick) * 0.25f;
-      if (variant == 3 && rng() % 8u == 0) row[j] = -0.0f;
+      const int pick = static_cast<int>(rng->Below(static_cast<uint32_t>(variant + 2)));
+      row[j] = (rng->Bit() ? 1.0f : -1.0f) * static_cast<float>(pick) * 0.25f;
+      if (variant == 3 && rng->Below(8) == 0) row[j] = -0.0f;
     }
     rows.insert(rows.end(), row.begin(), row.end());
   }
@@ -224,8 +224,8 @@ std::vector<float> SelectRows(int d, std::mt19937& rng) {
 
 template <int D>
 void ExpectEveryRankMatchesSort() {
-  std::mt19937 rng(977u * D);
-  const std::vector<float> rows = SelectRows(D, rng);
+  SplitMix64 rng(977u * D);
+  const std::vector<float> rows = SelectRows(D, &rng);
   const int num_rows = static_cast<int>(rows.size() / D);
   DeviceBuffer<float> d_rows(rows);
   DeviceBuffer<float> tau(static_cast<size_t>(num_rows) * D);
@@ -236,35 +236,32 @@ void ExpectEveryRankMatchesSort() {
   ClipEveryRankKernel<D><<<static_cast<unsigned>((threads + 255) / 256), 256>>>(
       d_rows.get(), num_rows, tau.get(), clipped.get());
   KVQ_CUDA_CHECK(cudaGetLastError());
-  const std::vector<float> got_tau = tau.Download();
-  const std::vector<float> got_clipped = clipped.Download();
-  int failures = 0;
-  for (int r = 0; r < num_rows && failures < 5; ++r) {
+  // Expected: tau [row, k] = the k-th smallest |x| of the row (a host sort), clipped [row, k, j]
+  // = x_j clipped to +-tau by the spec's comparisons.
+  std::vector<float> want_tau(static_cast<size_t>(num_rows) * D);
+  std::vector<float> want_clipped(static_cast<size_t>(num_rows) * D * D);
+  for (int r = 0; r < num_rows; ++r) {
     std::vector<float> mags(D);
     for (int j = 0; j < D; ++j) mags[j] = std::fabs(rows[r * D + j]);
     std::sort(mags.begin(), mags.end());
-    for (int k = 0; k < D && failures < 5; ++k) {
+    for (int k = 0; k < D; ++k) {
       const size_t w = static_cast<size_t>(r) * D + k;
       const float want = mags[k];
-      if (Bits(got_tau[w]) != Bits(want)) {
-        ADD_FAILURE() << "d=" << D << " row=" << r << " k=" << k << " tau got "
-                      << ValueString(got_tau[w]) << " want " << ValueString(want);
-        ++failures;
-        continue;
-      }
+      want_tau[w] = want;
       for (int j = 0; j < D; ++j) {
         const float x = rows[r * D + j];
-        const float c = (x > want) ? want : ((x < -want) ? -want : x);
-        if (Bits(got_clipped[w * D + j]) != Bits(c)) {
-          ADD_FAILURE() << "d=" << D << " row=" << r << " k=" << k << " column " << j
-                        << " got " << ValueString(got_clipped[w * D + j]) << " want "
-                        << ValueString(c);
-          ++failures;
-          break;
-        }
+        want_clipped[w * D + j] = (x > want) ? want : ((x < -want) ? -want : x);
       }
     }
   }
+  const std::vector<int64_t> tau_shape = {num_rows, D}, clipped_shape = {num_rows, D, D};
+  EXPECT_TRUE(testbed::AllBitsEqual(
+      "ClipRow every rank d" + std::to_string(D),
+      {{"tau", Tensor::F32(tau_shape, want_tau)},
+       {"clipped", Tensor::F32(clipped_shape, want_clipped)}},
+      {{"tau", Tensor::F32(tau_shape, tau.Download())},
+       {"clipped", Tensor::F32(clipped_shape, clipped.Download())}},
+      {{"rows", testbed::AsTensor(rows, D)}}));
 }
 
 TEST(ClipRowTest, EveryRankMatchesSortD64) {

@@ -1,84 +1,104 @@
 // The paged CUDA writes (PrefillWrite, AppendStep) against the CPU oracle's PagedKVCache
-// (scalar backend): every history row (codes, scale, min) at the page and slot the GPU page
-// table names, the bf16 sink rows and the ring slots in use, bit for bit. Pools and windows are
-// poisoned first (twice, with two bytes); the whole pool is compared, so a stray write into a
-// page or slot not in use fails too.
+// (scalar backend): every history row or tile of every plane (codes, scale, min, norm) at the
+// page and slot the GPU page table names, the bf16 sink rows and the ring slots in use, bit for
+// bit. Pools and windows are poisoned first (twice, with two bytes); the whole pool is
+// compared, so a stray write into a page or slot not in use fails too. Spec 1.1's caches are
+// among the cases (KIVI, OScaR with a per-head and a token-scope norm, SAW-INT4 at G = d with
+// W = 0, flushes of F > 1 on per-token formats), and over random lengths the history a GPU
+// prefill writes equals the one its decode steps demote, bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kvq/conformance/prng.h"
+#include "kvq/conformance/rows.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/gpu/write.h"
+#include "kvq/testbed/cache_checks.h"
+#include "kvq/testbed/compare.h"
+#include "kvq/testbed/data.h"
 
 namespace kvq::gpu {
 namespace {
 
 using namespace kvq::gpu::testing;
+using conformance::SplitMix64;
 using cpu::KV;
+using testbed::AllBitsEqual;
+using testbed::AsTensor;
+using testbed::Cache;
+using testbed::Describe;
+using testbed::NamedTensors;
+using testbed::Write;
 
 struct CacheCase {
   const char* name;
   CacheParams params;
 };
 
-WriteParams Path(int d, int group, int bits, RotationKind kind, int block, bool bitrev,
-                 float clip) {
-  WriteParams p;
-  p.head_dim = d;
-  p.group = group;
-  p.bits = bits;
-  p.rotation = kind;
-  p.hadamard_block = block;
-  p.bitrev = bitrev;
-  p.clip = clip;
-  return p;
-}
-
-CacheParams MakeCache(int hkv, int sink, int recent, int page, WriteParams key, WriteParams value) {
-  CacheParams c;
-  c.num_kv_heads = hkv;
-  c.num_q_heads = hkv * 2;
-  c.sink = sink;
-  c.recent = recent;
-  c.page_size = page;
-  c.key = key;
-  c.value = value;
-  c.Validate();
-  return c;
-}
-
 std::vector<CacheCase> Cases() {
+  // Spec 1.1: KIVI (tiles of 32 keys, per-token values of G = 32, S0 = 0, W = 1, F = 128), OScaR
+  // (FWHT on K and V, a norm per key row: per KV head or one per token; sink and window), tiles
+  // of 64 and 128 with INT4 and a block FWHT with P_br under W = 0, SAW-INT4 (G = d, block FWHT,
+  // S0 = W = 0) at d = 256 and d = 128, and a per-token format flushed F = 64 at a time.
+  const Write kivi_v = Write().head_dim(128).group(32).bits(2);
   return {
+      {"d128_kivi_F128_W1",
+       Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(128).page(64)
+           .key(Write().head_dim(128).tile(32).bits(2)).value(kivi_v)},
+      {"d128_ots_head_norm_S4_W3_F64",
+       Cache().kv_heads(2).q_heads(4).sink(4).recent(3).flush(64).page(32)
+           .key(Write().head_dim(128).tile(32).bits(2).hadamard().norm())
+           .value(Write(kivi_v).hadamard())},
+      {"d64_ots_token_norm_3heads_F32_W0",
+       Cache().kv_heads(3).q_heads(3).sink(2).recent(0).flush(32).page(32)
+           .key(Write().head_dim(64).tile(32).bits(2).hadamard().norm(true, 3).clip(0.9f))
+           .value(Write().head_dim(64).tile(32).bits(2).hadamard().bitrev())},
+      {"d256_tile64_int4_tile128_W0_F128",
+       Cache().kv_heads(1).q_heads(2).sink(0).recent(0).flush(128).page(128)
+           .key(Write().head_dim(256).tile(64).bits(4).hadamard(16).bitrev().norm())
+           .value(Write().head_dim(256).tile(128).bits(2).clip(0.5f))},
+      {"d256_saw_int4_W0",
+       Cache().kv_heads(2).q_heads(4).sink(0).recent(0).page(16)
+           .both(Write().head_dim(256).group(256).bits(4).hadamard(128))},
+      {"d128_saw_int4_W0_sink",
+       Cache().kv_heads(2).q_heads(8).sink(3).recent(0).page(16)
+           .both(Write().head_dim(128).group(128).bits(4).hadamard())},
+      {"d64_token_F64_W5_dense",
+       Cache().kv_heads(2).q_heads(4).sink(1).recent(5).flush(64).page(16)
+           .key(Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense).clip(0.9f))
+           .value(Write().head_dim(64).group(64).bits(4).hadamard().bitrev())},
       {"d64_dense_bitrev_int2_fwht_int4",
-       MakeCache(2, 4, 16, 16, Path(64, 32, 2, RotationKind::kDense, 0, true, 0.9f),
-                 Path(64, 64, 4, RotationKind::kHadamard, 0, false, 1.0f))},
+       Cache().kv_heads(2).q_heads(4).sink(4).recent(16).page(16)
+           .key(Write().head_dim(64).group(32).bits(2).rotation(RotationKind::kDense).bitrev()
+                    .clip(0.9f))
+           .value(Write().head_dim(64).group(64).bits(4).hadamard())},
       {"d128_oscar_defaults",
-       MakeCache(8, 64, 256, 64, Path(128, 64, 2, RotationKind::kDense, 0, false, 0.96f),
-                 Path(128, 64, 2, RotationKind::kDense, 0, false, 0.92f))},
+       Cache().kv_heads(8).q_heads(16).sink(64).recent(256).page(64)
+           .key(Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense).clip(0.96f))
+           .value(Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense)
+                      .clip(0.92f))},
       {"d256_block16_int4_identity_bitrev_int2_no_sink",
-       MakeCache(1, 0, 1, 16, Path(256, 128, 4, RotationKind::kHadamard, 16, false, 0.5f),
-                 Path(256, 32, 2, RotationKind::kIdentity, 0, true, 1.0f))},
+       Cache().kv_heads(1).q_heads(2).sink(0).recent(1).page(16)
+           .key(Write().head_dim(256).group(128).bits(4).hadamard(16).clip(0.5f))
+           .value(Write().head_dim(256).group(32).bits(2).bitrev())},
   };
 }
 
-// Per-KV-head data shared by the CPU cache and the device.
+// Per-KV-head data shared by the CPU cache and the device: random orthogonal rotations where a
+// half is dense, and clip ratios that differ between heads and between K and V.
 struct HeadsData {
   std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
 };
 
-HeadsData MakeHeads(const CacheParams& c, std::mt19937& rng) {
+HeadsData MakeHeads(const CacheParams& c, SplitMix64* rng) {
   HeadsData h;
-  const int d = c.head_dim();
-  if (c.key.rotation == RotationKind::kDense) h.rotation_k = RandomRotations(c.num_kv_heads, d, rng);
-  if (c.value.rotation == RotationKind::kDense) {
-    h.rotation_v = RandomRotations(c.num_kv_heads, d, rng);
-  }
+  h.rotation_k = testbed::HeadRotations(c.key, c.num_kv_heads, rng);
+  h.rotation_v = testbed::HeadRotations(c.value, c.num_kv_heads, rng);
   const float ratios[] = {1.0f, 0.96f, 0.9f, 0.75f};
   for (int i = 0; i < c.num_kv_heads; ++i) {
     h.clip_k.push_back(ratios[i % 4]);
@@ -87,29 +107,38 @@ HeadsData MakeHeads(const CacheParams& c, std::mt19937& rng) {
   return h;
 }
 
-// Device copies of the per-head data and one pool per K / V.
+// The per-head data as a failure dump's inputs (the tests add their rows and page tables).
+NamedTensors HeadInputs(const CacheParams& c, const HeadsData& h) {
+  const int64_t d = c.head_dim();
+  NamedTensors inputs;
+  if (!h.rotation_k.empty()) inputs.emplace_back("rotation_k", AsTensor(h.rotation_k, d));
+  if (!h.rotation_v.empty()) inputs.emplace_back("rotation_v", AsTensor(h.rotation_v, d));
+  inputs.emplace_back("clip_k", AsTensor(h.clip_k));
+  inputs.emplace_back("clip_v", AsTensor(h.clip_v));
+  return inputs;
+}
+
+// Device copies of the per-head data and one pool per K / V: a buffer per plane of the
+// format's layout (LayoutOf), `pages` pages each.
 struct DeviceCache {
   DeviceBuffer<float> rotation_k, rotation_v, clip_k, clip_v;
-  DeviceBuffer<uint8_t> codes[2];
-  DeviceBuffer<uint16_t> scale[2], min[2];
+  FormatLayout layout[2];
+  DeviceBuffer<uint8_t> planes[2][kMaxPlanes];
   int num_pages = 0;
 
   DeviceCache(const CacheParams& c, const HeadsData& h, int pages)
       : rotation_k(h.rotation_k), rotation_v(h.rotation_v), clip_k(h.clip_k), clip_v(h.clip_v),
-        num_pages(pages) {
-    const WriteParams* params[2] = {&c.key, &c.value};
+        layout{LayoutOf(c.key), LayoutOf(c.value)}, num_pages(pages) {
     for (int kv = 0; kv < 2; ++kv) {
-      const size_t rows = static_cast<size_t>(pages) * c.num_kv_heads * c.page_size;
-      codes[kv] = DeviceBuffer<uint8_t>(rows * params[kv]->code_bytes());
-      scale[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
-      min[kv] = DeviceBuffer<uint16_t>(rows * params[kv]->num_groups());
+      for (int i = 0; i < layout[kv].num_planes; ++i) {
+        planes[kv][i] = DeviceBuffer<uint8_t>(
+            static_cast<size_t>(pages) * layout[kv].PageBytes(i, c.page_size, c.num_kv_heads));
+      }
     }
   }
   void Poison(uint8_t byte) {
     for (int kv = 0; kv < 2; ++kv) {
-      codes[kv].Fill(byte);
-      scale[kv].Fill(byte);
-      min[kv].Fill(byte);
+      for (int i = 0; i < layout[kv].num_planes; ++i) planes[kv][i].Fill(byte);
     }
   }
   HeadData Heads(KV kv) const {
@@ -119,55 +148,65 @@ struct DeviceCache {
     return d;
   }
   PagePool Pool(KV kv) const {
-    const int i = static_cast<int>(kv);
-    return PagePool{codes[i].get(), scale[i].get(), min[i].get(), num_pages};
+    const int k = static_cast<int>(kv);
+    PagePool pool;
+    for (int i = 0; i < layout[k].num_planes; ++i) pool.planes[i] = planes[k][i].get();
+    pool.num_pages = num_pages;
+    return pool;
   }
 };
 
-// Expected pool contents: poison everywhere, then every history row of `tables[s]` copied from
-// the CPU cache's sequence `seqs[s]`.
-void ExpectPoolsMatch(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
-                      const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
-                      uint8_t poison, const std::string& context) {
+// The pools to compare, one tensor per K / V plane ("key.pool.codes", ...), [rows, row bytes].
+// Expected: poison everywhere, then every history row of `tables[s]` (a token's row, its tile's
+// row, or its row shared by the KV heads: FormatLayout::RowOffset) copied from the CPU cache's
+// sequence `seqs[s]`, at the CPU page its own table names.
+void AddPools(const cpu::PagedKVCache& cache, const std::vector<int>& seqs,
+              const std::vector<std::vector<int32_t>>& tables, const DeviceCache& dev,
+              uint8_t poison, NamedTensors* expected, NamedTensors* got) {
   const CacheParams& c = cache.params();
-  const WriteParams* params[2] = {&c.key, &c.value};
   for (KV kv : {KV::kKey, KV::kValue}) {
-    const int i = static_cast<int>(kv);
-    const size_t cb = params[i]->code_bytes();
-    const size_t ng = params[i]->num_groups();
-    std::vector<uint8_t> codes(dev.codes[i].size(), poison);
-    std::vector<uint16_t> scale(dev.scale[i].size(), static_cast<uint16_t>(poison * 0x0101u));
-    std::vector<uint16_t> min(scale);
-    for (size_t s = 0; s < seqs.size(); ++s) {
-      const size_t history = cache.HistoryLength(seqs[s]);
-      for (size_t t = 0; t < history; ++t) {
-        for (int h = 0; h < c.num_kv_heads; ++h) {
-          const cpu::HistoryRowRef ref = cache.HistoryRow(seqs[s], t, h, kv);
-          const size_t page = static_cast<size_t>(tables[s][t / c.page_size]);
-          const size_t row = (page * c.num_kv_heads + h) * c.page_size + t % c.page_size;
-          std::copy(ref.codes, ref.codes + cb, codes.begin() + row * cb);
-          std::copy(ref.scale, ref.scale + ng, scale.begin() + row * ng);
-          std::copy(ref.min, ref.min + ng, min.begin() + row * ng);
+    const int k = static_cast<int>(kv);
+    const FormatLayout& layout = dev.layout[k];
+    for (int i = 0; i < layout.num_planes; ++i) {
+      const size_t row_bytes = layout.plane(i).row_bytes();
+      const int heads = static_cast<int>(layout.HeadsPerPage(i, c.num_kv_heads));
+      const uint8_t* pool = cache.PoolPlane(kv, i);
+      std::vector<uint8_t> want(dev.planes[k][i].size(), poison);
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        const std::vector<int32_t>& cpu_table = cache.PageTable(seqs[s]);
+        const size_t history = cache.HistoryLength(seqs[s]);
+        for (size_t t = 0; t < history; ++t) {
+          for (int h = 0; h < heads; ++h) {
+            const int64_t slot = static_cast<int64_t>(t % c.page_size);
+            const size_t from = layout.RowOffset(i, c.page_size, c.num_kv_heads,
+                                                 cpu_table[t / c.page_size], h, slot);
+            const size_t to = layout.RowOffset(i, c.page_size, c.num_kv_heads,
+                                               tables[s][t / c.page_size], h, slot);
+            std::copy(pool + from, pool + from + row_bytes, want.begin() + to);
+          }
         }
       }
+      const std::string name =
+          std::string(kv == KV::kKey ? "key" : "value") + ".pool." + layout.plane(i).name;
+      expected->emplace_back(name, AsTensor(want, static_cast<int64_t>(row_bytes)));
+      got->emplace_back(name,
+                        AsTensor(dev.planes[k][i].Download(), static_cast<int64_t>(row_bytes)));
     }
-    const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
-    EXPECT_TRUE(BitsEqual(codes, dev.codes[i].Download(), cb, "pool codes", ctx));
-    EXPECT_TRUE(BitsEqual(scale, dev.scale[i].Download(), ng, "pool scale", ctx));
-    EXPECT_TRUE(BitsEqual(min, dev.min[i].Download(), ng, "pool min", ctx));
   }
 }
 
-// Sink rows in use and ring slots in use must equal the CPU cache; with `exact_unused`, every
+// The windows of sequence `seq` to compare ("<prefix>key.sink", "<prefix>key.ring", ...):
+// sink rows in use and ring slots in use must equal the CPU cache; with `exact_unused`, every
 // other row must still hold the poison (prefill into fresh windows).
-void ExpectWindowsMatch(const cpu::PagedKVCache& cache, int seq, const std::vector<uint16_t>& sink,
-                        const std::vector<uint16_t>& ring, KV kv, bool exact_unused,
-                        uint8_t poison, const std::string& context) {
+void AddWindows(const cpu::PagedKVCache& cache, int seq, const std::vector<uint16_t>& sink,
+                const std::vector<uint16_t>& ring, KV kv, bool exact_unused, uint8_t poison,
+                const std::string& prefix, NamedTensors* expected, NamedTensors* got) {
   const CacheParams& c = cache.params();
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   const uint16_t poison16 = static_cast<uint16_t>(poison * 0x0101u);
   std::vector<uint16_t> want_sink(sink.size(), poison16), want_ring(ring.size(), poison16);
-  std::vector<bool> sink_used(c.sink, false), ring_used(c.recent, false);
+  const int ring_slots = c.ring_slots();  // W + F - 1: position p at slot p % ring_slots
+  std::vector<bool> sink_used(c.sink, false), ring_used(ring_slots, false);
   const uint16_t* cpu_sink = cache.SinkRows(seq, kv);
   for (size_t p = 0; p < cache.SinkLength(seq); ++p) {
     std::copy(cpu_sink + p * row, cpu_sink + (p + 1) * row, want_sink.begin() + p * row);
@@ -175,7 +214,7 @@ void ExpectWindowsMatch(const cpu::PagedKVCache& cache, int seq, const std::vect
   }
   const uint16_t* cpu_ring = cache.RecentRing(seq, kv);
   for (size_t p = cache.RecentBegin(seq); p < cache.Length(seq); ++p) {
-    const size_t slot = p % c.recent;
+    const size_t slot = p % ring_slots;
     std::copy(cpu_ring + slot * row, cpu_ring + (slot + 1) * row, want_ring.begin() + slot * row);
     ring_used[slot] = true;
   }
@@ -184,105 +223,44 @@ void ExpectWindowsMatch(const cpu::PagedKVCache& cache, int seq, const std::vect
     for (int s = 0; s < c.sink; ++s) {
       if (!sink_used[s]) std::fill_n(got_sink.begin() + s * row, row, poison16);
     }
-    for (int s = 0; s < c.recent; ++s) {
+    for (int s = 0; s < ring_slots; ++s) {
       if (!ring_used[s]) std::fill_n(got_ring.begin() + s * row, row, poison16);
     }
   }
-  const std::string ctx = context + (kv == KV::kKey ? " key" : " value");
-  EXPECT_TRUE(BitsEqual(want_sink, got_sink, row, "sink", ctx));
-  EXPECT_TRUE(BitsEqual(want_ring, got_ring, row, "ring", ctx));
+  const std::string name = prefix + (kv == KV::kKey ? "key" : "value");
+  const int64_t columns = static_cast<int64_t>(row);
+  expected->emplace_back(name + ".sink", AsTensor(want_sink, columns));
+  got->emplace_back(name + ".sink", AsTensor(got_sink, columns));
+  expected->emplace_back(name + ".ring", AsTensor(want_ring, columns));
+  got->emplace_back(name + ".ring", AsTensor(got_ring, columns));
 }
 
-std::vector<uint16_t> RandomTokens(size_t tokens, const CacheParams& c, std::mt19937& rng) {
-  std::vector<float> x(tokens * c.num_kv_heads * c.head_dim());
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : x) v = normal(rng);
-  // A few edge rows: zeros, a constant row and an outlier.
-  if (tokens > 3) {
-    const size_t row = static_cast<size_t>(c.head_dim());
-    std::fill_n(x.begin(), row, 0.0f);
-    std::fill_n(x.begin() + 2 * row, row, 0.375f);
-    x[3 * row + 1] = 1.0e20f;
-  }
-  return ToBf16(x);
+// bf16 rows of `tokens` tokens [tokens, Hkv, d] for the half written with p: every test row kind
+// p's write path accepts in turn (conformance::MixedRows; with a norm, no row whose squares
+// overflow), so a call of at least 24 rows holds every edge kind.
+std::vector<uint16_t> Tokens(size_t tokens, const CacheParams& c, const WriteParams& p,
+                             SplitMix64* rng) {
+  return testbed::ToBf16(
+      conformance::MixedRows(tokens * static_cast<size_t>(c.num_kv_heads), p, rng,
+                             conformance::TestRowKinds(p)));
 }
 
-class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
- protected:
-  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
-};
-
-TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
-  const CacheParams& c = GetParam().params;
-  const int s0 = c.sink, w = c.recent, page = c.page_size;
-  std::mt19937 rng(1234);
-  const HeadsData heads = MakeHeads(c, rng);
+// A batch of sequences prefilled to `initial` lengths on the GPU, then `steps` decode steps
+// that demote or flush into the pages of the GPU's page tables; the final state equals the CPU
+// cache that ran the same steps, or with `prefill_reference` the CPU cache prefilled with the
+// same rows at the final lengths.
+void CheckAppendSteps(const CacheParams& c, const std::vector<int>& initial, int steps,
+                      uint64_t seed, bool prefill_reference) {
+  const int s0 = c.sink, page = c.page_size, ring = c.ring_slots();
+  SplitMix64 rng(seed);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  for (int tokens : {3, s0, s0 + w, s0 + w + 1, s0 + w + page, s0 + w + 3 * page + 5}) {
-    if (tokens <= 0) continue;
-    const std::vector<uint16_t> k = RandomTokens(tokens, c, rng);
-    const std::vector<uint16_t> v = RandomTokens(tokens, c, rng);
-    cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
-                            cpu::ScalarBackend());
-    const int seq = cache.AddSequence();
-    cache.PrefillBf16(seq, k.data(), v.data(), tokens);
-
-    // The GPU's own page table: a random permutation over a pool with spare pages.
-    const int history = std::max(0, tokens - w - s0);
-    const int pages_needed = (history + page - 1) / page;
-    const int pool_pages = pages_needed + 3;
-    std::vector<int32_t> order(pool_pages);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
-    const std::vector<int32_t> table(order.begin(), order.begin() + std::max(pages_needed, 1));
-
-    DeviceCache dev(c, heads, pool_pages);
-    DeviceBuffer<uint16_t> dk(k), dv(v);
-    DeviceBuffer<int32_t> dtable(table);
-    DeviceBuffer<uint16_t> sink_k(s0 * row), sink_v(s0 * row), ring_k(w * row), ring_v(w * row);
-    DeviceBuffer<int> flags(1);
-    for (uint8_t poison : kPoisons) {
-      dev.Poison(poison);
-      sink_k.Fill(poison);
-      sink_v.Fill(poison);
-      ring_k.Fill(poison);
-      ring_v.Fill(poison);
-      flags.Fill(0);
-      Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
-      PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
-                   dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows,
-                   flags.get());
-      const std::string ctx = std::string(GetParam().name) + " T=" + std::to_string(tokens) +
-                              " poison=" + std::to_string(poison);
-      EXPECT_EQ(flags.Download()[0], 0) << ctx;
-      ExpectPoolsMatch(cache, {seq}, {table}, dev, poison, ctx);
-      ExpectWindowsMatch(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true,
-                         poison, ctx);
-      ExpectWindowsMatch(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true,
-                         poison, ctx);
-    }
-  }
-}
-
-// A batch of sequences at different lengths (in the sink, just before the first demotion, at
-// it, and deep in the history) prefilled, then stepped; every step demotes into the pages of
-// the GPU's page tables. The final state equals the CPU cache that ran the same steps.
-TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
-  const CacheParams& c = GetParam().params;
-  const int s0 = c.sink, w = c.recent, page = c.page_size;
-  std::mt19937 rng(99);
-  const HeadsData heads = MakeHeads(c, rng);
-  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  const std::vector<int> initial = {0, std::max(0, s0 - 1), s0 + w - 1, s0 + w,
-                                    s0 + w + page + 3};
   const int batch = static_cast<int>(initial.size());
-  const int steps = page + 3;
-  const int max_pages = (initial.back() + steps - w - s0 + page - 1) / page + 1;
+  const int longest = *std::max_element(initial.begin(), initial.end()) + steps;
+  const int max_pages = static_cast<int>((c.HistoryTokens(longest) + page - 1) / page) + 1;
   const int pool_pages = batch * max_pages + 2;
 
-  std::vector<int32_t> order(pool_pages);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
+  const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
   std::vector<std::vector<int32_t>> tables(batch);
   std::vector<int32_t> flat_tables;
   for (int b = 0; b < batch; ++b) {
@@ -293,24 +271,48 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   std::vector<std::vector<uint16_t>> prefill_k(batch), prefill_v(batch);
   std::vector<std::vector<uint16_t>> step_k(steps), step_v(steps);
   for (int b = 0; b < batch; ++b) {
-    prefill_k[b] = RandomTokens(initial[b], c, rng);
-    prefill_v[b] = RandomTokens(initial[b], c, rng);
+    prefill_k[b] = Tokens(initial[b], c, c.key, &rng);
+    prefill_v[b] = Tokens(initial[b], c, c.value, &rng);
   }
+  // The steps' rows drawn at once, [steps * batch, Hkv, d], so that they take every row kind
+  // (one step alone may have fewer rows than kinds).
+  const std::vector<uint16_t> all_steps_k = Tokens(static_cast<size_t>(steps) * batch, c, c.key,
+                                                   &rng);
+  const std::vector<uint16_t> all_steps_v = Tokens(static_cast<size_t>(steps) * batch, c,
+                                                   c.value, &rng);
   for (int s = 0; s < steps; ++s) {
-    step_k[s] = RandomTokens(batch, c, rng);  // [batch, Hkv, d]
-    step_v[s] = RandomTokens(batch, c, rng);
+    const size_t begin = static_cast<size_t>(s) * batch * row, end = begin + batch * row;
+    step_k[s].assign(all_steps_k.begin() + begin, all_steps_k.begin() + end);  // [batch, Hkv, d]
+    step_v[s].assign(all_steps_v.begin() + begin, all_steps_v.begin() + end);
   }
+  NamedTensors inputs = HeadInputs(c, heads);
+  for (int b = 0; b < batch; ++b) {
+    if (initial[b] == 0) continue;
+    const std::string seq = "seq" + std::to_string(b);
+    inputs.emplace_back(seq + ".prefill_key", AsTensor(prefill_k[b], static_cast<int64_t>(row)));
+    inputs.emplace_back(seq + ".prefill_value", AsTensor(prefill_v[b], static_cast<int64_t>(row)));
+  }
+  inputs.emplace_back("steps_key", AsTensor(all_steps_k, static_cast<int64_t>(row)));
+  inputs.emplace_back("steps_value", AsTensor(all_steps_v, static_cast<int64_t>(row)));
+  inputs.emplace_back("page_tables", AsTensor(flat_tables, max_pages));
 
   cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
                           cpu::ScalarBackend());
   std::vector<int> seqs;
   for (int b = 0; b < batch; ++b) {
     seqs.push_back(cache.AddSequence());
-    if (initial[b] > 0) {
+    if (prefill_reference) {  // the same rows, prefilled at the final length in one call
+      std::vector<uint16_t> k = prefill_k[b], v = prefill_v[b];
+      for (int s = 0; s < steps; ++s) {
+        k.insert(k.end(), step_k[s].begin() + b * row, step_k[s].begin() + (b + 1) * row);
+        v.insert(v.end(), step_v[s].begin() + b * row, step_v[s].begin() + (b + 1) * row);
+      }
+      cache.PrefillBf16(seqs[b], k.data(), v.data(), initial[b] + steps);
+    } else if (initial[b] > 0) {
       cache.PrefillBf16(seqs[b], prefill_k[b].data(), prefill_v[b].data(), initial[b]);
     }
   }
-  for (int s = 0; s < steps; ++s) {
+  for (int s = 0; s < steps && !prefill_reference; ++s) {
     for (int b = 0; b < batch; ++b) {
       cache.AppendBf16(seqs[b], step_k[s].data() + b * row, step_v[s].data() + b * row);
     }
@@ -319,7 +321,7 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   DeviceCache dev(c, heads, pool_pages);
   DeviceBuffer<int32_t> dtables(flat_tables), dlengths(batch);
   DeviceBuffer<uint16_t> sink_k(batch * s0 * row), sink_v(batch * s0 * row);
-  DeviceBuffer<uint16_t> ring_k(batch * w * row), ring_v(batch * w * row);
+  DeviceBuffer<uint16_t> ring_k(batch * ring * row), ring_v(batch * ring * row);
   DeviceBuffer<int> flags(1);
   for (uint8_t poison : kPoisons) {
     dev.Poison(poison);
@@ -332,7 +334,7 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
       if (initial[b] == 0) continue;
       DeviceBuffer<uint16_t> dk(prefill_k[b]), dv(prefill_v[b]);
       Windows one{sink_k.get() + b * s0 * row, sink_v.get() + b * s0 * row,
-                  ring_k.get() + b * w * row, ring_v.get() + b * w * row};
+                  ring_k.get() + b * ring * row, ring_v.get() + b * ring * row};
       PrefillWrite(c, dk.get(), dv.get(), initial[b], dtables.get() + b * max_pages,
                    dev.Heads(KV::kKey), dev.Heads(KV::kValue), dev.Pool(KV::kKey),
                    dev.Pool(KV::kValue), one, flags.get());
@@ -349,71 +351,177 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
       KVQ_CUDA_CHECK(cudaDeviceSynchronize());
       for (int32_t& len : lengths) ++len;
     }
-    const std::string ctx = std::string(GetParam().name) + " poison=" + std::to_string(poison);
+    std::string ctx = "PagedWrite append " + Describe(c) + " seed " + std::to_string(seed) +
+                      (prefill_reference ? " vs prefill" : "") + " steps " +
+                      std::to_string(steps) + " initial";
+    for (int len : initial) ctx += " " + std::to_string(len);
+    ctx += " poison " + std::to_string(poison);
     EXPECT_EQ(flags.Download()[0], 0) << ctx;
-    ExpectPoolsMatch(cache, seqs, tables, dev, poison, ctx);
+    NamedTensors expected, got;
+    AddPools(cache, seqs, tables, dev, poison, &expected, &got);
     const std::vector<uint16_t> sk = sink_k.Download(), sv = sink_v.Download();
     const std::vector<uint16_t> rk = ring_k.Download(), rv = ring_v.Download();
     for (int b = 0; b < batch; ++b) {
       auto slice = [](const std::vector<uint16_t>& all, size_t begin, size_t count) {
         return std::vector<uint16_t>(all.begin() + begin, all.begin() + begin + count);
       };
-      const std::string seq_ctx = ctx + " seq=" + std::to_string(b);
-      ExpectWindowsMatch(cache, seqs[b], slice(sk, b * s0 * row, s0 * row),
-                         slice(rk, b * w * row, w * row), KV::kKey, false, poison, seq_ctx);
-      ExpectWindowsMatch(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
-                         slice(rv, b * w * row, w * row), KV::kValue, false, poison, seq_ctx);
+      const std::string seq = "seq" + std::to_string(b) + ".";
+      AddWindows(cache, seqs[b], slice(sk, b * s0 * row, s0 * row),
+                 slice(rk, b * ring * row, ring * row), KV::kKey, false, poison, seq, &expected,
+                 &got);
+      AddWindows(cache, seqs[b], slice(sv, b * s0 * row, s0 * row),
+                 slice(rv, b * ring * row, ring * row), KV::kValue, false, poison, seq,
+                 &expected, &got);
+    }
+    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
+  }
+}
+
+class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(PagedWriteTest, PrefillMatchesCpuCache) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, f = c.flush, page = c.page_size;
+  const int ring = c.ring_slots();
+  SplitMix64 rng(1234);
+  const HeadsData heads = MakeHeads(c, &rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  for (int tokens : {3, s0, s0 + w, s0 + w + 1, s0 + w + f - 1, s0 + w + f, s0 + w + page,
+                     s0 + w + 2 * f + 1, s0 + w + 3 * page + 5}) {
+    if (tokens <= 0) continue;
+    const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+    const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
+    cpu::PagedKVCache cache(c, heads.rotation_k, heads.rotation_v, heads.clip_k, heads.clip_v,
+                            cpu::ScalarBackend());
+    const int seq = cache.AddSequence();
+    cache.PrefillBf16(seq, k.data(), v.data(), tokens);
+
+    // The GPU's own page table: a random permutation over a pool with spare pages.
+    const int history = static_cast<int>(c.HistoryTokens(tokens));
+    const int pages_needed = (history + page - 1) / page;
+    const int pool_pages = pages_needed + 3;
+    const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
+    const std::vector<int32_t> table(order.begin(), order.begin() + std::max(pages_needed, 1));
+    NamedTensors inputs = HeadInputs(c, heads);
+    inputs.emplace_back("key", AsTensor(k, static_cast<int64_t>(row)));
+    inputs.emplace_back("value", AsTensor(v, static_cast<int64_t>(row)));
+    inputs.emplace_back("page_table", AsTensor(table));
+
+    DeviceCache dev(c, heads, pool_pages);
+    DeviceBuffer<uint16_t> dk(k), dv(v);
+    DeviceBuffer<int32_t> dtable(table);
+    DeviceBuffer<uint16_t> sink_k(s0 * row), sink_v(s0 * row), ring_k(ring * row),
+        ring_v(ring * row);
+    DeviceBuffer<int> flags(1);
+    for (uint8_t poison : kPoisons) {
+      dev.Poison(poison);
+      sink_k.Fill(poison);
+      sink_v.Fill(poison);
+      ring_k.Fill(poison);
+      ring_v.Fill(poison);
+      flags.Fill(0);
+      Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
+      PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey),
+                   dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows,
+                   flags.get());
+      const std::string ctx = "PagedWrite prefill " + std::string(GetParam().name) + " T " +
+                              std::to_string(tokens) + " poison " + std::to_string(poison);
+      EXPECT_EQ(flags.Download()[0], 0) << ctx;
+      NamedTensors expected, got;
+      AddPools(cache, {seq}, {table}, dev, poison, &expected, &got);
+      AddWindows(cache, seq, sink_k.Download(), ring_k.Download(), KV::kKey, true, poison, "",
+                 &expected, &got);
+      AddWindows(cache, seq, sink_v.Download(), ring_v.Download(), KV::kValue, true, poison, "",
+                 &expected, &got);
+      EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
     }
   }
 }
 
-// A bad value argument (a dense value rotation without its matrices) is refused before the key
-// write is queued: the call throws naming the value tensor, and neither pool nor window is
-// touched, for a prefill and for an append step.
+// A batch of sequences at different lengths (in the sink, just before the first demotion, at
+// it, and deep in the history) prefilled, then stepped; every step demotes into the pages of
+// the GPU's page tables. The final state equals the CPU cache that ran the same steps.
+TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, f = c.flush, page = c.page_size;
+  // Every sequence reaches a flush (or F = 1's demotions) within the steps.
+  CheckAppendSteps(c,
+                   {0, std::max(0, s0 - 1), std::max(0, s0 + w - 1), s0 + w, s0 + w + page + 3},
+                   std::max(page, f) + 3, 99, /*prefill_reference=*/false);
+}
+
+// Over random lengths: a batch prefilled to L0_b and stepped n times holds, in its pages and
+// windows, the bits of a prefill to L0_b + n (the CPU cache's, which the PrefillMatchesCpuCache
+// test holds the GPU prefill to): the history the decode steps demote equals the prefill's.
+TEST_P(PagedWriteTest, DemotedHistoryEqualsPrefillOverRandomLengths) {
+  const CacheParams& c = GetParam().params;
+  const int span = c.sink + c.recent + 2 * std::max(c.flush, c.page_size);
+  SplitMix64 rng(4711);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> initial;
+    for (int b = 0; b < 3; ++b) initial.push_back(static_cast<int>(rng.Below(span)));
+    const int steps = 1 + static_cast<int>(rng.Below(c.flush + c.page_size + 2));
+    CheckAppendSteps(c, initial, steps, 100 + round, /*prefill_reference=*/true);
+  }
+}
+
+// A bad value argument (a dense value rotation without its matrices; for a tiled value, which
+// has no dense kernel, a value pool without its codes plane) is refused before the key write
+// is queued: the call throws naming the value tensor, and neither pool nor window is touched,
+// for a prefill and for an append step.
 TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
-  CacheParams c = GetParam().params;
-  c.value.rotation = RotationKind::kDense;
-  c.value.hadamard_block = 0;
-  c.value.Validate();
-  const int tokens = c.sink + c.recent + 2 * c.page_size;
-  std::mt19937 rng(17);
-  const HeadsData heads = MakeHeads(c, rng);
+  const CacheParams& base = GetParam().params;
+  const bool tiled_value = base.value.format == Format::kAffineTile;
+  const CacheParams c =
+      tiled_value ? base
+                  : Cache(base).value(Write(base.value).rotation(RotationKind::kDense).block(0));
+  const int tokens = c.sink + c.recent + 2 * std::max(c.page_size, c.flush);
+  SplitMix64 rng(17);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  const std::vector<uint16_t> k = RandomTokens(tokens, c, rng), v = RandomTokens(tokens, c, rng);
+  const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+  const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
   DeviceCache dev(c, heads, 3);
   DeviceBuffer<uint16_t> dk(k), dv(v);
   DeviceBuffer<int32_t> dtable(std::vector<int32_t>{2, 0});
   DeviceBuffer<uint16_t> sink_k(std::max<size_t>(c.sink * row, 8)),
-      sink_v(std::max<size_t>(c.sink * row, 8)), ring_k(c.recent * row), ring_v(c.recent * row);
+      sink_v(std::max<size_t>(c.sink * row, 8)), ring_k(c.ring_slots() * row),
+      ring_v(c.ring_slots() * row);
   for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) buffer->Fill(0xEE);
   dev.Poison(0xEE);
   HeadData bad_value = dev.Heads(KV::kValue);
-  bad_value.rotation = nullptr;
+  PagePool value_pool = dev.Pool(KV::kValue);
+  if (tiled_value) {
+    value_pool.planes[kTileCodesPlane] = nullptr;
+  } else {
+    bad_value.rotation = nullptr;
+  }
   const Windows windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()};
   auto expect_untouched = [&](const char* call) {
     KVQ_CUDA_CHECK(cudaDeviceSynchronize());
     for (int kv = 0; kv < 2; ++kv) {
-      for (uint8_t byte : dev.codes[kv].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
+      for (uint8_t byte : dev.planes[kv][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xEE) << call << " pool " << kv;
     }
     for (auto* buffer : {&sink_k, &sink_v, &ring_k, &ring_v}) {
       for (uint16_t x : buffer->Download()) ASSERT_EQ(x, 0xEEEE) << call << " windows";
     }
   };
-  try {
-    PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey), bad_value,
-                 dev.Pool(KV::kKey), dev.Pool(KV::kValue), windows);
-    ADD_FAILURE() << "PrefillWrite accepted a dense value rotation without matrices";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find("(value)"), std::string::npos) << e.what();
-  }
+  testbed::ExpectError(
+      [&] {
+        PrefillWrite(c, dk.get(), dv.get(), tokens, dtable.get(), dev.Heads(KV::kKey), bad_value,
+                     dev.Pool(KV::kKey), value_pool, windows);
+      },
+      ErrorCode::kInvalidArgument, {"(value)"});
   expect_untouched("PrefillWrite");
   DeviceBuffer<int32_t> dlen(std::vector<int32_t>{tokens});
-  const std::vector<uint16_t> step = RandomTokens(1, c, rng);
+  const std::vector<uint16_t> step = Tokens(1, c, c.key, &rng);
   DeviceBuffer<uint16_t> sk(step), sv(step);
   EXPECT_THROW(AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), dtable.get(), 2,
-                          dev.Heads(KV::kKey), bad_value, dev.Pool(KV::kKey),
-                          dev.Pool(KV::kValue), windows),
+                          dev.Heads(KV::kKey), bad_value, dev.Pool(KV::kKey), value_pool,
+                          windows),
                Error);
   expect_untouched("AppendStep");
 }
@@ -422,16 +530,19 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
 // kErrorFlagBadPage and write nothing.
 TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
   const CacheParams& c = GetParam().params;
-  const int tokens = c.sink + c.recent + 1;  // exactly one history token
-  std::mt19937 rng(5);
-  const HeadsData heads = MakeHeads(c, rng);
+  const int tokens = c.sink + c.recent + c.flush;  // exactly one flush (one token at F = 1)
+  SplitMix64 rng(5);
+  const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
-  const std::vector<uint16_t> k = RandomTokens(tokens, c, rng), v = RandomTokens(tokens, c, rng);
+  const std::vector<uint16_t> k = Tokens(tokens, c, c.key, &rng);
+  const std::vector<uint16_t> v = Tokens(tokens, c, c.value, &rng);
   DeviceCache dev(c, heads, 2);
   DeviceBuffer<uint16_t> dk(k), dv(v);
-  DeviceBuffer<int32_t> dtable(std::vector<int32_t>{7});  // pool has pages 0 and 1 only
-  DeviceBuffer<uint16_t> sink_k(c.sink * row), sink_v(c.sink * row), ring_k(c.recent * row),
-      ring_v(c.recent * row);
+  // The pool has pages 0 and 1 only; every entry of the table names page 7.
+  DeviceBuffer<int32_t> dtable(
+      std::vector<int32_t>((c.HistoryTokens(tokens) + c.page_size - 1) / c.page_size, 7));
+  DeviceBuffer<uint16_t> sink_k(c.sink * row), sink_v(c.sink * row),
+      ring_k(c.ring_slots() * row), ring_v(c.ring_slots() * row);
   DeviceBuffer<int> flags(1);
   dev.Poison(0xFF);
   flags.Fill(0);
@@ -439,19 +550,20 @@ TEST_P(PagedWriteTest, BadPagesRaiseTheFlagAndWriteNothing) {
                dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
                Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
   EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
-  for (uint8_t byte : dev.codes[0].Download()) ASSERT_EQ(byte, 0xFF);
+  for (uint8_t byte : dev.planes[0][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
   EXPECT_THROW(CheckErrorFlags(flags.get(), "PrefillWrite"), Error);
 
-  // Append at length S0 + W with max_pages = 0: position S0 must demote but has no page.
+  // Append at length S0 + W + F - 1 with max_pages = 0: position S0 must enter the history
+  // but has no page.
   flags.Fill(0);
-  DeviceBuffer<int32_t> dlen(std::vector<int32_t>{c.sink + c.recent});
-  const std::vector<uint16_t> step = RandomTokens(1, c, rng);
+  DeviceBuffer<int32_t> dlen(std::vector<int32_t>{c.sink + c.recent + c.flush - 1});
+  const std::vector<uint16_t> step = Tokens(1, c, c.key, &rng);
   DeviceBuffer<uint16_t> sk(step), sv(step);
   AppendStep(c, sk.get(), sv.get(), 1, dlen.get(), nullptr, 0, dev.Heads(KV::kKey),
              dev.Heads(KV::kValue), dev.Pool(KV::kKey), dev.Pool(KV::kValue),
              Windows{sink_k.get(), sink_v.get(), ring_k.get(), ring_v.get()}, flags.get());
   EXPECT_EQ(flags.Download()[0], kErrorFlagBadPage);
-  for (uint8_t byte : dev.codes[1].Download()) ASSERT_EQ(byte, 0xFF);
+  for (uint8_t byte : dev.planes[1][kAffineCodesPlane].Download()) ASSERT_EQ(byte, 0xFF);
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, PagedWriteTest, ::testing::ValuesIn(Cases()),

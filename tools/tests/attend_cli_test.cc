@@ -119,7 +119,7 @@ void ExpectSameAsLibrary(const Case& c, uint64_t seed) {
   p.sink = c.sink;
   p.recent = c.recent;
   p.page_size = c.page;
-  p.quantized = c.bits != 16;
+  if (c.bits == 16) p.key.format = p.value.format = kvq::Format::kBf16;
   for (WriteParams* w : {&p.key, &p.value}) {
     w->head_dim = c.d;
     w->group = c.group;
@@ -130,7 +130,7 @@ void ExpectSameAsLibrary(const Case& c, uint64_t seed) {
   }
   p.key.clip = c.clip_k;
   p.value.clip = c.clip_v;
-  if (!p.quantized) rk.clear(), rv.clear();
+  if (!p.quantized()) rk.clear(), rv.clear();
   cpu::PagedKVCache cache(p, rk, rv, {}, {}, cpu::BestBackend());
   const int seq = cache.AddSequence();
   cache.Prefill(seq, k.data(), v.data(), static_cast<size_t>(c.tokens));
@@ -142,7 +142,7 @@ void ExpectSameAsLibrary(const Case& c, uint64_t seed) {
         << "head " << i / c.d << " channel " << i % c.d << ": CLI " << got[i] << " library "
         << want[i];
   }
-  if (p.quantized) {
+  if (p.quantized()) {
     EXPECT_GT(cache.HistoryLength(seq), 0u);  // the case exercised the history
   }
 }
@@ -188,7 +188,7 @@ TEST(AttendCli, ErrorsNameTheValueAndWriteNothing) {
   ExpectFailure(dir, base + " --hadamard --group 48", {"group size 48"});
   const std::string files = "--q q.npy --k k.npy --v v.npy";
   ExpectFailure(dir, files + " --hadamard --page 24", {"page size 24"});
-  ExpectFailure(dir, files + " --hadamard --recent 0", {"recent window 0"});
+  ExpectFailure(dir, files + " --hadamard --recent -1", {"recent window -1"});
   ExpectFailure(dir, files + " --hadamard --sink -2", {"sink length -2"});
   ExpectFailure(dir, "--q q3.npy --k k.npy --v v.npy --hadamard", {"num_q_heads 3"});
   ExpectFailure(dir, "--q q128.npy --k k.npy --v v.npy --hadamard", {"head_dim 128"});

@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "cli_test_util.h"
+#include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/common/io.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
@@ -91,15 +93,9 @@ std::string RotationArgs(const Case& c, const std::string& matrix_path) {
 }
 
 WriteParams ParamsOf(const Case& c) {
-  WriteParams p;
-  p.head_dim = c.d;
-  p.group = c.group;
-  p.bits = c.bits;
-  p.clip = std::strtof(c.clip, nullptr);
-  p.rotation = c.rotation;
-  p.hadamard_block = c.rotation == RotationKind::kHadamard ? c.block : 0;
-  p.bitrev = c.bitrev;
-  return p;
+  return params::Write().head_dim(c.d).group(c.group).bits(c.bits)
+      .clip(std::strtof(c.clip, nullptr)).rotation(c.rotation)
+      .block(c.rotation == RotationKind::kHadamard ? c.block : 0).bitrev(c.bitrev);
 }
 
 const Case kCases[] = {
@@ -166,9 +162,9 @@ TEST(Cli, QuantizeDequantizeAndRotateMatchTheLibraryBitForBit) {
     EXPECT_EQ(q.metadata.at("bits"), std::to_string(c.bits));
     EXPECT_EQ(q.metadata.at("clip"), c.clip);
     EXPECT_EQ(q.metadata.at("rotation"), RotationKindName(c.rotation));
-    EXPECT_EQ(q.metadata.at("bitrev"), c.bitrev ? "true" : "false");
-    EXPECT_EQ(q.metadata.at("hadamard_block"),
-              std::to_string(c.rotation == RotationKind::kHadamard ? p.fwht_block() : 0));
+    EXPECT_EQ(q.metadata.at("bitrev"), c.bitrev ? "1" : "0");
+    EXPECT_EQ(q.metadata.at("hadamard_block"), std::to_string(p.hadamard_block));
+    EXPECT_EQ(q.metadata.count("row_format"), 0u);  // affine_token: the spec-1.0 keys only
 
     // dequantize
     run = RunKvq(dir, "dequantize --in '" + dir.File("q.safetensors") + "'" + rotation +
@@ -240,27 +236,40 @@ TEST(Cli, InfoListsTensorsAndMetadata) {
 }
 
 // `kvq bench` on the CPU alone (the GPU columns are covered on the device machine, where the
-// command also compares the two write paths bit for bit): both tables, every write rotation.
+// command also compares the two write paths bit for bit): both tables, one attention row per
+// (scheme, length) and one write row per (quantized scheme, length), schemes from the catalogue.
+size_t CountRows(const std::string& out, const std::string& first_column) {
+  size_t rows = 0;
+  for (size_t at = out.find("\n" + first_column + " "); at != std::string::npos;
+       at = out.find("\n" + first_column + " ", at + 1)) {
+    ++rows;
+  }
+  return rows;
+}
+
 TEST(Cli, BenchPrintsAttentionAndWriteTables) {
   Scratch dir;
-  const RunResult r = RunKvq(
-      dir, "bench --backend cpu --seq-len 64,320 --iters 1 --kv-heads 2 --q-heads 4");
+  RunResult r = RunKvq(dir, "bench --backend cpu --seq-len 64,320 --iters 1 --kv-heads 2 --q-heads 4");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* needle :
-       {"decode attention, d=128 Hq/Hkv=4/2", "int2", "bf16", "write path (rotate, clip 0.96",
-        "T x Hkv=2 fp32 rows", "dense", "hadamard+P_br", "identity"}) {
+  for (const char* needle : {"decode attention, d=128 Hq/Hkv=4/2", "write path (rotate, clip",
+                             "T x Hkv=2 fp32 rows"}) {
     EXPECT_NE(r.out.find(needle), std::string::npos) << needle << " not in:\n" << r.out;
   }
-  // One write row per (length, rotation): T = 64 and 320 for each of the three rotations.
-  size_t rows = 0;
-  for (const char* rotation : {"dense ", "hadamard+P_br ", "identity "}) {
-    for (size_t at = r.out.find(std::string("\n") + rotation); at != std::string::npos;
-         at = r.out.find(std::string("\n") + rotation, at + 1)) {
-      ++rows;
-    }
+  // Default schemes oscar, saw_int4, bf16: attention rows at both lengths; write rows for the
+  // two quantized ones.
+  EXPECT_EQ(CountRows(r.out, "oscar"), 4u) << r.out;
+  EXPECT_EQ(CountRows(r.out, "saw_int4"), 4u) << r.out;
+  EXPECT_EQ(CountRows(r.out, "bf16"), 2u) << r.out;
+
+  r = RunKvq(dir, "bench --backend cpu --seq-len 96 --iters 1 --kv-heads 2 --q-heads 4 "
+                  "--head-dim 64 --schemes all");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const calib::SchemeInfo& s : calib::Schemes()) {
+    EXPECT_EQ(CountRows(r.out, s.name), s.quantized() ? 2u : 1u) << s.name << " in:\n" << r.out;
   }
-  EXPECT_EQ(rows, 6u) << r.out;
   ExpectFailure(dir, "bench --backend tpu", dir.File("none"), {"--backend", "tpu"});
+  ExpectFailure(dir, "bench --backend cpu --schemes oscar,kivi2", dir.File("none"),
+                {"unknown scheme 'kivi2'", "oscar", "saw_int4"});
 }
 
 TEST(Cli, ParameterErrorsAreOneLineAndLeaveNoOutput) {

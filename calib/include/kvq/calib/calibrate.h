@@ -63,12 +63,25 @@ struct ClipReport {
 // Called after each finished unit of work (done ≤ total), from the calling thread only.
 using ProgressCallback = std::function<void(int done, int total)>;
 
+// The raw_target scheme's rotations of one layer (LayerCalibration::raw_k_rotation /
+// raw_v_rotation, fp32 [Hkv, d, d]): R' = U'·H·P_br composed in fp64 and rounded once, U' the
+// sorted eigenbasis (undamped) of KᵀK/N for the keys and VᵀV/N for the values over tokens
+// [0, calib_tokens) of `acts`, per KV head or, at per-layer granularity, of the mean over the
+// layer's KV heads (replicated). Calibrate stores exactly these; `kvq eval` computes them with
+// this function for a calibration read from a format_version 1 file.
+void RawTargetRotations(const Activations& acts, int layer, Granularity granularity,
+                        std::vector<float>* keys, std::vector<float>* values);
+// Fills in every layer's raw-target rotations of `cal` from `acts` at cal's granularity.
+// Throws kvq::Error(kShapeMismatch) when cal's shape (layers, Hkv, d) is not the capture's.
+void AddRawTargetRotations(const Activations& acts, Calibration* cal);
+
 // Calibrates on tokens [0, calib_tokens) of `acts`: targets and eigenbases use all of them,
-// clip rows are tokens [sink, calib_tokens) (the sink stays BF16 in the cache). Per-layer
+// clip rows are tokens [sink, calib_tokens) (the sink stays BF16 in the cache); in a
+// segmented capture, every segment's tokens after its own first `sink` ones. Per-layer
 // granularity averages the per-KV-head targets over the layer's KV heads; the clip ratio is
 // always chosen per layer (summing the objective over KV heads) and stored replicated.
 // Throws kvq::Error: invalid activations, options (group/bits/d via WriteParams, damping < 0,
-// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens)).
+// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens) or [0, segment_tokens)).
 Calibration Calibrate(const Activations& acts, const CalibrationOptions& options,
                       const cpu::Backend& backend, const ProgressCallback& progress = {},
                       ClipReport* report = nullptr);

@@ -1,5 +1,6 @@
 // Calibration artifacts (spec/formats.md §5): per layer and KV head the key and value rotations
-// R, their eigenbases U and eigenvalues, and the clip ratios, in one safetensors file.
+// R, their eigenbases U and eigenvalues, the clip ratios and (since format_version 2) the
+// raw_target scheme's rotations, in one safetensors file.
 #pragma once
 
 #include <string>
@@ -10,7 +11,10 @@
 namespace kvq::calib {
 
 inline constexpr const char* kCalibrationFormat = "kvq-calibration";
-inline constexpr int kCalibrationFormatVersion = 1;
+// Version 2 added raw_k_rotation / raw_v_rotation. Readers accept version 1 files (every other
+// tensor is the same); such a calibration serves every scheme but raw_target.
+inline constexpr int kCalibrationFormatVersion = 2;
+inline constexpr int kCalibrationFormatVersionWithoutRawTarget = 1;
 
 struct CalibrationInfo {
   int num_layers = 0;
@@ -33,6 +37,10 @@ struct LayerCalibration {
   std::vector<float> k_basis, v_basis;              // [Hkv, d, d]  U, columns = eigenvectors
   std::vector<float> k_eigenvalues, v_eigenvalues;  // [Hkv, d]     descending
   std::vector<float> k_clip, v_clip;                // [Hkv]        ρ in (0, 1]
+  // The raw_target scheme's R' = U'·H·P_br, U' the sorted eigenbasis of KᵀK/N (keys) or VᵀV/N
+  // (values) over the calibration tokens, undamped, at the file's granularity. [Hkv, d, d], or
+  // empty in a calibration read from a format_version 1 file.
+  std::vector<float> raw_k_rotation, raw_v_rotation;
 
   const float* k_rotation_of(int kv_head, int d) const {
     return k_rotation.data() + static_cast<size_t>(kv_head) * d * d;
@@ -45,6 +53,9 @@ struct LayerCalibration {
 struct Calibration {
   CalibrationInfo info;
   std::vector<LayerCalibration> layers;
+
+  // Whether every layer holds raw_k_rotation / raw_v_rotation (false for a version 1 file).
+  bool HasRawTargetRotations() const;
 };
 
 // Throws kvq::Error unless: L ≥ 1, Hkv ≥ 1, d/G/bits supported (WriteParams rules), sink ≥ 0,
@@ -52,11 +63,14 @@ struct Calibration {
 // (kShapeMismatch naming layer and tensor), every value finite (kNonFinite), every rotation and
 // basis orthogonal (max |MᵀM − I| ≤ 1e-4 in fp64; kInvalidArgument naming layer, tensor, head
 // and the deviation), eigenvalues descending, clip ratios in (0, 1], and for per-layer
-// granularity the same R, U, eigenvalues and clip on every KV head.
+// granularity the same R, U, eigenvalues and clip on every KV head. The raw-target rotations
+// are either absent from every layer or present in every layer, under the same rules as R.
 void ValidateCalibration(const Calibration& cal);
 
-// Parses (validating as above plus: format and format_version, every metadata key, every
-// tensor of layers 0..L−1 present with the right dtype F32 and shape, no stray tensors).
+// Parses (validating as above plus: format and format_version 1 or 2, every metadata key, every
+// tensor of that version for layers 0..L−1 present with the right dtype F32 and shape, no
+// stray tensors). The writer stores format_version 2, or 1 when the raw-target rotations are
+// absent (a version 1 calibration read and written again stays version 1).
 Calibration CalibrationFromSafetensors(const Safetensors& file);
 Calibration ReadCalibration(const std::string& path);
 Safetensors CalibrationToSafetensors(const Calibration& cal);  // validates first

@@ -21,6 +21,8 @@ Eigen::MatrixXd RawCovariance(const Activations& acts, int layer, int kv_head, b
 
 // What one streaming pass of causal attention over tokens [0, tokens) yields for one KV head,
 // with S = softmax(q·Kᵀ/√d + causal mask) per row, rows of all g query heads of the KV head.
+// In a segmented capture (ActivationsInfo::segment_tokens) a row attends to the keys of its
+// own segment only, and the sink is counted from its segment's start.
 struct AttentionStatistics {
   // C_S = (1/N)·OᵀO, O = S·V, N = g·tokens rows (the paper's Vᵀ Sᵀ S V / N).
   Eigen::MatrixXd output_covariance;

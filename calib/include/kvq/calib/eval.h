@@ -44,13 +44,18 @@ struct EvalResult {
   SchemeOptions options;
   std::vector<SchemeResult> schemes;  // in the requested order
   double attend_check_max = 0;        // worst cpu::Attend cross-check over everything
+  // The calibration was a format_version 1 file, so raw_target's rotations were made from the
+  // capture's calibration tokens (AddRawTargetRotations) rather than read from it.
+  bool raw_target_from_activations = false;
   const SchemeResult& Get(const std::string& name) const;  // throws naming the name
 };
 
 using EvalProgress = std::function<void(int done, int total)>;
 
 // Throws kvq::Error: invalid activations; unknown schemes; a calibration needed by a scheme but
-// null or not matching; threads < 1; whatever metrics.h and schemes.h reject.
+// null or not matching; threads < 1; whatever metrics.h and schemes.h reject. A calibration
+// without raw-target rotations (format_version 1) gets them from `acts` when raw_target is
+// evaluated (EvalResult::raw_target_from_activations).
 EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalOptions& options,
                     const cpu::Backend& backend, const EvalProgress& progress = {});
 

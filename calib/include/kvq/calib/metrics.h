@@ -1,5 +1,5 @@
 // Attention-level error metrics of a quantized KV cache (shared/DESIGN.md "Error metrics";
-// docs/accuracy.md defines each one), measured on HELD-OUT tokens through the real cache:
+// docs/accuracy_synthetic.md defines each one), measured on HELD-OUT tokens through the real cache:
 // the held-out K/V of one (layer, KV head) are prefilled into a kvq::cpu::PagedKVCache with its
 // sink and recent windows, and every metric reads the rows back as the cache holds them (history
 // rows dequantized and inverse-rotated, sink and recent rows bf16). All sums are fp64.
@@ -103,7 +103,9 @@ struct HeadMetrics {
   double top10_overlap = 0;   // mean over query rows of TopKOverlap(p_ref, p_q, top_k)
   double output_rel_mse = 0;  // ‖softmax(qK̂ᵀ)V̂ − softmax(qKᵀ)V‖² / ‖softmax(qKᵀ)V‖²
   double tr_ek = 0;           // (1/N) Σ_history ‖x̃ − x̂‖², x̃ = k·R_K (before clip), x̂ dequantized
-  double group_range = 0;     // mean over history rows and groups of max − min of clip(x̃)
+  double group_range = 0;     // mean over the quantizer's groups (per token and G channels, or
+                              // per tile and channel) of max − min of its input: clip(x̃), or
+                              // clip(x̃ / n̂) with a norm
   double bits_per_element = 0;  // PagedKVCache::Bytes at length T, K and V, slots in use
   int64_t history_tokens = 0;   // N: rows held quantized at length T
   double attend_check = 0;      // cpu::Attend vs this path at the last query (see MetricOptions)

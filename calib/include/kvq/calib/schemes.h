@@ -1,10 +1,13 @@
-// The scheme catalogue: every KV-cache quantization scheme kvq evaluates, one entry per name,
-// each turning (activations, calibration, layer, options) into what a kvq::cpu::PagedKVCache
-// of that layer needs: CacheParams plus per-KV-head rotation matrices and clip ratios.
+// The scheme catalogue: every KV-cache quantization scheme kvq evaluates, one row each in
+// schemes.inc, each turning (shape, calibration, layer, options) into what a
+// kvq::cpu::PagedKVCache of that layer needs: CacheParams plus per-KV-head rotation matrices
+// and clip ratios. `kvq eval`, `kvq attend --scheme`, `kvq bench`, the benchmarks and the
+// golden vectors all read it.
 //
 // The OSCAR ablations (seeds/000 table 4) change ONE thing relative to `oscar`: the rotation.
 // They keep the calibration's clip ratios (selected for R = U·H·P_br), so a difference in the
-// metrics is the rotation's doing alone (docs/accuracy.md discusses what that means).
+// metrics is the rotation's doing alone (docs/accuracy_synthetic.md discusses what that means). That
+// reuse is the catalogue's `clip` column (ClipPolicy::kCalibration), not a hidden default.
 #pragma once
 
 #include <cstdint>
@@ -17,53 +20,151 @@
 
 namespace kvq::calib {
 
-// The knobs every scheme shares. bits applies to every quantized scheme except saw_int4,
-// which is INT4 by definition.
+// Where a key norm spans (the `norm` column's scope): one norm per token and KV head (kvq's
+// default, the seed's reading), or one per token over every KV head's rotated row laid end to
+// end (the OScaR authors' code; couples the heads, so per-head evaluation refuses it).
+enum class NormScope : int { kHead, kToken };
+const char* NormScopeName(NormScope scope);      // "head", "token"
+NormScope ParseNormScope(const std::string& name);  // throws kInvalidArgument naming it
+
+// The knobs every scheme shares. A catalogue column that says "shared" takes these; a scheme's
+// own value (saw_int4's INT4 and G = d, KIVI's windows) beats them.
 struct SchemeOptions {
-  int group = 64;     // G
+  int group = 64;     // G (per-token groups of the schemes whose group column is kSharedGroup)
   int bits = 2;       // b
   int sink = 64;      // S0 (BF16 sink tokens)
   int recent = 256;   // W (BF16 recent window)
-  int page = 64;      // P (history tokens per page)
+  int flush = 1;      // F (history flush granularity)
+  int page = 64;      // P (history tokens per page; raised to G_k for a tiled side)
+  int tile = 32;      // G_k: tokens per tile of an affine_tile side (KIVI, OScaR keys)
+  NormScope norm_scope = NormScope::kHead;  // the key norm's scope (kivi_norm, ots)
   uint64_t seed = 0;  // random_orthogonal's seed
-  int saw_block = 128;  // saw_int4's FWHT block (16..d, a power of two; clamped to d)
+  int saw_block = 128;  // the SAW schemes' FWHT block (16..256, a power of two; clamped to d)
+  double hessian_damping = 0.01;  // saw_hessian: M + α·mean(diag M)·I (seeds/003 App. A.3)
 };
+
+// The `bits` column's "use SchemeOptions::bits".
+inline constexpr int kSharedBits = 0;
+// The `group` column's "use SchemeOptions::group" and "G = d".
+inline constexpr int kSharedGroup = 0;
+inline constexpr int kRowGroup = -1;
+
+// The `windows` column: a scheme's own (S0, W, F), or kSharedWindows (SchemeOptions').
+struct SchemeWindows {
+  int sink, recent, flush;
+  constexpr SchemeWindows(int s, int w, int f) : sink(s), recent(w), flush(f) {}
+  constexpr bool shared() const { return sink < 0; }
+};
+inline constexpr SchemeWindows kSharedWindows(-1, -1, -1);
+
+// Whether the keys are divided by their norm (the `norm` column).
+enum class SchemeNorm : int { kNone, kKeys };
+
+// How a scheme's K and V rotations are made (the `rotation` column).
+enum class SchemeRotation : int {
+  kIdentity,            // none
+  kHadamard,            // FWHT over the whole row
+  kHadamardBitrev,      // FWHT then P_br
+  kBlockHadamard,       // block-diagonal FWHT of SchemeOptions::saw_block (clamped to d)
+  kRandomOrthogonal,    // seeded Haar-random dense matrix per (layer, KV head, K/V)
+  kRawTarget,           // the calibration's U'·H·P_br, U' from KᵀK / VᵀV (raw_*_rotation)
+  kEigenbasis,          // the calibration's U
+  kEigenbasisBitrev,    // U·P_br
+  kEigenbasisHadamard,  // U·H
+  kCalibrated,          // the calibration's R (k_rotation / v_rotation)
+  kHessianBlock,        // H_bd·U', U' the sorted eigenbasis of H_bd·M·H_bd + α·mean(diag)·I,
+                        // M the layer-pooled C_Q rebuilt from the calibration's U·diag(λ)·Uᵀ
+};
+
+// Where a scheme's clip ratios come from (the `clip` column).
+enum class ClipPolicy : int {
+  kNone,         // ρ = 1: never clips
+  kCalibration,  // the calibration file's per-layer ρ, selected by kvq calibrate for its R
+};
+const char* ClipPolicyName(ClipPolicy policy);  // "none", "calibration"
 
 struct SchemeInfo {
   const char* name;
-  const char* description;  // one line, for --help and reports
-  bool needs_calibration;   // reads R, U or ρ from the calibration
+  const char* description;  // one line naming the paper or seed, for --help and reports
+  bool needs_calibration;   // reads R, U, U', C_Q or ρ from the calibration
+  SchemeRotation rotation_k, rotation_v;
+  Format format_k, format_v;  // the history formats (bf16: nothing quantized)
+  SchemeNorm norm;
+  int bits;                 // kSharedBits, or the scheme's own width
+  int group;                // kSharedGroup, kRowGroup, or the scheme's own G
+  SchemeWindows windows;    // kSharedWindows, or the scheme's own (S0, W, F)
+  ClipPolicy clip;
+
+  bool quantized() const { return format_k != Format::kBf16; }
+  // The bits the scheme quantizes with under `options` (its own, or options.bits).
+  int BitsUnder(const SchemeOptions& options) const {
+    return bits == kSharedBits ? options.bits : bits;
+  }
+  // The per-token group at head_dim d under `options`.
+  int GroupUnder(const SchemeOptions& options, int d) const {
+    return group == kSharedGroup ? options.group : (group == kRowGroup ? d : group);
+  }
 };
 
-// Every scheme, in the order tables list them: bf16, naive, hadamard, hadamard_bitrev,
-// clip_only, random_orthogonal, raw_target, eigenbasis_only, oscar_no_hadamard,
-// oscar_no_bitrev, oscar, saw_int4. (KIVI's per-channel keys are not here: they need a
-// quantizer grouped along tokens, which the cache layout does not have.)
+// Every scheme in catalogue order (schemes.inc), the order tables list them.
 const std::vector<SchemeInfo>& Schemes();
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing every valid name.
 const SchemeInfo& SchemeByName(const std::string& name);
+// The ids in catalogue order, joined by `separator` (for --help texts and error messages).
+std::string SchemeNames(const std::string& separator = ", ");
 // "all" or a comma-separated list of names (each checked as SchemeByName does; duplicates and
 // empty entries rejected naming them). Keeps the order given.
 std::vector<std::string> ParseSchemeList(const std::string& list);
 
+// What a scheme is built for: the model's shape (an activation capture's, or a query's and a
+// cache's; num_layers bounds the layer index).
+struct SchemeShape {
+  int num_layers = 1;
+  int num_kv_heads = 0;  // Hkv
+  int num_q_heads = 0;   // Hq
+  int head_dim = 0;      // d
+};
+SchemeShape ShapeOf(const ActivationsInfo& info);
+
+// Whether the scheme's catalogue row clips with the calibration's ratios (its `clip` column is
+// ClipPolicy::kCalibration: clip_only, the rotation ablations, oscar). The fair-clip policy of
+// kvq ppl (fair_clip.h) re-chooses ρ for exactly these. Throws as SchemeByName does.
+bool SchemeClipsWithCalibration(const std::string& name);
+
 // One layer of one scheme: what PagedKVCache's constructor takes.
 struct LayerScheme {
-  CacheParams params;                         // Hkv, Hq, d from the activations
+  CacheParams params;                         // Hkv, Hq, d from the shape
   std::vector<float> rotation_k, rotation_v;  // [Hkv, d, d] fp32 row-major when dense; else empty
-  std::vector<float> clip_k, clip_v;          // [Hkv] ρ per KV head
+  std::vector<float> clip_k, clip_v;          // [Hkv] ρ per KV head, or empty (params' clip)
 };
 
 // Builds scheme `name` for layer `layer`. `cal` may be null only for schemes that do not need
-// a calibration. Throws kvq::Error: unknown name (kInvalidArgument, listing the names), layer
-// out of range, a calibration missing where needed or whose shape (layers, Hkv, d) differs from
-// the activations (kShapeMismatch naming both), options the cache rejects (group, bits, sink,
-// recent, page; kInvalidArgument from CacheParams::Validate), a saw_block that is not a power
-// of two in [16, 256].
+// a calibration (it is ignored by those). Throws kvq::Error: unknown name (kInvalidArgument,
+// listing the names), layer out of range, a calibration missing where needed or whose shape
+// (layers, Hkv, d) differs from `shape` (kShapeMismatch naming both), raw_target with a
+// calibration that lacks the raw-target rotations (a format_version 1 file; kInvalidArgument
+// naming the missing tensor), options the cache rejects (group, bits, sink, recent, page;
+// kInvalidArgument from CacheParams::Validate), a saw_block that is not a power of two in
+// [16, 256], saw_hessian with a calibration whose key bases are not C_Q's (rotation recipe
+// raw_target) or a damping < 0.
+LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
+                             const Calibration* cal, int layer, const SchemeOptions& options);
+// The same with the shape of an activation capture.
 LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
                              const Calibration* cal, int layer, const SchemeOptions& options);
 
+// A calibration for consumers that need a calibrated scheme's configuration without a model
+// capture (kvq bench, the benchmarks, the golden vectors): `tokens` tokens of kvq synth's model
+// (SynthOptions: seed, shape; the first half calibrates) calibrated with kvq calibrate's
+// defaults at options' group, bits, sink and recent. The same arguments give the same bits
+// (the synthetic data is portable; the eigensolver's bits follow the build). Throws what
+// Synthesize and Calibrate throw (e.g. a sink that leaves no calibration rows).
+Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
+                                 int64_t tokens, uint64_t seed, int threads = 2);
+
 // The same scheme restricted to one KV head (Hkv = 1, Hq = the head's g query heads): the
-// matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range.
+// matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range,
+// kUnsupported for a token-scope norm over several KV heads (it couples them).
 LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head);
 
 }  // namespace kvq::calib

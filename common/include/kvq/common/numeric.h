@@ -85,6 +85,20 @@ KVQ_HOST_DEVICE uint16_t F16FromF32(float f) {
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+// beta(j): the low `bits` bits of j in reverse order (spec/numerics.md §3.3, P_br; an
+// involution), bits in [0, 32]. The one definition for the CPU oracle, calibration and the CUDA
+// kernels; on the device the same function is one bit-reverse instruction and a shift (the loop
+// compiles to a chain of 3 * bits operations, partly left as a loop, on the kernels' paths).
+KVQ_HOST_DEVICE uint32_t BitReverse(uint32_t j, int bits) {
+#if defined(__CUDA_ARCH__)
+  return bits == 0 ? 0u : __brev(j) >> (32 - bits);
+#else
+  uint32_t reversed = 0;
+  for (int b = 0; b < bits; ++b) reversed |= ((j >> b) & 1u) << (bits - 1 - b);
+  return reversed;
+#endif
+}
+
 // True for NaN and +-Inf.
 KVQ_HOST_DEVICE bool IsNonFinite(float f) { return (F32Bits(f) & 0x7f800000u) == 0x7f800000u; }
 

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kvq/common/format.h"
+
 namespace kvq {
 
 // Largest rotated magnitude the write path accepts: keeps hi - lo, the scale and every
@@ -21,38 +23,60 @@ enum class RotationKind : int {
 
 const char* RotationKindName(RotationKind kind);
 
-// Write path of one row: rotate -> (bit reversal) -> clip -> quantize -> pack.
+// Write path of one row: the transforms (rotate -> bit reversal -> norm -> clip) then the codec
+// of `format` (affine_token: quantize -> pack; affine_tile: quantize_tile -> pack_tile over
+// tiles of `group` tokens). A bf16 format stores the original row and reads none of the other
+// fields but head_dim.
 struct WriteParams {
   int head_dim = 128;       // d: 64, 128 or 256
-  int group = 64;           // G: 32, 64 or 128, G <= d, channels per (scale, min) pair
+  Format format = Format::kAffineToken;  // how history rows are stored (formats.inc)
+  int group = 64;           // affine_token: G channels per (scale, min) pair: 32, 64, 128 (<= d)
+                            //   or d; affine_tile: G_k tokens per tile: 32, 64 or 128
   int bits = 2;             // b: 2 or 4
   float clip = 1.0f;        // rho in (0, 1]; 1 never clips
   RotationKind rotation = RotationKind::kIdentity;
   int hadamard_block = 0;   // FWHT block size (16..d, power of two); 0 means head_dim
   bool bitrev = false;      // apply P_br after the rotation
+  bool norm = false;        // divide each row by its stored bf16 tree norm n^ (spec 1.1;
+                            //   affine_tile only); decoded rows are multiplied back by n^
+  int norm_heads = 1;       // KV heads one norm spans, their rows laid end to end: 1 (a norm
+                            //   per token and KV head) or Hkv (the token scope); 1 without norm
 
   // Throws kvq::Error(kInvalidArgument) naming the first unsupported value.
   void Validate() const;
 
   int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1
-  int num_groups() const { return head_dim / group; }            // d / G
+  int num_groups() const { return head_dim / group; }            // d / G (affine_token)
   int code_bytes() const { return head_dim * bits / 8; }         // packed bytes per row
+  // Tokens one plane row of a tile plane covers (formats.inc's tile_tokens column): G_k for
+  // affine_tile, 1 for formats whose planes are all per token.
+  int tile_tokens() const;
+  // Packed bytes per channel of one tile: G_k * b / 8 (affine_tile).
+  int tile_channel_bytes() const { return group * bits / 8; }
+  // Values one norm spans: d * norm_heads.
+  int norm_span() const { return head_dim * norm_heads; }
   int fwht_block() const { return hadamard_block == 0 ? head_dim : hadamard_block; }
-  // Stored bytes per row: packed codes plus one bf16 (scale, min) pair per group.
-  int row_bytes() const { return code_bytes() + num_groups() * 4; }
+  // The FWHT normaliser fp32(1/sqrt(fwht_block())), computed in double and rounded once
+  // (spec/numerics.md §3.2): the one definition the CPU and GPU paths use.
+  float fwht_scale() const;
+  bool quantized() const { return format != Format::kBf16; }
 };
 
-// The paged KV cache (spec/cache.md): BF16 sink | INT-b history in pages | BF16 recent window.
+// The paged KV cache (spec/cache.md): BF16 sink | history in pages | BF16 recent window.
 // Used unchanged by the CPU oracle and the CUDA path. Per-KV-head rotations and clip ratios are
-// data, not parameters (they override key.clip / value.clip per head).
+// data, not parameters (they override key.clip / value.clip per head). The history's format is
+// key.format / value.format; a bf16 format on both is the bf16 baseline cache (every token a
+// bf16 row, no windows).
 struct CacheParams {
   int num_kv_heads = 8;      // Hkv
   int num_q_heads = 32;      // Hq, a positive multiple of Hkv (GQA group g = Hq / Hkv)
   int sink = 64;             // S0 >= 0
-  int recent = 256;          // W >= 1
+  int recent = 256;          // W >= 0 (spec 1.0: W >= 1; W = 0 writes every token after the
+                             //   sink straight to the history)
+  int flush = 1;             // F >= 1: the history grows F tokens at a time (HistoryTokens);
+                             //   a multiple of the tile of a tile format
   int page_size = 64;        // P, history tokens per page: power of two in [16, 1024]
-  bool quantized = true;     // false: the bf16 baseline (every token kept as bf16)
-  WriteParams key;           // K write path (head_dim, group, bits, rotation, bitrev, block);
+  WriteParams key;           // K write path (format, head_dim, group, bits, rotation, ...);
   WriteParams value;         // V write path; key.head_dim == value.head_dim == d
   float softmax_scale = 0;   // 0 means 1/sqrt(d) computed as (float)(1.0/sqrt((double)d))
 
@@ -62,11 +86,24 @@ struct CacheParams {
 
   int head_dim() const { return key.head_dim; }
   int group_size() const { return num_q_heads / num_kv_heads; }  // g = Hq / Hkv
+  // Whether the history is stored in a quantized format (false: the bf16 baseline cache).
+  bool quantized() const { return key.quantized(); }
+  // The window rule (spec/cache.md §2): at length t the history holds positions
+  // [S0, S0 + H(t)) with H(t) = F * floor(max(0, t - S0 - W) / F); 0 for a bf16 cache.
+  int64_t HistoryTokens(int64_t t) const;
+  // First position of the recent window at length t: min(t, S0 + H(t)) (bf16 cache: min(t, S0)).
+  int64_t RecentBegin(int64_t t) const;
+  // Slots of the recent ring: W + F - 1 (position p lives at slot p % ring_slots()).
+  int ring_slots() const { return recent + flush - 1; }
   // The scale the logits are multiplied by: softmax_scale, or fp32(1/sqrt(d)) when it is 0.
   float scale() const;
 };
 
 bool IsSupportedHeadDim(int d);
+// 32, 64 or 128: the channel groups of spec 1.0 and the tiles of affine_tile.
 bool IsSupportedGroup(int g);
+// A channel group of affine_token at head_dim d: IsSupportedGroup(g) with g <= d, or g == d
+// (one (scale, min) per row, SAW-INT4; spec 1.1).
+bool IsSupportedGroup(int g, int d);
 
 }  // namespace kvq

@@ -8,9 +8,9 @@
 
 namespace kvq {
 
-enum class DType { kF32, kF16, kBF16, kU8, kI32 };
+enum class DType { kF32, kF16, kBF16, kU8, kI32, kI8 };
 
-const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "U8", "I32" (safetensors names)
+const char* DTypeName(DType dtype);  // "F32", "F16", "BF16", "U8", "I32", "I8" (safetensors names)
 size_t DTypeSize(DType dtype);
 
 struct Tensor {
@@ -34,6 +34,7 @@ struct Tensor {
   static Tensor F16(std::vector<int64_t> shape, const std::vector<uint16_t>& bits);
   static Tensor U8(std::vector<int64_t> shape, const std::vector<uint8_t>& values);
   static Tensor I32(std::vector<int64_t> shape, const std::vector<int32_t>& values);
+  static Tensor I8(std::vector<int64_t> shape, const std::vector<int8_t>& values);
 };
 
 // Same dtype, same shape and the same bytes (bitwise: a NaN equals the same NaN).

@@ -14,13 +14,18 @@
 #include <vector>
 
 #include "kvq/common/io.h"
+#include "kvq/common/metadata.h"
 #include "kvq/common/params.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
 
 namespace kvq::conformance {
 
-inline constexpr char kSpecVersion[] = "1.0";
+// The spec this build implements (the manifest's version). Each case carries the version whose
+// rules it exercises: the first that defines everything it uses (SpecVersionOf), so a case of
+// 1.0 keeps its bits and its "1.0" under every later version, and a runner replays the cases of
+// every version up to its own (IsReplayableSpecVersion).
+inline constexpr char kSpecVersion[] = "1.1";
 inline constexpr char kGeneratorName[] = "kvq vectors generate";
 inline constexpr char kGeneratorVersion[] = "1";
 inline constexpr char kCaseFormat[] = "kvq-conformance-case";
@@ -44,14 +49,6 @@ const char* CaseKindName(CaseKind kind);
 // Throws kvq::Error(kMalformedFile) naming an unknown kind.
 CaseKind ParseCaseKind(const std::string& name);
 
-// The stages of WriteKernels, by the names the metadata uses.
-inline const std::vector<std::string>& StageNames() {
-  static const std::vector<std::string> names = {"rotate_dense", "fwht",     "bitrev", "clip",
-                                                 "quantize",     "pack",     "unpack",
-                                                 "dequantize"};
-  return names;
-}
-
 // Operations of a cache script: tensor "in.ops" I32 [n, 3] = (op, sequence slot, tokens).
 // Slots number sequences in the order they are added; prefill/append rows are taken in order
 // from "in.k" / "in.v" BF16 [total tokens, Hkv, d].
@@ -62,30 +59,23 @@ enum class CacheOp : int32_t {
   kRemoveSequence = 3,  // RemoveSequence(slot); tokens = 0
 };
 
-// ---- Metadata values: decimal strings that read back to the same bits ----
-// The shortest decimal (at most 9 significant digits) that strtof reads back to v exactly.
-std::string FormatFloat(float v);
-// The shortest decimal (at most 17 significant digits) that strtod reads back to v exactly.
-std::string FormatDouble(double v);
+// ---- Spec versions ----
+// "1.0" or "1.1": whether this build replays cases of spec version `version`.
+bool IsReplayableSpecVersion(const std::string& version);
+// The first spec version that defines the parameters: 1.1 for the affine_tile format, a norm,
+// G = d = 256, a flush granularity F > 1 and W = 0; 1.0 otherwise.
+const char* SpecVersionOf(const WriteParams& p);
+const char* SpecVersionOf(const CacheParams& p);
+// The version a case's metadata requires: its parameters' (write parameters for stage and
+// pipeline cases, cache parameters for cache and attention cases), and 1.1 for a stage that
+// spec 1.1 introduced (norm, denorm and the affine_tile codec). Throws as the metadata readers.
+const char* RequiredSpecVersion(const Safetensors& file);
 
-// Readers of one metadata key; each throws kvq::Error(kMalformedFile) naming the case, the key
-// and the text when the key is missing or does not parse completely.
-const std::string& MetaString(const Safetensors& file, const std::string& key);
-int64_t MetaInt(const Safetensors& file, const std::string& key);
-uint64_t MetaU64(const Safetensors& file, const std::string& key);
-float MetaFloat(const Safetensors& file, const std::string& key);
-double MetaDouble(const Safetensors& file, const std::string& key);
-bool MetaBool(const Safetensors& file, const std::string& key);
-
-// WriteParams as keys prefix + "head_dim", "group", "bits", "clip", "rotation" (identity |
-// dense | hadamard), "hadamard_block", "bitrev" (0 | 1).
-void PutWriteParams(const WriteParams& p, const std::string& prefix, Safetensors* file);
-// Reads and validates (kvq::Error(kMalformedFile) for unparsable or unsupported values).
-WriteParams GetWriteParams(const Safetensors& file, const std::string& prefix);
-
-// CacheParams as keys num_kv_heads, num_q_heads, sink, recent, page_size, quantized,
-// softmax_scale, and the key / value write params with prefixes "key." / "value.".
-void PutCacheParams(const CacheParams& p, Safetensors* file);
+// ---- Metadata ----
+// The case's metadata through the one typed reader of kvq/common/metadata.h; errors start with
+// "case <name>". Parameters are read and written with kvq::GetWriteParams / PutCacheParams, so
+// a case, a quantized-rows file and a calibration file spell them the same way.
+MetadataReader CaseMetadata(const Safetensors& file);
 CacheParams GetCacheParams(const Safetensors& file);
 
 // ---- Fixtures: data shared by many cases (the dense rotation matrices) ----

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvq::conformance {
 
@@ -43,6 +44,11 @@ class SplitMix64 {
  private:
   uint64_t state_;
 };
+
+// A random orthogonal d x d matrix, row-major fp32: modified Gram-Schmidt (twice) in double
+// over rows of Uniform() values, rounded once to fp32. Only +, -, *, / and sqrt, all correctly
+// rounded: the same matrix on every machine (the golden vectors' rotation fixtures use it).
+std::vector<float> RandomOrthogonal(int d, SplitMix64* rng);
 
 // FNV-1a of a string: turns a case name into a seed component, so adding or removing one case
 // never changes another case's data.

@@ -1,5 +1,5 @@
-// Replays golden vectors against a target: a CPU backend, the CUDA backend, or your own kernel
-// plugged in through ConformanceTarget (conformance/README.md).
+// Replays golden vectors against a backend: a CPU backend, the CUDA backend, or your own kernels
+// filled into a cpu::Backend (conformance/README.md).
 #pragma once
 
 #include <cstdint>
@@ -15,26 +15,12 @@
 
 namespace kvq::conformance {
 
-// Which attention tolerance of a case applies (spec/cache.md §5): the CPU oracle's (metadata
-// "tolerance", 1e-5) or the CUDA path's ("tolerance_gpu", 1e-3).
-enum class ToleranceClass { kCpu, kGpu };
-
-// What is tested. Write-path cases (stage, pipeline) call backend->write.* and
-// cpu::QuantizeRows(*backend, ...); cache cases build a cpu::PagedKVCache whose write path is
-// *backend; attention cases build the cache with the scalar backend and call attend(cache, seq,
-// q [Hq, d], out [Hq, d]). A null backend skips the write-path and cache cases, an empty attend
-// skips the attention cases (reported as skipped, never as passed).
-struct ConformanceTarget {
-  std::string name;
-  const kvq::cpu::Backend* backend = nullptr;
-  std::function<void(const kvq::cpu::PagedKVCache&, int seq, const float* q, float* out)> attend;
-  ToleranceClass tolerance = ToleranceClass::kCpu;  // a CUDA target sets kGpu
-};
-
-// One target per entry of kvq::cpu::Backends() (scalar first), attend = kvq::cpu::Attend with
-// that backend.
-ConformanceTarget CpuTarget(const kvq::cpu::Backend& backend);
-std::vector<ConformanceTarget> CpuTargets();
+// What is replayed against a backend (an entry of AllBackends(), backends.h): stage cases call
+// its WriteKernels through the stage specs (kvq/common/stages.inc), pipeline cases run
+// cpu::QuantizeRows with it, cache cases build a cpu::PagedKVCache whose write path it is, and
+// attention cases build the cache with the scalar backend and call its `attend` (none: the
+// attention cases are skipped, never passed). The attention tolerance is the CPU oracle's
+// (metadata "tolerance", 1e-5) or, for a CUDA backend, the CUDA path's ("tolerance_gpu", 1e-3).
 
 enum class CaseStatus { kPass, kFail, kSkipped };
 const char* CaseStatusName(CaseStatus status);
@@ -73,15 +59,19 @@ VectorSet LoadVectorSet(const std::string& dir);
 
 // Replays one case. Never throws for a target's misbehaviour: errors thrown while replaying
 // become a kFail result carrying the message.
-CaseResult ReplayCase(const VectorSet& vectors, size_t index, const ConformanceTarget& target);
-std::vector<CaseResult> RunConformance(const VectorSet& vectors, const ConformanceTarget& target);
+CaseResult ReplayCase(const VectorSet& vectors, size_t index, const cpu::Backend& backend);
+std::vector<CaseResult> RunConformance(const VectorSet& vectors, const cpu::Backend& backend);
 // LoadVectorSet(dir) then RunConformance (throws as LoadVectorSet does).
-std::vector<CaseResult> RunConformance(const std::string& dir, const ConformanceTarget& target);
+std::vector<CaseResult> RunConformance(const std::string& dir, const cpu::Backend& backend);
 
 // One line: "FAIL pipeline/...: codes differs at [row 3, column 17] (...): expected 2, got 1".
 std::string DescribeResult(const CaseResult& result);
 
-// The source tree's conformance/vectors (compiled in), the default of `kvq conform`.
+// The default vectors folder of `kvq conform` (no path is compiled in): the first folder holding
+// manifest.json of (1) vectors/ beside the running executable (/proc/self/exe; the build puts
+// a link to conformance/vectors beside kvq), (2) ../share/kvq/vectors from it (an installed
+// kvq), (3) $KVQ_VECTORS_DIR. Throws kvq::Error(kIoError) naming every place it looked and
+// what it found there.
 std::string DefaultVectorsDir();
 
 }  // namespace kvq::conformance

@@ -1,16 +1,20 @@
-// The OSCAR paged KV cache of the CPU oracle (spec/cache.md): per sequence a BF16 sink of S0
-// tokens, an INT-b history in fixed-size pages drawn from one pool shared by all sequences,
-// and a BF16 ring of the W most recent tokens. The layout is the one the CUDA path mirrors, so
-// every piece of raw storage is exposed for uploads and bitwise comparisons.
+// The paged KV cache of the CPU oracle (spec/cache.md): per sequence a BF16 sink of S0
+// tokens, a history in fixed-size pages drawn from one pool shared by all sequences, and a
+// BF16 ring of the most recent tokens. The layout is the one the CUDA path mirrors, so every
+// piece of raw storage is exposed for uploads and bitwise comparisons.
 //
-// Logical positions of a sequence of length t:
-//   sink [0, min(S0, t)) | history [S0, t - W) when t - W > S0 | recent [max(S0, t - W), t).
-// Appending token t demotes position t - W into the history when t - W >= S0. History codes
-// are a pure function of (original bf16 row, R, rho, G, b), so a token's history bits do not
-// depend on whether it was written by Prefill or demoted by Append.
+// Logical positions of a sequence of length t (CacheParams::HistoryTokens, F = flush):
+//   sink [0, min(S0, t)) | history [S0, S0 + H(t)) | recent [min(t, S0 + H(t)), t),
+//   H(t) = F * floor(max(0, t - S0 - W) / F).
+// Appending tokens demotes the positions that enter the history; their codes are a pure
+// function of (original bf16 rows, R, rho, the format's parameters), so a token's history bits
+// do not depend on whether it was written by Prefill or demoted by Append.
 //
-// A bf16 cache (CacheParams::quantized == false) keeps every token as a bf16 row, allocates no
-// page and goes through the same API.
+// The history pool is one byte array per plane of the format (LayoutOf(key) / LayoutOf(value),
+// kvq/common/formats.inc): plane i of page pg holds [Hkv, RowsPerPage(i), row_bytes(i)].
+//
+// A bf16 cache (key.format == value.format == bf16) keeps every token as a bf16 row, allocates
+// no page and goes through the same API.
 #pragma once
 
 #include <cstddef>
@@ -32,8 +36,8 @@ struct CacheBytes {
   size_t sink = 0;                        // bf16 sink rows in use
   size_t recent = 0;                      // bf16 recent rows in use (bf16 cache: every row
                                           // after the sink)
-  size_t history_codes = 0;               // packed codes of the history rows in use
-  size_t history_metadata = 0;            // bf16 (scale, min) pairs of the history rows in use
+  size_t history_codes = 0;               // code planes of the history rows in use
+  size_t history_metadata = 0;            // metadata planes (scales, mins, ...) in use
   size_t history_codes_allocated = 0;     // packed codes of the whole pages allocated
   size_t history_metadata_allocated = 0;  // metadata of the whole pages allocated
   size_t elements = 0;                    // 2 * t * Hkv * d: the K and V values represented
@@ -47,14 +51,6 @@ struct CacheBytes {
   double bits_per_element_allocated() const;
 };
 
-// Pointers to one quantized history row (one token, one KV head): codes [d*b/8] packed as the
-// spec says, scale and min [d/G] bf16 bits.
-struct HistoryRowRef {
-  const uint8_t* codes = nullptr;
-  const uint16_t* scale = nullptr;
-  const uint16_t* min = nullptr;
-};
-
 class PagedKVCache {
  public:
   // params: validated here (throws kvq::Error(kInvalidArgument) naming the bad value).
@@ -64,7 +60,7 @@ class PagedKVCache {
   //   empty means every head uses the ratio of the write params.
   // write_backend: runs the write path (rotate -> clip -> quantize -> pack) for demotions and
   //   prefill; every backend gives the same bits. Must outlive the cache (Backends() entries do).
-  // A bf16 cache (params.quantized == false) ignores rotations and clip ratios (and W).
+  // A bf16 cache ignores rotations and clip ratios (and the windows).
   PagedKVCache(const CacheParams& params, std::vector<float> rotation_k,
                std::vector<float> rotation_v, std::vector<float> clip_k = {},
                std::vector<float> clip_v = {}, const Backend& write_backend = BestBackend());
@@ -94,8 +90,8 @@ class PagedKVCache {
   std::vector<int> SequenceIds() const;  // ascending
   size_t Length(int seq) const;          // t
   size_t SinkLength(int seq) const;      // min(S0, t) (bf16 cache: the same)
-  size_t HistoryLength(int seq) const;   // max(0, t - W - S0); 0 for a bf16 cache
-  size_t RecentBegin(int seq) const;     // first recent position: max(S0, t - W) (bf16: S0)
+  size_t HistoryLength(int seq) const;   // H(t); 0 for a bf16 cache
+  size_t RecentBegin(int seq) const;     // first recent position: min(t, S0 + H(t))
   // Whether `position` (< t) is held as a bf16 row (sink, recent, or any row of a bf16 cache).
   bool IsBf16Position(int seq, size_t position) const;
 
@@ -103,7 +99,7 @@ class PagedKVCache {
   // bf16 row [Hkv, d] of a position held in bf16 (throws kInvalidArgument otherwise).
   const uint16_t* Bf16Row(int seq, size_t position, KV kv) const;
   // Quantized cache: sink bf16 [S0, Hkv, d] (rows >= SinkLength unused, zero) and recent ring
-  // bf16 [W, Hkv, d] (position p at slot p % W). Null for a bf16 cache.
+  // bf16 [W + F - 1, Hkv, d] (position p at slot p % (W + F - 1)). Null for a bf16 cache.
   const uint16_t* SinkRows(int seq, KV kv) const;
   const uint16_t* RecentRing(int seq, KV kv) const;
   // bf16 cache: every row, [t, Hkv, d]. Null for a quantized cache.
@@ -115,17 +111,17 @@ class PagedKVCache {
   // Append). Pages never handed out, and slots not in use, are zero.
   int NumPages() const { return num_pages_; }         // pages the pool has ever created
   int NumFreePages() const { return static_cast<int>(free_pages_.size()); }
-  // Whole pool, page-major: codes u8 [NumPages, Hkv, P, d*b/8]; scale, min bf16
-  // [NumPages, Hkv, P, d/G] (b, G of the key or value params).
-  const uint8_t* PoolCodes(KV kv) const { return codes_[Index(kv)].data(); }
-  const uint16_t* PoolScale(KV kv) const { return scale_[Index(kv)].data(); }
-  const uint16_t* PoolMin(KV kv) const { return min_[Index(kv)].data(); }
-  size_t PageCodeBytes(KV kv) const;      // Hkv * P * d*b/8
-  size_t PageMetadataCount(KV kv) const;  // Hkv * P * d/G (elements of scale, and of min)
+  // What a history row of K or of V stores (LayoutOf of the key / value write params).
+  const FormatLayout& Layout(KV kv) const { return layout_[Index(kv)]; }
+  // Plane `plane` of the whole pool, page-major: [NumPages, Hkv, RowsPerPage, row_bytes].
+  const uint8_t* PoolPlane(KV kv, int plane) const { return pool_[Index(kv)][plane].data(); }
+  // Bytes of one page of that plane (FormatLayout::PageBytes).
+  size_t PagePlaneBytes(KV kv, int plane) const;
 
-  // History token i (0 <= i < HistoryLength) of KV head `head`.
-  HistoryRowRef HistoryRow(int seq, size_t i, int head, KV kv) const;
-  // Its dequantized row in the rotated space, fp32 [d]: y = q * scale + min.
+  // The planes of history token i (0 <= i < HistoryLength) of KV head `head`: pointers at its
+  // row (at its tile's row for a tile plane).
+  HistoryRunView HistoryRow(int seq, size_t i, int head, KV kv) const;
+  // Its decoded row in the rotated space, fp32 [d] (affine_token: y = q * scale + min).
   void DequantizedHistoryRow(int seq, size_t i, int head, KV kv, float* out) const;
   // All history rows of `head` dequantized, fp32 [HistoryLength, d] (rotated space).
   std::vector<float> DequantizedHistory(int seq, int head, KV kv) const;
@@ -147,7 +143,7 @@ class PagedKVCache {
   struct Sequence {
     size_t length = 0;
     std::vector<uint16_t> sink[2];    // [S0, Hkv, d]
-    std::vector<uint16_t> recent[2];  // [W, Hkv, d] ring
+    std::vector<uint16_t> recent[2];  // [W + F - 1, Hkv, d] ring
     std::vector<uint16_t> dense[2];   // bf16 cache: [t, Hkv, d]
     std::vector<int32_t> page_table;
   };
@@ -171,9 +167,8 @@ class PagedKVCache {
 
   int num_pages_ = 0;
   std::vector<int32_t> free_pages_;  // a stack: the most recently freed page is reused first
-  std::vector<uint8_t> codes_[2];    // [num_pages, Hkv, P, d*b/8]
-  std::vector<uint16_t> scale_[2];   // [num_pages, Hkv, P, d/G]
-  std::vector<uint16_t> min_[2];     // [num_pages, Hkv, P, d/G]
+  FormatLayout layout_[2];
+  std::vector<uint8_t> pool_[2][kMaxPlanes];  // per plane: [num_pages, Hkv, rows, row_bytes]
 };
 
 }  // namespace kvq::cpu

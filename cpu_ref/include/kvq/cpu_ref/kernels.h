@@ -1,46 +1,44 @@
-// The named stages of the write path, as a table of function pointers. Every implementation
-// (the scalar executable spec, each compiled Highway target, and the CUDA path through host
-// wrappers) fills one table; tests and benchmarks expand the list returned by Backends().
+// The backend list: every implementation of kvq's kernels fills one Backend, and tests,
+// benchmarks and the conformance runner expand the list (Backends(); with the CUDA adapter,
+// conformance's AllBackends()).
 //
-// All buffers are row-major, n rows of d = p.head_dim channels, and must not alias unless a
-// stage says "in place". Stages assume validated inputs (WriteParams::Validate(), finite rows);
-// the validating entry points live in write_path.h.
+// A Backend holds
+//  - WriteKernels: one function pointer per write-path stage, generated from
+//    kvq/common/stages.inc (the transforms, then each format's codec stages). All buffers are
+//    row-major, n rows of d = p.head_dim channels, and must not alias unless the stage is
+//    in place; stages assume validated inputs (WriteParams::Validate(), finite rows). The
+//    validating entry points live in write_path.h; the shapes are in stages.inc.
+//  - AttentionKernels: the per-run updates the CPU decode driver (attention.h) calls.
+//  - attend: a whole decode step over a cache, the slot the conformance runner calls (the CPU
+//    entries run cpu::AttendBatch with their own tables; the CUDA entry uploads the cache and
+//    runs the GPU step).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
+#include "kvq/common/stages.h"
 
 namespace kvq::cpu {
 
+class PagedKVCache;
+
 struct WriteKernels {
-  // y[r][j] = sum_i x[r][i] * R[i][j], i ascending from +0.0f, each product and sum rounded
-  // to fp32 separately. x [n, d], R [d, d], y [n, d].
-  void (*rotate_dense)(const float* x, const float* r, float* y, size_t n, const WriteParams& p);
-  // In place: normalised FWHT on each contiguous block of p.fwht_block() channels; butterfly
-  // strides 1, 2, ..., block/2, then one multiply by fp32(1/sqrt(block)). x [n, d].
-  void (*fwht)(float* x, size_t n, const WriteParams& p);
-  // y[r][j] = x[r][bitrev(j)] over log2(d) bits. x, y [n, d].
-  void (*bitrev)(const float* x, float* y, size_t n, const WriteParams& p);
-  // In place: tau[r] = the order statistic of |x[r][:]| at min(floor(rho*d), d-1) (ascending),
-  // then x <- (x > tau) ? tau : (x < -tau) ? -tau : x. x [n, d], tau [n].
-  void (*clip)(float* x, float* tau, size_t n, const WriteParams& p);
-  // Asymmetric per-group quantizer with bf16 metadata. x [n, d] -> codes [n, d] (values in
-  // [0, 2^b - 1], one per byte), scale and min [n, d/G] as bf16 bits.
-  void (*quantize)(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-                   const WriteParams& p);
-  // codes [n, d] -> packed [n, d*b/8] (INT2 split-quarter, INT4 split-half).
-  void (*pack)(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p);
-  // packed [n, d*b/8] -> codes [n, d].
-  void (*unpack)(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p);
-  // y = q * scale + min per group (the product is exact, so fused or not gives the same bits).
-  // codes [n, d], scale and min [n, d/G] bf16 bits, y [n, d].
-  void (*dequantize)(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
-                     size_t n, const WriteParams& p);
+#define KVQ_STAGE(name, Name, family, params, args) void(*name) params = nullptr;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
 };
+
+// Calls stage `id` of `k` with its pointer arguments in args[] (in stages.inc order).
+void RunStage(const WriteKernels& k, StageId id, void* const* args, size_t n,
+              const WriteParams& p);
+// Whether `k` implements stage `id`.
+bool HasStage(const WriteKernels& k, StageId id);
 
 // Decode attention over one KV head's rows for the g query heads that read it (GQA), as an
 // online-softmax update of a running state: m [g] (max logit so far, -inf when empty), l [g]
@@ -54,12 +52,14 @@ struct Bf16RowsView {
   size_t stride = 0;
 };
 
-// n quantized rows stored contiguously (one page run of one KV head): codes [n, d*b/8] in the
-// spec packing, scale and min [n, d/G] bf16 bits.
-struct QuantizedRowsView {
-  const uint8_t* codes = nullptr;
-  const uint16_t* scale = nullptr;
-  const uint16_t* min = nullptr;
+// n consecutive history rows of one KV head (one page run), stored in the format of their
+// WriteParams: plane[i] points at the run's first row of plane i of LayoutOf(p) (rows of one
+// plane are contiguous within a page; see cache.h). For a tile plane that is the row of the tile
+// holding the run's first token, which is `tile_offset` tokens into its tile (0 for a run that
+// starts a page: pages start on tile boundaries).
+struct HistoryRunView {
+  const uint8_t* plane[kMaxPlanes] = {};
+  int tile_offset = 0;
 };
 
 struct AttentionKernels {
@@ -68,23 +68,31 @@ struct AttentionKernels {
                       int d, float scale, float* scratch, float* m, float* l,
                       float* acc) = nullptr;
   // q_rot [g, d] fp32, already rotated by the key write path (x·R_K, then P_br); k, v: n
-  // quantized rows dequantized as y = q * scale + min with kp / vp (bits, group, head_dim);
-  // acc accumulates in the rotated value space. scratch >= g * n floats.
-  void (*history_update)(const float* q_rot, size_t g, QuantizedRowsView k,
-                         QuantizedRowsView v, size_t n, const WriteParams& kp,
-                         const WriteParams& vp, float scale, float* scratch, float* m,
-                         float* l, float* acc) = nullptr;
+  // history rows decoded by the codec of kp.format / vp.format (affine_token:
+  // y = q * scale + min; affine_tile: the same with the tile's per-channel (scale, min), times
+  // n^ with a norm); acc accumulates in the rotated value space. scratch >= g * n floats.
+  void (*history_update)(const float* q_rot, size_t g, HistoryRunView k, HistoryRunView v,
+                         size_t n, const WriteParams& kp, const WriteParams& vp, float scale,
+                         float* scratch, float* m, float* l, float* acc) = nullptr;
 };
 
+enum class Device : int { kCpu, kCuda };
+
 struct Backend {
-  std::string name;      // "scalar", "hwy_avx3", "hwy_avx2", "hwy_sse4", "hwy_scalar", ...
-  int64_t hwy_target;    // Highway target bit, 0 for the scalar reference
+  std::string name;      // "scalar", "hwy_avx3", ..., "cuda"
+  Device device = Device::kCpu;
+  int64_t hwy_target = 0;  // Highway target bit, 0 for the scalar reference and CUDA
   WriteKernels write;
-  AttentionKernels attention;  // decode attention (attention.h)
+  AttentionKernels attention;  // CPU decode-attention kernels (null for CUDA)
+  // A whole decode step: out [B, Hq, d] = attention of q [B, Hq, d] over sequences seqs [B]
+  // of `cache`. Throws kvq::Error as cpu::AttendBatch does.
+  std::function<void(const PagedKVCache& cache, const std::vector<int>& seqs, const float* q,
+                     float* out)>
+      attend;
 };
 
 // Scalar reference first, then every Highway target compiled in and supported by this CPU,
-// best first. The list that tests and benchmarks expand.
+// best first. The list that the CPU tests and benchmarks expand.
 const std::vector<Backend>& Backends();
 const Backend& ScalarBackend();
 // The best Highway target of this CPU: what production callers use (dynamic dispatch).

@@ -1,27 +1,39 @@
 // Validating entry points of the write path: what the CLI, the cache and calibration call.
 // They check parameters, shapes and finiteness, then run the named stages of a Backend in the
-// spec's order: rotate (dense or FWHT) -> bit reversal -> clip -> quantize -> pack.
+// spec's order: the transforms (rotate (dense or FWHT) -> bit reversal -> clip), then the codec
+// of the format (affine_token: quantize -> pack; affine_tile: quantize_tile -> pack_tile), with
+// the norm between the rotation and the clip when the parameters ask for it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "kvq/common/params.h"
+#include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/kernels.h"
 
 namespace kvq::cpu {
 
-// Everything the write path produces for n rows, kept stage by stage.
+// Everything the write path of a quantized format produces for n rows, kept stage by stage.
 struct QuantizedRows {
   size_t rows = 0;
-  std::vector<float> rotated;       // [n, d]  x·R (then P_br), before the clip
+  std::vector<float> rotated;       // [n, d]  x·R (then P_br), before the norm and the clip
+  std::vector<uint16_t> norm;       // [n]     bf16 n^ of the row's span (p.norm; else empty)
+  std::vector<float> normalized;    // [n, d]  rotated / n^ (p.norm; else empty)
   std::vector<float> tau;           // [n]     clip threshold per row
   std::vector<uint8_t> codes;       // [n, d]  code values, one per byte
-  std::vector<uint8_t> packed;      // [n, d*b/8] spec packing
-  std::vector<uint16_t> scale;      // [n, d/G] bf16 bits
-  std::vector<uint16_t> min;        // [n, d/G] bf16 bits
-  std::vector<float> dequantized;   // [n, d]  in the rotated space
+  std::vector<uint8_t> packed;      // affine_token [n, d*b/8]; affine_tile [n/G_k, d, G_k*b/8]
+  std::vector<uint16_t> scale;      // bf16 bits: affine_token [n, d/G]; affine_tile [n/G_k, d]
+  std::vector<uint16_t> min;        // as scale
+  std::vector<float> dequantized;   // [n, d]  in the rotated space (times n^ with a norm)
+
+  // The fields p's write path produces, as named tensors in write-path order ("rotated",
+  // "norm", "normalized", "tau", "scale", "min", "codes", "packed", "dequantized"; the norm
+  // fields only with p.norm) with their shapes: what golden vectors and tests compare.
+  std::vector<std::pair<std::string, Tensor>> Tensors(const WriteParams& p) const;
 };
 
 // y [n, d] = x [n, d] rotated as p says (identity, dense `rotation` [d, d], or FWHT), then
@@ -35,9 +47,50 @@ void Rotate(const Backend& backend, const WriteParams& p, const float* rotation,
 void RotateInverse(const Backend& backend, const WriteParams& p, const float* rotation,
                    const float* x, float* y, size_t n);
 
-// The whole write path for n rows of x [n, d]. Throws kvq::Error on invalid p, non-finite
-// input, or a rotated magnitude above kMaxRotatedAbs (kNonFinite, naming row and value).
+// The stored planes of n rows: plane i of LayoutOf(p), row after row (n rows of a token plane,
+// n / tile_tokens of a tile plane), exactly the bytes a history page holds.
+struct EncodedRows {
+  size_t rows = 0;
+  std::vector<uint8_t> plane[kMaxPlanes];
+};
+
+// The write path for n rows of x [n, d] in p's format, as the cache stores them (affine_token:
+// the packed codes, scale and min of QuantizeRows; affine_tile: the packed tiles, their scale
+// and min, and the norms; bf16: x rounded to bf16, RNE). Throws as QuantizeRows does; a tile
+// format needs n to be a multiple of its tile (kInvalidArgument).
+EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                       const float* x, size_t n);
+
+// The same for n tokens of H KV heads at once, x [n, H, d] (a token's rows laid end to end,
+// as the cache receives them), with head h's params[h] and rotations[h] (null unless dense).
+// The heads share the format, d and the norm; a token-scope norm (norm_heads == H > 1) is one
+// norm over each token's H rotated rows, so it needs them all. Returns one EncodedRows per head
+// (a shared plane holds the same bytes in each).
+std::vector<EncodedRows> EncodeTokens(const Backend& backend,
+                                      const std::vector<WriteParams>& params,
+                                      const std::vector<const float*>& rotations,
+                                      const float* x, size_t n);
+
+// The inverse of the codec (not of the rotation): n stored rows -> y [n, d] fp32 in the rotated
+// space (affine_token: q * scale + min; affine_tile: q * scale + min of the token's tile, times
+// n^ with a norm; bf16: exact widening). rows.plane[i] points at the first row of plane i
+// (tile planes: the tile holding the first token, rows.tile_offset tokens into it). Assumes
+// rows that EncodeRows produced (no validation).
+void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                size_t n, float* y);
+
+// The whole write path of a quantized format (affine_token, affine_tile) for n rows of
+// x [n, d], every stage's output kept: rotate -> P_br -> norm -> clip -> the codec. Throws
+// kvq::Error on invalid p, non-finite input, a rotated magnitude above kMaxRotatedAbs
+// (kNonFinite, naming row and value), a norm that overflows (kNonFinite), n not a multiple of
+// the tile, a bf16 format or a norm spanning several KV heads (kInvalidArgument: QuantizeTokens).
 QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const float* rotation,
                            const float* x, size_t n);
+
+// The same for n tokens of H KV heads, x [n, H, d] (see EncodeTokens); one result per head.
+std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
+                                          const std::vector<WriteParams>& params,
+                                          const std::vector<const float*>& rotations,
+                                          const float* x, size_t n);
 
 }  // namespace kvq::cpu

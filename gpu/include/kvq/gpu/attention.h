@@ -7,8 +7,8 @@
 // (q~ = q·R_K then P_br, the write path's rotation rule bit for bit), history logits are
 // q~·x^, history values accumulate in the rotated space and are mapped back once per head by
 // RotateInverse of the value params (dense R_V^T, FWHT, bit reversal, identity).
-// bf16 cache (CacheParams::quantized == false): every token [0, t) is a bf16 row in the pages
-// (page pg holds bf16 [Hkv, P, d] for K and for V); no windows, no rotation.
+// bf16 cache (key.format == value.format == bf16): every token [0, t) is a bf16 row in the
+// pages (page pg holds bf16 [Hkv, P, d] for K and for V); no windows, no rotation.
 //
 // Accuracy (reduction order is free): per query head,
 // max_j |out - ref| / max_j |ref| <= kGpuAttentionTolerance against the fp64 reference over the
@@ -17,9 +17,19 @@
 // term is the fp32 cancellation of the codes' +128 bias in QK^T of the history (~1e-4 of the
 // output at most): see gpu/tests/attention_test.cu.
 //
-// Unsupported here (kvq::Error kUnsupported naming the value): key.bits != value.bits, a group
-// G smaller than d*b/8 (d = 128: INT4 with G = 32; d = 256: INT2 with G = 32, INT4 with
-// G < 128), g = Hq/Hkv above 8 that is not a multiple of 8.
+// Spec 1.1: affine_tile keys (KIVI / OScaR: per-channel scale and min over tiles of G_k
+// tokens, an optional norm per token) over per-token values of the same width; the flush F
+// (the recent ring holds W + F - 1 slots), W = 0 and S0 = 0 (no window blocks at all when
+// S0 + W + F - 1 = 0), G = d. A tile's scales are folded into the query (spec/cache.md §5.1:
+// a = q~ o s^, c = q~ . m^, logits x n^) and the codes enter the tensor cores as exact
+// integers against a.
+//
+// Unsupported here (kvq::Error kUnsupported naming the value): a format (and bits) the kernels
+// have no history kind for (attention::HistoryFormatOf), K and V kinds the kernels do not pair
+// (attention::StepKindOf: e.g. key.bits != value.bits, tiled values), a group G smaller than
+// d*b/8 (d = 128: INT4 with G = 32; d = 256: INT2 with G = 32, INT4 with G < 128), G = d = 256,
+// a key tile G_k * b / 8 other than 8 or 16 bytes a channel (G_k = 128; INT4 with G_k = 64),
+// g = Hq/Hkv above 8 that is not a multiple of 8.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,30 +37,31 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
+#include "kvq/gpu/attention_launch.h"
 
 namespace kvq::gpu {
+
+using attention::QuantLoop;
 
 inline constexpr double kGpuAttentionTolerance = 1e-3;
 
 // Device pointers of one decode step. Pools follow spec/cache.md §4 (and kvq::gpu::PagePool):
-// codes u8 [num_pages, Hkv, P, d*b/8], scale / min bf16 [num_pages, Hkv, P, d/G]; a bf16 cache
-// passes bf16 rows [num_pages, Hkv, P, d] as `*_codes` and null scale / min. All pool and
-// window pointers 16-byte aligned.
+// plane i of LayoutOf(c.key) / LayoutOf(c.value) at key_planes[i] / value_planes[i],
+// [num_pages, Hkv, RowsPerPage(i), row_bytes(i)] (affine_token: codes u8 [.., P, d*b/8],
+// scale / min bf16 [.., P, d/G]; bf16 cache: rows bf16 [.., P, d]). All pool and window
+// pointers 16-byte aligned.
 struct DecodeAttentionInputs {
   int batch = 0;                         // B >= 1
   int max_seq_len = 0;                   // host-side bound on every seq_lens[b]; sizes the grid
   const int32_t* seq_lens = nullptr;     // [B] t >= 1 (t < 1 or t > max_seq_len -> NaN output)
   const int32_t* page_tables = nullptr;  // [B, max_pages]: history token i of sequence b in
   int max_pages = 0;                     //   page page_tables[b*max_pages + i/P], slot i % P
-  const uint8_t* key_codes = nullptr;
-  const uint16_t* key_scale = nullptr;
-  const uint16_t* key_min = nullptr;
-  const uint8_t* value_codes = nullptr;
-  const uint16_t* value_scale = nullptr;
-  const uint16_t* value_min = nullptr;
+  const uint8_t* key_planes[kMaxPlanes] = {};
+  const uint8_t* value_planes[kMaxPlanes] = {};
   // Quantized cache: bf16 windows, batched as kvq::gpu::Windows: sink [B, S0, Hkv, d],
-  // recent ring [B, W, Hkv, d] (position p at slot p % W). Ignored for a bf16 cache.
+  // recent ring [B, W + F - 1, Hkv, d] (position p at slot p % (W + F - 1)). Ignored for a bf16 cache.
   const uint16_t* sink_key = nullptr;
   const uint16_t* sink_value = nullptr;
   const uint16_t* recent_key = nullptr;
@@ -73,24 +84,20 @@ struct DecodeAttentionPlan {
   // Multiple of 64: 64 while the window blocks fit one wave of resident decode blocks, else
   // longer (the fewest splits that fit, at least one of the whole window).
   int window_tokens_per_split = 0;
-  // Quantized history: 16-token chunks each warp of the decode kernel takes per loop step, 1 or
-  // 2 (2: two chunks side by side per warp; measured 2-7% slower on H100, kept as a knob).
-  int chunks_per_warp = 1;
-  // Quantized history with at most 4 query heads per block (g <= 4): the bf16 hi and lo parts
-  // of the query (QK^T) and of p * scale (PV) ride in the two halves of the MMA's N = 8 columns
-  // (heads h and h + 4), so each product is one MMA instead of two. false: the two-MMA loop.
-  bool pack_hi_lo = false;
-  // Quantized history: QK^T finished once per quantization group (the group size a
-  // compile-time value: one accumulator and one scale / min epilogue per group, a row's scales
-  // and mins one load each) instead of once per code field (false: the per-field epilogue,
-  // kept as a knob). The plan's choice for quantized caches. Needs chunks_per_warp == 1.
-  bool group_epilogue = false;
-  // Quantized history with at most 4 query heads per block: QK^T on the int8 tensor cores
-  // (mma m16n8k32 u8 x s8): the codes enter as bytes masked out of the packed words, the query
-  // as two int8 digits of Q = round(q~ / sq) (|Q| <= 32512, sq = max|q~| / 32512 per head), the
-  // sums are exact int32. The plan's choice where it applies; it takes precedence over the three
-  // knobs above (its loop has the group epilogue and one chunk per warp step).
-  bool int8_qk = false;
+  // The quantized history's loop, chosen here once (the launcher and the kernel obey it; a
+  // bf16 cache ignores it). Every loop finishes QK^T once per quantization group (the group
+  // size a compile-time value: one accumulator and one scale / min epilogue per group, 16%
+  // fewer instructions and 8-17% faster than once per code field on the H100) and takes one
+  // 16-token chunk per warp and loop step (two side by side measured 2-7% slower on the H100).
+  //  - kInt8Qk, at most 4 query heads per block (g <= 4): QK^T on the int8 tensor cores
+  //    (mma m16n8k32 u8 x s8): the codes enter as bytes masked out of the packed words, the
+  //    query as two int8 digits of Q = round(q~ / sq) (|Q| <= 32512, sq = max|q~| / 32512 per
+  //    head), the sums are exact int32. The plan's choice where it applies.
+  //  - kPacked, g <= 4 without int8 (allow_int8_qk = false): bf16 MMAs with the hi and lo parts
+  //    of the query (QK^T) and of p * scale (PV) in the two halves of the MMA's N = 8 columns
+  //    (heads h and h + 4), so each product is one MMA instead of two.
+  //  - kTwoMma, g > 4: bf16 MMAs, hi and lo parts in two MMAs.
+  QuantLoop quant_loop = QuantLoop::kTwoMma;
   // Query heads per block of the step's two small kernels, the query rotation and the merge:
   // 1 while the step has at most 2 query heads per multiprocessor (the lowest latency: the
   // rotation stands between the step's start and the history blocks' first logits, the merge
@@ -105,7 +112,8 @@ struct DecodeAttentionPlan {
 // (attention::ResidentDecodeBlocksPerSm: 4 per SM, 2 at d = 256), the fewest waves with splits
 // of at most 8192 tokens, and window splits as DecodeAttentionPlan says; bf16 cache: about 8
 // blocks per SM over the grid (num_sms <= 0: ask the current device). allow_int8_qk = false
-// plans for the bf16 QK loops (a baseline). Throws kvq::Error like DecodeAttention.
+// plans for the bf16 QK loops (a baseline: kPacked at g <= 4). Throws kvq::Error like
+// DecodeAttention.
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms = 0, bool allow_int8_qk = true);
 

@@ -31,11 +31,21 @@
 
 #include <cstdint>
 
+#include "kvq/common/format.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
+
 namespace kvq::gpu::attention {
 
-// Storage of the history pages. kInt2 / kInt4: codes + bf16 (scale, min) per group;
-// kBf16: the bf16 baseline cache, every token a bf16 row in the pages (no sink / recent).
-enum class HistoryFormat : int { kInt2 = 2, kInt4 = 4, kBf16 = 16 };
+// The history kinds (HistoryFormat, HistoryFormatOf) are in kvq/gpu/formats.h.
+
+// The loops of a quantized history's decode blocks, a kernel instantiation each. The planner
+// (PlanDecodeAttention) picks one per step; the launcher and the kernel obey it.
+enum class QuantLoop : int {
+  kTwoMma = 0,  // bf16 MMAs, the hi and lo parts of the query and of p * scale in two MMAs
+  kPacked = 1,  // bf16 MMAs, hi and lo in the column halves h and h + 4 (heads per block <= 4)
+  kInt8Qk = 2,  // QK^T on the int8 tensor cores (heads per block <= 4)
+};
 
 // Tokens per pipeline stage of the decode kernel (4 warps x 16 tokens); split lengths are
 // multiples of it.
@@ -61,13 +71,17 @@ struct DecodeKernelParams {
   int heads_per_block = 1;   // min(g, 8); g % heads_per_block == 0
   int head_chunks = 1;       // g / heads_per_block
 
-  // Cache geometry. A quantized cache: sink [0, min(S0,t)), history [S0, t-W), recent
-  // [max(S0, t-W), t). A bf16 cache (format kBf16): every token [0, t) is a paged row.
+  // Cache geometry (spec/cache.md §2). A quantized cache: sink [0, min(S0, t)), history
+  // [S0, S0 + H(t)) with H(t) = F * floor(max(0, t - S0 - W) / F), recent [S0 + H(t), t) in a
+  // ring of W + F - 1 slots. A bf16 cache (format kBf16): every token [0, t) is a paged row.
   int sink = 0;
-  int recent = 1;
+  int recent = 1;            // W >= 0
+  int flush = 1;             // F >= 1
+  int ring_slots = 1;        // W + F - 1 (position p at slot p % ring_slots)
   int page_size_log2 = 6;
-  int key_group = 64;        // G of K and of V (quantized formats)
+  int key_group = 64;        // G of K (affine_token: channels; affine_tile: G_k tokens) and of V
   int value_group = 64;
+  bool key_norm = false;     // tile keys: the norm plane (kTileNormPlane) multiplies the logits
 
   // Work partition: history split z covers history tokens [z*T, (z+1)*T), T =
   // hist_tokens_per_split (a multiple of kTileTokens); window split w covers window tokens
@@ -78,19 +92,9 @@ struct DecodeKernelParams {
   int window_splits = 0;
   int window_tokens_per_split = kTileTokens;
 
-  // Quantized history: 16-token chunks a warp takes per loop step (1 or 2; see QuantSplit).
-  int chunks_per_warp = 1;
-  // Quantized history, heads_per_block <= 4: hi / lo parts in MMA columns h / h + 4 (one MMA
-  // per product; see DecodeAttentionPlan::pack_hi_lo).
-  bool pack_hi_lo = false;
-  // Quantized history: QK^T finished once per quantization group with G as a compile-time
-  // value (chunks_per_warp must be 1); false: once per code field.
-  bool group_epilogue = false;
-  // Quantized history, heads_per_block <= 4: QK^T on the int8 tensor cores (codes as u8, the
-  // query as two int8 digits; see DecodeAttentionPlan::int8_qk). Takes precedence over
-  // pack_hi_lo, chunks_per_warp and group_epilogue (it has one loop shape: the group epilogue,
-  // one chunk per warp step).
-  bool int8_qk = false;
+  // Quantized history: the loop (DecodeAttentionPlan::quant_loop), which selects the kernel
+  // instantiation; kTwoMma for a bf16 cache.
+  QuantLoop quant_loop = QuantLoop::kTwoMma;
 
   float logit_scale_log2 = 0.0f;  // softmax scale * log2(e): logits in the exp2 domain
   uint32_t code_bias = 0x43004300u;  // two bf16 128.0: codes enter the MMA as 128 + q
@@ -103,25 +107,25 @@ struct DecodeKernelParams {
   const float* q_rot = nullptr;  // [B, Hq, d] fp32, q·R_K (then P_br) (quantized history)
 
   // bf16 windows in the batched layout of the write path (kvq::gpu::Windows): sink
-  // [B, S0, Hkv, d], recent ring [B, W, Hkv, d] (position p of sequence b at slot p % W).
+  // [B, S0, Hkv, d], recent ring [B, W + F - 1, Hkv, d] (position p of sequence b at slot
+  // p % (W + F - 1)).
   const uint16_t* sink_k = nullptr;
   const uint16_t* sink_v = nullptr;
   const uint16_t* recent_k = nullptr;
   const uint16_t* recent_v = nullptr;
 
-  // History pools. Page pg of K codes starts at k_codes + pg * k_codes_page_stride (bytes) and
-  // holds [Hkv, P, row] (row = d*b/8 code bytes, or d bf16 for kBf16); scale / min of page pg
-  // start at k_scale / k_min + pg * k_meta_page_stride bytes and hold bf16 [Hkv, P, d/G].
-  const uint8_t* k_codes = nullptr;
-  const uint8_t* v_codes = nullptr;
-  const uint16_t* k_scale = nullptr;
-  const uint16_t* k_min = nullptr;
-  const uint16_t* v_scale = nullptr;
-  const uint16_t* v_min = nullptr;
-  int64_t k_codes_page_stride = 0;
-  int64_t v_codes_page_stride = 0;
-  int64_t k_meta_page_stride = 0;
-  int64_t v_meta_page_stride = 0;
+  // History pools, one per plane of LayoutOf(key) / LayoutOf(value) (kvq/gpu/formats.h says
+  // where the kernels find each: affine_token codes, scale, min; bf16 rows). Page pg of plane i
+  // starts at k_planes[i] + pg * k_page_stride[i] bytes (FormatLayout::PageBytes(i, P, Hkv))
+  // and holds [Hkv, P, row_bytes(i)].
+  // Inside a page, KV head kvh's rows of plane i start kvh * k_head_stride[i] bytes in
+  // (RowsPerPage(i) * row_bytes(i); 0 for a plane shared by the KV heads).
+  const uint8_t* k_planes[kMaxPlanes] = {};
+  const uint8_t* v_planes[kMaxPlanes] = {};
+  int64_t k_page_stride[kMaxPlanes] = {};
+  int64_t v_page_stride[kMaxPlanes] = {};
+  int64_t k_head_stride[kMaxPlanes] = {};
+  int64_t v_head_stride[kMaxPlanes] = {};
 
   // Partials, split s = z of the grid: part_ml [B, Hq, splits, 2] (m in the exp2 domain, l),
   // part_acc [B, Hq, splits, d]. An empty split writes m = -inf, l = 0 and no acc.
@@ -162,11 +166,7 @@ struct RotateQueriesParams {
   // Query heads a block rotates (consecutive heads of one KV head): 1 (the most blocks, the
   // lowest latency) .. MaxAuxHeads(d); q_per_kv % heads_per_block == 0.
   int heads_per_block = 1;
-  int rotation = 0;                 // kvq::RotationKind as int
-  const float* rotations = nullptr; // [Hkv, d, d] (kDense)
-  int fwht_block = 0;
-  float fwht_scale = 0.0f;          // fp32(1/sqrt(fwht_block)) computed in double
-  bool bitrev = false;
+  RotationArgs rotation;            // of the key write path (MakeRotationArgs)
   const float* q = nullptr;         // [B, Hq, d]
   float* q_rot = nullptr;           // [B, Hq, d]
   uint64_t* timeline = nullptr;     // profiling, as DecodeKernelParams::timeline
@@ -183,13 +183,10 @@ struct MergeParams {
   int total_splits = 0;   // then window partials up to total_splits
   int max_seq_len = 0;    // a sequence with t < 1 or t > max_seq_len gets NaN outputs
   const int32_t* seq_lens = nullptr;  // [B]
-  // RotateInverse of the value write path, applied to the history partial (quantized cache).
+  // RotateInverse of the value write path, applied to the history partial (quantized cache):
+  // dense o = y · R_Vᵀ, the FWHT (its own inverse), the bit reversal (an involution).
   bool rotate_history = false;
-  int rotation = 0;                  // kvq::RotationKind as int
-  const float* rotations = nullptr;  // [Hkv, d, d] (kDense): o = y · R_Vᵀ
-  int fwht_block = 0;
-  float fwht_scale = 0.0f;
-  bool bitrev = false;
+  RotationArgs rotation;             // of the value write path (MakeRotationArgs)
   const float* part_ml = nullptr;
   const float* part_acc = nullptr;
   float* out = nullptr;              // [B, Hq, d] fp32

@@ -1,11 +1,10 @@
-// Host-side helpers for code that talks to the CUDA runtime from C++ (CudaBackend's stage
-// wrappers, DeviceCache, the write-path timing, the GPU tests): an owning device allocation with
-// host round trips, and the timing loop with a cold L2. Every CUDA call is checked (kvq::Error).
+// Host-side helper for code that talks to the CUDA runtime from C++ (DeviceCache, the CUDA
+// adapter's stage wrappers, the GPU tests and benchmarks): an owning device allocation with host
+// round trips. Every CUDA call is checked (kvq::Error).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -69,36 +68,5 @@ class DeviceArray {
   T* data_ = nullptr;
   size_t count_ = 0;
 };
-
-// Median time in microseconds of `iters` runs of `step` (which enqueues work on the default
-// stream), CUDA events around each run, `warmup` untimed runs first. When `cold_l2` is set, a
-// buffer twice the L2 size is overwritten before every run.
-template <typename Step>
-double MedianDeviceMicros(Step&& step, int iters, int warmup, bool cold_l2) {
-  KVQ_CHECK(iters >= 1 && warmup >= 0, kInvalidArgument, "iters ", iters, " / warmup ", warmup);
-  int device = 0, l2_bytes = 0;
-  KVQ_CUDA_CHECK(cudaGetDevice(&device));
-  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
-  DeviceArray<unsigned char> flush(cold_l2 ? 2 * static_cast<size_t>(l2_bytes) : 0);
-  cudaEvent_t start, stop;
-  KVQ_CUDA_CHECK(cudaEventCreate(&start));
-  KVQ_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int i = 0; i < warmup + iters; ++i) {
-    if (cold_l2) KVQ_CUDA_CHECK(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes()));
-    KVQ_CUDA_CHECK(cudaEventRecord(start));
-    step();
-    KVQ_CUDA_CHECK(cudaEventRecord(stop));
-    KVQ_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= warmup) times.push_back(ms * 1000.0f);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  KVQ_CUDA_CHECK(cudaGetLastError());
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
-}
 
 }  // namespace kvq::gpu

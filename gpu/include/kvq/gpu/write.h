@@ -1,10 +1,18 @@
-// The CUDA write path (sm_90): the named stages of cpu_ref's WriteKernels on the GPU, and one
-// fused kernel (rotate -> P_br -> clip -> quantize -> pack -> store) for flat rows and for the
-// paged cache of spec/cache.md. Every output bit equals cpu_ref's scalar backend.
+// The CUDA write path (sm_90): the named stages of cpu_ref's WriteKernels on the GPU, and the
+// fused kernels (rotate -> P_br -> [norm] -> clip -> quantize -> pack -> store) for flat rows
+// and for the paged cache of spec/cache.md: one per history format (affine_token: a row at a
+// time; affine_tile: a tile of G_k rows a block). Every output bit equals cpu_ref's scalar
+// backend.
+//
+// The stages are those of kvq/common/stages.inc: their runtime functions, launchers and
+// dispatch below are generated from that list, so a stage added there does not link here until
+// its launcher exists. The fused kernels serve the affine_token and affine_tile formats
+// (kvq/gpu/formats.h); their destinations are the planes of LayoutOf(WriteParams).
 //
 // Three layers, as FlashInfer names them:
 //   (a) `__global__` kernels taking one `__grid_constant__` parameter struct (FusedWriteArgs,
-//       StageArgs below; the kernels live in gpu/src/write_kernels.cu);
+//       StageArgs below; the kernels live in gpu/src/write_fused.cu, write_stages.cu and
+//       write_windows.cu);
 //   (b) launchers templated on HEAD_DIM / GROUP / BITS returning cudaError_t, and Dispatch*
 //       functions mapping runtime values onto them: an unsupported head_dim, group, bits or page
 //       size returns cudaErrorInvalidValue, never a silent no-op;
@@ -22,10 +30,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
+#include "kvq/common/format.h"
 #include "kvq/common/params.h"
-#include "kvq/cpu_ref/kernels.h"
+#include "kvq/common/stages.h"
+#include "kvq/gpu/formats.h"
+#include "kvq/gpu/rotation.h"
 
 namespace kvq::gpu {
 
@@ -34,6 +44,11 @@ inline constexpr int kErrorFlagNonFinite = 1;      // a rotated value is NaN/Inf
 inline constexpr int kErrorFlagBadPage = 2;        // a page id outside [0, num_pages) or a page
                                                    // index past the page table: row skipped
 inline constexpr int kErrorFlagBadLength = 4;      // a negative sequence length: row skipped
+
+// The CUDA norm's span limit: a norm spans at most this many values padded to a power of two
+// (d = 256 over 128 KV heads; the tree runs in 128 KB of shared memory). Larger spans are
+// refused (cudaErrorInvalidValue; the runtime API says kUnsupported).
+inline constexpr int kMaxNormSpan = 32768;
 
 // ----------------------------------------------------------------------------------------------
 // Layer (a): kernel parameter structs.
@@ -49,35 +64,38 @@ enum class WriteMode : int {
   // (before the append), position len - W is demoted when len - W >= S0: its bf16 row is read
   // from the ring x + b*seq_stride + (len % W)*token_stride + h*d and stored at history index
   // i = len - W - S0 through page_table + b*page_table_stride. Other sequences are skipped.
+  // F = 1 and W >= 1 only (kFlush is the general rule).
   kAppend = 2,
+  // Decode-step flush for a batch under the general window rule (spec/cache.md §3: any F and
+  // W >= 0): "token" t is row r = t % F of sequence b = t / F. With len = seq_lengths[b]
+  // (before the append), the positions [S0 + H(len), S0 + H(len + 1)) enter the history, F of
+  // them or none; position p = S0 + H(len) + r (history index H(len) + r) is read from the ring
+  // x + b*seq_stride + (p % ring_slots)*token_stride + h*d when p < len, and from the step's
+  // new rows new_rows + b*token_stride + h*d when p == len (W = 0). The tile write takes one
+  // tile of G_k of those rows a block ("token" t = tile t % (F / G_k) of sequence t / (F / G_k)).
+  kFlush = 3,
 };
 
 struct FusedWriteArgs {
   // Source rows, d = HEAD_DIM channels each.
   const void* x = nullptr;        // bf16 bits (uint16_t) when x_is_bf16, else fp32
   bool x_is_bf16 = true;
-  int num_heads = 1;              // rows per token (Hkv); head h uses rotations + h*d*d
+  int num_heads = 1;              // rows per token (Hkv); head h uses rotation.matrices + h*d*d
   int num_tokens = 0;             // tokens (kAppend: sequences) to process
   int64_t token_stride = 0;       // elements between consecutive tokens of x
   int64_t first_token = 0;        // kPrefill: position of history token 0 (S0)
 
-  // Rotation: RotationKind as int. fwht_scale = fp32(1/sqrt(fwht_block)) computed in double.
-  int rotation = 0;
-  const float* rotations = nullptr;  // [num_heads, d, d], kDense only
-  int fwht_block = 0;
-  float fwht_scale = 0.0f;
-  bool bitrev = false;
+  RotationArgs rotation;  // MakeRotationArgs of the write params
 
   // Clip ratio rho of head h: clip_per_head[h] when not null, else clip.
   float clip = 1.0f;
   const float* clip_per_head = nullptr;  // [num_heads]
 
-  // Destination. kRows: codes [rows, d*b/8], scale / min [rows, d/G]. Paged modes: the pool,
-  // codes [num_pages, num_heads, P, d*b/8], scale / min [num_pages, num_heads, P, d/G].
+  // Destination: the planes of LayoutOf(p) in its order (affine_token: kAffine*Plane).
+  // kRows: plane i [rows, row_bytes(i)]. Paged modes: the pool, plane i
+  // [num_pages, num_heads, P, row_bytes(i)] (PagePool).
   WriteMode mode = WriteMode::kRows;
-  uint8_t* codes = nullptr;
-  uint16_t* scale = nullptr;
-  uint16_t* min = nullptr;
+  uint8_t* planes[kMaxPlanes] = {};
   float* rotated = nullptr;  // kRows only, optional: [rows, d] after rotation and P_br
   float* tau = nullptr;      // kRows only, optional: [rows] clip thresholds
 
@@ -100,29 +118,33 @@ struct FusedWriteArgs {
   // error flags' atomic OR (PrefillWrite: the value launch after the key launch). The kernel's
   // completion still implies the previous one's.
   bool overlap_previous = false;
+
+  // kFlush (fields after the others, so the affine_token kernels' parameter offsets stay).
+  int flush = 1;                   // F
+  int ring_slots = 0;              // W + F - 1: the ring's slots (position p at p % ring_slots)
+  const void* new_rows = nullptr;  // the step's rows, [batch, Hkv, d] bf16 (W = 0)
+
+  // The tile write (affine_tile): G_k tokens a tile, code width and the norm. Tile planes:
+  // kRows [n / G_k, row_bytes], paged [num_pages, Hkv, P / G_k, row_bytes]. The norm plane:
+  // per token and KV head ([n] / [num_pages, Hkv, P]), or with norm_shared one norm per token
+  // over the rows of all num_heads KV heads laid end to end (the token scope: paged
+  // [num_pages, 1, P]; not in kRows). kRows writes n / G_k tiles of rows t = tile * G_k + r;
+  // kPrefill the tiles of history tokens [0, num_tokens) (a multiple of G_k).
+  int tile_tokens = 0;
+  int bits = 2;
+  bool norm = false;
+  bool norm_shared = false;
 };
 
-// Parameters of the stage kernels (one struct; each stage reads the fields it names).
+// Parameters of every stage kernel: the stage's pointer arguments as a buffer list, in the
+// order of its KVQ_ARG list in stages.inc (shapes there), and the write params.
 struct StageArgs {
-  const float* x = nullptr;          // rotate_dense, fwht (in place), bitrev, clip (in place),
-  float* y = nullptr;                // quantize: x [n, d]; y [n, d] outputs
-  const float* r = nullptr;          // rotate_dense: [d, d]
-  float* tau = nullptr;              // clip: [n]
-  const uint8_t* codes_in = nullptr; // pack, dequantize: [n, d]
-  uint8_t* codes = nullptr;          // quantize, unpack: [n, d]
-  const uint8_t* packed_in = nullptr;  // unpack: [n, d*b/8]
-  uint8_t* packed = nullptr;         // pack: [n, d*b/8]
-  const uint16_t* scale_in = nullptr;  // dequantize: [n, d/G]
-  const uint16_t* min_in = nullptr;
-  uint16_t* scale = nullptr;         // quantize: [n, d/G]
-  uint16_t* min = nullptr;
-  int64_t rows = 0;
-  int head_dim = 0;
-  int group = 0;
-  int bits = 0;
-  float clip = 1.0f;
-  int fwht_block = 0;
-  float fwht_scale = 0.0f;
+  void* args[kMaxStageArgs] = {};  // device pointers
+  int num_args = 0;
+  int64_t rows = 0;                // n
+  WriteParams params;              // validated by layer (c)
+  int fwht_block = 0;              // params.fwht_block()
+  float fwht_scale = 0.0f;         // params.fwht_scale()
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -135,38 +157,54 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream);
 cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWriteArgs& args,
                                cudaStream_t stream);
 
-enum class Stage : int {
-  kRotateDense, kFwht, kBitrev, kClip, kQuantize, kPack, kUnpack, kDequantize,
-};
-const char* StageName(Stage stage);
-cudaError_t DispatchStage(Stage stage, const StageArgs& args, cudaStream_t stream);
+// The tile write of the affine_tile format (gpu/src/write_tile.cu): a block per (tile, KV head)
+// in every mode (for kFlush a block per possible tile of each sequence's flush), 256 threads;
+// with norm_shared, a block per tile first stores the token-scope norms. Rotations identity
+// and FWHT (with or without P_br); args.tile_tokens in {32, 64, 128}, args.bits in {2, 4}; a
+// shared norm over num_heads * d <= kMaxNormSpan values. Anything else (a dense rotation
+// included) returns cudaErrorInvalidValue.
+template <int HEAD_DIM>
+cudaError_t LaunchTileWrite(const FusedWriteArgs& args, cudaStream_t stream);
+cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
+
+// One launcher per stage of stages.inc (Launch<Name>Stage, gpu/src/write_stages.cu), and the
+// dispatch over all of them: an unsupported head_dim, group, bits, clip or FWHT block returns
+// cudaErrorInvalidValue.
+#define KVQ_STAGE(name, Name, family, params, arg_list) \
+  cudaError_t Launch##Name##Stage(const StageArgs& args, cudaStream_t stream);
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+cudaError_t DispatchStage(StageId stage, const StageArgs& args, cudaStream_t stream);
 
 // Writes the new token of each of `batch` sequences (bf16 [batch, Hkv, d] for K and V) into the
-// sink (position < S0) or the recent ring. Run after the demotions of the same step.
+// sink (position < S0) or the recent ring (when it stays recent: len >= S0 + H(len + 1)). Run
+// after the demotions of the same step.
 struct AppendCopyArgs {
   const uint16_t* key = nullptr;
   const uint16_t* value = nullptr;
   uint16_t* sink_key = nullptr;    // [batch, S0, Hkv, d]
   uint16_t* sink_value = nullptr;
-  uint16_t* recent_key = nullptr;  // [batch, W, Hkv, d]
+  uint16_t* recent_key = nullptr;  // [batch, ring_slots, Hkv, d]
   uint16_t* recent_value = nullptr;
   const int32_t* seq_lengths = nullptr;  // [batch], before the append
   int batch = 0;
   int num_heads = 0;
   int head_dim = 0;
   int sink = 0;
-  int recent = 1;
+  int recent = 1;      // the ring's slots W + F - 1 (position p at slot p % recent)
   int* error_flags = nullptr;
   // Launched to overlap the demotions' tail (programmatic dependent launch): the kernel waits
   // for the previous grid (and through it every earlier demotion) before it touches a row.
   bool overlap_previous = false;
+  int window = 1;  // W
+  int flush = 1;   // F
 };
 cudaError_t LaunchAppendCopy(const AppendCopyArgs& args, cudaStream_t stream);
 
 // The bf16 windows of a prefill, K and V in one launch: positions [0, sink_tokens) of x
 // [T, Hkv, d] into the sink [S0, Hkv, d], positions [recent_begin, tokens) into the recent ring
-// [W, Hkv, d] at slot p % W. Rows are copied in 16-byte vectors (row_elems a multiple of 8,
-// every pointer 16-byte aligned).
+// [W + F - 1, Hkv, d] at slot p % (W + F - 1) (`recent` holds the slot count). Rows are copied
+// in 16-byte vectors (row_elems a multiple of 8, every pointer 16-byte aligned).
 struct PrefillWindowsArgs {
   const uint16_t* key = nullptr;
   const uint16_t* value = nullptr;
@@ -187,42 +225,36 @@ cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& args, cudaStream_t st
 // Layer (c): runtime API. Every function validates its parameters (kvq::Error kInvalidArgument
 // naming the value), checks each CUDA call (KVQ_CUDA_CHECK) and queues work on `stream`.
 
-// The named stages, with cpu_ref's WriteKernels signatures plus a stream; device pointers.
-// \param x [n, d] fp32   \param r [d, d] fp32   \param y [n, d] fp32
-void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
-                 cudaStream_t stream = nullptr);
-// In place. \param x [n, d]
-void Fwht(float* x, size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
-// \param x [n, d] \param y [n, d], must not alias x
-void Bitrev(const float* x, float* y, size_t n, const WriteParams& p,
-            cudaStream_t stream = nullptr);
-// In place. \param x [n, d] \param tau [n]
-void Clip(float* x, float* tau, size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
-// \param x [n, d] \param codes [n, d] one code per byte \param scale [n, d/G] bf16 bits
-// \param min [n, d/G] bf16 bits
-void Quantize(const float* x, uint8_t* codes, uint16_t* scale, uint16_t* min, size_t n,
-              const WriteParams& p, cudaStream_t stream = nullptr);
-// \param codes [n, d] \param packed [n, d*b/8]
-void Pack(const uint8_t* codes, uint8_t* packed, size_t n, const WriteParams& p,
-          cudaStream_t stream = nullptr);
-// \param packed [n, d*b/8] \param codes [n, d]
-void Unpack(const uint8_t* packed, uint8_t* codes, size_t n, const WriteParams& p,
-            cudaStream_t stream = nullptr);
-// \param codes [n, d] \param scale [n, d/G] \param min [n, d/G] \param y [n, d]
-void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min, float* y,
-                size_t n, const WriteParams& p, cudaStream_t stream = nullptr);
+// The stages of stages.inc on device pointers: cpu::WriteKernels' signatures (the shapes are
+// in stages.inc) plus a stream, e.g.
+//   void RotateDense(const float* x, const float* r, float* y, size_t n, const WriteParams& p,
+//                    cudaStream_t stream = nullptr);   // x [n, d], r [d, d], y [n, d] fp32
+// Each validates p (and that a codec stage belongs to p.format), the row count and its pointers
+// (none null, no two the same), then runs RunStage.
+#define KVQ_GPU_STAGE_PARAMS(...) (__VA_ARGS__, cudaStream_t stream = nullptr)
+#define KVQ_STAGE(name, Name, family, params, arg_list) void Name KVQ_GPU_STAGE_PARAMS params;
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_GPU_STAGE_PARAMS
+
+// Stage `stage` with its device pointer arguments in args[] (stages.inc order): the generic
+// entry point the functions above and the CUDA adapter's host wrappers call. Throws kvq::Error
+// (kInvalidArgument: invalid params, a null or repeated pointer, a configuration the launcher
+// refuses; kUnsupported: a codec stage of another format than p.format).
+void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
+              cudaStream_t stream = nullptr);
 
 // Outputs of the fused write of flat rows (device pointers).
 struct RowOutputs {
-  uint8_t* packed = nullptr;   // [n, d*b/8]
-  uint16_t* scale = nullptr;   // [n, d/G] bf16 bits
-  uint16_t* min = nullptr;     // [n, d/G] bf16 bits
+  uint8_t* planes[kMaxPlanes] = {};  // plane i of LayoutOf(p): [n, row_bytes(i)] (affine_token:
+                                     // packed codes [n, d*b/8], scale / min bf16 [n, d/G])
   float* rotated = nullptr;    // optional [n, d]: after rotation and P_br, before the clip
   float* tau = nullptr;        // optional [n]: clip thresholds
 };
 
 // The fused write path of n rows: the same bits as cpu::QuantizeRows (packed, scale, min,
 // rotated, tau). x is 16-byte aligned. rotation: [d, d] fp32 for kDense, else ignored.
+// p.format must be one the fused kernel serves (affine_token; kUnsupported otherwise).
 // \param x [n, d] bf16 bits or fp32
 // error_flags: optional device int; kErrorFlagNonFinite is ORed in for a row the validating
 // CPU path would reject (its outputs are then unspecified).
@@ -231,32 +263,12 @@ void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, s
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
 
-// Timing of the fused write of flat rows, for `kvq bench` (host pointers): uploads x [n, d]
-// fp32 and the rotation ([d, d] for kDense, else ignored), runs WriteRows `warmup` untimed and
-// `iters` timed times with a cold L2 (a buffer twice the L2 size is overwritten before each
-// run; CUDA events around each), checks the non-finite flag (kNonFinite), and returns the median
-// with the last run's outputs. Throws kvq::Error as WriteRows does, or kUnsupported without a
-// device.
-struct TimedRowWrite {
-  double median_us = 0;
-  std::vector<uint8_t> packed;   // [n, d*b/8]
-  std::vector<uint16_t> scale;   // [n, d/G] bf16 bits
-  std::vector<uint16_t> min;     // [n, d/G] bf16 bits
-};
-TimedRowWrite TimeWriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
-                            int iters, int warmup);
-
-// Per-KV-head write data of K or of V (device pointers).
-struct HeadData {
-  const float* rotation = nullptr;  // [Hkv, d, d] fp32 when the params' rotation is kDense
-  const float* clip = nullptr;      // [Hkv] clip ratios in (0, 1], or null: the params' clip
-};
-
-// The history page pool of K or of V (device pointers), spec/cache.md §4.
+// The history page pool of K or of V (device pointers), spec/cache.md §4: plane i of
+// LayoutOf(p) at planes[i], [num_pages, Hkv, RowsPerPage(i), row_bytes(i)]
+// (FormatLayout::PageBytes(i, P, Hkv) bytes a page; affine_token: codes [.., P, d*b/8],
+// scale / min bf16 [.., P, d/G]).
 struct PagePool {
-  uint8_t* codes = nullptr;   // [num_pages, Hkv, P, d*b/8]
-  uint16_t* scale = nullptr;  // [num_pages, Hkv, P, d/G]
-  uint16_t* min = nullptr;    // [num_pages, Hkv, P, d/G]
+  uint8_t* planes[kMaxPlanes] = {};
   int num_pages = 0;
 };
 
@@ -270,14 +282,17 @@ struct Windows {
 };
 
 // Prefill of one empty sequence with `tokens` tokens (spec/cache.md §2): copies positions
-// [0, min(S0, T)) into the sink, [max(S0, T - W), T) into the ring (slot p % W) and writes
-// history tokens i = 0 .. T - W - S0 - 1 into pages page_table[i / P], slot i % P. Three
-// launches: the key history, the value history (overlapping the key launch's tail) and both
-// windows; everything is validated before the first.
+// [0, min(S0, T)) into the sink, [RecentBegin(T), T) into the ring (slot p % (W + F - 1)) and
+// writes history tokens i = 0 .. H(T) - 1 (whole flushes, so whole tiles) into pages
+// page_table[i / P], slot i % P. Three launches (four with a token-scope norm): the key
+// history, the value history (overlapping the key launch's tail) and both windows; everything
+// is validated before the first.
 // \param key, value [T, Hkv, d] bf16 bits, 16-byte aligned
-// \param page_table [ceil((T - W - S0) / P)] int32 page ids (device)
-// Throws kvq::Error: invalid CacheParams, quantized == false, null pointers, T < 0,
-// windows or rows that are not 16-byte aligned, a null rotation for a dense write path.
+// \param page_table [ceil(H(T) / P)] int32 page ids (device)
+// Throws kvq::Error: invalid CacheParams, a bf16 cache (kInvalidArgument), a format the kernels
+// do not serve (kUnsupported: a dense rotation on affine_tile, a norm span above kMaxNormSpan),
+// null pointers, T < 0, windows or rows that are not 16-byte aligned, a null rotation for a
+// dense write path.
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value,
                   int tokens, const int32_t* page_table, const HeadData& key_heads,
                   const HeadData& value_heads, const PagePool& key_pool,
@@ -286,10 +301,13 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
 
 // One decode step for `batch` sequences: sequence b has length lengths[b] before the step
 // (device int32 [batch]); its token at that position (key/value [batch, Hkv, d] bf16) goes to the
-// sink or ring, and position len - W is demoted into the history when len - W >= S0 (read from
-// the ring before the new token overwrites its slot). The caller advances lengths afterwards.
+// sink or ring, and the positions [S0 + H(len), S0 + H(len + 1)) enter the history (F = 1,
+// W >= 1: position len - W when len - W >= S0; otherwise F of them or none, read from the ring
+// before the new token overwrites a slot, and with W = 0 the new token itself, which then
+// skips the ring). The caller advances lengths afterwards.
 // \param page_tables [batch, max_pages] int32 (device); row b is sequence b's page table
-// windows: batched layout ([B, S0, Hkv, d] and [B, W, Hkv, d]).
+// windows: batched layout ([B, S0, Hkv, d] and [B, W + F - 1, Hkv, d]; no ring when W + F - 1
+// is 0).
 void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
                 const int32_t* lengths, const int32_t* page_tables, int max_pages,
                 const HeadData& key_heads, const HeadData& value_heads,
@@ -300,12 +318,5 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
 // kErrorFlagNonFinite, kInvalidArgument for page / length errors) when any bit is set.
 // `what` names the call in the message.
 void CheckErrorFlags(const int* error_flags, const char* what, cudaStream_t stream = nullptr);
-
-// A cpu::Backend named "cuda" whose WriteKernels are host wrappers: copy the host inputs to the
-// device, run the stage above, copy the outputs back (synchronously). hwy_target is 0 (no
-// Highway target); attention kernels are left null. Lets the parametrised tests and benchmarks
-// that expand cpu::Backends() expand the CUDA path too. Throws kvq::Error(kUnsupported) from each
-// wrapper when no CUDA device is present (creating the Backend itself never throws).
-const cpu::Backend& CudaBackend();
 
 }  // namespace kvq::gpu

@@ -1,0 +1,96 @@
+// The write-path stages as data (stages.inc): their ids, names, families and arguments with
+// dtypes and shapes. Generic code (the conformance replay, the stage tests and benchmarks, the
+// CUDA host wrappers) allocates, fills, calls and compares a stage through its spec instead of
+// naming it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "kvq/common/format.h"
+#include "kvq/common/params.h"
+#include "kvq/common/tensor.h"
+
+namespace kvq {
+
+enum class StageId : int {
+#define KVQ_STAGE(name, Name, family, params, args) k##Name,
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+};
+
+enum class ArgDir : int { kIn, kOut, kInOut };
+enum class Extent : int {
+  kRows, kRowScalars, kMatrix, kPacked, kGroups, kNormRows, kTileChannels, kTilePacked
+};
+
+struct StageArg {
+  const char* name;    // the parameter; golden-vector input "in.<name>"
+  const char* expect;  // golden-vector output "expect.<expect>" (kOut, kInOut)
+  DType dtype;
+  ArgDir dir;
+  Extent extent;
+
+  bool is_input() const { return dir != ArgDir::kOut; }
+  bool is_output() const { return dir != ArgDir::kIn; }
+};
+
+inline constexpr int kMaxStageArgs = 6;
+
+struct StageSpec {
+  StageId id;
+  const char* name;      // "rotate_dense", "quantize", ...
+  const char* family;    // "transform" or a format id
+  bool transform;        // a transform (every format) or a codec stage of `format`
+  Format format;         // codec stages only
+  int num_args;
+  StageArg args[kMaxStageArgs];
+};
+
+// Every stage in list order.
+const std::vector<StageSpec>& AllStages();
+const StageSpec& GetStage(StageId id);
+// Null when no stage has that name.
+const StageSpec* FindStage(const std::string& name);
+// Throws kvq::Error(kInvalidArgument) naming `name` and listing the stages.
+const StageSpec& StageByName(const std::string& name);
+// Whether the stage may be called under p: transforms always, codec stages of p.format.
+bool StageApplies(const StageSpec& stage, const WriteParams& p);
+// Whether the write path of p runs the stage: it applies and its KVQ_STAGE_WHEN condition, if
+// it has one, holds (what a backend must implement to run p's write path).
+bool StageRuns(const StageSpec& stage, const WriteParams& p);
+// The row counts a call takes are multiples of this: p.tile_tokens() for a stage with a tile
+// argument (kTileChannels, kTilePacked), else 1.
+size_t StageRowMultiple(const StageSpec& stage, const WriteParams& p);
+
+// The shape of argument `arg` for n rows under p, and its element count.
+std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p);
+size_t ArgElements(Extent extent, int64_t n, const WriteParams& p);
+// "row, column", "tile, channel, byte", ...: what the axes of an argument's shape mean.
+const char* ExtentAxes(Extent extent);
+
+// Calls a stage function `fn` with its pointer parameters taken from args[0..] in order
+// (args[i] points at the i-th pointer parameter's element type), followed by `trailing`
+// (n, p, and whatever else the implementation takes, e.g. a CUDA stream): the one place where
+// a buffer list meets a signature.
+namespace detail {
+template <typename... Params, size_t... I, typename... Trailing>
+void InvokeStage(void (*fn)(Params...), void* const* args, std::index_sequence<I...>,
+                 Trailing&&... trailing) {
+  using Tuple = std::tuple<Params...>;
+  fn(static_cast<std::tuple_element_t<I, Tuple>>(args[I])..., std::forward<Trailing>(trailing)...);
+}
+}  // namespace detail
+
+template <typename... Params, typename... Trailing>
+void InvokeStage(void (*fn)(Params...), void* const* args, Trailing&&... trailing) {
+  static_assert(sizeof...(Params) >= sizeof...(Trailing), "more trailing values than parameters");
+  detail::InvokeStage(fn, args, std::make_index_sequence<sizeof...(Params) - sizeof...(Trailing)>(),
+                      std::forward<Trailing>(trailing)...);
+}
+
+}  // namespace kvq

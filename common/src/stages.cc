@@ -1,0 +1,114 @@
+#include "kvq/common/stages.h"
+
+#include <cstring>
+
+#include "kvq/common/error.h"
+
+namespace kvq {
+namespace {
+
+StageSpec MakeSpec(StageId id, const char* name, const char* family,
+                   std::initializer_list<StageArg> args) {
+  StageSpec s{};
+  s.id = id;
+  s.name = name;
+  s.family = family;
+  s.transform = std::strcmp(family, "transform") == 0;
+  s.format = s.transform ? Format::kAffineToken : ParseFormat(family);
+  s.num_args = 0;
+  for (const StageArg& a : args) s.args[s.num_args++] = a;
+  return s;
+}
+
+}  // namespace
+
+const std::vector<StageSpec>& AllStages() {
+  static const std::vector<StageSpec> stages = {
+#define KVQ_ARG(name, expect, dtype, dir, extent) \
+  StageArg{#name, #expect, DType::dtype, ArgDir::dir, Extent::extent},
+#define KVQ_STAGE(name, Name, family, params, args) \
+  MakeSpec(StageId::k##Name, #name, #family, {args}),
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_ARG
+  };
+  return stages;
+}
+
+const StageSpec& GetStage(StageId id) { return AllStages()[static_cast<size_t>(id)]; }
+
+const StageSpec* FindStage(const std::string& name) {
+  for (const StageSpec& s : AllStages()) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+const StageSpec& StageByName(const std::string& name) {
+  if (const StageSpec* s = FindStage(name)) return *s;
+  std::string names;
+  for (const StageSpec& s : AllStages()) names += (names.empty() ? "" : ", ") + std::string(s.name);
+  KVQ_CHECK(false, kInvalidArgument, "unknown stage '", name, "' (valid: ", names, ")");
+  return AllStages().front();
+}
+
+bool StageApplies(const StageSpec& stage, const WriteParams& p) {
+  return stage.transform || stage.format == p.format;
+}
+
+bool StageRuns(const StageSpec& stage, const WriteParams& p) {
+  if (!StageApplies(stage, p)) return false;
+  const std::string name = stage.name;
+#define KVQ_STAGE_WHEN(stage_name, condition) \
+  if (name == #stage_name) return (condition);
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE_WHEN
+  return true;
+}
+
+size_t StageRowMultiple(const StageSpec& stage, const WriteParams& p) {
+  for (int i = 0; i < stage.num_args; ++i) {
+    const Extent e = stage.args[i].extent;
+    if (e == Extent::kTileChannels || e == Extent::kTilePacked) {
+      return static_cast<size_t>(p.tile_tokens());
+    }
+  }
+  return 1;
+}
+
+std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p) {
+  const int64_t d = p.head_dim;
+  switch (extent) {
+    case Extent::kRows: return {n, d};
+    case Extent::kRowScalars: return {n};
+    case Extent::kMatrix: return {d, d};
+    case Extent::kPacked: return {n, p.code_bytes()};
+    case Extent::kGroups: return {n, p.num_groups()};
+    case Extent::kNormRows: return {n, p.norm_span()};
+    case Extent::kTileChannels: return {n / p.tile_tokens(), d};
+    case Extent::kTilePacked: return {n / p.tile_tokens(), d, p.tile_channel_bytes()};
+  }
+  return {};
+}
+
+const char* ExtentAxes(Extent extent) {
+  switch (extent) {
+    case Extent::kRows: return "row, column";
+    case Extent::kRowScalars: return "row";
+    case Extent::kMatrix: return "row, column";
+    case Extent::kPacked: return "row, byte";
+    case Extent::kGroups: return "row, group";
+    case Extent::kNormRows: return "row, column of the norm's span";
+    case Extent::kTileChannels: return "tile, channel";
+    case Extent::kTilePacked: return "tile, channel, byte";
+  }
+  return "";
+}
+
+size_t ArgElements(Extent extent, int64_t n, const WriteParams& p) {
+  size_t count = 1;
+  for (int64_t e : ArgShape(extent, n, p)) count *= static_cast<size_t>(e);
+  return count;
+}
+
+}  // namespace kvq

@@ -1,0 +1,74 @@
+#include "kvq/testbed/data.h"
+
+#include <cmath>
+#include <utility>
+
+namespace kvq::testbed {
+
+std::vector<float> RandomMatrix(int d, SplitMix64* rng) {
+  const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(d));
+  std::vector<float> r(static_cast<size_t>(d) * static_cast<size_t>(d));
+  for (float& v : r) {
+    v = rng->Bell() * inv_sqrt;
+    if (rng->Below(64) == 0) v = rng->Bit() ? 0.0f : -0.0f;
+  }
+  return r;
+}
+
+std::vector<float> HeadRotations(const WriteParams& p, int num_kv_heads, SplitMix64* rng) {
+  std::vector<float> all;
+  if (!p.quantized() || p.rotation != RotationKind::kDense) return all;
+  for (int h = 0; h < num_kv_heads; ++h) {
+    const std::vector<float> r = RandomOrthogonal(p.head_dim, rng);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  return all;
+}
+
+std::vector<float> HeadClips(int num_kv_heads, SplitMix64* rng) {
+  std::vector<float> clips(static_cast<size_t>(num_kv_heads));
+  for (float& c : clips) c = 0.85f + 0.15f * rng->Uniform01();
+  clips[0] = 1.0f;  // one head that never clips
+  return clips;
+}
+
+std::vector<float> KvRows(size_t tokens, int num_kv_heads, int d, SplitMix64* rng,
+                          float magnitude) {
+  std::vector<float> rows(tokens * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(d));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t channel = i % static_cast<size_t>(d);
+    const float outlier = (channel % 29 == 3) ? 8.0f : 1.0f;
+    rows[i] = magnitude * outlier * rng->Bell();
+  }
+  return rows;
+}
+
+std::vector<float> Queries(size_t n, int d, SplitMix64* rng, float magnitude) {
+  std::vector<float> q(n * static_cast<size_t>(d));
+  for (float& v : q) v = magnitude * rng->Bell();
+  return q;
+}
+
+std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng) {
+  std::vector<int32_t> order(static_cast<size_t>(n > 0 ? n : 0));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  for (size_t i = order.size(); i > 1; --i) {
+    std::swap(order[i - 1], order[rng->Below(static_cast<uint32_t>(i))]);
+  }
+  return order;
+}
+
+cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Backend& backend) {
+  SplitMix64 rng(seed);
+  std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, &rng);
+  std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, &rng);
+  std::vector<float> ck, cv;
+  if (p.quantized()) {
+    ck = HeadClips(p.num_kv_heads, &rng);
+    cv = HeadClips(p.num_kv_heads, &rng);
+  }
+  return cpu::PagedKVCache(p, std::move(rk), std::move(rv), std::move(ck), std::move(cv),
+                           backend);
+}
+
+}  // namespace kvq::testbed

@@ -1,0 +1,161 @@
+#include "kvq/testbed/stage_tester.h"
+
+#include <cstring>
+
+#include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
+#include "kvq/conformance/prng.h"
+#include "kvq/conformance/rows.h"
+#include "kvq/testbed/data.h"
+#include "kvq/testbed/params.h"
+
+namespace kvq::testbed {
+namespace {
+
+using conformance::SplitMix64;
+
+// A finite bf16: sign (when allowed), an exponent below 2^123 (so q*s + m stays finite), any
+// fraction; now and then +0 or a subnormal.
+uint16_t RandomBf16(SplitMix64* rng, bool non_negative) {
+  switch (rng->Below(16)) {
+    case 0: return 0;
+    case 1: return static_cast<uint16_t>(1 + rng->Below(127));  // subnormal
+    default: break;
+  }
+  const uint32_t sign = non_negative || !rng->Bit() ? 0u : 0x8000u;
+  return static_cast<uint16_t>(sign | (rng->Below(250) << 7) | rng->Below(128));
+}
+
+void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p, size_t n,
+               SplitMix64* rng, Tensor* t) {
+  const size_t count = t->numel();
+  switch (arg.dtype) {
+    case DType::kF32: {
+      float* out = t->data<float>();
+      const size_t d = static_cast<size_t>(p.head_dim);
+      if (arg.extent == Extent::kMatrix) {
+        const std::vector<float> r = RandomMatrix(p.head_dim, rng);
+        std::memcpy(out, r.data(), r.size() * sizeof(float));
+      } else if (arg.extent == Extent::kRows || arg.extent == Extent::kNormRows) {
+        // Rows of d values (a norm's span is norm_heads of them), cycling through the kinds.
+        const size_t rows = count / d;
+        const std::vector<float> mixed = conformance::MixedRows(rows, p, rng);
+        std::memcpy(out, mixed.data(), mixed.size() * sizeof(float));
+        // A stage over tiles: every third tile repeats its first row, so every channel of it
+        // is constant (scale 0).
+        const size_t tile = StageRowMultiple(stage, p);
+        for (size_t t0 = 2 * tile; tile > 1 && t0 + tile <= rows; t0 += 3 * tile) {
+          for (size_t r = 1; r < tile; ++r) {
+            std::memcpy(out + (t0 + r) * d, out + t0 * d, d * sizeof(float));
+          }
+        }
+      } else {
+        for (size_t i = 0; i < count; ++i) out[i] = rng->Bell();
+      }
+      break;
+    }
+    case DType::kU8: {
+      uint8_t* out = t->data<uint8_t>();
+      const uint32_t values = arg.extent == Extent::kRows ? static_cast<uint32_t>(p.levels()) + 1
+                                                          : 256u;  // codes, or packed bytes
+
+      for (size_t i = 0; i < count; ++i) out[i] = static_cast<uint8_t>(rng->Below(values));
+      break;
+    }
+    case DType::kBF16: {
+      uint16_t* out = t->data<uint16_t>();
+      const bool scale = std::string(arg.name) == "scale";
+      for (size_t i = 0; i < count; ++i) out[i] = RandomBf16(rng, scale);
+      break;
+    }
+    default: {
+      for (size_t i = 0; i < t->bytes.size(); ++i) t->bytes[i] = static_cast<uint8_t>(rng->Below(256));
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<void*> StageBuffers::Pointers() {
+  std::vector<void*> pointers;
+  for (Tensor& t : args) pointers.push_back(t.bytes.data());
+  return pointers;
+}
+
+NamedTensors StageBuffers::Inputs() const {
+  NamedTensors named;
+  for (int i = 0; i < stage->num_args; ++i) {
+    if (stage->args[i].is_input()) named.emplace_back(stage->args[i].name, args[i]);
+  }
+  return named;
+}
+
+NamedTensors StageBuffers::Outputs() const {
+  NamedTensors named;
+  for (int i = 0; i < stage->num_args; ++i) {
+    if (stage->args[i].is_output()) named.emplace_back(stage->args[i].expect, args[i]);
+  }
+  return named;
+}
+
+StageBuffers MakeStageBuffers(const StageSpec& stage, size_t n, const WriteParams& p,
+                              uint64_t seed, uint8_t poison) {
+  StageBuffers b;
+  b.stage = &stage;
+  b.params = p;
+  b.rows = n;
+  SplitMix64 rng(seed);
+  for (int i = 0; i < stage.num_args; ++i) {
+    const StageArg& arg = stage.args[i];
+    Tensor t;
+    t.dtype = arg.dtype;
+    t.shape = ArgShape(arg.extent, static_cast<int64_t>(n), p);
+    t.bytes.assign(t.numel() * DTypeSize(t.dtype), poison);
+    if (arg.is_input()) FillInput(stage, arg, p, n, &rng, &t);
+    b.args.push_back(std::move(t));
+  }
+  return b;
+}
+
+std::string StageTester::Name(size_t n) const {
+  return std::string(stage_->name) + " " + Describe(params_) + " rows " + std::to_string(n) +
+         " seed " + std::to_string(seed_);
+}
+
+void StageTester::Test(const cpu::Backend& backend) const {
+  // Row counts in whole tiles for a stage over tiles (StageRowMultiple).
+  const size_t unit = StageRowMultiple(*stage_, params_);
+  const size_t wanted = rows_ != 0 ? rows_ : 2 * conformance::TestRowKinds().size();
+  const size_t full = (wanted + unit - 1) / unit * unit;
+  std::vector<size_t> sizes;
+  if (edge_sizes_) {
+    for (size_t n : {size_t{1}, size_t{3}, size_t{4}, size_t{5}}) {
+      if (n * unit < full) sizes.push_back(n * unit);
+    }
+  }
+  sizes.push_back(full);
+  for (size_t n : sizes) {
+    const std::string name = Name(n) + " on " + backend.name;
+    StageBuffers want = MakeStageBuffers(*stage_, n, params_, seed_, 0xA5);
+    std::vector<void*> want_args = want.Pointers();
+    cpu::RunStage(cpu::ScalarBackend().write, stage_->id, want_args.data(), n, params_);
+    for (uint8_t poison : {uint8_t{0x00}, uint8_t{0xFF}}) {
+      StageBuffers got = MakeStageBuffers(*stage_, n, params_, seed_, poison);
+      const NamedTensors inputs = got.Inputs();
+      std::vector<void*> got_args = got.Pointers();
+      try {
+        cpu::RunStage(backend.write, stage_->id, got_args.data(), n, params_);
+      } catch (const Error& e) {
+        // A backend without this stage (or this configuration of it) says so with
+        // kUnsupported, and the test is skipped with its reason; any other error fails.
+        if (e.code() != ErrorCode::kUnsupported) throw;
+        GTEST_SKIP() << name << ": " << e.what();
+      }
+      EXPECT_TRUE(AllBitsEqual(name, want.Outputs(), got.Outputs(), inputs))
+          << "(outputs poisoned with 0x" << std::hex << static_cast<int>(poison) << std::dec
+          << ")";
+    }
+  }
+}
+
+}  // namespace kvq::testbed

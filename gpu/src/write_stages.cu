@@ -1,0 +1,491 @@
+// The write path's stages on the GPU (the CUDA side of cpu::WriteKernels), one kernel and one
+// launcher per stage of kvq/common/stages.inc, and their dispatch (write.h, layers (a) and (b)).
+// Every kernel takes the one StageArgs: the stage's pointer arguments as a buffer list in
+// stages.inc order (stage_arg::<Name>::<arg> names the position) and the write params. These
+// are the spec's loops, written plainly: the fused kernel (write_fused.cu) is checked against
+// the same oracle separately.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kvq/common/numeric.h"
+#include "kvq/common/params.h"
+#include "kvq/common/stages.h"
+#include "kvq/gpu/write.h"
+#include "write_launch.cuh"
+#include "write_row.cuh"
+
+namespace kvq::gpu {
+namespace {
+
+using detail::kFullMask;
+using write_launch::Blocks;
+using write_launch::IsPowerOfTwo;
+using write_launch::kStageBlock;
+
+// stage_arg::<Name>::<arg>: the position of a stage's argument in StageArgs::args.
+namespace stage_arg {
+#define KVQ_ARG(name, expect, dtype, dir, extent) name,
+#define KVQ_STAGE(name, Name, family, params, arg_list) \
+  namespace Name {                                      \
+  enum : int { arg_list };                              \
+  }
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+#undef KVQ_ARG
+}  // namespace stage_arg
+
+// Argument `i` of the stage as T* (T const for inputs).
+template <typename T>
+__device__ __forceinline__ T* Arg(const StageArgs& a, int i) {
+  return static_cast<T*>(a.args[i]);
+}
+
+// ---- Kernels ----------------------------------------------------------------------------------
+
+// Thread per output element: acc over i ascending from global memory.
+__global__ void RotateDenseKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::RotateDense;
+  const int64_t d = a.params.head_dim;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * d) return;
+  const int64_t row = idx / d;
+  const int64_t j = idx % d;
+  const float* x = Arg<const float>(a, arg::x) + row * d;
+  const float* r = Arg<const float>(a, arg::r);
+  float acc = +0.0f;
+  for (int64_t i = 0; i < d; ++i) acc = __fadd_rn(acc, __fmul_rn(x[i], r[i * d + j]));
+  Arg<float>(a, arg::y)[idx] = acc;
+}
+
+__global__ void BitrevKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Bitrev;
+  const int64_t d = a.params.head_dim;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * d) return;
+  const int log2_d = d == 64 ? 6 : (d == 128 ? 7 : 8);
+  const int64_t row = idx / d;
+  const uint32_t j = static_cast<uint32_t>(idx % d);
+  Arg<float>(a, arg::y)[idx] = Arg<const float>(a, arg::x)[row * d + BitReverse(j, log2_d)];
+}
+
+// Slice per row kernels (write_row.cuh): row = global slice index. Every lane of a warp takes
+// part in the shuffles; the slices past the last row compute on zeros and store nothing.
+template <int D>
+__device__ __forceinline__ int64_t SliceRowIndex() {
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  return warp * detail::SliceTraits<D>::kRowsPerWarp + detail::SliceIndex<D>();
+}
+
+// This lane's values of row `row` of x (pair-strided order, rho = slice lane); a row past the
+// last one reads row 0 (its results are not stored).
+template <int D>
+__device__ __forceinline__ void LoadStageRow(const float* x, int64_t row, int64_t rows,
+                                             float (&v)[16]) {
+  detail::LoadRowValues<D>(x + (row < rows ? row : 0) * D, false, v);
+}
+
+template <int D>
+__device__ __forceinline__ void StoreStageRow(const float (&v)[16], int64_t row, int64_t rows,
+                                              float* y) {
+  if (row >= rows) return;
+  const int r = detail::SliceLane<D>();
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    *reinterpret_cast<float2*>(y + row * D + detail::RowPosition<D>(2 * s, r)) =
+        make_float2(v[2 * s], v[2 * s + 1]);
+  }
+}
+
+template <int D>
+__global__ void FwhtKernel(const __grid_constant__ StageArgs a) {
+  float* x = Arg<float>(a, stage_arg::Fwht::x);  // in place
+  const int64_t row = SliceRowIndex<D>();
+  if (__all_sync(kFullMask, row >= a.rows)) return;  // whole warps only
+  float v[16];
+  LoadStageRow<D>(x, row, a.rows, v);
+  detail::Fwht<D, false>(v, a.fwht_block, a.fwht_scale);
+  StoreStageRow<D>(v, row, a.rows, x);
+}
+
+template <int D>
+__global__ void ClipKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Clip;
+  float* x = Arg<float>(a, arg::x);  // in place
+  const int64_t row = SliceRowIndex<D>();
+  if (__all_sync(kFullMask, row >= a.rows)) return;
+  float v[16];
+  LoadStageRow<D>(x, row, a.rows, v);
+  const float tau = __uint_as_float(detail::ClipThresholdBits<D>(
+      v, detail::ClipRank(a.params.clip, D), detail::SliceMaxMagnitudeBits<D>(v)));
+#pragma unroll
+  for (int s = 0; s < 16; ++s) v[s] = detail::ClipValue(v[s], tau);
+  StoreStageRow<D>(v, row, a.rows, x);
+  if (row < a.rows && detail::SliceLane<D>() == 0) Arg<float>(a, arg::tau)[row] = tau;
+}
+
+// The quantize stage alone: its input is already clipped, so no tau.
+template <int D, int G, int BITS>
+__global__ void QuantizeKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Quantize;
+  const int64_t row = SliceRowIndex<D>();
+  if (__all_sync(kFullMask, row >= a.rows)) return;
+  float v[16];
+  LoadStageRow<D>(Arg<const float>(a, arg::x), row, a.rows, v);
+  const detail::GroupRanges<D, G> ranges = detail::ComputeGroupRanges<D, G>(v);
+  detail::QuantizedSlice<D, G> q;
+  detail::QuantizeSlice<D, G, BITS>(v, ranges, -1.0f, q);
+  if (row >= a.rows) return;
+  const int r = detail::SliceLane<D>();
+  uint8_t* codes = Arg<uint8_t>(a, arg::codes);
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    codes[row * D + detail::RowPosition<D>(k, r)] = static_cast<uint8_t>(q.code[k]);
+  }
+  detail::StoreMetadata<D, G>(q, Arg<uint16_t>(a, arg::scale) + row * (D / G),
+                              Arg<uint16_t>(a, arg::min) + row * (D / G));
+}
+
+// Thread per packed byte: the loop of the spec, independent of the fused kernel's lane packing.
+__global__ void PackKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Pack;
+  const int bits = a.params.bits;
+  const int64_t bytes_per_row = a.params.head_dim * bits / 8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * bytes_per_row) return;
+  const int64_t row = idx / bytes_per_row;
+  const int64_t i = idx % bytes_per_row;
+  const uint8_t* codes = Arg<const uint8_t>(a, arg::codes) + row * a.params.head_dim;
+  unsigned byte = 0;
+  for (int part = 0; part < 8 / bits; ++part) {
+    byte |= static_cast<unsigned>(codes[part * bytes_per_row + i]) << (part * bits);
+  }
+  Arg<uint8_t>(a, arg::packed)[idx] = static_cast<uint8_t>(byte);
+}
+
+__global__ void UnpackKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Unpack;
+  const int64_t d = a.params.head_dim;
+  const int bits = a.params.bits;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * d) return;
+  const int64_t bytes_per_row = d * bits / 8;
+  const int64_t row = idx / d;
+  const int64_t c = idx % d;
+  const int64_t part = c / bytes_per_row;
+  const int64_t i = c % bytes_per_row;
+  const unsigned byte = Arg<const uint8_t>(a, arg::packed)[row * bytes_per_row + i];
+  Arg<uint8_t>(a, arg::codes)[idx] =
+      static_cast<uint8_t>((byte >> (part * bits)) & ((1u << bits) - 1u));
+}
+
+__global__ void DequantizeKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Dequantize;
+  const int64_t d = a.params.head_dim;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * d) return;
+  const int64_t group = a.params.group;
+  const int64_t groups = d / group;
+  const int64_t row = idx / d;
+  const int64_t g = row * groups + (idx % d) / group;
+  const float sf = F32FromBf16(Arg<const uint16_t>(a, arg::scale)[g]);
+  const float mf = F32FromBf16(Arg<const uint16_t>(a, arg::min)[g]);
+  const float code = static_cast<float>(Arg<const uint8_t>(a, arg::codes)[idx]);
+  Arg<float>(a, arg::y)[idx] = __fadd_rn(__fmul_rn(code, sf), mf);
+}
+
+
+// ---- Spec 1.1: the norm and the affine_tile codec ----------------------------------------------
+
+// A block per span of m = d * norm_heads values (numerics.md §5.1): the squares into shared
+// memory, padded with +0 to M = `padded` (a power of two), the spec's tree (BlockTreeSum),
+// n^ = bf16(sqrtf(S)), and the span divided by n^ (IEEE), +0 everywhere when n^ = 0.
+__global__ void NormKernel(const __grid_constant__ StageArgs a, int padded) {
+  namespace arg = stage_arg::Norm;
+  extern __shared__ float squares[];
+  const int m = a.params.head_dim * a.params.norm_heads;
+  float* x = Arg<float>(a, arg::x) + static_cast<int64_t>(blockIdx.x) * m;
+  for (int j = threadIdx.x; j < padded; j += blockDim.x) {
+    squares[j] = j < m ? __fmul_rn(x[j], x[j]) : +0.0f;
+  }
+  __syncthreads();
+  const uint16_t bits = Bf16FromF32(__fsqrt_rn(detail::BlockTreeSum(squares, padded)));
+  const float stored = F32FromBf16(bits);
+  if (threadIdx.x == 0) Arg<uint16_t>(a, arg::norm)[blockIdx.x] = bits;
+  for (int j = threadIdx.x; j < m; j += blockDim.x) x[j] = detail::Normalize(x[j], stored);
+}
+
+// Thread per element: y <- y * n^ of its row, one rounding.
+__global__ void DenormKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::Denorm;
+  const int64_t d = a.params.head_dim;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * d) return;
+  const float stored = F32FromBf16(Arg<const uint16_t>(a, arg::norm)[idx / d]);
+  float* y = Arg<float>(a, arg::y);
+  y[idx] = __fmul_rn(y[idx], stored);
+}
+
+// Thread per (tile, channel): spec §5's rule on the channel's G_k values of the tile (the
+// transposed tile's row), as the scalar QuantizeGroup writes it; codes stay token-major.
+__global__ void QuantizeTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::QuantizeTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * d) return;
+  const int64_t t = idx / d;
+  const int64_t j = idx % d;
+  const float levels = static_cast<float>((1 << a.params.bits) - 1);
+  const float* x = Arg<const float>(a, arg::x) + t * tile * d + j;
+  uint8_t* codes = Arg<uint8_t>(a, arg::codes) + t * tile * d + j;
+  const detail::StoredPair pair = detail::StridedGroupPair(x, static_cast<int>(tile), d, levels);
+  Arg<uint16_t>(a, arg::scale)[idx] = pair.scale;
+  Arg<uint16_t>(a, arg::min)[idx] = pair.min;
+  const float sf = F32FromBf16(pair.scale);
+  const float mf = F32FromBf16(pair.min);
+  for (int64_t r = 0; r < tile; ++r) {
+    uint8_t code = 0;
+    if (sf != 0.0f) {
+      float c = rintf(__fdiv_rn(__fsub_rn(x[r * d], mf), sf));  // half to even
+      c = (c < 0.0f) ? 0.0f : ((c > levels) ? levels : c);
+      code = static_cast<uint8_t>(c);
+    }
+    codes[r * d] = code;
+  }
+}
+
+// Thread per packed byte (tile t, channel j, byte i): the split rule along the tokens.
+__global__ void PackTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::PackTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int bits = a.params.bits;
+  const int64_t slice = tile * bits / 8;  // bytes per channel of a tile
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * d * slice) return;
+  const int64_t i = idx % slice;
+  const int64_t j = (idx / slice) % d;
+  const int64_t t = idx / (slice * d);
+  const uint8_t* codes = Arg<const uint8_t>(a, arg::codes);
+  unsigned byte = 0;
+  for (int part = 0; part < 8 / bits; ++part) {
+    const int64_t token = t * tile + part * slice + i;
+    byte |= static_cast<unsigned>(codes[token * d + j]) << (part * bits);
+  }
+  Arg<uint8_t>(a, arg::packed)[idx] = static_cast<uint8_t>(byte);
+}
+
+// Thread per code (token row, channel j).
+__global__ void UnpackTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::UnpackTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int bits = a.params.bits;
+  const int64_t slice = tile * bits / 8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * tile * d) return;
+  const int64_t row = idx / d;
+  const int64_t j = idx % d;
+  const int64_t t = row / tile;
+  const int64_t r = row % tile;
+  const unsigned byte = Arg<const uint8_t>(a, arg::packed)[(t * d + j) * slice + r % slice];
+  Arg<uint8_t>(a, arg::codes)[idx] =
+      static_cast<uint8_t>((byte >> ((r / slice) * bits)) & ((1u << bits) - 1u));
+}
+
+// Thread per element: y = q * sf + mf with the pair of the row's tile and the channel.
+__global__ void DequantizeTileKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::DequantizeTile;
+  const int64_t d = a.params.head_dim;
+  const int64_t tile = a.params.group;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows / tile * tile * d) return;
+  const int64_t pair = (idx / d) / tile * d + idx % d;
+  const float sf = F32FromBf16(Arg<const uint16_t>(a, arg::scale)[pair]);
+  const float mf = F32FromBf16(Arg<const uint16_t>(a, arg::min)[pair]);
+  const float code = static_cast<float>(Arg<const uint8_t>(a, arg::codes)[idx]);
+  Arg<float>(a, arg::y)[idx] = __fadd_rn(__fmul_rn(code, sf), mf);
+}
+
+// ---- Launch checks ----------------------------------------------------------------------------
+
+// What every stage needs: rows >= 0, a supported head_dim and a grid that fits.
+cudaError_t CheckRows(const StageArgs& a) {
+  const int d = a.params.head_dim;
+  if (a.rows < 0 || (d != 64 && d != 128 && d != 256)) return cudaErrorInvalidValue;
+  if (Blocks(a.rows * d, kStageBlock) > INT32_MAX) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+bool SupportedBits(const StageArgs& a) { return a.params.bits == 2 || a.params.bits == 4; }
+// 32, 64 or 128 channels (at most d), or G = d (one pair a row, spec 1.1).
+bool SupportedGroup(const StageArgs& a) {
+  const int g = a.params.group;
+  return ((g == 32 || g == 64 || g == 128) && g <= a.params.head_dim) || g == a.params.head_dim;
+}
+// affine_tile: G_k tokens a tile (32, 64 or 128), and whole tiles (StageRowMultiple).
+bool SupportedTile(const StageArgs& a) {
+  const int64_t g = a.params.group;
+  return (g == 32 || g == 64 || g == 128) && a.rows % g == 0;
+}
+// Blocks of a thread-per-element kernel, and of a slice-per-row kernel (d/16 threads a row).
+int64_t ElementBlocks(const StageArgs& a) {
+  return Blocks(a.rows * a.params.head_dim, kStageBlock);
+}
+int64_t SliceBlocks(const StageArgs& a) {
+  return Blocks(a.rows * (a.params.head_dim / 16), kStageBlock);
+}
+
+template <int D, int G, int B>
+cudaError_t LaunchQuantizeIfValid(const StageArgs& a, cudaStream_t stream) {
+  if constexpr (G <= D) {
+    QuantizeKernel<D, G, B><<<SliceBlocks(a), kStageBlock, 0, stream>>>(a);
+    return cudaGetLastError();
+  } else {
+    return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+// ---- Layer (b): one launcher per stage of stages.inc ------------------------------------------
+
+#define KVQ_STAGE_PROLOGUE(a)                           \
+  if (const cudaError_t e = CheckRows(a); e != cudaSuccess) return e; \
+  if ((a).rows == 0) return cudaSuccess
+
+cudaError_t LaunchRotateDenseStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  RotateDenseKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchFwhtStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!IsPowerOfTwo(a.fwht_block) || a.fwht_block < 16 || a.fwht_block > a.params.head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  KVQ_DISPATCH_HEAD_DIM(a.params.head_dim, HEAD_DIM, {
+    FwhtKernel<HEAD_DIM><<<SliceBlocks(a), kStageBlock, 0, stream>>>(a);
+    return cudaGetLastError();
+  })
+}
+
+cudaError_t LaunchBitrevStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  BitrevKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchClipStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!(a.params.clip > 0.0f && a.params.clip <= 1.0f)) return cudaErrorInvalidValue;
+  KVQ_DISPATCH_HEAD_DIM(a.params.head_dim, HEAD_DIM, {
+    ClipKernel<HEAD_DIM><<<SliceBlocks(a), kStageBlock, 0, stream>>>(a);
+    return cudaGetLastError();
+  })
+}
+
+cudaError_t LaunchQuantizeStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedGroup(a)) return cudaErrorInvalidValue;
+  KVQ_DISPATCH_HEAD_DIM(a.params.head_dim, HEAD_DIM, {
+    KVQ_DISPATCH_GROUP(a.params.group, GROUP, {
+      KVQ_DISPATCH_BITS(a.params.bits, BITS, {
+        return LaunchQuantizeIfValid<HEAD_DIM, GROUP, BITS>(a, stream);
+      })
+    })
+  })
+}
+
+cudaError_t LaunchPackStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a)) return cudaErrorInvalidValue;
+  PackKernel<<<Blocks(a.rows * a.params.head_dim * a.params.bits / 8, kStageBlock), kStageBlock,
+               0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchUnpackStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a)) return cudaErrorInvalidValue;
+  UnpackKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDequantizeStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedGroup(a)) return cudaErrorInvalidValue;
+  DequantizeKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchNormStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  const int64_t m = static_cast<int64_t>(a.params.head_dim) * a.params.norm_heads;
+  if (a.params.norm_heads < 1 || a.rows > INT32_MAX) return cudaErrorInvalidValue;
+  int64_t padded = 1;
+  while (padded < m) padded *= 2;
+  if (padded > kMaxNormSpan) return cudaErrorInvalidValue;
+  const size_t shared = static_cast<size_t>(padded) * sizeof(float);
+  if (shared > 48 * 1024) {
+    const cudaError_t raised = cudaFuncSetAttribute(
+        NormKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+    if (raised != cudaSuccess) return raised;
+  }
+  NormKernel<<<static_cast<unsigned>(a.rows), kStageBlock, shared, stream>>>(
+      a, static_cast<int>(padded));
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDenormStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  DenormKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQuantizeTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedTile(a)) return cudaErrorInvalidValue;
+  QuantizeTileKernel<<<Blocks(a.rows / a.params.group * a.params.head_dim, kStageBlock),
+                       kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPackTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedTile(a)) return cudaErrorInvalidValue;
+  PackTileKernel<<<Blocks(a.rows * a.params.head_dim * a.params.bits / 8, kStageBlock),
+                   kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchUnpackTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedBits(a) || !SupportedTile(a)) return cudaErrorInvalidValue;
+  UnpackTileKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDequantizeTileStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!SupportedTile(a)) return cudaErrorInvalidValue;
+  DequantizeTileKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+#undef KVQ_STAGE_PROLOGUE
+
+// Every stage of stages.inc: its launcher above (a stage without one does not link).
+cudaError_t DispatchStage(StageId stage, const StageArgs& a, cudaStream_t stream) {
+  switch (stage) {
+#define KVQ_STAGE(name, Name, family, params, arg_list) \
+  case StageId::k##Name:                                \
+    return Launch##Name##Stage(a, stream);
+#include "kvq/common/stages.inc"
+#undef KVQ_STAGE
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace kvq::gpu
