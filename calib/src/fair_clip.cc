@@ -108,11 +108,6 @@ ClipTargets ComputeClipTargets(const Activations& acts, ValueTarget value_target
   return t;
 }
 
-namespace {
-
-// The map the scheme's write path applies to a row of KV head `head`, as a d×d fp32 matrix
-// (row i = e_i rotated): the stored matrix itself for a dense rotation (rotating the identity's
-// rows reproduces it exactly), the FWHT and bit reversal otherwise.
 std::vector<float> EffectiveRotation(const WriteParams& p, const float* dense,
                                      const cpu::Backend& backend) {
   const int d = p.head_dim;
@@ -123,6 +118,9 @@ std::vector<float> EffectiveRotation(const WriteParams& p, const float* dense,
   cpu::Rotate(backend, rotate_only, dense, identity.data(), r.data(), d);
   return r;
 }
+
+namespace {
+
 
 std::vector<float> GatherRowsOf(const Activations& acts, int layer, int head, bool keys,
                                 const std::vector<std::pair<int64_t, int64_t>>& ranges) {

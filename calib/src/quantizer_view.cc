@@ -18,18 +18,6 @@
 namespace kvq::calib {
 namespace {
 
-// The d×d map of the write path's rotation stages (row i = e_i rotated, P_br included).
-std::vector<float> EffectiveMap(const cpu::Backend& backend, const WriteParams& p,
-                                const float* dense) {
-  const int d = p.head_dim;
-  std::vector<float> identity(static_cast<size_t>(d) * d, 0.0f), r(identity.size());
-  for (int i = 0; i < d; ++i) identity[static_cast<size_t>(i) * d + i] = 1.0f;
-  WriteParams rotate_only = p;
-  rotate_only.clip = 1.0f;
-  cpu::Rotate(backend, rotate_only, dense, identity.data(), r.data(), d);
-  return r;
-}
-
 // Mean over rows of e·M·eᵀ, e = rotated − dequantized (both [n, d]).
 double WeightedResidual(const std::vector<float>& rotated, const std::vector<float>& dequantized,
                         const Eigen::MatrixXd& metric, size_t n, int d) {
@@ -102,7 +90,7 @@ KeyView ViewOneHead(const Activations& eval_acts, const Activations& calib_acts,
   v.mean_energy = mean_norm / (spread / static_cast<double>(n));
 
   // The rotation as a matrix, the two C_Q's in its coordinates.
-  const std::vector<float> map = EffectiveMap(backend, w, dense);
+  const std::vector<float> map = EffectiveRotation(w, dense, backend);
   const Eigen::MatrixXd calib_metric = RotatedMetric(
       map.data(), QueryCovariance(calib_acts, layer, h, calib_acts.info.calib_tokens));
   const Eigen::MatrixXd eval_metric =

@@ -61,6 +61,12 @@ struct ClipTargets {
 ClipTargets ComputeClipTargets(const Activations& acts, ValueTarget value_target, int sink,
                                int threads);
 
+// The map p's write path applies to a row, as a d×d fp32 matrix (row i = e_i rotated, P_br
+// included, no clip): the stored matrix itself for a dense rotation (rotating the identity's
+// rows reproduces it exactly), the FWHT and bit reversal otherwise.
+std::vector<float> EffectiveRotation(const WriteParams& p, const float* dense,
+                                     const cpu::Backend& backend);
+
 // ρ_K, ρ_V of layer `layer` for `scheme` (that layer's LayerScheme): its own rotation (dense
 // matrices, FWHT, bit reversal: the effective d×d map, obtained by rotating the identity's
 // rows through the scheme's write path), its own bits and group, the rule of clip_search.h.
