@@ -1,13 +1,9 @@
 #include "kvq/calib/calibrate.h"
 
-#include <atomic>
-#include <condition_variable>
-#include <exception>
-#include <mutex>
-#include <thread>
 
 #include "kvq/calib/clip_search.h"
 #include "kvq/calib/covariance.h"
+#include "kvq/calib/parallel.h"
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/common/error.h"
@@ -33,55 +29,6 @@ constexpr NamedRecipe kRecipes[] = {
     {RotationRecipe::kRandomOrthogonal, "random_orthogonal"},
     {RotationRecipe::kIdentity, "identity"},
 };
-
-// Runs work(i) for i in [0, count) on `threads` threads; the calling thread reports progress
-// after each finished item and rethrows the first exception a worker raised.
-void ParallelFor(int count, int threads, const std::function<void(int)>& work,
-                 const std::function<void()>& on_done) {
-  std::atomic<int> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex mutex;
-  std::condition_variable changed;
-  int finished = 0;
-  int reported = 0;
-  int running = 0;
-  std::exception_ptr error;
-  auto worker = [&]() {
-    for (int i = next++; i < count && !failed; i = next++) {
-      try {
-        work(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      ++finished;
-      changed.notify_all();
-    }
-    std::lock_guard<std::mutex> lock(mutex);
-    --running;
-    changed.notify_all();
-  };
-  const int pool_size = std::max(1, std::min(threads, count));
-  running = pool_size;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < pool_size; ++t) pool.emplace_back(worker);
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    while (running > 0) {
-      changed.wait(lock, [&] { return finished > reported || running == 0; });
-      while (reported < finished) {
-        ++reported;
-        lock.unlock();
-        if (on_done && !failed) on_done();
-        lock.lock();
-      }
-    }
-  }
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
 
 // The rows of the token ranges (RowsAfterSink) of one KV head's keys or values, in order,
 // contiguous [n, d].
@@ -280,7 +227,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
 
   // Stage 1: targets per (layer, KV head).
   std::vector<HeadTargets> targets(static_cast<size_t>(layers) * hkv);
-  ParallelFor(
+  ParallelItems(
       layers * hkv, o.threads,
       [&](int unit) {
         const int l = unit / hkv;
@@ -324,7 +271,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
     report->key_objectives.assign(layers, {});
     report->value_objectives.assign(layers, {});
   }
-  ParallelFor(
+  ParallelItems(
       layers, o.threads,
       [&](int l) {
         LayerCalibration& layer = cal.layers[l];

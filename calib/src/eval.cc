@@ -1,48 +1,16 @@
 #include "kvq/calib/eval.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <memory>
-#include <mutex>
-#include <thread>
 
 #include "kvq/calib/calibrate.h"
+#include "kvq/calib/parallel.h"
 #include "kvq/common/error.h"
 
 namespace kvq::calib {
 namespace {
-
-// Runs work(i) for i in [0, count) on up to `threads` threads; rethrows the first failure.
-// `done` runs after each item, serialised by a lock.
-void RunParallel(int count, int threads, const std::function<void(int)>& work,
-                 const std::function<void()>& done) {
-  std::atomic<int> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex mutex;
-  std::exception_ptr error;
-  auto worker = [&]() {
-    for (int i = next++; i < count && !failed; i = next++) {
-      try {
-        work(i);
-        std::lock_guard<std::mutex> lock(mutex);
-        if (done) done();
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-    }
-  };
-  const int pool_size = std::max(1, std::min(threads, count));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < pool_size; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
 
 double* Field(HeadMetrics& m, size_t index) {
   double* fields[] = {&m.k_rel_mse,     &m.v_rel_mse,      &m.logit_rel_mse, &m.sv_rel_mse,
@@ -137,7 +105,7 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
 
   // Stage 1: each scheme's per-layer cache configuration (raw_target runs eigensolvers here).
   std::vector<LayerScheme> built(static_cast<size_t>(num_schemes) * layers);
-  RunParallel(
+  ParallelItems(
       num_schemes * layers, options.threads,
       [&](int unit) {
         built[unit] = BuildLayerScheme(names[unit / layers], acts, cal, unit % layers,
@@ -171,7 +139,7 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
     metric_options.prefix_tokens = 0;
   }
   result.prefix_tokens = metric_options.prefix_tokens;
-  RunParallel(
+  ParallelItems(
       layers * hkv, options.threads,
       [&](int unit) {
         const int l = unit / hkv;

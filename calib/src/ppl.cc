@@ -1,18 +1,15 @@
 #include "kvq/calib/ppl.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
-#include <exception>
 #include <iomanip>
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <thread>
 
 #include "kvq/calib/cache_attention.h"
 #include "kvq/calib/clip_search.h"
@@ -409,13 +406,9 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
   std::vector<std::unique_ptr<Reference>> references(num_windows);
   std::vector<int> pending(num_windows, static_cast<int>(plan.size()) - 1);
   std::vector<char> ready(num_windows, 0);
-  std::mutex mutex;
+  std::mutex mutex;  // guards references, pending, ready and reference_failed
   std::condition_variable changed;
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::exception_ptr error;
-  int finished = 0;
-  int running = 0;
+  bool reference_failed = false;  // a waiting row gives up: the evaluation fails anyway
 
   auto run_item = [&](const Item& item) {
     const Window& win = windows[item.window];
@@ -455,8 +448,8 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
     }
     {
       std::unique_lock<std::mutex> lock(mutex);
-      changed.wait(lock, [&] { return ready[item.window] != 0 || failed.load(); });
-      if (failed) return;
+      changed.wait(lock, [&] { return ready[item.window] != 0 || reference_failed; });
+      if (reference_failed) return;
     }
     const Reference& ref = *references[item.window];
     const int64_t first = std::min(first_row(item.row, T), T - 1);
@@ -485,44 +478,26 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
     if (--pending[item.window] == 0) references[item.window].reset();
   };
 
-  auto worker = [&]() {
-    for (size_t i = next++; i < order.size() && !failed; i = next++) {
-      try {
-        run_item(order[i]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) error = std::current_exception();
-        failed = true;
-      }
-      std::lock_guard<std::mutex> lock(mutex);
-      ++finished;
-      changed.notify_all();
-    }
-    std::lock_guard<std::mutex> lock(mutex);
-    --running;
-    changed.notify_all();
-  };
-  const int pool_size = std::max(1, std::min<int>(options.threads, static_cast<int>(order.size())));
-  std::vector<std::thread> pool;
-  running = pool_size;
-  for (int t = 0; t < pool_size; ++t) pool.emplace_back(worker);
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    int reported = 0;
-    while (running > 0) {
-      changed.wait(lock, [&] { return finished > reported || running == 0; });
-      while (reported < finished) {
-        ++reported;
-        if (progress && !failed) {
-          lock.unlock();
-          progress(reported, static_cast<int>(order.size()));
-          lock.lock();
+  // A reference is queued before the rows that wait for it, so a row never waits for one no
+  // worker has taken; if it fails, the rows waiting for it are woken to give up.
+  const int total = static_cast<int>(order.size());
+  int reported = 0;
+  ParallelItems(
+      total, options.threads,
+      [&](int i) {
+        try {
+          run_item(order[i]);
+        } catch (...) {
+          if (plan[order[i].row].kind == RowPlan::kReference) {
+            std::lock_guard<std::mutex> lock(mutex);
+            reference_failed = true;
+            changed.notify_all();
+          }
+          throw;
         }
-      }
-    }
-  }
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+      },
+      progress ? std::function<void()>([&] { progress(++reported, total); })
+               : std::function<void()>());
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
