@@ -311,8 +311,7 @@ void Norm(float* x, uint16_t* norm, size_t n, const WriteParams& p) {
   using V = hn::Vec<DF>;
   const size_t lanes = hn::Lanes(df);
   const size_t m = static_cast<size_t>(p.norm_span());
-  size_t padded = 1;
-  while (padded < m) padded *= 2;
+  const size_t padded = static_cast<size_t>(NormTreeSize(static_cast<int64_t>(m)));
   // m = d * heads with d >= 64: whole vectors, and padded >= m is a power of two >= 64.
   HWY_ASSERT(m % lanes == 0 && padded % lanes == 0);
   std::vector<float> a(padded);

@@ -92,8 +92,7 @@ void Clip(float* x, float* tau, size_t n, const WriteParams& p) {
 // everywhere when n^ = 0.
 void Norm(float* x, uint16_t* norm, size_t n, const WriteParams& p) {
   const size_t m = static_cast<size_t>(p.norm_span());
-  size_t padded = 1;
-  while (padded < m) padded *= 2;
+  const size_t padded = static_cast<size_t>(NormTreeSize(static_cast<int64_t>(m)));
   std::vector<float> a(padded);
   for (size_t row = 0; row < n; ++row) {
     float* xr = x + row * m;

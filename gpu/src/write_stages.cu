@@ -424,8 +424,7 @@ cudaError_t LaunchNormStage(const StageArgs& a, cudaStream_t stream) {
   KVQ_STAGE_PROLOGUE(a);
   const int64_t m = static_cast<int64_t>(a.params.head_dim) * a.params.norm_heads;
   if (a.params.norm_heads < 1 || a.rows > INT32_MAX) return cudaErrorInvalidValue;
-  int64_t padded = 1;
-  while (padded < m) padded *= 2;
+  const int64_t padded = NormTreeSize(m);
   if (padded > kMaxNormSpan) return cudaErrorInvalidValue;
   const size_t shared = static_cast<size_t>(padded) * sizeof(float);
   if (shared > 48 * 1024) {

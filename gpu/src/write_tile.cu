@@ -276,8 +276,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool bitrev = a.rotation.bitrev;
   const int fwht_block = a.rotation.kind == kRotationHadamard ? a.rotation.fwht_block : 0;
   const int span = a.num_heads * D;
-  int padded = 1;  // the span padded with +0 to a power of two (the launcher's size)
-  while (padded < span) padded *= 2;
+  const int padded = static_cast<int>(NormTreeSize(span));  // the launcher's size
   uint16_t* norm_plane = reinterpret_cast<uint16_t*>(a.planes[kTileNormPlane]);
   for (int r = 0; r < a.tile_tokens; ++r) {
     for (int j = span + static_cast<int>(threadIdx.x); j < padded; j += kThreads) {
@@ -339,8 +338,7 @@ cudaError_t LaunchTileWrite(const FusedWriteArgs& a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   // The token scope: bf16 rows of a cache (the flat rows of one head hold no other heads).
-  int norm_padded = 1;
-  while (norm_padded < a.num_heads * HEAD_DIM) norm_padded *= 2;
+  const int64_t norm_padded = NormTreeSize(static_cast<int64_t>(a.num_heads) * HEAD_DIM);
   if (a.norm_shared &&
       (a.mode == WriteMode::kRows || !a.x_is_bf16 || norm_padded > kMaxNormSpan)) {
     return cudaErrorInvalidValue;

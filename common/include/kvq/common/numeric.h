@@ -85,6 +85,14 @@ KVQ_HOST_DEVICE uint16_t F16FromF32(float f) {
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+// M: the norm's span of m values padded with +0 to a power of two, the size of its summation
+// tree (spec/numerics.md §5.1). The one definition for the CPU oracle and the CUDA kernels.
+KVQ_HOST_DEVICE int64_t NormTreeSize(int64_t m) {
+  int64_t padded = 1;
+  while (padded < m) padded *= 2;
+  return padded;
+}
+
 // beta(j): the low `bits` bits of j in reverse order (spec/numerics.md §3.3, P_br; an
 // involution), bits in [0, 32]. The one definition for the CPU oracle, calibration and the CUDA
 // kernels; on the device the same function is one bit-reverse instruction and a shift (the loop
