@@ -26,7 +26,7 @@ uint16_t RandomBf16(SplitMix64* rng, bool non_negative) {
   return static_cast<uint16_t>(sign | (rng->Below(250) << 7) | rng->Below(128));
 }
 
-void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p, size_t n,
+void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p,
                SplitMix64* rng, Tensor* t) {
   const size_t count = t->numel();
   switch (arg.dtype) {
@@ -111,7 +111,7 @@ StageBuffers MakeStageBuffers(const StageSpec& stage, size_t n, const WriteParam
     t.dtype = arg.dtype;
     t.shape = ArgShape(arg.extent, static_cast<int64_t>(n), p);
     t.bytes.assign(t.numel() * DTypeSize(t.dtype), poison);
-    if (arg.is_input()) FillInput(stage, arg, p, n, &rng, &t);
+    if (arg.is_input()) FillInput(stage, arg, p, &rng, &t);
     b.args.push_back(std::move(t));
   }
   return b;
