@@ -41,11 +41,19 @@ kvq::calib::SchemeShape Shape() {
   return shape;
 }
 
-// The calibration of the calibrated schemes: synthetic, made once.
-const kvq::calib::Calibration& BenchCalibration() {
-  static const kvq::calib::Calibration cal =
-      kvq::calib::SyntheticCalibration(Shape(), kvq::calib::SchemeOptions(), 512, 1);
-  return cal;
+// The calibration a calibrated scheme reads (oscar's, or an fp8 scheme's own): synthetic,
+// made once per kind.
+const kvq::calib::Calibration& BenchCalibration(const std::string& scheme) {
+  static std::map<std::string, kvq::calib::Calibration> calibrations;
+  const std::string kind = kvq::calib::CalibrationScheme(scheme);
+  auto it = calibrations.find(kind);
+  if (it == calibrations.end()) {
+    it = calibrations
+             .emplace(kind, kvq::calib::SyntheticCalibration(
+                                Shape(), kvq::calib::SchemeOptions(), 512, 1, 2, kind))
+             .first;
+  }
+  return it->second;
 }
 
 struct Fixture {
@@ -61,10 +69,10 @@ const Fixture& GetFixture(const std::string& scheme, int tokens) {
   if (f.cache) return f;
   const kvq::calib::SchemeInfo& info = kvq::calib::SchemeByName(scheme);
   const kvq::calib::LayerScheme s = kvq::calib::BuildLayerScheme(
-      scheme, Shape(), info.needs_calibration ? &BenchCalibration() : nullptr, 0,
+      scheme, Shape(), info.needs_calibration ? &BenchCalibration(scheme) : nullptr, 0,
       kvq::calib::SchemeOptions());
-  f.cache = std::make_unique<kvq::cpu::PagedKVCache>(s.params, s.rotation_k, s.rotation_v,
-                                                     s.clip_k, s.clip_v);
+  f.cache = std::make_unique<kvq::cpu::PagedKVCache>(s.params, s.KeyHeads(), s.ValueHeads(),
+                                                     kvq::cpu::BestBackend());
   f.seq = f.cache->AddSequence();
   std::mt19937_64 rng(static_cast<uint64_t>(tokens) * 2 + 1);
   std::normal_distribution<float> normal(0.0f, 1.0f);

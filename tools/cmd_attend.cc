@@ -75,7 +75,7 @@ struct AttendOptions {
 // What the cache is built from.
 struct CacheSetup {
   kvq::CacheParams params;
-  std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
+  kvq::HeadData key, value;  // per-head rotations, clip ratios, fp8 scales, ...
 };
 
 // The inputs, read and checked against each other.
@@ -232,10 +232,8 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
 
   CacheSetup s;
   s.params = built.params;
-  s.rotation_k = std::move(built.rotation_k);
-  s.rotation_v = std::move(built.rotation_v);
-  s.clip_k = std::move(built.clip_k);
-  s.clip_v = std::move(built.clip_v);
+  s.key = built.KeyHeads();
+  s.value = built.ValueHeads();
   kvq::CacheParams& p = s.params;
   // --group is the per-token sides' G (a tiled side's G_k comes from --tile).
   for (kvq::WriteParams* w : {&p.key, &p.value}) {
@@ -254,7 +252,7 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
       w->bitrev = false;
       w->clip = 1.0f;
     }
-    s = CacheSetup{p, {}, {}, {}, {}};
+    s = CacheSetup{p, {}, {}};
   } else {
     // The scheme's own bits unless --bits says otherwise (saw_int4 is INT4 by default).
     if (o.has_bits) p.key.bits = p.value.bits = o.bits;
@@ -266,20 +264,20 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
         w->hadamard_block = 0;
         w->bitrev = false;
       }
-      s.rotation_k.clear();
-      s.rotation_v.clear();
+      s.key.rotation.clear();
+      s.value.rotation.clear();
       if (dense) {
-        s.rotation_k = ReadRotations(o.rotation_k, "key rotation", in.hkv, in.d);
-        s.rotation_v = ReadRotations(o.rotation_v, "value rotation", in.hkv, in.d);
+        s.key.rotation = ReadRotations(o.rotation_k, "key rotation", in.hkv, in.d);
+        s.value.rotation = ReadRotations(o.rotation_v, "value rotation", in.hkv, in.d);
       }
     }
     if (o.has_clip_k) {
       p.key.clip = clip_k;
-      s.clip_k.clear();
+      s.key.clip.clear();
     }
     if (o.has_clip_v) {
       p.value.clip = clip_v;
-      s.clip_v.clear();
+      s.value.clip.clear();
     }
   }
   p.Validate();
@@ -330,8 +328,8 @@ CacheSetup FlagSetup(const AttendOptions& o, Inputs& in) {
   p.value.clip = clip_v;
   p.Validate();
   if (quantized && dense) {
-    s.rotation_k = ReadRotations(o.rotation_k, "key rotation", p.num_kv_heads, in.d);
-    s.rotation_v = ReadRotations(o.rotation_v, "value rotation", p.num_kv_heads, in.d);
+    s.key.rotation = ReadRotations(o.rotation_k, "key rotation", p.num_kv_heads, in.d);
+    s.value.rotation = ReadRotations(o.rotation_v, "value rotation", p.num_kv_heads, in.d);
   }
   return s;
 }
@@ -355,8 +353,7 @@ void RunAttend(const AttendOptions& given) {
   Inputs in;
   const CacheSetup s = o.scheme.empty() ? FlagSetup(o, in) : SchemeSetup(o, in);
 
-  kvq::cpu::PagedKVCache cache(s.params, s.rotation_k, s.rotation_v, s.clip_k, s.clip_v,
-                               backend);
+  kvq::cpu::PagedKVCache cache(s.params, std::move(s.key), std::move(s.value), backend);
   const int seq = cache.AddSequence();
   const std::vector<float> kf = in.k.ToF32(), vf = in.v.ToF32(), qf = in.q.ToF32();
   cache.Prefill(seq, kf.data(), vf.data(), static_cast<size_t>(in.tokens));

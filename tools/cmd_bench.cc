@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -71,18 +72,26 @@ std::vector<BenchScheme> BuildSchemes(const BenchOptions& o) {
   options.recent = o.recent;
   options.page = o.page;
   options.seed = o.seed;
-  std::unique_ptr<kvq::calib::Calibration> cal;
+  // One synthetic calibration per kind the schemes read (oscar, or an fp8 scheme's own).
+  std::map<std::string, kvq::calib::Calibration> calibrations;
   std::vector<BenchScheme> schemes;
   for (const std::string& name : names) {
     const kvq::calib::SchemeInfo& info = kvq::calib::SchemeByName(name);
-    if (info.needs_calibration && !cal) {
-      // Enough calibration tokens past the sink for the clip search.
-      const int64_t tokens = 2 * (static_cast<int64_t>(o.sink) + 256);
-      cal = std::make_unique<kvq::calib::Calibration>(
-          kvq::calib::SyntheticCalibration(shape, options, tokens, o.seed));
+    const kvq::calib::Calibration* cal = nullptr;
+    if (info.needs_calibration) {
+      const std::string kind = kvq::calib::CalibrationScheme(name);
+      auto it = calibrations.find(kind);
+      if (it == calibrations.end()) {
+        // Enough calibration tokens past the sink for the clip search.
+        const int64_t tokens = 2 * (static_cast<int64_t>(o.sink) + 256);
+        it = calibrations
+                 .emplace(kind, kvq::calib::SyntheticCalibration(shape, options, tokens, o.seed,
+                                                                 2, kind))
+                 .first;
+      }
+      cal = &it->second;
     }
-    schemes.push_back(
-        {name, kvq::calib::BuildLayerScheme(name, shape, cal.get(), 0, options)});
+    schemes.push_back({name, kvq::calib::BuildLayerScheme(name, shape, cal, 0, options)});
   }
   return schemes;
 }
@@ -219,8 +228,8 @@ void RunBench(const BenchOptions& o) {
                 length, " must be positive");
       for (const BenchScheme& scheme : schemes) {
         const kvq::calib::LayerScheme& layer = scheme.layer;
-        kvq::cpu::PagedKVCache cache(layer.params, layer.rotation_k, layer.rotation_v,
-                                     layer.clip_k, layer.clip_v);
+        kvq::cpu::PagedKVCache cache(layer.params, layer.KeyHeads(), layer.ValueHeads(),
+                                     kvq::cpu::BestBackend());
         std::mt19937_64 rng(o.seed + batch * 7919 + length);
         std::vector<int> seqs;
         size_t bytes = 0;

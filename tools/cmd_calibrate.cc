@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -60,8 +61,15 @@ void RunCalibrate(CalibrateCommand& cmd) {
               cal.info.granularity.c_str(), cal.info.value_target.c_str(),
               backend.name.c_str(), seconds);
   for (int l = 0; l < cal.info.num_layers; ++l) {
-    std::printf("  layer %d: clip K %.2f  V %.2f\n", l, cal.layers[l].k_clip[0],
-                cal.layers[l].v_clip[0]);
+    const kvq::calib::LayerCalibration& layer = cal.layers[l];
+    std::printf("  layer %d: clip K %.2f  V %.2f", l, layer.k_clip[0], layer.v_clip[0]);
+    if (!layer.k_scale.empty()) {
+      const auto [k_lo, k_hi] = std::minmax_element(layer.k_scale.begin(), layer.k_scale.end());
+      const auto [v_lo, v_hi] = std::minmax_element(layer.v_scale.begin(), layer.v_scale.end());
+      std::printf("  %s scale K %.4g..%.4g  V %.4g..%.4g", cal.info.scheme.c_str(), *k_lo,
+                  *k_hi, *v_lo, *v_hi);
+    }
+    std::printf("\n");
   }
 }
 
@@ -95,5 +103,9 @@ void setup_calibrate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--threads", cmd->options.threads, "Worker threads")->capture_default_str();
   sub->add_option("--backend", cmd->backend, "Write-path backend (default: best of this CPU)");
+  sub->add_option("--scheme", cmd->options.scheme,
+                  "oscar; or fp8 / fp8_hadamard: also that scheme's per-head fp8 scales "
+                  "(layers.L.k_scale / v_scale = max |x| / 448 after its rotation)")
+      ->capture_default_str();
   sub->callback([cmd]() { RunCalibrate(*cmd); });
 }

@@ -6,8 +6,11 @@
 #include "kvq/calib/parallel.h"
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
+#include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
+#include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/cpu_ref/write_path.h"
 
 namespace kvq::calib {
 namespace {
@@ -191,10 +194,47 @@ void AddRawTargetRotations(const Activations& acts, Calibration* cal) {
   ValidateCalibration(*cal);
 }
 
+std::vector<float> Fp8Scales(const Activations& acts, int layer, bool keys,
+                             const WriteParams& side, const cpu::Backend& backend) {
+  const ActivationsInfo& info = acts.info;
+  KVQ_CHECK(layer >= 0 && layer < info.num_layers, kInvalidArgument, "layer ", layer,
+            " out of range [0, ", info.num_layers, ")");
+  KVQ_CHECK(side.rotation != RotationKind::kDense, kUnsupported,
+            "fp8 scales after a dense rotation are not supported (identity or FWHT)");
+  const int d = info.head_dim;
+  std::vector<float> scales(static_cast<size_t>(info.num_kv_heads));
+  for (int h = 0; h < info.num_kv_heads; ++h) {
+    std::vector<float> rows = GatherRows(acts, layer, h, keys, {{0, info.calib_tokens}});
+    for (float& x : rows) x = RoundToBf16(x);
+    const size_t n = rows.size() / static_cast<size_t>(d);
+    std::vector<float> rotated(rows.size());
+    cpu::Rotate(backend, side, nullptr, rows.data(), rotated.data(), n);
+    float amax = 0.0f;
+    for (float x : rotated) amax = std::fabs(x) > amax ? std::fabs(x) : amax;
+    scales[static_cast<size_t>(h)] = amax == 0.0f ? 1.0f : amax / kE4m3Max;
+  }
+  return scales;
+}
+
 Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
                       const cpu::Backend& backend, const ProgressCallback& progress,
                       ClipReport* report) {
   ValidateActivations(acts);
+  // The fp8 scheme whose scales the file also holds (its side params: the rotations), if any.
+  const LayerScheme* scale_scheme = nullptr;
+  LayerScheme fp8;
+  if (o.scheme != "oscar") {
+    const SchemeInfo& s = SchemeByName(o.scheme);
+    KVQ_CHECK(s.scale == ScalePolicy::kCalibration, kInvalidArgument, "kvq calibrate --scheme ",
+              o.scheme, ": calibrates oscar (rotations and clip ratios) and the schemes with "
+              "calibrated fp8 scales (fp8, fp8_hadamard)");
+    // The scheme built without its calibration-only parts gives the side params.
+    SchemeInfo bare = s;
+    bare.scale = ScalePolicy::kNone;
+    bare.needs_calibration = false;
+    fp8 = BuildLayerScheme(bare, ShapeOf(acts.info), nullptr, 0, SchemeOptions());
+    scale_scheme = &fp8;
+  }
   const ActivationsInfo& info = acts.info;
   WriteParams params;
   params.head_dim = info.head_dim;
@@ -260,7 +300,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
   out.bits = o.bits;
   out.sink = o.sink;
   out.recent = o.recent;
-  out.scheme = "oscar";
+  out.scheme = o.scheme;
   out.rotation = RotationRecipeName(o.rotation);
   out.granularity = GranularityName(o.granularity);
   out.value_target = ValueTargetName(o.value_target);
@@ -345,6 +385,10 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
         if (report) {
           report->key_objectives[l] = key_objectives;
           report->value_objectives[l] = value_objectives;
+        }
+        if (scale_scheme != nullptr) {
+          layer.k_scale = Fp8Scales(acts, l, true, scale_scheme->params.key, backend);
+          layer.v_scale = Fp8Scales(acts, l, false, scale_scheme->params.value, backend);
         }
       },
       tick);

@@ -16,6 +16,8 @@ constexpr const char* kVectorTensors[] = {"k_eigenvalues", "v_eigenvalues"};
 constexpr const char* kScalarTensors[] = {"k_clip", "v_clip"};
 // Added by format_version 2: absent from version 1 files (and then from every layer).
 constexpr const char* kRawTargetTensors[] = {"raw_k_rotation", "raw_v_rotation"};
+// Added by format_version 3: the fp8 schemes' per-head scales.
+constexpr const char* kScaleTensors[] = {"k_scale", "v_scale"};
 
 std::vector<float>& Field(LayerCalibration& layer, const std::string& name) {
   if (name == "k_rotation") return layer.k_rotation;
@@ -27,6 +29,8 @@ std::vector<float>& Field(LayerCalibration& layer, const std::string& name) {
   if (name == "k_clip") return layer.k_clip;
   if (name == "raw_k_rotation") return layer.raw_k_rotation;
   if (name == "raw_v_rotation") return layer.raw_v_rotation;
+  if (name == "k_scale") return layer.k_scale;
+  if (name == "v_scale") return layer.v_scale;
   return layer.v_clip;
 }
 
@@ -61,13 +65,22 @@ std::vector<std::string> FieldsOf(int64_t version) {
   if (version >= 2) {
     for (const char* r : kRawTargetTensors) fields.push_back(r);
   }
+  if (version >= 3) {
+    for (const char* r : kScaleTensors) fields.push_back(r);
+  }
   return fields;
 }
 
-// The version a calibration is written as: 1 exactly when it lacks the raw-target rotations.
+// The version a calibration is written as: 3 with fp8 scales, 1 without the raw-target
+// rotations, else 2.
 int VersionOf(const Calibration& cal) {
+  if (cal.HasScales()) return kCalibrationFormatVersionWithScales;
   return cal.HasRawTargetRotations() ? kCalibrationFormatVersion
                                      : kCalibrationFormatVersionWithoutRawTarget;
+}
+
+bool IsScaleScheme(const std::string& scheme) {
+  return scheme == "fp8" || scheme == "fp8_hadamard";
 }
 
 size_t Product(const std::vector<int64_t>& shape) {
@@ -92,6 +105,14 @@ double OrthogonalityError(const float* m, int d) {
 
 }  // namespace
 
+bool Calibration::HasScales() const {
+  if (layers.empty()) return false;
+  for (const LayerCalibration& layer : layers) {
+    if (layer.k_scale.empty() || layer.v_scale.empty()) return false;
+  }
+  return true;
+}
+
 bool Calibration::HasRawTargetRotations() const {
   if (layers.empty()) return false;
   for (const LayerCalibration& layer : layers) {
@@ -114,8 +135,15 @@ void ValidateCalibration(const Calibration& cal) {
   KVQ_CHECK(info.sink >= 0, kInvalidArgument, "calibration: sink ", info.sink, " must be >= 0");
   KVQ_CHECK(info.recent >= 1, kInvalidArgument, "calibration: recent ", info.recent,
             " must be >= 1");
-  KVQ_CHECK(info.scheme == "oscar", kInvalidArgument, "calibration: scheme '", info.scheme,
-            "' is not supported (oscar)");
+  KVQ_CHECK(info.scheme == "oscar" || IsScaleScheme(info.scheme), kInvalidArgument,
+            "calibration: scheme '", info.scheme, "' is not supported (oscar, fp8, fp8_hadamard)");
+  const bool scales = cal.HasScales();
+  KVQ_CHECK(scales == IsScaleScheme(info.scheme), kInvalidArgument, "calibration: scheme '",
+            info.scheme, "' ", scales ? "holds fp8 scales (only fp8 and fp8_hadamard do)"
+                                      : "needs the fp8 scales k_scale / v_scale in every layer");
+  KVQ_CHECK(!scales || cal.HasRawTargetRotations(), kInvalidArgument,
+            "calibration: fp8 scales need the raw-target rotations too (format_version 3 holds "
+            "every tensor of version 2)");
   KVQ_CHECK(!info.rotation.empty(), kInvalidArgument, "calibration: rotation recipe is empty");
   KVQ_CHECK(info.granularity == "kv_head" || info.granularity == "layer", kInvalidArgument,
             "calibration: granularity '", info.granularity, "' (kv_head or layer)");
@@ -136,6 +164,12 @@ void ValidateCalibration(const Calibration& cal) {
       for (const char* field : kRawTargetTensors) {
         KVQ_CHECK(Field(layer, field).empty(), kShapeMismatch, "calibration layer ", l, " holds ",
                   field, " but another layer lacks the raw-target rotations (all layers or none)");
+      }
+    }
+    if (!scales) {
+      for (const char* field : kScaleTensors) {
+        KVQ_CHECK(Field(layer, field).empty(), kShapeMismatch, "calibration layer ", l, " holds ",
+                  field, " but another layer lacks the fp8 scales (all layers or none)");
       }
     }
     for (const std::string& field : fields) {
@@ -171,6 +205,13 @@ void ValidateCalibration(const Calibration& cal) {
         KVQ_CHECK(rho > 0 && rho <= 1, kInvalidArgument, "calibration layer ", l, " ", field,
                   " kv head ", h, " = ", rho, " is outside (0, 1]");
       }
+      if (scales) {
+        for (const char* field : kScaleTensors) {
+          const float scale = Field(layer, field)[h];
+          KVQ_CHECK(scale > 0, kInvalidArgument, "calibration layer ", l, " ", field,
+                    " kv head ", h, " = ", scale, " is not > 0");
+        }
+      }
     }
     for (const std::string& field : fields) {
       const std::vector<float>& values = Field(layer, field);
@@ -178,7 +219,8 @@ void ValidateCalibration(const Calibration& cal) {
       // Clip ratios are chosen per layer, so they are equal across heads at any granularity;
       // everything else only for per-layer rotations.
       const bool shared = info.granularity == "layer" || field == "k_clip" || field == "v_clip";
-      if (!shared) continue;
+      const bool own = field == "k_scale" || field == "v_scale";  // each head's own amax
+      if (!shared || own) continue;
       for (int h = 1; h < hkv; ++h) {
         for (size_t i = 0; i < per_head; ++i) {
           KVQ_CHECK(values[h * per_head + i] == values[i], kInvalidArgument,
@@ -197,10 +239,11 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
             "calibration: format is '", meta.String("format"), "', expected '",
             kCalibrationFormat, "'");
   const int64_t version = meta.Int("format_version");
-  KVQ_CHECK(version == kCalibrationFormatVersion ||
-                version == kCalibrationFormatVersionWithoutRawTarget,
+  KVQ_CHECK(version >= kCalibrationFormatVersionWithoutRawTarget &&
+                version <= kCalibrationFormatVersionWithScales,
             kMalformedFile, "calibration: format_version ", version, " is not supported (expected ",
-            kCalibrationFormatVersionWithoutRawTarget, " or ", kCalibrationFormatVersion, ")");
+            kCalibrationFormatVersionWithoutRawTarget, ", ", kCalibrationFormatVersion, " or ",
+            kCalibrationFormatVersionWithScales, ")");
   Calibration cal;
   CalibrationInfo& info = cal.info;
   info.num_layers = static_cast<int>(meta.Int("num_layers", 1, 1 << 16));

@@ -18,13 +18,14 @@ namespace {
 const std::vector<SchemeInfo>& Table() {
   static const std::vector<SchemeInfo> table = {
 #define KVQ_SCHEME(id, rotation_k, rotation_v, format_k, format_v, norm, bits, group, windows,  \
-                   clip, calibration, summary)                                                \
+                   clip, scale, calibration, summary)                                         \
   SchemeInfo{#id,                          summary,                                          \
              calibration,                  SchemeRotation::k##rotation_k,                    \
              SchemeRotation::k##rotation_v, Format::k##format_k,                             \
              Format::k##format_v,          SchemeNorm::norm,                                 \
              bits,                         group,                                            \
-             windows,                      ClipPolicy::clip},
+             windows,                      ClipPolicy::clip,                                 \
+             ScalePolicy::scale},
 #include "kvq/calib/schemes.inc"
 #undef KVQ_SCHEME
   };
@@ -155,7 +156,12 @@ NormScope ParseNormScope(const std::string& name) {
 
 LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& o) {
-  const SchemeInfo& info = SchemeByName(name);
+  return BuildLayerScheme(SchemeByName(name), shape, cal, layer, o);
+}
+
+LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
+                             const Calibration* cal, int layer, const SchemeOptions& o) {
+  const std::string name = info.name;
   KVQ_CHECK(layer >= 0 && layer < shape.num_layers, kInvalidArgument, "layer ", layer,
             " out of range [0, ", shape.num_layers, ")");
   if (info.needs_calibration) {
@@ -191,6 +197,7 @@ LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
     w->bitrev = false;
     w->norm = false;
     w->norm_heads = 1;
+    w->head_scale = 1.0f;
   }
   // A page holds whole tiles: P (a power of two, as G_k is) rises to G_k when it is smaller. The
   // page size only places rows in memory; no stored bit or output depends on it.
@@ -205,6 +212,21 @@ LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
     case ClipPolicy::kCalibration:
       s.clip_k = lc->k_clip;
       s.clip_v = lc->v_clip;
+      break;
+  }
+  switch (info.scale) {
+    case ScalePolicy::kNone: break;
+    case ScalePolicy::kCalibration:
+      KVQ_CHECK(!lc->k_scale.empty() && !lc->v_scale.empty(), kInvalidArgument, "scheme '", name,
+                "' needs the calibration's fp8 scales (tensors layers.", layer,
+                ".k_scale and layers.", layer, ".v_scale), which this calibration (scheme '",
+                cal->info.scheme, "') lacks: make one with kvq calibrate --scheme ", name);
+      KVQ_CHECK(cal->info.scheme == name, kInvalidArgument, "scheme '", name,
+                "' needs fp8 scales computed after its own rotation, but this calibration's "
+                "were computed for scheme '", cal->info.scheme, "' (kvq calibrate --scheme ",
+                name, ")");
+      s.scale_k = lc->k_scale;
+      s.scale_v = lc->v_scale;
       break;
   }
   auto basis = [&](int h, bool keys) {
@@ -294,8 +316,13 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
   return BuildLayerScheme(name, ShapeOf(acts.info), cal, layer, options);
 }
 
+std::string CalibrationScheme(const std::string& name) {
+  return SchemeByName(name).scale == ScalePolicy::kCalibration ? name : "oscar";
+}
+
 Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
-                                 int64_t tokens, uint64_t seed, int threads) {
+                                 int64_t tokens, uint64_t seed, int threads,
+                                 const std::string& scheme) {
   SynthOptions synth;
   synth.seed = seed;
   synth.num_layers = shape.num_layers;
@@ -311,6 +338,7 @@ Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& 
   c.sink = options.sink;
   c.recent = options.recent;
   c.threads = threads;
+  c.scheme = CalibrationScheme(scheme);
   c.source = "kvq synth seed=" + std::to_string(seed) + " (SyntheticCalibration)";
   return Calibrate(acts, c, cpu::ScalarBackend());
 }
@@ -339,7 +367,25 @@ LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head) {
   s.rotation_v = slice(scheme.rotation_v, dd);
   s.clip_k = slice(scheme.clip_k, 1);
   s.clip_v = slice(scheme.clip_v, 1);
+  s.scale_k = slice(scheme.scale_k, 1);
+  s.scale_v = slice(scheme.scale_v, 1);
   return s;
+}
+
+HeadData LayerScheme::KeyHeads() const {
+  HeadData h;
+  h.rotation = rotation_k;
+  h.clip = clip_k;
+  h.scale = scale_k;
+  return h;
+}
+
+HeadData LayerScheme::ValueHeads() const {
+  HeadData h;
+  h.rotation = rotation_v;
+  h.clip = clip_v;
+  h.scale = scale_v;
+  return h;
 }
 
 }  // namespace kvq::calib

@@ -108,6 +108,8 @@ void PutWriteParams(const WriteParams& p, const std::string& prefix, Metadata* m
     m[prefix + "norm"] = "1";
     m[prefix + "norm_heads"] = std::to_string(p.norm_heads);
   }
+  // Spec 1.2: the fp8 formats' s^ (other formats store none and keep 1).
+  if (p.format == Format::kFp8E4m3) m[prefix + "head_scale"] = ShortestFloat(p.head_scale);
 }
 
 namespace {
@@ -144,6 +146,7 @@ WriteParams ReadWriteParams(const MetadataReader& meta, const std::string& prefi
   if (meta.Has(prefix + "norm_heads")) {
     p.norm_heads = static_cast<int>(meta.Int(prefix + "norm_heads", 0, 1 << 20));
   }
+  if (meta.Has(prefix + "head_scale")) p.head_scale = meta.Float(prefix + "head_scale");
   return p;
 }
 

@@ -49,11 +49,21 @@ void WriteParams::Validate() const {
       KVQ_CHECK(IsSupportedGroup(group), kInvalidArgument, "tile size ", group,
                 " is not supported (32, 64 or 128 tokens)");
       break;
+    case Format::kFp8E4m3:
+      KVQ_CHECK(bits == 8, kInvalidArgument, "bits ", bits, " is not supported by format '",
+                FormatName(format), "' (8)");
+      KVQ_CHECK(!norm, kInvalidArgument, "a norm is not supported by format '",
+                FormatName(format), "' (affine_tile only)");
+      break;
     default:
       KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " is unknown");
   }
-  KVQ_CHECK(bits == 2 || bits == 4, kInvalidArgument, "bits ", bits,
-            " is not supported (2 or 4)");
+  KVQ_CHECK(format == Format::kFp8E4m3 || bits == 2 || bits == 4, kInvalidArgument, "bits ",
+            bits, " is not supported (2 or 4)");
+  KVQ_CHECK(std::isfinite(head_scale) && head_scale > 0.0f, kInvalidArgument, "head scale ",
+            head_scale, " is not a finite value > 0");
+  KVQ_CHECK(format == Format::kFp8E4m3 || head_scale == 1.0f, kInvalidArgument, "head scale ",
+            head_scale, " given for format '", FormatName(format), "' (fp8_e4m3 only)");
   KVQ_CHECK(std::isfinite(clip) && clip > 0.0f && clip <= 1.0f, kInvalidArgument,
             "clip ratio ", clip, " is outside (0, 1]");
   KVQ_CHECK(rotation == RotationKind::kIdentity || rotation == RotationKind::kDense ||

@@ -19,8 +19,12 @@ std::string Describe(const WriteParams& p) {
   os << "d" << p.head_dim;
   if (p.format != Format::kAffineToken) os << " " << FormatName(p.format);
   if (p.format == Format::kBf16) return os.str();
-  os << (p.format == Format::kAffineToken ? " G" : " Gk") << p.group << " b" << p.bits << " rho"
-     << p.clip << " " << RotationKindName(p.rotation);
+  if (p.format == Format::kFp8E4m3) {
+    os << " s" << p.head_scale;
+  } else {
+    os << (p.format == Format::kAffineToken ? " G" : " Gk") << p.group << " b" << p.bits;
+  }
+  os << " rho" << p.clip << " " << RotationKindName(p.rotation);
   if (p.rotation == RotationKind::kHadamard && p.fwht_block() != p.head_dim) {
     os << "/h" << p.fwht_block();
   }

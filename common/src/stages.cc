@@ -7,6 +7,13 @@
 namespace kvq {
 namespace {
 
+// An argument's domain without a KVQ_ARG_DOMAIN row (stages.h).
+Domain DefaultDomain(const StageArg& a) {
+  if (a.dtype == DType::kU8 && a.extent == Extent::kRows) return Domain::kCodes;
+  if (a.dtype == DType::kBF16 && std::strcmp(a.name, "scale") == 0) return Domain::kNonNegative;
+  return Domain::kAny;
+}
+
 StageSpec MakeSpec(StageId id, const char* name, const char* family,
                    std::initializer_list<StageArg> args) {
   StageSpec s{};
@@ -16,7 +23,17 @@ StageSpec MakeSpec(StageId id, const char* name, const char* family,
   s.transform = std::strcmp(family, "transform") == 0;
   s.format = s.transform ? Format::kAffineToken : ParseFormat(family);
   s.num_args = 0;
-  for (const StageArg& a : args) s.args[s.num_args++] = a;
+  for (const StageArg& a : args) {
+    StageArg& arg = s.args[s.num_args++];
+    arg = a;
+    arg.domain = DefaultDomain(a);
+#define KVQ_ARG_DOMAIN(stage_name, arg_name, domain_)                               \
+    if (std::strcmp(name, #stage_name) == 0 && std::strcmp(a.name, #arg_name) == 0) { \
+      arg.domain = Domain::domain_;                                                    \
+    }
+#include "kvq/common/stages.inc"
+#undef KVQ_ARG_DOMAIN
+  }
   return s;
 }
 
@@ -25,7 +42,7 @@ StageSpec MakeSpec(StageId id, const char* name, const char* family,
 const std::vector<StageSpec>& AllStages() {
   static const std::vector<StageSpec> stages = {
 #define KVQ_ARG(name, expect, dtype, dir, extent) \
-  StageArg{#name, #expect, DType::dtype, ArgDir::dir, Extent::extent},
+  StageArg{#name, #expect, DType::dtype, ArgDir::dir, Extent::extent, Domain::kAny},
 #define KVQ_STAGE(name, Name, family, params, args) \
   MakeSpec(StageId::k##Name, #name, #family, {args}),
 #include "kvq/common/stages.inc"

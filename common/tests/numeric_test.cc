@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <random>
+#include <vector>
 
 namespace kvq {
 namespace {
@@ -207,6 +210,101 @@ TEST(NumericF16, GoldenBoundaryCases) {
   EXPECT_TRUE(IsNonFinite(F32FromF16(0x7c00)));
   EXPECT_TRUE(IsNonFinite(F32FromF16(0x7e00)));
   EXPECT_FALSE(IsNonFinite(65504.0f));
+}
+
+// ---- OCP e4m3 (spec/numerics.md §9) against an independent reference ----
+
+// The value of an e4m3 code from the OCP definition, in double.
+double E4m3Value(int code) {
+  const int sign = code >> 7, exponent = (code >> 3) & 0xf, mantissa = code & 7;
+  const double magnitude = exponent == 0 ? std::ldexp(mantissa / 8.0, -6)
+                                         : std::ldexp(1.0 + mantissa / 8.0, exponent - 7);
+  return sign ? -magnitude : magnitude;
+}
+
+// Nearest finite e4m3 to v in double arithmetic by scanning the 127 magnitudes, ties to the
+// even code, saturating at 448; the sign of v kept (-0 and negative values that round to zero
+// give 0x80). Written without the implementation's bit tricks.
+uint8_t ReferenceE4m3(float v) {
+  static const std::vector<double> magnitudes = [] {
+    std::vector<double> m;
+    for (int code = 0; code <= 0x7e; ++code) m.push_back(E4m3Value(code));  // ascending
+    return m;
+  }();
+  const double a = std::fabs(static_cast<double>(v));
+  int best = 0x7e;
+  if (a < 448.0) {
+    // The two neighbours of a, then the nearer (the even code on a tie).
+    const int above = static_cast<int>(
+        std::lower_bound(magnitudes.begin(), magnitudes.end(), a) - magnitudes.begin());
+    const int below = above == 0 ? 0 : above - 1;
+    const double down = a - magnitudes[below], up = magnitudes[above] - a;
+    best = down < up ? below : (up < down ? above : ((above & 1) == 0 ? above : below));
+  }
+  return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
+}
+
+TEST(NumericE4m3, EveryCodeDecodesToItsOcpValue) {
+  for (int code = 0; code < 256; ++code) {
+    const float v = F32FromE4m3(static_cast<uint8_t>(code));
+    if ((code & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(v)) << code;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(v), E4m3Value(code)) << code;
+    EXPECT_EQ(std::signbit(v), code >= 0x80) << code;
+    EXPECT_EQ(E4m3FromF32(v), code) << "round trip of code " << code;
+  }
+}
+
+TEST(NumericE4m3, SweepOfFp32PatternsMatchesTheReference) {
+  // Every 61st fp32 pattern from 0 to past the saturation edge (~18M values), both signs.
+  for (uint32_t u = 0; u < 0x44000000u; u += 61) {
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      const float f = F32FromBits(u | sign);
+      ASSERT_EQ(E4m3FromF32(f), ReferenceE4m3(f))
+          << "fp32 0x" << std::hex << (u | sign) << " (" << std::scientific << f << ")";
+    }
+  }
+}
+
+TEST(NumericE4m3, EveryTieAndItsNeighbours) {
+  for (int code = 1; code <= 0x7e; ++code) {
+    const float lo = static_cast<float>(E4m3Value(code - 1));
+    const float hi = static_cast<float>(E4m3Value(code));
+    const float mid = (lo + hi) / 2;  // exact
+    const int even = (code & 1) == 0 ? code : code - 1;
+    EXPECT_EQ(E4m3FromF32(mid), even) << "tie between codes " << code - 1 << " and " << code;
+    EXPECT_EQ(E4m3FromF32(-mid), even | 0x80);
+    EXPECT_EQ(E4m3FromF32(std::nextafter(mid, 0.0f)), code - 1);
+    EXPECT_EQ(E4m3FromF32(std::nextafter(mid, 1e9f)), code);
+  }
+}
+
+TEST(NumericE4m3, GoldenBoundaryCases) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(E4m3FromF32(448.0f), 0x7e);
+  EXPECT_EQ(E4m3FromF32(464.0f), 0x7e);   // would round to 480: saturates
+  EXPECT_EQ(E4m3FromF32(1e30f), 0x7e);
+  EXPECT_EQ(E4m3FromF32(inf), 0x7e);
+  EXPECT_EQ(E4m3FromF32(-inf), 0xfe);
+  EXPECT_EQ(E4m3FromF32(-448.5f), 0xfe);
+  EXPECT_EQ(E4m3FromF32(0.0f), 0x00);
+  EXPECT_EQ(E4m3FromF32(-0.0f), 0x80);
+  EXPECT_EQ(E4m3FromF32(0x1p-10f), 0x00);  // half the smallest subnormal: tie to 0
+  EXPECT_EQ(E4m3FromF32(-0x1p-10f), 0x80);
+  EXPECT_EQ(E4m3FromF32(std::nextafter(0x1p-10f, 1.0f)), 0x01);
+  EXPECT_EQ(E4m3FromF32(3 * 0x1p-10f), 0x02);  // tie between 1 and 2 units: even
+  EXPECT_EQ(E4m3FromF32(0x1p-9f), 0x01);
+  EXPECT_EQ(E4m3FromF32(15 * 0x1p-10f), 0x08);  // tie between 7 units and 2^-6: even (8)
+  EXPECT_EQ(E4m3FromF32(0x1p-6f), 0x08);
+  EXPECT_EQ(E4m3FromF32(1.0f), 0x38);
+  EXPECT_EQ(E4m3FromF32(1.0625f), 0x38);  // tie between 1 and 1.125: even
+  EXPECT_EQ(E4m3FromF32(1.1875f), 0x3a);  // tie between 1.125 and 1.25: even
+  EXPECT_EQ(E4m3FromF32(std::numeric_limits<float>::denorm_min()), 0x00);
+  EXPECT_EQ(F32FromE4m3(0x7e), 448.0f);
+  EXPECT_EQ(F32FromE4m3(0x01), 0x1p-9f);
+  EXPECT_EQ(F32FromE4m3(0x80), -0.0f);
 }
 
 }  // namespace

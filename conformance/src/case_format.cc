@@ -45,17 +45,21 @@ CaseKind ParseCaseKind(const std::string& name) {
 }
 
 bool IsReplayableSpecVersion(const std::string& version) {
-  return version == "1.0" || version == "1.1";
+  return version == "1.0" || version == "1.1" || version == "1.2";
 }
 
 const char* SpecVersionOf(const WriteParams& p) {
   if (!p.quantized()) return "1.0";
+  if (p.format == Format::kFp8E4m3) return "1.2";
   const bool v11 = p.format != Format::kAffineToken || p.norm ||
                    (p.group == p.head_dim && !IsSupportedGroup(p.group));
   return v11 ? "1.1" : "1.0";
 }
 
 const char* SpecVersionOf(const CacheParams& p) {
+  for (const WriteParams* w : {&p.key, &p.value}) {
+    if (std::string(SpecVersionOf(*w)) == "1.2") return "1.2";
+  }
   if (p.flush != 1 || p.recent == 0) return "1.1";
   if (std::string(SpecVersionOf(p.key)) == "1.1" || std::string(SpecVersionOf(p.value)) == "1.1") {
     return "1.1";
@@ -73,6 +77,7 @@ const char* RequiredSpecVersion(const Safetensors& file) {
   if (kind == CaseKind::kStage) {
     const StageSpec& stage = StageByName(meta.String("stage"));
     const std::string name = stage.name;
+    if (!stage.transform && stage.format == Format::kFp8E4m3) return "1.2";
     if (name == "norm" || name == "denorm" || (!stage.transform && stage.format != Format::kAffineToken)) {
       return "1.1";
     }
@@ -128,21 +133,23 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
   const CacheParams params = GetCacheParams(file);
   const int hkv = params.num_kv_heads;
   const int d = params.head_dim();
-  std::vector<float> rotation_k, rotation_v, clip_k, clip_v;
+  HeadData key, value;
   if (params.quantized()) {
     if (params.key.rotation == RotationKind::kDense) {
-      rotation_k = GatherRotations(file, fixtures, "in.rotation_k_index", d);
+      key.rotation = GatherRotations(file, fixtures, "in.rotation_k_index", d);
     }
     if (params.value.rotation == RotationKind::kDense) {
-      rotation_v = GatherRotations(file, fixtures, "in.rotation_v_index", d);
+      value.rotation = GatherRotations(file, fixtures, "in.rotation_v_index", d);
     }
-    if (const Tensor* t = file.Find("in.clip_k")) clip_k = t->ToF32();
-    if (const Tensor* t = file.Find("in.clip_v")) clip_v = t->ToF32();
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                     \
+    if (const Tensor* t = file.Find("in." #name "_k")) key.name = t->ToF32(); \
+    if (const Tensor* t = file.Find("in." #name "_v")) value.name = t->ToF32();
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
   }
   ReplayedCache out;
-  out.cache = std::make_unique<cpu::PagedKVCache>(params, std::move(rotation_k),
-                                                  std::move(rotation_v), std::move(clip_k),
-                                                  std::move(clip_v), write_backend);
+  out.cache = std::make_unique<cpu::PagedKVCache>(params, std::move(key), std::move(value),
+                                                  write_backend);
   const Tensor& ops = file.Get("in.ops");
   const Tensor& k = file.Get("in.k");
   const Tensor& v = file.Get("in.v");

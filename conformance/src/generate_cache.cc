@@ -33,8 +33,8 @@ std::vector<CacheConfig> CacheConfigs() {
         .Build();
     c.rotation_k = {0, 1};
     c.rotation_v = {2, 3};
-    c.clip_k = {0.96f, 1.0f};
-    c.clip_v = {0.92f, 0.96f};
+    c.key.clip = {0.96f, 1.0f};
+    c.value.clip = {0.92f, 0.96f};
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 30);
@@ -81,8 +81,8 @@ std::vector<CacheConfig> CacheConfigs() {
             .key(params::Write().head_dim(128).group(128).bits(2).hadamard(32))
             .value(params::Write().head_dim(128).group(32).bits(4).hadamard().bitrev())
             .Build();
-    c.clip_k = {0.92f, 0.96f};
-    c.clip_v = {1.0f, 0.5f};
+    c.key.clip = {0.92f, 0.96f};
+    c.value.clip = {1.0f, 0.5f};
     c.script = [](Script* s) {
       const int a = s->Add();
       s->Prefill(a, 40);
@@ -194,6 +194,62 @@ std::vector<CacheConfig> CacheConfigs() {
     };
     configs.push_back(c);
   }
+  // ---- spec 1.2 ----
+  {
+    // FP8 as the engines run it: no windows (S0 = W = 0), per-head scales on both sides, two
+    // sequences, one removed and its pages reused.
+    CacheConfig c;
+    c.name = "fp8_d64_w0_scales";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(0).page(16)
+        .both(params::Write().head_dim(64).fp8())
+        .Build();
+    c.key.scale = {0.0123f, 0.002f};
+    c.value.scale = {0.0045f, 1.0f};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 20);
+      const int b = s->Add();
+      s->Prefill(b, 5);
+      for (int i = 0; i < 8; ++i) {
+        s->Append(a);
+        s->Append(b);
+      }
+      s->Remove(b);
+      const int c3 = s->Add();
+      s->Prefill(c3, 17);
+    };
+    configs.push_back(c);
+  }
+  {
+    // FP8 after the FWHT of K and V, with bf16 windows (S0 = 4, W = 8) and one scale per side.
+    CacheConfig c;
+    c.name = "fp8_hadamard_d128_s4_w8";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(4).recent(8).page(16)
+        .key(params::Write().head_dim(128).fp8(0.0078125f).hadamard())
+        .value(params::Write().head_dim(128).fp8(0.003f).hadamard())
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 30);
+      for (int i = 0; i < 10; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // FP8 keys over INT4 values (K and V in different formats), d = 256.
+    CacheConfig c;
+    c.name = "fp8k_int4v_d256_s2_w4";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(2).recent(4).page(16)
+        .key(params::Write().head_dim(256).fp8(0.02f))
+        .value(params::Write().head_dim(256).group(64).bits(4))
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 24);
+      for (int i = 0; i < 6; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
   {
     // The bf16 baseline: every token kept as bf16, no pages.
     CacheConfig c;
@@ -279,8 +335,14 @@ Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const s
     };
     if (p.key.rotation == RotationKind::kDense) use("in.rotation_k_index", config.rotation_k);
     if (p.value.rotation == RotationKind::kDense) use("in.rotation_v_index", config.rotation_v);
-    if (!config.clip_k.empty()) file.Add("in.clip_k", Tensor::F32({hkv}, config.clip_k));
-    if (!config.clip_v.empty()) file.Add("in.clip_v", Tensor::F32({hkv}, config.clip_v));
+    // Each per-head scalar of head_data.inc given: "in.<name>_k" / "in.<name>_v" F32 [Hkv].
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                     \
+    if (!config.key.name.empty()) file.Add("in." #name "_k", Tensor::F32({hkv}, config.key.name)); \
+    if (!config.value.name.empty()) {                                                         \
+      file.Add("in." #name "_v", Tensor::F32({hkv}, config.value.name));                     \
+    }
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
   }
   Script script;
   config.script(&script);

@@ -49,9 +49,17 @@ void AddSchemeAttentionCases(VectorCollector* out) {
   const calib::SchemeOptions options = CaseOptions();
   const std::string calibration_name = "attention/scheme_calibration";
   const uint64_t calibration_seed = CaseSeed(out->seed(), calibration_name);
-  const calib::Calibration cal = calib::SyntheticCalibration(shape, options, kCalibrationTokens,
-                                                             calibration_seed);
+  // The OSCAR calibration every calibrated scheme reads, and an fp8 scheme's own (the same
+  // synthetic activations, with that scheme's scales).
+  const calib::Calibration oscar = calib::SyntheticCalibration(shape, options, kCalibrationTokens,
+                                                               calibration_seed);
   for (const calib::SchemeInfo& info : calib::Schemes()) {
+    const std::string kind = calib::CalibrationScheme(info.name);
+    const calib::Calibration own =
+        kind == "oscar" ? calib::Calibration()
+                        : calib::SyntheticCalibration(shape, options, kCalibrationTokens,
+                                                      calibration_seed, 2, kind);
+    const calib::Calibration& cal = kind == "oscar" ? oscar : own;
     const calib::LayerScheme s = calib::BuildLayerScheme(
         info.name, shape, info.needs_calibration ? &cal : nullptr, 0, options);
     CacheConfig c;
@@ -65,8 +73,10 @@ void AddSchemeAttentionCases(VectorCollector* out) {
       overrides = " F=" + std::to_string(c.params.flush) + " (the scheme's own F is " +
                   std::to_string(s.params.flush) + ")";
     }
-    c.clip_k = s.clip_k;
-    c.clip_v = s.clip_v;
+    c.key = s.KeyHeads();
+    c.value = s.ValueHeads();
+    c.key.rotation.clear();  // dense rotations travel in the fixture below
+    c.value.rotation.clear();
     const bool dense_k = s.params.key.rotation == RotationKind::kDense;
     const bool dense_v = s.params.value.rotation == RotationKind::kDense;
     if (s.params.quantized() && (dense_k || dense_v)) {
@@ -97,7 +107,8 @@ void AddSchemeAttentionCases(VectorCollector* out) {
     if (info.needs_calibration) {
       c.metadata["scheme_calibration"] =
           "calib::SyntheticCalibration(Hkv=1, Hq=2, d=64, " + std::to_string(kCalibrationTokens) +
-          " tokens, seed " + std::to_string(calibration_seed) + ")";
+          " tokens, seed " + std::to_string(calibration_seed) +
+          (kind == "oscar" ? std::string(")") : ", scheme " + kind + ")");
     }
     AddAttentionCase(out, c);
   }

@@ -2,9 +2,11 @@
 // and the whole QuantizeRows pipeline over the spec's parameter grid. Expected values are the
 // scalar backend's outputs.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvq/common/error.h"
+#include "kvq/common/metadata.h"
 #include "kvq/common/params_builder.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/tensor.h"
@@ -507,6 +509,96 @@ void AddSpec11Pipelines(VectorCollector* out, const cpu::Backend& scalar) {
   }
 }
 
+// ---- spec 1.2: fp8_e4m3 ----
+
+std::string ScaleTag(float s) {
+  std::string tag = ShortestFloat(s);
+  for (char& c : tag) {
+    if (c == '.') c = 'p';
+    if (c == '-') c = 'm';
+  }
+  return tag;
+}
+
+// quantize_fp8 over every conversion boundary (times s = 1 and s = 2^-7, so x / s lands on the
+// boundaries exactly), then over every row kind with scales that are not powers of two (small
+// enough that huge rows saturate); dequantize_fp8 over every non-NaN code.
+void AddFp8Stages(VectorCollector* out, const cpu::Backend& scalar) {
+  const std::vector<float> boundaries = Fp8BoundaryValues();
+  for (const auto& [d, s] : {std::pair<int, float>{64, 1.0f}, {128, 0.0078125f}}) {
+    const WriteParams p = params::Write().head_dim(d).fp8(s);
+    const std::string name = "stage/quantize_fp8_d" + std::to_string(d) + "_s" + ScaleTag(s) +
+                             "_boundaries";
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.2");
+    const size_t n = (boundaries.size() + static_cast<size_t>(d) - 1) / static_cast<size_t>(d);
+    std::vector<float> x(n * static_cast<size_t>(d), 0.0f);
+    for (size_t i = 0; i < boundaries.size(); ++i) x[i] = boundaries[i] * s;
+    SetStage(&file, "quantize_fp8", p, n, "fp8_boundaries_times_s,zero_padding");
+    std::vector<uint8_t> codes(x.size());
+    scalar.write.quantize_fp8(x.data(), codes.data(), n, p);
+    file.Add("in.x", Tensor::F32({I(n), d}, x));
+    file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  for (const auto& [d, s] : {std::pair<int, float>{64, 0.0123f}, {128, 3.5f}, {256, 1e-3f}}) {
+    const WriteParams p = params::Write().head_dim(d).fp8(s);
+    const std::string name = "stage/quantize_fp8_d" + std::to_string(d) + "_s" + ScaleTag(s);
+    std::vector<float> x;
+    Safetensors file = NewRowsStageCase(out, name, "quantize_fp8", p, AllRowKinds(), &x, "1.2");
+    const size_t n = AllRowKinds().size();
+    std::vector<uint8_t> codes(x.size());
+    scalar.write.quantize_fp8(x.data(), codes.data(), n, p);
+    file.Add("in.x", Tensor::F32({I(n), d}, x));
+    file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  for (const auto& [d, s] : {std::pair<int, float>{64, 1.0f}, {128, 0.0123f}, {256, 37.5f}}) {
+    const WriteParams p = params::Write().head_dim(d).fp8(s);
+    const std::string name = "stage/dequantize_fp8_d" + std::to_string(d) + "_s" + ScaleTag(s);
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.2");
+    // The 254 non-NaN codes in order, then random ones, to whole rows.
+    const size_t n = (254 + static_cast<size_t>(d) - 1) / static_cast<size_t>(d) + 1;
+    std::vector<uint8_t> codes(n * static_cast<size_t>(d));
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const uint32_t c = i < 254 ? static_cast<uint32_t>(i) : rng.Below(254);
+      codes[i] = static_cast<uint8_t>(c < 0x7f ? c : c + 1);
+    }
+    SetStage(&file, "dequantize_fp8", p, n, "every_non_nan_code,random");
+    std::vector<float> y(codes.size());
+    scalar.write.dequantize_fp8(codes.data(), y.data(), n, p);
+    file.Add("in.codes", Tensor::U8({I(n), d}, codes));
+    file.Add("expect.y", Tensor::F32({I(n), d}, y));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+}
+
+// The fp8 write path: every row kind through identity, FWHT (whole and blocks), FWHT + P_br
+// and a dense rotation, at scales that are and are not powers of two.
+void AddFp8Pipelines(VectorCollector* out, const cpu::Backend& scalar) {
+  struct Case {
+    int d;
+    float s;
+    RotationVariant rotation;
+  };
+  const Case cases[] = {
+      {64, 1.0f, kGridRotations[0]},      {64, 0.0123f, kGridRotations[2]},
+      {128, 0.0045f, kGridRotations[0]},  {128, 0.0625f, kGridRotations[3]},
+      {128, 0.021f, kGridRotations[1]},   {256, 0.5f, kEdgeRotations[3]},
+      {256, 3.0e-3f, kGridRotations[2]},
+  };
+  size_t index = 0;
+  for (const Case& c : cases) {
+    const WriteParams p = params::Write().head_dim(c.d).fp8(c.s).rotation(c.rotation.kind)
+                              .block(c.rotation.block).bitrev(c.rotation.bitrev);
+    const std::string name = "pipeline/fp8_d" + std::to_string(c.d) + "_s" + ScaleTag(c.s) +
+                             "_" + c.rotation.name;
+    AddPipelineCase(out, scalar, name, p, AllRowKinds(),
+                    static_cast<int>(index++ % out->FixtureMatrices(c.d)));
+  }
+}
+
 }  // namespace
 
 
@@ -518,6 +610,7 @@ void AddStageCases(VectorCollector* out) {
   AddPackingStages(out, scalar);
   AddNormStages(out, scalar);
   AddTileStages(out, scalar);
+  AddFp8Stages(out, scalar);
 }
 
 void AddPipelineCases(VectorCollector* out) {
@@ -566,6 +659,7 @@ void AddPipelineCases(VectorCollector* out) {
     }
   }
   AddSpec11Pipelines(out, scalar);
+  AddFp8Pipelines(out, scalar);
   // Block-diagonal Hadamard (SAW-INT4 style).
   struct Block {
     int d, g, b;

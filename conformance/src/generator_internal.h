@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvq/common/io.h"
+#include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
 #include "kvq/conformance/case_format.h"
 #include "kvq/conformance/prng.h"
@@ -93,7 +94,7 @@ struct CacheConfig {
   CacheParams params;
   std::vector<int32_t> rotation_k, rotation_v;  // fixture indices per KV head (dense only)
   std::string rotation_fixture;                 // their fixture; empty: rotations_d<d>
-  std::vector<float> clip_k, clip_v;            // per-head clip ratios, or empty
+  HeadData key, value;  // per-head scalars (clip ratios, fp8 scales, ...); rotations above
   std::function<void(Script*)> script;
   std::map<std::string, std::string> metadata;  // extra case metadata (e.g. "scheme")
 };

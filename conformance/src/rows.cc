@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kvq/common/numeric.h"
 
@@ -314,6 +315,31 @@ std::vector<float> MixedRows(size_t n, const WriteParams& p, SplitMix64* rng,
   std::vector<float> rows(n * d);
   for (size_t r = 0; r < n; ++r) FillRow(kinds[r % kinds.size()], p, rng, rows.data() + r * d);
   return rows;
+}
+
+std::vector<float> Fp8BoundaryValues() {
+  std::vector<float> positive;
+  float previous = 0.0f;
+  for (int code = 0; code <= 0x7e; ++code) {
+    const float v = F32FromE4m3(static_cast<uint8_t>(code));
+    positive.push_back(v);
+    if (code > 0) {
+      const float mid = (previous + v) / 2;  // exact: e4m3 values have 4 significant bits
+      positive.push_back(mid);
+      positive.push_back(std::nextafter(mid, 0.0f));
+      positive.push_back(std::nextafter(mid, std::numeric_limits<float>::infinity()));
+    }
+    previous = v;
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {std::nextafter(448.0f, inf), 464.0f, std::nextafter(464.0f, 0.0f), 480.0f,
+                  1e30f, std::numeric_limits<float>::max(), inf, 0.0009765625f /* 2^-10 */,
+                  std::numeric_limits<float>::denorm_min(), 1e-40f}) {
+    positive.push_back(v);
+  }
+  std::vector<float> values = positive;
+  for (float v : positive) values.push_back(-v);
+  return values;
 }
 
 }  // namespace kvq::conformance

@@ -319,7 +319,7 @@ VectorSet LoadVectorSet(const std::string& dir) {
               "' has format '", CaseMetadata(parsed).String("format"), "', expected ", kCaseFormat);
     const std::string& version = CaseMetadata(parsed).String("spec_version");
     KVQ_CHECK(IsReplayableSpecVersion(version), kMismatch, "'", f.entry.path, "' is for spec ",
-              version, ", this build implements spec ", kSpecVersion, " (cases of 1.0 and 1.1)");
+              version, ", this build implements spec ", kSpecVersion, " (cases of 1.0, 1.1 and 1.2)");
     KVQ_CHECK(version == RequiredSpecVersion(parsed), kMalformedFile, "'", f.entry.path,
               "' is labelled spec ", version, " but its parameters are those of spec ",
               RequiredSpecVersion(parsed));

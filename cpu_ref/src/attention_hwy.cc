@@ -215,6 +215,35 @@ class AffineTileRun {
   std::vector<uint8_t> staging_;
 };
 
+// One e4m3 byte per value: the run is decoded once per call into fp32 rows (into `decoded`,
+// [n, d]) by the codec's dequantize_fp8 of this target (s^ * e4m3, exact decode then one
+// rounding), and read from there.
+class Fp8E4m3Run {
+ public:
+  Fp8E4m3Run(const HistoryRunView& rows, size_t n, const WriteParams& p,
+             std::vector<float>* decoded)
+      : d_(static_cast<size_t>(p.head_dim)) {
+    decoded->resize(n * d_);
+    rows_ = decoded->data();
+    const DF df;
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<uint8_t, DF> d8;
+    const size_t lanes = hn::Lanes(df);
+    const VF scale = hn::Set(df, p.head_scale);
+    HWY_ALIGN float table[256];
+    for (int c = 0; c < 256; ++c) table[c] = F32FromE4m3(static_cast<uint8_t>(c));
+    for (size_t i = 0; i < n * d_; i += lanes) {
+      const auto index = hn::PromoteTo(di, hn::LoadU(d8, rows.plane[0] + i));
+      hn::StoreU(hn::Mul(scale, hn::GatherIndex(df, table, index)), df, rows_ + i);
+    }
+  }
+  HWY_INLINE F32Source Row(size_t i) const { return F32Source{rows_ + i * d_}; }
+
+ private:
+  size_t d_;
+  float* rows_ = nullptr;
+};
+
 // Calls fn(make_source) where make_source(i) is the source of row i of the run, decoded by the
 // codec of p.format (one <Name>Run class per row of formats.inc).
 template <class Fn>

@@ -109,6 +109,12 @@ void DecodeRowAffineTile(const HistoryRunView& run, size_t i, const WriteParams&
   }
 }
 
+// y = s^ * e4m3 value (the codec's dequantize, numerics.md §9).
+void DecodeRowFp8E4m3(const HistoryRunView& run, size_t i, const WriteParams& p, float* out) {
+  const uint8_t* codes = run.plane[0] + i * static_cast<size_t>(p.head_dim);
+  for (int j = 0; j < p.head_dim; ++j) out[j] = p.head_scale * F32FromE4m3(codes[j]);
+}
+
 void DecodeRow(const HistoryRunView& run, size_t i, const WriteParams& p, float* out) {
   switch (p.format) {
 #define KVQ_FORMAT(id, Name, tile_tokens, summary) \

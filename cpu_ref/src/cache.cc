@@ -35,55 +35,46 @@ double CacheBytes::bits_per_element_allocated() const {
                              static_cast<double>(elements);
 }
 
-PagedKVCache::PagedKVCache(const CacheParams& params, std::vector<float> rotation_k,
-                           std::vector<float> rotation_v, std::vector<float> clip_k,
-                           std::vector<float> clip_v, const Backend& write_backend)
+PagedKVCache::PagedKVCache(const CacheParams& params, HeadData key, HeadData value,
+                           const Backend& write_backend)
     : params_(params), write_backend_(&write_backend) {
   params_.Validate();
   if (!params_.quantized()) return;  // the bf16 baseline needs no write data
   layout_[0] = LayoutOf(params_.key);
   layout_[1] = LayoutOf(params_.value);
-  const size_t hkv = static_cast<size_t>(params_.num_kv_heads);
   const size_t d = static_cast<size_t>(params_.head_dim());
-  std::vector<float>* rotations[2] = {&rotation_k, &rotation_v};
-  std::vector<float>* clips[2] = {&clip_k, &clip_v};
+  HeadData* sides[2] = {&key, &value};
   for (int kv = 0; kv < 2; ++kv) {
     const WriteParams& wp = kv == 0 ? params_.key : params_.value;
-    std::vector<float>& rotation = *rotations[kv];
-    if (wp.rotation == RotationKind::kDense) {
-      KVQ_CHECK(rotation.size() == hkv * d * d, kShapeMismatch, KVName(kv), " rotation has ",
-                rotation.size(), " values, expected [", hkv, ", ", d, ", ", d, "] = ",
-                hkv * d * d);
-      for (size_t i = 0; i < rotation.size(); ++i) {
-        KVQ_CHECK(std::isfinite(rotation[i]), kNonFinite, KVName(kv),
-                  " rotation of KV head ", i / (d * d), " has ", rotation[i], " at row ",
-                  (i / d) % d, ", column ", i % d);
-      }
-    } else {
-      KVQ_CHECK(rotation.empty(), kInvalidArgument, KVName(kv), " rotation matrices given (",
-                rotation.size(), " values) but the ", KVName(kv), " rotation is '",
-                RotationKindName(wp.rotation), "'");
-    }
-    rotation_[kv] = std::move(rotation);
+    sides[kv]->Validate(wp, params_.num_kv_heads, KVName(kv));
+    heads_[kv] = std::move(*sides[kv]);
+    const std::vector<float>& rotation = heads_[kv].rotation;
     std::vector<float>& transposed = rotation_transposed_[kv];
-    transposed.resize(rotation_[kv].size());
+    transposed.resize(rotation.size());
     for (size_t base = 0; base < transposed.size(); base += d * d) {
       for (size_t i = 0; i < d; ++i) {
-        for (size_t j = 0; j < d; ++j) transposed[base + j * d + i] = rotation_[kv][base + i * d + j];
+        for (size_t j = 0; j < d; ++j) transposed[base + j * d + i] = rotation[base + i * d + j];
       }
     }
-
-    std::vector<float>& clip = *clips[kv];
-    if (clip.empty()) clip.assign(hkv, wp.clip);
-    KVQ_CHECK(clip.size() == hkv, kShapeMismatch, KVName(kv), " clip ratios have ", clip.size(),
-              " values, expected one per KV head (", hkv, ")");
-    for (size_t h = 0; h < hkv; ++h) {
-      KVQ_CHECK(std::isfinite(clip[h]) && clip[h] > 0.0f && clip[h] <= 1.0f, kInvalidArgument,
-                KVName(kv), " clip ratio ", clip[h], " of KV head ", h, " is outside (0, 1]");
-    }
-    clip_[kv] = std::move(clip);
   }
 }
+
+namespace {
+
+HeadData RotationAndClip(std::vector<float> rotation, std::vector<float> clip) {
+  HeadData h;
+  h.rotation = std::move(rotation);
+  h.clip = std::move(clip);
+  return h;
+}
+
+}  // namespace
+
+PagedKVCache::PagedKVCache(const CacheParams& params, std::vector<float> rotation_k,
+                           std::vector<float> rotation_v, std::vector<float> clip_k,
+                           std::vector<float> clip_v, const Backend& write_backend)
+    : PagedKVCache(params, RotationAndClip(std::move(rotation_k), std::move(clip_k)),
+                   RotationAndClip(std::move(rotation_v), std::move(clip_v)), write_backend) {}
 
 int PagedKVCache::AddSequence() {
   const int id = next_sequence_id_++;
@@ -362,7 +353,7 @@ HistoryRunView PagedKVCache::HistoryRow(int seq, size_t i, int head, KV kv) cons
 
 void PagedKVCache::DequantizedHistoryRow(int seq, size_t i, int head, KV kv, float* out) const {
   const HistoryRunView row = HistoryRow(seq, i, head, kv);
-  DecodeRows(ScalarBackend(), kv == KV::kKey ? params_.key : params_.value, row, 1, out);
+  DecodeRows(ScalarBackend(), HeadParams(kv, head), row, 1, out);
 }
 
 std::vector<float> PagedKVCache::DequantizedHistory(int seq, int head, KV kv) const {
@@ -372,8 +363,8 @@ std::vector<float> PagedKVCache::DequantizedHistory(int seq, int head, KV kv) co
   // One page run at a time (a tile format decodes whole tiles).
   const size_t page = static_cast<size_t>(params_.page_size);
   for (size_t i0 = 0; i0 < n; i0 += page) {
-    DecodeRows(ScalarBackend(), kv == KV::kKey ? params_.key : params_.value,
-               HistoryRow(seq, i0, head, kv), std::min(page, n - i0), &rows[i0 * d]);
+    DecodeRows(ScalarBackend(), HeadParams(kv, head), HistoryRow(seq, i0, head, kv),
+               std::min(page, n - i0), &rows[i0 * d]);
   }
   return rows;
 }
@@ -381,7 +372,7 @@ std::vector<float> PagedKVCache::DequantizedHistory(int seq, int head, KV kv) co
 const float* PagedKVCache::Rotation(KV kv, int head) const {
   KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
             " is outside [0, ", params_.num_kv_heads, ")");
-  const std::vector<float>& r = rotation_[Index(kv)];
+  const std::vector<float>& r = heads_[Index(kv)].rotation;
   if (r.empty()) return nullptr;
   const size_t d = static_cast<size_t>(params_.head_dim());
   return r.data() + static_cast<size_t>(head) * d * d;
@@ -394,18 +385,10 @@ const float* PagedKVCache::RotationTransposed(KV kv, int head) const {
   return rotation_transposed_[Index(kv)].data() + static_cast<size_t>(head) * d * d;
 }
 
-float PagedKVCache::ClipRatio(KV kv, int head) const {
+WriteParams PagedKVCache::HeadParams(KV kv, int head) const {
   KVQ_CHECK(head >= 0 && head < params_.num_kv_heads, kInvalidArgument, "KV head ", head,
             " is outside [0, ", params_.num_kv_heads, ")");
-  const WriteParams& wp = kv == KV::kKey ? params_.key : params_.value;
-  const std::vector<float>& c = clip_[Index(kv)];
-  return c.empty() ? wp.clip : c[static_cast<size_t>(head)];
-}
-
-WriteParams PagedKVCache::HeadParams(KV kv, int head) const {
-  WriteParams wp = kv == KV::kKey ? params_.key : params_.value;
-  wp.clip = ClipRatio(kv, head);
-  return wp;
+  return heads_[Index(kv)].Apply(kv == KV::kKey ? params_.key : params_.value, head);
 }
 
 CacheBytes PagedKVCache::Bytes(int seq) const {

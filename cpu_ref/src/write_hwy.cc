@@ -625,6 +625,69 @@ void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min
   }
 }
 
+// ------------------------------------------------------------------ fp8_e4m3
+
+// E4m3FromF32 lane-wise on x / s^ (IEEE Div): the same integer steps on the fp32 bits (bias
+// add and 20-bit shift for the normal range, saturation at 448), and for the subnormal range
+// |v| * 512 (exact) rounded half to even by adding and subtracting 2^23.
+void QuantizeFp8(const float* x, uint8_t* codes, size_t n, const WriteParams& p) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t lanes = hn::Lanes(df);
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  HWY_ASSERT(count % lanes == 0);  // d is a multiple of every vector length
+  const auto scale = hn::Set(df, p.head_scale);
+  const auto abs_mask = hn::Set(di, 0x7fffffff);
+  const auto sign_bit = hn::Set(di, 0x80);
+  const auto max_bits = hn::Set(di, static_cast<int32_t>(kE4m3MaxBits));
+  const auto min_normal_bits = hn::Set(di, static_cast<int32_t>(kE4m3MinNormalBits));
+  const auto round_bias = hn::Set(di, 0x7ffff);
+  const auto one = hn::Set(di, 1);
+  const auto rebias = hn::Set(di, (127 - 7) << 3);
+  const auto saturated = hn::Set(di, 0x7e);
+  const auto subnormal_unit = hn::Set(df, 512.0f);
+  const auto round_magic = hn::Set(df, 8388608.0f);
+  for (size_t i = 0; i < count; i += lanes) {
+    const auto v = hn::BitCast(di, hn::Div(hn::LoadU(df, x + i), scale));
+    const auto sign = hn::And(hn::ShiftRight<24>(v), sign_bit);  // arithmetic: bit 31 -> bit 7
+    const auto a = hn::And(v, abs_mask);
+    const auto normal = hn::Sub(
+        hn::ShiftRight<20>(hn::Add(hn::Add(a, round_bias), hn::And(hn::ShiftRight<20>(a), one))),
+        rebias);
+    const auto is_subnormal = hn::Lt(a, min_normal_bits);
+    // Only subnormal lanes reach the float rounding (others would overflow the int convert).
+    const auto small = hn::IfThenElseZero(hn::RebindMask(df, is_subnormal), hn::BitCast(df, a));
+    const auto subnormal = hn::ConvertTo(
+        di, hn::Sub(hn::Add(hn::Mul(small, subnormal_unit), round_magic), round_magic));
+    auto magnitude = hn::IfThenElse(is_subnormal, subnormal, normal);
+    magnitude = hn::IfThenElse(hn::Lt(a, max_bits), magnitude, saturated);
+    hn::StoreU(hn::DemoteTo(d8, hn::Or(magnitude, sign)), d8, codes + i);
+  }
+}
+
+// Every code decoded exactly once into a table (F32FromE4m3), gathered lane-wise, times s^.
+void DequantizeFp8(const uint8_t* codes, float* y, size_t n, const WriteParams& p) {
+  struct Table {
+    HWY_ALIGN float value[256];
+    Table() {
+      for (int c = 0; c < 256; ++c) value[c] = F32FromE4m3(static_cast<uint8_t>(c));
+    }
+  };
+  static const Table table;
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t lanes = hn::Lanes(df);
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  HWY_ASSERT(count % lanes == 0);
+  const auto scale = hn::Set(df, p.head_scale);
+  for (size_t i = 0; i < count; i += lanes) {
+    const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
+    hn::StoreU(hn::Mul(scale, hn::GatherIndex(df, table.value, index)), df, y + i);
+  }
+}
+
 WriteKernels MakeWriteKernels() {
   WriteKernels k;
 #define KVQ_STAGE(name, Name, family, params, args) k.name = &Name;

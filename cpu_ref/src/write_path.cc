@@ -220,6 +220,14 @@ void QuantizeAffineTile(const Backend& backend, const WriteParams& p, const floa
                                 out->dequantized.data(), n, p);
 }
 
+// One e4m3 byte per value: the codes are the stored plane as they are (nothing to pack).
+void QuantizeFp8E4m3(const Backend& backend, const WriteParams& p, const float* clipped,
+                     size_t n, QuantizedRows* out) {
+  backend.write.quantize_fp8(clipped, out->codes.data(), n, p);
+  out->packed = out->codes;
+  backend.write.dequantize_fp8(out->codes.data(), out->dequantized.data(), n, p);
+}
+
 }  // namespace
 
 std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
@@ -301,6 +309,7 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     switch (p.format) {
       case Format::kAffineToken: QuantizeAffineToken(backend, p, clipped.data(), n, &q); break;
       case Format::kAffineTile: QuantizeAffineTile(backend, p, clipped.data(), n, &q); break;
+      case Format::kFp8E4m3: QuantizeFp8E4m3(backend, p, clipped.data(), n, &q); break;
       default:
         KVQ_CHECK(false, kInvalidArgument, "format '", FormatName(p.format), "' has no quantizer");
     }
@@ -332,6 +341,11 @@ std::vector<std::pair<std::string, Tensor>> QuantizedRows::Tensors(const WritePa
     t.emplace_back("normalized", Tensor::F32({n, d}, normalized));
   }
   t.emplace_back("tau", Tensor::F32({n}, tau));
+  if (p.format == Format::kFp8E4m3) {  // the codes are the stored bytes; no metadata
+    t.emplace_back("codes", Tensor::U8({n, d}, codes));
+    t.emplace_back("dequantized", Tensor::F32({n, d}, dequantized));
+    return t;
+  }
   t.emplace_back("scale", Tensor::BF16(meta_shape, scale));
   t.emplace_back("min", Tensor::BF16(meta_shape, min));
   t.emplace_back("codes", Tensor::U8({n, d}, codes));
@@ -448,6 +462,17 @@ void DecodeAffineTile(const Backend& backend, const WriteParams& p, const Histor
     const int norm = LayoutOf(p).Find("norm");
     backend.write.denorm(y, reinterpret_cast<const uint16_t*>(rows.plane[norm]), n, p);
   }
+}
+
+void EncodeFp8E4m3(const Backend& backend, const std::vector<WriteParams>& params,
+                   const std::vector<const float*>& rotations, const float* x, size_t n,
+                   std::vector<EncodedRows>* out) {
+  EncodeQuantized(backend, params, rotations, x, n, out);
+}
+
+void DecodeFp8E4m3(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                   size_t n, float* y) {
+  backend.write.dequantize_fp8(rows.plane[0], y, n, p);
 }
 
 struct Codec {

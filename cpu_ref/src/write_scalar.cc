@@ -289,6 +289,21 @@ void Dequantize(const uint8_t* codes, const uint16_t* scale, const uint16_t* min
   }
 }
 
+// ---- fp8_e4m3 (spec 1.2) ----
+
+// code = e4m3(x / s^): the IEEE fp32 quotient, then round to nearest even, saturating to
+// +-448 (E4m3FromF32, numerics.md §9).
+void QuantizeFp8(const float* x, uint8_t* codes, size_t n, const WriteParams& p) {
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  for (size_t i = 0; i < count; ++i) codes[i] = E4m3FromF32(x[i] / p.head_scale);
+}
+
+// y = s^ * e4m3 value: the e4m3 value is exact in fp32, the product rounded once.
+void DequantizeFp8(const uint8_t* codes, float* y, size_t n, const WriteParams& p) {
+  const size_t count = n * static_cast<size_t>(p.head_dim);
+  for (size_t i = 0; i < count; ++i) y[i] = p.head_scale * F32FromE4m3(codes[i]);
+}
+
 }  // namespace
 
 WriteKernels ScalarWriteKernels() {

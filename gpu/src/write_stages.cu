@@ -216,6 +216,23 @@ __global__ void NormKernel(const __grid_constant__ StageArgs a, int padded) {
 }
 
 // Thread per element: y <- y * n^ of its row, one rounding.
+// fp8_e4m3 (spec 1.2): thread per element, code = e4m3(x / s^) and y = s^ * e4m3.
+__global__ void QuantizeFp8Kernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::QuantizeFp8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * a.params.head_dim) return;
+  Arg<uint8_t>(a, arg::codes)[idx] =
+      E4m3FromF32(__fdiv_rn(Arg<const float>(a, arg::x)[idx], a.params.head_scale));
+}
+
+__global__ void DequantizeFp8Kernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::DequantizeFp8;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= a.rows * a.params.head_dim) return;
+  Arg<float>(a, arg::y)[idx] =
+      __fmul_rn(a.params.head_scale, F32FromE4m3(Arg<const uint8_t>(a, arg::codes)[idx]));
+}
+
 __global__ void DenormKernel(const __grid_constant__ StageArgs a) {
   namespace arg = stage_arg::Denorm;
   const int64_t d = a.params.head_dim;
@@ -470,6 +487,19 @@ cudaError_t LaunchDequantizeTileStage(const StageArgs& a, cudaStream_t stream) {
   KVQ_STAGE_PROLOGUE(a);
   if (!SupportedTile(a)) return cudaErrorInvalidValue;
   DequantizeTileKernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchQuantizeFp8Stage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  if (!(a.params.head_scale > 0.0f)) return cudaErrorInvalidValue;
+  QuantizeFp8Kernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchDequantizeFp8Stage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  DequantizeFp8Kernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
   return cudaGetLastError();
 }
 

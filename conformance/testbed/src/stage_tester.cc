@@ -56,16 +56,23 @@ void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p
     }
     case DType::kU8: {
       uint8_t* out = t->data<uint8_t>();
-      const uint32_t values = arg.extent == Extent::kRows ? static_cast<uint32_t>(p.levels()) + 1
-                                                          : 256u;  // codes, or packed bytes
-
+      if (arg.domain == Domain::kFp8) {  // 254 codes: 0x00..0x7e and 0x80..0xfe
+        for (size_t i = 0; i < count; ++i) {
+          const uint32_t r = rng->Below(254);
+          out[i] = static_cast<uint8_t>(r < 0x7f ? r : r + 1);
+        }
+        break;
+      }
+      const uint32_t values = arg.domain == Domain::kCodes
+                                  ? static_cast<uint32_t>(p.levels()) + 1
+                                  : 256u;  // codes, or packed bytes
       for (size_t i = 0; i < count; ++i) out[i] = static_cast<uint8_t>(rng->Below(values));
       break;
     }
     case DType::kBF16: {
       uint16_t* out = t->data<uint16_t>();
-      const bool scale = std::string(arg.name) == "scale";
-      for (size_t i = 0; i < count; ++i) out[i] = RandomBf16(rng, scale);
+      const bool non_negative = arg.domain == Domain::kNonNegative;
+      for (size_t i = 0; i < count; ++i) out[i] = RandomBf16(rng, non_negative);
       break;
     }
     default: {

@@ -51,6 +51,9 @@ struct CalibrationOptions {
   uint64_t random_seed = 0;  // for RotationRecipe::kRandomOrthogonal
   int threads = 2;
   std::string source;     // recorded as the file's source
+  // "oscar", or a scheme of the catalogue whose `scale` column is kCalibration (fp8,
+  // fp8_hadamard): the file then also holds that scheme's per-head fp8 scales (Fp8Scales).
+  std::string scheme = "oscar";
 };
 
 // Per layer and side, the objective of every grid point (for reports and tests).
@@ -75,13 +78,24 @@ void RawTargetRotations(const Activations& acts, int layer, Granularity granular
 // Throws kvq::Error(kShapeMismatch) when cal's shape (layers, Hkv, d) is not the capture's.
 void AddRawTargetRotations(const Activations& acts, Calibration* cal);
 
+// The fp8 scales s^ of layer `layer` for the side whose write params are `side` (its
+// rotation: identity, or the FWHT; a dense rotation is refused with kUnsupported), per KV head:
+// the rows of tokens [0, calib_tokens) rounded to bf16 as the cache stores them, rotated by
+// `backend`'s write path, then fp32(max |x| / 448) (IEEE division); 1 for a head whose rows are
+// all zero (any scale stores them exactly). Returns [Hkv].
+std::vector<float> Fp8Scales(const Activations& acts, int layer, bool keys,
+                             const WriteParams& side, const cpu::Backend& backend);
+
 // Calibrates on tokens [0, calib_tokens) of `acts`: targets and eigenbases use all of them,
 // clip rows are tokens [sink, calib_tokens) (the sink stays BF16 in the cache); in a
 // segmented capture, every segment's tokens after its own first `sink` ones. Per-layer
 // granularity averages the per-KV-head targets over the layer's KV heads; the clip ratio is
 // always chosen per layer (summing the objective over KV heads) and stored replicated.
+// With options.scheme an fp8 scheme, every layer also gets that scheme's k_scale / v_scale
+// (Fp8Scales after the scheme's K and V rotations) and the file records the scheme.
 // Throws kvq::Error: invalid activations, options (group/bits/d via WriteParams, damping < 0,
-// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens) or [0, segment_tokens)).
+// grid outside (0, 1], threads < 1, sink outside [0, calib_tokens) or [0, segment_tokens), a
+// scheme that is neither oscar nor one with calibrated fp8 scales).
 Calibration Calibrate(const Activations& acts, const CalibrationOptions& options,
                       const cpu::Backend& backend, const ProgressCallback& progress = {},
                       ClipReport* report = nullptr);

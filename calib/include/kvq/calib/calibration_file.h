@@ -15,6 +15,9 @@ inline constexpr const char* kCalibrationFormat = "kvq-calibration";
 // tensor is the same); such a calibration serves every scheme but raw_target.
 inline constexpr int kCalibrationFormatVersion = 2;
 inline constexpr int kCalibrationFormatVersionWithoutRawTarget = 1;
+// Version 3 adds the fp8 schemes' per-head scales k_scale / v_scale (written only when a
+// calibration holds them: kvq calibrate --scheme fp8 | fp8_hadamard).
+inline constexpr int kCalibrationFormatVersionWithScales = 3;
 
 struct CalibrationInfo {
   int num_layers = 0;
@@ -24,7 +27,7 @@ struct CalibrationInfo {
   int bits = 2;              // b the clip was selected for
   int sink = 64;             // S0 (BF16 sink tokens; not quantized, so not in the clip rows)
   int recent = 256;          // W
-  std::string scheme = "oscar";
+  std::string scheme = "oscar";             // oscar, or the fp8 scheme whose scales it holds
   std::string rotation = "oscar";           // how R was built from U (rotation recipes)
   std::string granularity = "kv_head";      // kv_head | layer
   std::string value_target = "attn_output"; // attn_output | key_weighted | raw
@@ -41,6 +44,10 @@ struct LayerCalibration {
   // (values) over the calibration tokens, undamped, at the file's granularity. [Hkv, d, d], or
   // empty in a calibration read from a format_version 1 file.
   std::vector<float> raw_k_rotation, raw_v_rotation;
+  // The fp8 schemes' s^ per KV head (format_version 3): the largest |x| over the head's
+  // calibration rows (tokens [0, calib_tokens), after the scheme's rotation) / 448 in fp32, or
+  // 1 for a head whose rows are all zero. [Hkv], or empty when the calibration has none.
+  std::vector<float> k_scale, v_scale;
 
   const float* k_rotation_of(int kv_head, int d) const {
     return k_rotation.data() + static_cast<size_t>(kv_head) * d * d;
@@ -56,6 +63,8 @@ struct Calibration {
 
   // Whether every layer holds raw_k_rotation / raw_v_rotation (false for a version 1 file).
   bool HasRawTargetRotations() const;
+  // Whether every layer holds k_scale / v_scale (a version 3 file).
+  bool HasScales() const;
 };
 
 // Throws kvq::Error unless: L ≥ 1, Hkv ≥ 1, d/G/bits supported (WriteParams rules), sink ≥ 0,
@@ -64,13 +73,16 @@ struct Calibration {
 // basis orthogonal (max |MᵀM − I| ≤ 1e-4 in fp64; kInvalidArgument naming layer, tensor, head
 // and the deviation), eigenvalues descending, clip ratios in (0, 1], and for per-layer
 // granularity the same R, U, eigenvalues and clip on every KV head. The raw-target rotations
-// are either absent from every layer or present in every layer, under the same rules as R.
+// are either absent from every layer or present in every layer, under the same rules as R;
+// the fp8 scales likewise (finite and > 0, per KV head at any granularity, only beside the
+// raw-target rotations, and only with scheme fp8 or fp8_hadamard).
 void ValidateCalibration(const Calibration& cal);
 
-// Parses (validating as above plus: format and format_version 1 or 2, every metadata key, every
+// Parses (validating as above plus: format and format_version 1, 2 or 3, every metadata key, every
 // tensor of that version for layers 0..L−1 present with the right dtype F32 and shape, no
-// stray tensors). The writer stores format_version 2, or 1 when the raw-target rotations are
-// absent (a version 1 calibration read and written again stays version 1).
+// stray tensors). The writer stores format_version 3 when the calibration holds fp8 scales, 2
+// without them, or 1 when the raw-target rotations are absent too (a file read and written
+// again keeps its version).
 Calibration CalibrationFromSafetensors(const Safetensors& file);
 Calibration ReadCalibration(const std::string& path);
 Safetensors CalibrationToSafetensors(const Calibration& cal);  // validates first

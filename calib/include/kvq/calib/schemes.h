@@ -16,6 +16,7 @@
 
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibration_file.h"
+#include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
 
 namespace kvq::calib {
@@ -83,6 +84,12 @@ enum class ClipPolicy : int {
 };
 const char* ClipPolicyName(ClipPolicy policy);  // "none", "calibration"
 
+// Where a scheme's per-head fp8 scales s^ come from (the `scale` column; fp8 formats only).
+enum class ScalePolicy : int {
+  kNone,         // s^ = 1
+  kCalibration,  // the calibration file's k_scale / v_scale, made by kvq calibrate --scheme <id>
+};
+
 struct SchemeInfo {
   const char* name;
   const char* description;  // one line naming the paper or seed, for --help and reports
@@ -94,6 +101,7 @@ struct SchemeInfo {
   int group;                // kSharedGroup, kRowGroup, or the scheme's own G
   SchemeWindows windows;    // kSharedWindows, or the scheme's own (S0, W, F)
   ClipPolicy clip;
+  ScalePolicy scale;
 
   bool quantized() const { return format_k != Format::kBf16; }
   // The bits the scheme quantizes with under `options` (its own, or options.bits).
@@ -136,6 +144,11 @@ struct LayerScheme {
   CacheParams params;                         // Hkv, Hq, d from the shape
   std::vector<float> rotation_k, rotation_v;  // [Hkv, d, d] fp32 row-major when dense; else empty
   std::vector<float> clip_k, clip_v;          // [Hkv] ρ per KV head, or empty (params' clip)
+  std::vector<float> scale_k, scale_v;        // [Hkv] fp8 s^ per KV head, or empty (1)
+
+  // The per-head data of each side (kvq/common/head_data.h), as PagedKVCache takes it.
+  HeadData KeyHeads() const;
+  HeadData ValueHeads() const;
 };
 
 // Builds scheme `name` for layer `layer`. `cal` may be null only for schemes that do not need
@@ -149,6 +162,9 @@ struct LayerScheme {
 // raw_target) or a damping < 0.
 LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& options);
+// The same for a catalogue row given as it is (e.g. a row with some columns changed).
+LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
+                             const Calibration* cal, int layer, const SchemeOptions& options);
 // The same with the shape of an activation capture.
 LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
                              const Calibration* cal, int layer, const SchemeOptions& options);
@@ -159,8 +175,16 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
 // defaults at options' group, bits, sink and recent. The same arguments give the same bits
 // (the synthetic data is portable; the eigensolver's bits follow the build). Throws what
 // Synthesize and Calibrate throw (e.g. a sink that leaves no calibration rows).
+// `scheme` names the scheme it is for: a scheme with calibrated fp8 scales gets them too
+// (CalibrationScheme).
 Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
-                                 int64_t tokens, uint64_t seed, int threads = 2);
+                                 int64_t tokens, uint64_t seed, int threads = 2,
+                                 const std::string& scheme = "oscar");
+
+// What `kvq calibrate --scheme` makes the calibration of scheme `name` with: the name itself
+// for a scheme whose fp8 scales come from the calibration (its `scale` column), else "oscar"
+// (every other calibrated scheme reads the OSCAR calibration). Throws as SchemeByName does.
+std::string CalibrationScheme(const std::string& name);
 
 // The same scheme restricted to one KV head (Hkv = 1, Hq = the head's g query heads): the
 // matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range,

@@ -107,6 +107,56 @@ KVQ_HOST_DEVICE uint32_t BitReverse(uint32_t j, int bits) {
 #endif
 }
 
+// ---- OCP FP8 e4m3 (spec/numerics.md §9, spec 1.2) ----
+// One sign bit, 4 exponent bits (bias 7), 3 mantissa bits; exponent field 0 holds the
+// subnormals m * 2^-9; 0x7f / 0xff are NaN; no infinities. The largest finite value is 448.
+inline constexpr float kE4m3Max = 448.0f;
+inline constexpr uint32_t kE4m3MaxBits = 0x43e00000u;        // F32Bits(448.0f)
+inline constexpr uint32_t kE4m3MinNormalBits = 0x3c800000u;  // F32Bits(2^-6)
+
+// fp32 -> e4m3, round to nearest even, saturating to +-448 (Inf saturates too; NaN is the
+// caller's to reject: it is never stored). The sign bit is the input's (-0 and negative values
+// that round to zero give 0x80). Integer arithmetic on the fp32 bits, except the subnormal
+// range where |v| * 2^9 (exact) is rounded by rint: the same steps on every backend.
+KVQ_HOST_DEVICE uint8_t E4m3FromF32(float v) {
+  const uint32_t u = F32Bits(v);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  uint32_t magnitude;
+  if (a >= kE4m3MaxBits) {
+    magnitude = 0x7eu;  // 448 and everything above it
+  } else if (a < kE4m3MinNormalBits) {
+    // Subnormal e4m3 (or zero): q = rint(|v| * 512) in [0, 8]; q = 8 is 2^-6, the first
+    // normal, whose code is 0x08 as well.
+#if defined(__CUDA_ARCH__)
+    magnitude = static_cast<uint32_t>(__float2int_rn(__fmul_rn(F32FromBits(a), 512.0f)));
+#else
+    const float scaled = F32FromBits(a) * 512.0f;
+    // Adding and subtracting 2^23 rounds half to even for 0 <= scaled < 2^22.
+    magnitude = static_cast<uint32_t>((scaled + 8388608.0f) - 8388608.0f);
+#endif
+  } else {
+    // Normal: keep 3 of the 23 mantissa bits, round to nearest even on the dropped 20 (a carry
+    // into the exponent is the correct next binade), then rebias 127 -> 7.
+    const uint32_t rounded = (a + 0x7ffffu + ((a >> 20) & 1u)) >> 20;
+    magnitude = rounded - ((127u - 7u) << 3);
+  }
+  return static_cast<uint8_t>(sign | magnitude);
+}
+
+// e4m3 -> fp32, exact; NaN for 0x7f and 0xff.
+KVQ_HOST_DEVICE float F32FromE4m3(uint8_t code) {
+  const uint32_t sign = static_cast<uint32_t>(code & 0x80u) << 24;
+  const uint32_t exponent = (code >> 3) & 0xfu;
+  const uint32_t mantissa = code & 0x7u;
+  if (exponent == 0xfu && mantissa == 0x7u) return F32FromBits(sign | 0x7fc00000u);
+  if (exponent == 0) {
+    // m * 2^-9, exact in fp32.
+    return F32FromBits(sign | F32Bits(static_cast<float>(mantissa) * 0.001953125f));
+  }
+  return F32FromBits(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
 // True for NaN and +-Inf.
 KVQ_HOST_DEVICE bool IsNonFinite(float f) { return (F32Bits(f) & 0x7f800000u) == 0x7f800000u; }
 

@@ -32,7 +32,7 @@ struct WriteParams {
   Format format = Format::kAffineToken;  // how history rows are stored (formats.inc)
   int group = 64;           // affine_token: G channels per (scale, min) pair: 32, 64, 128 (<= d)
                             //   or d; affine_tile: G_k tokens per tile: 32, 64 or 128
-  int bits = 2;             // b: 2 or 4
+  int bits = 2;             // b: 2 or 4 (affine formats); 8 for fp8_e4m3
   float clip = 1.0f;        // rho in (0, 1]; 1 never clips
   RotationKind rotation = RotationKind::kIdentity;
   int hadamard_block = 0;   // FWHT block size (16..d, power of two); 0 means head_dim
@@ -41,11 +41,14 @@ struct WriteParams {
                             //   affine_tile only); decoded rows are multiplied back by n^
   int norm_heads = 1;       // KV heads one norm spans, their rows laid end to end: 1 (a norm
                             //   per token and KV head) or Hkv (the token scope); 1 without norm
+  float head_scale = 1.0f;  // fp8_e4m3: s^, the fp32 divisor of the rows (spec 1.2), finite
+                            //   and > 0; per KV head it is per-head data (head_data.inc) like
+                            //   the clip ratio. Other formats leave it at 1
 
   // Throws kvq::Error(kInvalidArgument) naming the first unsupported value.
   void Validate() const;
 
-  int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1
+  int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1 (affine)
   int num_groups() const { return head_dim / group; }            // d / G (affine_token)
   int code_bytes() const { return head_dim * bits / 8; }         // packed bytes per row
   // Tokens one plane row of a tile plane covers (formats.inc's tile_tokens column): G_k for

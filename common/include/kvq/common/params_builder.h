@@ -44,6 +44,15 @@ class Write {
     return *this;
   }
 
+  // fp8_e4m3 (8-bit codes) with the fp32 scale s^ (spec 1.2).
+  Write& fp8(float head_scale = 1.0f) {
+    p_.format = Format::kFp8E4m3;
+    p_.bits = 8;
+    p_.head_scale = head_scale;
+    return *this;
+  }
+  Write& head_scale(float s) { p_.head_scale = s; return *this; }
+
   WriteParams Build() const;
   WriteParams Unchecked() const { return p_; }
   operator WriteParams() const { return Build(); }  // NOLINT: builders convert implicitly

@@ -28,12 +28,23 @@ enum class Extent : int {
   kRows, kRowScalars, kMatrix, kPacked, kGroups, kNormRows, kTileChannels, kTilePacked
 };
 
+// The values an argument may hold: what the generic stage tester and fuzzers draw inputs
+// from. A KVQ_ARG_DOMAIN row of stages.inc sets it; without one an argument of integer codes
+// (U8 rows) is kCodes, a bf16 argument called "scale" kNonNegative, anything else kAny.
+enum class Domain : int {
+  kAny,          // any value of the dtype (finite rows within the write path's range)
+  kCodes,        // integer codes in [0, 2^b - 1]
+  kNonNegative,  // >= 0 (stored scales)
+  kFp8,          // e4m3 bytes other than the NaN codes 0x7f and 0xff
+};
+
 struct StageArg {
   const char* name;    // the parameter; golden-vector input "in.<name>"
   const char* expect;  // golden-vector output "expect.<expect>" (kOut, kInOut)
   DType dtype;
   ArgDir dir;
   Extent extent;
+  Domain domain = Domain::kAny;
 
   bool is_input() const { return dir != ArgDir::kOut; }
   bool is_output() const { return dir != ArgDir::kIn; }

@@ -25,7 +25,7 @@ namespace kvq::conformance {
 // rules it exercises: the first that defines everything it uses (SpecVersionOf), so a case of
 // 1.0 keeps its bits and its "1.0" under every later version, and a runner replays the cases of
 // every version up to its own (IsReplayableSpecVersion).
-inline constexpr char kSpecVersion[] = "1.1";
+inline constexpr char kSpecVersion[] = "1.2";
 inline constexpr char kGeneratorName[] = "kvq vectors generate";
 inline constexpr char kGeneratorVersion[] = "1";
 inline constexpr char kCaseFormat[] = "kvq-conformance-case";
@@ -102,8 +102,8 @@ struct ReplayedCache {
   std::vector<int> slot_ids;  // sequence id per slot; -1 once removed
 };
 // Builds the cache with CacheParams from the metadata, rotations "in.rotation_k_index" /
-// "in.rotation_v_index" (dense only), clip ratios "in.clip_k" / "in.clip_v" (F32 [Hkv], when
-// present), then runs "in.ops" with rows from "in.k" / "in.v". Throws kvq::Error for malformed
+// "in.rotation_v_index" (dense only), the per-head scalars of head_data.inc "in.<name>_k" /
+// "in.<name>_v" (F32 [Hkv], when present: clip ratios, fp8 scales), then runs "in.ops" with rows from "in.k" / "in.v". Throws kvq::Error for malformed
 // inputs (kMalformedFile) and whatever the cache throws.
 ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixtures,
                                 const cpu::Backend& write_backend);

@@ -71,4 +71,11 @@ std::vector<float> MixedRows(size_t n, const WriteParams& p, SplitMix64* rng,
 std::vector<float> MakeRows(const std::vector<RowKind>& kinds, const WriteParams& p,
                             SplitMix64* rng, std::string* names);
 
+// The fp32 values the fp8 e4m3 conversion hinges on (spec/numerics.md §9), both signs: every
+// finite e4m3 value, every midpoint between two neighbours (a rounding tie) and the fp32 values
+// just below and above it, the saturation edge (448, the would-be tie 464 with 480, 1e30,
+// FLT_MAX, Inf), the bottom of the subnormals (2^-10, the smallest fp32 subnormal) and +-0.
+// Multiplied by a power of two s they stay exact, so x / s lands on the same boundaries.
+std::vector<float> Fp8BoundaryValues();
+
 }  // namespace kvq::conformance

@@ -22,6 +22,7 @@
 #include <map>
 #include <vector>
 
+#include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
 #include "kvq/cpu_ref/kernels.h"
 
@@ -54,13 +55,17 @@ struct CacheBytes {
 class PagedKVCache {
  public:
   // params: validated here (throws kvq::Error(kInvalidArgument) naming the bad value).
-  // rotation_k / rotation_v: fp32 [Hkv, d, d] row-major when key / value use RotationKind::kDense
-  //   (one matrix per KV head); must be empty otherwise. Entries must be finite.
-  // clip_k / clip_v: [Hkv] per-head clip ratios in (0, 1] overriding key.clip / value.clip;
-  //   empty means every head uses the ratio of the write params.
+  // key / value: the per-head data of each side (kvq/common/head_data.h): rotation fp32
+  //   [Hkv, d, d] row-major when that side's rotation is RotationKind::kDense (one matrix per
+  //   KV head), empty otherwise; each per-head scalar of head_data.inc [Hkv] or empty (every
+  //   head takes the write params' value): clip ratios in (0, 1] overriding key.clip /
+  //   value.clip, fp8 scales > 0 overriding head_scale, ... Validated by HeadData::Validate.
   // write_backend: runs the write path (rotate -> clip -> quantize -> pack) for demotions and
   //   prefill; every backend gives the same bits. Must outlive the cache (Backends() entries do).
-  // A bf16 cache ignores rotations and clip ratios (and the windows).
+  // A bf16 cache ignores the per-head data (and the windows).
+  PagedKVCache(const CacheParams& params, HeadData key, HeadData value,
+               const Backend& write_backend);
+  // The same with rotations and clip ratios given one by one (no other per-head data).
   PagedKVCache(const CacheParams& params, std::vector<float> rotation_k,
                std::vector<float> rotation_v, std::vector<float> clip_k = {},
                std::vector<float> clip_v = {}, const Backend& write_backend = BestBackend());
@@ -131,9 +136,12 @@ class PagedKVCache {
   const float* Rotation(KV kv, int head) const;
   // Its transpose Rᵀ [d, d] (computed once; the inverse map x·Rᵀ of attention outputs).
   const float* RotationTransposed(KV kv, int head) const;
-  float ClipRatio(KV kv, int head) const;
-  // The write params of KV head `head`: key / value with clip set to ClipRatio(kv, head).
+  float ClipRatio(KV kv, int head) const { return HeadParams(kv, head).clip; }
+  // The write params of KV head `head`: key / value with that head's per-head scalars applied
+  // (clip ratio, fp8 scale, ...: HeadData::Apply).
   WriteParams HeadParams(KV kv, int head) const;
+  // The per-head data of one side, as given to the constructor.
+  const HeadData& Heads(KV kv) const { return heads_[Index(kv)]; }
   const Backend& write_backend() const { return *write_backend_; }
 
   // ---- Accounting ----
@@ -157,9 +165,8 @@ class PagedKVCache {
   int32_t AllocatePage();
 
   CacheParams params_;
-  std::vector<float> rotation_[2];             // [Hkv, d, d] or empty
+  HeadData heads_[2];                          // key, value
   std::vector<float> rotation_transposed_[2];  // [Hkv, d, d] or empty
-  std::vector<float> clip_[2];      // [Hkv]
   const Backend* write_backend_;
 
   std::map<int, Sequence> sequences_;
