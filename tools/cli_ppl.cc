@@ -306,8 +306,10 @@ void RunPplCommand(const PplCommand& cmd) {
     const calib::ClipChoice clip = v.Resolved();
     need_calibration = need_calibration || calib::SchemeByName(v.scheme).needs_calibration ||
                        clip == calib::ClipChoice::kOscar;
-    need_capture = need_capture || clip == calib::ClipChoice::kOwn || v.scheme == "raw_target";
-    // (raw_target: a format_version 1 calibration gets its raw rotations from the capture)
+    need_capture = need_capture || clip == calib::ClipChoice::kOwn || v.scheme == "raw_target" ||
+                   calib::CalibrationScheme(v.scheme) != "oscar";
+    // (raw_target: a format_version 1 calibration gets its raw rotations from the capture; the
+    // fp8 schemes compute their scales on it unless the calibration file is their own)
   }
   need_capture = need_capture || (need_calibration && cmd.calibration.empty());
 

@@ -220,21 +220,12 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
                       const cpu::Backend& backend, const ProgressCallback& progress,
                       ClipReport* report) {
   ValidateActivations(acts);
-  // The fp8 scheme whose scales the file also holds (its side params: the rotations), if any.
-  const LayerScheme* scale_scheme = nullptr;
-  LayerScheme fp8;
-  if (o.scheme != "oscar") {
-    const SchemeInfo& s = SchemeByName(o.scheme);
-    KVQ_CHECK(s.scale == ScalePolicy::kCalibration, kInvalidArgument, "kvq calibrate --scheme ",
-              o.scheme, ": calibrates oscar (rotations and clip ratios) and the schemes with "
-              "calibrated fp8 scales (fp8, fp8_hadamard)");
-    // The scheme built without its calibration-only parts gives the side params.
-    SchemeInfo bare = s;
-    bare.scale = ScalePolicy::kNone;
-    bare.needs_calibration = false;
-    fp8 = BuildLayerScheme(bare, ShapeOf(acts.info), nullptr, 0, SchemeOptions());
-    scale_scheme = &fp8;
-  }
+  // Besides oscar: the schemes whose fp8 scales come from a calibration (CalibrationForScheme
+  // adds them at the end).
+  KVQ_CHECK(o.scheme == "oscar" || SchemeByName(o.scheme).scale == ScalePolicy::kCalibration,
+            kInvalidArgument, "calibration scheme '", o.scheme, "': kvq calibrate makes oscar's "
+            "rotations and clip ratios, plus the fp8 scales of the schemes that read them (",
+            "fp8, fp8_hadamard)");
   const ActivationsInfo& info = acts.info;
   WriteParams params;
   params.head_dim = info.head_dim;
@@ -300,7 +291,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
   out.bits = o.bits;
   out.sink = o.sink;
   out.recent = o.recent;
-  out.scheme = o.scheme;
+  out.scheme = "oscar";
   out.rotation = RotationRecipeName(o.rotation);
   out.granularity = GranularityName(o.granularity);
   out.value_target = ValueTargetName(o.value_target);
@@ -386,12 +377,9 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
           report->key_objectives[l] = key_objectives;
           report->value_objectives[l] = value_objectives;
         }
-        if (scale_scheme != nullptr) {
-          layer.k_scale = Fp8Scales(acts, l, true, scale_scheme->params.key, backend);
-          layer.v_scale = Fp8Scales(acts, l, false, scale_scheme->params.value, backend);
-        }
       },
       tick);
+  if (o.scheme != "oscar") cal = CalibrationForScheme(o.scheme, cal, &acts, backend);
   ValidateCalibration(cal);
   return cal;
 }

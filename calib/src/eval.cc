@@ -103,13 +103,24 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
     if (progress) progress(done, total);
   };
 
+  // The fp8 schemes' scales from this capture's calibration tokens where the calibration has
+  // none of theirs (CalibrationForScheme): one calibration per scheme that needs its own.
+  std::vector<Calibration> own(static_cast<size_t>(num_schemes));
+  std::vector<const Calibration*> cal_of(static_cast<size_t>(num_schemes), cal);
+  for (int s = 0; s < num_schemes; ++s) {
+    if (cal != nullptr && !CalibrationServes(*cal, names[s])) {
+      own[s] = CalibrationForScheme(names[s], *cal, &acts, backend);
+      cal_of[s] = &own[s];
+    }
+  }
+
   // Stage 1: each scheme's per-layer cache configuration (raw_target runs eigensolvers here).
   std::vector<LayerScheme> built(static_cast<size_t>(num_schemes) * layers);
   ParallelItems(
       num_schemes * layers, options.threads,
       [&](int unit) {
-        built[unit] = BuildLayerScheme(names[unit / layers], acts, cal, unit % layers,
-                                       options.scheme);
+        built[unit] = BuildLayerScheme(names[unit / layers], acts, cal_of[unit / layers],
+                                       unit % layers, options.scheme);
       },
       tick);
 

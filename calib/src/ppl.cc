@@ -267,11 +267,22 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
   }
   const int L = config.num_layers;
   const int n = static_cast<int>(options.schemes.size());
+  // The fp8 schemes' scales from the calibration capture where the calibration has none of
+  // theirs (CalibrationForScheme).
+  std::vector<Calibration> own_cal(static_cast<size_t>(n));
+  std::vector<const Calibration*> cal_of(static_cast<size_t>(n), cal);
+  for (int i = 0; i < n; ++i) {
+    const std::string& name = options.schemes[i].scheme;
+    if (cal != nullptr && !CalibrationServes(*cal, name)) {
+      own_cal[i] = CalibrationForScheme(name, *cal, calib_acts, backend);
+      cal_of[i] = &own_cal[i];
+    }
+  }
   std::vector<std::vector<LayerScheme>> out(n, std::vector<LayerScheme>(L));
   ParallelItems(n * L, options.threads, [&](int unit) {
     const SchemeVariant& v = options.schemes[unit / L];
     const int l = unit % L;
-    LayerScheme s = BuildLayerScheme(v.scheme, shape, cal, l, options.scheme);
+    LayerScheme s = BuildLayerScheme(v.scheme, shape, cal_of[unit / L], l, options.scheme);
     ApplyClipChoice(v, cal, calib_acts, own ? &targets : nullptr, l, grid, backend, &s);
     out[unit / L][l] = std::move(s);
   });

@@ -316,6 +316,34 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
   return BuildLayerScheme(name, ShapeOf(acts.info), cal, layer, options);
 }
 
+bool CalibrationServes(const Calibration& cal, const std::string& name) {
+  return SchemeByName(name).scale != ScalePolicy::kCalibration ||
+         (cal.info.scheme == name && cal.HasScales());
+}
+
+Calibration CalibrationForScheme(const std::string& name, const Calibration& cal,
+                                 const Activations* acts, const cpu::Backend& backend) {
+  if (CalibrationServes(cal, name)) return cal;
+  KVQ_CHECK(acts != nullptr, kInvalidArgument, "scheme '", name, "' needs fp8 scales computed "
+            "after its own rotation; this calibration (scheme '", cal.info.scheme,
+            "') has none: give a calibration capture, or a file of kvq calibrate --scheme ",
+            name);
+  CheckCalibrationMatches(ShapeOf(acts->info), cal);
+  // The scheme's side params (its rotations) without the scales it is about to get.
+  SchemeInfo bare = SchemeByName(name);
+  bare.scale = ScalePolicy::kNone;
+  bare.needs_calibration = false;
+  const LayerScheme sides = BuildLayerScheme(bare, ShapeOf(acts->info), nullptr, 0,
+                                             SchemeOptions());
+  Calibration out = cal;
+  out.info.scheme = name;
+  for (int l = 0; l < out.info.num_layers; ++l) {
+    out.layers[l].k_scale = Fp8Scales(*acts, l, true, sides.params.key, backend);
+    out.layers[l].v_scale = Fp8Scales(*acts, l, false, sides.params.value, backend);
+  }
+  return out;
+}
+
 std::string CalibrationScheme(const std::string& name) {
   return SchemeByName(name).scale == ScalePolicy::kCalibration ? name : "oscar";
 }

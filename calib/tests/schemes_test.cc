@@ -4,12 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/covariance.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/schemes.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -24,7 +26,14 @@ using testing::SmallSchemeOptions;
 
 struct Fixture {
   Activations acts;
-  Calibration cal;
+  Calibration cal;                          // oscar's
+  std::map<std::string, Calibration> fp8;   // each fp8 scheme's own (its scales)
+
+  // The calibration scheme `name` reads (kvq calibrate --scheme CalibrationScheme(name)).
+  const Calibration& For(const std::string& name) const {
+    const auto it = fp8.find(CalibrationScheme(name));
+    return it == fp8.end() ? cal : it->second;
+  }
 };
 
 const Fixture& Small() {
@@ -35,6 +44,11 @@ const Fixture& Small() {
     c.sink = 16;
     c.recent = 32;
     fx.cal = Calibrate(fx.acts, c, cpu::BestBackend());
+    for (const SchemeInfo& s : Schemes()) {
+      if (CalibrationScheme(s.name) != "oscar") {
+        fx.fp8[s.name] = CalibrationForScheme(s.name, fx.cal, &fx.acts, cpu::BestBackend());
+      }
+    }
     return fx;
   }();
   return f;
@@ -78,7 +92,8 @@ TEST(Schemes, EveryNameBuildsAValidCacheConfiguration) {
   const Fixture& f = Small();
   for (const SchemeInfo& s : Schemes()) {
     for (int layer = 0; layer < 2; ++layer) {
-      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, layer, SmallSchemeOptions());
+      const LayerScheme ls =
+          BuildLayerScheme(s.name, f.acts, &f.For(s.name), layer, SmallSchemeOptions());
       EXPECT_NO_THROW(ls.params.Validate()) << s.name;
       EXPECT_EQ(ls.params.num_kv_heads, 2) << s.name;
       EXPECT_EQ(ls.params.num_q_heads, 4) << s.name;
@@ -197,7 +212,7 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
     for (int bits : {2, 4}) {
       SchemeOptions o = SmallSchemeOptions();
       o.bits = bits;
-      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.cal, 1, o);
+      const LayerScheme ls = BuildLayerScheme(s.name, f.acts, &f.For(s.name), 1, o);
       EXPECT_EQ(ls.params.key.format, s.format_k) << s.name;
       EXPECT_EQ(ls.params.value.format, s.format_v) << s.name;
       EXPECT_EQ(ls.params.quantized(), s.quantized()) << s.name;
@@ -217,6 +232,17 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
           EXPECT_TRUE(BitsEqual("clip_v", ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
           break;
       }
+      switch (s.scale) {
+        case ScalePolicy::kNone:
+          EXPECT_TRUE(ls.scale_k.empty() && ls.scale_v.empty()) << s.name;
+          EXPECT_EQ(ls.params.key.head_scale, 1.0f) << s.name;
+          break;
+        case ScalePolicy::kCalibration:
+          ASSERT_FALSE(ls.scale_k.empty()) << s.name;
+          EXPECT_TRUE(BitsEqual("scale_k", ls.scale_k, f.For(s.name).layers[1].k_scale)) << s.name;
+          EXPECT_TRUE(BitsEqual("scale_v", ls.scale_v, f.For(s.name).layers[1].v_scale)) << s.name;
+          break;
+      }
     }
     // A calibration is needed exactly when the row says so.
     if (s.needs_calibration) {
@@ -232,6 +258,64 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
   }
   EXPECT_STREQ(ClipPolicyName(ClipPolicy::kNone), "none");
   EXPECT_STREQ(ClipPolicyName(ClipPolicy::kCalibration), "calibration");
+}
+
+// Spec 1.2's rows: FP8 e4m3 on K and V, no windows, 8 bits; fp8 reads per-head scales of the
+// unrotated rows, fp8_hadamard of the FWHT'd ones (each from a calibration made for it),
+// fp8_unscaled none. A calibration made for another scheme is refused naming both.
+TEST(Schemes, Spec12RowsHaveTheirDefiningParameters) {
+  const Fixture& f = Small();
+  const SchemeOptions o = SmallSchemeOptions();
+  for (const char* name : {"fp8", "fp8_unscaled", "fp8_hadamard"}) {
+    const bool calibrated = std::string(name) != "fp8_unscaled";
+    const LayerScheme ls =
+        BuildLayerScheme(name, f.acts, calibrated ? &f.For(name) : nullptr, 1, o);
+    EXPECT_EQ(ls.params.sink, 0) << name;
+    EXPECT_EQ(ls.params.recent, 0) << name;
+    for (const WriteParams& w : {ls.params.key, ls.params.value}) {
+      EXPECT_EQ(w.format, Format::kFp8E4m3) << name;
+      EXPECT_EQ(w.bits, 8) << name;
+      EXPECT_EQ(w.clip, 1.0f) << name;
+      EXPECT_EQ(w.rotation, std::string(name) == "fp8_hadamard" ? RotationKind::kHadamard
+                                                                : RotationKind::kIdentity)
+          << name;
+      EXPECT_EQ(w.fwht_block(), 64) << name;
+    }
+    EXPECT_EQ(ls.scale_k.size(), calibrated ? 2u : 0u) << name;
+    if (!calibrated) continue;
+    // The scales are each head's amax / 448 after the scheme's own rotation.
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(ls.scale_k[h],
+                Fp8Scales(f.acts, 1, true, ls.params.key, cpu::ScalarBackend())[h]) << name;
+      EXPECT_EQ(ls.scale_v[h],
+                Fp8Scales(f.acts, 1, false, ls.params.value, cpu::ScalarBackend())[h]) << name;
+      EXPECT_GT(ls.scale_k[h], 0.0f);
+    }
+  }
+  EXPECT_NE(f.For("fp8").layers[0].k_scale, f.For("fp8_hadamard").layers[0].k_scale);
+  EXPECT_TRUE(CalibrationServes(f.cal, "oscar"));
+  EXPECT_FALSE(CalibrationServes(f.cal, "fp8"));
+  EXPECT_TRUE(CalibrationServes(f.For("fp8"), "fp8"));
+  EXPECT_FALSE(CalibrationServes(f.For("fp8"), "fp8_hadamard"));
+  testing::ExpectError([&] { BuildLayerScheme("fp8", f.acts, &f.cal, 0, o); },
+                       ErrorCode::kInvalidArgument, "layers.0.k_scale");
+  testing::ExpectError([&] { BuildLayerScheme("fp8_hadamard", f.acts, &f.For("fp8"), 0, o); },
+                       ErrorCode::kInvalidArgument, "for scheme 'fp8'");
+  testing::ExpectError(
+      [&] { CalibrationForScheme("fp8", f.cal, nullptr, cpu::ScalarBackend()); },
+      ErrorCode::kInvalidArgument, "scheme 'fp8' needs fp8 scales");
+  // A zero head stores s^ = 1; a dense rotation is refused.
+  Activations zero = f.acts;
+  for (float& x : zero.layers[0].k) x = 0.0f;
+  const WriteParams identity = params::Write().head_dim(64).fp8();
+  EXPECT_EQ(Fp8Scales(zero, 0, true, identity, cpu::ScalarBackend()),
+            (std::vector<float>{1.0f, 1.0f}));
+  testing::ExpectError(
+      [&] {
+        Fp8Scales(f.acts, 0, true, params::Write().head_dim(64).fp8().rotation(RotationKind::kDense),
+                  cpu::ScalarBackend());
+      },
+      ErrorCode::kUnsupported, "dense rotation");
 }
 
 // Spec 1.1's rows (issue 17) against DESIGN.md's defaults: KIVI-family keys per channel over
@@ -347,8 +431,8 @@ TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
   EXPECT_EQ(shape.num_q_heads, 4);
   EXPECT_EQ(shape.head_dim, 64);
   for (const SchemeInfo& s : Schemes()) {
-    const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.cal, 1, SmallSchemeOptions());
-    const LayerScheme b = BuildLayerScheme(s.name, shape, &f.cal, 1, SmallSchemeOptions());
+    const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.For(s.name), 1, SmallSchemeOptions());
+    const LayerScheme b = BuildLayerScheme(s.name, shape, &f.For(s.name), 1, SmallSchemeOptions());
     EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k) && BitsEqual("rotation_v", a.rotation_v, b.rotation_v) &&
                 BitsEqual("clip_k", a.clip_k, b.clip_k) && BitsEqual("clip_v", a.clip_v, b.clip_v))
         << s.name;
@@ -376,6 +460,7 @@ TEST(Schemes, RawTargetNamesTheMissingRotations) {
   // Every other calibrated scheme is served by it.
   for (const SchemeInfo& s : Schemes()) {
     if (s.rotation_k == SchemeRotation::kRawTarget) continue;
+    if (CalibrationScheme(s.name) != "oscar") continue;  // reads its own calibration's scales
     EXPECT_NO_THROW(BuildLayerScheme(s.name, Small().acts, &old, 1, SmallSchemeOptions()))
         << s.name;
   }

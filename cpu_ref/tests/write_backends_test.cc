@@ -5,6 +5,8 @@
 // parameters, seed and row count, and dumps inputs, reference and result (testbed/compare.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 #include <tuple>
 #include <vector>
@@ -47,6 +49,14 @@ std::vector<WriteParams> StageGrid(const StageSpec& stage) {
       case StageId::kRotateDense:
       case StageId::kBitrev:
         grid.push_back(Write().head_dim(d).group(32));
+        break;
+      case StageId::kQuantizeFp8:
+      case StageId::kDequantizeFp8:
+        // s^ = 1 (the engines' default), powers of two, and scales that are not: small ones
+        // saturate the larger rows, a subnormal one saturates nearly everything.
+        for (float s : {1.0f, 0.0078125f, 0.0123f, 37.5f, 1e-39f}) {
+          grid.push_back(Write().head_dim(d).fp8(s));
+        }
         break;
       case StageId::kNorm:
       case StageId::kDenorm:
@@ -210,6 +220,45 @@ std::vector<const cpu::Backend*> NonScalarBackends() {
     if (b->name != "scalar") list.push_back(b);
   }
   return list;
+}
+
+// Spec 1.2's fp8_e4m3 write path: every test row kind through each rotation, two KV heads with
+// their own s^ (a calibrated-looking scale and one small enough to saturate most rows), plus
+// the fp8 boundary values times a power-of-two scale.
+TEST_P(PipelineTest, Fp8MatchesScalar) {
+  const cpu::Backend& backend = *GetParam();
+  uint64_t seed = 9500;
+  for (int d : kHeadDims) {
+    conformance::SplitMix64 matrix_rng(93 + d);
+    const std::vector<float> dense = testbed::RandomMatrix(d, &matrix_rng);
+    const std::vector<Write> rotations = {Write(), Write().rotation(RotationKind::kDense),
+                                          Write().hadamard(), Write().hadamard(16).bitrev()};
+    for (const Write& rotation : rotations) {
+      const Write base = Write(rotation.Unchecked()).head_dim(d);
+      const std::vector<WriteParams> params = {Write(base).fp8(0.0123f).Build(),
+                                               Write(base).fp8(1e-4f).Build()};
+      conformance::SplitMix64 rng(++seed);
+      std::vector<float> x =
+          conformance::MakeRows(conformance::TestRowKinds(params[0]), params[0], &rng, nullptr);
+      for (float v : conformance::Fp8BoundaryValues()) {
+        if (std::isfinite(v) && std::fabs(v) < 1e30f) x.push_back(v * 0.0078125f);
+      }
+      x.resize((x.size() / (2 * d) + 1) * 2 * d, 0.5f);  // whole tokens of two heads
+      const size_t n = x.size() / (2 * d);
+      const std::vector<const float*> rots(2, dense.data());
+      const std::vector<cpu::QuantizedRows> want =
+          cpu::QuantizeTokens(cpu::ScalarBackend(), params, rots, x.data(), n);
+      const std::vector<cpu::QuantizedRows> got =
+          cpu::QuantizeTokens(backend, params, rots, x.data(), n);
+      for (int h = 0; h < 2; ++h) {
+        ASSERT_TRUE(testbed::AllBitsEqual(
+            "fp8 QuantizeTokens " + testbed::Describe(params[h]) + " head " +
+                std::to_string(h) + " seed " + std::to_string(seed) + " on " + backend.name,
+            Outputs(want[h], params[h]), Outputs(got[h], params[h]),
+            {{"x", Tensor::F32({static_cast<int64_t>(n), 2, d}, x)}}));
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Write, PipelineTest, ::testing::ValuesIn(NonScalarBackends()),

@@ -18,6 +18,7 @@
 #include "kvq/calib/calibration_file.h"
 #include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
+#include "kvq/cpu_ref/kernels.h"
 
 namespace kvq::calib {
 
@@ -180,6 +181,16 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
 Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
                                  int64_t tokens, uint64_t seed, int threads = 2,
                                  const std::string& scheme = "oscar");
+
+// Whether `cal` serves scheme `name` as it is: every calibration serves the schemes without
+// calibrated fp8 scales; those need a calibration made for them (its scheme is `name`).
+bool CalibrationServes(const Calibration& cal, const std::string& name);
+// The calibration scheme `name` reads: `cal` when it serves it, else a copy of `cal` with
+// `name`'s fp8 scales computed on the calibration tokens of `acts` (Fp8Scales after the
+// scheme's rotations, as kvq calibrate --scheme does). Throws kInvalidArgument naming the scheme
+// when `acts` is null and `cal` does not serve it; kShapeMismatch when the shapes differ.
+Calibration CalibrationForScheme(const std::string& name, const Calibration& cal,
+                                 const Activations* acts, const cpu::Backend& backend);
 
 // What `kvq calibrate --scheme` makes the calibration of scheme `name` with: the name itself
 // for a scheme whose fp8 scales come from the calibration (its `scale` column), else "oscar"
