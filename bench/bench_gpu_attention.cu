@@ -88,6 +88,13 @@ __global__ void FillRandomBytes(uint8_t* p, size_t n, uint32_t seed) {
   }
 }
 
+__global__ void AndBytes(uint8_t* p, size_t n, uint8_t mask) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    p[i] &= mask;
+  }
+}
+
 // bf16 values lo + (hi - lo) * u, u uniform from a hash: realistic, finite, never all zero.
 __global__ void FillBf16(uint16_t* p, size_t n, float lo, float hi, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
@@ -590,6 +597,11 @@ Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
       const std::string name = plane.name;
       if (plane.dtype != kvq::DType::kBF16) {
         RandomBytes(pool, bytes, ++seed);
+        if ((kv ? c.value : c.key).format == kvq::Format::kFp8E4m3) {
+          // e4m3 codes with exponent field <= 7: |value| < 2, never the NaN codes 0x7f / 0xff.
+          AndBytes<<<2048, 256>>>(pool, bytes, 0xbf);
+          KVQ_CUDA_CHECK(cudaGetLastError());
+        }
       } else {
         const float lo = name == "scale" ? 0.2f : name == "min" ? -1.5f : 0.5f;
         const float hi = name == "scale" ? 0.8f : name == "min" ? -0.5f : 2.0f;
@@ -613,6 +625,17 @@ Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
   in.sink_value = windows[1];
   in.recent_key = windows[2];
   in.recent_value = windows[3];
+  // fp8 history: a scale per KV head (0.05: calibrated-looking; the step's time does not
+  // depend on it).
+  float* head_scales = Alloc<float>(2 * kHkv);
+  owned.push_back(head_scales);
+  {
+    const std::vector<float> ones(2 * kHkv, 0.05f);
+    KVQ_CUDA_CHECK(cudaMemcpy(head_scales, ones.data(), ones.size() * sizeof(float),
+                              cudaMemcpyHostToDevice));
+  }
+  in.key_head_scale = head_scales;
+  in.value_head_scale = head_scales + kHkv;
   r.us = MedianMicros(
       [&] { kvq::gpu::DecodeAttention(c, in, plan, buf.ws, plan.workspace_bytes, buf.out); },
       flusher, iters);

@@ -89,6 +89,12 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
         m.rotation[kv].insert(m.rotation[kv].end(), head, head + static_cast<size_t>(d) * d);
       }
     }
+    for (int kv = 0; kv < 2; ++kv) {
+      if (cache.Layout(kvs[kv]).format != Format::kFp8E4m3) continue;
+      for (int h = 0; h < hkv; ++h) {
+        m.head_scale[kv].push_back(cache.HeadParams(kvs[kv], h).head_scale);
+      }
+    }
     for (int s : seqs) m.bytes_per_step += cache.Bytes(s).total();
   } else {
     // bf16 cache: page the dense rows into the rows plane; sequence b owns pages

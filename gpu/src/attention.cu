@@ -65,7 +65,8 @@ HistoryFormat CheckSupported(const CacheParams& c) {
             "keys over per-token values of the same width)");
   CheckKernelLayout(c.key, "CUDA decode attention (key)");
   CheckKernelLayout(c.value, "CUDA decode attention (value)");
-  if (kind == HistoryFormat::kBf16) return kind;
+  // Whole rows in one format: no group, no tile to check.
+  if (kind == HistoryFormat::kBf16 || kind == HistoryFormat::kFp8) return kind;
   const int row_bytes = d * c.key.bits / 8;
   if (attention::IsTileKind(kind)) {
     const int slice = c.key.tile_channel_bytes();
@@ -203,7 +204,9 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   // The loop: int8 QK^T where a block serves at most 4 query heads, else the bf16 MMAs with the
   // hi / lo parts packed into the column halves (g <= 4) or in two MMAs. Tile keys have the
   // bf16 loops only (their folded query changes every tile).
-  if (c.quantized() && heads_per_block <= 4) {
+  if (kind == HistoryFormat::kFp8) {
+    plan.quant_loop = QuantLoop::kTwoMma;  // its one loop (the bf16 MMAs over converted rows)
+  } else if (c.quantized() && heads_per_block <= 4) {
     plan.quant_loop = allow_int8_qk && !attention::IsTileKind(kind) ? QuantLoop::kInt8Qk
                                                                     : QuantLoop::kPacked;
   } else {
@@ -267,6 +270,11 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             g);
   KVQ_CHECK(plan.quant_loop != QuantLoop::kInt8Qk || !attention::IsTileKind(format),
             kInvalidArgument, "invalid plan: the int8 QK loop does not read tiled keys");
+  KVQ_CHECK(format != HistoryFormat::kFp8 || plan.quant_loop == QuantLoop::kTwoMma,
+            kInvalidArgument, "invalid plan: quant_loop ", loop, " for fp8 history (two-MMA only)");
+  KVQ_CHECK(format != HistoryFormat::kFp8 || (in.key_head_scale && in.value_head_scale),
+            kInvalidArgument, "fp8 history needs the per-head scales (key_head_scale, "
+            "value_head_scale)");
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
                 plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
                 g % plan.aux_heads_per_block == 0,
@@ -379,6 +387,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   set_planes(value_layout, in.value_planes, kp.v_planes, kp.v_page_stride, kp.v_head_stride);
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
+  kp.k_head_scale = in.key_head_scale;
+  kp.v_head_scale = in.value_head_scale;
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
   kp.programmatic_launch = c.quantized();  // right after the query rotation

@@ -31,6 +31,7 @@
 //   attention_quant_rows.cuh   INT-b pages: code fields, tile pipeline, bf16-MMA loops
 //   attention_quant_int8.cuh   INT-b pages with QK^T on the int8 tensor cores
 //   attention_tile_keys.cuh    tiled keys (scales folded into the query) + INT-b values
+//   attention_fp8_rows.cuh     fp8_e4m3 pages: converted to bf16 in shared memory, the bf16 loop
 //   this file                  the dispatch over groups, the kernel, its launcher
 #pragma once
 
@@ -38,6 +39,7 @@
 
 #include "attention_bf16_rows.cuh"
 #include "attention_common.cuh"
+#include "attention_fp8_rows.cuh"
 #include "attention_quant_int8.cuh"
 #include "attention_quant_rows.cuh"
 #include "attention_split_state.cuh"
@@ -155,7 +157,9 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
         return;
       }
       constexpr int kBits = BitsOfKind(FORMAT);
-      if constexpr (IsTileKind(FORMAT)) {
+      if constexpr (FORMAT == HistoryFormat::kFp8) {
+        Fp8Split<D>(p, smem, kvh, head0, b, z, begin, end);
+      } else if constexpr (IsTileKind(FORMAT)) {
         TileSplitGrouped<D, kBits, LOOP == QuantLoop::kPacked>(p, smem, kvh, head0, b, z, begin,
                                                                end);
       } else {
@@ -202,6 +206,11 @@ constexpr int DecodeSharedBytesFor() {
   if constexpr (FORMAT == HistoryFormat::kBf16) {
     constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
     return pipeline > combine ? pipeline : combine;
+  } else if constexpr (FORMAT == HistoryFormat::kFp8) {
+    constexpr int pipeline = Fp8Geometry<D>::kBytes + page_ids;
+    constexpr int window = Bf16Geometry<D>::kStageBytes;
+    constexpr int m = pipeline > window ? pipeline : window;
+    return m > combine ? m : combine;
   } else {
     using Geo = QuantGeometry<D, BitsOfKind(FORMAT), IsTileKind(FORMAT)>;
     constexpr int quant =
@@ -220,10 +229,12 @@ template <int HEAD_DIM, HistoryFormat FORMAT>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
   constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
   constexpr bool kQuantized = FORMAT != HistoryFormat::kBf16;
-  // The bf16 cache has one loop; a quantized cache's loops are instantiated only for it.
-  constexpr QuantLoop kPacked = kQuantized ? QuantLoop::kPacked : QuantLoop::kTwoMma;
+  // The bf16 cache and fp8 history have one loop each; the INT-b loops are instantiated only
+  // for INT-b histories.
+  constexpr bool kIntB = kQuantized && FORMAT != HistoryFormat::kFp8;
+  constexpr QuantLoop kPacked = kIntB ? QuantLoop::kPacked : QuantLoop::kTwoMma;
   // Tile keys have no int8 QK loop (the plan never takes it for them).
-  constexpr bool kHasInt8 = kQuantized && !IsTileKind(FORMAT);
+  constexpr bool kHasInt8 = kIntB && !IsTileKind(FORMAT);
   constexpr QuantLoop kInt8Qk = kHasInt8 ? QuantLoop::kInt8Qk : kPacked;
   // The plan's loop; anything else is refused, never run as another loop.
   if (kQuantized && p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
@@ -231,6 +242,7 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stre
     return cudaErrorInvalidValue;
   }
   if (!kHasInt8 && kQuantized && p.quant_loop == QuantLoop::kInt8Qk) return cudaErrorInvalidValue;
+  if (!kIntB && p.quant_loop != QuantLoop::kTwoMma) return cudaErrorInvalidValue;
   auto kernel = !kQuantized ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
                 : p.quant_loop == QuantLoop::kInt8Qk
                     ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>

@@ -10,7 +10,7 @@
 
 namespace kvq::gpu::attention {
 
-// The decode kernel's instantiations live in attention_decode_{int2,int4,bf16,tile2,tile4}.cu.
+// The decode kernel's instantiations live in attention_decode_{int2,int4,bf16,tile2,tile4,fp8}.cu.
 #define KVQ_ATTENTION_EXTERN(D, FMT) \
   extern template cudaError_t LaunchDecodeAttention<D, HistoryFormat::FMT>( \
       const DecodeKernelParams&, cudaStream_t);

@@ -21,6 +21,7 @@ struct DeviceCache::Impl {
   DeviceArray<uint8_t> pool[2][kMaxPlanes];
   DeviceArray<uint16_t> sink[2], recent[2];
   DeviceArray<float> rotation[2];
+  DeviceArray<float> head_scale[2];
   DeviceArray<float> q, out;
   DecodeAttentionPlan plan;
   DeviceArray<uint8_t> workspace;
@@ -42,6 +43,8 @@ struct DeviceCache::Impl {
     in.recent_value = recent[1].get();
     in.rotation_key = rotation[0].get();
     in.rotation_value = rotation[1].get();
+    in.key_head_scale = head_scale[0].get();
+    in.value_head_scale = head_scale[1].get();
     in.q = q.get();
     return in;
   }
@@ -93,6 +96,13 @@ DeviceCache::DeviceCache(const CacheImage& image) : impl_(std::make_unique<Impl>
     m.sink[kv] = DeviceArray<uint16_t>(image.sink[kv]);
     m.recent[kv] = DeviceArray<uint16_t>(image.recent[kv]);
     m.rotation[kv] = DeviceArray<float>(image.rotation[kv]);
+    const WriteParams& wp = kv == 0 ? p.key : p.value;
+    KVQ_CHECK(wp.format != Format::kFp8E4m3 ||
+                  image.head_scale[kv].size() == static_cast<size_t>(p.num_kv_heads),
+              kInvalidArgument, "DeviceCache: the ", kv == 0 ? "key" : "value",
+              " fp8 history needs one scale per KV head (", image.head_scale[kv].size(),
+              " given, Hkv = ", p.num_kv_heads, ")");
+    m.head_scale[kv] = DeviceArray<float>(image.head_scale[kv]);
   }
   m.bytes_per_step = image.bytes_per_step;
   m.q = DeviceArray<float>(static_cast<size_t>(m.batch) * p.num_q_heads * p.head_dim());

@@ -32,9 +32,12 @@ bool KindOfAffineTile(int bits, attention::HistoryFormat* kind) {
   }
 }
 
-// Spec 1.2's fp8_e4m3: no decode kernel yet (the stages run on the GPU; the paged write and
-// the decode refuse it by name).
-bool KindOfFp8E4m3(int /*bits*/, attention::HistoryFormat* /*kind*/) { return false; }
+// Spec 1.2's fp8_e4m3: the fp8 decode kind (the paged write refuses it by name for now).
+bool KindOfFp8E4m3(int bits, attention::HistoryFormat* kind) {
+  if (bits != 8) return false;
+  *kind = attention::HistoryFormat::kFp8;
+  return true;
+}
 
 // Whether plane `index` of `layout` is called `name`, holds `bytes` bytes a row and has
 // `scope` (a per-token plane unless said otherwise).
@@ -73,7 +76,8 @@ void CheckKernelLayout(const WriteParams& p, const char* what) {
                                   p.norm_heads > 1 ? PlaneScope::kSharedToken
                                                    : PlaneScope::kToken));
       break;
-    case Format::kFp8E4m3:  // no paged CUDA write or decode reads it yet
+    case Format::kFp8E4m3:  // the fp8 decode (attention_fp8_rows.cuh)
+      known = layout.num_planes == 1 && PlaneIs(layout, kFp8CodesPlane, "codes", d);
       break;
   }
   KVQ_CHECK(known, kUnsupported, what, ": the CUDA kernels do not read the layout of format ",

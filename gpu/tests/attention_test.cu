@@ -70,6 +70,7 @@ struct Config {
   int norm_heads = 1;
   int flush = 1;
   bool quantized = true;
+  bool fp8 = false;  // spec 1.2: fp8_e4m3 on K and V (bits and groups unused), per-head scales
   RotationKind key_rotation = RotationKind::kDense;
   RotationKind value_rotation = RotationKind::kDense;
   bool key_bitrev = true, value_bitrev = true;
@@ -87,6 +88,9 @@ struct Config {
 CacheParams MakeParams(const Config& cfg) {
   const auto half = [&](int group, RotationKind rotation, bool bitrev) {
     const int block = rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
+    if (cfg.fp8) {
+      return testbed::Write().head_dim(cfg.d).fp8().rotation(rotation).block(block).bitrev(bitrev);
+    }
     return testbed::Write().head_dim(cfg.d).group(group).bits(cfg.bits).rotation(rotation)
         .block(block).bitrev(bitrev);
   };
@@ -165,6 +169,7 @@ struct TestCase {
   DeviceBuffer<uint8_t> planes[2][kMaxPlanes];  // K, V: the pool per plane of the layout
   DeviceBuffer<uint16_t> sink_k, sink_v, recent_k, recent_v;
   DeviceBuffer<float> rot_k, rot_v, q_dev;
+  DeviceBuffer<float> scale_k, scale_v;  // fp8 history: s^ per KV head
 
   explicit TestCase(const Config& c) : TestCase(c, SplitMix64(c.seed)) {}
   TestCase(const Config& c, SplitMix64 rng)
@@ -256,6 +261,13 @@ struct TestCase {
         }
         (kv ? rot_v : rot_k) = DeviceBuffer<float>(r);
       }
+      for (int kv = 0; kv < 2; ++kv) {
+        const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
+        if (cache.Layout(which).format != Format::kFp8E4m3) continue;
+        std::vector<float> s;
+        for (int h = 0; h < hkv; ++h) s.push_back(cache.HeadParams(which, h).head_scale);
+        (kv ? scale_v : scale_k) = DeviceBuffer<float>(s);
+      }
     } else {
       // bf16 cache: page the dense rows, page ids shuffled.
       max_pages = (max_len + page - 1) / page;
@@ -304,6 +316,8 @@ struct TestCase {
     in.recent_value = recent_v.ptr;
     in.rotation_key = rot_k.ptr;
     in.rotation_value = rot_v.ptr;
+    in.key_head_scale = scale_k.ptr;
+    in.value_head_scale = scale_v.ptr;
     in.q = q_dev.ptr;
     return in;
   }
@@ -348,7 +362,9 @@ void CheckAgainstReferences(const TestCase& tc) {
     refs[b].resize(static_cast<size_t>(hq) * d);
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
-  const bool can_pack = tc.params.quantized() && std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
+  // fp8 history has the two-MMA loop only (over rows converted to bf16).
+  const bool can_pack = tc.params.quantized() && !tc.cfg.fp8 &&
+                        std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
   const bool tile_keys = tc.params.key.format == Format::kAffineTile;  // no int8 QK loop
   std::vector<Variant> variants;
   variants.push_back({QuantLoop::kTwoMma});  // a bf16 cache's one loop
@@ -499,6 +515,44 @@ std::vector<Config> AttentionConfigs() {
     c.hkv = 2;
     c.lengths = {500, 1500};
     c.seed = 4;
+  });
+  // Spec 1.2's fp8 history (converted to bf16 in shared memory, s^ folded into the step): the
+  // engines' configuration (no windows, identity), windows around a dense + P_br history, the
+  // FWHT at d = 64 with g = 1, and d = 256.
+  add("Fp8Identity_NoWindows_Gqa4", "fp8 d128 g4 no windows", [](Config& c) {
+    c.fp8 = true;
+    c.sink = 0;
+    c.recent = 0;
+    c.key_rotation = c.value_rotation = RotationKind::kIdentity;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = {1, 63, 64, 65, 1000, 4123};
+    c.seed = 21;
+  });
+  add("Fp8Dense_Gqa4_Boundaries", "fp8 d128 g4 dense+bitrev", [](Config& c) {
+    c.fp8 = true;
+    c.lengths = kBoundaryLengths;
+    c.seed = 22;
+  });
+  add("Fp8Hadamard_HeadDim64_Gqa1_Page16", "fp8 d64 g1 P16 hadamard", [](Config& c) {
+    c.fp8 = true;
+    c.d = 64;
+    c.hq = 2;
+    c.hkv = 2;
+    c.page = 16;
+    c.sink = 4;
+    c.recent = 8;
+    c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = {1, 13, 77, 3001};
+    c.seed = 23;
+  });
+  add("Fp8Dense_HeadDim256_Gqa8", "fp8 d256 g8 dense+bitrev", [](Config& c) {
+    c.fp8 = true;
+    c.d = 256;
+    c.hq = 16;
+    c.hkv = 2;
+    c.lengths = {1, 400, 1777};
+    c.seed = 24;
   });
   add("Int4Dense_Gqa4", "int4 d128 G64 g4", [](Config& c) {
     c.bits = 4;

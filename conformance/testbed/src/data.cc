@@ -62,13 +62,23 @@ cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Back
   SplitMix64 rng(seed);
   std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, &rng);
   std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, &rng);
-  std::vector<float> ck, cv;
+  HeadData key, value;
+  key.rotation = std::move(rk);
+  value.rotation = std::move(rv);
   if (p.quantized()) {
-    ck = HeadClips(p.num_kv_heads, &rng);
-    cv = HeadClips(p.num_kv_heads, &rng);
+    key.clip = HeadClips(p.num_kv_heads, &rng);
+    value.clip = HeadClips(p.num_kv_heads, &rng);
+    // fp8 sides: a scale per head in [0.01, 0.1) (KvRows reach ~30: codes up to ~3000 / 448
+    // saturate on the outlier channels of the smaller scales), drawn after everything else so
+    // the other formats' caches keep their bits.
+    for (auto [w, side] : {std::pair<const WriteParams*, HeadData*>{&p.key, &key},
+                           {&p.value, &value}}) {
+      if (w->format != Format::kFp8E4m3) continue;
+      side->scale.resize(static_cast<size_t>(p.num_kv_heads));
+      for (float& s : side->scale) s = 0.01f + 0.09f * rng.Uniform01();
+    }
   }
-  return cpu::PagedKVCache(p, std::move(rk), std::move(rv), std::move(ck), std::move(cv),
-                           backend);
+  return cpu::PagedKVCache(p, std::move(key), std::move(value), backend);
 }
 
 }  // namespace kvq::testbed

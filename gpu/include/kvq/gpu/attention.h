@@ -69,6 +69,10 @@ struct DecodeAttentionInputs {
   // fp32 [Hkv, d, d] row-major when key / value use RotationKind::kDense, else ignored.
   const float* rotation_key = nullptr;
   const float* rotation_value = nullptr;
+  // fp8_e4m3 history (spec 1.2): the per-KV-head scales s^ of K and V, fp32 [Hkv]; required
+  // (non-null) for that format, else ignored.
+  const float* key_head_scale = nullptr;
+  const float* value_head_scale = nullptr;
   const float* q = nullptr;              // [B, Hq, d] fp32 (bf16 values are the fast case)
   // Profiling, null in production: device u64 [4 * DecodeStepBlocks::total()] that receives one
   // record per block of the step's kernels, the rotation's blocks first, then the decode

@@ -141,6 +141,10 @@ struct DecodeKernelParams {
   // reading q_rot. Only when that kernel is the one launched just before on the stream (and
   // everything the pages, tables and windows depend on finished before it started).
   bool programmatic_launch = false;
+
+  // fp8_e4m3 history (kFp8): the per-KV-head scales s^ of K and V, [Hkv] fp32 (null otherwise).
+  const float* k_head_scale = nullptr;
+  const float* v_head_scale = nullptr;
 };
 
 // Most query heads one block of the rotation or of the merge takes (heads of one KV head,

@@ -33,6 +33,7 @@ struct CacheImage {
   std::vector<uint16_t> sink[2];
   std::vector<uint16_t> recent[2];
   std::vector<float> rotation[2];    // [Hkv, d, d] when the write path is dense, else empty
+  std::vector<float> head_scale[2];  // [Hkv] fp8 scales s^ (fp8_e4m3 history), else empty
   size_t bytes_per_step = 0;         // K and V bytes a decode step reads (BytesPerStep)
 };
 

@@ -25,6 +25,8 @@ inline constexpr int kTileMinPlane = 2;
 inline constexpr int kTileNormPlane = 3;
 // bf16's one plane: the rows, bf16 [d].
 inline constexpr int kBf16RowsPlane = 0;
+// fp8_e4m3's one plane (spec 1.2): the codes, one e4m3 byte a value, u8 [d].
+inline constexpr int kFp8CodesPlane = 0;
 
 // Throws kvq::Error(kUnsupported) naming the format unless the kernels were written for
 // LayoutOf(p): its planes where the positions above say, with the scopes (per token, per tile,
@@ -37,13 +39,15 @@ namespace attention {
 // The decode kernels' compile-time history kinds. kInt2 / kInt4: affine_token with 2 / 4-bit
 // codes on K and V; kTileInt2 / kTileInt4: affine_tile keys (per-channel scale / min over tiles
 // of G_k tokens, optional norm) with affine_token values of the same width; kBf16: the bf16
-// baseline cache, every token a bf16 row in the pages (no windows). The low byte is the width.
+// baseline cache, every token a bf16 row in the pages (no windows); kFp8: fp8_e4m3 on K and V
+// (per-head scales s^ folded into the step). The low byte is the width.
 enum class HistoryFormat : int {
   kInt2 = 2,
   kInt4 = 4,
   kBf16 = 16,
   kTileInt2 = 0x100 | 2,
   kTileInt4 = 0x100 | 4,
+  kFp8 = 0x200 | 8,
 };
 constexpr int BitsOfKind(HistoryFormat kind) { return static_cast<int>(kind) & 0xff; }
 constexpr bool IsTileKind(HistoryFormat kind) { return (static_cast<int>(kind) & 0x100) != 0; }
@@ -51,7 +55,7 @@ constexpr bool IsTileKind(HistoryFormat kind) { return (static_cast<int>(kind) &
 // The kinds and head dimensions the decode kernel is instantiated for (the instantiation,
 // dispatch, extern-template and shared-memory lists expand these): X(HistoryFormat enumerator)
 // and X(head_dim, extra...), the extra arguments passed through.
-#define KVQ_GPU_HISTORY_FORMATS(X) X(kInt2) X(kInt4) X(kBf16) X(kTileInt2) X(kTileInt4)
+#define KVQ_GPU_HISTORY_FORMATS(X) X(kInt2) X(kInt4) X(kBf16) X(kTileInt2) X(kTileInt4) X(kFp8)
 #define KVQ_GPU_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
 
 // The kind that serves history rows of `format` with `bits`-bit codes: true and *kind, or false
