@@ -504,7 +504,7 @@ void RunPplCommand(const PplCommand& cmd) {
   }
   if (!cmd.json.empty()) {
     const std::string text = j.dump(1) + "\n";
-    WriteFileAtomic(cmd.json, std::vector<uint8_t>(text.begin(), text.end()));
+    WriteFile(cmd.json, std::vector<uint8_t>(text.begin(), text.end()));
     std::printf("wrote %s\n", cmd.json.c_str());
   }
   std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);

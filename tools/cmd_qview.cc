@@ -79,7 +79,7 @@ void RunQview(const QviewCommand& cmd) {
   std::printf("%s", kvq::calib::FormatQuantizerView(view).c_str());
   if (!cmd.csv.empty()) {
     const std::string text = kvq::calib::QuantizerViewCsv(view);
-    kvq::WriteFileAtomic(cmd.csv, std::vector<uint8_t>(text.begin(), text.end()));
+    kvq::WriteFile(cmd.csv, std::vector<uint8_t>(text.begin(), text.end()));
     std::printf("wrote %s\n", cmd.csv.c_str());
   }
   if (!cmd.plots.empty()) {

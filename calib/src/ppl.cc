@@ -701,7 +701,7 @@ std::string PplJson(const PplResult& result) {
 
 void WritePplJson(const std::string& path, const PplResult& result) {
   const std::string text = PplJson(result) + "\n";
-  WriteFileAtomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+  WriteFile(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 }  // namespace kvq::calib

@@ -295,7 +295,7 @@ std::vector<std::string> WriteQuantizerViewPlots(const std::string& dir,
         "keys: " + names[m] + " per layer (INT" + std::to_string(view.bits) + ", G=" +
             std::to_string(view.group) + ", mean over KV heads; log scale)",
         "layer", names[m], series);
-    WriteFileAtomic(path, std::vector<uint8_t>(svg.begin(), svg.end()));
+    WriteFile(path, std::vector<uint8_t>(svg.begin(), svg.end()));
     written.push_back(path);
   }
   return written;

@@ -192,7 +192,7 @@ GenerateSummary GenerateVectors(const std::string& out_dir, uint64_t seed) {
     fs::create_directories(path.parent_path(), ec);
     KVQ_CHECK(!ec, kIoError, "cannot create folder '", path.parent_path().string(), "': ",
               ec.message());
-    WriteFileAtomic(path.string(), f.bytes);
+    WriteFile(path.string(), f.bytes);
     ++summary.files;
     summary.bytes += f.bytes.size();
     if (f.path.rfind("fixtures/", 0) == 0) {
