@@ -232,6 +232,9 @@ std::vector<float> Forward(const Model& model, AttentionStep& attention,
   KVQ_CHECK(req.tokens >= 1 && req.tokens <= c.max_positions, kInvalidArgument,
             "forward: window of ", req.tokens, " tokens is outside [1, max_position_embeddings = ",
             c.max_positions, "]");
+  KVQ_CHECK(req.tokens <= model.rope_positions, kInvalidArgument, "forward: window of ",
+            req.tokens, " tokens is longer than the ", model.rope_positions,
+            " positions the model was loaded for (LoadModel's positions)");
   KVQ_CHECK(req.first >= 0 && req.first < req.tokens, kInvalidArgument, "forward: first position ",
             req.first, " is outside [0, ", req.tokens, ")");
   KVQ_CHECK(req.keep_rows >= 0 && req.keep_rows <= req.tokens, kInvalidArgument,

@@ -113,7 +113,8 @@ struct ForwardRequest {
 };
 
 // Runs the layer loop. Returns logits [T − first, V] (empty when request.logits is false).
-// Throws kvq::Error(kInvalidArgument): T outside [1, max_positions], first outside [0, T),
+// Throws kvq::Error(kInvalidArgument): T outside [1, max_positions] or above the positions
+// the model's RoPE tables cover (Model::rope_positions), first outside [0, T),
 // first > 0 without a prefix of L layers holding ≥ first rows, keep_rows outside [0, T],
 // null ids.
 std::vector<float> Forward(const Model& model, AttentionStep& attention,
