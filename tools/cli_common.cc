@@ -78,6 +78,58 @@ int ParseIntField(const std::string& what, const std::string& text) {
   return static_cast<int>(value);
 }
 
+namespace {
+
+// A CLI11 validator from a check that throws kvq::Error: its message is the validator's.
+CLI::Validator FromCheck(void (*check)(const std::string&), const char* name) {
+  return CLI::Validator(
+      [check](std::string& value) -> std::string {
+        try {
+          check(value);
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "", name);
+}
+
+}  // namespace
+
+CLI::Validator OutputFile() { return FromCheck(&CheckOutputFile, "OUTPUT_FILE"); }
+
+CLI::Validator OutputFolder() { return FromCheck(&CheckOutputFolder, "OUTPUT_FOLDER"); }
+
+CLI::Validator WindowTokens() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long tokens = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0') return "";  // not an integer: CLI11 says so
+        if (tokens < 0) return value + " tokens is negative";
+        if (errno == ERANGE || tokens > kMaxWindowTokens) {
+          return value + " tokens exceeds the limit of " + std::to_string(kMaxWindowTokens) +
+                 " for a bf16 window";
+        }
+        return "";
+      },
+      "", "WINDOW_TOKENS");
+}
+
+CLI::Validator Seed() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (!value.empty() && value.find_first_not_of("0123456789") == std::string::npos) {
+          errno = 0;
+          std::strtoull(value.c_str(), nullptr, 10);
+          if (errno != ERANGE) return "";
+        }
+        return "'" + value + "' is not a seed (decimal digits, 0 to 2^64 - 1)";
+      },
+      "", "SEED");
+}
+
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d) {
   return Tensor::F32({static_cast<int64_t>(n), static_cast<int64_t>(d)}, values);
 }

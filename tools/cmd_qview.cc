@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "cli_common.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/calibration_file.h"
@@ -116,16 +117,20 @@ void setup_qview(CLI::App& app) {
   sub->add_option("--bits", cmd->bits, "Bits b")->capture_default_str();
   sub->add_option("--sink", cmd->sink,
                   "S0: each sequence's first S0 rows are left out (the cache keeps them bf16)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--recent", cmd->recent, "W (only for a calibration made here)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--saw-block", cmd->saw_block, "The SAW schemes' FWHT block")
       ->capture_default_str();
   sub->add_option("--clip-grid", cmd->clip_grid, "Own-clip grid (default 0.80,...,1.00)")
       ->delimiter(',');
   sub->add_option("--threads", cmd->threads, "Worker threads (0 = every core)")
       ->capture_default_str();
-  sub->add_option("--csv", cmd->csv, "Write one line per scheme x layer x KV head");
-  sub->add_option("--plots", cmd->plots, "Write keys_<metric>.svg per-layer plots here");
+  sub->add_option("--csv", cmd->csv, "Write one line per scheme x layer x KV head")
+      ->check(kvq::cli::OutputFile());
+  sub->add_option("--plots", cmd->plots, "Write keys_<metric>.svg per-layer plots here")
+      ->check(kvq::cli::OutputFolder());
   sub->callback([cmd]() { RunQview(*cmd); });
 }
