@@ -1,6 +1,9 @@
 #include "cli_common.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -128,6 +131,18 @@ CLI::Validator Seed() {
         return "'" + value + "' is not a seed (decimal digits, 0 to 2^64 - 1)";
       },
       "", "SEED");
+}
+
+std::function<void(int, int)> StderrProgress(const std::string& phase) {
+  if (isatty(fileno(stderr)) == 0) return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [phase, start](int done, int total) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "\r%s %d/%d, %.0f s ", phase.c_str(), done, total, seconds);
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
 }
 
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d) {

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,11 @@ CLI::Validator Seed();
 // sequence's length; a window of more than 64 Ki bf16 tokens makes a bf16 cache, not a
 // quantized one, so no real run comes near the limit.
 inline constexpr int64_t kMaxWindowTokens = 65536;
+
+// A progress line on stderr for a long phase: "<phase> <done>/<total>, <elapsed> s", redrawn
+// in place, ended with a newline when done == total. Only when stderr is a terminal (logs, and
+// the single error line a failing command prints, stay clean); otherwise an empty callback.
+std::function<void(int done, int total)> StderrProgress(const std::string& phase);
 
 // Tensor factories for [n, d]-shaped outputs.
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d);

@@ -366,7 +366,8 @@ void RunPplCommand(const PplCommand& cmd) {
       std::printf("capture %s", cmd.calib_activations.c_str());
     } else {
       calib_acts = calib::CaptureActivations(model, calib_sets, -1, threads,
-                                             "kvq capture " + cmd.model + " " + cmd.calib_windows);
+                                             "kvq capture " + cmd.model + " " + cmd.calib_windows,
+                                             StderrProgress("[2/4] capturing windows"));
       std::printf("captured %s (%lld tokens, fp32 forward)", cmd.calib_windows.c_str(),
                   static_cast<long long>(calib_acts.info.tokens));
     }
@@ -439,7 +440,8 @@ void RunPplCommand(const PplCommand& cmd) {
               variants.size());
   std::fflush(stdout);
   std::vector<std::vector<calib::LayerScheme>> built = calib::BuildVariantLayers(
-      c, need_capture ? &calib_acts : nullptr, have_cal ? &cal : nullptr, options, backend);
+      c, need_capture ? &calib_acts : nullptr, have_cal ? &cal : nullptr, options, backend,
+      StderrProgress("[3/4] building schemes x layers"));
   std::printf("      done in %.1f s\n", SecondsSince(t));
   std::vector<std::vector<calib::LayerScheme>> layers = std::move(built);
   if (cmd.scheme_windows == "shared") ShareSchemeWindows(&options, &layers);

@@ -61,7 +61,8 @@ void RunCapture(const CaptureCommand& cmd) {
   const kvq::calib::Activations acts = kvq::calib::CaptureActivations(
       model, windows, cmd.calib_windows, threads,
       "kvq capture " + cmd.model + " " + cmd.windows +
-          (cmd.length > 0 ? " length " + std::to_string(cmd.length) : ""));
+          (cmd.length > 0 ? " length " + std::to_string(cmd.length) : ""),
+      kvq::cli::StderrProgress("capture: fp32 forward, windows"));
   kvq::calib::WriteActivations(cmd.out, acts, storage);
   const auto& info = acts.info;
   std::printf("wrote %s: %d layers, Hq=%d, Hkv=%d, d=%d, %d windows x %lld tokens (%lld "

@@ -1,7 +1,6 @@
 // kvq eval: attention-level error metrics of every scheme on a capture's held-out tokens,
 // through the real paged cache (calib/metrics.h); a table, optionally JSON, CSV and SVG plots.
 #include <CLI/CLI.hpp>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -52,12 +51,6 @@ std::string BitsHelp() {
   return "Bits b" + (own.empty() ? std::string() : " (" + own + ")");
 }
 
-void DrawProgress(int done, int total) {
-  std::fprintf(stderr, "\revaluating %d/%d", done, total);
-  if (done == total) std::fprintf(stderr, "\n");
-  std::fflush(stderr);
-}
-
 void RunEval(EvalCommand& cmd) {
   const auto start = std::chrono::steady_clock::now();
   kvq::calib::EvalOptions options = cmd.options;
@@ -80,10 +73,9 @@ void RunEval(EvalCommand& cmd) {
                  "evaluating G=%d, %d-bit\n",
                  cal->info.group, cal->info.bits, options.scheme.group, options.scheme.bits);
   }
-  const bool terminal = isatty(fileno(stderr)) != 0;
   const kvq::calib::EvalResult result = kvq::calib::Evaluate(
       acts, cal.get(), options, backend,
-      terminal ? kvq::calib::EvalProgress(DrawProgress) : nullptr);
+      kvq::cli::StderrProgress("evaluating schemes x layers, then layers x KV heads"));
   if (result.raw_target_from_activations) {
     std::fprintf(stderr,
                  "kvq eval: note: %s is a format_version 1 calibration without raw-target "

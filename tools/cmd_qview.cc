@@ -70,13 +70,14 @@ void RunQview(const QviewCommand& cmd) {
     c.recent = cmd.recent;
     c.threads = threads;
     c.source = calib_acts.info.source;
-    cal = std::make_unique<kvq::calib::Calibration>(
-        kvq::calib::Calibrate(calib_acts, c, backend));
+    cal = std::make_unique<kvq::calib::Calibration>(kvq::calib::Calibrate(
+        calib_acts, c, backend, kvq::cli::StderrProgress("qview: calibrating OSCAR, units")));
     std::printf("calibrated OSCAR on %s (%lld tokens)\n", cmd.calib_activations.c_str(),
                 static_cast<long long>(calib_acts.info.calib_tokens));
   }
-  const kvq::calib::QuantizerView view =
-      kvq::calib::ComputeQuantizerView(eval_acts, calib_acts, cal.get(), options, backend);
+  const kvq::calib::QuantizerView view = kvq::calib::ComputeQuantizerView(
+      eval_acts, calib_acts, cal.get(), options, backend,
+      kvq::cli::StderrProgress("qview: schemes x layers built, then x KV heads viewed"));
   std::printf("%s", kvq::calib::FormatQuantizerView(view).c_str());
   if (!cmd.csv.empty()) {
     const std::string text = kvq::calib::QuantizerViewCsv(view);

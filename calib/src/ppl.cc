@@ -236,7 +236,8 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
                                                          const Activations* calib_acts,
                                                          const Calibration* cal,
                                                          const PplOptions& options,
-                                                         const cpu::Backend& backend) {
+                                                         const cpu::Backend& backend,
+                                                         const PplProgress& progress) {
   SchemeShape shape;
   shape.num_layers = config.num_layers;
   shape.num_kv_heads = config.num_kv_heads;
@@ -268,13 +269,17 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
   const int L = config.num_layers;
   const int n = static_cast<int>(options.schemes.size());
   std::vector<std::vector<LayerScheme>> out(n, std::vector<LayerScheme>(L));
-  ParallelItems(n * L, options.threads, [&](int unit) {
-    const SchemeVariant& v = options.schemes[unit / L];
-    const int l = unit % L;
-    LayerScheme s = BuildLayerScheme(v.scheme, shape, cal, l, options.scheme);
-    ApplyClipChoice(v, cal, calib_acts, own ? &targets : nullptr, l, grid, backend, &s);
-    out[unit / L][l] = std::move(s);
-  });
+  int done = 0;
+  ParallelItems(
+      n * L, options.threads,
+      [&](int unit) {
+        const SchemeVariant& v = options.schemes[unit / L];
+        const int l = unit % L;
+        LayerScheme s = BuildLayerScheme(v.scheme, shape, cal, l, options.scheme);
+        ApplyClipChoice(v, cal, calib_acts, own ? &targets : nullptr, l, grid, backend, &s);
+        out[unit / L][l] = std::move(s);
+      },
+      progress ? std::function<void()>([&] { progress(++done, n * L); }) : nullptr);
   return out;
 }
 
