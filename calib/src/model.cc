@@ -335,7 +335,8 @@ Model BuildModel(const ModelConfig& config, const Safetensors& weights, const st
   }
   // Only the positions the caller will run: a config may allow millions (long-context models),
   // and the tables would take 4·d bytes per position.
-  m.rope_positions = positions == 0 ? c.max_positions : std::min<int64_t>(positions, c.max_positions);
+  m.rope_positions =
+      positions == 0 ? c.max_positions : std::min<int64_t>(positions, c.max_positions);
   m.rope_cos.resize(static_cast<size_t>(m.rope_positions) * half);
   m.rope_sin.resize(m.rope_cos.size());
   for (int64_t p = 0; p < m.rope_positions; ++p) {

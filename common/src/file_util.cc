@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -74,12 +75,20 @@ std::string FolderOf(const std::string& path) {
 }
 
 // Whether `folder` lies in /proc, where the links in fd/ name open descriptors, not files.
-bool InProc(const std::string& folder) {
+// `*own_fd`: N when the link is /proc/<this process>/fd/N (what /dev/stdout and /dev/fd/N
+// lead to), else -1.
+bool InProc(const std::string& folder, const std::string& name, int* own_fd) {
+  *own_fd = -1;
   char* real = ::realpath(folder.c_str(), nullptr);
   if (real == nullptr) return false;
   const std::string resolved = real;
   std::free(real);
-  return resolved == "/proc" || resolved.rfind("/proc/", 0) == 0;
+  if (resolved != "/proc" && resolved.rfind("/proc/", 0) != 0) return false;
+  if (resolved == "/proc/" + std::to_string(::getpid()) + "/fd" && !name.empty() &&
+      name.size() < 10 && name.find_first_not_of("0123456789") == std::string::npos) {
+    *own_fd = std::stoi(name);
+  }
+  return true;
 }
 
 std::string ReadLink(const std::string& path, const std::string& shown) {
@@ -94,6 +103,9 @@ struct OutputTarget {
   enum Kind { kNew, kRegular, kWriteThrough } kind;
   std::string path;  // the path itself or the end of its symlink chain
   std::string shown;  // 'path' or 'path' (-> 'target'), for messages
+  // kWriteThrough of one of this process's own descriptors (/dev/stdout: 1): written through
+  // that descriptor, so the bytes land where the process's other output to it goes.
+  int own_fd = -1;
 };
 
 OutputTarget ResolveOutput(const std::string& path) {
@@ -114,7 +126,10 @@ OutputTarget ResolveOutput(const std::string& path) {
     if (S_ISLNK(info.st_mode)) {
       const std::string folder = FolderOf(current);
       // /dev/stdout, /dev/fd/N, /proc/self/fd/N: the descriptor, whatever it is open on.
-      if (InProc(folder)) return {OutputTarget::kWriteThrough, current, shown()};
+      int own_fd;
+      if (InProc(folder, current.substr(current.rfind('/') + 1), &own_fd)) {
+        return {OutputTarget::kWriteThrough, current, shown(), own_fd};
+      }
       std::string target = ReadLink(current, shown());
       if (target.empty() || target[0] != '/') {
         if (folder != ".") target = (folder == "/" ? "/" : folder + "/") + target;
@@ -189,7 +204,8 @@ void WriteAtomically(const OutputTarget& target, const std::vector<uint8_t>& byt
 
 // Opens an existing non-regular target for writing without waiting for a FIFO's reader.
 int OpenWriteThrough(const OutputTarget& target) {
-  const int fd = OpenRetrying(target.path, O_WRONLY | O_APPEND | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  const int fd =
+      OpenRetrying(target.path, O_WRONLY | O_APPEND | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     KVQ_CHECK(errno != ENXIO, kIoError, "cannot write ", target.shown,
               ": no process has it open for reading");
@@ -226,11 +242,22 @@ class HeldFifos {
 };
 
 void WriteThrough(const OutputTarget& target, const std::vector<uint8_t>& bytes) {
-  const int held = HeldFifos::Get().Take(target.path);
-  FileDescriptor file(held >= 0 ? held : OpenWriteThrough(target));
-  // A reader exists: from here on, wait for it like any writer of a pipe.
-  const int flags = ::fcntl(file.get(), F_GETFL);
-  if (flags >= 0) ::fcntl(file.get(), F_SETFL, flags & ~O_NONBLOCK);
+  int fd;
+  if (target.own_fd >= 0) {
+    // The process's own descriptor: what its stdio buffers hold goes first, and the bytes
+    // follow at the descriptor's offset (a file that stdout was redirected to is not
+    // overwritten from its start, as a second open would do).
+    std::fflush(nullptr);
+    fd = ::fcntl(target.own_fd, F_DUPFD_CLOEXEC, 0);
+    KVQ_CHECK(fd >= 0, kIoError, "cannot write ", target.shown, ": ", ErrnoText(errno));
+  } else {
+    const int held = HeldFifos::Get().Take(target.path);
+    fd = held >= 0 ? held : OpenWriteThrough(target);
+    // A reader exists: from here on, wait for it like any writer of a pipe.
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  }
+  FileDescriptor file(fd);
   auto fail = [&](int err) {
     throw Error(ErrorCode::kIoError,
                 detail::Concat("cannot write ", target.shown, ": ", ErrnoText(err)));
@@ -284,6 +311,12 @@ void WriteFile(const std::string& path, const std::vector<uint8_t>& bytes) {
 
 void CheckOutputFile(const std::string& path) {
   const OutputTarget target = ResolveOutput(path);
+  if (target.own_fd >= 0) {
+    const int flags = ::fcntl(target.own_fd, F_GETFL);
+    KVQ_CHECK(flags >= 0 && (flags & O_ACCMODE) != O_RDONLY, kIoError, "cannot write ",
+              target.shown, ": descriptor ", target.own_fd, " is not open for writing");
+    return;
+  }
   if (target.kind == OutputTarget::kWriteThrough) {
     struct stat info;
     if (::stat(target.path.c_str(), &info) == 0 && S_ISFIFO(info.st_mode)) {

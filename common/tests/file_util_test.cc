@@ -242,6 +242,23 @@ TEST(FileUtil, WritesThroughADescriptorLink) {
   ASSERT_GT(n, 0);
   got.resize(static_cast<size_t>(n));
   EXPECT_EQ(got, Bytes("through the pipe"));
+  // A descriptor open on a regular file (stdout redirected to a file): the bytes follow what
+  // the process wrote through it, at its offset, and what it writes next follows them; the
+  // file is not replaced.
+  ScratchDir dir;
+  const int fd = ::open(dir.File("log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "before ", 7), 7);
+  WriteFile("/dev/fd/" + std::to_string(fd), Bytes("output"));
+  ASSERT_EQ(::write(fd, " after", 6), 6);
+  ::close(fd);
+  EXPECT_EQ(ReadFileBytes(dir.File("log")), Bytes("before output after"));
+  const int read_only = ::open(dir.File("log").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(read_only, 0);
+  ExpectError([&] { CheckOutputFile("/proc/self/fd/" + std::to_string(read_only)); },
+              ErrorCode::kIoError,
+              {"descriptor " + std::to_string(read_only), "not open for writing"});
+  ::close(read_only);
 }
 
 TEST(FileUtil, ChecksOutputsWithoutWriting) {

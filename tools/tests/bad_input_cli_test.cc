@@ -192,7 +192,8 @@ const std::string kPpl = "ppl --model '" + kModelA +
                          "' --windows heldout_en:0 --length 48 --no-fp32 --tail-from 8 "
                          "--threads 2 ";
 const std::string kAttend = "attend --q q.npy --k k.npy --v v.npy --hadamard --sink 4 --recent 8 ";
-const std::string kEval = "eval --activations acts.safetensors --schemes naive --sink 16 --recent 32 ";
+const std::string kEval =
+    "eval --activations acts.safetensors --schemes naive --sink 16 --recent 32 ";
 const std::string kQview = "qview --activations acts.safetensors --calib-activations "
                            "acts.safetensors --schemes naive,hadamard --sink 16 --recent 32 ";
 
@@ -409,6 +410,15 @@ TEST(BadInput, OutputToDevStdoutGoesToStandardOutput) {
   EXPECT_EQ(file.metadata.at("format"), "kvq-quantized");
   EXPECT_EQ(ReadSafetensors(in.File("q.safetensors")).Get("codes").bytes,
             file.Get("codes").bytes);
+  // A command that prints after writing: the file's bytes, then its line, in that order.
+  const RunResult synth =
+      RunKvq(in.dir(), "synth --layers 1 --tokens 64 --q-heads 2 --kv-heads 1 --out /dev/stdout");
+  ASSERT_EQ(synth.exit_code, 0) << synth.err;
+  const size_t line = synth.out.rfind("wrote /dev/stdout: 1 layers");
+  ASSERT_NE(line, std::string::npos) << synth.out.substr(0, 40);
+  const Safetensors capture =
+      ParseSafetensors(reinterpret_cast<const uint8_t*>(synth.out.data()), line);
+  EXPECT_EQ(capture.metadata.at("format"), "kvq-activations");
 }
 
 // A FIFO (or any non-regular file) as an input is refused at once, naming it (the time limit

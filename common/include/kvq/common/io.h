@@ -52,10 +52,12 @@ std::vector<uint8_t> ReadFileBytes(const std::string& path);
 //    nothing) and no temporary behind;
 //  - a symbolic link: followed (a chain too) and its target written by these rules; the link
 //    itself stays (a dangling link's target is created);
-//  - an existing device node, FIFO or other non-regular file (/dev/null, /dev/full, a pipe),
-//    or a link naming an open descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N): opened
-//    and written in place (O_APPEND), never replaced; a FIFO that no process reads is refused
-//    rather than waited for;
+//  - an existing device node, FIFO or other non-regular file (/dev/null, /dev/full, a pipe):
+//    opened and written in place (O_APPEND), never replaced; a FIFO that no process reads is
+//    refused rather than waited for;
+//  - a link naming an open descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N): written
+//    through that descriptor of this process (stdio flushed first), so the bytes land where
+//    its other output to it goes, whatever it is open on;
 //  - a folder: refused.
 // Throws kvq::Error(kIoError) naming the path (and the link's target) and the reason: a
 // missing folder, a folder that takes no new files, a write error such as ENOSPC.
