@@ -360,6 +360,7 @@ void RunPplCommand(const PplCommand& cmd) {
   t = Clock::now();
   calib::Activations calib_acts;
   std::printf("[2/4] calibration: ");
+  std::fflush(stdout);  // before a progress line on the same terminal
   if (need_capture) {
     if (!capture_here) {
       calib_acts = calib::ReadActivations(cmd.calib_activations);
