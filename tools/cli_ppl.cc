@@ -404,7 +404,8 @@ void RunPplCommand(const PplCommand& cmd) {
     options.recent = recent;
     options.threads = threads;
     options.source = calib_acts.info.source;
-    cal = calib::Calibrate(calib_acts, options, backend);
+    cal = calib::Calibrate(calib_acts, options, backend,
+                           StderrProgress("[2/4] calibrating OSCAR, layer x KV head units"));
     have_cal = true;
     std::printf("; OSCAR calibrated (R = U*H*P_br, value target %s)",
                 cal.info.value_target.c_str());
