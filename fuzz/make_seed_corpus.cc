@@ -42,14 +42,14 @@ int main(int argc, char** argv) {
     kvq::WriteNpy(out + "/npy/u8_scalar.npy", Tensor::U8({}, {7}));
     kvq::WriteNpy(out + "/npy/i32_0x3.npy", Tensor::I32({0, 3}, {}));
     kvq::WriteNpy(out + "/npy/i32_2x1x2.npy", Tensor::I32({2, 1, 2}, {-1, 0, 1, 2147483647}));
-    kvq::WriteFileAtomic(
+    kvq::WriteFile(
         out + "/npy/numpy_v1_u8.npy",
         NumpyStyle(1, "{'descr': '|u1', 'fortran_order': False, 'shape': (3,), }", "abc"));
-    kvq::WriteFileAtomic(
+    kvq::WriteFile(
         out + "/npy/numpy_v2_f32.npy",
         NumpyStyle(2, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1), }",
                    std::string("\x00\x00\x80\x3f", 4)));
-    kvq::WriteFileAtomic(out + "/npy/numpy_v3_f16.npy",
+    kvq::WriteFile(out + "/npy/numpy_v3_f16.npy",
                          NumpyStyle(3, "{'descr': '<f2', 'fortran_order': False, 'shape': (), }",
                                     std::string("\x00\x3c", 2)));
 
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
         "\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}  ";
     std::string file;
     for (int i = 0; i < 8; ++i) file += static_cast<char>((header.size() >> (8 * i)) & 0xff);
-    kvq::WriteFileAtomic(out + "/safetensors/reordered.safetensors", Bytes(file + header + "abc"));
+    kvq::WriteFile(out + "/safetensors/reordered.safetensors", Bytes(file + header + "abc"));
   } catch (const kvq::Error& e) {
     std::fprintf(stderr, "kvq_make_seed_corpus: %s\n", e.what());
     return 1;

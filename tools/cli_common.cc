@@ -1,6 +1,9 @@
 #include "cli_common.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -76,6 +79,70 @@ int ParseIntField(const std::string& what, const std::string& text) {
                 value <= std::numeric_limits<int>::max(),
             kInvalidArgument, what, " '", text, "' is not an integer");
   return static_cast<int>(value);
+}
+
+namespace {
+
+// A CLI11 validator from a check that throws kvq::Error: its message is the validator's.
+CLI::Validator FromCheck(void (*check)(const std::string&), const char* name) {
+  return CLI::Validator(
+      [check](std::string& value) -> std::string {
+        try {
+          check(value);
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return "";
+      },
+      "", name);
+}
+
+}  // namespace
+
+CLI::Validator OutputFile() { return FromCheck(&CheckOutputFile, "OUTPUT_FILE"); }
+
+CLI::Validator OutputFolder() { return FromCheck(&CheckOutputFolder, "OUTPUT_FOLDER"); }
+
+CLI::Validator WindowTokens() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long tokens = std::strtoll(value.c_str(), &end, 10);
+        if (value.empty() || *end != '\0') return "";  // not an integer: CLI11 says so
+        if (tokens < 0) return value + " tokens is negative";
+        if (errno == ERANGE || tokens > kMaxWindowTokens) {
+          return value + " tokens exceeds the limit of " + std::to_string(kMaxWindowTokens) +
+                 " for a bf16 window";
+        }
+        return "";
+      },
+      "", "WINDOW_TOKENS");
+}
+
+CLI::Validator Seed() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        if (!value.empty() && value.find_first_not_of("0123456789") == std::string::npos) {
+          errno = 0;
+          std::strtoull(value.c_str(), nullptr, 10);
+          if (errno != ERANGE) return "";
+        }
+        return "'" + value + "' is not a seed (decimal digits, 0 to 2^64 - 1)";
+      },
+      "", "SEED");
+}
+
+std::function<void(int, int)> StderrProgress(const std::string& phase) {
+  if (isatty(fileno(stderr)) == 0) return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [phase, start](int done, int total) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::fprintf(stderr, "\r%s %d/%d, %.0f s ", phase.c_str(), done, total, seconds);
+    if (done == total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
 }
 
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d) {

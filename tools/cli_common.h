@@ -1,11 +1,13 @@
 // Option parsing and file loading shared by the kvq subcommands. Every helper throws
 // kvq::Error with a one-line message naming the offending option, file or value; main.cc turns
-// it into `kvq: error: ...` and a non-zero exit. Outputs go through the atomic writers, so a
-// failed command leaves no partial file.
+// it into `kvq: error: ...` and exit status 2. Outputs go through kvq::WriteFile (io.h), so a
+// failed command leaves no partial file, and their paths are checked before the work starts.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,32 @@ Rows ReadRows(const std::string& path, const std::string& what);
 float ParseFloatOption(const std::string& option, const std::string& text);
 // Parses a base-10 integer (no sign tricks, no trailing characters); throws naming both.
 int ParseIntField(const std::string& what, const std::string& text);
+
+// Option checks that CLI11 runs while it parses the command line, so a bad value fails before
+// the command does any work (a typo in --json fails at once, not after a long run). CLI11
+// reports "--option: <message>" and main.cc exits 2. Attach them to every option of their kind:
+//   add_option("--out", ...)->check(OutputFile())
+// OutputFile: kvq::CheckOutputFile (io.h): the folder exists and takes new files, the path is
+// not a folder; a device, FIFO or descriptor link is written through (WriteFile's policy).
+CLI::Validator OutputFile();
+// OutputFolder: kvq::CheckOutputFolder: a folder that the command creates and fills.
+CLI::Validator OutputFolder();
+// WindowTokens: a bf16 window length (--sink S0, --recent W): an integer in
+// [0, kMaxWindowTokens].
+CLI::Validator WindowTokens();
+// Seed: decimal digits only (CLI11 would wrap -1 to 2^64 - 1 and read 010 as octal 8).
+CLI::Validator Seed();
+
+// The largest bf16 sink or recent window the CLI takes: 65536 tokens. The CPU cache allocates
+// both windows of every sequence up front (S0 + W rows of Hkv·d bf16 per side), whatever the
+// sequence's length; a window of more than 64 Ki bf16 tokens makes a bf16 cache, not a
+// quantized one, so no real run comes near the limit.
+inline constexpr int64_t kMaxWindowTokens = 65536;
+
+// A progress line on stderr for a long phase: "<phase> <done>/<total>, <elapsed> s", redrawn
+// in place, ended with a newline when done == total. Only when stderr is a terminal (logs, and
+// the single error line a failing command prints, stay clean); otherwise an empty callback.
+std::function<void(int done, int total)> StderrProgress(const std::string& phase);
 
 // Tensor factories for [n, d]-shaped outputs.
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d);

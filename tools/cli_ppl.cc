@@ -1,5 +1,7 @@
 #include "cli_ppl.h"
 
+#include "cli_common.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -213,26 +215,33 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
       ->capture_default_str();
   sub->add_option("--threads", cmd->threads, "Worker threads (0 = every core)")
       ->capture_default_str();
-  sub->add_option("--json", cmd->json, "Write every number (per window, clip ratios) as JSON");
+  sub->add_option("--json", cmd->json, "Write every number (per window, clip ratios) as JSON")
+      ->check(OutputFile());
   if (demo) return;
   sub->add_option("--calibration", cmd->calibration,
                   "OSCAR calibration file (default: calibrate on the calibration windows)");
   sub->add_option("--calib-activations", cmd->calib_activations,
                   "Calibration capture (kvq capture; default: capture the calibration windows)");
   sub->add_option("--save-calibration", cmd->save_calibration,
-                  "Write the calibration computed here");
+                  "Write the calibration computed here (only when a chosen scheme needs one and "
+                  "no --calibration is given)")
+      ->check(OutputFile());
   sub->add_option("--clip-grid", cmd->clip_grid,
                   "Own-clip grid, comma-separated ratios in (0, 1] (default 0.80,...,1.00)")
       ->delimiter(',');
   cmd->group_option =
       sub->add_option("--group", cmd->group, "Quantization group G")->capture_default_str();
   cmd->bits_option = sub->add_option("--bits", cmd->bits, "Bits b (2 or 4)")->capture_default_str();
-  cmd->sink_option =
-      sub->add_option("--sink", cmd->sink, "BF16 sink tokens S0")->capture_default_str();
-  cmd->recent_option =
-      sub->add_option("--recent", cmd->recent, "BF16 recent window W")->capture_default_str();
+  cmd->sink_option = sub->add_option("--sink", cmd->sink, "BF16 sink tokens S0")
+                         ->capture_default_str()
+                         ->check(WindowTokens());
+  cmd->recent_option = sub->add_option("--recent", cmd->recent, "BF16 recent window W")
+                           ->capture_default_str()
+                           ->check(WindowTokens());
   sub->add_option("--page", cmd->page, "History page size P")->capture_default_str();
-  sub->add_option("--seed", cmd->seed, "random_orthogonal's seed")->capture_default_str();
+  sub->add_option("--seed", cmd->seed, "random_orthogonal's seed")
+      ->capture_default_str()
+      ->check(Seed());
   sub->add_option("--saw-block", cmd->saw_block,
                   "FWHT block of saw_int4, saw_int4_k, saw_hessian (BDR-h: 16..256, a power of "
                   "two, clamped to d)")
@@ -312,16 +321,38 @@ void RunPplCommand(const PplCommand& cmd) {
     // fp8 schemes compute their scales on it unless the calibration file is their own)
   }
   need_capture = need_capture || (need_calibration && cmd.calibration.empty());
+  // An option that the chosen schemes would leave unused is an error, not silence.
+  KVQ_CHECK(cmd.save_calibration.empty() || cmd.calibration.empty(), kInvalidArgument,
+            "--save-calibration ", cmd.save_calibration, " saves a calibration computed here, "
+            "but --calibration ", cmd.calibration, " is given");
+  KVQ_CHECK(cmd.save_calibration.empty() || need_calibration, kInvalidArgument,
+            "--save-calibration ", cmd.save_calibration, ": no scheme of --schemes ", cmd.schemes,
+            " (--clip ", cmd.clip, ") needs a calibration, so none is computed");
+  KVQ_CHECK(cmd.calib_activations.empty() || need_capture, kInvalidArgument,
+            "--calib-activations ", cmd.calib_activations, ": no scheme of --schemes ",
+            cmd.schemes, " (--clip ", cmd.clip, ") needs calibration activations");
+  const bool capture_here = need_capture && cmd.calib_activations.empty();
 
   auto t = Clock::now();
   std::printf("[1/4] loading %s ...\n", cmd.model.c_str());
   std::fflush(stdout);
-  const calib::Model model = calib::LoadModel(cmd.model);
-  const calib::ModelConfig& c = model.config;
+  // The windows before the weights: the RoPE tables cover only the positions they hold.
+  const calib::ModelConfig config = calib::ReadModelConfig(cmd.model);
   const std::string tokens_path =
       cmd.tokens.empty() ? calib::DefaultTokensPath(cmd.model) : cmd.tokens;
   const std::vector<calib::TokenWindows> sets = calib::ReadTokenWindows(
-      tokens_path, calib::ParseWindowSelections(cmd.windows), cmd.length, c.vocab);
+      tokens_path, calib::ParseWindowSelections(cmd.windows), cmd.length, config.vocab);
+  std::vector<calib::TokenWindows> calib_sets;
+  if (capture_here) {
+    calib_sets = calib::ReadTokenWindows(tokens_path,
+                                         calib::ParseWindowSelections(cmd.calib_windows),
+                                         cmd.calib_length, config.vocab);
+  }
+  int64_t positions = 0;
+  for (const calib::TokenWindows& s : sets) positions = std::max(positions, s.length);
+  for (const calib::TokenWindows& s : calib_sets) positions = std::max(positions, s.length);
+  const calib::Model model = calib::LoadModel(cmd.model, positions);
+  const calib::ModelConfig& c = model.config;
   std::printf("      %s: %d layers, d_model %d, Hq %d x d %d, Hkv %d, vocab %d (%.1f s; "
               "kernels %s, %d threads)\n",
               calib::ModelArchName(c.arch), c.num_layers, c.hidden, c.num_q_heads, c.head_dim,
@@ -331,15 +362,15 @@ void RunPplCommand(const PplCommand& cmd) {
   t = Clock::now();
   calib::Activations calib_acts;
   std::printf("[2/4] calibration: ");
+  std::fflush(stdout);  // before a progress line on the same terminal
   if (need_capture) {
-    if (!cmd.calib_activations.empty()) {
+    if (!capture_here) {
       calib_acts = calib::ReadActivations(cmd.calib_activations);
       std::printf("capture %s", cmd.calib_activations.c_str());
     } else {
-      const std::vector<calib::TokenWindows> calib_sets = calib::ReadTokenWindows(
-          tokens_path, calib::ParseWindowSelections(cmd.calib_windows), cmd.calib_length, c.vocab);
       calib_acts = calib::CaptureActivations(model, calib_sets, -1, threads,
-                                             "kvq capture " + cmd.model + " " + cmd.calib_windows);
+                                             "kvq capture " + cmd.model + " " + cmd.calib_windows,
+                                             StderrProgress("[2/4] capturing windows"));
       std::printf("captured %s (%lld tokens, fp32 forward)", cmd.calib_windows.c_str(),
                   static_cast<long long>(calib_acts.info.tokens));
     }
@@ -375,7 +406,8 @@ void RunPplCommand(const PplCommand& cmd) {
     options.recent = recent;
     options.threads = threads;
     options.source = calib_acts.info.source;
-    cal = calib::Calibrate(calib_acts, options, backend);
+    cal = calib::Calibrate(calib_acts, options, backend,
+                           StderrProgress("[2/4] calibrating OSCAR, layer x KV head units"));
     have_cal = true;
     std::printf("; OSCAR calibrated (R = U*H*P_br, value target %s)",
                 cal.info.value_target.c_str());
@@ -412,7 +444,8 @@ void RunPplCommand(const PplCommand& cmd) {
               variants.size());
   std::fflush(stdout);
   std::vector<std::vector<calib::LayerScheme>> built = calib::BuildVariantLayers(
-      c, need_capture ? &calib_acts : nullptr, have_cal ? &cal : nullptr, options, backend);
+      c, need_capture ? &calib_acts : nullptr, have_cal ? &cal : nullptr, options, backend,
+      StderrProgress("[3/4] building schemes x layers"));
   std::printf("      done in %.1f s\n", SecondsSince(t));
   std::vector<std::vector<calib::LayerScheme>> layers = std::move(built);
   if (cmd.scheme_windows == "shared") ShareSchemeWindows(&options, &layers);
@@ -506,7 +539,7 @@ void RunPplCommand(const PplCommand& cmd) {
   }
   if (!cmd.json.empty()) {
     const std::string text = j.dump(1) + "\n";
-    WriteFileAtomic(cmd.json, std::vector<uint8_t>(text.begin(), text.end()));
+    WriteFile(cmd.json, std::vector<uint8_t>(text.begin(), text.end()));
     std::printf("wrote %s\n", cmd.json.c_str());
   }
   std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);

@@ -383,7 +383,9 @@ void setup_attend(CLI::App& app) {
       ->required();
   command->add_option("--v", o->v, "values V: float32 [T, Hkv, d] .npy (stored as bf16)")
       ->required();
-  command->add_option("--out", o->out, "output O: float32 [Hq, d] .npy")->required();
+  command->add_option("--out", o->out, "output O: float32 [Hq, d] .npy")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   command->add_option("--scheme", o->scheme, SchemeHelp());
   command->add_option("--rotation-k", o->rotation_k, "key rotation: float32 [d, d] or [Hkv, d, d]");
   command->add_option("--rotation-v", o->rotation_v,
@@ -404,10 +406,13 @@ void setup_attend(CLI::App& app) {
   CLI::Option* group = command->add_option("--group", o->group, "channels per (scale, min) group")
                            ->capture_default_str();
   CLI::Option* sink =
-      command->add_option("--sink", o->sink, "bf16 sink tokens S0")->capture_default_str();
+      command->add_option("--sink", o->sink, "bf16 sink tokens S0")
+          ->capture_default_str()
+          ->check(kvq::cli::WindowTokens());
   CLI::Option* recent =
       command->add_option("--recent", o->recent, "bf16 recent window W (0: none)")
-          ->capture_default_str();
+          ->capture_default_str()
+          ->check(kvq::cli::WindowTokens());
   CLI::Option* flush =
       command->add_option("--flush", o->flush, "history flush granularity F (tokens)")
           ->capture_default_str();
@@ -422,7 +427,8 @@ void setup_attend(CLI::App& app) {
                           "the key norm's scope, head or token (with --scheme kivi_norm, ots)")
           ->capture_default_str();
   command->add_option("--seed", o->seed, "random_orthogonal's seed (with --scheme)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::Seed());
   command->add_option("--saw-block", o->saw_block,
                       "the SAW schemes' FWHT block (with --scheme; clamped to d)")
       ->capture_default_str();

@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cstdarg>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -20,9 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "kvq/calib/calibration_file.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
+#include "kvq/common/memory.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
@@ -118,6 +121,49 @@ double MedianHostMicros(F&& run, int iters) {
   return times[times.size() / 2];
 }
 
+std::string Format(const char* format, ...) __attribute__((format(printf, 1, 2)));
+std::string Format(const char* format, ...) {
+  char text[128];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  return text;
+}
+
+// The timing columns of a table: CPU time and bandwidth, GPU time and bandwidth, their ratio,
+// each only where that side runs (without a GPU no GPU column at all, rather than zeros). A
+// point that a side could not run (a configuration without CUDA kernels) shows "-".
+struct TimingColumns {
+  bool cpu, gpu;
+
+  std::string Header() const {
+    std::string text;
+    if (cpu) text += Format(" %12s %9s", "cpu_us", "cpu_GB/s");
+    if (gpu) text += Format(" %12s %9s", "gpu_us", "gpu_GB/s");
+    if (cpu && gpu) text += Format(" %9s", "gpu/cpu");
+    return text;
+  }
+
+  // Times in microseconds (0: not run), `megabytes` moved per run.
+  std::string Cells(double cpu_us, double gpu_us, double megabytes) const {
+    auto side = [megabytes](double us) {
+      return us > 0 ? Format(" %12.1f %9.2f", us, megabytes / us * 1e3)
+                    : Format(" %12s %9s", "-", "-");
+    };
+    std::string text;
+    if (cpu) text += side(cpu_us);
+    if (gpu) text += side(gpu_us);
+    if (cpu && gpu) {
+      text += cpu_us > 0 && gpu_us > 0
+                  ? Format(" %8dx", static_cast<int>(cpu_us / gpu_us))
+                  : Format(" %9s", "-");
+    }
+    return text;
+  }
+
+};
+
 // The write path of T x Hkv fp32 rows per length, with each quantized scheme's key write
 // parameters; returns how many (length, scheme) points had CPU and GPU outputs that differ.
 int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes, bool run_cpu,
@@ -128,8 +174,9 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
   std::printf("\nwrite path (rotate, clip, quantize, pack) of each scheme's keys (KV head 0), "
               "d=%d G=%d, T x Hkv=%d fp32 rows; CPU backend %s\n",
               o.head_dim, o.group, o.kv_heads, kvq::cpu::BestBackend().name.c_str());
-  std::printf("%-*s %8s %5s %6s %10s %12s %9s %12s %9s %9s %6s\n", w, "scheme", "T", "INT",
-              "clip", "MB", "cpu_us", "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu", "bits");
+  const TimingColumns timing{run_cpu, run_gpu};
+  std::printf("%-*s %8s %5s %6s %10s%s%s\n", w, "scheme", "T", "INT", "clip", "MB",
+              timing.Header().c_str(), run_cpu && run_gpu ? "   bits" : "");
   int differing = 0;
   for (int length : o.lengths) {
     const size_t rows = static_cast<size_t>(length) * o.kv_heads;
@@ -184,14 +231,10 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
         }
       }
 #endif
-      auto gbps = [megabytes](double us) { return us > 0 ? megabytes / us * 1e3 : 0.0; };
-      std::printf("%-*s %8d %5d %6.3g %10.1f %12.1f %9.2f %12.1f %9.1f %9s %6s\n", w,
-                  scheme.name.c_str(), length, p.bits, p.clip, megabytes, cpu_us, gbps(cpu_us),
-                  gpu_us, gbps(gpu_us),
-                  (run_cpu && run_gpu && gpu_us > 0)
-                      ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
-                      : "-",
-                  bits.c_str());
+      std::printf("%-*s %8d %5d %6.3g %10.1f%s", w, scheme.name.c_str(), length, p.bits, p.clip,
+                  megabytes, timing.Cells(cpu_us, gpu_us, megabytes).c_str());
+      if (run_cpu && run_gpu) std::printf(" %6s", bits.c_str());
+      std::printf("\n");
     }
   }
   return differing;
@@ -206,13 +249,28 @@ void RunBench(const BenchOptions& o) {
 #ifdef KVQ_HAVE_CUDA
   if (run_gpu && !kvq::gpu::HasCudaDevice()) {
     KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: no CUDA device on this machine");
-    std::fprintf(stderr, "kvq bench: no CUDA device, GPU column omitted\n");
+    std::fprintf(stderr, "kvq bench: no CUDA device, GPU columns omitted\n");
     run_gpu = false;
   }
 #else
   KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: kvq was built without CUDA");
   run_gpu = false;
 #endif
+  KVQ_CHECK(!o.batches.empty() && !o.lengths.empty(), kInvalidArgument,
+            "--batch and --seq-len need at least one value each");
+  for (int batch : o.batches) {
+    KVQ_CHECK(batch >= 1, kInvalidArgument, "--batch ", batch, " must be positive");
+  }
+  for (int length : o.lengths) {
+    KVQ_CHECK(length >= 1, kInvalidArgument, "--seq-len ", length, " must be positive");
+  }
+  // Every point holds one sequence's fp32 keys and values while its cache is filled.
+  const int longest = *std::max_element(o.lengths.begin(), o.lengths.end());
+  kvq::CheckFitsInMemory(
+      kvq::detail::Concat("the fp32 keys and values of one sequence: --seq-len ", longest,
+                          " x --kv-heads ", o.kv_heads, " x --head-dim ", o.head_dim,
+                          " x 2 x 4 bytes"),
+      8.0 * longest * o.kv_heads * o.head_dim);
   const std::vector<BenchScheme> schemes = BuildSchemes(o);
   size_t name_width = 6;
   for (const BenchScheme& s : schemes) name_width = std::max(name_width, s.name.size());
@@ -220,12 +278,10 @@ void RunBench(const BenchOptions& o) {
   std::printf("decode attention, d=%d Hq/Hkv=%d/%d G=%d S0=%d W=%d P=%d; CPU backend %s\n",
               o.head_dim, o.q_heads, o.kv_heads, o.group, o.sink, o.recent, o.page,
               kvq::cpu::BestBackend().name.c_str());
-  std::printf("%-*s %5s %8s %10s %12s %9s %12s %9s %9s\n", w, "scheme", "B", "T", "MB",
-              "cpu_us", "cpu_GB/s", "gpu_us", "gpu_GB/s", "gpu/cpu");
+  const TimingColumns timing{run_cpu, run_gpu};
+  std::printf("%-*s %5s %8s %10s%s\n", w, "scheme", "B", "T", "MB", timing.Header().c_str());
   for (int batch : o.batches) {
     for (int length : o.lengths) {
-      KVQ_CHECK(batch >= 1 && length >= 1, kInvalidArgument, "batch ", batch, " / length ",
-                length, " must be positive");
       for (const BenchScheme& scheme : schemes) {
         const kvq::calib::LayerScheme& layer = scheme.layer;
         kvq::cpu::PagedKVCache cache(layer.params, layer.KeyHeads(), layer.ValueHeads(),
@@ -265,13 +321,8 @@ void RunBench(const BenchOptions& o) {
           }
         }
 #endif
-        auto gbps = [bytes](double us) { return us > 0 ? bytes / (us * 1e3) : 0.0; };
-        std::printf("%-*s %5d %8d %10.1f %12.1f %9.2f %12.1f %9.1f %9s\n", w,
-                    scheme.name.c_str(), batch, length,
-                    bytes / 1e6, cpu_us, gbps(cpu_us), gpu_us, gbps(gpu_us),
-                    (run_cpu && run_gpu && gpu_us > 0)
-                        ? (std::to_string(static_cast<int>(cpu_us / gpu_us)) + "x").c_str()
-                        : "-");
+        std::printf("%-*s %5d %8d %10.1f%s\n", w, scheme.name.c_str(), batch, length,
+                    bytes / 1e6, timing.Cells(cpu_us, gpu_us, bytes / 1e6).c_str());
       }
     }
   }
@@ -301,10 +352,12 @@ void setup_bench(CLI::App& app) {
   cmd->add_option("--kv-heads", options->kv_heads, "Hkv (default 8)");
   cmd->add_option("--group", options->group, "G (default 64)");
   cmd->add_option("--bits", options->bits, "2 or 4 (default 2; a scheme's own bits win)");
-  cmd->add_option("--sink", options->sink, "S0 (default 64)");
-  cmd->add_option("--recent", options->recent, "W (default 256)");
+  cmd->add_option("--sink", options->sink, "S0 (default 64)")->check(kvq::cli::WindowTokens());
+  cmd->add_option("--recent", options->recent, "W (default 256)")
+      ->check(kvq::cli::WindowTokens());
   cmd->add_option("--page", options->page, "P (default 64)");
   cmd->add_option("--seed", options->seed,
-                  "seed of the data, the synthetic calibration and random_orthogonal (default 1)");
+                  "seed of the data, the synthetic calibration and random_orthogonal (default 1)")
+      ->check(kvq::cli::Seed());
   cmd->callback([options] { RunBench(*options); });
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_common.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/calibration_file.h"
@@ -81,7 +82,9 @@ void setup_calibrate(CLI::App& app) {
       "calibrate", "OSCAR calibration: rotations R = U*H*P_br and clip ratios from activations");
   sub->add_option("--activations", cmd->activations, "Activation capture (kvq synth output)")
       ->required();
-  sub->add_option("--out", cmd->out, "Output calibration safetensors file")->required();
+  sub->add_option("--out", cmd->out, "Output calibration safetensors file")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   sub->add_option("--granularity", cmd->granularity, "kv_head or layer")->capture_default_str();
   sub->add_option("--value-target", cmd->value_target, "attn_output, key_weighted or raw")
       ->capture_default_str();
@@ -97,10 +100,14 @@ void setup_calibrate(CLI::App& app) {
   sub->add_option("--damping", cmd->options.damping, "alpha: C + alpha*mean(diag C)*I")
       ->capture_default_str();
   sub->add_option("--sink", cmd->options.sink, "BF16 sink tokens S0 (not clip rows)")
-      ->capture_default_str();
-  sub->add_option("--recent", cmd->options.recent, "BF16 recent window W")->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::WindowTokens());
+  sub->add_option("--recent", cmd->options.recent, "BF16 recent window W")
+      ->capture_default_str()
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--seed", cmd->options.random_seed, "Seed of --rotation random_orthogonal")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::Seed());
   sub->add_option("--threads", cmd->options.threads, "Worker threads")->capture_default_str();
   sub->add_option("--backend", cmd->backend, "Write-path backend (default: best of this CPU)");
   sub->add_option("--scheme", cmd->options.scheme,

@@ -3,12 +3,14 @@
 // real activations for kvq calibrate / eval without PyTorch.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "cli_common.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/forward.h"
 #include "kvq/calib/model.h"
@@ -42,11 +44,15 @@ void RunCapture(const CaptureCommand& cmd) {
   }
   const int threads =
       cmd.threads > 0 ? cmd.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const kvq::calib::Model model = kvq::calib::LoadModel(cmd.model);
+  // The windows first: the model's RoPE tables cover only the positions they hold.
+  const kvq::calib::ModelConfig config = kvq::calib::ReadModelConfig(cmd.model);
   const std::string tokens =
       cmd.tokens.empty() ? kvq::calib::DefaultTokensPath(cmd.model) : cmd.tokens;
   const std::vector<kvq::calib::TokenWindows> windows = kvq::calib::ReadTokenWindows(
-      tokens, kvq::calib::ParseWindowSelections(cmd.windows), cmd.length, model.config.vocab);
+      tokens, kvq::calib::ParseWindowSelections(cmd.windows), cmd.length, config.vocab);
+  int64_t positions = 0;
+  for (const auto& w : windows) positions = std::max(positions, w.length);
+  const kvq::calib::Model model = kvq::calib::LoadModel(cmd.model, positions);
   int count = 0;
   for (const auto& w : windows) count += static_cast<int>(w.count());
   KVQ_CHECK(cmd.calib_windows == -1 || (cmd.calib_windows >= 1 && cmd.calib_windows <= count),
@@ -55,7 +61,8 @@ void RunCapture(const CaptureCommand& cmd) {
   const kvq::calib::Activations acts = kvq::calib::CaptureActivations(
       model, windows, cmd.calib_windows, threads,
       "kvq capture " + cmd.model + " " + cmd.windows +
-          (cmd.length > 0 ? " length " + std::to_string(cmd.length) : ""));
+          (cmd.length > 0 ? " length " + std::to_string(cmd.length) : ""),
+      kvq::cli::StderrProgress("capture: fp32 forward, windows"));
   kvq::calib::WriteActivations(cmd.out, acts, storage);
   const auto& info = acts.info;
   std::printf("wrote %s: %d layers, Hq=%d, Hkv=%d, d=%d, %d windows x %lld tokens (%lld "
@@ -82,7 +89,9 @@ void setup_capture(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--calib-windows", cmd->calib_windows,
                   "The first N windows calibrate, the rest are held out (default: all calibrate)");
-  sub->add_option("--out", cmd->out, "Output activation file (.safetensors)")->required();
+  sub->add_option("--out", cmd->out, "Output activation file (.safetensors)")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   sub->add_option("--dtype", cmd->dtype, "Storage: bf16, f16 or f32")->capture_default_str();
   sub->add_option("--threads", cmd->threads, "Worker threads (0 = every core)")
       ->capture_default_str();

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_common.h"
 #include "cli_ppl.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
@@ -161,9 +162,11 @@ void setup_demo(CLI::App& app) {
   cmd->real.quiet_progress = true;
   kvq::cli::AddPplOptions(sub, &cmd->real, /*demo=*/true);
   sub->add_option("--seed", cmd->seed, "Seed of the synthetic data (--synthetic)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::Seed());
   sub->add_option("--out", cmd->out,
-                  "Folder for activations, calibration, eval.json and report/ (--synthetic)");
+                  "Folder for activations, calibration, eval.json and report/ (--synthetic)")
+      ->check(kvq::cli::OutputFolder());
   sub->add_option("--queries", cmd->queries,
                   "Query positions per head: the last N held-out positions, 0 = all (--synthetic)")
       ->capture_default_str();

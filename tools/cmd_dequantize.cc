@@ -171,7 +171,9 @@ void setup_dequantize(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "dequantize", "check a quantized safetensors file and map its rows back: X = x̂·P_brᵀ·Rᵀ");
   command->add_option("--in", o->in, "safetensors written by kvq quantize")->required();
-  command->add_option("--out", o->out, "output rows: float32 [N, d] .npy")->required();
+  command->add_option("--out", o->out, "output rows: float32 [N, d] .npy")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   kvq::cli::AddRotationOptions(command, &o->rotation, /*allow_identity=*/true);
   command->callback([o] { RunDequantize(*o); });
 }

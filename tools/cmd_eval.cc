@@ -1,13 +1,13 @@
 // kvq eval: attention-level error metrics of every scheme on a capture's held-out tokens,
 // through the real paged cache (calib/metrics.h); a table, optionally JSON, CSV and SVG plots.
 #include <CLI/CLI.hpp>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
 
+#include "cli_common.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibration_file.h"
 #include "kvq/calib/eval.h"
@@ -51,12 +51,6 @@ std::string BitsHelp() {
   return "Bits b" + (own.empty() ? std::string() : " (" + own + ")");
 }
 
-void DrawProgress(int done, int total) {
-  std::fprintf(stderr, "\revaluating %d/%d", done, total);
-  if (done == total) std::fprintf(stderr, "\n");
-  std::fflush(stderr);
-}
-
 void RunEval(EvalCommand& cmd) {
   const auto start = std::chrono::steady_clock::now();
   kvq::calib::EvalOptions options = cmd.options;
@@ -79,10 +73,9 @@ void RunEval(EvalCommand& cmd) {
                  "evaluating G=%d, %d-bit\n",
                  cal->info.group, cal->info.bits, options.scheme.group, options.scheme.bits);
   }
-  const bool terminal = isatty(fileno(stderr)) != 0;
   const kvq::calib::EvalResult result = kvq::calib::Evaluate(
       acts, cal.get(), options, backend,
-      terminal ? kvq::calib::EvalProgress(DrawProgress) : nullptr);
+      kvq::cli::StderrProgress("evaluating schemes x layers, then layers x KV heads"));
   if (result.raw_target_from_activations) {
     std::fprintf(stderr,
                  "kvq eval: note: %s is a format_version 1 calibration without raw-target "
@@ -120,12 +113,15 @@ void setup_eval(CLI::App& app) {
   sub->add_option("--group", cmd->group, "Group G (default: the calibration's, else 64)");
   sub->add_option("--bits", cmd->options.scheme.bits, BitsHelp())
       ->capture_default_str();
-  sub->add_option("--sink", cmd->sink, "BF16 sink S0 (default: the calibration's, else 64)");
+  sub->add_option("--sink", cmd->sink, "BF16 sink S0 (default: the calibration's, else 64)")
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--recent", cmd->recent,
-                  "BF16 recent window W (default: the calibration's, else 256)");
+                  "BF16 recent window W (default: the calibration's, else 256)")
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--page", cmd->options.scheme.page, "Page size P")->capture_default_str();
   sub->add_option("--seed", cmd->options.scheme.seed, "Seed of random_orthogonal")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::Seed());
   sub->add_option("--saw-block", cmd->options.scheme.saw_block, "saw_int4 FWHT block")
       ->capture_default_str();
   sub->add_option("--queries", cmd->options.metrics.query_positions,
@@ -136,7 +132,9 @@ void setup_eval(CLI::App& app) {
                 "lead the sequence, as its attention sinks)");
   sub->add_option("--threads", cmd->options.threads, "Worker threads")->capture_default_str();
   sub->add_option("--backend", cmd->backend, "CPU backend (default: best of this CPU)");
-  sub->add_option("--json", cmd->json, "Write the means as JSON to this file");
-  sub->add_option("--report", cmd->report, "Write per-head CSV and SVG plots into this folder");
+  sub->add_option("--json", cmd->json, "Write the means as JSON to this file")
+      ->check(kvq::cli::OutputFile());
+  sub->add_option("--report", cmd->report, "Write per-head CSV and SVG plots into this folder")
+      ->check(kvq::cli::OutputFolder());
   sub->callback([cmd]() { RunEval(*cmd); });
 }

@@ -2,7 +2,6 @@
 // .safetensors file. The format is recognised by its first bytes, not by the file name.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +19,7 @@ void PrintTensor(const std::string& name, const kvq::Tensor& t) {
 void RunInfo(const std::string& path) {
   const std::vector<uint8_t> bytes = kvq::ReadFileBytes(path);
   try {
-    if (bytes.size() >= 6 && std::memcmp(bytes.data(), "\x93NUMPY", 6) == 0) {
+    if (kvq::SniffFileKind(bytes.data(), bytes.size()) == kvq::FileKind::kNpy) {
       const kvq::Tensor t = kvq::ParseNpy(bytes.data(), bytes.size());
       std::printf("%s: npy, 1 tensor\n", path.c_str());
       PrintTensor("(array)", t);

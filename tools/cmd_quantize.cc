@@ -68,7 +68,9 @@ void setup_quantize(CLI::App& app) {
       ->add_option("--in", o->in,
                    "input rows X: float32 [N, d] .npy (float16 is converted exactly)")
       ->required();
-  command->add_option("--out", o->out, "output .safetensors")->required();
+  command->add_option("--out", o->out, "output .safetensors")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   command->add_option("--clip", o->clip, "clip ratio rho in (0, 1]; 1 never clips")->required();
   command->add_option("--bits", o->bits, "bits per code: 2 or 4")->required();
   command->add_option("--group", o->group, "channels per (scale, min) group: 32, 64 or 128")

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "cli_common.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/calibration_file.h"
@@ -69,17 +70,18 @@ void RunQview(const QviewCommand& cmd) {
     c.recent = cmd.recent;
     c.threads = threads;
     c.source = calib_acts.info.source;
-    cal = std::make_unique<kvq::calib::Calibration>(
-        kvq::calib::Calibrate(calib_acts, c, backend));
+    cal = std::make_unique<kvq::calib::Calibration>(kvq::calib::Calibrate(
+        calib_acts, c, backend, kvq::cli::StderrProgress("qview: calibrating OSCAR, units")));
     std::printf("calibrated OSCAR on %s (%lld tokens)\n", cmd.calib_activations.c_str(),
                 static_cast<long long>(calib_acts.info.calib_tokens));
   }
-  const kvq::calib::QuantizerView view =
-      kvq::calib::ComputeQuantizerView(eval_acts, calib_acts, cal.get(), options, backend);
+  const kvq::calib::QuantizerView view = kvq::calib::ComputeQuantizerView(
+      eval_acts, calib_acts, cal.get(), options, backend,
+      kvq::cli::StderrProgress("qview: schemes x layers built, then x KV heads viewed"));
   std::printf("%s", kvq::calib::FormatQuantizerView(view).c_str());
   if (!cmd.csv.empty()) {
     const std::string text = kvq::calib::QuantizerViewCsv(view);
-    kvq::WriteFileAtomic(cmd.csv, std::vector<uint8_t>(text.begin(), text.end()));
+    kvq::WriteFile(cmd.csv, std::vector<uint8_t>(text.begin(), text.end()));
     std::printf("wrote %s\n", cmd.csv.c_str());
   }
   if (!cmd.plots.empty()) {
@@ -116,16 +118,20 @@ void setup_qview(CLI::App& app) {
   sub->add_option("--bits", cmd->bits, "Bits b")->capture_default_str();
   sub->add_option("--sink", cmd->sink,
                   "S0: each sequence's first S0 rows are left out (the cache keeps them bf16)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--recent", cmd->recent, "W (only for a calibration made here)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::WindowTokens());
   sub->add_option("--saw-block", cmd->saw_block, "The SAW schemes' FWHT block")
       ->capture_default_str();
   sub->add_option("--clip-grid", cmd->clip_grid, "Own-clip grid (default 0.80,...,1.00)")
       ->delimiter(',');
   sub->add_option("--threads", cmd->threads, "Worker threads (0 = every core)")
       ->capture_default_str();
-  sub->add_option("--csv", cmd->csv, "Write one line per scheme x layer x KV head");
-  sub->add_option("--plots", cmd->plots, "Write keys_<metric>.svg per-layer plots here");
+  sub->add_option("--csv", cmd->csv, "Write one line per scheme x layer x KV head")
+      ->check(kvq::cli::OutputFile());
+  sub->add_option("--plots", cmd->plots, "Write keys_<metric>.svg per-layer plots here")
+      ->check(kvq::cli::OutputFolder());
   sub->callback([cmd]() { RunQview(*cmd); });
 }

@@ -41,7 +41,9 @@ void setup_rotate(CLI::App& app) {
       ->add_option("--in", o->in,
                    "input rows X: float32 [N, d] .npy (float16 is converted exactly)")
       ->required();
-  command->add_option("--out", o->out, "output rows Y: float32 [N, d] .npy")->required();
+  command->add_option("--out", o->out, "output rows Y: float32 [N, d] .npy")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   kvq::cli::AddRotationOptions(command, &o->rotation, /*allow_identity=*/true);
   command->callback([o] { RunRotate(*o); });
 }

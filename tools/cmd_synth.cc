@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_common.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
@@ -49,9 +50,12 @@ void setup_synth(CLI::App& app) {
   auto cmd = std::make_shared<SynthCommand>();
   CLI::App* sub = app.add_subcommand(
       "synth", "Write synthetic post-RoPE Q/K/V activations (deterministic by seed)");
-  sub->add_option("--out", cmd->out, "Output safetensors file")->required();
+  sub->add_option("--out", cmd->out, "Output safetensors file")
+      ->required()
+      ->check(kvq::cli::OutputFile());
   sub->add_option("--seed", cmd->options.seed, "Seed (same seed, same bytes)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::Seed());
   sub->add_option("--layers", cmd->options.num_layers, "Layers")->capture_default_str();
   sub->add_option("--tokens", cmd->options.tokens, "Tokens T (first half calibrates)")
       ->capture_default_str();

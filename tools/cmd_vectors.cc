@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_common.h"
 #include "kvq/conformance/case_format.h"
 #include "kvq/conformance/generator.h"
 
@@ -26,16 +27,27 @@ void setup_vectors(CLI::App& app) {
   CLI::App* generate = vectors->add_subcommand(
       "generate", "Generate the golden vectors (expected values from the scalar backend)");
   auto options = std::make_shared<VectorsOptions>();
-  generate->add_option("--out", options->out, "Output folder (created if missing)")->required();
+  generate
+      ->add_option("--out", options->out,
+                   "Output folder (created if missing); of its files only those that the "
+                   "manifest.json there lists are replaced or removed")
+      ->required()
+      ->check(kvq::cli::OutputFolder());
   generate->add_option("--seed", options->seed,
                        "Global seed (the committed set uses the default)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kvq::cli::Seed());
   generate->callback([options] {
     const kvq::conformance::GenerateSummary summary =
         kvq::conformance::GenerateVectors(options->out, options->seed);
     std::printf("wrote %zu cases and %zu fixtures (+ manifest.json) to %s: %" PRIu64
-                " bytes, seed %" PRIu64 ", spec %s\n",
+                " bytes, seed %" PRIu64 ", spec %s",
                 summary.cases, summary.fixtures, options->out.c_str(), summary.bytes,
                 options->seed, kvq::conformance::kSpecVersion);
+    if (summary.removed > 0) {
+      std::printf("; removed %zu stale file%s of the earlier set", summary.removed,
+                  summary.removed == 1 ? "" : "s");
+    }
+    std::printf("\n");
   });
 }

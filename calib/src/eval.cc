@@ -72,6 +72,53 @@ const SchemeResult& EvalResult::Get(const std::string& name) const {
   return schemes.front();
 }
 
+namespace {
+
+// The capture tokens that lead the evaluated sequence (MetricOptions::prefix_tokens).
+int64_t PrefixTokens(const ActivationsInfo& info, const EvalOptions& options) {
+  if (info.segment_tokens > 0) {
+    // A segmented capture (kvq capture of several windows): the held-out part must be one
+    // window, which starts with its own sink, so nothing is prepended.
+    KVQ_CHECK(info.tokens - info.calib_tokens == info.segment_tokens, kInvalidArgument,
+              "kvq eval scores one held-out sequence, but the capture holds ",
+              (info.tokens - info.calib_tokens) / info.segment_tokens,
+              " held-out windows of segment_tokens = ", info.segment_tokens,
+              " (capture with exactly one window after the calibration windows)");
+    return 0;
+  }
+  return options.sink_prefix ? std::min<int64_t>(options.scheme.sink, info.calib_tokens) : 0;
+}
+
+// Refuses an evaluation in which some quantized scheme holds no token quantized even at the
+// last query position (history H(T) = 0, CacheParams::HistoryTokens): every row of its cache
+// would be the bf16 reference, and its table row would read as an exact INT-b scheme. Names
+// the schemes by their windows, the sequence and its parts.
+void CheckHistoryReached(const std::vector<std::string>& names,
+                         const std::vector<LayerScheme>& built, int layers, int64_t prefix,
+                         int64_t heldout) {
+  const int64_t t = prefix + heldout;
+  std::string unreached;  // "oscar, naive (S0 = 64, W = 256, F = 1); kivi (...)"
+  std::string last_windows;
+  for (size_t s = 0; s < names.size(); ++s) {
+    const CacheParams& p = built[s * static_cast<size_t>(layers)].params;
+    if (!p.quantized() || p.HistoryTokens(t) > 0) continue;
+    const std::string windows = detail::Concat(" (S0 = ", p.sink, ", W = ", p.recent,
+                                               ", F = ", p.flush, ")");
+    if (!unreached.empty() && windows != last_windows) unreached += last_windows + "; ";
+    else if (!unreached.empty()) unreached += ", ";
+    unreached += names[s];
+    last_windows = windows;
+  }
+  KVQ_CHECK(unreached.empty(), kInvalidArgument,
+            "no token reaches the quantized history of ", unreached, last_windows,
+            ": the evaluated sequence has ", t, " tokens (", prefix,
+            " capture tokens as its sink + ", heldout, " held out) and all of them stay in "
+            "the bf16 windows, so these rows would read as exact; evaluate a capture with more "
+            "held-out tokens, or give a smaller --sink / --recent");
+}
+
+}  // namespace
+
 EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalOptions& options,
                     const cpu::Backend& backend, const EvalProgress& progress) {
   ValidateActivations(acts);
@@ -93,6 +140,7 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
   }
 
   const ActivationsInfo& info = acts.info;
+  PrefixTokens(info, options);  // a capture eval cannot score fails before any work
   const int layers = info.num_layers;
   const int hkv = info.num_kv_heads;
   const int num_schemes = static_cast<int>(names.size());
@@ -124,6 +172,10 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
       },
       tick);
 
+  // Before stage 2: every quantized scheme must hold some token quantized at the last query.
+  const int64_t prefix = PrefixTokens(info, options);
+  CheckHistoryReached(names, built, layers, prefix, info.tokens - info.calib_tokens);
+
   // Stage 2: per (layer, KV head) the reference once, then every scheme through its cache.
   EvalResult result;
   result.info = info;
@@ -136,20 +188,8 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
   }
   std::vector<int64_t> query_positions(static_cast<size_t>(layers) * hkv);
   MetricOptions metric_options = options.metrics;
-  if (options.sink_prefix) {
-    metric_options.prefix_tokens = std::min<int64_t>(options.scheme.sink, info.calib_tokens);
-  }
-  if (info.segment_tokens > 0) {
-    // A segmented capture (kvq capture of several windows): the held-out part must be one
-    // window, which starts with its own sink, so nothing is prepended.
-    KVQ_CHECK(info.tokens - info.calib_tokens == info.segment_tokens, kInvalidArgument,
-              "kvq eval scores one held-out sequence, but the capture holds ",
-              (info.tokens - info.calib_tokens) / info.segment_tokens,
-              " held-out windows of segment_tokens = ", info.segment_tokens,
-              " (capture with exactly one window after the calibration windows)");
-    metric_options.prefix_tokens = 0;
-  }
-  result.prefix_tokens = metric_options.prefix_tokens;
+  metric_options.prefix_tokens = prefix;
+  result.prefix_tokens = prefix;
   ParallelItems(
       layers * hkv, options.threads,
       [&](int unit) {
@@ -226,11 +266,17 @@ std::string Summarize(const EvalResult& r) {
     for (const char* other : {"hadamard", "naive"}) {
       const SchemeResult* s = find(other);
       if (s == nullptr) continue;
-      const double ratio = s->mean.output_rel_mse / o;
-      const bool lower = ratio >= 1.0;
-      std::snprintf(line, sizeof line, "%s%.3gx %s than %s's (%.3g)", versus.empty() ? "" : ", ",
-                    lower ? ratio : 1.0 / ratio, lower ? "lower" : "higher", other,
-                    s->mean.output_rel_mse);
+      const double e = s->mean.output_rel_mse;
+      if (o > 0 && e > 0 && std::isfinite(o) && std::isfinite(e)) {
+        const double ratio = e / o;
+        const bool lower = ratio >= 1.0;
+        std::snprintf(line, sizeof line, "%s%.3gx %s than %s's (%.3g)",
+                      versus.empty() ? "" : ", ", lower ? ratio : 1.0 / ratio,
+                      lower ? "lower" : "higher", other, e);
+      } else {
+        // No ratio of a zero or non-finite error.
+        std::snprintf(line, sizeof line, "%s%s's is %.3g", versus.empty() ? "" : ", ", other, e);
+      }
       versus += line;
     }
     std::snprintf(line, sizeof line,

@@ -232,6 +232,9 @@ std::vector<float> Forward(const Model& model, AttentionStep& attention,
   KVQ_CHECK(req.tokens >= 1 && req.tokens <= c.max_positions, kInvalidArgument,
             "forward: window of ", req.tokens, " tokens is outside [1, max_position_embeddings = ",
             c.max_positions, "]");
+  KVQ_CHECK(req.tokens <= model.rope_positions, kInvalidArgument, "forward: window of ",
+            req.tokens, " tokens is longer than the ", model.rope_positions,
+            " positions the model was loaded for (LoadModel's positions)");
   KVQ_CHECK(req.first >= 0 && req.first < req.tokens, kInvalidArgument, "forward: first position ",
             req.first, " is outside [0, ", req.tokens, ")");
   KVQ_CHECK(req.keep_rows >= 0 && req.keep_rows <= req.tokens, kInvalidArgument,
@@ -279,7 +282,8 @@ std::vector<float> Forward(const Model& model, AttentionStep& attention,
 // ---- Capture ----
 
 Activations CaptureActivations(const Model& model, const std::vector<TokenWindows>& windows,
-                               int calib_windows, int threads, const std::string& source) {
+                               int calib_windows, int threads, const std::string& source,
+                               const std::function<void(int done, int total)>& progress) {
   const ModelConfig& c = model.config;
   std::vector<const int32_t*> ids;
   int64_t length = 0;
@@ -310,15 +314,19 @@ Activations CaptureActivations(const Model& model, const std::vector<TokenWindow
     l.k.resize(static_cast<size_t>(info.tokens) * c.kv_width());
     l.v.resize(l.k.size());
   }
-  ParallelItems(count, threads, [&](int w) {
-    DenseAttention dense(c, KvRounding::kNone);
-    CapturingAttention capture(&dense, c, acts.layers.data(), w * length);
-    ForwardRequest req;
-    req.ids = ids[w];
-    req.tokens = length;
-    req.logits = false;
-    Forward(model, capture, req);
-  });
+  int done = 0;
+  ParallelItems(
+      count, threads,
+      [&](int w) {
+        DenseAttention dense(c, KvRounding::kNone);
+        CapturingAttention capture(&dense, c, acts.layers.data(), w * length);
+        ForwardRequest req;
+        req.ids = ids[w];
+        req.tokens = length;
+        req.logits = false;
+        Forward(model, capture, req);
+      },
+      progress ? std::function<void()>([&] { progress(++done, count); }) : nullptr);
   ValidateActivations(acts);
   return acts;
 }

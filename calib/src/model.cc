@@ -212,6 +212,10 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& wh
     KVQ_CHECK(value >= 1, kInvalidArgument, where, ": config.json '", key, "' = ", value,
               " must be positive");
   }
+  // The widths are ints (Hq·d, Hkv·d): each head count times head_dim stays within 2^30.
+  KVQ_CHECK(int64_t{c.num_q_heads} * c.head_dim <= (int64_t{1} << 30), kInvalidArgument, where,
+            ": num_attention_heads ", c.num_q_heads, " x head_dim ", c.head_dim,
+            " exceeds 2^30");
   KVQ_CHECK(c.num_q_heads % c.num_kv_heads == 0, kInvalidArgument, where,
             ": num_attention_heads ", c.num_q_heads, " is not a multiple of num_key_value_heads ",
             c.num_kv_heads);
@@ -265,7 +269,10 @@ ModelConfig ParseModelConfig(const std::string& json_text, const std::string& wh
   return c;
 }
 
-Model BuildModel(const ModelConfig& config, const Safetensors& weights, const std::string& where) {
+Model BuildModel(const ModelConfig& config, const Safetensors& weights, const std::string& where,
+                 int64_t positions) {
+  KVQ_CHECK(positions >= 0, kInvalidArgument, where, ": RoPE positions ", positions,
+            " is negative");
   const ModelConfig& c = config;
   Model m;
   m.where = where;
@@ -283,10 +290,13 @@ Model BuildModel(const ModelConfig& config, const Safetensors& weights, const st
     PutTransposed(r.Matrix("lm_head.weight", V, D), V, D, V, 0, &m.head);
   }
   m.final_norm = r.Vector("model.norm.weight", D);
-  m.layers.resize(c.num_layers);
+  // Layer by layer, each buffer sized after the tensors that fill it were found with their
+  // shapes: a config that claims more layers or wider projections than the file holds fails
+  // naming the missing tensor, before anything is allocated in proportion to the claim.
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    LayerWeights& w = m.layers[l];
+    m.layers.emplace_back();
+    LayerWeights& w = m.layers.back();
     w.input_norm = r.Vector(p + "input_layernorm.weight", D);
     w.post_norm = r.Vector(p + "post_attention_layernorm.weight", D);
     if (c.arch == ModelArch::kQwen3) {
@@ -294,18 +304,24 @@ Model BuildModel(const ModelConfig& config, const Safetensors& weights, const st
       w.k_norm = r.Vector(p + "self_attn.k_norm.weight", d);
     }
     const int64_t fused = qw + 2 * kvw;
+    const std::vector<float> q_proj = r.Matrix(p + "self_attn.q_proj.weight", qw, D);
+    const std::vector<float> k_proj = r.Matrix(p + "self_attn.k_proj.weight", kvw, D);
+    const std::vector<float> v_proj = r.Matrix(p + "self_attn.v_proj.weight", kvw, D);
     w.qkv.resize(static_cast<size_t>(D) * fused);
-    PutTransposed(r.Matrix(p + "self_attn.q_proj.weight", qw, D), qw, D, fused, 0, &w.qkv);
-    PutTransposed(r.Matrix(p + "self_attn.k_proj.weight", kvw, D), kvw, D, fused, qw, &w.qkv);
-    PutTransposed(r.Matrix(p + "self_attn.v_proj.weight", kvw, D), kvw, D, fused, qw + kvw,
-                  &w.qkv);
+    PutTransposed(q_proj, qw, D, fused, 0, &w.qkv);
+    PutTransposed(k_proj, kvw, D, fused, qw, &w.qkv);
+    PutTransposed(v_proj, kvw, D, fused, qw + kvw, &w.qkv);
+    const std::vector<float> o_proj = r.Matrix(p + "self_attn.o_proj.weight", D, qw);
     w.o.resize(static_cast<size_t>(qw) * D);
-    PutTransposed(r.Matrix(p + "self_attn.o_proj.weight", D, qw), D, qw, D, 0, &w.o);
+    PutTransposed(o_proj, D, qw, D, 0, &w.o);
+    const std::vector<float> gate = r.Matrix(p + "mlp.gate_proj.weight", I, D);
+    const std::vector<float> up = r.Matrix(p + "mlp.up_proj.weight", I, D);
     w.gate_up.resize(static_cast<size_t>(D) * 2 * I);
-    PutTransposed(r.Matrix(p + "mlp.gate_proj.weight", I, D), I, D, 2 * I, 0, &w.gate_up);
-    PutTransposed(r.Matrix(p + "mlp.up_proj.weight", I, D), I, D, 2 * I, I, &w.gate_up);
+    PutTransposed(gate, I, D, 2 * I, 0, &w.gate_up);
+    PutTransposed(up, I, D, 2 * I, I, &w.gate_up);
+    const std::vector<float> down = r.Matrix(p + "mlp.down_proj.weight", D, I);
     w.down.resize(static_cast<size_t>(I) * D);
-    PutTransposed(r.Matrix(p + "mlp.down_proj.weight", D, I), D, I, D, 0, &w.down);
+    PutTransposed(down, D, I, D, 0, &w.down);
   }
   r.ExpectNoOthers();
 
@@ -317,9 +333,13 @@ Model BuildModel(const ModelConfig& config, const Safetensors& weights, const st
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(c.head_dim);
     inv_freq[i] = 1.0f / std::pow(theta, exponent);
   }
-  m.rope_cos.resize(static_cast<size_t>(c.max_positions) * half);
+  // Only the positions the caller will run: a config may allow millions (long-context models),
+  // and the tables would take 4·d bytes per position.
+  m.rope_positions =
+      positions == 0 ? c.max_positions : std::min<int64_t>(positions, c.max_positions);
+  m.rope_cos.resize(static_cast<size_t>(m.rope_positions) * half);
   m.rope_sin.resize(m.rope_cos.size());
-  for (int p = 0; p < c.max_positions; ++p) {
+  for (int64_t p = 0; p < m.rope_positions; ++p) {
     for (int i = 0; i < half; ++i) {
       const float angle = static_cast<float>(p) * inv_freq[i];
       m.rope_cos[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(double{angle}));
@@ -329,7 +349,7 @@ Model BuildModel(const ModelConfig& config, const Safetensors& weights, const st
   return m;
 }
 
-Model LoadModel(const std::string& dir) {
+ModelConfig ReadModelConfig(const std::string& dir) {
   namespace fs = std::filesystem;
   KVQ_CHECK(fs::is_directory(dir), kIoError, "model folder '", dir, "' does not exist");
   const std::string config_path = (fs::path(dir) / "config.json").string();
@@ -338,9 +358,13 @@ Model LoadModel(const std::string& dir) {
   KVQ_CHECK(fs::exists(weights_path), kIoError, "model folder '", dir,
             "' has no model.safetensors (model B's weights are not committed: see its README)");
   const std::vector<uint8_t> config_bytes = ReadFileBytes(config_path);
-  const ModelConfig config =
-      ParseModelConfig(std::string(config_bytes.begin(), config_bytes.end()), dir);
-  return BuildModel(config, ReadSafetensors(weights_path), dir);
+  return ParseModelConfig(std::string(config_bytes.begin(), config_bytes.end()), dir);
+}
+
+Model LoadModel(const std::string& dir, int64_t positions) {
+  const ModelConfig config = ReadModelConfig(dir);
+  const std::string weights_path = (std::filesystem::path(dir) / "model.safetensors").string();
+  return BuildModel(config, ReadSafetensors(weights_path), dir, positions);
 }
 
 // ---- Token windows ----

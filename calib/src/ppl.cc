@@ -236,7 +236,8 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
                                                          const Activations* calib_acts,
                                                          const Calibration* cal,
                                                          const PplOptions& options,
-                                                         const cpu::Backend& backend) {
+                                                         const cpu::Backend& backend,
+                                                         const PplProgress& progress) {
   SchemeShape shape;
   shape.num_layers = config.num_layers;
   shape.num_kv_heads = config.num_kv_heads;
@@ -279,13 +280,17 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
     }
   }
   std::vector<std::vector<LayerScheme>> out(n, std::vector<LayerScheme>(L));
-  ParallelItems(n * L, options.threads, [&](int unit) {
-    const SchemeVariant& v = options.schemes[unit / L];
-    const int l = unit % L;
-    LayerScheme s = BuildLayerScheme(v.scheme, shape, cal_of[unit / L], l, options.scheme);
-    ApplyClipChoice(v, cal, calib_acts, own ? &targets : nullptr, l, grid, backend, &s);
-    out[unit / L][l] = std::move(s);
-  });
+  int done = 0;
+  ParallelItems(
+      n * L, options.threads,
+      [&](int unit) {
+        const SchemeVariant& v = options.schemes[unit / L];
+        const int l = unit % L;
+        LayerScheme s = BuildLayerScheme(v.scheme, shape, cal_of[unit / L], l, options.scheme);
+        ApplyClipChoice(v, cal, calib_acts, own ? &targets : nullptr, l, grid, backend, &s);
+        out[unit / L][l] = std::move(s);
+      },
+      progress ? std::function<void()>([&] { progress(++done, n * L); }) : nullptr);
   return out;
 }
 
@@ -712,7 +717,7 @@ std::string PplJson(const PplResult& result) {
 
 void WritePplJson(const std::string& path, const PplResult& result) {
   const std::string text = PplJson(result) + "\n";
-  WriteFileAtomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+  WriteFile(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 }  // namespace kvq::calib

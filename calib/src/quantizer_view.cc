@@ -160,7 +160,8 @@ double KeyViewMetric(const KeyView& v, size_t index) {
 
 QuantizerView ComputeQuantizerView(const Activations& eval_acts, const Activations& calib_acts,
                                    const Calibration* cal, const QuantizerViewOptions& options,
-                                   const cpu::Backend& backend) {
+                                   const cpu::Backend& backend,
+                                   const std::function<void(int done, int total)>& progress) {
   ValidateActivations(eval_acts);
   ValidateActivations(calib_acts);
   const ActivationsInfo& e = eval_acts.info;
@@ -192,8 +193,13 @@ QuantizerView ComputeQuantizerView(const Activations& eval_acts, const Activatio
   ppl.scheme = options.scheme;
   ppl.clip_grid = options.clip_grid;
   ppl.threads = options.threads;
-  const std::vector<std::vector<LayerScheme>> layers =
-      BuildVariantLayers(config, &calib_acts, cal, ppl, backend);
+  const int units = e.num_layers * e.num_kv_heads;
+  const int variants = static_cast<int>(options.schemes.size());
+  const int built_units = variants * e.num_layers;
+  const int total = built_units + variants * units;
+  const std::vector<std::vector<LayerScheme>> layers = BuildVariantLayers(
+      config, &calib_acts, cal, ppl, backend,
+      progress ? PplProgress([&](int done, int) { progress(done, total); }) : nullptr);
 
   QuantizerView view;
   view.num_layers = e.num_layers;
@@ -202,15 +208,18 @@ QuantizerView ComputeQuantizerView(const Activations& eval_acts, const Activatio
   view.bits = options.scheme.bits;
   view.sink = options.scheme.sink;
   const auto ranges = RowsAfterSink(e, e.tokens, options.scheme.sink);
-  const int units = e.num_layers * e.num_kv_heads;
-  const int variants = static_cast<int>(options.schemes.size());
   view.views.assign(variants, std::vector<KeyView>(units));
   for (const SchemeVariant& v : options.schemes) view.labels.push_back(v.label);
-  ParallelItems(variants * units, options.threads, [&](int item) {
-    const int s = item / units, unit = item % units;
-    const int l = unit / e.num_kv_heads, h = unit % e.num_kv_heads;
-    view.views[s][unit] = ViewOneHead(eval_acts, calib_acts, layers[s][l], l, h, ranges, backend);
-  });
+  int done = built_units;
+  ParallelItems(
+      variants * units, options.threads,
+      [&](int item) {
+        const int s = item / units, unit = item % units;
+        const int l = unit / e.num_kv_heads, h = unit % e.num_kv_heads;
+        view.views[s][unit] =
+            ViewOneHead(eval_acts, calib_acts, layers[s][l], l, h, ranges, backend);
+      },
+      progress ? std::function<void()>([&] { progress(++done, total); }) : nullptr);
   view.rows_per_head = view.views[0][0].rows;
   // The group the per-token codec used (saw's G = d beats options.group).
   view.group = layers[0][0].params.key.group;
@@ -295,7 +304,7 @@ std::vector<std::string> WriteQuantizerViewPlots(const std::string& dir,
         "keys: " + names[m] + " per layer (INT" + std::to_string(view.bits) + ", G=" +
             std::to_string(view.group) + ", mean over KV heads; log scale)",
         "layer", names[m], series);
-    WriteFileAtomic(path, std::vector<uint8_t>(svg.begin(), svg.end()));
+    WriteFile(path, std::vector<uint8_t>(svg.begin(), svg.end()));
     written.push_back(path);
   }
   return written;

@@ -35,7 +35,7 @@ std::string Escape(const std::string& text) {
 }
 
 void WriteText(const std::string& path, const std::string& text) {
-  WriteFileAtomic(path, std::vector<uint8_t>(text.begin(), text.end()));
+  WriteFile(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 // Distinguishable colours (Okabe–Ito, then Tableau), cycled.

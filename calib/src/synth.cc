@@ -8,6 +8,7 @@
 
 #include "kvq/calib/random.h"
 #include "kvq/common/error.h"
+#include "kvq/common/memory.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 
@@ -354,6 +355,13 @@ Activations Synthesize(const SynthOptions& o, const SynthModel& m) {
   KVQ_CHECK(m.sink_tokens >= 0 && m.sink_tokens < calib_tokens, kInvalidArgument,
             "synth: sink_tokens ", m.sink_tokens, " must lie in [0, calib_tokens = ",
             calib_tokens, ")");
+  // The capture itself, fp32, before anything is allocated for it.
+  CheckFitsInMemory(
+      detail::Concat("synth: layers ", o.num_layers, " x tokens ", o.tokens, " x (q_heads ",
+                     o.num_q_heads, " + 2 x kv_heads ", o.num_kv_heads, ") x head_dim ",
+                     o.head_dim, " x 4 bytes"),
+      4.0 * o.num_layers * static_cast<double>(o.tokens) *
+          (o.num_q_heads + 2.0 * o.num_kv_heads) * o.head_dim);
 
   Activations acts;
   ActivationsInfo& info = acts.info;

@@ -185,6 +185,55 @@ TEST(Eval, RejectsUnknownSchemesAndMissingCalibration) {
   EXPECT_THROW(Evaluate(s.acts, nullptr, e, cpu::BestBackend()), Error);
 }
 
+// Held-out tokens that all stay in some scheme's bf16 windows: no row of its cache is
+// quantized, so its table row would read as exact. Refused naming the scheme, its windows and
+// the counts; a scheme with its own windows that do reach a history (kivi) is not named.
+TEST(Eval, RefusesHeldOutTokensThatNeverReachTheQuantizedHistory) {
+  const Small& s = SmallEval();  // 640 tokens, 320 held out
+  EvalOptions e;
+  e.schemes = {"bf16", "naive", "kivi", "hadamard"};
+  e.scheme.group = 32;
+  e.scheme.sink = 16;
+  e.scheme.recent = 512;
+  e.scheme.page = 16;
+  try {
+    Evaluate(s.acts, &s.cal, e, cpu::BestBackend());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_EQ(error.code(), ErrorCode::kInvalidArgument);
+    for (const char* needle : {"quantized history of naive, hadamard (S0 = 16, W = 512, F = 1)",
+                               "336 tokens", "16 capture tokens as its sink + 320 held out"}) {
+      EXPECT_NE(message.find(needle), std::string::npos) << message << "\nlacks " << needle;
+    }
+    // Exactly these two: bf16 stores no codes, kivi's own windows reach a history.
+    EXPECT_NE(message.find("history of naive, hadamard (S0 = 16, W = 512, F = 1): the evaluated"),
+              std::string::npos)
+        << message;
+  }
+}
+
+// The summary never divides by a zero error: no "nan" ratio, no ratio at all.
+TEST(Eval, SummaryGivesNoRatioOfZeroErrors) {
+  EvalResult r;
+  for (const char* name : {"oscar", "hadamard", "naive"}) {
+    SchemeResult s;
+    s.name = name;
+    s.mean.output_rel_mse = 0.0;
+    s.mean.bits_per_element = 16.0;
+    r.schemes.push_back(s);
+  }
+  const std::string zero = Summarize(r);
+  EXPECT_EQ(zero.find("nan"), std::string::npos) << zero;
+  EXPECT_EQ(zero.find("x higher"), std::string::npos) << zero;
+  EXPECT_NE(zero.find("hadamard's is 0"), std::string::npos) << zero;
+  r.schemes[1].mean.output_rel_mse = 0.02;  // hadamard
+  r.schemes[0].mean.output_rel_mse = 0.01;  // oscar
+  const std::string ratio = Summarize(r);
+  EXPECT_NE(ratio.find("2x lower than hadamard's (0.02)"), std::string::npos) << ratio;
+  EXPECT_NE(ratio.find("naive's is 0"), std::string::npos) << ratio;
+}
+
 // The claim the default synthetic data is built to reflect (docs/accuracy_synthetic.md): on the embedded
 // default data (kvq synth defaults, kvq calibrate defaults, kvq eval defaults), OSCAR's
 // attention-output error is below naive INT2's. If this fails, investigate the data model or the

@@ -303,6 +303,43 @@ TEST(Model, WeightRejectionsNameTheTensor) {
               "'/nonexistent/model' does not exist");
 }
 
+// Sizes a config claims allocate only what the run uses: RoPE tables for the positions asked
+// for (2^30 allowed positions would take 550 GB of tables), layers as far as the file holds
+// them (2^30 layers used to be resized before the first missing tensor was found).
+TEST(Model, AllocatesForWhatTheRunUsesNotForWhatTheConfigClaims) {
+  const ModelConfig config = ParseModelConfig(ReadText(kModelA + "/config.json"), "A");
+  const Safetensors weights = ReadSafetensors(kModelA + "/model.safetensors");
+  const Model full = BuildModel(config, weights, "A");
+  EXPECT_EQ(full.rope_positions, 2048);
+  ModelConfig long_context = config;
+  long_context.max_positions = 1 << 30;
+  const Model m = BuildModel(long_context, weights, "A", 96);
+  EXPECT_EQ(m.rope_positions, 96);
+  ASSERT_EQ(m.rope_cos.size(), 96u * 64);
+  // The same table entries as the full model's (a prefix of them).
+  EXPECT_TRUE(std::equal(m.rope_cos.begin(), m.rope_cos.end(), full.rope_cos.begin()));
+  EXPECT_TRUE(std::equal(m.rope_sin.begin(), m.rope_sin.end(), full.rope_sin.begin()));
+  // More positions than the config allows: the config's.
+  EXPECT_EQ(BuildModel(config, weights, "A", 5000).rope_positions, 2048);
+  // A window longer than the tables is refused naming both.
+  const std::vector<int32_t> ids(97, 1);
+  ForwardRequest req;
+  req.ids = ids.data();
+  req.tokens = 97;
+  DenseAttention attention(m.config, KvRounding::kBf16);
+  ExpectError([&] { Forward(m, attention, req); }, ErrorCode::kInvalidArgument,
+              "window of 97 tokens is longer than the 96 positions");
+  ModelConfig deep = config;
+  deep.num_layers = 1 << 30;
+  ExpectError([&] { BuildModel(deep, weights, "A", 96); }, ErrorCode::kMalformedFile,
+              "no tensor 'model.layers.8.input_layernorm.weight'");
+  // Widths whose product would overflow an int are refused by the config reader.
+  std::string text = ReadText(kModelA + "/config.json");
+  text.replace(text.find("\"head_dim\": 128"), 15, "\"head_dim\": 536870912");
+  ExpectError([&] { ParseModelConfig(text, "A"); }, ErrorCode::kInvalidArgument,
+              "num_attention_heads 4 x head_dim 536870912 exceeds 2^30");
+}
+
 TEST(Model, TokenWindowsSelectAndValidate) {
   const std::string path = kModelA + "/tokens.safetensors";
   const std::vector<TokenWindows> w =

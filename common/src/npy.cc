@@ -278,6 +278,8 @@ Tensor ParseNpy(const uint8_t* data, size_t size) {
 
 Tensor ReadNpy(const std::string& path) {
   const std::vector<uint8_t> bytes = ReadFileBytes(path);
+  KVQ_CHECK(SniffFileKind(bytes.data(), bytes.size()) != FileKind::kSafetensors, kMalformedFile,
+            path, " is a safetensors file, expected .npy");
   try {
     return ParseNpy(bytes.data(), bytes.size());
   } catch (const Error& e) {
@@ -309,6 +311,6 @@ std::vector<uint8_t> SerializeNpy(const Tensor& t) {
   return out;
 }
 
-void WriteNpy(const std::string& path, const Tensor& t) { WriteFileAtomic(path, SerializeNpy(t)); }
+void WriteNpy(const std::string& path, const Tensor& t) { WriteFile(path, SerializeNpy(t)); }
 
 }  // namespace kvq

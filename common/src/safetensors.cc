@@ -227,6 +227,8 @@ Safetensors ParseSafetensors(const uint8_t* data, size_t size) {
 
 Safetensors ReadSafetensors(const std::string& path) {
   const std::vector<uint8_t> bytes = ReadFileBytes(path);
+  KVQ_CHECK(SniffFileKind(bytes.data(), bytes.size()) != FileKind::kNpy, kMalformedFile, path,
+            " is a .npy file, expected safetensors");
   try {
     return ParseSafetensors(bytes.data(), bytes.size());
   } catch (const Error& e) {
@@ -288,7 +290,7 @@ std::vector<uint8_t> SerializeSafetensors(const Safetensors& file) {
 }
 
 void WriteSafetensors(const std::string& path, const Safetensors& file) {
-  WriteFileAtomic(path, SerializeSafetensors(file));
+  WriteFile(path, SerializeSafetensors(file));
 }
 
 }  // namespace kvq

@@ -174,25 +174,36 @@ GenerateSummary GenerateVectors(const std::string& out_dir, uint64_t seed) {
   fs::create_directories(root, ec);
   KVQ_CHECK(!ec && fs::is_directory(root), kIoError, "cannot create folder '", out_dir,
             "': ", ec.message());
-  // Remove an earlier set's files so that no stale case survives a regeneration.
-  for (const char* folder : {"stage", "pipeline", "cache", "attention", "fixtures"}) {
-    const fs::path sub = root / folder;
-    if (!fs::is_directory(sub)) continue;
-    for (const fs::directory_entry& entry : fs::directory_iterator(sub)) {
-      if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
-        fs::remove(entry.path(), ec);
-        KVQ_CHECK(!ec, kIoError, "cannot remove stale '", entry.path().string(), "': ",
-                  ec.message());
-      }
+  // An earlier set's files that this set does not write again are removed, so no stale case
+  // survives a regeneration; but only those its manifest.json lists: a file kvq never wrote is
+  // never touched.
+  GenerateSummary summary;
+  const fs::path old_manifest = root / kManifestFileName;
+  if (fs::exists(old_manifest)) {
+    Manifest old;
+    try {
+      old = ParseManifest(ReadFileBytes(old_manifest.string()));
+    } catch (const Error& e) {
+      throw Error(e.code(), detail::Concat("cannot regenerate into '", out_dir, "': ", e.what(),
+                                           " (without it kvq cannot tell which files there it "
+                                           "wrote; move it away or choose another folder)"));
+    }
+    std::set<std::string> fresh;
+    for (const GeneratedFile& f : files) fresh.insert(f.path);
+    for (const ManifestEntry& e : old.files) {
+      if (fresh.count(e.path) != 0) continue;
+      const bool removed = fs::remove(root / e.path, ec);
+      KVQ_CHECK(!ec, kIoError, "cannot remove stale '", (root / e.path).string(), "': ",
+                ec.message());
+      summary.removed += removed ? 1 : 0;
     }
   }
-  GenerateSummary summary;
   for (const GeneratedFile& f : files) {
     const fs::path path = root / f.path;
     fs::create_directories(path.parent_path(), ec);
     KVQ_CHECK(!ec, kIoError, "cannot create folder '", path.parent_path().string(), "': ",
               ec.message());
-    WriteFileAtomic(path.string(), f.bytes);
+    WriteFile(path.string(), f.bytes);
     ++summary.files;
     summary.bytes += f.bytes.size();
     if (f.path.rfind("fixtures/", 0) == 0) {

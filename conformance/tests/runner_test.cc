@@ -45,7 +45,7 @@ class ConformanceRunner : public ::testing::Test {
     fs::remove_all(dir_);
     for (const GeneratedFile& f : Generated()) {
       fs::create_directories((dir_ / f.path).parent_path());
-      WriteFileAtomic((dir_ / f.path).string(), f.bytes);
+      WriteFile((dir_ / f.path).string(), f.bytes);
     }
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -56,7 +56,7 @@ class ConformanceRunner : public ::testing::Test {
   // replay can notice the change).
   void Rewrite(const std::string& relative, const Safetensors& file, bool update_manifest) {
     const std::vector<uint8_t> bytes = SerializeSafetensors(file);
-    WriteFileAtomic(Path(relative), bytes);
+    WriteFile(Path(relative), bytes);
     if (!update_manifest) return;
     Manifest manifest = ParseManifest(ReadFileBytes(Path(kManifestFileName)));
     for (ManifestEntry& e : manifest.files) {
@@ -64,7 +64,7 @@ class ConformanceRunner : public ::testing::Test {
       e.sha256 = Sha256Hex(bytes);
       e.bytes = bytes.size();
     }
-    WriteFileAtomic(Path(kManifestFileName), SerializeManifest(manifest));
+    WriteFile(Path(kManifestFileName), SerializeManifest(manifest));
   }
 
   static const CaseResult& Find(const std::vector<CaseResult>& results, const std::string& name) {
@@ -199,7 +199,7 @@ TEST_F(ConformanceRunner, TamperedFileFailsTheManifestCheck) {
   const std::string relative = "stage/quantize_d64_g32_b2.safetensors";
   std::vector<uint8_t> bytes = ReadFileBytes(Path(relative));
   bytes[bytes.size() - 1] ^= 0x80;
-  WriteFileAtomic(Path(relative), bytes);
+  WriteFile(Path(relative), bytes);
   try {
     LoadVectorSet(dir_.string());
     FAIL() << "a tampered file passed the manifest check";
@@ -217,7 +217,7 @@ TEST_F(ConformanceRunner, TamperedFixtureFailsTheManifestCheck) {
   const std::string relative = "fixtures/rotations_d64.safetensors";
   std::vector<uint8_t> bytes = ReadFileBytes(Path(relative));
   bytes[bytes.size() / 2] ^= 0x01;
-  WriteFileAtomic(Path(relative), bytes);
+  WriteFile(Path(relative), bytes);
   try {
     LoadVectorSet(dir_.string());
     FAIL() << "a tampered fixture passed the manifest check";
@@ -242,7 +242,7 @@ TEST_F(ConformanceRunner, UnlistedCaseFileFailsTheManifestCheck) {
 TEST_F(ConformanceRunner, OtherSpecVersionIsRejected) {
   Manifest manifest = ParseManifest(ReadFileBytes(Path(kManifestFileName)));
   manifest.spec_version = "0.9";
-  WriteFileAtomic(Path(kManifestFileName), SerializeManifest(manifest));
+  WriteFile(Path(kManifestFileName), SerializeManifest(manifest));
   try {
     LoadVectorSet(dir_.string());
     FAIL() << "vectors of another spec version were accepted";

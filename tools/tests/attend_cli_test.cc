@@ -188,8 +188,8 @@ TEST(AttendCli, ErrorsNameTheValueAndWriteNothing) {
   ExpectFailure(dir, base + " --hadamard --group 48", {"group size 48"});
   const std::string files = "--q q.npy --k k.npy --v v.npy";
   ExpectFailure(dir, files + " --hadamard --page 24", {"page size 24"});
-  ExpectFailure(dir, files + " --hadamard --recent -1", {"recent window -1"});
-  ExpectFailure(dir, files + " --hadamard --sink -2", {"sink length -2"});
+  ExpectFailure(dir, files + " --hadamard --recent -1", {"--recent: -1 tokens is negative"});
+  ExpectFailure(dir, files + " --hadamard --sink -2", {"--sink: -2 tokens is negative"});
   ExpectFailure(dir, "--q q3.npy --k k.npy --v v.npy --hadamard", {"num_q_heads 3"});
   ExpectFailure(dir, "--q q128.npy --k k.npy --v v.npy --hadamard", {"head_dim 128"});
   ExpectFailure(dir, "--q q.npy --k k.npy --v v39.npy --hadamard", {"[39, 2, 64]"});

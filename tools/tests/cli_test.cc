@@ -339,11 +339,11 @@ TEST(Cli, InputErrorsAreOneLineAndLeaveNoOutput) {
   WriteNpy(dir.File("1d.npy"), Tensor::F32({64}, std::vector<float>(64)));
   ExpectFailure(dir, quantize_identity("1d.npy"), out_path, {"1d.npy", "[64]"});
   // Malformed npy: bad magic, and a truncated file.
-  WriteFileAtomic(dir.File("bad.npy"), {'N', 'O', 'T', 'N', 'P', 'Y', 1, 0, 0, 0, 0});
+  WriteFile(dir.File("bad.npy"), {'N', 'O', 'T', 'N', 'P', 'Y', 1, 0, 0, 0, 0});
   ExpectFailure(dir, quantize_identity("bad.npy"), out_path, {"bad.npy", "magic", "NOTNPY"});
   std::vector<uint8_t> truncated = ReadFileBytes(dir.File("x.npy"));
   truncated.resize(truncated.size() - 4);
-  WriteFileAtomic(dir.File("short.npy"), truncated);
+  WriteFile(dir.File("short.npy"), truncated);
   ExpectFailure(dir, quantize_identity("short.npy"), out_path, {"short.npy", "truncated"});
   ExpectFailure(dir, quantize_identity("absent.npy"), out_path, {"absent.npy"});
   // An output directory that does not exist: the write fails, nothing is created.

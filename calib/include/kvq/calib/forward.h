@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kvq/calib/activations.h"
@@ -113,7 +114,8 @@ struct ForwardRequest {
 };
 
 // Runs the layer loop. Returns logits [T − first, V] (empty when request.logits is false).
-// Throws kvq::Error(kInvalidArgument): T outside [1, max_positions], first outside [0, T),
+// Throws kvq::Error(kInvalidArgument): T outside [1, max_positions] or above the positions
+// the model's RoPE tables cover (Model::rope_positions), first outside [0, T),
 // first > 0 without a prefix of L layers holding ≥ first rows, keep_rows outside [0, T],
 // null ids.
 std::vector<float> Forward(const Model& model, AttentionStep& attention,
@@ -139,8 +141,10 @@ void Logits(const Model& m, const float* x, int64_t rows, float* logits);
 // `kvq capture`: runs the fp32 forward (DenseAttention kNone) over every window of `windows`
 // and returns their q, k, v laid end to end as a segmented capture (segment_tokens = window
 // length), the first `calib_windows` windows calibrating (all when < 0). Windows run on
-// `threads` threads; the result does not depend on the count.
+// `threads` threads; the result does not depend on the count. `progress(done, total)` is called
+// from the calling thread after each window.
 Activations CaptureActivations(const Model& model, const std::vector<TokenWindows>& windows,
-                               int calib_windows, int threads, const std::string& source);
+                               int calib_windows, int threads, const std::string& source,
+                               const std::function<void(int done, int total)>& progress = {});
 
 }  // namespace kvq::calib

@@ -72,8 +72,10 @@ struct Model {
   std::vector<float> final_norm;  // [D]
   std::vector<LayerWeights> layers;
   // RoPE (HF default rope, rotate-half): inv_freq[i] = 1 / θ^(2i/d) in fp32 and, for every
-  // position p < max_positions, angle = fp32(p · inv_freq[i]); cos/sin [max_positions, d/2]
-  // are fp32 of the double-precision cos/sin of that angle.
+  // position p < rope_positions, angle = fp32(p · inv_freq[i]); cos/sin [rope_positions, d/2]
+  // are fp32 of the double-precision cos/sin of that angle. rope_positions ≤ max_positions is
+  // what the loader was asked for: the forward takes windows of at most that many tokens.
+  int64_t rope_positions = 0;
   std::vector<float> rope_cos, rope_sin;
 };
 
@@ -82,11 +84,21 @@ struct Model {
 // `_scale` [out]; no other tensor may be present (kMalformedFile naming it: e.g. q_norm weights
 // with a llama config); every weight, scale and norm value must be finite (kNonFinite naming
 // tensor, row and column).
-Model BuildModel(const ModelConfig& config, const Safetensors& weights, const std::string& where);
+// `positions`: how many positions the RoPE tables cover (clamped to max_position_embeddings;
+// 0: all of them): the longest window the caller will run, so a long-context config does not
+// cost tables for millions of positions. Layer buffers are allocated as their tensors are
+// found, so a config that claims more layers than the file holds fails naming the first missing
+// tensor without allocating for the claim.
+Model BuildModel(const ModelConfig& config, const Safetensors& weights, const std::string& where,
+                 int64_t positions = 0);
 
-// Reads DIR/config.json and DIR/model.safetensors. Throws kIoError naming a missing file (and
-// the folder), then whatever ParseModelConfig and BuildModel throw.
-Model LoadModel(const std::string& dir);
+// Reads DIR/config.json (ParseModelConfig). Throws kIoError naming the folder when it, its
+// config.json or its model.safetensors is missing.
+ModelConfig ReadModelConfig(const std::string& dir);
+
+// Reads DIR/config.json and DIR/model.safetensors; `positions` as BuildModel's. Throws what
+// ReadModelConfig, ReadSafetensors and BuildModel throw.
+Model LoadModel(const std::string& dir, int64_t positions = 0);
 
 // ---- Token windows ----
 

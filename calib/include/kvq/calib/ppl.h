@@ -118,12 +118,14 @@ using PplProgress = std::function<void(int done, int total)>;
 // then the clip choice (fair_clip.h) per layer; (scheme, layer) units on options.threads
 // threads. `calib_acts` (the calibration capture) is needed by own clips, `cal` by the
 // calibrated schemes and @oscar (raw_target by its raw rotations: format_version 2, or
-// AddRawTargetRotations). Returns [schemes][L].
+// AddRawTargetRotations). Returns [schemes][L]. `progress(done, schemes·L)` is called from the
+// calling thread after each (scheme, layer).
 std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& config,
                                                          const Activations* calib_acts,
                                                          const Calibration* cal,
                                                          const PplOptions& options,
-                                                         const cpu::Backend& backend);
+                                                         const cpu::Backend& backend,
+                                                         const PplProgress& progress = {});
 
 // `kvq ppl --scheme-windows shared`: a scheme whose own windows keep no sink (S0 = 0: the SAW
 // family, KIVI and its variants, OScaR) takes the shared windows o.sink and o.recent instead

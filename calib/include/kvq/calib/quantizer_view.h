@@ -25,6 +25,7 @@
 // or none); NAME@none gives the unclipped view of table 10.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -66,9 +67,12 @@ struct QuantizerView {
 // is not per token (kInvalidArgument naming it: the KIVI family's tiles, bf16); no row at
 // positions ≥ S0; what BuildVariantLayers and the write path throw (a calibration missing for a
 // calibrated scheme or @oscar).
+// `progress(done, total)` is called from the calling thread as the work goes: first every
+// (scheme, layer) built, then every (scheme, layer, KV head) viewed.
 QuantizerView ComputeQuantizerView(const Activations& eval_acts, const Activations& calib_acts,
                                    const Calibration* cal, const QuantizerViewOptions& options,
-                                   const cpu::Backend& backend);
+                                   const cpu::Backend& backend,
+                                   const std::function<void(int done, int total)>& progress = {});
 
 // One line per (variant, layer, KV head): label,layer,kv_head,clip_k,rows,<metrics>.
 std::string QuantizerViewCsv(const QuantizerView& view);

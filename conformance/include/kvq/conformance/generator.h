@@ -24,12 +24,14 @@ struct GenerateSummary {
   uint64_t bytes = 0;   // total size
   size_t cases = 0;
   size_t fixtures = 0;
+  size_t removed = 0;   // stale files of the earlier set (listed by its manifest) removed
 };
 
-// Writes GenerateVectorFiles(seed) under out_dir (created if missing). Files of an earlier set
-// (every *.safetensors under out_dir's case folders stage/, pipeline/, cache/, attention/,
-// fixtures/ and manifest.json) are removed first so no stale case survives. Throws
-// kvq::Error(kIoError) when a folder or file cannot be written.
+// Writes GenerateVectorFiles(seed) under out_dir (created if missing). The files of an earlier
+// set that its manifest.json lists and this set does not write are removed, so no stale case
+// survives; no other file is touched. Throws kvq::Error: kIoError when a folder or file cannot
+// be written or removed; the manifest reader's error, naming the folder, when an existing
+// manifest.json cannot be read (then nothing is written).
 GenerateSummary GenerateVectors(const std::string& out_dir, uint64_t seed);
 
 }  // namespace kvq::conformance
