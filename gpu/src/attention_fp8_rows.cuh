@@ -1,19 +1,31 @@
-// The decode kernel's loop over fp8_e4m3 history pages (spec 1.2, spec/cache.md §5.2): the bf16
-// loop of attention_bf16_rows.cuh over rows stored as one e4m3 byte per value. A stage's bytes
-// arrive by cp.async, are converted exactly to bf16 in shared memory (e4m3 ⊂ fp16 ⊂ fp32, and
-// 3 mantissa bits fit bf16) and then run the bf16 loop's tensor-core QK^T and PV unchanged.
-// The per-head scales fold into the step: the logits take s^_K (times the softmax scale), the
-// accumulator s^_V once at the end.
+// The decode kernel's loop over fp8_e4m3 history pages (spec 1.2, spec/cache.md §5.2).
+//
+// The pages stream through a 3-stage cp.async pipeline as bytes; the tensor cores take the
+// codes as fp16 (e4m3 ⊂ fp16, converted exactly in registers by cvt.rn.f16x2.e4m3x2), so no
+// stage is ever widened in shared memory and four blocks fit a multiprocessor at d = 128.
+// Rows are stored unpadded with their 16-byte pieces XOR-swizzled by the row (Fp8Offset), which
+// keeps both loads below free of bank conflicts at d = 128 and 256.
+//   QK^T: M = 16 tokens, N = 8 query heads, K = 16 channels a step. A = the key codes: thread
+//         (gi, t4) loads one 32-bit word of row gi and of row gi + 8 at channels
+//         [16 kk + 4 t4, 16 kk + 4 t4 + 4), its k positions (2 t4, 2 t4 + 1) taking the first
+//         two and (2 t4 + 8, 2 t4 + 9) the last two (a channel order both operands share).
+//         B = q~ * 2^e (e per head: max|q~| * 2^e in [2^11, 2^12), exact) as fp16 hi + lo;
+//         the logit is c * 2^-e * s^_K * softmax scale * log2(e).
+//   PV:   M = 16 channels, N = 8 heads, K = 16 tokens. A = V^T: thread gi loads one word of
+//         each of its token rows (2 t4, 2 t4 + 1, 2 t4 + 8, 2 t4 + 9) at channels
+//         [32 mp + 4 gi, 32 mp + 4 gi + 4) and byte-permutes them into the fragments of two
+//         m-tiles (m-tile 2 mp: M rows gi, gi + 8 = channels 32 mp + 4 gi + 0, + 1; m-tile
+//         2 mp + 1: + 2, + 3). B = p * 2^7 as fp16 hi + lo (p <= 2^8: the running max moves
+//         lazily); the accumulator is scaled by s^_V * 2^-7 once at the end.
+// Reduction order is free on this path; the errors are the bf16 loop's (hi + lo operands).
 #pragma once
 
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "attention_bf16_rows.cuh"
 #include "attention_common.cuh"
 #include "attention_split_state.cuh"
 #include "kvq/gpu/attention_launch.h"
@@ -23,24 +35,46 @@ namespace kvq::gpu::attention::detail {
 
 template <int D>
 struct Fp8Geometry {
-  static constexpr int kRawStride = D + 16;                     // bytes a raw row (16-aligned)
-  static constexpr int kRawStageBytes = 2 * kTileTokens * kRawStride;  // K then V
-  static constexpr int kPieces = D / 16;                        // 16-byte pieces a row
-  static constexpr int kStages = 2;                             // raw stages in flight
-  // Raw stages, then the bf16 rows of the stage being computed (Bf16Geometry's layout).
-  static constexpr int kConvOffset = kStages * kRawStageBytes;
-  static constexpr int kBytes = kConvOffset + Bf16Geometry<D>::kStageBytes;
+  static constexpr int kRowBytes = D;
+  static constexpr int kStageBytes = 2 * kTileTokens * kRowBytes;  // K rows then V rows
+  static constexpr int kPieces = D / 16;     // 16-byte pieces a row
+  static constexpr int kSwizzle = (kPieces < 8 ? kPieces : 8) - 1;
+  static constexpr int kStages = 3;          // two tiles in flight while one is computed
+  static constexpr int kBytes = kStages * kStageBytes;
 };
 
-// Four e4m3 bytes (little-endian in `v`) to four bf16 values (two bf16x2 words), exactly.
-__device__ __forceinline__ uint2 E4m3x4ToBf16(uint32_t v) {
-  const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
-  const __nv_bfloat162 a = __float22bfloat162_rn(__half22float2(__half2(lo)));
-  const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(hi)));
-  return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+// Byte offset of byte `c` of row `row` in a stage's rows: piece c / 16 stored at piece
+// (c / 16) ^ (row & kSwizzle).
+template <int D>
+__device__ __forceinline__ int Fp8Offset(int row, int c) {
+  using Geo = Fp8Geometry<D>;
+  return row * Geo::kRowBytes + ((((c >> 4) ^ (row & Geo::kSwizzle))) << 4) + (c & 15);
+}
+
+// Two e4m3 bytes (the low 16 bits of v) to fp16x2, exactly.
+__device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// x0, x1 as fp16 hi + lo (x - hi rounded again): about 22 significant bits for |x| in the
+// normal range of fp16.
+__device__ __forceinline__ void SplitF16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(__fsub_rn(x0, hf.x), __fsub_rn(x1, hf.y));
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+__device__ __forceinline__ void MmaF16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // History rows [begin, end) of sequence b, KV head kvh, for the block's query heads.
@@ -49,7 +83,11 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
                                          int kvh, int head0, int b, int split, int begin,
                                          int end) {
   using Geo = Fp8Geometry<D>;
-  using Bf16 = Bf16Geometry<D>;
+  // p <= 2^kRescaleThresholdLog2 = 2^8 (the running max moves lazily), so p * 2^7 <= 2^15
+  // stays inside fp16's range; values of p below 2^-31 are lost (at most 2^-31 a token of
+  // the sum, against l >= 1).
+  constexpr float kPvScale = 128.0f;  // 2^7
+  static_assert(kRescaleThresholdLog2 <= 8.0f, "p * kPvScale must stay below 65504");
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int gi = lane >> 2;
@@ -70,7 +108,7 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
                                    kvh * p.v_head_stride[kFp8CodesPlane]};
 
   auto issue = [&](int tile, int stage) {
-    unsigned char* dst_stage = smem + stage * Geo::kRawStageBytes;
+    unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
     const int first = begin + tile * kTileTokens;
     for (int idx = threadIdx.x; idx < 2 * kTileTokens * Geo::kPieces; idx += kThreads) {
       const int kv = idx / (kTileTokens * Geo::kPieces);
@@ -85,93 +123,119 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
         const int slot = tok & (page_size - 1);
         src += page * page_strides[kv] + head_offsets[kv] + static_cast<int64_t>(slot) * D;
       }
-      CpAsync16(dst_stage + kv * kTileTokens * Geo::kRawStride + r * Geo::kRawStride + piece * 16,
-                src + piece * 16, valid);
+      CpAsync16(dst_stage + Fp8Offset<D>(kv * kTileTokens + r, piece * 16), src + piece * 16,
+                valid);
     }
   };
-  issue(0, 0);
-  CpAsyncCommit();
+#pragma unroll
+  for (int s = 0; s < Geo::kStages - 1; ++s) {
+    if (s < n_tiles) issue(s, s);
+    CpAsyncCommit();
+  }
 
-  // The rotated queries (the rotation kernel's output) of head gi as bf16 hi + lo, and the
-  // logit scale with s^_K folded in.
+  // q~ of head gi (the rotation kernel's output) times 2^e, as fp16 hi + lo, in the channel
+  // order of the key loads: b0 of step kk takes channels 16 kk + 4 t4 + {0, 1}, b1 + {2, 3}.
   WaitForPrerequisiteGrid();
   uint32_t bq_hi[D / 16][2];
   uint32_t bq_lo[D / 16][2];
   bool any_lo = false;
+  int exponent = 0;  // e of head gi
   {
     const bool real = gi < p.heads_per_block;
     const float* q =
         p.q_rot + (static_cast<int64_t>(b) * p.num_q_heads + head0 + (real ? gi : 0)) * D;
+    float2 v[D / 16][2];
+    float mx = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int c = 16 * kk + 8 * half + 2 * t4;
-        const float2 v = real ? *reinterpret_cast<const float2*>(q + c) : make_float2(0.f, 0.f);
-        SplitBf16(v.x, v.y, bq_hi[kk][half], bq_lo[kk][half]);
+        v[kk][half] = real ? *reinterpret_cast<const float2*>(q + 16 * kk + 4 * t4 + 2 * half)
+                           : make_float2(0.f, 0.f);
+        mx = fmaxf(mx, fmaxf(fabsf(v[kk][half].x), fabsf(v[kk][half].y)));
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (mx > 0.0f) exponent = 11 - ilogbf(mx);  // mx * 2^e in [2^11, 2^12)
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        SplitF16(ldexpf(v[kk][half].x, exponent), ldexpf(v[kk][half].y, exponent),
+                 bq_hi[kk][half], bq_lo[kk][half]);
         any_lo |= (bq_lo[kk][half] & 0x7fff7fffu) != 0u;
       }
     }
   }
   const bool use_lo = __syncthreads_or(any_lo) != 0;
   BlockTimeline::InputsReady(p.timeline);
-  const float f = p.logit_scale_log2 * p.k_head_scale[kvh];
+  // The logit factors of this thread's accumulator columns, heads 2 t4 and 2 t4 + 1.
+  const float base = p.logit_scale_log2 * p.k_head_scale[kvh];
+  const float f0 = ldexpf(base, -__shfl_sync(0xffffffffu, exponent, 8 * t4));
+  const float f1 = ldexpf(base, -__shfl_sync(0xffffffffu, exponent, 8 * t4 + 4));
 
   WarpState<D> st;
   st.Init();
-  unsigned char* conv = smem + Geo::kConvOffset;
   for (int tile = 0; tile < n_tiles; ++tile) {
-    CpAsyncWait<0>();
-    __syncthreads();  // the stage is in; every warp is done with conv and the other stage
-    if (tile + 1 < n_tiles) issue(tile + 1, (tile + 1) % Geo::kStages);
+    CpAsyncWait<Geo::kStages - 2>();
+    __syncthreads();  // the stage is in; every warp is done with the stage the next copy fills
+    const int next = tile + Geo::kStages - 1;
+    if (next < n_tiles) issue(next, next % Geo::kStages);
     CpAsyncCommit();
-    // e4m3 -> bf16, 4 values a step: raw [2][64][D] bytes to conv [2][64][D] bf16.
-    const unsigned char* raw = smem + (tile % Geo::kStages) * Geo::kRawStageBytes;
-    for (int idx = threadIdx.x; idx < 2 * kTileTokens * (D / 4); idx += kThreads) {
-      const int row = idx / (D / 4);  // K rows then V rows
-      const int j = 4 * (idx - row * (D / 4));
-      const uint32_t v = *reinterpret_cast<const uint32_t*>(raw + row * Geo::kRawStride + j);
-      *reinterpret_cast<uint2*>(conv + row * Bf16::kRowStride + j * 2) = E4m3x4ToBf16(v);
-    }
-    __syncthreads();
     const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
-    if (chunk_first < end) {
-      const unsigned char* ks = conv + warp * kChunkTokens * Bf16::kRowStride;
-      const unsigned char* vs = ks + kTileTokens * Bf16::kRowStride;
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
+    if (chunk_first >= end) continue;
+    // The warp's 16 key rows start at row r0 of the stage, its value rows at kTileTokens + r0.
+    const unsigned char* stage = smem + (tile % Geo::kStages) * Geo::kStageBytes;
+    const int r0 = warp * kChunkTokens;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t a[4];
-        LdMatrixX4(a, ks + ((lane & 7) + 8 * ((lane >> 3) & 1)) * Bf16::kRowStride +
-                          (16 * kk + 8 * (lane >> 4)) * 2);
-        MmaBf16(c, a[0], a[1], a[2], a[3], bq_hi[kk][0], bq_hi[kk][1]);
-        if (use_lo) MmaBf16(c, a[0], a[1], a[2], a[3], bq_lo[kk][0], bq_lo[kk][1]);
-      }
-      const bool valid_a = chunk_first + gi < end;
-      const bool valid_b = chunk_first + gi + 8 < end;
-      const float sl[4] = {valid_a ? c[0] * f : -INFINITY, valid_a ? c[1] * f : -INFINITY,
-                           valid_b ? c[2] * f : -INFINITY, valid_b ? c[3] * f : -INFINITY};
-      float pr[4];
-      float alpha[2];
-      st.Update(sl, pr, alpha);
-      uint32_t hi_a, lo_a, hi_b, lo_b;
-      SplitBf16(pr[0], pr[1], hi_a, lo_a);
-      SplitBf16(pr[2], pr[3], hi_b, lo_b);
-      const uint32_t bh0 = Transpose8x8(hi_a), bh1 = Transpose8x8(hi_b);
-      const uint32_t bl0 = Transpose8x8(lo_a), bl1 = Transpose8x8(lo_b);
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const int col = 16 * kk + 4 * t4;
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(stage + Fp8Offset<D>(r0 + gi, col));
+      const uint32_t w8 =
+          *reinterpret_cast<const uint32_t*>(stage + Fp8Offset<D>(r0 + gi + 8, col));
+      const uint32_t a0 = E4m3x2ToF16x2(w0), a2 = E4m3x2ToF16x2(w0 >> 16);
+      const uint32_t a1 = E4m3x2ToF16x2(w8), a3 = E4m3x2ToF16x2(w8 >> 16);
+      MmaF16(c, a0, a1, a2, a3, bq_hi[kk][0], bq_hi[kk][1]);
+      if (use_lo) MmaF16(c, a0, a1, a2, a3, bq_lo[kk][0], bq_lo[kk][1]);
+    }
+    const bool valid_a = chunk_first + gi < end;
+    const bool valid_b = chunk_first + gi + 8 < end;
+    const float sl[4] = {valid_a ? c[0] * f0 : -INFINITY, valid_a ? c[1] * f1 : -INFINITY,
+                         valid_b ? c[2] * f0 : -INFINITY, valid_b ? c[3] * f1 : -INFINITY};
+    float pr[4];
+    float alpha[2];
+    st.Update(sl, pr, alpha);
+    uint32_t hi_a, lo_a, hi_b, lo_b;
+    SplitF16(pr[0] * kPvScale, pr[1] * kPvScale, hi_a, lo_a);
+    SplitF16(pr[2] * kPvScale, pr[3] * kPvScale, hi_b, lo_b);
+    const uint32_t bh0 = Transpose8x8(hi_a), bh1 = Transpose8x8(hi_b);
+    const uint32_t bl0 = Transpose8x8(lo_a), bl1 = Transpose8x8(lo_b);
 #pragma unroll
-      for (int mt = 0; mt < D / 16; ++mt) {
-        uint32_t a[4];
-        LdMatrixX4Trans(a, vs + ((lane & 7) + 8 * (lane >> 4)) * Bf16::kRowStride +
-                               (16 * mt + 8 * ((lane >> 3) & 1)) * 2);
-        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
-        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
+    for (int mp = 0; mp < D / 32; ++mp) {
+      const int col = 32 * mp + 4 * gi;
+      const int vr = kTileTokens + r0 + 2 * t4;
+      const uint32_t v0 = *reinterpret_cast<const uint32_t*>(stage + Fp8Offset<D>(vr, col));
+      const uint32_t v1 = *reinterpret_cast<const uint32_t*>(stage + Fp8Offset<D>(vr + 1, col));
+      const uint32_t v8 = *reinterpret_cast<const uint32_t*>(stage + Fp8Offset<D>(vr + 8, col));
+      const uint32_t v9 = *reinterpret_cast<const uint32_t*>(stage + Fp8Offset<D>(vr + 9, col));
+      // (token 2 t4, token 2 t4 + 1) pairs of channel bytes 0, 1 and of 2, 3.
+      const uint32_t p01_lo = __byte_perm(v0, v1, 0x5140), p01_hi = __byte_perm(v0, v1, 0x7362);
+      const uint32_t p89_lo = __byte_perm(v8, v9, 0x5140), p89_hi = __byte_perm(v8, v9, 0x7362);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t x01 = j == 0 ? p01_lo : p01_hi, x89 = j == 0 ? p89_lo : p89_hi;
+        const uint32_t a0 = E4m3x2ToF16x2(x01), a1 = E4m3x2ToF16x2(x01 >> 16);
+        const uint32_t a2 = E4m3x2ToF16x2(x89), a3 = E4m3x2ToF16x2(x89 >> 16);
+        MmaF16(st.acc[2 * mp + j], a0, a1, a2, a3, bh0, bh1);
+        MmaF16(st.acc[2 * mp + j], a0, a1, a2, a3, bl0, bl1);
       }
     }
   }
   CpAsyncWait<0>();
-  // s^_V once: the accumulator is sum_t p_t * e(v_t).
-  const float vs_scale = p.v_head_scale[kvh];
+  // s^_V * 2^-7 once: the accumulator is sum_t p_t * 2^7 * e(v_t).
+  const float vs_scale = p.v_head_scale[kvh] / kPvScale;
 #pragma unroll
   for (int mt = 0; mt < D / 16; ++mt) {
 #pragma unroll
@@ -179,7 +243,9 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
   }
   __syncthreads();
   CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return 16 * mt + gi + 8 * upper; }, smem, b, head0, split);
+      p, st,
+      [&](int mt, int upper) { return 32 * (mt >> 1) + 4 * gi + 2 * (mt & 1) + upper; }, smem, b,
+      head0, split);
 }
 
 }  // namespace kvq::gpu::attention::detail
