@@ -1,5 +1,10 @@
 #include "cli_common.h"
 
+#include <cmath>
+
+#include "kvq/common/orthogonality.h"
+#include "kvq/conformance/sha256.h"
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -43,7 +48,19 @@ std::vector<float> ApplyRotationOptions(const RotationOptions& options, WritePar
   KVQ_CHECK(matrix.n == static_cast<size_t>(p->head_dim) && matrix.d == p->head_dim, kShapeMismatch,
             "rotation matrix '", options.matrix_path, "' has shape [", matrix.n, ", ", matrix.d,
             "], expected [", p->head_dim, ", ", p->head_dim, "] (head_dim of the input)");
+  for (size_t i = 0; i < matrix.values.size(); ++i) {
+    KVQ_CHECK(std::isfinite(matrix.values[i]), kNonFinite, "rotation matrix '",
+              options.matrix_path, "' has ", matrix.values[i], " at row ",
+              i / static_cast<size_t>(p->head_dim), ", column ", i % static_cast<size_t>(p->head_dim));
+  }
+  CheckOrthogonal(matrix.values.data(), p->head_dim,
+                  "rotation matrix '" + options.matrix_path + "'");
   return matrix.values;
+}
+
+std::string RotationFingerprint(const std::vector<float>& rotation) {
+  return conformance::Sha256Hex(reinterpret_cast<const uint8_t*>(rotation.data()),
+                                rotation.size() * sizeof(float));
 }
 
 Rows ReadRows(const std::string& path, const std::string& what) {

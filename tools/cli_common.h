@@ -41,6 +41,10 @@ std::vector<float> ApplyRotationOptions(const RotationOptions& options, WritePar
 // Rows read from an npy file: float32 [n, d] used bit for bit as stored; float16 [n, d]
 // converted exactly to fp32. Other dtypes and ranks are rejected (kInvalidArgument /
 // kShapeMismatch) naming the file.
+// The fingerprint a file records of the dense rotation it depends on: the SHA-256 of R's fp32
+// bytes (row-major, little-endian), lowercase hex.
+std::string RotationFingerprint(const std::vector<float>& rotation);
+
 struct Rows {
   size_t n = 0;
   int d = 0;

@@ -29,6 +29,8 @@
 // of the rotation or the clip (those flags are refused).
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +40,7 @@
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
+#include "kvq/common/orthogonality.h"
 #include "kvq/common/params.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/attention.h"
@@ -131,6 +134,17 @@ std::vector<float> ReadRotations(const std::string& path, const std::string& wha
             " has shape ", t.ShapeString(), ", expected [", d, ", ", d, "] or [", hkv, ", ", d,
             ", ", d, "]");
   std::vector<float> values = t.ToF32();
+  const size_t matrices = t.shape == per_head ? static_cast<size_t>(hkv) : 1;
+  for (size_t h = 0; h < matrices; ++h) {
+    const float* m = values.data() + h * static_cast<size_t>(d) * d;
+    for (size_t i = 0; i < static_cast<size_t>(d) * d; ++i) {
+      KVQ_CHECK(std::isfinite(m[i]), kNonFinite, what, " ", path, " has ", m[i],
+                t.shape == per_head ? " in KV head " + std::to_string(h) : std::string(),
+                " at row ", i / d, ", column ", i % d);
+    }
+    kvq::CheckOrthogonal(m, d, what + " " + path +
+                              (t.shape == per_head ? " (KV head " + std::to_string(h) + ")" : ""));
+  }
   if (t.shape == per_head) return values;
   std::vector<float> all;
   for (int h = 0; h < hkv; ++h) all.insert(all.end(), values.begin(), values.end());

@@ -4,7 +4,8 @@
 // clipping and quantizing `rotated` again gives the stored tau/codes/scale/min, and that
 // codes/scale/min re-dequantize to the stored `dequantized` bits), then maps the dequantized
 // rows back to the original space: X = dequantized · P_brᵀ · Rᵀ (kvq::cpu::RotateInverse).
-// The rotation options must name the rotation recorded in the file.
+// The rotation options must name the rotation recorded in the file, and a dense R must be the
+// one whose fingerprint the file records (rotation_sha256).
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstring>
@@ -158,6 +159,15 @@ void RunDequantize(const DequantizeOptions& o) {
   }
 
   const std::vector<float> r = kvq::cli::ApplyRotationOptions(o.rotation, &p);
+  // A file that records its dense R's fingerprint (every file kvq quantize writes) maps back
+  // only through that R.
+  const auto recorded = file.metadata.find("rotation_sha256");
+  if (!r.empty() && recorded != file.metadata.end()) {
+    const std::string given = kvq::cli::RotationFingerprint(r);
+    KVQ_CHECK(given == recorded->second, kInvalidArgument, "rotation matrix '",
+              o.rotation.matrix_path, "' (sha256 ", given.substr(0, 16), "...) is not the one '",
+              o.in, "' was quantized with (sha256 ", recorded->second.substr(0, 16), "...)");
+  }
   std::vector<float> x(rows * dd);
   kvq::cpu::RotateInverse(backend, p, r.empty() ? nullptr : r.data(), recomputed.data(), x.data(),
                           rows);

@@ -3,7 +3,8 @@
 // Runs the whole write path (kvq::cpu::QuantizeRows, best CPU backend) on X float32 [N, d] and
 // stores every stage: rotated F32 [N, d], tau F32 [N], codes U8 [N, d], packed U8 [N, d·b/8],
 // scale and min BF16 [N, d/G], dequantized F32 [N, d] (rotated space), plus the parameters as
-// metadata (format "kvq-quantized", spec_version "1.0"), which `kvq dequantize` checks.
+// metadata (format "kvq-quantized", spec_version "1.0"; with a dense R its fingerprint
+// `rotation_sha256`), which `kvq dequantize` checks. R must be orthogonal (CheckOrthogonal).
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
@@ -48,6 +49,8 @@ void RunQuantize(const QuantizeOptions& o) {
   kvq::Safetensors file;
   file.metadata = {{"format", "kvq-quantized"}, {"spec_version", "1.0"}};
   kvq::PutWriteParams(p, "", &file.metadata);
+  // The dense R the rows depend on, so that `kvq dequantize` can refuse another one.
+  if (!r.empty()) file.metadata["rotation_sha256"] = kvq::cli::RotationFingerprint(r);
   file.Add("rotated", Rows2D(&kvq::Tensor::F32, q.rotated, n, d));
   file.Add("tau", kvq::Tensor::F32({static_cast<int64_t>(n)}, q.tau));
   file.Add("codes", Rows2D(&kvq::Tensor::U8, q.codes, n, d));

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "kvq/common/metadata.h"
+#include "kvq/common/orthogonality.h"
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
 
@@ -87,20 +88,6 @@ size_t Product(const std::vector<int64_t>& shape) {
   size_t n = 1;
   for (int64_t e : shape) n *= static_cast<size_t>(e);
   return n;
-}
-
-double OrthogonalityError(const float* m, int d) {
-  double worst = 0.0;
-  for (int i = 0; i < d; ++i) {
-    for (int j = 0; j <= i; ++j) {
-      double dot = 0.0;
-      for (int r = 0; r < d; ++r) {
-        dot += static_cast<double>(m[r * d + i]) * static_cast<double>(m[r * d + j]);
-      }
-      worst = std::max(worst, std::fabs(dot - (i == j ? 1.0 : 0.0)));
-    }
-  }
-  return worst;
 }
 
 }  // namespace
@@ -189,7 +176,7 @@ void ValidateCalibration(const Calibration& cal) {
       for (const std::string& field : matrices) {
         const float* m = Field(layer, field).data() + static_cast<size_t>(h) * d * d;
         const double deviation = OrthogonalityError(m, d);
-        KVQ_CHECK(deviation <= 1e-4, kInvalidArgument, "calibration layer ", l, " ", field,
+        KVQ_CHECK(deviation <= kOrthogonalityTolerance, kInvalidArgument, "calibration layer ", l, " ", field,
                   " kv head ", h, " is not orthogonal: max |MᵀM − I| = ", deviation);
       }
       for (const char* field : kVectorTensors) {

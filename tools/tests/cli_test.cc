@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_test_util.h"
+#include "kvq/calib/rotation.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
 #include "kvq/common/params_builder.h"
@@ -116,7 +117,8 @@ TEST(Cli, QuantizeDequantizeAndRotateMatchTheLibraryBitForBit) {
     Scratch dir;
     const size_t n = 7;
     const std::vector<float> x = RandomRows(n, c.d, seed, 3.0f);
-    const std::vector<float> r = RandomRows(static_cast<size_t>(c.d), c.d, seed + 1, 0.1f);
+    // A rotation must be orthogonal (kvq refuses another matrix): a Haar-random one.
+    const std::vector<float> r = calib::ToRowMajorF32(calib::RandomOrthogonal(c.d, seed + 1));
     WriteNpy(dir.File("x.npy"), Matrix(x, n, static_cast<size_t>(c.d)));
     WriteNpy(dir.File("r.npy"), Matrix(r, static_cast<size_t>(c.d), static_cast<size_t>(c.d)));
     const WriteParams p = ParamsOf(c);
@@ -324,7 +326,7 @@ TEST(Cli, InputErrorsAreOneLineAndLeaveNoOutput) {
   std::vector<float> x = RandomRows(4, 128, 3);
   x[2 * 128 + 5] = std::nanf("");
   WriteNpy(dir.File("nan.npy"), Matrix(x, 4, 128));
-  WriteNpy(dir.File("r.npy"), Matrix(RandomRows(128, 128, 2), 128, 128));
+  WriteNpy(dir.File("r.npy"), Matrix(calib::ToRowMajorF32(calib::RandomOrthogonal(128, 2)), 128, 128));
   ExpectFailure(dir, args + " --in '" + dir.File("nan.npy") + "'" + out, out_path,
                 {"nan", "row 2", "column 5"});
   // `quantize` with valid options on the scratch file `name`: only the input can be at fault.
