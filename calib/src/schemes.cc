@@ -400,20 +400,20 @@ LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head) {
   return s;
 }
 
-HeadData LayerScheme::KeyHeads() const {
+namespace {
+
+HeadData Heads(const std::vector<float>& rotation, const std::vector<float>& clip,
+               const std::vector<float>& scale) {
   HeadData h;
-  h.rotation = rotation_k;
-  h.clip = clip_k;
-  h.scale = scale_k;
+  h.rotation = rotation;
+  h.clip = clip;
+  h.scale = scale;
   return h;
 }
 
-HeadData LayerScheme::ValueHeads() const {
-  HeadData h;
-  h.rotation = rotation_v;
-  h.clip = clip_v;
-  h.scale = scale_v;
-  return h;
-}
+}  // namespace
+
+HeadData LayerScheme::KeyHeads() const { return Heads(rotation_k, clip_k, scale_k); }
+HeadData LayerScheme::ValueHeads() const { return Heads(rotation_v, clip_v, scale_v); }
 
 }  // namespace kvq::calib
