@@ -44,16 +44,9 @@ kvq::calib::SchemeShape Shape() {
 // The calibration a calibrated scheme reads (oscar's, or an fp8 scheme's own): synthetic,
 // made once per kind.
 const kvq::calib::Calibration& BenchCalibration(const std::string& scheme) {
-  static std::map<std::string, kvq::calib::Calibration> calibrations;
-  const std::string kind = kvq::calib::CalibrationScheme(scheme);
-  auto it = calibrations.find(kind);
-  if (it == calibrations.end()) {
-    it = calibrations
-             .emplace(kind, kvq::calib::SyntheticCalibration(
-                                Shape(), kvq::calib::SchemeOptions(), 512, 1, 2, kind))
-             .first;
-  }
-  return it->second;
+  static kvq::calib::SyntheticCalibrations calibrations(Shape(), kvq::calib::SchemeOptions(),
+                                                        512, 1);
+  return calibrations.For(scheme);
 }
 
 struct Fixture {

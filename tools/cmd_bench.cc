@@ -15,7 +15,6 @@
 #include <cstdarg>
 #include <chrono>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -75,25 +74,14 @@ std::vector<BenchScheme> BuildSchemes(const BenchOptions& o) {
   options.recent = o.recent;
   options.page = o.page;
   options.seed = o.seed;
-  // One synthetic calibration per kind the schemes read (oscar, or an fp8 scheme's own).
-  std::map<std::string, kvq::calib::Calibration> calibrations;
+  // Enough calibration tokens past the sink for the clip search; one calibration per kind the
+  // schemes read (oscar, or an fp8 scheme's own).
+  kvq::calib::SyntheticCalibrations calibrations(shape, options,
+                                                 2 * (static_cast<int64_t>(o.sink) + 256), o.seed);
   std::vector<BenchScheme> schemes;
   for (const std::string& name : names) {
     const kvq::calib::SchemeInfo& info = kvq::calib::SchemeByName(name);
-    const kvq::calib::Calibration* cal = nullptr;
-    if (info.needs_calibration) {
-      const std::string kind = kvq::calib::CalibrationScheme(name);
-      auto it = calibrations.find(kind);
-      if (it == calibrations.end()) {
-        // Enough calibration tokens past the sink for the clip search.
-        const int64_t tokens = 2 * (static_cast<int64_t>(o.sink) + 256);
-        it = calibrations
-                 .emplace(kind, kvq::calib::SyntheticCalibration(shape, options, tokens, o.seed,
-                                                                 2, kind))
-                 .first;
-      }
-      cal = &it->second;
-    }
+    const kvq::calib::Calibration* cal = info.needs_calibration ? &calibrations.For(name) : nullptr;
     schemes.push_back({name, kvq::calib::BuildLayerScheme(name, shape, cal, 0, options)});
   }
   return schemes;

@@ -344,6 +344,16 @@ Calibration CalibrationForScheme(const std::string& name, const Calibration& cal
   return out;
 }
 
+const Calibration& SyntheticCalibrations::For(const std::string& name) {
+  const std::string kind = CalibrationScheme(name);
+  auto it = made_.find(kind);
+  if (it == made_.end()) {
+    it = made_.emplace(kind, SyntheticCalibration(shape_, options_, tokens_, seed_, threads_, kind))
+             .first;
+  }
+  return it->second;
+}
+
 std::string CalibrationScheme(const std::string& name) {
   return SchemeByName(name).scale == ScalePolicy::kCalibration ? name : "oscar";
 }

@@ -51,17 +51,12 @@ void AddSchemeAttentionCases(VectorCollector* out) {
   const uint64_t calibration_seed = CaseSeed(out->seed(), calibration_name);
   // The OSCAR calibration every calibrated scheme reads, and an fp8 scheme's own (the same
   // synthetic activations, with that scheme's scales).
-  const calib::Calibration oscar = calib::SyntheticCalibration(shape, options, kCalibrationTokens,
-                                                               calibration_seed);
+  calib::SyntheticCalibrations calibrations(shape, options, kCalibrationTokens, calibration_seed);
   for (const calib::SchemeInfo& info : calib::Schemes()) {
     const std::string kind = calib::CalibrationScheme(info.name);
-    const calib::Calibration own =
-        kind == "oscar" ? calib::Calibration()
-                        : calib::SyntheticCalibration(shape, options, kCalibrationTokens,
-                                                      calibration_seed, 2, kind);
-    const calib::Calibration& cal = kind == "oscar" ? oscar : own;
     const calib::LayerScheme s = calib::BuildLayerScheme(
-        info.name, shape, info.needs_calibration ? &cal : nullptr, 0, options);
+        info.name, shape, info.needs_calibration ? &calibrations.For(info.name) : nullptr, 0,
+        options);
     CacheConfig c;
     c.name = std::string("scheme_") + info.name;
     c.params = s.params;

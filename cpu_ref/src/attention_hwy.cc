@@ -230,11 +230,16 @@ class Fp8E4m3Run {
     const hn::Rebind<uint8_t, DF> d8;
     const size_t lanes = hn::Lanes(df);
     const VF scale = hn::Set(df, p.head_scale);
-    HWY_ALIGN float table[256];
-    for (int c = 0; c < 256; ++c) table[c] = F32FromE4m3(static_cast<uint8_t>(c));
+    struct Table {  // every code's exact value, built once
+      HWY_ALIGN float value[256];
+      Table() {
+        for (int c = 0; c < 256; ++c) value[c] = F32FromE4m3(static_cast<uint8_t>(c));
+      }
+    };
+    static const Table table;
     for (size_t i = 0; i < n * d_; i += lanes) {
       const auto index = hn::PromoteTo(di, hn::LoadU(d8, rows.plane[0] + i));
-      hn::StoreU(hn::Mul(scale, hn::GatherIndex(df, table, index)), df, rows_ + i);
+      hn::StoreU(hn::Mul(scale, hn::GatherIndex(df, table.value, index)), df, rows_ + i);
     }
   }
   HWY_INLINE F32Source Row(size_t i) const { return F32Source{rows_ + i * d_}; }

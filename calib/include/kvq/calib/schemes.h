@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -181,6 +182,26 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
 Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
                                  int64_t tokens, uint64_t seed, int threads = 2,
                                  const std::string& scheme = "oscar");
+
+// SyntheticCalibration per calibration kind (CalibrationScheme), each made on first use: what
+// the consumers that build several schemes without a capture (kvq bench, the benchmarks, the
+// golden vectors) hand BuildLayerScheme.
+class SyntheticCalibrations {
+ public:
+  SyntheticCalibrations(const SchemeShape& shape, const SchemeOptions& options, int64_t tokens,
+                        uint64_t seed, int threads = 2)
+      : shape_(shape), options_(options), tokens_(tokens), seed_(seed), threads_(threads) {}
+  // The calibration scheme `name` reads. Throws what SyntheticCalibration throws.
+  const Calibration& For(const std::string& name);
+
+ private:
+  SchemeShape shape_;
+  SchemeOptions options_;
+  int64_t tokens_;
+  uint64_t seed_;
+  int threads_;
+  std::map<std::string, Calibration> made_;
+};
 
 // Whether `cal` serves scheme `name` as it is: every calibration serves the schemes without
 // calibrated fp8 scales; those need a calibration made for them (its scheme is `name`).
