@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), configures and builds kvq (Release) into build/.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
+#   tools/bootstrap.sh [--demo] [cmake options...]
+# --demo builds the kvq binary alone (the CPU commands: `build/tools/kvq demo` runs after about
+# 3 minutes on 2 cores); without it everything is built: the CUDA kernels and the GPU module of
+# the CLI, every test and benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+targets=()
+if [ "${1:-}" = "--demo" ]; then
+  targets=(--target kvq)
+  shift
+fi
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev libhwy-dev libeigen3-dev
           librapidcheck-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev)
@@ -19,4 +28,4 @@ if ((${#missing[@]})); then
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(nproc)" "${targets[@]}"

@@ -1,6 +1,7 @@
 #include "cli_ppl.h"
 
 #include "cli_common.h"
+#include "cli_gpu.h"
 
 #include <unistd.h>
 
@@ -10,6 +11,8 @@
 #include <cstdio>
 #include <memory>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
@@ -24,11 +27,6 @@
 #include "kvq/common/format.h"
 #include "kvq/common/io.h"
 #include "kvq/cpu_ref/kernels.h"
-#if KVQ_HAVE_CUDA
-#include <nlohmann/json.hpp>
-
-#include "gpu_ppl.h"
-#endif
 
 namespace kvq::cli {
 namespace {
@@ -90,15 +88,14 @@ void ShareSchemeWindows(calib::PplOptions* options,
   }
 }
 
-#if KVQ_HAVE_CUDA
 // Drops the schemes the CUDA path cannot serve (all: with a line each), or refuses one named.
-void KeepGpuSchemes(bool all, calib::PplOptions* options,
+void KeepGpuSchemes(const GpuModule& module, bool all, calib::PplOptions* options,
                     std::vector<std::vector<calib::LayerScheme>>* layers) {
   std::vector<calib::SchemeVariant> kept_variants;
   std::vector<std::vector<calib::LayerScheme>> kept_layers;
   for (size_t i = 0; i < options->schemes.size(); ++i) {
     const calib::SchemeVariant& v = options->schemes[i];
-    const std::string why = gpu::GpuPplUnsupported((*layers)[i]);
+    const std::string why = module.PplUnsupported((*layers)[i]);
     if (why.empty()) {
       kept_variants.push_back(v);
       kept_layers.push_back(std::move((*layers)[i]));
@@ -178,7 +175,6 @@ bool CompareBackends(const calib::PplResult& cpu, const calib::PplResult& gpu, d
                         {"rows", rows}};
   return ok;
 }
-#endif
 
 }  // namespace
 
@@ -289,12 +285,9 @@ void RunPplCommand(const PplCommand& cmd) {
   KVQ_CHECK(cmd.scheme_windows == "own" || cmd.scheme_windows == "shared", kInvalidArgument,
             "--scheme-windows '", cmd.scheme_windows, "' (own or shared)");
   const bool use_gpu = cmd.backend != "cpu";
-#if KVQ_HAVE_CUDA
-  const gpu::GpuDecodeMode decode_mode = gpu::ParseGpuDecodeMode(cmd.gpu_decode);
-#else
-  KVQ_CHECK(!use_gpu, kUnsupported, "--backend ", cmd.backend,
-            ": this kvq was built without CUDA");
-#endif
+  const GpuModule* module = use_gpu ? &RequireGpu("--backend " + cmd.backend) : nullptr;
+  const gpu::GpuDecodeMode decode_mode =
+      use_gpu ? module->ParseDecodeMode(cmd.gpu_decode) : gpu::GpuDecodeMode::kBatch;
   const cpu::Backend& backend = cpu::BestBackend();
   if (!cmd.banner.empty()) std::printf("%s\n", cmd.banner.c_str());
 
@@ -449,9 +442,7 @@ void RunPplCommand(const PplCommand& cmd) {
   std::printf("      done in %.1f s\n", SecondsSince(t));
   std::vector<std::vector<calib::LayerScheme>> layers = std::move(built);
   if (cmd.scheme_windows == "shared") ShareSchemeWindows(&options, &layers);
-#if KVQ_HAVE_CUDA
-  if (use_gpu) KeepGpuSchemes(cmd.schemes == "all", &options, &layers);
-#endif
+  if (use_gpu) KeepGpuSchemes(*module, cmd.schemes == "all", &options, &layers);
 
   t = Clock::now();
   int64_t windows = 0;
@@ -480,7 +471,6 @@ void RunPplCommand(const PplCommand& cmd) {
     std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);
     return;
   }
-#if KVQ_HAVE_CUDA
   // The GPU: the same evaluation with the forwards on the device (no fp32 row there).
   calib::PplOptions gpu_options = options;
   if (gpu_options.fp32_baseline) {
@@ -489,17 +479,18 @@ void RunPplCommand(const PplCommand& cmd) {
   }
   KVQ_CHECK(cmd.gpu_qk == "int8" || cmd.gpu_qk == "bf16", kInvalidArgument, "--gpu-qk '",
             cmd.gpu_qk, "' (int8 or bf16)");
-  gpu::GpuPplForwards forwards(model, decode_mode, cmd.gpu_qk == "int8");
+  const std::unique_ptr<GpuPpl> forwards =
+      module->MakePpl(model, decode_mode, cmd.gpu_qk == "int8");
   std::printf("      GPU: %s, decode %s, QK %s, cuBLAS fp32 (pedantic math)\n",
-              forwards.device_name().c_str(), gpu::GpuDecodeModeName(decode_mode),
+              forwards->device_name().c_str(), module->DecodeModeName(decode_mode),
               cmd.gpu_qk.c_str());
   std::fflush(stdout);
   calib::PplResult gpu_result =
       calib::EvaluatePerplexity(model, sets, layers, gpu_options, backend,
-                                MakeProgress(cmd.quiet_progress), &forwards);
+                                MakeProgress(cmd.quiet_progress), &forwards->forwards());
   if (have_cal) gpu_result.calibration_source = cal.info.source;
   const double gpu_seconds = SecondsSince(t);
-  const gpu::GpuPplStats stats = forwards.stats();
+  const gpu::GpuPplStats stats = forwards->stats();
   std::printf("      GPU evaluation done in %.1f s: %d reference forwards %.2f s (%.1f ms each), "
               "%d scheme forwards %.2f s (%.1f ms each), %lld positions\n\n",
               gpu_seconds, stats.reference_forwards, stats.reference_seconds,
@@ -507,13 +498,13 @@ void RunPplCommand(const PplCommand& cmd) {
               stats.scheme_forwards, stats.scheme_seconds,
               1e3 * stats.scheme_seconds / std::max(1, stats.scheme_forwards),
               static_cast<long long>(stats.positions));
-  std::printf("GPU (%s):\n%s", forwards.device_name().c_str(),
+  std::printf("GPU (%s):\n%s", forwards->device_name().c_str(),
               calib::FormatPplTable(gpu_result).c_str());
   std::printf("%s", calib::SummarizePpl(gpu_result).c_str());
   nlohmann::ordered_json j;
   j["format"] = "kvq-ppl-gpu";
-  j["device"] = forwards.device_name();
-  j["decode"] = gpu::GpuDecodeModeName(decode_mode);
+  j["device"] = forwards->device_name();
+  j["decode"] = module->DecodeModeName(decode_mode);
   j["qk"] = cmd.gpu_qk;
   j["gpu_seconds"] = gpu_seconds;
   j["gpu_forwards"] = {{"reference", stats.reference_forwards},
@@ -545,7 +536,6 @@ void RunPplCommand(const PplCommand& cmd) {
   std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);
   KVQ_CHECK(ok, kMismatch, "GPU and CPU perplexities differ by more than --max-rel-ppl ",
             cmd.max_rel_ppl, " (table above)");
-#endif
 }
 
 }  // namespace kvq::cli

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "cli_cost.h"
+#include "cli_gpu.h"
 #include "kvq/calib/calibration_file.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
@@ -28,13 +30,6 @@
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/write_path.h"
-#ifdef KVQ_HAVE_CUDA
-
-#include "cache_upload.h"  // gpu/adapter
-#include "gpu_timing.h"    // bench/
-#include "kvq/gpu/cuda_check.h"
-#include "kvq/gpu/device_cache.h"
-#endif
 
 namespace {
 
@@ -85,13 +80,6 @@ std::vector<BenchScheme> BuildSchemes(const BenchOptions& o) {
     schemes.push_back({name, kvq::calib::BuildLayerScheme(name, shape, cal, 0, options)});
   }
   return schemes;
-}
-
-std::vector<float> NormalValues(size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = normal(rng);
-  return v;
 }
 
 // Median wall time in microseconds of `iters` calls of run, after one untimed call.
@@ -169,7 +157,7 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
   for (int length : o.lengths) {
     const size_t rows = static_cast<size_t>(length) * o.kv_heads;
     std::mt19937_64 rng(o.seed + 104729u * length);
-    const std::vector<float> x = NormalValues(rows * o.head_dim, rng);
+    const std::vector<float> x = kvq::cli::NormalValues(rows * o.head_dim, rng);
     const double megabytes = static_cast<double>(x.size() * sizeof(float)) / 1e6;
     for (const BenchScheme& scheme : schemes) {
       if (!scheme.layer.params.quantized()) continue;  // the bf16 cache writes no codes
@@ -192,14 +180,14 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
             o.iters);
       }
       std::string bits = "-";
-#ifdef KVQ_HAVE_CUDA
       // A configuration the CUDA path refuses gets no GPU column; the refusal is the
       // kUnsupported error the GPU code raises.
       bool gpu_supported = run_gpu;
-      kvq::bench::TimedRowWrite gpu_out;
+      kvq::cli::TimedWrite gpu_out;
       if (run_gpu) {
         try {
-          gpu_out = kvq::bench::TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
+          gpu_out = kvq::cli::RequireGpu("kvq bench")
+                        .TimeWriteRows(p, rotation, x.data(), rows, std::max(o.iters, 20), 3);
         } catch (const kvq::Error& e) {
           if (e.code() != kvq::ErrorCode::kUnsupported) throw;
           gpu_supported = false;
@@ -218,7 +206,6 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
           differing += same ? 0 : 1;
         }
       }
-#endif
       std::printf("%-*s %8d %5d %6.3g %10.1f%s", w, scheme.name.c_str(), length, p.bits, p.clip,
                   megabytes, timing.Cells(cpu_us, gpu_us, megabytes).c_str());
       if (run_cpu && run_gpu) std::printf(" %6s", bits.c_str());
@@ -234,16 +221,17 @@ void RunBench(const BenchOptions& o) {
   KVQ_CHECK(o.iters >= 1, kInvalidArgument, "--iters ", o.iters, " must be at least 1");
   const bool run_cpu = o.backend != "gpu";
   bool run_gpu = o.backend != "cpu";
-#ifdef KVQ_HAVE_CUDA
-  if (run_gpu && !kvq::gpu::HasCudaDevice()) {
-    KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: no CUDA device on this machine");
-    std::fprintf(stderr, "kvq bench: no CUDA device, GPU columns omitted\n");
-    run_gpu = false;
+  if (run_gpu) {
+    // --backend gpu needs the GPU; `all` runs the CPU alone without one, with a line saying so.
+    std::string why_not;
+    const kvq::cli::GpuModule* gpu = kvq::cli::GpuOrNull(&why_not);
+    if (gpu != nullptr && !gpu->HasDevice()) why_not = "no CUDA device on this machine";
+    if (!why_not.empty()) {
+      KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: ", why_not);
+      std::fprintf(stderr, "kvq bench: GPU columns omitted: %s\n", why_not.c_str());
+      run_gpu = false;
+    }
   }
-#else
-  KVQ_CHECK(o.backend != "gpu", kUnsupported, "--backend gpu: kvq was built without CUDA");
-  run_gpu = false;
-#endif
   KVQ_CHECK(!o.batches.empty() && !o.lengths.empty(), kInvalidArgument,
             "--batch and --seq-len need at least one value each");
   for (int batch : o.batches) {
@@ -272,21 +260,12 @@ void RunBench(const BenchOptions& o) {
     for (int length : o.lengths) {
       for (const BenchScheme& scheme : schemes) {
         const kvq::calib::LayerScheme& layer = scheme.layer;
-        kvq::cpu::PagedKVCache cache(layer.params, layer.KeyHeads(), layer.ValueHeads(),
-                                     kvq::cpu::BestBackend());
         std::mt19937_64 rng(o.seed + batch * 7919 + length);
-        std::vector<int> seqs;
-        size_t bytes = 0;
-        for (int b = 0; b < batch; ++b) {
-          const int s = cache.AddSequence();
-          const size_t n = static_cast<size_t>(length) * o.kv_heads * o.head_dim;
-          const std::vector<float> k = NormalValues(n, rng), v = NormalValues(n, rng);
-          cache.Prefill(s, k.data(), v.data(), length);
-          bytes += cache.Bytes(s).total();
-          seqs.push_back(s);
-        }
-        const std::vector<float> q =
-            NormalValues(static_cast<size_t>(batch) * o.q_heads * o.head_dim, rng);
+        const kvq::cli::FilledCache filled = kvq::cli::FillCache(layer, batch, length, rng);
+        const kvq::cpu::PagedKVCache& cache = *filled.cache;
+        const std::vector<int>& seqs = filled.seqs;
+        const std::vector<float>& q = filled.q;
+        const size_t bytes = filled.bytes;
         double cpu_us = 0, gpu_us = 0;
         if (run_cpu) {
           std::vector<float> out(q.size());
@@ -296,19 +275,17 @@ void RunBench(const BenchOptions& o) {
               },
               o.iters);
         }
-#ifdef KVQ_HAVE_CUDA
         if (run_gpu) {
           try {
-            kvq::gpu::DeviceCache device = kvq::gpu::UploadCache(cache, seqs);
-            gpu_us = kvq::bench::MedianAttendMicros(device, q.data(), std::max(o.iters, 20), 3,
-                                                    /*cold_l2=*/true);
+            gpu_us = kvq::cli::RequireGpu("kvq bench")
+                         .AttendMicros(cache, seqs, q.data(), std::max(o.iters, 20), 3,
+                                       /*cold_l2=*/true);
           } catch (const kvq::Error& e) {
             // No CUDA decode for this configuration yet (spec 1.1): no GPU column.
             if (e.code() != kvq::ErrorCode::kUnsupported) throw;
             gpu_us = 0;
           }
         }
-#endif
         std::printf("%-*s %5d %8d %10.1f%s\n", w, scheme.name.c_str(), batch, length,
                     bytes / 1e6, timing.Cells(cpu_us, gpu_us, bytes / 1e6).c_str());
       }

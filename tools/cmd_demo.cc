@@ -13,6 +13,8 @@
 #include <string>
 
 #include "cli_common.h"
+#include "cli_cost.h"
+#include "cli_gpu.h"
 #include "cli_ppl.h"
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
@@ -136,6 +138,21 @@ void RunDemo(const DemoCommand& cmd) {
               backend.name.c_str(), cmd.threads);
 }
 
+// The closing lines: what each storage family's kernels cost (cli_cost.h), with GPU step times
+// when this machine has a device and the GPU module is built.
+void PrintKernelCosts() {
+  std::string why_not;
+  const kvq::cli::GpuModule* gpu = kvq::cli::GpuOrNull(&why_not);
+  if (gpu != nullptr && !gpu->HasDevice()) {
+    why_not = "no CUDA device on this machine";
+    gpu = nullptr;
+  }
+  const auto t = Clock::now();
+  std::printf("\n%s",
+              kvq::cli::KernelCostLines(kvq::cli::CostShape(), gpu, why_not).c_str());
+  if (gpu != nullptr) std::printf("(timed in %.1f s)\n", SecondsSince(t));
+}
+
 // The model folder: --model, else calib/models/tiny-llama-a under the current directory (the
 // README's command runs from the repository root), else the one this binary was built from.
 std::string DefaultModel() {
@@ -181,5 +198,6 @@ void setup_demo(CLI::App& app) {
     real.banner = "kvq demo: every KV-cache scheme end to end on the reference model " +
                   real.model + " (kvq ppl; --synthetic for the synthetic per-layer demo)";
     kvq::cli::RunPplCommand(real);
+    PrintKernelCosts();
   });
 }

@@ -377,15 +377,19 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
       } else if (row.kind == RowPlan::kFp32) {
         rr.label = kFp32Label;
         rr.bits_per_element = 32;
+        rr.history_bits = 32;
       } else {
         const SchemeVariant& v = options.schemes[row.scheme];
         rr.label = v.label;
         rr.scheme = v.scheme;
         rr.clip = ClipChoiceName(v.Resolved());
+        double history_bits = 0;
         for (const LayerScheme& ls : layers[row.scheme]) {
           rr.clip_k.push_back(ls.clip_k.empty() ? ls.params.key.clip : ls.clip_k[0]);
           rr.clip_v.push_back(ls.clip_v.empty() ? ls.params.value.clip : ls.clip_v[0]);
+          history_bits += ls.params.history_bits_per_element();
         }
+        if (!layers[row.scheme].empty()) rr.history_bits = history_bits / layers[row.scheme].size();
       }
       rr.windows.resize(set.count());
       r.rows.push_back(std::move(rr));
@@ -541,8 +545,8 @@ std::string FormatPplTable(const PplResult& result) {
     }
     os << "\n";
     char line[512];
-    std::snprintf(line, sizeof line, "  %-24s %-5s %5s %9s %7s %9s %9s %7s  %-29s %s\n", "scheme",
-                  "clip", "bits", "PPL", "dPPL%", "PPL>=tail", "KL>=tail", "top1",
+    std::snprintf(line, sizeof line, "  %-24s %-5s %5s %6s %9s %7s %9s %9s %7s  %-29s %s\n",
+                  "scheme", "clip", "hist", "+win", "PPL", "dPPL%", "PPL>=tail", "KL>=tail", "top1",
                   "dKL vs oscar [95% CI]", "won");
     os << line;
     for (const RowResult& r : set.rows) {
@@ -558,14 +562,18 @@ std::string FormatPplTable(const PplResult& result) {
         }
       }
       std::snprintf(line, sizeof line,
-                    "  %-24s %-5s %5.2f %9.4f %+7.2f %9.4f %9.6f %7.4f  %-29s %s\n",
-                    r.label.c_str(), r.clip.empty() ? "-" : r.clip.c_str(), r.bits_per_element,
+                    "  %-24s %-5s %5.2f %6.2f %9.4f %+7.2f %9.4f %9.6f %7.4f  %-29s %s\n",
+                    r.label.c_str(), r.clip.empty() ? "-" : r.clip.c_str(), r.history_bits,
+                    r.bits_per_element,
                     r.Ppl(false), 100.0 * (r.Ppl(false) / ref->Ppl(false) - 1.0), r.Ppl(true),
                     r.MeanKl(true), r.Top1(true), delta.c_str(), won.c_str());
       os << line;
     }
     os << "\n";
   }
+  os << "Bits per element of K and V: hist = what the quantized history stores (codes and "
+        "metadata); +win = the whole cache at the window's length, the bf16 sink and recent "
+        "windows included (mean over layers).\n";
   os << "KL(p_bf16 || p_scheme) in nats and top-1 agreement with the bf16 reference at positions "
         ">= "
      << o.tail_from << "; dKL per window vs OSCAR, mean with a paired Student-t 95% interval; "
@@ -682,6 +690,7 @@ std::string PplJson(const PplResult& result) {
       jr["clip_k"] = r.clip_k;
       jr["clip_v"] = r.clip_v;
       jr["bits_per_element"] = r.bits_per_element;
+      jr["history_bits_per_element"] = r.history_bits;
       jr["ppl"] = r.Ppl(false);
       jr["ppl_tail"] = r.Ppl(true);
       jr["ppl_rel_to_reference"] = r.Ppl(false) / ref->Ppl(false) - 1.0;

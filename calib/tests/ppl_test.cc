@@ -135,6 +135,11 @@ TEST(Ppl, Bf16SchemeIsTheReferenceExactly) {
     EXPECT_GT(naive->bits_per_element, 2.0);
     EXPECT_LT(naive->bits_per_element, 16.0);
     EXPECT_EQ(bf16->bits_per_element, 16.0);
+    // The history alone: INT2 codes plus one bf16 (scale, min) per 64 channels; the windows
+    // are what lifts bits_per_element above it.
+    EXPECT_EQ(naive->history_bits, 2.0 + 32.0 / 64);
+    EXPECT_GT(naive->bits_per_element, naive->history_bits);
+    EXPECT_EQ(bf16->history_bits, 16.0);
   }
 }
 

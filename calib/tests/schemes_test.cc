@@ -410,9 +410,13 @@ TEST(Schemes, Spec11RowsHaveTheirDefiningParameters) {
   const MatrixXd diag = u_prime.transpose() * target * u_prime;
   for (int i = 0; i < 64; ++i) {
     for (int j = 0; j < 64; ++j) {
-      if (i != j) EXPECT_LT(std::fabs(diag(i, j)), 1e-4 * diag(0, 0)) << i << " " << j;
+      if (i != j) {
+        EXPECT_LT(std::fabs(diag(i, j)), 1e-4 * diag(0, 0)) << i << " " << j;
+      }
     }
-    if (i > 0) EXPECT_LE(diag(i, i), diag(i - 1, i - 1) * (1 + 1e-6)) << i;
+    if (i > 0) {
+      EXPECT_LE(diag(i, i), diag(i - 1, i - 1) * (1 + 1e-6)) << i;
+    }
   }
   testing::ExpectError([&] { BuildLayerScheme("saw_hessian", f.acts, nullptr, 1, o); },
                        ErrorCode::kInvalidArgument, "needs a calibration");

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kvq/common/error.h"
+#include "kvq/common/format.h"
 
 namespace kvq {
 
@@ -137,6 +138,18 @@ int64_t CacheParams::HistoryTokens(int64_t t) const {
   if (!quantized()) return 0;
   const int64_t over = t - sink - recent;
   return over <= 0 ? 0 : over / flush * flush;
+}
+
+double CacheParams::history_bits_per_element() const {
+  if (!quantized()) return 16.0;
+  size_t bytes = 0;
+  for (const WriteParams* side : {&key, &value}) {
+    const FormatLayout layout = LayoutOf(*side);
+    bytes += layout.Bytes(PlaneRole::kCodes, page_size, num_kv_heads) +
+             layout.Bytes(PlaneRole::kMetadata, page_size, num_kv_heads);
+  }
+  return 8.0 * static_cast<double>(bytes) /
+         (2.0 * page_size * num_kv_heads * static_cast<double>(head_dim()));
 }
 
 int64_t CacheParams::RecentBegin(int64_t t) const {

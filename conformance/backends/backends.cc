@@ -1,28 +1,16 @@
 #include "kvq/backends.h"
 
+#include "cuda_source.h"
 #include "kvq/common/error.h"
-#ifdef KVQ_HAVE_CUDA
-#include "cuda_backend.h"  // gpu/adapter
-#endif
 
 namespace kvq {
-namespace {
-
-const cpu::Backend* Cuda() {
-#ifdef KVQ_HAVE_CUDA
-  return gpu::CudaBackend();
-#else
-  return nullptr;
-#endif
-}
-
-}  // namespace
 
 const std::vector<const cpu::Backend*>& AllBackends() {
   static const std::vector<const cpu::Backend*> all = [] {
     std::vector<const cpu::Backend*> list;
     for (const cpu::Backend& b : cpu::Backends()) list.push_back(&b);
-    if (const cpu::Backend* cuda = Cuda()) list.push_back(cuda);
+    std::string why_not;
+    if (const cpu::Backend* cuda = CudaBackendOrNull(&why_not)) list.push_back(cuda);
     return list;
   }();
   return all;
@@ -31,18 +19,14 @@ const std::vector<const cpu::Backend*>& AllBackends() {
 std::vector<const cpu::Backend*> SelectBackends(const std::string& which) {
   std::vector<const cpu::Backend*> selected;
   if (which == "all") return AllBackends();
-  if (which == "cpu") {
-    for (const cpu::Backend* b : AllBackends()) {
-      if (b->device == cpu::Device::kCpu) selected.push_back(b);
-    }
+  if (which == "cpu") {  // (without asking for the CUDA backend: no CUDA runtime is loaded)
+    for (const cpu::Backend& b : cpu::Backends()) selected.push_back(&b);
     return selected;
   }
   if (which == "gpu" || which == "cuda") {
-#ifndef KVQ_HAVE_CUDA
-    KVQ_CHECK(false, kUnsupported, "backend '", which, "': this kvq was built without CUDA");
-#endif
-    const cpu::Backend* cuda = Cuda();
-    KVQ_CHECK(cuda != nullptr, kUnsupported, "backend '", which, "': no CUDA device is present");
+    std::string why_not;
+    const cpu::Backend* cuda = CudaBackendOrNull(&why_not);
+    KVQ_CHECK(cuda != nullptr, kUnsupported, "backend '", which, "': ", why_not);
     return {cuda};
   }
   std::string names;
@@ -50,11 +34,10 @@ std::vector<const cpu::Backend*> SelectBackends(const std::string& which) {
     if (b->name == which) return {b};
     names += (names.empty() ? "" : ", ") + b->name;
   }
+  std::string why_not;
+  const bool cuda = CudaBackendOrNull(&why_not) != nullptr;
   KVQ_CHECK(false, kInvalidArgument, "backend '", which, "' is not available (available: all, cpu",
-#ifdef KVQ_HAVE_CUDA
-            ", gpu",
-#endif
-            ", ", names, ")");
+            cuda ? ", gpu" : "", ", ", names, ")");
   return selected;
 }
 

@@ -611,7 +611,10 @@ TEST(PagedKVCacheSpec11, HistoryBitsPerElement) {
     const CacheBytes b = cache.Bytes(seq);
     const double history_elements =
         2.0 * static_cast<double>(cache.HistoryLength(seq)) * p.num_kv_heads * 128;
-    return 8.0 * static_cast<double>(b.history_codes + b.history_metadata) / history_elements;
+    const double bits =
+        8.0 * static_cast<double>(b.history_codes + b.history_metadata) / history_elements;
+    EXPECT_EQ(p.history_bits_per_element(), bits);  // the parameters' own count, one page
+    return bits;
   };
   const testbed::Cache kivi =
       testbed::Cache().kv_heads(4).q_heads(4).sink(0).recent(1).flush(128).page(128);

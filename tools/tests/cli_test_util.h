@@ -51,21 +51,27 @@ struct RunResult {
   std::string out, err;
 };
 
-// Runs `kvq <args>` with `dir` as the working directory (so relative paths name files in it),
-// stdout and stderr captured through files in `dir`. With `timeout_seconds`, a run that takes
-// longer is killed (exit status 137): a command that would hang fails instead of the test.
-inline RunResult RunKvq(const ScratchDir& dir, const std::string& args, int timeout_seconds = 0) {
+// Runs `<binary> <args>` with `dir` as the working directory (so relative paths name files in
+// it), stdout and stderr captured through files in `dir`. With `timeout_seconds`, a run that
+// takes longer is killed (exit status 137): a command that would hang fails instead of the test.
+inline RunResult RunProgram(const ScratchDir& dir, const std::string& binary,
+                            const std::string& args, int timeout_seconds = 0) {
   const std::string out = dir.File("stdout.txt"), err = dir.File("stderr.txt");
   const std::string limit =
       timeout_seconds > 0 ? "timeout -s KILL " + std::to_string(timeout_seconds) + " " : "";
   const std::string command = std::string("cd '") + dir.File("") + "' && " + limit + "'" +
-                              KVQ_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
+                              binary + "' " + args + " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(command.c_str());
   RunResult result;
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
   result.out = Slurp(out);
   result.err = Slurp(err);
   return result;
+}
+
+// `kvq <args>`: RunProgram with the built kvq binary (KVQ_BINARY).
+inline RunResult RunKvq(const ScratchDir& dir, const std::string& args, int timeout_seconds = 0) {
+  return RunProgram(dir, KVQ_BINARY, args, timeout_seconds);
 }
 
 // `kvq <args>` must fail with exactly one line `kvq: error: ...` naming every needle, and

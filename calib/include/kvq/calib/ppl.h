@@ -72,6 +72,9 @@ struct RowResult {
   std::string clip;         // "own", "oscar", "none" ("" for the reference rows)
   std::vector<float> clip_k, clip_v;  // [L] ratios of KV head 0 (1 = no clip)
   double bits_per_element = 16;       // K and V at the window length, mean over layers
+                                      // (the bf16 windows included)
+  double history_bits = 16;           // K and V in the quantized history alone, mean over
+                                      // layers (CacheParams::history_bits_per_element)
   std::vector<WindowScore> windows;   // one per window of the set
 
   PositionSums Total(bool tail) const;  // summed over windows

@@ -96,6 +96,10 @@ struct CacheParams {
   int64_t HistoryTokens(int64_t t) const;
   // First position of the recent window at length t: min(t, S0 + H(t)) (bf16 cache: min(t, S0)).
   int64_t RecentBegin(int64_t t) const;
+  // Bits per element of K and V in the quantized history, the bf16 windows not counted: the
+  // code and metadata planes of one page (LayoutOf(key), LayoutOf(value)) over 2 * P * Hkv * d
+  // elements; 16 for the bf16 cache. (PagedKVCache::Bytes counts the windows too.)
+  double history_bits_per_element() const;
   // Slots of the recent ring: W + F - 1 (position p lives at slot p % ring_slots()).
   int ring_slots() const { return recent + flush - 1; }
   // The scale the logits are multiplied by: softmax_scale, or fp32(1/sqrt(d)) when it is 0.
