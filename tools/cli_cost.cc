@@ -19,10 +19,10 @@ std::string Stores(const WriteParams& p) {
     case Format::kBf16:
       return "bf16 rows";
     case Format::kAffineToken:
-      std::snprintf(text, sizeof text, "INT%d per token, G=%d", p.bits, p.group);
+      std::snprintf(text, sizeof text, "INT%d/token, G=%d", p.bits, p.group);
       return text;
     case Format::kAffineTile:
-      std::snprintf(text, sizeof text, "INT%d per channel, %d-token tiles%s", p.bits, p.group,
+      std::snprintf(text, sizeof text, "INT%d/channel, %d-token tiles%s", p.bits, p.group,
                     p.norm ? ", row norm" : "");
       return text;
     case Format::kFp8E4m3:
@@ -134,7 +134,7 @@ std::string KernelCostLines(const CostShape& shape, const GpuModule* gpu,
       names += std::string(", ") + members[i]->name;
     }
     if (members.size() > 3) names += " (" + std::to_string(members.size()) + ")";
-    std::snprintf(line, sizeof line, "  %-36s %-54s %5.2f bits %5.0f B/token", names.c_str(),
+    std::snprintf(line, sizeof line, "  %-36s %-60s %5.2f bits %5.0f B/token", names.c_str(),
                   StoresKV(p).c_str(), bits, bytes);
     os << line;
     if (bf16_bytes > 0 && p.quantized()) {

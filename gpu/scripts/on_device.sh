@@ -63,7 +63,7 @@ row() { printf '| %s | %s |\n' "$1" "$2" >> "$summary"; }
 echo "| step | result |" >> "$summary"
 echo "| --- | --- |" >> "$summary"
 row "device" "$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | head -n1)"
-row "bundle" "$(ls "$bin" | wc -l) programs; libkvq_gpu.so $(du -h "$stage/lib/libkvq_gpu.so" | cut -f1)"
+row "bundle" "$(ls "$bin" | grep -vc "\.so$") programs; libkvq_gpu.so $(du -h "$stage/lib/libkvq_gpu.so" | cut -f1); libkvq_cuda.so (the CLI's GPU module) beside kvq"
 
 if [[ $part == checks ]]; then
   {

@@ -63,8 +63,8 @@ for source in "$repo"/bench/bench_gpu_*.cu; do
   name=$(basename "$source"); targets+=("kvq_${name%.*}")
 done
 targets+=(kvq)
-echo "building: ${targets[*]}"
-ninja -C "$build" -j "$jobs" "${targets[@]}"
+echo "building: ${targets[*]} kvq_cuda"
+ninja -C "$build" -j "$jobs" "${targets[@]}" kvq_cuda
 
 rm -rf "$carry"
 mkdir -p "$carry/stage/bin" "$carry/stage/lib"
@@ -77,6 +77,8 @@ for t in "${targets[@]}"; do
 done
 printf '%s\n' "${backend_tests[@]}" > "$carry/stage/backend_tests.txt"
 cp "$build/gpu/libkvq_gpu.so" "$carry/stage/lib/"
+# The CLI's GPU module lives beside the binary (tools/cli_gpu.cc looks there).
+cp "$build/tools/libkvq_cuda.so" "$carry/stage/bin/"
 
 # Shared libraries the device image does not have (it has CUDA 13.0 and a newer libstdc++).
 copy_libs() {  # destination binaries...
@@ -85,7 +87,8 @@ copy_libs() {  # destination binaries...
     ldd "$b" | awk '/=> \// {print $3}' | grep -E 'libhwy|libbenchmark|libcudart|librapidcheck' || true
   done | sort -u | while read -r lib; do cp -L "$lib" "$dest/"; done
 }
-copy_libs "$carry/stage/lib" "${binaries[@]}" "$build/gpu/libkvq_gpu.so"
+copy_libs "$carry/stage/lib" "${binaries[@]}" "$build/gpu/libkvq_gpu.so" \
+  "$build/tools/libkvq_cuda.so"
 
 if [[ -n "$old_build" ]]; then
   mkdir -p "$carry/stage/old/bin" "$carry/stage/old/lib"
@@ -109,7 +112,7 @@ rm -rf "$carry/stage"
 cp "$repo/gpu/scripts/on_device.sh" "$carry/on_device.sh"
 cp "$repo/bench/bench_sdpa.py" "$carry/bench_sdpa.py"
 du -sh "$carry"
-echo "staged: ${targets[*]} libkvq_gpu.so${old_build:+ old: kvq_bench_gpu_attention kvq_bench_gpu_write}"
+echo "staged: ${targets[*]} libkvq_gpu.so libkvq_cuda.so${old_build:+ old: kvq_bench_gpu_attention kvq_bench_gpu_write}"
 echo
 echo "device commands (carry: [\"$(basename "$carry")\"], timeout_s <= 600):"
 echo "  bash $(basename "$carry")/on_device.sh --part checks"
