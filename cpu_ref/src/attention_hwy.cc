@@ -434,6 +434,7 @@ AttentionKernels MakeAttentionKernels() {
   kernels.history_update = &HistoryUpdate;
   return kernels;
 }
+KVQ_HWY_REGISTER(AttentionKernels, MakeAttentionKernels);
 
 }  // namespace HWY_NAMESPACE
 }  // namespace kvq::cpu::internal
@@ -442,11 +443,12 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace kvq::cpu::internal {
 
+std::vector<int64_t> HwyAttentionTargets() {
+  return TargetMakers<AttentionKernels>::Get().Targets();
+}
+
 AttentionKernels HwyAttentionKernels(int64_t hwy_target) {
-  KVQ_HWY_PER_TARGET(hwy_target, MakeAttentionKernels)
-  KVQ_CHECK(false, kUnsupported, "no decode-attention kernels were compiled for Highway target ",
-            hwy_target, " (", hwy::TargetName(hwy_target), ")");
-  return {};
+  return TargetMakers<AttentionKernels>::Get().Make(hwy_target, "decode-attention kernels");
 }
 
 }  // namespace kvq::cpu::internal

@@ -1,6 +1,7 @@
 // The CPU backend list: the scalar reference first, then every Highway target compiled into
 // cpu_ref that this CPU supports, best first. Each entry's write and attention tables come from
 // the same target (hwy_targets.h); its `attend` runs the decode driver with them.
+#include <algorithm>
 #include <cctype>
 #include <string>
 #include <vector>
@@ -39,6 +40,16 @@ bool HasStage(const WriteKernels& k, StageId id) {
   return false;
 }
 
+std::vector<int64_t> CompiledHwyTargets() {
+  std::vector<int64_t> write = internal::HwyWriteTargets();
+  std::vector<int64_t> attention = internal::HwyAttentionTargets();
+  std::sort(write.begin(), write.end());  // lower bits are better targets
+  std::sort(attention.begin(), attention.end());
+  KVQ_CHECK(write == attention, kUnsupported,
+            "write_hwy.cc and attention_hwy.cc were compiled for different Highway targets");
+  return write;
+}
+
 const std::vector<Backend>& Backends() {
   static const std::vector<Backend> backends = [] {
     std::vector<Backend> list;
@@ -47,7 +58,9 @@ const std::vector<Backend>& Backends() {
     scalar.write = internal::ScalarWriteKernels();
     scalar.attention = internal::ScalarAttentionKernels();
     list.push_back(scalar);
-    for (const int64_t target : internal::HwyTargets()) {
+    const int64_t supported = hwy::SupportedTargets();
+    for (const int64_t target : CompiledHwyTargets()) {
+      if ((target & supported) == 0) continue;
       Backend backend;
       backend.name = "hwy_";
       for (const char* c = hwy::TargetName(target); *c != '\0'; ++c) {

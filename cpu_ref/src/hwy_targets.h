@@ -1,10 +1,12 @@
-// The one per-target mechanism of cpu_ref's Highway code. A file compiled once per target
-// (write_hwy.cc, attention_hwy.cc: HWY_TARGET_INCLUDE + foreach_target.h) defines a table
-// maker `Fn` inside HWY_NAMESPACE; in its HWY_ONCE part,
-//   KVQ_HWY_PER_TARGET(target, Fn)
-// returns N_<TARGET>::Fn() for the Highway target bit `target`, and falls through for a target
-// the file was not compiled for. Both files list the same targets because both include this
-// header first (HWY_WANT_AVX3_DL) and cpu_ref builds with HWY_COMPILE_ALL_ATTAINABLE.
+// The one per-target mechanism of cpu_ref's Highway code: targets register themselves. A file
+// compiled once per target (write_hwy.cc, attention_hwy.cc: HWY_TARGET_INCLUDE +
+// foreach_target.h) defines a table maker `Fn` inside HWY_NAMESPACE and, beside it,
+//   KVQ_HWY_REGISTER(Table, Fn)
+// which records, for the target being compiled (HWY_TARGET), its maker in TargetMakers<Table>
+// when the program starts. In its HWY_ONCE part, TargetMakers<Table>::Make(target) then returns
+// that target's table, for every target Highway generated (HWY_TARGETS under
+// HWY_COMPILE_ALL_ATTAINABLE, whatever the architecture), with no list of targets written here.
+// Both files include this header first, so both are compiled for the same targets.
 #pragma once
 
 // AVX3_DL (Ice Lake and later) is compiled only on request; this machine class has it.
@@ -14,56 +16,52 @@
 
 #include <hwy/targets.h>
 
+#include <cstdint>
+#include <utility>
+#include <vector>
 
-#define KVQ_HWY_CASE(TARGET, Fn) \
-  case HWY_##TARGET:             \
-    return N_##TARGET::Fn();
+#include "kvq/common/error.h"
 
-#if HWY_TARGETS & HWY_AVX3_DL
-#define KVQ_HWY_CASE_AVX3_DL(Fn) KVQ_HWY_CASE(AVX3_DL, Fn)
-#else
-#define KVQ_HWY_CASE_AVX3_DL(Fn)
-#endif
-#if HWY_TARGETS & HWY_AVX3
-#define KVQ_HWY_CASE_AVX3(Fn) KVQ_HWY_CASE(AVX3, Fn)
-#else
-#define KVQ_HWY_CASE_AVX3(Fn)
-#endif
-#if HWY_TARGETS & HWY_AVX2
-#define KVQ_HWY_CASE_AVX2(Fn) KVQ_HWY_CASE(AVX2, Fn)
-#else
-#define KVQ_HWY_CASE_AVX2(Fn)
-#endif
-#if HWY_TARGETS & HWY_SSE4
-#define KVQ_HWY_CASE_SSE4(Fn) KVQ_HWY_CASE(SSE4, Fn)
-#else
-#define KVQ_HWY_CASE_SSE4(Fn)
-#endif
-#if HWY_TARGETS & HWY_SSSE3
-#define KVQ_HWY_CASE_SSSE3(Fn) KVQ_HWY_CASE(SSSE3, Fn)
-#else
-#define KVQ_HWY_CASE_SSSE3(Fn)
-#endif
-#if HWY_TARGETS & HWY_EMU128
-#define KVQ_HWY_CASE_EMU128(Fn) KVQ_HWY_CASE(EMU128, Fn)
-#else
-#define KVQ_HWY_CASE_EMU128(Fn)
-#endif
-#if HWY_TARGETS & HWY_SCALAR
-#define KVQ_HWY_CASE_SCALAR(Fn) KVQ_HWY_CASE(SCALAR, Fn)
-#else
-#define KVQ_HWY_CASE_SCALAR(Fn)
-#endif
+namespace kvq::cpu::internal {
 
-#define KVQ_HWY_PER_TARGET(target, Fn) \
-  switch (target) {                    \
-    KVQ_HWY_CASE_AVX3_DL(Fn)           \
-    KVQ_HWY_CASE_AVX3(Fn)              \
-    KVQ_HWY_CASE_AVX2(Fn)              \
-    KVQ_HWY_CASE_SSE4(Fn)              \
-    KVQ_HWY_CASE_SSSE3(Fn)             \
-    KVQ_HWY_CASE_EMU128(Fn)            \
-    KVQ_HWY_CASE_SCALAR(Fn)            \
-    default:                           \
-      break;                           \
+// The makers of one kind of table (WriteKernels, AttentionKernels), one per compiled target.
+template <typename Table>
+class TargetMakers {
+ public:
+  using Maker = Table (*)();
+
+  static TargetMakers& Get() {
+    static TargetMakers makers;
+    return makers;
   }
+  bool Add(int64_t target, Maker maker) {
+    makers_.emplace_back(target, maker);
+    return true;
+  }
+  // The table of Highway target bit `target`; throws kUnsupported (naming `what` and the
+  // target) when no maker was compiled for it.
+  Table Make(int64_t target, const char* what) const {
+    for (const auto& [t, maker] : makers_) {
+      if (t == target) return maker();
+    }
+    KVQ_CHECK(false, kUnsupported, "no ", what, " were compiled for Highway target ", target,
+              " (", hwy::TargetName(target), ")");
+    return {};
+  }
+  // The targets that registered, in registration order.
+  std::vector<int64_t> Targets() const {
+    std::vector<int64_t> targets;
+    for (const auto& entry : makers_) targets.push_back(entry.first);
+    return targets;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, Maker>> makers_;
+};
+
+}  // namespace kvq::cpu::internal
+
+// Inside HWY_NAMESPACE, after Fn: registers this target's Fn.
+#define KVQ_HWY_REGISTER(Table, Fn)                                        \
+  [[maybe_unused]] static const bool kvq_hwy_registered_##Fn =             \
+      ::kvq::cpu::internal::TargetMakers<Table>::Get().Add(HWY_TARGET, &Fn)

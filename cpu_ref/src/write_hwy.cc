@@ -695,6 +695,7 @@ WriteKernels MakeWriteKernels() {
 #undef KVQ_STAGE
   return k;
 }
+KVQ_HWY_REGISTER(WriteKernels, MakeWriteKernels);
 
 }  // namespace HWY_NAMESPACE
 }  // namespace kvq::cpu::internal
@@ -703,13 +704,10 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace kvq::cpu::internal {
 
-std::vector<int64_t> HwyTargets() { return hwy::SupportedAndGeneratedTargets(); }
+std::vector<int64_t> HwyWriteTargets() { return TargetMakers<WriteKernels>::Get().Targets(); }
 
 WriteKernels HwyWriteKernels(int64_t hwy_target) {
-  KVQ_HWY_PER_TARGET(hwy_target, MakeWriteKernels)
-  KVQ_CHECK(false, kUnsupported, "no write kernels were compiled for Highway target ",
-            hwy_target, " (", hwy::TargetName(hwy_target), ")");
-  return {};
+  return TargetMakers<WriteKernels>::Get().Make(hwy_target, "write kernels");
 }
 
 }  // namespace kvq::cpu::internal

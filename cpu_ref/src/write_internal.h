@@ -15,11 +15,11 @@ namespace kvq::cpu::internal {
 // The scalar executable spec (write_scalar.cc).
 WriteKernels ScalarWriteKernels();
 
-// The Highway targets compiled into cpu_ref and supported by this CPU, best first; never empty
-// (the portable target, HWY_SCALAR with GCC 12 or EMU128 elsewhere, is always there).
-std::vector<int64_t> HwyTargets();
-// The write-path table of one of those targets (write_hwy.cc, hwy_targets.h). Throws
-// kvq::Error(kUnsupported) for a target that was not compiled.
+// The Highway targets whose write-path tables registered themselves (write_hwy.cc,
+// hwy_targets.h): every target write_hwy.cc was compiled for.
+std::vector<int64_t> HwyWriteTargets();
+// The write-path table of one of those targets. Throws kvq::Error(kUnsupported) for a target
+// that was not compiled.
 WriteKernels HwyWriteKernels(int64_t hwy_target);
 
 // The rotation stages of the write path without its validation (rotation(), P_br), for callers

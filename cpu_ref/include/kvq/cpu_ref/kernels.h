@@ -94,6 +94,10 @@ struct Backend {
 // Scalar reference first, then every Highway target compiled in and supported by this CPU,
 // best first. The list that the CPU tests and benchmarks expand.
 const std::vector<Backend>& Backends();
+
+// Every Highway target cpu_ref was compiled for (each registered its write and decode tables
+// itself: cpu_ref/src/hwy_targets.h), best first, whether or not this CPU runs it.
+std::vector<int64_t> CompiledHwyTargets();
 const Backend& ScalarBackend();
 // The best Highway target of this CPU: what production callers use (dynamic dispatch).
 const Backend& BestBackend();
