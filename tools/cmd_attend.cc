@@ -2,7 +2,8 @@
 //            (--scheme ID [--calibration C --layer L] |
 //             --rotation-k RK.npy --rotation-v RV.npy | --hadamard | --identity |
 //             --calibration C --layer L)
-//            [--clip-k RHO] [--clip-v RHO] [--bits B] [--group G] [--tile GK] [--sink S0]
+//            [--clip-k RHO] [--clip-v RHO] [--bits B] [--k-bits B] [--v-bits B]
+//            [--format bf16] [--group G] [--tile GK] [--sink S0]
 //            [--recent W] [--flush F] [--page P] [--norm-scope head|token] [--seed S]
 //            [--saw-block H] [--backend NAME] --out O.npy
 // One decode step of one sequence: the T rows of K and V (float32 [T, Hkv, d], rounded to
@@ -18,13 +19,14 @@
 // ots, default head) and --seed / --saw-block are options of the build. Every other flag given
 // is applied afterwards, an override on top of the scheme (and of anything the scheme fixes for
 // itself): --rotation-k/--rotation-v, --hadamard or --identity replace both rotations,
-// --clip-k / --clip-v replace the per-head ratios, --bits B replaces the scheme's bits
-// (--bits 16: the bf16 cache), --group the per-token sides' group, --sink/--recent/--flush/
+// --clip-k / --clip-v replace the per-head ratios, --bits B replaces the scheme's bits on both
+// sides and --k-bits / --v-bits on one (K4V2: --k-bits 4 --v-bits 2), --format bf16 makes it
+// the bf16 cache, --group the per-token sides' group, --sink/--recent/--flush/
 // --page the cache's. So `--scheme saw_int4 --group 64 --sink 64 --recent 256` is the
 // SAW-INT4 configuration of kvq before spec 1.1.
 //
 // Without --scheme: the rotation flags say how rows are rotated (RK, RV: float32 [d, d] shared
-// by the KV heads, or [Hkv, d, d]); --bits 16 is the bf16 baseline cache (rotation options then
+// by the KV heads, or [Hkv, d, d]); --format bf16 is the bf16 baseline cache (rotation options then
 // optional and unused); --calibration C --layer L alone is `--scheme oscar` without overrides
 // of the rotation or the clip (those flags are refused).
 #include <CLI/CLI.hpp>
@@ -33,6 +35,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli_common.h"
@@ -57,6 +60,8 @@ struct AttendOptions {
   bool identity = false;
   std::string clip_k = "1", clip_v = "1";
   int bits = 2;
+  int k_bits = 0, v_bits = 0;  // --k-bits / --v-bits: one side's bits (0: --bits)
+  std::string format;       // --format: bf16 (the bf16 cache)
   int group = 64;
   int sink = 64;
   int recent = 256;
@@ -71,9 +76,35 @@ struct AttendOptions {
   int layer = 0;            // --layer: which of its layers
   // Whether each of these was given on the command line (the calibration supplies defaults).
   bool has_layer = false, has_clip_k = false, has_clip_v = false, has_bits = false,
+       has_k_bits = false, has_v_bits = false,
        has_group = false, has_sink = false, has_recent = false, has_flush = false,
        has_page = false, has_tile = false, has_norm_scope = false;
 };
+
+// --format and the widths, before any file is read.
+void CheckBitsOptions(const AttendOptions& o) {
+  KVQ_CHECK(o.format.empty() || o.format == "bf16", kInvalidArgument, "--format '", o.format,
+            "': only bf16 (the bf16 cache) is chosen by name; a quantized format comes with "
+            "--scheme or the rotation flags");
+  KVQ_CHECK(o.bits != 16, kInvalidArgument,
+            "--bits 16: the bf16 cache is --format bf16 (--bits is the quantized history's "
+            "width)");
+  for (const auto& [name, value, given] :
+       {std::tuple<const char*, int, bool>{"--bits", o.bits, o.has_bits},
+        {"--k-bits", o.k_bits, o.has_k_bits},
+        {"--v-bits", o.v_bits, o.has_v_bits}}) {
+    KVQ_CHECK(!given || value == 2 || value == 4 || value == 8, kInvalidArgument, name, " ",
+              value, " is not supported (2 or 4; 8 for the fp8 schemes)");
+  }
+}
+
+// The first width option given, with its value ("--k-bits 4"); "" when none.
+std::string GivenWidth(const AttendOptions& o) {
+  if (o.has_bits) return "--bits " + std::to_string(o.bits);
+  if (o.has_k_bits) return "--k-bits " + std::to_string(o.k_bits);
+  if (o.has_v_bits) return "--v-bits " + std::to_string(o.v_bits);
+  return "";
+}
 
 // What the cache is built from.
 struct CacheSetup {
@@ -189,12 +220,11 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   KVQ_CHECK(!dense || (!o.rotation_k.empty() && !o.rotation_v.empty()), kInvalidArgument,
             "--rotation-k and --rotation-v go together (got only ",
             o.rotation_k.empty() ? "--rotation-v" : "--rotation-k", ")");
-  KVQ_CHECK(o.bits == 2 || o.bits == 4 || o.bits == 16, kInvalidArgument, "--bits ", o.bits,
-            " is not supported (2, 4, or 16 for the bf16 cache)");
-  KVQ_CHECK(scheme.quantized() || !o.has_bits || o.bits == 16, kInvalidArgument, "--bits ",
-            o.bits, " does not apply to --scheme ", o.scheme,
+  CheckBitsOptions(o);
+  KVQ_CHECK(scheme.quantized() || GivenWidth(o).empty(), kInvalidArgument, GivenWidth(o),
+            " does not apply to --scheme ", o.scheme,
             ", which stores no codes (--scheme naive is INT-b without rotation)");
-  const bool bf16 = !scheme.quantized() || (o.has_bits && o.bits == 16);
+  const bool bf16 = !scheme.quantized() || o.format == "bf16";
   if (bf16) {
     const char* moot = rotations > 0 ? (dense ? "--rotation-k/--rotation-v"
                                               : (o.hadamard ? "--hadamard" : "--identity"))
@@ -203,7 +233,9 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
                                       : nullptr;
     KVQ_CHECK(moot == nullptr, kInvalidArgument, moot,
               " has no effect on the bf16 cache (--scheme ", o.scheme,
-              o.has_bits ? " --bits 16" : "", ")");
+              o.format == "bf16" ? " --format bf16" : "", ")");
+    KVQ_CHECK(GivenWidth(o).empty(), kInvalidArgument, GivenWidth(o),
+              " has no effect on the bf16 cache (--format bf16 stores no codes)");
   }
   const float clip_k = kvq::cli::ParseFloatOption("--clip-k", o.clip_k);
   const float clip_v = kvq::cli::ParseFloatOption("--clip-v", o.clip_v);
@@ -268,8 +300,11 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
     }
     s = CacheSetup{p, {}, {}};
   } else {
-    // The scheme's own bits unless --bits says otherwise (saw_int4 is INT4 by default).
+    // The scheme's own bits unless --bits / --k-bits / --v-bits say otherwise (saw_int4 is INT4
+    // by default).
     if (o.has_bits) p.key.bits = p.value.bits = o.bits;
+    if (o.has_k_bits) p.key.bits = o.k_bits;
+    if (o.has_v_bits) p.value.bits = o.v_bits;
     if (rotations == 1) {
       for (kvq::WriteParams* w : {&p.key, &p.value}) {
         w->rotation = dense ? kvq::RotationKind::kDense
@@ -306,14 +341,15 @@ CacheSetup FlagSetup(const AttendOptions& o, Inputs& in) {
             "kivi_norm or ots)");
   const bool dense = !o.rotation_k.empty() || !o.rotation_v.empty();
   const int chosen = (dense ? 1 : 0) + (o.hadamard ? 1 : 0) + (o.identity ? 1 : 0);
-  KVQ_CHECK(o.bits == 2 || o.bits == 4 || o.bits == 16, kInvalidArgument, "--bits ", o.bits,
-            " is not supported (2, 4, or 16 for the bf16 cache)");
-  const bool quantized = o.bits != 16;
+  CheckBitsOptions(o);
+  const bool quantized = o.format != "bf16";
+  KVQ_CHECK(quantized || GivenWidth(o).empty(), kInvalidArgument, GivenWidth(o),
+            " has no effect on the bf16 cache (--format bf16 stores no codes)");
   KVQ_CHECK(chosen <= 1, kInvalidArgument,
             "give only one of --rotation-k/--rotation-v, --hadamard, --identity");
   KVQ_CHECK(chosen == 1 || !quantized, kInvalidArgument,
-            "--bits ", o.bits, " needs one of --scheme, --rotation-k/--rotation-v, --hadamard, "
-            "--identity");
+            "a quantized cache needs one of --scheme, --rotation-k/--rotation-v, --hadamard, "
+            "--identity (or --format bf16 for the bf16 cache)");
   KVQ_CHECK(!dense || (!o.rotation_k.empty() && !o.rotation_v.empty()), kInvalidArgument,
             "--rotation-k and --rotation-v go together (got only ",
             o.rotation_k.empty() ? "--rotation-v" : "--rotation-k", ")");
@@ -333,11 +369,13 @@ CacheSetup FlagSetup(const AttendOptions& o, Inputs& in) {
   for (kvq::WriteParams* w : {&p.key, &p.value}) {
     w->head_dim = in.d;
     w->group = o.group;
-    w->bits = quantized ? o.bits : 2;  // the bf16 cache writes no codes
+    w->bits = o.bits;  // (the bf16 cache writes no codes)
     w->rotation = dense ? kvq::RotationKind::kDense
                         : (o.hadamard ? kvq::RotationKind::kHadamard
                                       : kvq::RotationKind::kIdentity);
   }
+  if (o.has_k_bits) p.key.bits = o.k_bits;
+  if (o.has_v_bits) p.value.bits = o.v_bits;
   p.key.clip = clip_k;
   p.value.clip = clip_v;
   p.Validate();
@@ -415,8 +453,15 @@ void setup_attend(CLI::App& app) {
   CLI::Option* clip_v =
       command->add_option("--clip-v", o->clip_v, "value clip ratio in (0, 1] (default 1)");
   CLI::Option* bits =
-      command->add_option("--bits", o->bits, "history bits: 2, 4, or 16 for the bf16 cache")
+      command->add_option("--bits", o->bits, "history bits of K and V: 2 or 4 (fp8: 8)")
           ->capture_default_str();
+  CLI::Option* k_bits =
+      command->add_option("--k-bits", o->k_bits, "history bits of K alone (beats --bits)");
+  CLI::Option* v_bits =
+      command->add_option("--v-bits", o->v_bits, "history bits of V alone (beats --bits)");
+  command->add_option("--format", o->format,
+                      "bf16: the bf16 baseline cache, nothing quantized (the quantized formats "
+                      "come with --scheme or the rotation flags)");
   CLI::Option* group = command->add_option("--group", o->group, "channels per (scale, min) group")
                            ->capture_default_str();
   CLI::Option* sink =
@@ -453,6 +498,8 @@ void setup_attend(CLI::App& app) {
     o->has_clip_k = clip_k->count() > 0;
     o->has_clip_v = clip_v->count() > 0;
     o->has_bits = bits->count() > 0;
+    o->has_k_bits = k_bits->count() > 0;
+    o->has_v_bits = v_bits->count() > 0;
     o->has_group = group->count() > 0;
     o->has_sink = sink->count() > 0;
     o->has_recent = recent->count() > 0;

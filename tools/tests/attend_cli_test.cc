@@ -104,7 +104,9 @@ void ExpectSameAsLibrary(const Case& c, uint64_t seed) {
   }
   std::ostringstream args;
   args << "--q q.npy --k k.npy --v v.npy " << rotation_args << " --clip-k " << c.clip_k
-       << " --clip-v " << c.clip_v << " --bits " << c.bits << " --group " << c.group
+       << " --clip-v " << c.clip_v
+       << (c.bits == 16 ? std::string(" --format bf16") : " --bits " + std::to_string(c.bits))
+       << " --group " << c.group
        << " --sink " << c.sink << " --recent " << c.recent << " --page " << c.page
        << " --out o.npy";
   const RunResult r = Run(dir, args.str());

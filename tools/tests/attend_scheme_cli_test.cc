@@ -252,10 +252,29 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
       << "--flush 4 must matter";
   EXPECT_TRUE(SameBits(windows, Library(calib::BuildLayerScheme("naive", Shape(), nullptr, 0, o),
                                         [](calib::LayerScheme& s) { s.params.flush = 4; })));
-  // --bits 16: the bf16 cache, whatever the scheme.
+  // --format bf16: the bf16 cache, whatever the scheme.
   const std::vector<float> bf16 = Cli("--scheme bf16", "o9.npy");
-  EXPECT_TRUE(SameBits(Cli("--scheme oscar --bits 16" + cal0, "o10.npy"), bf16));
-  EXPECT_TRUE(SameBits(Cli("--bits 16", "o11.npy"), bf16));
+  EXPECT_TRUE(SameBits(Cli("--scheme oscar --format bf16" + cal0, "o10.npy"), bf16));
+  EXPECT_TRUE(SameBits(Cli("--format bf16", "o11.npy"), bf16));
+  // K and V apart: --k-bits / --v-bits set one side's width, over --bits and the scheme's own.
+  o = Options(false);
+  const auto widths = [](int k, int v) {
+    return [k, v](calib::LayerScheme& s) {
+      s.params.key.bits = k;
+      s.params.value.bits = v;
+    };
+  };
+  for (const char* scheme : {"naive", "kivi", "saw_int4"}) {
+    SCOPED_TRACE(scheme);
+    const std::vector<float> k4v2 =
+        Cli(std::string("--scheme ") + scheme + " --k-bits 4 --v-bits 2", "o12.npy");
+    EXPECT_TRUE(SameBits(
+        k4v2, Library(calib::BuildLayerScheme(scheme, Shape(), nullptr, 0, o), widths(4, 2))));
+    EXPECT_FALSE(SameBits(
+        k4v2, Library(calib::BuildLayerScheme(scheme, Shape(), nullptr, 0, o), widths(4, 4))));
+    EXPECT_TRUE(SameBits(Cli(std::string("--scheme ") + scheme + " --bits 4 --v-bits 2", "o13.npy"),
+                         k4v2));
+  }
 }
 
 // Issue 17's contract: `kvq attend --scheme ID [--bits B] [--group G] [--tile GK] [--flush F]
@@ -350,7 +369,13 @@ TEST_F(AttendSchemeCli, MisuseFailsNamingTheValue) {
                 {"--layer 2", "2 layers"});
   ExpectFailure(dir, base + "--scheme bf16 --bits 2", bad, {"--bits 2", "bf16"});
   ExpectFailure(dir, base + "--scheme bf16 --hadamard", bad, {"--hadamard", "bf16"});
-  ExpectFailure(dir, base + "--scheme naive --bits 16 --clip-v 0.9", bad, {"--clip-v", "bf16"});
+  ExpectFailure(dir, base + "--scheme naive --format bf16 --clip-v 0.9", bad, {"--clip-v", "bf16"});
+  ExpectFailure(dir, base + "--scheme naive --bits 16", bad, {"--bits 16", "--format bf16"});
+  ExpectFailure(dir, base + "--scheme naive --format bf16 --k-bits 4", bad, {"--k-bits", "bf16"});
+  ExpectFailure(dir, base + "--scheme naive --format affine_token", bad,
+                {"--format 'affine_token'", "bf16"});
+  ExpectFailure(dir, base + "--scheme naive --k-bits 3", bad, {"--k-bits 3"});
+  ExpectFailure(dir, base + "--scheme naive --v-bits 8", bad, {"bits 8"});
   ExpectFailure(dir, base + "--scheme naive --hadamard --identity", bad, {"only one of"});
   ExpectFailure(dir, base + "--scheme naive --rotation-v r.npy", bad,
                 {"--rotation-k and --rotation-v"});
