@@ -351,6 +351,25 @@ void RunPplCommand(const PplCommand& cmd) {
               calib::ModelArchName(c.arch), c.num_layers, c.hidden, c.num_q_heads, c.head_dim,
               c.num_kv_heads, c.vocab, SecondsSince(t), calib::MatMulTargetName(), threads);
 
+  // A calibration file is read and checked against the model before any forward runs.
+  calib::Calibration cal;
+  bool have_cal = false;
+  int group = cmd.group, bits = cmd.bits, sink = cmd.sink, recent = cmd.recent;
+  auto given = [](const CLI::Option* o) { return o != nullptr && o->count() > 0; };
+  if (!cmd.calibration.empty()) {
+    cal = calib::ReadCalibration(cmd.calibration);
+    have_cal = true;
+    KVQ_CHECK(cal.info.num_layers == c.num_layers && cal.info.num_kv_heads == c.num_kv_heads &&
+                  cal.info.head_dim == c.head_dim,
+              kShapeMismatch, "calibration '", cmd.calibration, "' is ", cal.info.num_layers,
+              " layers x ", cal.info.num_kv_heads, " KV heads x d=", cal.info.head_dim,
+              ", the model ", c.num_layers, " x ", c.num_kv_heads, " x d=", c.head_dim);
+    if (!given(cmd.group_option)) group = cal.info.group;
+    if (!given(cmd.bits_option)) bits = cal.info.bits;
+    if (!given(cmd.sink_option)) sink = cal.info.sink;
+    if (!given(cmd.recent_option)) recent = cal.info.recent;
+  }
+
   // The calibration capture and the calibration.
   t = Clock::now();
   calib::Activations calib_acts;
@@ -371,22 +390,7 @@ void RunPplCommand(const PplCommand& cmd) {
     std::printf("no capture needed");
   }
   std::fflush(stdout);
-  calib::Calibration cal;
-  bool have_cal = false;
-  int group = cmd.group, bits = cmd.bits, sink = cmd.sink, recent = cmd.recent;
-  auto given = [](const CLI::Option* o) { return o != nullptr && o->count() > 0; };
-  if (!cmd.calibration.empty()) {
-    cal = calib::ReadCalibration(cmd.calibration);
-    have_cal = true;
-    KVQ_CHECK(cal.info.num_layers == c.num_layers && cal.info.num_kv_heads == c.num_kv_heads &&
-                  cal.info.head_dim == c.head_dim,
-              kShapeMismatch, "calibration '", cmd.calibration, "' is ", cal.info.num_layers,
-              " layers x ", cal.info.num_kv_heads, " KV heads x d=", cal.info.head_dim,
-              ", the model ", c.num_layers, " x ", c.num_kv_heads, " x d=", c.head_dim);
-    if (!given(cmd.group_option)) group = cal.info.group;
-    if (!given(cmd.bits_option)) bits = cal.info.bits;
-    if (!given(cmd.sink_option)) sink = cal.info.sink;
-    if (!given(cmd.recent_option)) recent = cal.info.recent;
+  if (have_cal) {
     if (need_capture && !cal.layers.empty() && cal.layers[0].raw_k_rotation.empty()) {
       calib::AddRawTargetRotations(calib_acts, &cal);  // a format_version 1 file
     }

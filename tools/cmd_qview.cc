@@ -70,11 +70,21 @@ void RunQview(const QviewCommand& cmd) {
     c.recent = cmd.recent;
     c.threads = threads;
     c.source = calib_acts.info.source;
+    std::printf("calibrating OSCAR on %s (%lld tokens, %d layers x %d KV heads) ...\n",
+                cmd.calib_activations.c_str(),
+                static_cast<long long>(calib_acts.info.calib_tokens), calib_acts.info.num_layers,
+                calib_acts.info.num_kv_heads);
+    std::fflush(stdout);
     cal = std::make_unique<kvq::calib::Calibration>(kvq::calib::Calibrate(
         calib_acts, c, backend, kvq::cli::StderrProgress("qview: calibrating OSCAR, units")));
     std::printf("calibrated OSCAR on %s (%lld tokens)\n", cmd.calib_activations.c_str(),
                 static_cast<long long>(calib_acts.info.calib_tokens));
   }
+  std::printf("viewing %zu schemes x %d layers x %d KV heads on %s (%lld tokens, %d threads) "
+              "...\n",
+              options.schemes.size(), eval_acts.info.num_layers, eval_acts.info.num_kv_heads,
+              cmd.activations.c_str(), static_cast<long long>(eval_acts.info.tokens), threads);
+  std::fflush(stdout);
   const kvq::calib::QuantizerView view = kvq::calib::ComputeQuantizerView(
       eval_acts, calib_acts, cal.get(), options, backend,
       kvq::cli::StderrProgress("qview: schemes x layers built, then x KV heads viewed"));
