@@ -33,101 +33,64 @@ float SignedPower(int lo, int hi, SplitMix64* rng) {
 
 }  // namespace
 
+namespace {
+
+enum Draw { kVectors, kVectorsEdge, kTests, kBeyondRange };
+
+struct RowKindInfo {
+  RowKind kind;
+  const char* id;
+  Draw draw;
+  bool norm_ok;
+};
+
+const std::vector<RowKindInfo>& RowKindInfos() {
+  static const std::vector<RowKindInfo> infos = {
+#define KVQ_ROW_KIND(Name, id, draw, norm_ok, summary) {RowKind::k##Name, #id, draw, norm_ok},
+#include "kvq/conformance/row_kinds.inc"
+#undef KVQ_ROW_KIND
+  };
+  return infos;
+}
+
+std::vector<RowKind> KindsWhere(bool (*keep)(const RowKindInfo&)) {
+  std::vector<RowKind> kinds;
+  for (const RowKindInfo& info : RowKindInfos()) {
+    if (keep(info)) kinds.push_back(info.kind);
+  }
+  return kinds;
+}
+
+}  // namespace
+
 const char* RowKindName(RowKind kind) {
-  switch (kind) {
-    case RowKind::kRandom:
-      return "random";
-    case RowKind::kHeavyTail:
-      return "heavy_tail";
-    case RowKind::kZeros:
-      return "zeros";
-    case RowKind::kNegativeZeros:
-      return "negative_zeros";
-    case RowKind::kMixedZeros:
-      return "mixed_zeros";
-    case RowKind::kConstant:
-      return "constant";
-    case RowKind::kOutlier:
-      return "outlier";
-    case RowKind::kSubnormal:
-      return "subnormal";
-    case RowKind::kTies:
-      return "ties";
-    case RowKind::kHuge:
-      return "huge";
-    case RowKind::kDuplicates:
-      return "duplicates";
-    case RowKind::kBf16Bell:
-      return "bf16_bell";
-    case RowKind::kCauchy:
-      return "cauchy";
-    case RowKind::kSparseSpikes:
-      return "sparse_spikes";
-    case RowKind::kLargeScale:
-      return "large_scale";
-    case RowKind::kTinyScale:
-      return "tiny_scale";
-    case RowKind::kSmallIntegers:
-      return "small_integers";
-    case RowKind::kLargeOffset:
-      return "large_offset";
-    case RowKind::kNearLimit:
-      return "near_limit";
-    case RowKind::kMinimal:
-      return "minimal";
-    case RowKind::kRamp:
-      return "ramp";
-    case RowKind::kFarOutliers:
-      return "far_outliers";
-    case RowKind::kEqualMagnitudes:
-      return "equal_magnitudes";
-    case RowKind::kWideRange:
-      return "wide_range";
-    case RowKind::kSignedOffset:
-      return "signed_offset";
+  for (const RowKindInfo& info : RowKindInfos()) {
+    if (info.kind == kind) return info.id;
   }
   return "?";
 }
 
 const std::vector<RowKind>& EdgeRowKinds() {
-  static const std::vector<RowKind> kinds = {
-      RowKind::kZeros,     RowKind::kNegativeZeros, RowKind::kMixedZeros, RowKind::kConstant,
-      RowKind::kOutlier,   RowKind::kSubnormal,     RowKind::kTies,       RowKind::kHuge,
-      RowKind::kDuplicates};
+  static const std::vector<RowKind> kinds =
+      KindsWhere([](const RowKindInfo& i) { return i.draw == kVectorsEdge; });
   return kinds;
 }
 
 const std::vector<RowKind>& AllRowKinds() {
-  static const std::vector<RowKind> kinds = [] {
-    std::vector<RowKind> all = {RowKind::kRandom, RowKind::kHeavyTail};
-    all.insert(all.end(), EdgeRowKinds().begin(), EdgeRowKinds().end());
-    return all;
-  }();
+  static const std::vector<RowKind> kinds = KindsWhere(
+      [](const RowKindInfo& i) { return i.draw == kVectors || i.draw == kVectorsEdge; });
   return kinds;
 }
 
 std::vector<RowKind> TestRowKinds(bool within_write_range) {
-  std::vector<RowKind> kinds = AllRowKinds();
-  for (RowKind k : {RowKind::kBf16Bell, RowKind::kCauchy, RowKind::kSparseSpikes,
-                    RowKind::kLargeScale, RowKind::kTinyScale, RowKind::kSmallIntegers,
-                    RowKind::kLargeOffset, RowKind::kNearLimit, RowKind::kMinimal,
-                    RowKind::kRamp, RowKind::kFarOutliers, RowKind::kEqualMagnitudes,
-                    RowKind::kWideRange, RowKind::kSignedOffset}) {
-    if (!(within_write_range && k == RowKind::kNearLimit)) kinds.push_back(k);
-  }
-  return kinds;
+  return within_write_range
+             ? KindsWhere([](const RowKindInfo& i) { return i.draw != kBeyondRange; })
+             : KindsWhere([](const RowKindInfo&) { return true; });
 }
 
 std::vector<RowKind> TestRowKinds(const WriteParams& p) {
-  std::vector<RowKind> kinds;
-  for (RowKind k : TestRowKinds(true)) {
-    if (p.norm && (k == RowKind::kHuge || k == RowKind::kLargeScale ||
-                   k == RowKind::kFarOutliers || k == RowKind::kWideRange)) {
-      continue;
-    }
-    kinds.push_back(k);
-  }
-  return kinds;
+  if (!p.norm) return TestRowKinds(true);
+  return KindsWhere([](const RowKindInfo& i) { return i.draw != kBeyondRange && i.norm_ok; });
 }
 
 void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
