@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -228,6 +229,9 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
   cmd->group_option =
       sub->add_option("--group", cmd->group, "Quantization group G")->capture_default_str();
   cmd->bits_option = sub->add_option("--bits", cmd->bits, "Bits b (2 or 4)")->capture_default_str();
+  sub->add_option("--k-bits", cmd->k_bits, "K's bits when they differ from --bits (K4V2: "
+                  "--k-bits 4 --v-bits 2; the schemes with their own width keep it)");
+  sub->add_option("--v-bits", cmd->v_bits, "V's bits when they differ from --bits");
   cmd->sink_option = sub->add_option("--sink", cmd->sink, "BF16 sink tokens S0")
                          ->capture_default_str()
                          ->check(WindowTokens());
@@ -369,6 +373,18 @@ void RunPplCommand(const PplCommand& cmd) {
     if (!given(cmd.sink_option)) sink = cal.info.sink;
     if (!given(cmd.recent_option)) recent = cal.info.recent;
   }
+  // Each side's width: --k-bits / --v-bits, else the calibration's (unless --bits is given),
+  // else --bits.
+  int k_bits = bits, v_bits = bits;
+  if (have_cal && !given(cmd.bits_option) && cal.info.v_bits != 0) v_bits = cal.info.v_bits;
+  for (const auto& [name, value, side] :
+       {std::tuple<const char*, int, int*>{"--k-bits", cmd.k_bits, &k_bits},
+        {"--v-bits", cmd.v_bits, &v_bits}}) {
+    if (value == 0) continue;
+    KVQ_CHECK(value == 2 || value == 4, kInvalidArgument, name, " ", value,
+              " is not supported (2 or 4)");
+    *side = value;
+  }
 
   // The calibration capture and the calibration.
   t = Clock::now();
@@ -398,7 +414,8 @@ void RunPplCommand(const PplCommand& cmd) {
   } else if (need_calibration) {
     calib::CalibrationOptions options;
     options.group = group;
-    options.bits = bits;
+    options.bits = k_bits;
+    options.v_bits = v_bits != k_bits ? v_bits : 0;
     options.sink = sink;
     options.recent = recent;
     options.threads = threads;
@@ -423,6 +440,8 @@ void RunPplCommand(const PplCommand& cmd) {
   options.schemes = variants;
   options.scheme.group = group;
   options.scheme.bits = bits;
+  options.scheme.k_bits = k_bits != bits ? k_bits : 0;
+  options.scheme.v_bits = v_bits != bits ? v_bits : 0;
   options.scheme.sink = sink;
   options.scheme.recent = recent;
   options.scheme.page = cmd.page;
@@ -456,10 +475,11 @@ void RunPplCommand(const PplCommand& cmd) {
     what += (what.empty() ? "" : ", ") + s.name + "[" + Join(s.rows) + "]";
   }
   std::printf("[4/4] teacher-forced evaluation: %lld windows (%s) x %lld tokens, %zu rows, "
-              "S0=%d W=%d G=%d b=%d ...\n",
+              "S0=%d W=%d G=%d b=%s ...\n",
               static_cast<long long>(windows), what.c_str(),
               static_cast<long long>(sets.front().length), variants.size(), sink, recent, group,
-              bits);
+              k_bits == v_bits ? std::to_string(k_bits).c_str()
+                               : ("K" + std::to_string(k_bits) + "V" + std::to_string(v_bits)).c_str());
   std::fflush(stdout);
   if (!use_gpu) {
     calib::PplResult result = calib::EvaluatePerplexity(model, sets, layers, options, backend,

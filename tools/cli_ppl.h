@@ -24,6 +24,7 @@ struct PplCommand {
   std::string clip = "own";          // --clip own|oscar|both
   std::vector<double> clip_grid;     // --clip-grid
   int group = 64, bits = 2, sink = 64, recent = 256, page = 64;
+  int k_bits = 0, v_bits = 0;  // --k-bits / --v-bits: one side's b (0: --bits)
   uint64_t seed = 0;
   int saw_block = 128;               // --saw-block: the SAW schemes' FWHT block (BDR-h)
   int64_t tail_from = -1;            // --tail-from (default S0 + W)

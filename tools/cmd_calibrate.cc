@@ -97,6 +97,11 @@ void setup_calibrate(CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--group", cmd->options.group, "Quantization group G")->capture_default_str();
   sub->add_option("--bits", cmd->options.bits, "Bits b (2 or 4)")->capture_default_str();
+  sub->add_option("--k-bits", cmd->options.bits, "K's bits (the same as --bits)")
+      ->check(CLI::IsMember({2, 4}));
+  sub->add_option("--v-bits", cmd->options.v_bits,
+                  "V's bits when they differ from K's (the V clip is searched at this width)")
+      ->check(CLI::IsMember({2, 4}));
   sub->add_option("--damping", cmd->options.damping, "alpha: C + alpha*mean(diag C)*I")
       ->capture_default_str();
   sub->add_option("--sink", cmd->options.sink, "BF16 sink tokens S0 (not clip rows)")

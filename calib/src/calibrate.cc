@@ -227,11 +227,14 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
             "rotations and clip ratios, plus the fp8 scales of the schemes that read them (",
             "fp8, fp8_hadamard)");
   const ActivationsInfo& info = acts.info;
-  WriteParams params;
+  WriteParams params;  // K's clip search
   params.head_dim = info.head_dim;
   params.group = o.group;
   params.bits = o.bits;
   params.Validate();
+  WriteParams value_params = params;  // V's
+  if (o.v_bits != 0) value_params.bits = o.v_bits;
+  value_params.Validate();
   KVQ_CHECK(std::isfinite(o.damping) && o.damping >= 0, kInvalidArgument, "damping ", o.damping,
             " must be finite and >= 0");
   KVQ_CHECK(o.threads >= 1, kInvalidArgument, "threads ", o.threads, " must be >= 1");
@@ -289,6 +292,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
   out.head_dim = d;
   out.group = o.group;
   out.bits = o.bits;
+  out.v_bits = o.v_bits != 0 && o.v_bits != o.bits ? o.v_bits : 0;
   out.sink = o.sink;
   out.recent = o.recent;
   out.scheme = "oscar";
@@ -370,7 +374,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
         }
         const std::vector<double> key_objectives = ClipObjectives(backend, params, key_heads, grid);
         const std::vector<double> value_objectives =
-            ClipObjectives(backend, params, value_heads, grid);
+            ClipObjectives(backend, value_params, value_heads, grid);
         layer.k_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(key_objectives)]));
         layer.v_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(value_objectives)]));
         if (report) {

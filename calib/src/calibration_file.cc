@@ -119,6 +119,12 @@ void ValidateCalibration(const Calibration& cal) {
   p.group = info.group;
   p.bits = info.bits;
   p.Validate();
+  if (info.v_bits != 0) {
+    KVQ_CHECK(info.v_bits != info.bits, kInvalidArgument, "calibration: v_bits ", info.v_bits,
+              " equals bits (0 means the same width)");
+    p.bits = info.v_bits;
+    p.Validate();
+  }
   KVQ_CHECK(info.sink >= 0, kInvalidArgument, "calibration: sink ", info.sink, " must be >= 0");
   KVQ_CHECK(info.recent >= 1, kInvalidArgument, "calibration: recent ", info.recent,
             " must be >= 1");
@@ -238,6 +244,7 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   info.head_dim = static_cast<int>(meta.Int("head_dim", 1, 1 << 16));
   info.group = static_cast<int>(meta.Int("group", 1, 1 << 16));
   info.bits = static_cast<int>(meta.Int("bits", 1, 64));
+  if (meta.Has("v_bits")) info.v_bits = static_cast<int>(meta.Int("v_bits", 1, 64));
   info.sink = static_cast<int>(meta.Int("sink", 0, 1 << 30));
   info.recent = static_cast<int>(meta.Int("recent", 1, 1 << 30));
   info.scheme = meta.String("scheme");
@@ -288,6 +295,7 @@ Safetensors CalibrationToSafetensors(const Calibration& cal) {
   file.metadata["head_dim"] = std::to_string(info.head_dim);
   file.metadata["group"] = std::to_string(info.group);
   file.metadata["bits"] = std::to_string(info.bits);
+  if (info.v_bits != 0) file.metadata["v_bits"] = std::to_string(info.v_bits);
   file.metadata["sink"] = std::to_string(info.sink);
   file.metadata["recent"] = std::to_string(info.recent);
   file.metadata["scheme"] = info.scheme;

@@ -661,6 +661,8 @@ std::string PplJson(const PplResult& result) {
   j["arch"] = ModelArchName(result.config.arch);
   j["options"] = {{"group", o.scheme.group},
                   {"bits", o.scheme.bits},
+                  {"k_bits", o.scheme.k_bits != 0 ? o.scheme.k_bits : o.scheme.bits},
+                  {"v_bits", o.scheme.v_bits != 0 ? o.scheme.v_bits : o.scheme.bits},
                   {"sink", o.scheme.sink},
                   {"recent", o.scheme.recent},
                   {"page", o.scheme.page},

@@ -190,7 +190,7 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
     w->head_dim = d;
     w->format = formats[side];
     w->group = w->format == Format::kAffineTile ? o.tile : info.GroupUnder(o, d);
-    w->bits = info.BitsUnder(o);
+    w->bits = info.BitsUnder(o, side);
     w->clip = 1.0f;
     w->rotation = RotationKind::kIdentity;
     w->hadamard_block = 0;
@@ -372,7 +372,8 @@ Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& 
   const Activations acts = Synthesize(synth);
   CalibrationOptions c;
   c.group = options.group;
-  c.bits = options.bits;
+  c.bits = options.k_bits != 0 ? options.k_bits : options.bits;
+  c.v_bits = options.v_bits != 0 ? options.v_bits : options.bits;
   c.sink = options.sink;
   c.recent = options.recent;
   c.threads = threads;

@@ -215,6 +215,45 @@ TEST(CalibrationFile, RoundTrip) {
   EXPECT_EQ(file.Get("layers.0.k_clip").shape, (std::vector<int64_t>{2}));
 }
 
+// K and V apart: --v-bits searches V's clip at V's width. Each side's ratio is the one a
+// calibration at that side's width alone selects (the rotations do not depend on the width),
+// and the file keeps V's width under v_bits (written only when it differs from bits).
+TEST(Calibrate, ValueWidthApartSearchesEachSideAtItsOwnWidth) {
+  CalibrationOptions k2v4 = SmallOptions();
+  k2v4.bits = 2;
+  k2v4.v_bits = 4;
+  CalibrationOptions all2 = SmallOptions(), all4 = SmallOptions();
+  all2.bits = 2;
+  all4.bits = 4;
+  const Calibration apart = Calibrate(Capture(), k2v4, cpu::BestBackend());
+  const Calibration two = Calibrate(Capture(), all2, cpu::BestBackend());
+  const Calibration four = Calibrate(Capture(), all4, cpu::BestBackend());
+  bool v_width_matters = false;
+  for (int l = 0; l < 2; ++l) {
+    EXPECT_TRUE(BitsEqual("k_clip", apart.layers[l].k_clip, two.layers[l].k_clip));
+    EXPECT_TRUE(BitsEqual("v_clip", apart.layers[l].v_clip, four.layers[l].v_clip));
+    EXPECT_TRUE(BitsEqual("v_rotation", apart.layers[l].v_rotation, two.layers[l].v_rotation));
+    v_width_matters = v_width_matters || two.layers[l].v_clip != four.layers[l].v_clip;
+  }
+  EXPECT_TRUE(v_width_matters) << "INT2 and INT4 chose the same V clip everywhere: no evidence";
+  EXPECT_EQ(apart.info.bits, 2);
+  EXPECT_EQ(apart.info.v_bits, 4);
+  EXPECT_EQ(two.info.v_bits, 0);
+  EXPECT_EQ(CalibrationToSafetensors(apart).metadata.at("v_bits"), "4");
+  EXPECT_EQ(CalibrationToSafetensors(two).metadata.count("v_bits"), 0u);
+  const std::string path = ::testing::TempDir() + "/calibration_k2v4.safetensors";
+  WriteCalibration(path, apart);
+  const Calibration back = ReadCalibration(path);
+  std::remove(path.c_str());
+  EXPECT_EQ(back.info.bits, 2);
+  EXPECT_EQ(back.info.v_bits, 4);
+  Calibration bad = two;
+  bad.info.v_bits = 3;
+  ExpectError([&] { ValidateCalibration(bad); }, ErrorCode::kInvalidArgument, "bits 3");
+  bad.info.v_bits = 2;
+  ExpectError([&] { ValidateCalibration(bad); }, ErrorCode::kInvalidArgument, "v_bits 2");
+}
+
 // The raw_target scheme's rotations: U'·H·P_br of KᵀK/N and VᵀV/N over the calibration tokens,
 // undamped, per head or of the layer mean; RawTargetRotations gives the same bits from a capture.
 TEST(Calibrate, RawTargetRotationsMatchTheirDefinition) {

@@ -427,6 +427,35 @@ TEST(Schemes, Spec11RowsHaveTheirDefiningParameters) {
 }
 
 // BuildLayerScheme on a shape gives what it gives on a capture of that shape.
+// K and V apart: --k-bits / --v-bits set the shared-width schemes' sides; the schemes with
+// their own width (saw_int4: 4, fp8: 8) keep it.
+TEST(Schemes, KeyAndValueWidthsApart) {
+  SchemeShape shape;
+  shape.num_kv_heads = 2;
+  shape.num_q_heads = 4;
+  shape.head_dim = 128;
+  SchemeOptions o;
+  o.k_bits = 4;
+  o.v_bits = 2;
+  for (const char* name : {"naive", "hadamard", "kivi", "ots"}) {
+    const LayerScheme s = BuildLayerScheme(name, shape, nullptr, 0, o);
+    EXPECT_EQ(s.params.key.bits, 4) << name;
+    EXPECT_EQ(s.params.value.bits, 2) << name;
+  }
+  o.k_bits = 0;  // only V given: K takes --bits
+  o.bits = 4;
+  const LayerScheme k4v2 = BuildLayerScheme("naive", shape, nullptr, 0, o);
+  EXPECT_EQ(k4v2.params.key.bits, 4);
+  EXPECT_EQ(k4v2.params.value.bits, 2);
+  // History bits: K 4 + 32/64, V 2 + 32/64, per element of K and V.
+  EXPECT_EQ(k4v2.params.history_bits_per_element(), (4.5 + 2.5) / 2);
+  for (const char* own : {"saw_int4", "fp8_unscaled"}) {
+    const LayerScheme s = BuildLayerScheme(own, shape, nullptr, 0, o);
+    EXPECT_EQ(s.params.key.bits, s.params.value.bits) << own;
+    EXPECT_EQ(s.params.key.bits, SchemeByName(own).bits) << own;
+  }
+}
+
 TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
   const Fixture& f = Small();
   const SchemeShape shape = ShapeOf(f.acts.info);

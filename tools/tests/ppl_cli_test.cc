@@ -167,6 +167,37 @@ TEST(PplCli, SawBlockReachesTheSawSchemes) {
                 {"saw_block 24 must be a power of two in [16, 256]"});
 }
 
+// K and V apart: --k-bits 4 --v-bits 2 (K4V2) builds the shared-width schemes with those
+// widths (history bits (4.5 + 2.5) / 2 at G = 64), leaves saw_int4's own INT4, calibrates
+// OSCAR's V clip at V's width, and changes the numbers against K2V2.
+TEST(PplCli, KeyAndValueWidthsApart) {
+  Scratch dir;
+  const std::string common = "ppl --model '" + kModelA +
+                             "' --windows heldout_en:0 --length 160 --calib-windows calib:0 "
+                             "--calib-length 256 --sink 16 --recent 32 --page 16 --tail-from 48 "
+                             "--schemes naive,oscar,saw_int4 --no-fp32 --threads 2";
+  const RunResult k4v2 = RunKvq(dir, common + " --k-bits 4 --v-bits 2 --json k4v2.json");
+  ASSERT_EQ(k4v2.exit_code, 0) << k4v2.err;
+  EXPECT_NE(k4v2.out.find("b=K4V2"), std::string::npos) << k4v2.out;
+  const RunResult k2v2 = RunKvq(dir, common + " --json k2v2.json");
+  ASSERT_EQ(k2v2.exit_code, 0) << k2v2.err;
+  const nlohmann::json a = nlohmann::json::parse(cli_testing::Slurp(dir.File("k4v2.json")));
+  const nlohmann::json b = nlohmann::json::parse(cli_testing::Slurp(dir.File("k2v2.json")));
+  EXPECT_EQ(a["options"]["k_bits"], 4);
+  EXPECT_EQ(a["options"]["v_bits"], 2);
+  const nlohmann::json& rows = a["sets"][0]["rows"];
+  ASSERT_EQ(rows.size(), 4u);  // reference, naive, oscar, saw_int4
+  EXPECT_EQ(rows[1]["history_bits_per_element"], 3.5);
+  EXPECT_EQ(rows[2]["history_bits_per_element"], 3.5);
+  EXPECT_EQ(rows[3]["history_bits_per_element"], 4.25);
+  EXPECT_EQ(b["sets"][0]["rows"][1]["history_bits_per_element"], 2.5);
+  EXPECT_LT(rows[1]["kl"].get<double>(), b["sets"][0]["rows"][1]["kl"].get<double>())
+      << "INT4 keys should lose less than INT2 keys";
+  EXPECT_EQ(rows[3]["kl"], b["sets"][0]["rows"][3]["kl"]) << "saw_int4 keeps its own width";
+  ExpectFailure(dir, common + " --k-bits 3 --json bad.json", dir.File("bad.json"),
+                {"--k-bits 3"});
+}
+
 TEST(PplCli, ErrorsNameTheOffendingValue) {
   Scratch dir;
   const std::string small =

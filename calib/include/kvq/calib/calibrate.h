@@ -44,7 +44,8 @@ struct CalibrationOptions {
   RotationRecipe rotation = RotationRecipe::kOscar;
   std::vector<double> clip_grid;  // empty means DefaultClipGrid()
   int group = 64;
-  int bits = 2;
+  int bits = 2;    // b of K's clip search (and V's unless v_bits)
+  int v_bits = 0;  // b of V's clip search when it differs (0: bits)
   double damping = 0.0;   // α: eigendecomposition of C + α·mean(diag C)·I
   int sink = 64;          // S0: the first S0 tokens are never quantized, so not clip rows
   int recent = 256;       // W (recorded in the file)

@@ -24,7 +24,9 @@ struct CalibrationInfo {
   int num_kv_heads = 0;
   int head_dim = 128;        // d: 64, 128 or 256
   int group = 64;            // G the clip was selected for
-  int bits = 2;              // b the clip was selected for
+  int bits = 2;              // b K's clip was selected for (and V's unless v_bits)
+  int v_bits = 0;            // b V's clip was selected for when it differs (0: bits); the
+                             //   metadata key v_bits is written only then
   int sink = 64;             // S0 (BF16 sink tokens; not quantized, so not in the clip rows)
   int recent = 256;          // W
   std::string scheme = "oscar";             // oscar, or the fp8 scheme whose scales it holds

@@ -34,7 +34,9 @@ NormScope ParseNormScope(const std::string& name);  // throws kInvalidArgument n
 // own value (saw_int4's INT4 and G = d, KIVI's windows) beats them.
 struct SchemeOptions {
   int group = 64;     // G (per-token groups of the schemes whose group column is kSharedGroup)
-  int bits = 2;       // b
+  int bits = 2;       // b (K and V)
+  int k_bits = 0;     // K's b when it differs (`--k-bits`; 0: bits)
+  int v_bits = 0;     // V's b when it differs (`--v-bits`; 0: bits)
   int sink = 64;      // S0 (BF16 sink tokens)
   int recent = 256;   // W (BF16 recent window)
   int flush = 1;      // F (history flush granularity)
@@ -106,9 +108,12 @@ struct SchemeInfo {
   ScalePolicy scale;
 
   bool quantized() const { return format_k != Format::kBf16; }
-  // The bits the scheme quantizes with under `options` (its own, or options.bits).
-  int BitsUnder(const SchemeOptions& options) const {
-    return bits == kSharedBits ? options.bits : bits;
+  // The bits the scheme quantizes `side` (0: K, 1: V) with under `options`: its own, or
+  // options.k_bits / v_bits when given, else options.bits.
+  int BitsUnder(const SchemeOptions& options, int side = 0) const {
+    if (bits != kSharedBits) return bits;
+    const int given = side == 0 ? options.k_bits : options.v_bits;
+    return given != 0 ? given : options.bits;
   }
   // The per-token group at head_dim d under `options`.
   int GroupUnder(const SchemeOptions& options, int d) const {
