@@ -1,11 +1,12 @@
 // kvq dequantize --in Q.safetensors (--rotation R.npy | --hadamard [--block H] | --identity)
 //                [--bitrev] --out X.npy
-// Reads what `kvq quantize` wrote, checks it (metadata, shapes, code range, packing, that
-// clipping and quantizing `rotated` again gives the stored tau/codes/scale/min, and that
-// codes/scale/min re-dequantize to the stored `dequantized` bits), then maps the dequantized
-// rows back to the original space: X = dequantized · P_brᵀ · Rᵀ (kvq::cpu::RotateInverse).
-// The rotation options must name the rotation recorded in the file, and a dense R must be the
-// one whose fingerprint the file records (rotation_sha256).
+// Reads what `kvq quantize` wrote, in any of its formats, checks it (metadata, the tensors the
+// format's write path produces with their dtypes and shapes, the code range, and that running
+// the write path again on the stored `rotated` rows gives every stored tensor bit for bit, so
+// the file is one write-path run, not a mix), then maps the dequantized rows back to the
+// original space: X = dequantized · P_brᵀ · Rᵀ (kvq::cpu::RotateInverse). The rotation options
+// must name the rotation recorded in the file, and a dense R must be the one whose fingerprint
+// the file records (rotation_sha256).
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstring>
@@ -43,12 +44,13 @@ kvq::WriteParams ReadParams(const kvq::Safetensors& file, const std::string& pat
   const std::string& format = meta.String("format");
   KVQ_CHECK(format == "kvq-quantized", kMalformedFile, "'", path, "' has format '", format,
             "', expected 'kvq-quantized'");
-  const std::string& version = meta.String("spec_version");
-  KVQ_CHECK(version == "1.0", kMalformedFile, "'", path, "' has spec_version '", version,
-            "', expected '1.0'");
   const kvq::WriteParams p = kvq::GetWriteParams(meta, "");
-  KVQ_CHECK(p.format == kvq::Format::kAffineToken, kMalformedFile, "'", path, "' has row format '",
-            kvq::FormatName(p.format), "'; kvq dequantize reads affine_token rows");
+  KVQ_CHECK(p.format != kvq::Format::kBf16, kMalformedFile, "'", path,
+            "' has row format 'bf16': kvq quantize writes quantized formats only");
+  const std::string& version = meta.String("spec_version");
+  const std::string expected = kvq::cli::QuantizedFileVersion(p.format);
+  KVQ_CHECK(version == expected, kMalformedFile, "'", path, "' has spec_version '", version,
+            "', expected '", expected, "' for format ", kvq::FormatName(p.format));
   const std::string rotation = kvq::RotationKindName(p.rotation);
   const std::string bitrev = p.bitrev ? "1" : "0";
 
@@ -62,38 +64,37 @@ kvq::WriteParams ReadParams(const kvq::Safetensors& file, const std::string& pat
   return p;
 }
 
-// Clip and quantize the stored `rotated` rows again: tau, codes, scale and min must come out
-// bit for bit as stored (the file is one write-path run, not a mix).
-void CheckAgainstRotated(const kvq::Safetensors& file, const std::string& path,
-                         const kvq::WriteParams& p, const kvq::cpu::Backend& backend, size_t rows) {
-  const size_t d = static_cast<size_t>(p.head_dim), groups = static_cast<size_t>(p.num_groups());
+// The write path run again on the stored `rotated` rows (no rotation: they are rotated
+// already): every tensor the file must hold, with the bits it must hold.
+kvq::cpu::QuantizedRows Rerun(const kvq::Safetensors& file, const std::string& path,
+                              const kvq::WriteParams& p, const kvq::cpu::Backend& backend,
+                              size_t rows) {
+  const size_t d = static_cast<size_t>(p.head_dim);
   const kvq::Tensor& rotated = file.Get("rotated");
-  std::vector<float> clipped(rotated.numel());
-  std::memcpy(clipped.data(), rotated.bytes.data(), rotated.bytes.size());
-  for (size_t i = 0; i < clipped.size(); ++i) {
+  KVQ_CHECK(rotated.dtype == kvq::DType::kF32, kMalformedFile, "'", path,
+            "' tensor 'rotated' is ", kvq::DTypeName(rotated.dtype), ", expected F32");
+  kvq::ExpectShape(rotated, {static_cast<int64_t>(rows), p.head_dim},
+                   "'" + path + "' tensor 'rotated'");
+  const float* x = rotated.data<float>();
+  for (size_t i = 0; i < rows * d; ++i) {
     // The kernels assume what the write path guarantees: finite, |x| <= 2^126.
-    KVQ_CHECK(!kvq::IsNonFinite(clipped[i]) && std::fabs(clipped[i]) <= kvq::kMaxRotatedAbs,
-              kMalformedFile, "'", path, "' rotated value ", clipped[i], " at row ", i / d,
-              ", column ", i % d, " is not finite or exceeds 2^126");
+    KVQ_CHECK(!kvq::IsNonFinite(x[i]) && std::fabs(x[i]) <= kvq::kMaxRotatedAbs, kMalformedFile,
+              "'", path, "' rotated value ", x[i], " at row ", i / d, ", column ", i % d,
+              " is not finite or exceeds 2^126");
   }
-  std::vector<float> tau(rows);
-  std::vector<uint8_t> codes(rows * d);
-  std::vector<uint16_t> scale(rows * groups), min(rows * groups);
-  backend.write.clip(clipped.data(), tau.data(), rows, p);
-  backend.write.quantize(clipped.data(), codes.data(), scale.data(), min.data(), rows, p);
-  const auto compare = [&](const char* name, const void* want, size_t item, size_t width) {
-    const kvq::Tensor& t = file.Get(name);
-    for (size_t i = 0; i * item < t.bytes.size(); ++i) {
-      KVQ_CHECK(std::memcmp(t.bytes.data() + i * item, static_cast<const uint8_t*>(want) + i * item,
-                            item) == 0,
-                kMalformedFile, "'", path, "' ", name, " at row ", i / width, ", column ",
-                i % width, " is not what clipping and quantizing 'rotated' gives");
-    }
-  };
-  compare("tau", tau.data(), sizeof(float), 1);
-  compare("codes", codes.data(), 1, d);
-  compare("scale", scale.data(), sizeof(uint16_t), groups);
-  compare("min", min.data(), sizeof(uint16_t), groups);
+  kvq::WriteParams unrotated = p;
+  unrotated.rotation = kvq::RotationKind::kIdentity;
+  unrotated.hadamard_block = 0;
+  unrotated.bitrev = false;
+  return kvq::cpu::QuantizeRows(backend, unrotated, nullptr, x, rows);
+}
+
+// Where flat element i of t lies: "row r, column c" over t's first dimension.
+std::string Where(const kvq::Tensor& t, size_t i) {
+  const size_t width = t.shape.empty() || t.shape[0] == 0
+                           ? 1
+                           : static_cast<size_t>(t.numel() / t.shape[0]);
+  return "row " + std::to_string(i / width) + ", column " + std::to_string(i % width);
 }
 
 void RunDequantize(const DequantizeOptions& o) {
@@ -105,57 +106,51 @@ void RunDequantize(const DequantizeOptions& o) {
   KVQ_CHECK(dequantized.dtype == kvq::DType::kF32 && dequantized.shape.size() == 2, kMalformedFile,
             "'", o.in, "' tensor 'dequantized' is ", kvq::DTypeName(dequantized.dtype), " ",
             dequantized.ShapeString(), ", expected F32 [N, ", p.head_dim, "]");
-  const int64_t n = dequantized.shape[0];
-  const int64_t d = p.head_dim, groups = p.num_groups();
-  struct Expected {
-    const char* name;
-    kvq::DType dtype;
-    std::vector<int64_t> shape;
-  };
-  const Expected expected[] = {
-      {"dequantized", kvq::DType::kF32, {n, d}},
-      {"rotated", kvq::DType::kF32, {n, d}},
-      {"tau", kvq::DType::kF32, {n}},
-      {"codes", kvq::DType::kU8, {n, d}},
-      {"packed", kvq::DType::kU8, {n, p.code_bytes()}},
-      {"scale", kvq::DType::kBF16, {n, groups}},
-      {"min", kvq::DType::kBF16, {n, groups}},
-  };
-  for (const Expected& e : expected) {
-    const kvq::Tensor& t = file.Get(e.name);
-    KVQ_CHECK(t.dtype == e.dtype, kMalformedFile, "'", o.in, "' tensor '", e.name, "' is ",
-              kvq::DTypeName(t.dtype), ", expected ", kvq::DTypeName(e.dtype));
-    kvq::ExpectShape(t, e.shape, "'" + o.in + "' tensor '" + e.name + "'");
-  }
-
-  const size_t rows = static_cast<size_t>(n), dd = static_cast<size_t>(d);
-  const kvq::Tensor& codes = file.Get("codes");
-  for (size_t i = 0; i < codes.bytes.size(); ++i) {
-    KVQ_CHECK(codes.bytes[i] <= p.levels(), kMalformedFile, "'", o.in, "' code ",
-              static_cast<int>(codes.bytes[i]), " at row ", i / dd, ", column ", i % dd,
-              " exceeds ", p.levels(), " for ", p.bits, "-bit codes");
-  }
+  const size_t rows = static_cast<size_t>(dequantized.shape[0]);
+  const size_t d = static_cast<size_t>(p.head_dim);
   const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
-  CheckAgainstRotated(file, o.in, p, backend, rows);
-  std::vector<uint8_t> packed(file.Get("packed").bytes.size());
-  backend.write.pack(codes.bytes.data(), packed.data(), rows, p);
-  const std::vector<uint8_t>& stored_packed = file.Get("packed").bytes;
-  for (size_t i = 0; i < packed.size(); ++i) {
-    const size_t width = static_cast<size_t>(p.code_bytes());
-    KVQ_CHECK(packed[i] == stored_packed[i], kMalformedFile, "'", o.in, "' packed byte at row ",
-              i / width, ", column ", i % width, " is ", static_cast<int>(stored_packed[i]),
-              " but the codes pack to ", static_cast<int>(packed[i]));
-  }
 
-  std::vector<float> recomputed(rows * dd);
-  backend.write.dequantize(codes.bytes.data(), file.Get("scale").data<uint16_t>(),
-                           file.Get("min").data<uint16_t>(), recomputed.data(), rows, p);
-  const float* stored = dequantized.data<float>();
-  for (size_t i = 0; i < recomputed.size(); ++i) {
-    const uint32_t want = kvq::F32Bits(recomputed[i]), have = kvq::F32Bits(stored[i]);
-    KVQ_CHECK(want == have, kMalformedFile, "'", o.in, "' dequantized value at row ", i / dd,
-              ", column ", i % dd, " is ", stored[i], " (", Hex(have),
-              ") but codes/scale/min give ", recomputed[i], " (", Hex(want), ")");
+  // The write path run again on the stored rows: the tensors of this format, by name, dtype
+  // and shape, then their bits.
+  const kvq::cpu::QuantizedRows q = Rerun(file, o.in, p, backend, rows);
+  for (const auto& [name, want] : q.Tensors(p)) {
+    const kvq::Tensor& t = file.Get(name);
+    KVQ_CHECK(t.dtype == want.dtype, kMalformedFile, "'", o.in, "' tensor '", name, "' is ",
+              kvq::DTypeName(t.dtype), ", expected ", kvq::DTypeName(want.dtype));
+    kvq::ExpectShape(t, want.shape, "'" + o.in + "' tensor '" + name + "'");
+  }
+  if (p.format != kvq::Format::kFp8E4m3) {  // (an e4m3 code may be any byte)
+    const kvq::Tensor& codes = file.Get("codes");
+    for (size_t i = 0; i < codes.bytes.size(); ++i) {
+      KVQ_CHECK(codes.bytes[i] <= p.levels(), kMalformedFile, "'", o.in, "' code ",
+                static_cast<int>(codes.bytes[i]), " at ", Where(codes, i), " exceeds ",
+                p.levels(), " for ", p.bits, "-bit codes");
+    }
+  }
+  // Every stored tensor against the rerun, in write-path order: the first that differs names
+  // the stage that does not follow from the ones before it.
+  for (const auto& [name, want] : q.Tensors(p)) {
+    if (name == "rotated") continue;
+    const kvq::Tensor& t = file.Get(name);
+    const size_t item = kvq::DTypeSize(t.dtype);
+    for (size_t i = 0; i * item < t.bytes.size(); ++i) {
+      if (std::memcmp(t.bytes.data() + i * item, want.bytes.data() + i * item, item) == 0) {
+        continue;
+      }
+      if (name == "dequantized") {
+        const float have = t.data<float>()[i], rerun = want.data<float>()[i];
+        KVQ_CHECK(false, kMalformedFile, "'", o.in, "' dequantized value at ", Where(t, i),
+                  " is ", have, " (", Hex(kvq::F32Bits(have)), ") but the stored codes give ",
+                  rerun, " (", Hex(kvq::F32Bits(rerun)), ")");
+      }
+      if (name == "packed") {
+        KVQ_CHECK(false, kMalformedFile, "'", o.in, "' packed byte at ", Where(t, i), " is ",
+                  static_cast<int>(t.bytes[i]), " but the codes pack to ",
+                  static_cast<int>(want.bytes[i]));
+      }
+      KVQ_CHECK(false, kMalformedFile, "'", o.in, "' ", name, " at ", Where(t, i),
+                " is not what clipping and quantizing 'rotated' gives");
+    }
   }
 
   const std::vector<float> r = kvq::cli::ApplyRotationOptions(o.rotation, &p);
@@ -168,10 +163,10 @@ void RunDequantize(const DequantizeOptions& o) {
               o.rotation.matrix_path, "' (sha256 ", given.substr(0, 16), "...) is not the one '",
               o.in, "' was quantized with (sha256 ", recorded->second.substr(0, 16), "...)");
   }
-  std::vector<float> x(rows * dd);
-  kvq::cpu::RotateInverse(backend, p, r.empty() ? nullptr : r.data(), recomputed.data(), x.data(),
-                          rows);
-  kvq::WriteNpy(o.out, kvq::cli::F32Tensor(x, rows, dd));
+  std::vector<float> x(rows * d);
+  kvq::cpu::RotateInverse(backend, p, r.empty() ? nullptr : r.data(), q.dequantized.data(),
+                          x.data(), rows);
+  kvq::WriteNpy(o.out, kvq::cli::F32Tensor(x, rows, d));
 }
 
 }  // namespace

@@ -1,16 +1,23 @@
 // kvq quantize --in X.npy (--rotation R.npy | --hadamard [--block H] | --identity) [--bitrev]
-//              --clip RHO --bits {2,4} --group G --out Q.safetensors
-// Runs the whole write path (kvq::cpu::QuantizeRows, best CPU backend) on X float32 [N, d] and
-// stores every stage: rotated F32 [N, d], tau F32 [N], codes U8 [N, d], packed U8 [N, d·b/8],
-// scale and min BF16 [N, d/G], dequantized F32 [N, d] (rotated space), plus the parameters as
-// metadata (format "kvq-quantized", spec_version "1.0"; with a dense R its fingerprint
+//              --clip RHO [--format F] [--bits B] [--group G] [--norm] [--scale S]
+//              --out Q.safetensors
+// Runs the whole write path (kvq::cpu::QuantizeRows, best CPU backend) on X float32 [N, d] in
+// any quantized format of formats.inc and stores every stage the format's write path produces
+// (QuantizedRows::Tensors: rotated, the norm and normalized rows of a normed side, tau, the
+// format's metadata planes, codes, packed codes, dequantized in the rotated space), plus the
+// parameters as metadata (format "kvq-quantized"; spec_version "1.0" for affine_token, the
+// version that brought the format otherwise; with a dense R its fingerprint
 // `rotation_sha256`), which `kvq dequantize` checks. R must be orthogonal (CheckOrthogonal).
+// --group is the channel group of affine_token and the tile's tokens of affine_tile (N must be
+// a multiple of it); --norm divides affine_tile rows by their bf16 norm; --scale is fp8_e4m3's
+// s^ (default 1); --bits is 2 or 4 (fp8_e4m3: 8, its default).
 #include <CLI/CLI.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "cli_common.h"
+#include "kvq/common/error.h"
 #include "kvq/common/io.h"
 #include "kvq/common/metadata.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -19,22 +26,29 @@
 namespace {
 
 struct QuantizeOptions {
-  std::string in, out, clip;
+  std::string in, out, clip, format = "affine_token", scale = "1";
   int bits = 0, group = 0;
+  bool norm = false;
   kvq::cli::RotationOptions rotation;
 };
 
-template <typename T>
-kvq::Tensor Rows2D(kvq::Tensor (*make)(std::vector<int64_t>, const std::vector<T>&),
-                   const std::vector<T>& values, size_t n, size_t width) {
-  return make({static_cast<int64_t>(n), static_cast<int64_t>(width)}, values);
-}
-
 void RunQuantize(const QuantizeOptions& o) {
   kvq::WriteParams p;
+  p.format = kvq::ParseFormat(o.format);
+  KVQ_CHECK(p.format != kvq::Format::kBf16, kInvalidArgument,
+            "--format bf16 stores the rows themselves: nothing to quantize");
+  const bool fp8 = p.format == kvq::Format::kFp8E4m3;
   p.clip = kvq::cli::ParseFloatOption("--clip", o.clip);
-  p.bits = o.bits;
+  p.bits = o.bits != 0 ? o.bits : (fp8 ? 8 : 0);
+  KVQ_CHECK(p.bits != 0, kInvalidArgument, "--bits is required for --format ", o.format,
+            " (2 or 4)");
   p.group = o.group;
+  KVQ_CHECK(fp8 || p.group != 0, kInvalidArgument, "--group is required for --format ",
+            o.format, p.format == kvq::Format::kAffineTile ? " (tokens per tile: 32, 64 or 128)"
+                                                           : " (channels per group)");
+  if (fp8 && p.group == 0) p.group = 64;  // (fp8_e4m3 has no groups)
+  p.norm = o.norm;
+  p.head_scale = kvq::cli::ParseFloatOption("--scale", o.scale);
   kvq::cli::SelectedRotation(o.rotation);  // option errors before any file is read
   const kvq::cli::Rows x = kvq::cli::ReadRows(o.in, "input");
   p.head_dim = x.d;
@@ -44,20 +58,13 @@ void RunQuantize(const QuantizeOptions& o) {
   const kvq::cpu::QuantizedRows q = kvq::cpu::QuantizeRows(
       kvq::cpu::BestBackend(), p, r.empty() ? nullptr : r.data(), x.values.data(), x.n);
 
-  const size_t n = x.n, d = static_cast<size_t>(p.head_dim);
-  const size_t groups = static_cast<size_t>(p.num_groups());
   kvq::Safetensors file;
-  file.metadata = {{"format", "kvq-quantized"}, {"spec_version", "1.0"}};
+  file.metadata = {{"format", "kvq-quantized"},
+                   {"spec_version", kvq::cli::QuantizedFileVersion(p.format)}};
   kvq::PutWriteParams(p, "", &file.metadata);
   // The dense R the rows depend on, so that `kvq dequantize` can refuse another one.
   if (!r.empty()) file.metadata["rotation_sha256"] = kvq::cli::RotationFingerprint(r);
-  file.Add("rotated", Rows2D(&kvq::Tensor::F32, q.rotated, n, d));
-  file.Add("tau", kvq::Tensor::F32({static_cast<int64_t>(n)}, q.tau));
-  file.Add("codes", Rows2D(&kvq::Tensor::U8, q.codes, n, d));
-  file.Add("packed", Rows2D(&kvq::Tensor::U8, q.packed, n, static_cast<size_t>(p.code_bytes())));
-  file.Add("scale", Rows2D(&kvq::Tensor::BF16, q.scale, n, groups));
-  file.Add("min", Rows2D(&kvq::Tensor::BF16, q.min, n, groups));
-  file.Add("dequantized", Rows2D(&kvq::Tensor::F32, q.dequantized, n, d));
+  for (auto& [name, tensor] : q.Tensors(p)) file.Add(name, std::move(tensor));
   kvq::WriteSafetensors(o.out, file);
 }
 
@@ -75,9 +82,16 @@ void setup_quantize(CLI::App& app) {
       ->required()
       ->check(kvq::cli::OutputFile());
   command->add_option("--clip", o->clip, "clip ratio rho in (0, 1]; 1 never clips")->required();
-  command->add_option("--bits", o->bits, "bits per code: 2 or 4")->required();
-  command->add_option("--group", o->group, "channels per (scale, min) group: 32, 64 or 128")
-      ->required();
+  command->add_option("--format", o->format,
+                      "history format: affine_token (default), affine_tile, fp8_e4m3")
+      ->capture_default_str();
+  command->add_option("--bits", o->bits, "bits per code: 2 or 4 (fp8_e4m3: 8, the default)");
+  command->add_option("--group", o->group,
+                      "affine_token: channels per (scale, min) group (32, 64, 128 or d); "
+                      "affine_tile: tokens per tile (32, 64 or 128)");
+  command->add_flag("--norm", o->norm, "affine_tile: divide each row by its bf16 norm");
+  command->add_option("--scale", o->scale, "fp8_e4m3: the scale s^ (codes are e4m3(x / s^))")
+      ->capture_default_str();
   kvq::cli::AddRotationOptions(command, &o->rotation, /*allow_identity=*/true);
   command->callback([o] { RunQuantize(*o); });
 }

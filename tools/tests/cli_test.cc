@@ -191,6 +191,86 @@ TEST(Cli, QuantizeDequantizeAndRotateMatchTheLibraryBitForBit) {
   }
 }
 
+// Every quantized format of formats.inc through `kvq quantize --format` and back through
+// `kvq dequantize`: the file holds the library's QuantizedRows::Tensors bit for bit, records
+// the version that brought the format, and the rows come back as RotateInverse maps the
+// library's dequantized rows. A stored tensor that the write path does not give from the
+// stored rows is refused, naming it.
+TEST(Cli, QuantizeAndDequantizeServeEveryFormat) {
+  struct FormatCase {
+    const char* args;
+    WriteParams p;
+    const char* version;
+  };
+  const auto params = [](Format format, int group, int bits, bool norm, float scale) {
+    WriteParams p;
+    p.head_dim = 128;
+    p.format = format;
+    p.group = group;
+    p.bits = bits;
+    p.norm = norm;
+    p.head_scale = scale;
+    p.clip = 0.96f;
+    p.rotation = RotationKind::kHadamard;
+    return p;
+  };
+  const FormatCase cases[] = {
+      {"--format affine_tile --bits 2 --group 32", params(Format::kAffineTile, 32, 2, false, 1),
+       "1.1"},
+      {"--format affine_tile --bits 4 --group 32 --norm",
+       params(Format::kAffineTile, 32, 4, true, 1), "1.1"},
+      {"--format fp8_e4m3 --scale 0.03125", params(Format::kFp8E4m3, 64, 8, false, 0.03125f),
+       "1.2"},
+  };
+  Scratch dir;
+  const size_t n = 64, d = 128;
+  const std::vector<float> x = RandomRows(n, 128, 77, 3.0f);
+  WriteNpy(dir.File("x.npy"), Matrix(x, n, d));
+  const cpu::Backend& backend = cpu::BestBackend();
+  for (const FormatCase& c : cases) {
+    SCOPED_TRACE(c.args);
+    const RunResult run = RunKvq(dir, std::string("quantize --in x.npy --hadamard --clip 0.96 ") +
+                                          c.args + " --out q.safetensors");
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    const cpu::QuantizedRows want = cpu::QuantizeRows(backend, c.p, nullptr, x.data(), n);
+    const Safetensors q = ReadSafetensors(dir.File("q.safetensors"));
+    EXPECT_EQ(q.metadata.at("spec_version"), c.version);
+    EXPECT_EQ(q.metadata.at("row_format"), FormatName(c.p.format));
+    const std::vector<std::pair<std::string, Tensor>> tensors = want.Tensors(c.p);
+    EXPECT_EQ(q.tensors.size(), tensors.size());
+    for (const auto& [name, t] : tensors) {
+      EXPECT_TRUE(q.Get(name) == t) << name;
+    }
+    const RunResult back = RunKvq(dir, "dequantize --in q.safetensors --hadamard --out back.npy");
+    ASSERT_EQ(back.exit_code, 0) << back.err;
+    std::vector<float> rows(n * d);
+    cpu::RotateInverse(backend, c.p, nullptr, want.dequantized.data(), rows.data(), n);
+    const Tensor got = ReadNpy(dir.File("back.npy"));
+    ExpectSameBits("dequantize output", rows, got.data<float>(), got.numel(), d, 77);
+    // One stored code changed: not what the write path gives from the stored rows.
+    Safetensors bad = q;
+    for (auto& [name, t] : bad.tensors) {
+      if (name == "codes") t.bytes[3 * d + 5] ^= 1;
+    }
+    WriteSafetensors(dir.File("bad.safetensors"), bad);
+    ExpectFailure(dir, "dequantize --in bad.safetensors --hadamard --out bad.npy",
+                  dir.File("bad.npy"), {"codes at row 3, column 5"});
+  }
+  ExpectFailure(dir, "quantize --in x.npy --hadamard --clip 1 --format bf16 --out b.safetensors",
+                dir.File("b.safetensors"), {"--format bf16", "nothing to quantize"});
+  ExpectFailure(dir, "quantize --in x.npy --hadamard --clip 1 --format affine_tile --bits 2 "
+                     "--out b.safetensors",
+                dir.File("b.safetensors"), {"--group is required", "tokens per tile"});
+  ExpectFailure(dir, "quantize --in x.npy --hadamard --clip 1 --format fp8_e4m3 --bits 4 "
+                     "--out b.safetensors",
+                dir.File("b.safetensors"), {"bits 4", "fp8_e4m3"});
+  ExpectFailure(dir, "quantize --in x.npy --hadamard --clip 1 --format fp8_e4m3 --scale 0 "
+                     "--out b.safetensors",
+                dir.File("b.safetensors"), {"head scale 0"});
+  ExpectFailure(dir, "quantize --in x.npy --hadamard --clip 1 --format fp9 --out b.safetensors",
+                dir.File("b.safetensors"), {"fp9"});
+}
+
 TEST(Cli, Float16InputIsConvertedExactly) {
   Scratch dir;
   const size_t n = 3;
