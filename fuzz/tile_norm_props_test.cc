@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvq/common/numeric.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "kvq/testbed/rapidcheck.h"
@@ -63,12 +64,7 @@ std::vector<float> Rows(size_t n, size_t m) {
 RC_GTEST_PROP(NormProps, StoredNormAndNormalizedRowWithinTheSpecsBound, ()) {
   const int d = *rc::gen::element(64, 128, 256);
   const int heads = *rc::gen::element(1, 2, 3, 8);
-  WriteParams p;
-  p.head_dim = d;
-  p.format = Format::kAffineTile;
-  p.group = 32;
-  p.norm = true;
-  p.norm_heads = heads;
+  const WriteParams p = params::Write().head_dim(d).tile(32).norm(true, heads);
   const size_t m = static_cast<size_t>(p.norm_span());
   const size_t n = static_cast<size_t>(*rc::gen::inRange(1, 4));
   const std::vector<float> x = Rows(n, m);

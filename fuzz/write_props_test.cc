@@ -17,6 +17,7 @@
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "kvq/testbed/rapidcheck.h"
@@ -98,10 +99,10 @@ double Norm(const float* x, size_t d) {
 // ---------------------------------------------------------------- pack / unpack
 
 RC_GTEST_PROP(WriteProps, UnpackOfPackIsIdentity, ()) {
-  WriteParams p;
-  p.head_dim = *rc::gen::element(64, 128, 256);
-  p.group = 32;
-  p.bits = *rc::gen::element(2, 4);
+  const WriteParams p = params::Write()
+                            .head_dim(*rc::gen::element(64, 128, 256))
+                            .group(32)
+                            .bits(*rc::gen::element(2, 4));
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t n = static_cast<size_t>(*rc::gen::inRange(1, 5));
   const auto codes = *rc::gen::container<std::vector<uint8_t>>(
@@ -195,12 +196,10 @@ RC_GTEST_PROP(WriteProps, CodesInRangeAndUnclippedElementsReconstructWithinBound
 // (sums of floats in the subnormal range are exact); each adds at most 2^-150 per element:
 // + 2 √d 2^-150 (1 + 1e-5). Blocks add in quadrature, so the bound holds for the whole row.
 RC_GTEST_PROP(WriteProps, FwhtTwiceIsIdentityWithinBound, ()) {
-  WriteParams p;
-  p.head_dim = *rc::gen::element(64, 128, 256);
-  p.group = 32;
-  p.rotation = RotationKind::kHadamard;
-  p.hadamard_block = *rc::gen::element(16, 32, 64, 128, 256);
-  RC_PRE(p.hadamard_block <= p.head_dim);
+  const int head_dim = *rc::gen::element(64, 128, 256);
+  const int block = *rc::gen::element(16, 32, 64, 128, 256);
+  RC_PRE(block <= head_dim);
+  const WriteParams p = params::Write().head_dim(head_dim).group(32).hadamard(block);
   const size_t d = static_cast<size_t>(p.head_dim);
   size_t n = 0;
   const std::vector<float> x = GenRows(d, 100, &n);  // no overflow: b * 2^101 < 2^128
@@ -225,9 +224,7 @@ RC_GTEST_PROP(WriteProps, FwhtTwiceIsIdentityWithinBound, ()) {
 // ---------------------------------------------------------------- bit reversal
 
 RC_GTEST_PROP(WriteProps, BitrevIsAnInvolution, ()) {
-  WriteParams p;
-  p.head_dim = *rc::gen::element(64, 128, 256);
-  p.group = 32;
+  const WriteParams p = params::Write().head_dim(*rc::gen::element(64, 128, 256)).group(32);
   const size_t d = static_cast<size_t>(p.head_dim);
   size_t n = 0;
   const std::vector<float> x = GenRows(d, 127, &n);
@@ -249,9 +246,7 @@ RC_GTEST_PROP(WriteProps, BitrevIsAnInvolution, ()) {
 //   |‖ŷ‖ - ‖x‖| <= (γ_d + u (1+u)) ‖ |x| |R| ‖ + ε_Q ‖x‖ + (underflowing products:
 //   <= d 2^-150 per output) √d d 2^-150, plus 1e-12 ‖x‖ for the double arithmetic here.
 RC_GTEST_PROP(WriteProps, OrthogonalRotationPreservesNorms, ()) {
-  WriteParams p;
-  p.head_dim = *rc::gen::element(64, 128, 256);
-  p.group = 32;
+  const WriteParams p = params::Write().head_dim(*rc::gen::element(64, 128, 256)).group(32);
   const size_t d = static_cast<size_t>(p.head_dim);
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   std::mt19937_64 rng(seed);
@@ -343,10 +338,8 @@ RC_GTEST_PROP(WriteProps, TauIsTheOrderStatisticOfTheMagnitudes, ()) {
 // spec/differences.md, "clip at ρ = 1": the authors' decode flush clips the largest value at
 // ρ = 1; kvq's τ is max|x̃| and the row is unchanged.
 RC_GTEST_PROP(WriteProps, ClipWithRhoOneChangesNothing, ()) {
-  WriteParams p;
-  p.head_dim = *rc::gen::element(64, 128, 256);
-  p.group = 32;
-  p.clip = 1.0f;
+  const WriteParams p =
+      params::Write().head_dim(*rc::gen::element(64, 128, 256)).group(32).clip(1.0f);
   const size_t d = static_cast<size_t>(p.head_dim);
   size_t n = 0;
   const std::vector<float> x = GenRows(d, 127, &n);

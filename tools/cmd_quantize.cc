@@ -20,6 +20,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
 #include "kvq/common/metadata.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 
@@ -33,26 +34,27 @@ struct QuantizeOptions {
 };
 
 void RunQuantize(const QuantizeOptions& o) {
-  kvq::WriteParams p;
-  p.format = kvq::ParseFormat(o.format);
-  KVQ_CHECK(p.format != kvq::Format::kBf16, kInvalidArgument,
+  const kvq::Format format = kvq::ParseFormat(o.format);
+  KVQ_CHECK(format != kvq::Format::kBf16, kInvalidArgument,
             "--format bf16 stores the rows themselves: nothing to quantize");
-  const bool fp8 = p.format == kvq::Format::kFp8E4m3;
-  p.clip = kvq::cli::ParseFloatOption("--clip", o.clip);
-  p.bits = o.bits != 0 ? o.bits : (fp8 ? 8 : 0);
-  KVQ_CHECK(p.bits != 0, kInvalidArgument, "--bits is required for --format ", o.format,
+  const bool fp8 = format == kvq::Format::kFp8E4m3;
+  const int bits = o.bits != 0 ? o.bits : (fp8 ? 8 : 0);
+  KVQ_CHECK(bits != 0, kInvalidArgument, "--bits is required for --format ", o.format,
             " (2 or 4)");
-  p.group = o.group;
-  KVQ_CHECK(fp8 || p.group != 0, kInvalidArgument, "--group is required for --format ",
-            o.format, p.format == kvq::Format::kAffineTile ? " (tokens per tile: 32, 64 or 128)"
-                                                           : " (channels per group)");
-  if (fp8 && p.group == 0) p.group = 64;  // (fp8_e4m3 has no groups)
-  p.norm = o.norm;
-  p.head_scale = kvq::cli::ParseFloatOption("--scale", o.scale);
+  KVQ_CHECK(fp8 || o.group != 0, kInvalidArgument, "--group is required for --format ",
+            o.format, format == kvq::Format::kAffineTile ? " (tokens per tile: 32, 64 or 128)"
+                                                         : " (channels per group)");
+  kvq::params::Write w = kvq::params::Write()
+                             .format(format)
+                             .bits(bits)
+                             .group(o.group != 0 ? o.group : 64)  // (fp8_e4m3 has no groups)
+                             .norm(o.norm)
+                             .clip(kvq::cli::ParseFloatOption("--clip", o.clip))
+                             .head_scale(kvq::cli::ParseFloatOption("--scale", o.scale));
   kvq::cli::SelectedRotation(o.rotation);  // option errors before any file is read
   const kvq::cli::Rows x = kvq::cli::ReadRows(o.in, "input");
-  p.head_dim = x.d;
-  p.Validate();  // names an unsupported head_dim, group, bits or clip before R is read
+  // Names an unsupported head_dim, group, bits, clip or scale before R is read.
+  kvq::WriteParams p = w.head_dim(x.d).Build();
   const std::vector<float> r = kvq::cli::ApplyRotationOptions(o.rotation, &p);
   p.Validate();
   const kvq::cpu::QuantizedRows q = kvq::cpu::QuantizeRows(

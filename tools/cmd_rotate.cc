@@ -9,6 +9,7 @@
 
 #include "cli_common.h"
 #include "kvq/common/io.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
 
@@ -20,11 +21,10 @@ struct RotateOptions {
 };
 
 void RunRotate(const RotateOptions& o) {
-  kvq::WriteParams p;
   kvq::cli::SelectedRotation(o.rotation);  // option errors before any file is read
   const kvq::cli::Rows x = kvq::cli::ReadRows(o.in, "input");
-  p.head_dim = x.d;
-  p.group = 32;  // unused by the rotation; any value valid for every head_dim
+  // (the group is unused by the rotation; 32 is valid for every head_dim)
+  kvq::WriteParams p = kvq::params::Write().head_dim(x.d).group(32).Unchecked();
   const std::vector<float> r = kvq::cli::ApplyRotationOptions(o.rotation, &p);
   std::vector<float> y(x.values.size());
   kvq::cpu::Rotate(kvq::cpu::BestBackend(), p, r.empty() ? nullptr : r.data(), x.values.data(),

@@ -10,6 +10,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/cpu_ref/write_path.h"
 
 namespace kvq::calib {
@@ -227,14 +228,10 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
             "rotations and clip ratios, plus the fp8 scales of the schemes that read them (",
             "fp8, fp8_hadamard)");
   const ActivationsInfo& info = acts.info;
-  WriteParams params;  // K's clip search
-  params.head_dim = info.head_dim;
-  params.group = o.group;
-  params.bits = o.bits;
-  params.Validate();
-  WriteParams value_params = params;  // V's
-  if (o.v_bits != 0) value_params.bits = o.v_bits;
-  value_params.Validate();
+  // The clip searches' parameters, K's and V's (validated: names an unsupported d, G or b).
+  const params::Write search = params::Write().head_dim(info.head_dim).group(o.group);
+  const WriteParams key_params = params::Write(search).bits(o.bits);
+  const WriteParams value_params = params::Write(search).bits(o.v_bits != 0 ? o.v_bits : o.bits);
   KVQ_CHECK(std::isfinite(o.damping) && o.damping >= 0, kInvalidArgument, "damping ", o.damping,
             " must be finite and >= 0");
   KVQ_CHECK(o.threads >= 1, kInvalidArgument, "threads ", o.threads, " must be >= 1");
@@ -372,7 +369,7 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
           value_heads[h] = {layer.v_rotation_of(h, d), value_rows[h].data(), n,
                             RotatedMetric(layer.v_rotation_of(h, d), t.value)};
         }
-        const std::vector<double> key_objectives = ClipObjectives(backend, params, key_heads, grid);
+        const std::vector<double> key_objectives = ClipObjectives(backend, key_params, key_heads, grid);
         const std::vector<double> value_objectives =
             ClipObjectives(backend, value_params, value_heads, grid);
         layer.k_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(key_objectives)]));

@@ -8,6 +8,7 @@
 #include "kvq/common/orthogonality.h"
 #include "kvq/common/error.h"
 #include "kvq/common/params.h"
+#include "kvq/common/params_builder.h"
 
 namespace kvq::calib {
 namespace {
@@ -114,16 +115,12 @@ void ValidateCalibration(const Calibration& cal) {
             " must be at least 1");
   KVQ_CHECK(info.num_kv_heads >= 1, kInvalidArgument, "calibration: num_kv_heads ",
             info.num_kv_heads, " must be at least 1");
-  WriteParams p;
-  p.head_dim = info.head_dim;
-  p.group = info.group;
-  p.bits = info.bits;
-  p.Validate();
+  const params::Write widths = params::Write().head_dim(info.head_dim).group(info.group);
+  params::Write(widths).bits(info.bits).Build();  // names an unsupported d, G or b
   if (info.v_bits != 0) {
     KVQ_CHECK(info.v_bits != info.bits, kInvalidArgument, "calibration: v_bits ", info.v_bits,
               " equals bits (0 means the same width)");
-    p.bits = info.v_bits;
-    p.Validate();
+    params::Write(widths).bits(info.v_bits).Build();
   }
   KVQ_CHECK(info.sink >= 0, kInvalidArgument, "calibration: sink ", info.sink, " must be >= 0");
   KVQ_CHECK(info.recent >= 1, kInvalidArgument, "calibration: recent ", info.recent,

@@ -11,6 +11,7 @@
 #include "forward_kernels.h"
 #include "kvq/common/error.h"
 #include "kvq/common/format.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/device_array.h"
@@ -248,13 +249,13 @@ struct GpuPplForwards::Impl {
 
   // The bf16 cache over rows [0, T): every position p in [first, T) reads [0, p].
   void AttendBf16(int64_t first, int64_t T) {
-    CacheParams p;
-    p.num_kv_heads = c.num_kv_heads;
-    p.num_q_heads = c.num_q_heads;
-    p.key.head_dim = p.value.head_dim = c.head_dim;
-    p.key.format = p.value.format = Format::kBf16;
-    p.sink = 0;
-    p.recent = 0;
+    const CacheParams p = params::Cache()
+                              .kv_heads(c.num_kv_heads)
+                              .q_heads(c.num_q_heads)
+                              .both(params::Write().head_dim(c.head_dim).format(Format::kBf16))
+                              .sink(0)
+                              .recent(0)
+                              .Build();
     const int P = p.page_size;
     const int max_pages = CeilDiv(T, P);
     const FormatLayout layout = LayoutOf(p.key);
