@@ -14,12 +14,13 @@ Domain DefaultDomain(const StageArg& a) {
   return Domain::kAny;
 }
 
-StageSpec MakeSpec(StageId id, const char* name, const char* family,
+StageSpec MakeSpec(StageId id, const char* name, const char* family, StageBackends backends,
                    std::initializer_list<StageArg> args) {
   StageSpec s{};
   s.id = id;
   s.name = name;
   s.family = family;
+  s.backends = backends;
   s.transform = std::strcmp(family, "transform") == 0;
   s.format = s.transform ? Format::kAffineToken : ParseFormat(family);
   s.num_args = 0;
@@ -43,8 +44,8 @@ const std::vector<StageSpec>& AllStages() {
   static const std::vector<StageSpec> stages = {
 #define KVQ_ARG(name, expect, dtype, dir, extent) \
   StageArg{#name, #expect, DType::dtype, ArgDir::dir, Extent::extent, Domain::kAny},
-#define KVQ_STAGE(name, Name, family, params, args) \
-  MakeSpec(StageId::k##Name, #name, #family, {args}),
+#define KVQ_STAGE(name, Name, family, backends, params, args) \
+  MakeSpec(StageId::k##Name, #name, #family, StageBackends::backends, {args}),
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
 #undef KVQ_ARG

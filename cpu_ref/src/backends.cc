@@ -19,7 +19,7 @@ namespace kvq::cpu {
 void RunStage(const WriteKernels& k, StageId id, void* const* args, size_t n,
               const WriteParams& p) {
   switch (id) {
-#define KVQ_STAGE(name, Name, family, params, arg_list)                                  \
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list)                                  \
   case StageId::k##Name:                                                                 \
     KVQ_CHECK(k.name != nullptr, kUnsupported, "stage '" #name "' is not implemented"); \
     InvokeStage(k.name, args, n, p);                                                     \
@@ -31,7 +31,7 @@ void RunStage(const WriteKernels& k, StageId id, void* const* args, size_t n,
 
 bool HasStage(const WriteKernels& k, StageId id) {
   switch (id) {
-#define KVQ_STAGE(name, Name, family, params, arg_list) \
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) \
   case StageId::k##Name:                                \
     return k.name != nullptr;
 #include "kvq/common/stages.inc"

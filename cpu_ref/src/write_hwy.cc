@@ -690,7 +690,7 @@ void DequantizeFp8(const uint8_t* codes, float* y, size_t n, const WriteParams& 
 
 WriteKernels MakeWriteKernels() {
   WriteKernels k;
-#define KVQ_STAGE(name, Name, family, params, args) k.name = &Name;
+#define KVQ_STAGE(name, Name, family, backends, params, args) k.name = &Name;
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
   return k;

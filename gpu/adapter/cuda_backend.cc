@@ -61,11 +61,11 @@ void RunHostStage(StageId id, void* const* args, size_t n, const WriteParams& p)
 
 // One host function per stage of stages.inc, with cpu::WriteKernels' signature.
 #define KVQ_ARG(name, expect, dtype, dir, extent) const_cast<void*>(static_cast<const void*>(name)),
-#define KVQ_STAGE(name, Name, family, params, arg_list) \
-  void Host##Name params {                              \
-    void* const list[] = {arg_list};                    \
-    RunHostStage(StageId::k##Name, list, n, p);         \
-  }
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) \
+  KVQ_IF_CUDA_STAGE(backends, void Host##Name params {                \
+    void* const list[] = {arg_list};                                  \
+    RunHostStage(StageId::k##Name, list, n, p);                       \
+  })
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
 #undef KVQ_ARG
@@ -75,7 +75,8 @@ cpu::Backend MakeCudaBackend() {
   b.name = "cuda";
   b.device = cpu::Device::kCuda;
   b.hwy_target = 0;
-#define KVQ_STAGE(name, Name, family, params, arg_list) b.write.name = Host##Name;
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) \
+  KVQ_IF_CUDA_STAGE(backends, b.write.name = Host##Name;)
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
   b.attend = [](const cpu::PagedKVCache& cache, const std::vector<int>& seqs, const float* q,

@@ -201,6 +201,8 @@ void LaunchHistories(const CacheParams& c, const HeadData& key_heads, const Head
 void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
               cudaStream_t stream) {
   const StageSpec& spec = GetStage(stage);
+  KVQ_CHECK(spec.backends != StageBackends::kCpuOnly, kUnsupported, "stage '", spec.name,
+            "' has no CUDA kernel yet (stages.inc: kCpuOnly)");
   p.Validate();
   KVQ_CHECK(StageApplies(spec, p), kUnsupported, spec.name, ": a stage of the ", spec.family,
             " format, not of ", FormatName(p.format));
@@ -228,7 +230,7 @@ void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
 // The stages of stages.inc: each passes its pointers, in order, to RunStage.
 #define KVQ_GPU_STAGE_DEFINITION(...) (__VA_ARGS__, cudaStream_t stream)
 #define KVQ_ARG(name, expect, dtype, dir, extent) const_cast<void*>(static_cast<const void*>(name)),
-#define KVQ_STAGE(name, Name, family, params, arg_list)  \
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list)  \
   void Name KVQ_GPU_STAGE_DEFINITION params {            \
     void* const list[] = {arg_list};                     \
     RunStage(StageId::k##Name, list, n, p, stream);      \

@@ -26,7 +26,7 @@ using write_launch::kStageBlock;
 // stage_arg::<Name>::<arg>: the position of a stage's argument in StageArgs::args.
 namespace stage_arg {
 #define KVQ_ARG(name, expect, dtype, dir, extent) name,
-#define KVQ_STAGE(name, Name, family, params, arg_list) \
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) \
   namespace Name {                                      \
   enum : int { arg_list };                              \
   }
@@ -505,14 +505,16 @@ cudaError_t LaunchDequantizeFp8Stage(const StageArgs& a, cudaStream_t stream) {
 
 #undef KVQ_STAGE_PROLOGUE
 
-// Every stage of stages.inc: its launcher above (a stage without one does not link).
+// Every stage of stages.inc that the CUDA path implements (backends column kEveryBackend): its
+// launcher above (such a stage without one does not link).
 cudaError_t DispatchStage(StageId stage, const StageArgs& a, cudaStream_t stream) {
   switch (stage) {
-#define KVQ_STAGE(name, Name, family, params, arg_list) \
-  case StageId::k##Name:                                \
-    return Launch##Name##Stage(a, stream);
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) \
+  KVQ_IF_CUDA_STAGE(backends, case StageId::k##Name : return Launch##Name##Stage(a, stream);)
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
+    default:  // a kCpuOnly stage (RunStage refuses it first, naming it)
+      break;
   }
   return cudaErrorInvalidValue;
 }

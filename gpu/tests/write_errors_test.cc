@@ -4,6 +4,7 @@
 // machines without a GPU too (CI); the device-only ones skip there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
@@ -86,16 +87,32 @@ TEST(LauncherRefuses, UnsupportedStageConfigurations) {
   EXPECT_EQ(DispatchStage(StageId::kClip, a, nullptr), cudaErrorInvalidValue);
 }
 
-// Every stage of the list (kvq/common/stages.inc) has a launcher: with no rows, each accepts a
-// valid configuration and launches nothing (never cudaErrorInvalidValue for a stage it lacks,
-// never cudaErrorNotSupported: every stage of spec 1.1 has its CUDA kernel).
+// Every stage the list (kvq/common/stages.inc) marks kEveryBackend has a launcher: with no
+// rows, each accepts a valid configuration and launches nothing; a kCpuOnly stage dispatches to
+// cudaErrorInvalidValue and its runtime function answers kUnsupported naming it (needs no
+// device: the check precedes any CUDA call).
 TEST(LauncherRefuses, NoStageOfTheListIsMissing) {
   for (const StageSpec& stage : AllStages()) {
     StageArgs a;
     a.rows = 0;
     a.fwht_block = 128;
-    EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaSuccess) << stage.name;
+    if (stage.backends == StageBackends::kEveryBackend) {
+      EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaSuccess) << stage.name;
+    } else {
+      EXPECT_EQ(DispatchStage(stage.id, a, nullptr), cudaErrorInvalidValue) << stage.name;
+      ExpectError([&] { RunStage(stage.id, nullptr, 0, WriteParams(), nullptr); },
+                  ErrorCode::kUnsupported, {std::string(stage.name)});
+    }
   }
+}
+
+// The backends column reaches the CUDA side through KVQ_IF_CUDA_STAGE: a kEveryBackend row
+// expands, a kCpuOnly row vanishes (commas and all).
+TEST(LauncherRefuses, CpuOnlyRowsExpandToNothingOnTheCudaSide) {
+  int entries = 0;
+  KVQ_IF_CUDA_STAGE(kEveryBackend, entries += std::max(1, 0);)
+  KVQ_IF_CUDA_STAGE(kCpuOnly, entries += std::max(10, 0);)
+  EXPECT_EQ(entries, 1);
 }
 
 // The tile codec refuses a row count that is not a whole number of tiles, a tile outside

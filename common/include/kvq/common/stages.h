@@ -18,10 +18,20 @@
 namespace kvq {
 
 enum class StageId : int {
-#define KVQ_STAGE(name, Name, family, params, args) k##Name,
+#define KVQ_STAGE(name, Name, family, backends, params, args) k##Name,
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
 };
+
+// Which backends implement a stage (stages.inc's backends column).
+enum class StageBackends : int { kEveryBackend, kCpuOnly };
+
+// KVQ_IF_CUDA_STAGE(backends, x): x for a stage the CUDA path implements, nothing for a
+// kCpuOnly one (the CUDA tables and dispatch expand their rows through it, so a stage without
+// a kernel neither links against one nor fills an entry).
+#define KVQ_IF_CUDA_STAGE(backends, ...) KVQ_IF_CUDA_STAGE_##backends(__VA_ARGS__)
+#define KVQ_IF_CUDA_STAGE_kEveryBackend(...) __VA_ARGS__
+#define KVQ_IF_CUDA_STAGE_kCpuOnly(...)
 
 enum class ArgDir : int { kIn, kOut, kInOut };
 enum class Extent : int {
@@ -58,6 +68,7 @@ struct StageSpec {
   const char* family;    // "transform" or a format id
   bool transform;        // a transform (every format) or a codec stage of `format`
   Format format;         // codec stages only
+  StageBackends backends;  // kCpuOnly: no CUDA kernel (the CUDA backend answers kUnsupported)
   int num_args;
   StageArg args[kMaxStageArgs];
 };

@@ -29,7 +29,7 @@ namespace kvq::cpu {
 class PagedKVCache;
 
 struct WriteKernels {
-#define KVQ_STAGE(name, Name, family, params, args) void(*name) params = nullptr;
+#define KVQ_STAGE(name, Name, family, backends, params, args) void(*name) params = nullptr;
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
 };

@@ -170,8 +170,9 @@ cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStre
 // One launcher per stage of stages.inc (Launch<Name>Stage, gpu/src/write_stages.cu), and the
 // dispatch over all of them: an unsupported head_dim, group, bits, clip or FWHT block returns
 // cudaErrorInvalidValue.
-#define KVQ_STAGE(name, Name, family, params, arg_list) \
-  cudaError_t Launch##Name##Stage(const StageArgs& args, cudaStream_t stream);
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) \
+  KVQ_IF_CUDA_STAGE(backends,                                      \
+                    cudaError_t Launch##Name##Stage(const StageArgs& args, cudaStream_t stream);)
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
 cudaError_t DispatchStage(StageId stage, const StageArgs& args, cudaStream_t stream);
@@ -232,7 +233,7 @@ cudaError_t LaunchPrefillWindows(const PrefillWindowsArgs& args, cudaStream_t st
 // Each validates p (and that a codec stage belongs to p.format), the row count and its pointers
 // (none null, no two the same), then runs RunStage.
 #define KVQ_GPU_STAGE_PARAMS(...) (__VA_ARGS__, cudaStream_t stream = nullptr)
-#define KVQ_STAGE(name, Name, family, params, arg_list) void Name KVQ_GPU_STAGE_PARAMS params;
+#define KVQ_STAGE(name, Name, family, backends, params, arg_list) void Name KVQ_GPU_STAGE_PARAMS params;
 #include "kvq/common/stages.inc"
 #undef KVQ_STAGE
 #undef KVQ_GPU_STAGE_PARAMS
