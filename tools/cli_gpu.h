@@ -6,7 +6,8 @@
 // use. So `cmake --build build --target kvq` builds the CPU commands alone (the README's first
 // command runs the demo minutes before the CUDA kernels are compiled), and a kvq binary runs on a
 // machine without the CUDA runtime. The module is built from the same tree as the binary; its
-// entry point's name carries kGpuModuleAbi, bumped whenever this interface changes.
+// entry point's name (KVQ_GPU_MODULE_ENTRY) carries a version, bumped whenever this interface
+// changes, so a stale module is refused instead of called.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +27,6 @@
 
 namespace kvq::cli {
 
-inline constexpr int kGpuModuleAbi = 1;
 #define KVQ_GPU_MODULE_ENTRY kvq_cli_gpu_module_v1
 
 // The GPU forwards of `kvq ppl --backend gpu` on one model.

@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <memory>
 #include <thread>
-#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -295,6 +295,11 @@ void RunPplCommand(const PplCommand& cmd) {
   const cpu::Backend& backend = cpu::BestBackend();
   if (!cmd.banner.empty()) std::printf("%s\n", cmd.banner.c_str());
 
+  for (const auto& [name, value] : {std::pair<const char*, int>{"--k-bits", cmd.k_bits},
+                                    {"--v-bits", cmd.v_bits}}) {
+    KVQ_CHECK(value == 0 || value == 2 || value == 4, kInvalidArgument, name, " ", value,
+              " is not supported (2 or 4)");
+  }
   // Scheme rows first: a typo fails before any work.
   std::vector<calib::SchemeVariant> variants =
       calib::ParseSchemeVariants(cmd.schemes, cmd.clip == "both");
@@ -377,14 +382,8 @@ void RunPplCommand(const PplCommand& cmd) {
   // else --bits.
   int k_bits = bits, v_bits = bits;
   if (have_cal && !given(cmd.bits_option) && cal.info.v_bits != 0) v_bits = cal.info.v_bits;
-  for (const auto& [name, value, side] :
-       {std::tuple<const char*, int, int*>{"--k-bits", cmd.k_bits, &k_bits},
-        {"--v-bits", cmd.v_bits, &v_bits}}) {
-    if (value == 0) continue;
-    KVQ_CHECK(value == 2 || value == 4, kInvalidArgument, name, " ", value,
-              " is not supported (2 or 4)");
-    *side = value;
-  }
+  if (cmd.k_bits != 0) k_bits = cmd.k_bits;
+  if (cmd.v_bits != 0) v_bits = cmd.v_bits;
 
   // The calibration capture and the calibration.
   t = Clock::now();
