@@ -125,6 +125,11 @@ RC_GTEST_PROP(TileProps, RoundTripWithinTheQuantizersBound, ()) {
   for (const Backend& backend : Backends()) {
     const QuantizedRows q =
         QuantizeRows(backend, p, rotation.empty() ? nullptr : rotation.data(), x.data(), n);
+    const std::vector<uint8_t> q_codes = q.Values<uint8_t>("codes");
+    const std::vector<uint8_t> q_packed = q.Values<uint8_t>("packed");
+    const std::vector<uint16_t> q_scale = q.Values<uint16_t>("scale");
+    const std::vector<uint16_t> q_min = q.Values<uint16_t>("min");
+    const std::vector<uint16_t> q_norm = p.norm ? q.Values<uint16_t>("norm") : q_min;
     const std::vector<float>& input = p.norm ? q.normalized : q.rotated;
     for (size_t t = 0; t < n / tile; ++t) {
       for (size_t j = 0; j < d; ++j) {
@@ -139,21 +144,21 @@ RC_GTEST_PROP(TileProps, RoundTripWithinTheQuantizersBound, ()) {
         const float lo = *std::min_element(group.begin(), group.end()) + 0.0f;
         const float hi = *std::max_element(group.begin(), group.end()) + 0.0f;
         const float s = (hi - lo) / static_cast<float>(levels);
-        RC_ASSERT(q.scale[t * d + j] == Bf16FromF32(s));
-        RC_ASSERT(q.min[t * d + j] == Bf16FromF32(lo));
-        const double sf = F32FromBf16(q.scale[t * d + j]);
-        const double mf = F32FromBf16(q.min[t * d + j]);
+        RC_ASSERT(q_scale[t * d + j] == Bf16FromF32(s));
+        RC_ASSERT(q_min[t * d + j] == Bf16FromF32(lo));
+        const double sf = F32FromBf16(q_scale[t * d + j]);
+        const double mf = F32FromBf16(q_min[t * d + j]);
         const double top = std::fabs(static_cast<double>(hi) - lo - levels * s) +
                            levels * std::fabs(static_cast<double>(s) - sf) +
                            std::fabs(static_cast<double>(lo) - mf);
         const double main_term = std::max(sf / 2, top);
         for (size_t r = 0; r < tile; ++r) {
           const size_t row = t * tile + r;
-          const uint8_t code = q.codes[row * d + j];
+          const uint8_t code = q_codes[row * d + j];
           RC_ASSERT(code <= p.levels());
           const float xhat = static_cast<float>(code) * static_cast<float>(sf) +
                              static_cast<float>(mf);
-          const float stored = p.norm ? xhat * F32FromBf16(q.norm[row]) : xhat;
+          const float stored = p.norm ? xhat * F32FromBf16(q_norm[row]) : xhat;
           RC_ASSERT(F32Bits(stored) == F32Bits(q.dequantized[row * d + j]));
           if (clipped[r]) continue;
           const double v = group[r];
@@ -169,8 +174,8 @@ RC_GTEST_PROP(TileProps, RoundTripWithinTheQuantizersBound, ()) {
     }
     // The packed tiles unpack to the codes; the stored planes decode to the dequantized rows.
     std::vector<uint8_t> codes(n * d);
-    backend.write.unpack_tile(q.packed.data(), codes.data(), n, p);
-    RC_ASSERT(codes == q.codes);
+    backend.write.unpack_tile(q_packed.data(), codes.data(), n, p);
+    RC_ASSERT(codes == q_codes);
     const EncodedRows e =
         EncodeRows(backend, p, rotation.empty() ? nullptr : rotation.data(), x.data(), n);
     HistoryRunView view;

@@ -144,6 +144,9 @@ RC_GTEST_PROP(WriteProps, CodesInRangeAndUnclippedElementsReconstructWithinBound
   const size_t group = static_cast<size_t>(p.group);
   for (const Backend& backend : Backends()) {
     const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), n);
+    const std::vector<uint8_t> q_codes = q.Values<uint8_t>("codes");
+    const std::vector<uint16_t> q_scale = q.Values<uint16_t>("scale");
+    const std::vector<uint16_t> q_min = q.Values<uint16_t>("min");
     for (size_t r = 0; r < n; ++r) {
       const float tau = q.tau[r];
       for (size_t g = 0; g < d / group; ++g) {
@@ -158,16 +161,16 @@ RC_GTEST_PROP(WriteProps, CodesInRangeAndUnclippedElementsReconstructWithinBound
         const float hi = *std::max_element(clipped.begin(), clipped.end()) + 0.0f;
         const float s = (hi - lo) / static_cast<float>(levels);
         const size_t gi = r * (d / group) + g;
-        RC_ASSERT(q.scale[gi] == Bf16FromF32(s));
-        RC_ASSERT(q.min[gi] == Bf16FromF32(lo));
-        const double sf = F32FromBf16(q.scale[gi]);
-        const double mf = F32FromBf16(q.min[gi]);
+        RC_ASSERT(q_scale[gi] == Bf16FromF32(s));
+        RC_ASSERT(q_min[gi] == Bf16FromF32(lo));
+        const double sf = F32FromBf16(q_scale[gi]);
+        const double mf = F32FromBf16(q_min[gi]);
         const double top = std::fabs(static_cast<double>(hi) - lo - levels * s) +
                            levels * std::fabs(static_cast<double>(s) - sf) +
                            std::fabs(static_cast<double>(lo) - mf);
         const double main_term = std::max(sf / 2, top);
         for (size_t j = 0; j < group; ++j) {
-          RC_ASSERT(q.codes[base + j] <= p.levels());
+          RC_ASSERT(q_codes[base + j] <= p.levels());
           const float v = q.rotated[base + j];
           if (!(v <= tau && v >= -tau)) continue;  // clipped: not covered by the bound
           const double xhat = q.dequantized[base + j];

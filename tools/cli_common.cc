@@ -162,19 +162,6 @@ std::function<void(int, int)> StderrProgress(const std::string& phase) {
   };
 }
 
-const char* QuantizedFileVersion(Format format) {
-  switch (format) {
-    case Format::kBf16:
-    case Format::kAffineToken:
-      return "1.0";
-    case Format::kAffineTile:
-      return "1.1";
-    case Format::kFp8E4m3:
-      return "1.2";
-  }
-  return "?";
-}
-
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d) {
   return Tensor::F32({static_cast<int64_t>(n), static_cast<int64_t>(d)}, values);
 }

@@ -83,9 +83,6 @@ inline constexpr int64_t kMaxWindowTokens = 65536;
 // the single error line a failing command prints, stay clean); otherwise an empty callback.
 std::function<void(int done, int total)> StderrProgress(const std::string& phase);
 
-// The spec_version a `kvq quantize` file of `format` records and `kvq dequantize` expects: the
-// spec version that brought the format (affine_token 1.0, affine_tile 1.1, fp8_e4m3 1.2).
-const char* QuantizedFileVersion(Format format);
 
 // Tensor factories for [n, d]-shaped outputs.
 Tensor F32Tensor(const std::vector<float>& values, size_t n, size_t d);

@@ -48,7 +48,7 @@ kvq::WriteParams ReadParams(const kvq::Safetensors& file, const std::string& pat
   KVQ_CHECK(p.format != kvq::Format::kBf16, kMalformedFile, "'", path,
             "' has row format 'bf16': kvq quantize writes quantized formats only");
   const std::string& version = meta.String("spec_version");
-  const std::string expected = kvq::cli::QuantizedFileVersion(p.format);
+  const std::string expected = kvq::FormatSpecVersion(p.format);
   KVQ_CHECK(version == expected, kMalformedFile, "'", path, "' has spec_version '", version,
             "', expected '", expected, "' for format ", kvq::FormatName(p.format));
   const std::string rotation = kvq::RotationKindName(p.rotation);

@@ -62,7 +62,7 @@ void RunQuantize(const QuantizeOptions& o) {
 
   kvq::Safetensors file;
   file.metadata = {{"format", "kvq-quantized"},
-                   {"spec_version", kvq::cli::QuantizedFileVersion(p.format)}};
+                   {"spec_version", kvq::FormatSpecVersion(p.format)}};
   kvq::PutWriteParams(p, "", &file.metadata);
   // The dense R the rows depend on, so that `kvq dequantize` can refuse another one.
   if (!r.empty()) file.metadata["rotation_sha256"] = kvq::cli::RotationFingerprint(r);

@@ -11,11 +11,12 @@ namespace {
 struct FormatEntry {
   Format format;
   const char* name;
+  const char* spec;
   const char* summary;
 };
 
 constexpr FormatEntry kFormats[] = {
-#define KVQ_FORMAT(id, Name, tile_tokens, summary) {Format::k##Name, #id, summary},
+#define KVQ_FORMAT(id, Name, tile_tokens, spec, summary) {Format::k##Name, #id, spec, summary},
 #include "kvq/common/formats.inc"
 #undef KVQ_FORMAT
 };
@@ -41,6 +42,7 @@ const std::vector<Format>& AllFormats() {
 
 const char* FormatName(Format format) { return Entry(format).name; }
 const char* FormatSummary(Format format) { return Entry(format).summary; }
+const char* FormatSpecVersion(Format format) { return Entry(format).spec; }
 
 Format ParseFormat(const std::string& name) {
   std::string names;
@@ -98,7 +100,7 @@ size_t FormatLayout::Bytes(PlaneRole role, int64_t tokens, int num_kv_heads) con
 int WriteParams::tile_tokens() const {
   const WriteParams& p = *this;
   switch (p.format) {
-#define KVQ_FORMAT(id, Name, tile, summary) \
+#define KVQ_FORMAT(id, Name, tile, spec, summary) \
   case Format::k##Name:                     \
     return (tile);
 #include "kvq/common/formats.inc"
@@ -118,9 +120,9 @@ FormatLayout LayoutOf(const WriteParams& p) {
               FormatName(p.format), "' lists more than ", kMaxPlanes, " planes");
     layout.planes[layout.num_planes++] = spec;
   };
-#define KVQ_PLANE(Fmt, plane, dtype_, role_, scope_, count)                                \
+#define KVQ_PLANE(Fmt, plane, source, dtype_, role_, scope_, count)                      \
   if (p.format == Format::k##Fmt) {                                                        \
-    add({#plane, DType::dtype_, PlaneRole::role_, PlaneScope::scope_, (count)});           \
+    add({#plane, #source, DType::dtype_, PlaneRole::role_, PlaneScope::scope_, (count)});  \
   }
 #include "kvq/common/formats.inc"
 #undef KVQ_PLANE

@@ -36,35 +36,19 @@ bool IsSupportedGroup(int g, int d) { return (IsSupportedGroup(g) && g <= d) || 
 void WriteParams::Validate() const {
   KVQ_CHECK(IsSupportedHeadDim(head_dim), kInvalidArgument, "head_dim ", head_dim,
             " is not supported (64, 128 or 256)");
-  switch (format) {
-    case Format::kBf16: return;  // the original row is stored; nothing else applies
-    case Format::kAffineToken:
-      KVQ_CHECK(IsSupportedGroup(group) || group == head_dim, kInvalidArgument, "group size ",
-                group, " is not supported (32, 64, 128 or head_dim ", head_dim, ")");
-      KVQ_CHECK(group <= head_dim, kInvalidArgument, "group size ", group, " exceeds head_dim ",
-                head_dim);
-      KVQ_CHECK(!norm, kInvalidArgument, "a norm is not supported by format '",
-                FormatName(format), "' (affine_tile only)");
-      break;
-    case Format::kAffineTile:
-      KVQ_CHECK(IsSupportedGroup(group), kInvalidArgument, "tile size ", group,
-                " is not supported (32, 64 or 128 tokens)");
-      break;
-    case Format::kFp8E4m3:
-      KVQ_CHECK(bits == 8, kInvalidArgument, "bits ", bits, " is not supported by format '",
-                FormatName(format), "' (8)");
-      KVQ_CHECK(!norm, kInvalidArgument, "a norm is not supported by format '",
-                FormatName(format), "' (affine_tile only)");
-      break;
-    default:
-      KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " is unknown");
-  }
-  KVQ_CHECK(format == Format::kFp8E4m3 || bits == 2 || bits == 4, kInvalidArgument, "bits ",
-            bits, " is not supported (2 or 4)");
+  if (!quantized()) return;  // the original row is stored; nothing else applies
   KVQ_CHECK(std::isfinite(head_scale) && head_scale > 0.0f, kInvalidArgument, "head scale ",
             head_scale, " is not a finite value > 0");
-  KVQ_CHECK(format == Format::kFp8E4m3 || head_scale == 1.0f, kInvalidArgument, "head scale ",
-            head_scale, " given for format '", FormatName(format), "' (fp8_e4m3 only)");
+  const WriteParams& p = *this;
+  bool known = false;
+#define KVQ_FORMAT(id, Name, tile_tokens, spec, summary) known = known || format == Format::k##Name;
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT
+  KVQ_CHECK(known, kInvalidArgument, "format ", static_cast<int>(format), " is unknown");
+#define KVQ_FORMAT_RULE(Fmt, valid, ...) \
+  KVQ_CHECK(p.format != Format::k##Fmt || (valid), kInvalidArgument, __VA_ARGS__);
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT_RULE
   KVQ_CHECK(std::isfinite(clip) && clip > 0.0f && clip <= 1.0f, kInvalidArgument,
             "clip ratio ", clip, " is outside (0, 1]");
   KVQ_CHECK(rotation == RotationKind::kIdentity || rotation == RotationKind::kDense ||

@@ -129,4 +129,20 @@ size_t ArgElements(Extent extent, int64_t n, const WriteParams& p) {
   return count;
 }
 
+const std::vector<StageId>& CodecSteps(Format format, CodecPass pass) {
+  static const std::vector<std::vector<StageId>> steps = [] {
+    std::vector<std::vector<StageId>> list(AllFormats().size() * 2);
+#define KVQ_CODEC_STEP(Fmt, pass_, Stage)                                                 \
+  list[static_cast<size_t>(Format::k##Fmt) * 2 + static_cast<size_t>(CodecPass::pass_)] \
+      .push_back(StageId::k##Stage);
+#include "kvq/common/formats.inc"
+#undef KVQ_CODEC_STEP
+    return list;
+  }();
+  const size_t i = static_cast<size_t>(format) * 2 + static_cast<size_t>(pass);
+  KVQ_CHECK(i < steps.size(), kInvalidArgument, "format ", static_cast<int>(format),
+            " is unknown");
+  return steps[i];
+}
+
 }  // namespace kvq

@@ -20,6 +20,14 @@ std::string CaseName(const Safetensors& file) {
   return it == file.metadata.end() ? std::string("<unnamed case>") : it->second;
 }
 
+// The later of two "major.minor" versions.
+const char* LaterVersion(const char* a, const char* b) {
+  int a_major = 0, a_minor = 0, b_major = 0, b_minor = 0;
+  std::sscanf(a, "%d.%d", &a_major, &a_minor);
+  std::sscanf(b, "%d.%d", &b_major, &b_minor);
+  return a_major != b_major ? (a_major > b_major ? a : b) : (a_minor >= b_minor ? a : b);
+}
+
 }  // namespace
 
 const char* CaseKindName(CaseKind kind) {
@@ -49,22 +57,15 @@ bool IsReplayableSpecVersion(const std::string& version) {
 }
 
 const char* SpecVersionOf(const WriteParams& p) {
-  if (!p.quantized()) return "1.0";
-  if (p.format == Format::kFp8E4m3) return "1.2";
-  const bool v11 = p.format != Format::kAffineToken || p.norm ||
-                   (p.group == p.head_dim && !IsSupportedGroup(p.group));
-  return v11 ? "1.1" : "1.0";
+  if (!p.quantized()) return FormatSpecVersion(p.format);
+  // The format's own version, raised to 1.1 by spec 1.1's options of an older format.
+  const bool v11_option = p.norm || (p.group == p.head_dim && !IsSupportedGroup(p.group));
+  return LaterVersion(FormatSpecVersion(p.format), v11_option ? "1.1" : "1.0");
 }
 
 const char* SpecVersionOf(const CacheParams& p) {
-  for (const WriteParams* w : {&p.key, &p.value}) {
-    if (std::string(SpecVersionOf(*w)) == "1.2") return "1.2";
-  }
-  if (p.flush != 1 || p.recent == 0) return "1.1";
-  if (std::string(SpecVersionOf(p.key)) == "1.1" || std::string(SpecVersionOf(p.value)) == "1.1") {
-    return "1.1";
-  }
-  return "1.0";
+  const char* v = LaterVersion(SpecVersionOf(p.key), SpecVersionOf(p.value));
+  return p.flush != 1 || p.recent == 0 ? LaterVersion(v, "1.1") : v;  // spec 1.1's windows
 }
 
 const char* RequiredSpecVersion(const Safetensors& file) {
@@ -76,11 +77,10 @@ const char* RequiredSpecVersion(const Safetensors& file) {
   const WriteParams p = GetWriteParams(meta, "");
   if (kind == CaseKind::kStage) {
     const StageSpec& stage = StageByName(meta.String("stage"));
+    // A codec stage came with its format; the norm and its inverse with spec 1.1.
+    if (!stage.transform) return LaterVersion(FormatSpecVersion(stage.format), SpecVersionOf(p));
     const std::string name = stage.name;
-    if (!stage.transform && stage.format == Format::kFp8E4m3) return "1.2";
-    if (name == "norm" || name == "denorm" || (!stage.transform && stage.format != Format::kAffineToken)) {
-      return "1.1";
-    }
+    if (name == "norm" || name == "denorm") return LaterVersion("1.1", SpecVersionOf(p));
   }
   return SpecVersionOf(p);
 }

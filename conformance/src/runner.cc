@@ -125,6 +125,25 @@ void ReplayStage(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
 }
 
 // ---- The whole write path through the validating entry point ----
+
+// What the axes of a write-path output mean, from the stage argument that writes it (the
+// format's encode steps, then the transforms); rows of d values otherwise.
+const char* OutputAxes(const WriteParams& p, const std::string& field) {
+  std::vector<StageId> writers = CodecSteps(p.format, CodecPass::kEncode);
+  for (const StageSpec& stage : AllStages()) {
+    if (stage.transform) writers.push_back(stage.id);
+  }
+  for (StageId id : writers) {
+    const StageSpec& stage = GetStage(id);
+    for (int i = 0; i < stage.num_args; ++i) {
+      if (stage.args[i].is_output() && field == stage.args[i].expect) {
+        return ExtentAxes(stage.args[i].extent);
+      }
+    }
+  }
+  return "row, column";
+}
+
 void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
   const WriteParams p = GetWriteParams(CaseMetadata(c), "");
   const int64_t n = CaseMetadata(c).Int("rows");
@@ -138,14 +157,10 @@ void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backen
       static_cast<size_t>(n));
   // Every field of the format's write path, in write-path order, so the first mismatch names
   // the earliest stage that went wrong; the case must expect exactly these fields.
-  const bool tile = p.format == Format::kAffineTile;
   std::set<std::string> compared;
   for (const auto& [field, got] : out.Tensors(p)) {
-    const char* axes = "row, column";
-    if (field == "tau" || field == "norm") axes = "row";
-    if (field == "scale" || field == "min") axes = tile ? "tile, channel" : "row, group";
-    if (field == "packed") axes = tile ? "tile, channel, byte" : "row, byte";
-    ExpectBits(field, c.Get("expect." + field), got.bytes.data(), got.bytes.size(), axes);
+    ExpectBits(field, c.Get("expect." + field), got.bytes.data(), got.bytes.size(),
+               OutputAxes(p, field));
     compared.insert("expect." + field);
   }
   for (const auto& [name, tensor] : c.tensors) {

@@ -26,6 +26,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/cpu_ref/write_path.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_hwy.cc"
@@ -215,32 +216,16 @@ class AffineTileRun {
   std::vector<uint8_t> staging_;
 };
 
-// One e4m3 byte per value: the run is decoded once per call into fp32 rows (into `decoded`,
-// [n, d]) by the codec's dequantize_fp8 of this target (s^ * e4m3, exact decode then one
-// rounding), and read from there.
-class Fp8E4m3Run {
+// A format without a reader of its own above (fp8_e4m3 today): the run decoded once per call
+// into fp32 rows by its codec's decode steps (formats.inc: DecodeRows with the stages of the
+// best backend this CPU runs, bit-identical to every other backend's), read from there.
+class CodecRun {
  public:
-  Fp8E4m3Run(const HistoryRunView& rows, size_t n, const WriteParams& p,
-             std::vector<float>* decoded)
+  CodecRun(const HistoryRunView& rows, size_t n, const WriteParams& p, std::vector<float>* decoded)
       : d_(static_cast<size_t>(p.head_dim)) {
     decoded->resize(n * d_);
     rows_ = decoded->data();
-    const DF df;
-    const hn::RebindToSigned<DF> di;
-    const hn::Rebind<uint8_t, DF> d8;
-    const size_t lanes = hn::Lanes(df);
-    const VF scale = hn::Set(df, p.head_scale);
-    struct Table {  // every code's exact value, built once
-      HWY_ALIGN float value[256];
-      Table() {
-        for (int c = 0; c < 256; ++c) value[c] = F32FromE4m3(static_cast<uint8_t>(c));
-      }
-    };
-    static const Table table;
-    for (size_t i = 0; i < n * d_; i += lanes) {
-      const auto index = hn::PromoteTo(di, hn::LoadU(d8, rows.plane[0] + i));
-      hn::StoreU(hn::Mul(scale, hn::GatherIndex(df, table.value, index)), df, rows_ + i);
-    }
+    DecodeRows(BestBackend(), p, rows, n, rows_);
   }
   HWY_INLINE F32Source Row(size_t i) const { return F32Source{rows_ + i * d_}; }
 
@@ -249,15 +234,33 @@ class Fp8E4m3Run {
   float* rows_ = nullptr;
 };
 
+// The reader of each format: its own class where one is written above, else CodecRun.
+template <Format F>
+struct RunOf {
+  using type = CodecRun;
+};
+template <>
+struct RunOf<Format::kBf16> {
+  using type = Bf16Run;
+};
+template <>
+struct RunOf<Format::kAffineToken> {
+  using type = AffineTokenRun;
+};
+template <>
+struct RunOf<Format::kAffineTile> {
+  using type = AffineTileRun;
+};
+
 // Calls fn(make_source) where make_source(i) is the source of row i of the run, decoded by the
-// codec of p.format (one <Name>Run class per row of formats.inc).
+// reader of p.format (RunOf).
 template <class Fn>
 HWY_INLINE void WithRowSources(const HistoryRunView& run, size_t n, const WriteParams& p,
                                std::vector<float>* scratch, const Fn& fn) {
   switch (p.format) {
-#define KVQ_FORMAT(id, Name, tile_tokens, summary)                   \
+#define KVQ_FORMAT(id, Name, tile_tokens, spec, summary)                   \
   case Format::k##Name: {                                            \
-    const Name##Run rows(run, n, p, scratch);                        \
+    const typename RunOf<Format::k##Name>::type rows(run, n, p, scratch); \
     fn([&rows](size_t i) { return rows.Row(i); });                   \
     return;                                                          \
   }

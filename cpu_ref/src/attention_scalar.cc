@@ -9,6 +9,7 @@
 #include "attention_internal.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/cpu_ref/write_path.h"
 
 namespace kvq::cpu::internal {
 namespace {
@@ -55,76 +56,6 @@ void Bf16Row(const uint16_t* row, int d, float* out) {
   for (int j = 0; j < d; ++j) out[j] = F32FromBf16(row[j]);
 }
 
-// ---- One history row of a run, decoded to fp32 in the rotated space, per format ----
-
-void DecodeRowBf16(const HistoryRunView& run, size_t i, const WriteParams& p, float* out) {
-  const uint16_t* row = reinterpret_cast<const uint16_t*>(run.plane[0]) +
-                        i * static_cast<size_t>(p.head_dim);
-  Bf16Row(row, p.head_dim, out);
-}
-
-// y = code * scale + min (the product is exact).
-void DecodeRowAffineToken(const HistoryRunView& run, size_t i, const WriteParams& p,
-                          float* out) {
-  const int d = p.head_dim;
-  const int part = d * p.bits / 8;  // INT2: d/4 bytes (quarters); INT4: d/2 (halves)
-  const uint32_t mask = static_cast<uint32_t>(p.levels());
-  const uint8_t* codes = run.plane[0] + i * static_cast<size_t>(p.code_bytes());
-  const uint16_t* scales = reinterpret_cast<const uint16_t*>(run.plane[1]);
-  const uint16_t* mins = reinterpret_cast<const uint16_t*>(run.plane[2]);
-  const size_t groups = static_cast<size_t>(p.num_groups());
-  for (int j = 0; j < d; ++j) {
-    const int which = j / part;
-    const uint32_t code = (static_cast<uint32_t>(codes[j - which * part]) >>
-                           (which * p.bits)) & mask;
-    const size_t g = i * groups + static_cast<size_t>(j / p.group);
-    out[j] = static_cast<float>(code) * F32FromBf16(scales[g]) + F32FromBf16(mins[g]);
-  }
-}
-
-// Token k = tile_offset + i of the run: tile k / G_k, token r = k % G_k of it. Channel j's codes
-// are bytes [j * G_k*b/8, ...) of the tile row, token r at byte r % (G_k*b/8), bit offset
-// b * (r / (G_k*b/8)). y = code * scale[tile][j] + min[tile][j], then times n^ with a norm.
-void DecodeRowAffineTile(const HistoryRunView& run, size_t i, const WriteParams& p,
-                         float* out) {
-  const int d = p.head_dim;
-  const size_t tile = static_cast<size_t>(p.tile_tokens());
-  const size_t k = static_cast<size_t>(run.tile_offset) + i;
-  const size_t t = k / tile, r = k % tile;
-  const size_t slice = static_cast<size_t>(p.tile_channel_bytes());
-  const uint32_t mask = static_cast<uint32_t>(p.levels());
-  const uint8_t* codes = run.plane[0] + t * static_cast<size_t>(d) * slice;
-  const uint16_t* scales = reinterpret_cast<const uint16_t*>(run.plane[1]) + t * d;
-  const uint16_t* mins = reinterpret_cast<const uint16_t*>(run.plane[2]) + t * d;
-  const size_t which = r / slice;
-  for (int j = 0; j < d; ++j) {
-    const uint32_t code = (static_cast<uint32_t>(codes[j * slice + r % slice]) >>
-                           (which * static_cast<size_t>(p.bits))) & mask;
-    out[j] = static_cast<float>(code) * F32FromBf16(scales[j]) + F32FromBf16(mins[j]);
-  }
-  if (p.norm) {
-    const int plane = LayoutOf(p).Find("norm");
-    const float n = F32FromBf16(reinterpret_cast<const uint16_t*>(run.plane[plane])[i]);
-    for (int j = 0; j < d; ++j) out[j] = out[j] * n;
-  }
-}
-
-// y = s^ * e4m3 value (the codec's dequantize, numerics.md §9).
-void DecodeRowFp8E4m3(const HistoryRunView& run, size_t i, const WriteParams& p, float* out) {
-  const uint8_t* codes = run.plane[0] + i * static_cast<size_t>(p.head_dim);
-  for (int j = 0; j < p.head_dim; ++j) out[j] = p.head_scale * F32FromE4m3(codes[j]);
-}
-
-void DecodeRow(const HistoryRunView& run, size_t i, const WriteParams& p, float* out) {
-  switch (p.format) {
-#define KVQ_FORMAT(id, Name, tile_tokens, summary) \
-  case Format::k##Name:                            \
-    return DecodeRow##Name(run, i, p, out);
-#include "kvq/common/formats.inc"
-#undef KVQ_FORMAT
-  }
-}
-
 void Bf16UpdateScalar(const float* q, size_t g, Bf16RowsView k, Bf16RowsView v, size_t n, int d,
                       float scale, float* scratch, float* m, float* l, float* acc) {
   std::vector<float> row(static_cast<size_t>(d));
@@ -144,19 +75,20 @@ void Bf16UpdateScalar(const float* q, size_t g, Bf16RowsView k, Bf16RowsView v, 
 void HistoryUpdateScalar(const float* q_rot, size_t g, HistoryRunView k, HistoryRunView v,
                          size_t n, const WriteParams& kp, const WriteParams& vp, float scale,
                          float* scratch, float* m, float* l, float* acc) {
+  // The run's rows as the codec of each side's format decodes them (formats.inc's decode
+  // steps, run by the scalar stages): the oracle has no reader of its own per format.
   const int d = kp.head_dim;
-  std::vector<float> row(static_cast<size_t>(d));
+  const size_t dd = static_cast<size_t>(d);
+  std::vector<float> rows(n * dd);
+  DecodeRows(ScalarBackend(), kp, k, n, rows.data());
   for (size_t i = 0; i < n; ++i) {
-    DecodeRow(k, i, kp, row.data());
     for (size_t h = 0; h < g; ++h) {
-      scratch[h * n + i] = scale * Dot(q_rot + h * static_cast<size_t>(d), row.data(), d);
+      scratch[h * n + i] = scale * Dot(q_rot + h * dd, rows.data() + i * dd, d);
     }
   }
   SoftmaxStep(g, n, d, scratch, m, l, acc);
-  for (size_t i = 0; i < n; ++i) {
-    DecodeRow(v, i, vp, row.data());
-    AddValueRow(g, n, i, d, scratch, row.data(), acc);
-  }
+  DecodeRows(ScalarBackend(), vp, v, n, rows.data());
+  for (size_t i = 0; i < n; ++i) AddValueRow(g, n, i, d, scratch, rows.data() + i * dd, acc);
 }
 
 }  // namespace

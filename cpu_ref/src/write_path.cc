@@ -192,40 +192,56 @@ void CheckTokenInputs(const Backend& backend, const std::vector<WriteParams>& pa
   CheckFinite(x, n, p0.head_dim * static_cast<int>(heads), "input");
 }
 
-// The codec stages of each quantized format on the clipped rows: codes, metadata, packed
-// bytes, and the dequantized rows (before any norm factor).
-void QuantizeAffineToken(const Backend& backend, const WriteParams& p, const float* clipped,
-                         size_t n, QuantizedRows* out) {
-  const size_t groups = n * static_cast<size_t>(p.num_groups());
-  out->packed.resize(n * static_cast<size_t>(p.code_bytes()));
-  out->scale.resize(groups);
-  out->min.resize(groups);
-  backend.write.quantize(clipped, out->codes.data(), out->scale.data(), out->min.data(), n, p);
-  backend.write.pack(out->codes.data(), out->packed.data(), n, p);
-  backend.write.dequantize(out->codes.data(), out->scale.data(), out->min.data(),
-                           out->dequantized.data(), n, p);
+const std::pair<std::string, Tensor>* FindOutput(
+    const std::vector<std::pair<std::string, Tensor>>& outputs, const std::string& name) {
+  for (const auto& entry : outputs) {
+    if (entry.first == name) return &entry;
+  }
+  return nullptr;
 }
 
-void QuantizeAffineTile(const Backend& backend, const WriteParams& p, const float* clipped,
-                        size_t n, QuantizedRows* out) {
-  const size_t d = static_cast<size_t>(p.head_dim);
-  const size_t tiles = n / static_cast<size_t>(p.tile_tokens());
-  out->packed.resize(tiles * d * static_cast<size_t>(p.tile_channel_bytes()));
-  out->scale.resize(tiles * d);
-  out->min.resize(tiles * d);
-  backend.write.quantize_tile(clipped, out->codes.data(), out->scale.data(), out->min.data(), n,
-                              p);
-  backend.write.pack_tile(out->codes.data(), out->packed.data(), n, p);
-  backend.write.dequantize_tile(out->codes.data(), out->scale.data(), out->min.data(),
-                                out->dequantized.data(), n, p);
-}
-
-// One e4m3 byte per value: the codes are the stored plane as they are (nothing to pack).
-void QuantizeFp8E4m3(const Backend& backend, const WriteParams& p, const float* clipped,
-                     size_t n, QuantizedRows* out) {
-  backend.write.quantize_fp8(clipped, out->codes.data(), n, p);
-  out->packed = out->codes;
-  backend.write.dequantize_fp8(out->codes.data(), out->dequantized.data(), n, p);
+// Runs one codec step (formats.inc's KVQ_CODEC_STEP) over n rows, binding its arguments by
+// name: `x` to `x`, `y` to `y`, another input to the output of that name in `named` or, when
+// there is none, to `lookup(name)` (the stored planes of a decode); another output is
+// appended to `named`, shaped by its extent. The order of a format's steps is checked by
+// CodecStepsBind (format tests), so a missing input here is a kvq::Error, not a crash.
+template <class Lookup>
+void RunCodecStep(const Backend& backend, const WriteParams& p, StageId id, const float* x,
+                  float* y, size_t n, std::vector<std::pair<std::string, Tensor>>* named,
+                  const Lookup& lookup) {
+  const StageSpec& stage = GetStage(id);
+  // Allocate the step's new outputs first: appending moves nothing the pointers then see.
+  for (int i = 0; i < stage.num_args; ++i) {
+    const StageArg& a = stage.args[i];
+    if (a.dir != ArgDir::kOut || std::strcmp(a.name, "y") == 0) continue;
+    Tensor t;
+    t.dtype = a.dtype;
+    t.shape = ArgShape(a.extent, static_cast<int64_t>(n), p);
+    t.bytes.resize(ArgElements(a.extent, static_cast<int64_t>(n), p) * DTypeSize(a.dtype));
+    named->emplace_back(a.expect, std::move(t));
+  }
+  void* args[kMaxStageArgs] = {};
+  for (int i = 0; i < stage.num_args; ++i) {
+    const StageArg& a = stage.args[i];
+    if (std::strcmp(a.name, "x") == 0 && a.dir == ArgDir::kIn) {
+      args[i] = const_cast<float*>(x);
+    } else if (std::strcmp(a.name, "y") == 0 && a.dir == ArgDir::kOut) {
+      args[i] = y;
+    } else if (a.dir == ArgDir::kOut) {
+      args[i] = named->back().second.bytes.data();
+      for (auto& entry : *named) {
+        if (entry.first == a.expect) args[i] = entry.second.bytes.data();
+      }
+    } else if (const auto* found = FindOutput(*named, a.name)) {
+      args[i] = const_cast<uint8_t*>(found->second.bytes.data());
+    } else {
+      args[i] = const_cast<void*>(lookup(a.name));
+      KVQ_CHECK(args[i] != nullptr, kInvalidArgument, "codec step '", stage.name,
+                "' of format '", FormatName(p.format), "' reads '", a.name,
+                "', which no earlier step writes and no plane stores");
+    }
+  }
+  if (n > 0) RunStage(backend.write, id, args, n, p);
 }
 
 }  // namespace
@@ -249,10 +265,10 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     q.rows = n;
     q.rotated.resize(count);
     q.tau.resize(n);
-    q.codes.resize(count);
     q.dequantized.resize(count);
     if (p0.norm) {
-      q.norm.resize(n);
+      q.outputs.emplace_back("norm", Tensor::BF16({static_cast<int64_t>(n)},
+                                                  std::vector<uint16_t>(n)));
       q.normalized.resize(count);
     }
     if (n == 0) continue;
@@ -270,7 +286,15 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
       }
     }
   }
-  if (n == 0) return out;
+  if (n == 0) {  // the record still names every output, each empty
+    for (size_t h = 0; h < heads; ++h) {
+      for (StageId step : CodecSteps(params[h].format, CodecPass::kEncode)) {
+        RunCodecStep(backend, params[h], step, nullptr, nullptr, 0, &out[h].outputs,
+                     [](const char*) -> const void* { return nullptr; });
+      }
+    }
+    return out;
+  }
 
   // The norm: per head, or one over each token's heads laid end to end (norm_heads == H).
   if (p0.norm) {
@@ -293,7 +317,8 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
       }
       for (size_t k = 0; k < span_heads; ++k) {
         QuantizedRows& q = out[first + k];
-        q.norm = norms;
+        std::memcpy(q.outputs.front().second.bytes.data(), norms.data(),
+                    n * sizeof(uint16_t));
         for (size_t r = 0; r < n; ++r) {
           std::memcpy(&q.normalized[r * d], &spans[r * span + k * d], d * sizeof(float));
         }
@@ -306,14 +331,13 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     QuantizedRows& q = out[h];
     std::vector<float> clipped(p.norm ? q.normalized : q.rotated);
     backend.write.clip(clipped.data(), q.tau.data(), n, p);
-    switch (p.format) {
-      case Format::kAffineToken: QuantizeAffineToken(backend, p, clipped.data(), n, &q); break;
-      case Format::kAffineTile: QuantizeAffineTile(backend, p, clipped.data(), n, &q); break;
-      case Format::kFp8E4m3: QuantizeFp8E4m3(backend, p, clipped.data(), n, &q); break;
-      default:
-        KVQ_CHECK(false, kInvalidArgument, "format '", FormatName(p.format), "' has no quantizer");
+    for (StageId step : CodecSteps(p.format, CodecPass::kEncode)) {
+      RunCodecStep(backend, p, step, clipped.data(), q.dequantized.data(), n, &q.outputs,
+                   [](const char*) -> const void* { return nullptr; });
     }
-    if (p.norm) backend.write.denorm(q.dequantized.data(), q.norm.data(), n, p);
+    if (p.norm) {
+      backend.write.denorm(q.dequantized.data(), q.Output("norm").data<uint16_t>(), n, p);
+    }
   }
   return out;
 }
@@ -327,36 +351,36 @@ QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const f
   return std::move(QuantizeTokens(backend, {p}, {rotation}, x, n).front());
 }
 
+const Tensor& QuantizedRows::Output(const std::string& name) const {
+  const auto* found = FindOutput(outputs, name);
+  if (found == nullptr) {
+    std::string names;
+    for (const auto& entry : outputs) names += (names.empty() ? "" : ", ") + entry.first;
+    KVQ_CHECK(false, kInvalidArgument, "the write path has no output '", name, "' (it has: ",
+              names.empty() ? "none" : names, ")");
+  }
+  return found->second;
+}
+
 std::vector<std::pair<std::string, Tensor>> QuantizedRows::Tensors(const WriteParams& p) const {
   const int64_t n = static_cast<int64_t>(rows), d = p.head_dim;
-  const bool tile = p.format == Format::kAffineTile;
-  const std::vector<int64_t> meta_shape = tile ? ArgShape(Extent::kTileChannels, n, p)
-                                               : ArgShape(Extent::kGroups, n, p);
-  const std::vector<int64_t> packed_shape = tile ? ArgShape(Extent::kTilePacked, n, p)
-                                                 : ArgShape(Extent::kPacked, n, p);
   std::vector<std::pair<std::string, Tensor>> t;
   t.emplace_back("rotated", Tensor::F32({n, d}, rotated));
+  size_t codec = 0;
   if (p.norm) {
-    t.emplace_back("norm", Tensor::BF16({n}, norm));
+    t.push_back(outputs.front());  // the norm stage's output comes first
     t.emplace_back("normalized", Tensor::F32({n, d}, normalized));
+    codec = 1;
   }
   t.emplace_back("tau", Tensor::F32({n}, tau));
-  if (p.format == Format::kFp8E4m3) {  // the codes are the stored bytes; no metadata
-    t.emplace_back("codes", Tensor::U8({n, d}, codes));
-    t.emplace_back("dequantized", Tensor::F32({n, d}, dequantized));
-    return t;
-  }
-  t.emplace_back("scale", Tensor::BF16(meta_shape, scale));
-  t.emplace_back("min", Tensor::BF16(meta_shape, min));
-  t.emplace_back("codes", Tensor::U8({n, d}, codes));
-  t.emplace_back("packed", Tensor::U8(packed_shape, packed));
+  for (size_t i = codec; i < outputs.size(); ++i) t.push_back(outputs[i]);
   t.emplace_back("dequantized", Tensor::F32({n, d}, dequantized));
   return t;
 }
 
 namespace {
 
-// ---- The codec of each format (formats.inc): Encode<Name> and Decode<Name> ----
+// ---- The codecs: bf16 rows, or the steps of a quantized format (formats.inc) ----
 // Encode: n tokens of the heads of `params` from x [n, H, d]; one EncodedRows per head.
 
 void EncodeBf16(const Backend&, const std::vector<WriteParams>& params,
@@ -395,7 +419,7 @@ void DecodeBf16(const Backend&, const WriteParams& p, const HistoryRunView& rows
   }
 }
 
-// The planes of a quantized format from its write path's fields, by plane name.
+// The planes of a quantized format: each stores the write-path output its source column names.
 void EncodeQuantized(const Backend& backend, const std::vector<WriteParams>& params,
                      const std::vector<const float*>& rotations, const float* x, size_t n,
                      std::vector<EncodedRows>* out) {
@@ -403,95 +427,36 @@ void EncodeQuantized(const Backend& backend, const std::vector<WriteParams>& par
   const FormatLayout layout = LayoutOf(params.front());
   for (size_t h = 0; h < params.size(); ++h) {
     for (int i = 0; i < layout.num_planes; ++i) {
-      const std::string name = layout.plane(i).name;
-      const void* data = nullptr;
-      size_t bytes = 0;
-      if (name == "codes") {
-        data = q[h].packed.data();
-        bytes = q[h].packed.size();
-      } else if (name == "scale" || name == "min" || name == "norm") {
-        const std::vector<uint16_t>& v =
-            name == "scale" ? q[h].scale : (name == "min" ? q[h].min : q[h].norm);
-        data = v.data();
-        bytes = v.size() * sizeof(uint16_t);
-      } else {
-        KVQ_CHECK(false, kInvalidArgument, "plane '", name, "' of format '",
-                  FormatName(layout.format), "' has no write-path field");
-      }
-      (*out)[h].plane[i].resize(bytes);
-      if (bytes > 0) std::memcpy((*out)[h].plane[i].data(), data, bytes);
+      (*out)[h].plane[i] = q[h].Output(layout.plane(i).source).bytes;
     }
   }
 }
 
-void EncodeAffineToken(const Backend& backend, const std::vector<WriteParams>& params,
-                       const std::vector<const float*>& rotations, const float* x, size_t n,
-                       std::vector<EncodedRows>* out) {
-  EncodeQuantized(backend, params, rotations, x, n, out);
-}
-
-void DecodeAffineToken(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
-                       size_t n, float* y) {
-  std::vector<uint8_t> codes(n * static_cast<size_t>(p.head_dim));
-  backend.write.unpack(rows.plane[0], codes.data(), n, p);
-  backend.write.dequantize(codes.data(), reinterpret_cast<const uint16_t*>(rows.plane[1]),
-                           reinterpret_cast<const uint16_t*>(rows.plane[2]), y, n, p);
-}
-
-void EncodeAffineTile(const Backend& backend, const std::vector<WriteParams>& params,
-                      const std::vector<const float*>& rotations, const float* x, size_t n,
-                      std::vector<EncodedRows>* out) {
-  EncodeQuantized(backend, params, rotations, x, n, out);
-}
-
-// The whole tiles covering the run are decoded, then its rows are kept and multiplied by n^.
-void DecodeAffineTile(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
-                      size_t n, float* y) {
+// The decode steps over the whole tiles covering the run; its rows are kept, then times n^.
+void DecodeQuantized(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
+                     size_t n, float* y) {
   const size_t d = static_cast<size_t>(p.head_dim);
   const size_t tile = static_cast<size_t>(p.tile_tokens());
   const size_t offset = static_cast<size_t>(rows.tile_offset);
   const size_t covered = (offset + n + tile - 1) / tile * tile;
-  std::vector<uint8_t> codes(covered * d);
+  const FormatLayout layout = LayoutOf(p);
+  const auto plane = [&](const char* source) -> const void* {
+    for (int i = 0; i < layout.num_planes; ++i) {
+      if (std::strcmp(layout.plane(i).source, source) == 0) return rows.plane[i];
+    }
+    return nullptr;
+  };
   std::vector<float> decoded(covered * d);
-  backend.write.unpack_tile(rows.plane[0], codes.data(), covered, p);
-  backend.write.dequantize_tile(codes.data(), reinterpret_cast<const uint16_t*>(rows.plane[1]),
-                                reinterpret_cast<const uint16_t*>(rows.plane[2]), decoded.data(),
-                                covered, p);
+  std::vector<std::pair<std::string, Tensor>> scratch;
+  for (StageId step : CodecSteps(p.format, CodecPass::kDecode)) {
+    RunCodecStep(backend, p, step, nullptr, decoded.data(), covered, &scratch, plane);
+  }
   std::memcpy(y, decoded.data() + offset * d, n * d * sizeof(float));
-  if (p.norm) {
-    const int norm = LayoutOf(p).Find("norm");
-    backend.write.denorm(y, reinterpret_cast<const uint16_t*>(rows.plane[norm]), n, p);
-  }
+  if (p.norm) backend.write.denorm(y, static_cast<const uint16_t*>(plane("norm")), n, p);
 }
 
-void EncodeFp8E4m3(const Backend& backend, const std::vector<WriteParams>& params,
-                   const std::vector<const float*>& rotations, const float* x, size_t n,
-                   std::vector<EncodedRows>* out) {
-  EncodeQuantized(backend, params, rotations, x, n, out);
-}
-
-void DecodeFp8E4m3(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
-                   size_t n, float* y) {
-  backend.write.dequantize_fp8(rows.plane[0], y, n, p);
-}
-
-struct Codec {
-  void (*encode)(const Backend&, const std::vector<WriteParams>&, const std::vector<const float*>&,
-                 const float*, size_t, std::vector<EncodedRows>*);
-  void (*decode)(const Backend&, const WriteParams&, const HistoryRunView&, size_t, float*);
-};
-
-Codec CodecOf(Format format) {
-  switch (format) {
-#define KVQ_FORMAT(id, Name, tile_tokens, summary) \
-  case Format::k##Name:                            \
-    return {&Encode##Name, &Decode##Name};
-#include "kvq/common/formats.inc"
-#undef KVQ_FORMAT
-  }
-  KVQ_CHECK(false, kInvalidArgument, "format ", static_cast<int>(format), " has no codec");
-  return {};
-}
+// A format with a codec runs its steps; bf16, the one without, stores rounded rows.
+bool HasCodec(Format format) { return !CodecSteps(format, CodecPass::kEncode).empty(); }
 
 }  // namespace
 
@@ -509,7 +474,7 @@ std::vector<EncodedRows> EncodeTokens(const Backend& backend,
             "' stores tiles of ", tile, " tokens; ", n, " rows is not a whole number of tiles");
   std::vector<EncodedRows> out(params.size());
   for (EncodedRows& e : out) e.rows = n;
-  CodecOf(p0.format).encode(backend, params, rotations, x, n, &out);
+  (HasCodec(p0.format) ? EncodeQuantized : EncodeBf16)(backend, params, rotations, x, n, &out);
   return out;
 }
 
@@ -524,7 +489,7 @@ EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const float
 void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
                 size_t n, float* y) {
   if (n == 0) return;
-  CodecOf(p.format).decode(backend, p, rows, n, y);
+  (HasCodec(p.format) ? DecodeQuantized : DecodeBf16)(backend, p, rows, n, y);
 }
 
 }  // namespace kvq::cpu

@@ -177,21 +177,25 @@ TEST_P(WriteGoldenTest, CodeClampConstantRowsStoreZeroCodesAndBytes) {
           std::vector<float> x(n * dd);
           for (size_t r = 0; r < n; ++r) std::fill_n(x.begin() + r * dd, dd, values[r]);
           const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), n);
+          const std::vector<uint8_t> q_codes = q.Values<uint8_t>("codes");
+          const std::vector<uint8_t> q_packed = q.Values<uint8_t>("packed");
+          const std::vector<uint16_t> q_scale = q.Values<uint16_t>("scale");
+          const std::vector<uint16_t> q_min = q.Values<uint16_t>("min");
           std::vector<uint8_t> unpacked(n * dd, 0xff);
-          backend.write.unpack(q.packed.data(), unpacked.data(), n, p);
+          backend.write.unpack(q_packed.data(), unpacked.data(), n, p);
           for (size_t r = 0; r < n; ++r) {
             const std::string where = "d " + std::to_string(d) + " G " + std::to_string(group) +
                                       " bits " + std::to_string(bits) + " rho " +
                                       std::to_string(rho) + " x " + testbed::DescribeFloat(values[r]);
             const uint16_t min = Bf16FromF32(values[r] + 0.0f);
             for (size_t g = 0; g < groups; ++g) {
-              ASSERT_EQ(q.scale[r * groups + g], 0x0000) << where;
-              ASSERT_EQ(q.min[r * groups + g], min) << where;
+              ASSERT_EQ(q_scale[r * groups + g], 0x0000) << where;
+              ASSERT_EQ(q_min[r * groups + g], min) << where;
             }
-            for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(q.packed[r * bytes + i], 0) << where;
+            for (size_t i = 0; i < bytes; ++i) ASSERT_EQ(q_packed[r * bytes + i], 0) << where;
             const float xhat = 0.0f * 0.0f + F32FromBf16(min);
             for (size_t j = 0; j < dd; ++j) {
-              ASSERT_EQ(q.codes[r * dd + j], 0) << where << " channel " << j;
+              ASSERT_EQ(q_codes[r * dd + j], 0) << where << " channel " << j;
               ASSERT_EQ(unpacked[r * dd + j], 0) << where << " channel " << j;
               ASSERT_EQ(F32Bits(q.dequantized[r * dd + j]), F32Bits(xhat)) << where;
             }
@@ -235,6 +239,10 @@ TEST_P(WriteGoldenTest, ScaleFloorTinyRangesKeepCodesInRange) {
           if (j % gs == 1) x[j] = c.hi;
         }
         const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), 1);
+        const std::vector<uint8_t> q_codes = q.Values<uint8_t>("codes");
+        const std::vector<uint8_t> q_packed = q.Values<uint8_t>("packed");
+        const std::vector<uint16_t> q_scale = q.Values<uint16_t>("scale");
+        const std::vector<uint16_t> q_min = q.Values<uint16_t>("min");
         const std::string where = "lo " + testbed::DescribeFloat(c.lo) + " hi " + testbed::DescribeFloat(c.hi) + " d " +
                                   std::to_string(d) + " bits " + std::to_string(bits);
         const int levels = p.levels();
@@ -242,22 +250,22 @@ TEST_P(WriteGoldenTest, ScaleFloorTinyRangesKeepCodesInRange) {
         const uint16_t min = Bf16FromF32(c.lo + 0.0f);
         ASSERT_EQ(scale == 0, c.zero_scale) << where;
         for (int g = 0; g < p.num_groups(); ++g) {
-          ASSERT_EQ(q.scale[g], scale) << where << " group " << g;
-          ASSERT_EQ(q.min[g], min) << where << " group " << g;
+          ASSERT_EQ(q_scale[g], scale) << where << " group " << g;
+          ASSERT_EQ(q_min[g], min) << where << " group " << g;
         }
         std::vector<uint8_t> unpacked(dd, 0xff);
-        backend.write.unpack(q.packed.data(), unpacked.data(), 1, p);
+        backend.write.unpack(q_packed.data(), unpacked.data(), 1, p);
         for (size_t j = 0; j < dd; ++j) {
-          ASSERT_LE(q.codes[j], levels) << where << " channel " << j;
-          ASSERT_EQ(q.codes[j], SpecCode(x[j], scale, min, levels))
+          ASSERT_LE(q_codes[j], levels) << where << " channel " << j;
+          ASSERT_EQ(q_codes[j], SpecCode(x[j], scale, min, levels))
               << where << " channel " << j << " x " << testbed::DescribeFloat(x[j]);
-          ASSERT_EQ(unpacked[j], q.codes[j]) << where << " channel " << j;
+          ASSERT_EQ(unpacked[j], q_codes[j]) << where << " channel " << j;
           if (c.zero_scale) {
-            ASSERT_EQ(q.codes[j], 0) << where << " channel " << j;
+            ASSERT_EQ(q_codes[j], 0) << where << " channel " << j;
           } else if (j % gs == 0) {
-            EXPECT_EQ(q.codes[j], 0) << where << " channel " << j;
+            EXPECT_EQ(q_codes[j], 0) << where << " channel " << j;
           } else if (j % gs == 1) {
-            EXPECT_GT(q.codes[j], levels / 2)
+            EXPECT_GT(q_codes[j], levels / 2)
                 << where << " channel " << j << ": the top of a tiny range keeps its level";
           }
         }

@@ -74,7 +74,7 @@ TEST(WritePathTest, RejectsNullPointers) {
   // Zero rows need no buffers.
   const QuantizedRows empty = QuantizeRows(BestBackend(), Params(), nullptr, nullptr, 0);
   EXPECT_EQ(empty.rows, 0u);
-  EXPECT_TRUE(empty.codes.empty());
+  EXPECT_TRUE(empty.Output("codes").bytes.empty());
 }
 
 TEST(WritePathTest, RejectsNonFiniteInputNamingRowColumnAndValue) {
@@ -167,13 +167,17 @@ TEST(WritePathTest, QuantizeRowsRunsTheStagesInOrder) {
     k.dequantize(codes.data(), scale.data(), min.data(), deq.data(), n, p);
 
     const QuantizedRows q = QuantizeRows(ScalarBackend(), p, rot.data(), x.data(), n);
+    const std::vector<uint8_t> q_codes = q.Values<uint8_t>("codes");
+    const std::vector<uint8_t> q_packed = q.Values<uint8_t>("packed");
+    const std::vector<uint16_t> q_scale = q.Values<uint16_t>("scale");
+    const std::vector<uint16_t> q_min = q.Values<uint16_t>("min");
     const std::string kind_name = RotationKindName(kind);
     EXPECT_TRUE(BitsEqual(kind_name + " rotated", permuted, q.rotated, d));
     EXPECT_TRUE(BitsEqual(kind_name + " tau", tau, q.tau, 1));
-    EXPECT_TRUE(BitsEqual(kind_name + " codes", codes, q.codes, d));
-    EXPECT_TRUE(BitsEqual(kind_name + " packed", packed, q.packed, 32));
-    EXPECT_TRUE(BitsEqual(kind_name + " scale", scale, q.scale, 2));
-    EXPECT_TRUE(BitsEqual(kind_name + " min", min, q.min, 2));
+    EXPECT_TRUE(BitsEqual(kind_name + " codes", codes, q_codes, d));
+    EXPECT_TRUE(BitsEqual(kind_name + " packed", packed, q_packed, 32));
+    EXPECT_TRUE(BitsEqual(kind_name + " scale", scale, q_scale, 2));
+    EXPECT_TRUE(BitsEqual(kind_name + " min", min, q_min, 2));
     EXPECT_TRUE(BitsEqual(kind_name + " dequantized", deq, q.dequantized, d));
     // Rotate() alone gives the same rotated rows, in place too.
     std::vector<float> y(n * d);

@@ -241,8 +241,13 @@ TEST(TileDecode, RowsMidTileAndTheNorm) {
   for (float& v : x) v = rng.Bell() * 3.0f;
   for (const Backend* backend : testbed::TestBackends()) {
     const QuantizedRows q = QuantizeRows(*backend, p, nullptr, x.data(), n);
+    const std::vector<uint8_t> q_codes = q.Values<uint8_t>("codes");
+    const std::vector<uint8_t> q_packed = q.Values<uint8_t>("packed");
+    const std::vector<uint16_t> q_scale = q.Values<uint16_t>("scale");
+    const std::vector<uint16_t> q_min = q.Values<uint16_t>("min");
+    const std::vector<uint16_t> q_norm = q.Values<uint16_t>("norm");
     const EncodedRows e = EncodeRows(*backend, p, nullptr, x.data(), n);
-    ASSERT_EQ(e.plane[0], q.packed);
+    ASSERT_EQ(e.plane[0], q_packed);
     for (size_t first : {size_t{0}, size_t{5}, size_t{31}, size_t{33}}) {
       const size_t count = n - first;
       HistoryRunView view;
@@ -256,10 +261,10 @@ TEST(TileDecode, RowsMidTileAndTheNorm) {
       DecodeRows(*backend, p, view, count, y.data());
       for (size_t i = 0; i < count * 128; ++i) {
         const size_t r = first + i / 128, j = i % 128;
-        const float sf = F32FromBf16(q.scale[(r / 32) * 128 + j]);
-        const float mf = F32FromBf16(q.min[(r / 32) * 128 + j]);
-        const float literal = (static_cast<float>(q.codes[r * 128 + j]) * sf + mf) *
-                              F32FromBf16(q.norm[r]);
+        const float sf = F32FromBf16(q_scale[(r / 32) * 128 + j]);
+        const float mf = F32FromBf16(q_min[(r / 32) * 128 + j]);
+        const float literal = (static_cast<float>(q_codes[r * 128 + j]) * sf + mf) *
+                              F32FromBf16(q_norm[r]);
         ASSERT_EQ(F32Bits(y[i]), F32Bits(literal)) << backend->name << " row " << r;
         ASSERT_EQ(F32Bits(y[i]), F32Bits(q.dequantized[r * 128 + j]));
       }
@@ -288,7 +293,7 @@ TEST(TokenScopeNorm, OneNormOverTheHeadsRowsEndToEnd) {
       }
       const uint16_t want = LiteralTreeNorm(span.data(), span.size());
       for (int h = 0; h < heads; ++h) {
-        ASSERT_EQ(q[h].norm[r], want) << backend->name << " row " << r << " head " << h;
+        ASSERT_EQ(q[h].Values<uint16_t>("norm")[r], want) << backend->name << " row " << r << " head " << h;
         for (size_t j = 0; j < d; ++j) {
           ASSERT_EQ(F32Bits(q[h].normalized[r * d + j]),
                     F32Bits(q[h].rotated[r * d + j] / F32FromBf16(want)));

@@ -52,9 +52,9 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
       cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
   const NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)},
                                  {"tau", AsTensor(want.tau)},
-                                 {"packed", AsTensor(want.packed, p.code_bytes())},
-                                 {"scale", AsTensor(want.scale, p.num_groups())},
-                                 {"min", AsTensor(want.min, p.num_groups())}};
+                                 {"packed", AsTensor(want.Values<uint8_t>("packed"), p.code_bytes())},
+                                 {"scale", AsTensor(want.Values<uint16_t>("scale"), p.num_groups())},
+                                 {"min", AsTensor(want.Values<uint16_t>("min"), p.num_groups())}};
   const NamedTensors inputs = {
       {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)},
       {"rotation", AsTensor(rotation, d)}};
@@ -149,10 +149,10 @@ void ExpectTileWriteMatchesOracle(const WriteParams& p, const std::vector<float>
   const cpu::QuantizedRows want =
       cpu::QuantizeRows(cpu::ScalarBackend(), p, nullptr, x_f32.data(), n);
   const int64_t tile_bytes = static_cast<int64_t>(d) * p.tile_channel_bytes();
-  NamedTensors expected = {{"packed", AsTensor(want.packed, tile_bytes)},
-                           {"scale", AsTensor(want.scale, d)},
-                           {"min", AsTensor(want.min, d)}};
-  if (p.norm) expected.emplace_back("norm", AsTensor(want.norm));
+  NamedTensors expected = {{"packed", AsTensor(want.Values<uint8_t>("packed"), tile_bytes)},
+                           {"scale", AsTensor(want.Values<uint16_t>("scale"), d)},
+                           {"min", AsTensor(want.Values<uint16_t>("min"), d)}};
+  if (p.norm) expected.emplace_back("norm", AsTensor(want.Values<uint16_t>("norm")));
   const NamedTensors inputs = {
       {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)}};
   const size_t tiles = n / static_cast<size_t>(p.group);
@@ -350,9 +350,9 @@ TEST(TimeWriteRowsTest, ReturnsTheOraclesBits) {
     EXPECT_GT(got.median_us, 0.0) << ctx;
     EXPECT_TRUE(AllBitsEqual(
         ctx,
-        {{"packed", AsTensor(want.packed, p.code_bytes())},
-         {"scale", AsTensor(want.scale, p.num_groups())},
-         {"min", AsTensor(want.min, p.num_groups())}},
+        {{"packed", AsTensor(want.Values<uint8_t>("packed"), p.code_bytes())},
+         {"scale", AsTensor(want.Values<uint16_t>("scale"), p.num_groups())},
+         {"min", AsTensor(want.Values<uint16_t>("min"), p.num_groups())}},
         {{"packed", AsTensor(got.planes[kAffineCodesPlane], p.code_bytes())},
          {"scale", AsTensor(Bf16Plane(got.planes[kAffineScalePlane]), p.num_groups())},
          {"min", AsTensor(Bf16Plane(got.planes[kAffineMinPlane]), p.num_groups())}},

@@ -148,13 +148,13 @@ TEST(Cli, QuantizeDequantizeAndRotateMatchTheLibraryBitForBit) {
     t = check("tau", DType::kF32, {ni});
     ExpectSameBits("tau", want.tau, t->data<float>(), t->numel(), 1, seed);
     t = check("codes", DType::kU8, {ni, di});
-    ExpectSameBits("codes", want.codes, t->data<uint8_t>(), t->numel(), d, seed);
+    ExpectSameBits("codes", want.Values<uint8_t>("codes"), t->data<uint8_t>(), t->numel(), d, seed);
     t = check("packed", DType::kU8, {ni, di * c.bits / 8});
-    ExpectSameBits("packed", want.packed, t->data<uint8_t>(), t->numel(), d * c.bits / 8, seed);
+    ExpectSameBits("packed", want.Values<uint8_t>("packed"), t->data<uint8_t>(), t->numel(), d * c.bits / 8, seed);
     t = check("scale", DType::kBF16, {ni, groups});
-    ExpectSameBits("scale", want.scale, t->data<uint16_t>(), t->numel(), groups, seed);
+    ExpectSameBits("scale", want.Values<uint16_t>("scale"), t->data<uint16_t>(), t->numel(), groups, seed);
     t = check("min", DType::kBF16, {ni, groups});
-    ExpectSameBits("min", want.min, t->data<uint16_t>(), t->numel(), groups, seed);
+    ExpectSameBits("min", want.Values<uint16_t>("min"), t->data<uint16_t>(), t->numel(), groups, seed);
     t = check("dequantized", DType::kF32, {ni, di});
     ExpectSameBits("dequantized", want.dequantized, t->data<float>(), t->numel(), d, seed);
     EXPECT_EQ(q.metadata.at("format"), "kvq-quantized");

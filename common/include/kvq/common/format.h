@@ -16,7 +16,7 @@ namespace kvq {
 struct WriteParams;
 
 enum class Format : int {
-#define KVQ_FORMAT(id, Name, tile_tokens, summary) k##Name,
+#define KVQ_FORMAT(id, Name, tile_tokens, spec, summary) k##Name,
 #include "kvq/common/formats.inc"
 #undef KVQ_FORMAT
 };
@@ -25,6 +25,7 @@ enum class Format : int {
 const std::vector<Format>& AllFormats();
 const char* FormatName(Format format);     // "bf16", "affine_token"
 const char* FormatSummary(Format format);  // one line, for --help and docs
+const char* FormatSpecVersion(Format format);  // "1.0", "1.1", ...: the spec that brought it
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing the formats.
 Format ParseFormat(const std::string& name);
 
@@ -37,6 +38,7 @@ enum class PlaneScope : int { kToken, kTile, kSharedToken };
 
 struct PlaneSpec {
   const char* name = "";  // "codes", "scale", "min", "rows": tensor names in files and vectors
+  const char* source = "";  // the write-path output it stores (formats.inc's source column)
   DType dtype = DType::kU8;
   PlaneRole role = PlaneRole::kCodes;
   PlaneScope scope = PlaneScope::kToken;

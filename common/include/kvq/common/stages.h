@@ -89,6 +89,12 @@ bool StageRuns(const StageSpec& stage, const WriteParams& p);
 // argument (kTileChannels, kTilePacked), else 1.
 size_t StageRowMultiple(const StageSpec& stage, const WriteParams& p);
 
+// The codec of a format as stage lists (formats.inc's KVQ_CODEC_STEP rows, in order): what
+// the write path runs on the clipped rows (kEncode) and the history reader on the stored
+// planes (kDecode). Empty for a format without a codec (bf16).
+enum class CodecPass : int { kEncode, kDecode };
+const std::vector<StageId>& CodecSteps(Format format, CodecPass pass);
+
 // The shape of argument `arg` for n rows under p, and its element count.
 std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p);
 size_t ArgElements(Extent extent, int64_t n, const WriteParams& p);

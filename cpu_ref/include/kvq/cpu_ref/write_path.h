@@ -1,8 +1,8 @@
 // Validating entry points of the write path: what the CLI, the cache and calibration call.
 // They check parameters, shapes and finiteness, then run the named stages of a Backend in the
 // spec's order: the transforms (rotate (dense or FWHT) -> bit reversal -> clip), then the codec
-// of the format (affine_token: quantize -> pack; affine_tile: quantize_tile -> pack_tile), with
-// the norm between the rotation and the clip when the parameters ask for it.
+// of the format (its encode steps, formats.inc: affine_token quantize -> pack -> dequantize),
+// with the norm between the rotation and the clip when the parameters ask for it.
 #pragma once
 
 #include <cstddef>
@@ -17,22 +17,32 @@
 
 namespace kvq::cpu {
 
-// Everything the write path of a quantized format produces for n rows, kept stage by stage.
+// Everything the write path of a quantized format produces for n rows, kept stage by stage:
+// the rows every format has (rotated, normalized, clip thresholds, decoded), and the named
+// outputs of the steps that ran: the norm stage's `norm` (p.norm), then the outputs of the
+// format's encode steps (formats.inc's KVQ_CODEC_STEP rows; affine_token: codes, scale, min,
+// packed; fp8_e4m3: codes), named and shaped by their stages.inc arguments. A history plane
+// stores one of these outputs (formats.inc's source column).
 struct QuantizedRows {
   size_t rows = 0;
   std::vector<float> rotated;       // [n, d]  x·R (then P_br), before the norm and the clip
-  std::vector<uint16_t> norm;       // [n]     bf16 n^ of the row's span (p.norm; else empty)
   std::vector<float> normalized;    // [n, d]  rotated / n^ (p.norm; else empty)
   std::vector<float> tau;           // [n]     clip threshold per row
-  std::vector<uint8_t> codes;       // [n, d]  code values, one per byte
-  std::vector<uint8_t> packed;      // affine_token [n, d*b/8]; affine_tile [n/G_k, d, G_k*b/8]
-  std::vector<uint16_t> scale;      // bf16 bits: affine_token [n, d/G]; affine_tile [n/G_k, d]
-  std::vector<uint16_t> min;        // as scale
-  std::vector<float> dequantized;   // [n, d]  in the rotated space (times n^ with a norm)
+  std::vector<float> dequantized;   // [n, d]  the codec's `y`: decoded rows (times n^ with a norm)
+  std::vector<std::pair<std::string, Tensor>> outputs;  // in the order the steps ran
 
-  // The fields p's write path produces, as named tensors in write-path order ("rotated",
-  // "norm", "normalized", "tau", "scale", "min", "codes", "packed", "dequantized"; the norm
-  // fields only with p.norm) with their shapes: what golden vectors and tests compare.
+  // The output called `name`; throws kvq::Error(kInvalidArgument) naming it and the outputs.
+  const Tensor& Output(const std::string& name) const;
+  // Its elements as T (the dtype's width must match: bf16 outputs as uint16_t bits).
+  template <typename T>
+  std::vector<T> Values(const std::string& name) const {
+    const Tensor& t = Output(name);
+    return std::vector<T>(t.data<T>(), t.data<T>() + t.bytes.size() / sizeof(T));
+  }
+
+  // What p's write path produces, as named tensors in write-path order ("rotated", "norm",
+  // "normalized", "tau", the codec's outputs, "dequantized"; the norm fields only with
+  // p.norm) with their shapes: what golden vectors and tests compare.
   std::vector<std::pair<std::string, Tensor>> Tensors(const WriteParams& p) const;
 };
 
@@ -72,8 +82,8 @@ std::vector<EncodedRows> EncodeTokens(const Backend& backend,
                                       const float* x, size_t n);
 
 // The inverse of the codec (not of the rotation): n stored rows -> y [n, d] fp32 in the rotated
-// space (affine_token: q * scale + min; affine_tile: q * scale + min of the token's tile, times
-// n^ with a norm; bf16: exact widening). rows.plane[i] points at the first row of plane i
+// space, by the format's decode steps (formats.inc; affine_token: unpack -> dequantize), times
+// n^ with a norm; bf16: exact widening. Whole tiles are decoded for a tile format. rows.plane[i] points at the first row of plane i
 // (tile planes: the tile holding the first token, rows.tile_offset tokens into it). Assumes
 // rows that EncodeRows produced (no validation).
 void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
