@@ -447,8 +447,8 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
   in.sink_value = sink_v;
   in.recent_key = recent_k;
   in.recent_value = recent_v;
-  in.rotation_key = rot_k;
-  in.rotation_value = rot_v;
+  in.key_heads.rotation = rot_k;
+  in.value_heads.rotation = rot_v;
   r.us = MedianMicros(
       [&] {
         kvq::gpu::DecodeAttention(c, in, plan, ws, plan.workspace_bytes, out);
@@ -634,8 +634,8 @@ Result RunScheme(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
     KVQ_CUDA_CHECK(cudaMemcpy(head_scales, ones.data(), ones.size() * sizeof(float),
                               cudaMemcpyHostToDevice));
   }
-  in.key_head_scale = head_scales;
-  in.value_head_scale = head_scales + kHkv;
+  in.key_heads.scale = head_scales;
+  in.value_heads.scale = head_scales + kHkv;
   r.us = MedianMicros(
       [&] { kvq::gpu::DecodeAttention(c, in, plan, buf.ws, plan.workspace_bytes, buf.out); },
       flusher, iters);

@@ -86,13 +86,17 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
       if (cache.Rotation(kvs[kv], 0) == nullptr) continue;
       for (int h = 0; h < hkv; ++h) {
         const float* head = cache.Rotation(kvs[kv], h);
-        m.rotation[kv].insert(m.rotation[kv].end(), head, head + static_cast<size_t>(d) * d);
+        m.heads[kv].rotation.insert(m.heads[kv].rotation.end(), head,
+                                    head + static_cast<size_t>(d) * d);
       }
     }
+    // Every per-head scalar of head_data.inc, as each head's write params hold it.
     for (int kv = 0; kv < 2; ++kv) {
-      if (cache.Layout(kvs[kv]).format != Format::kFp8E4m3) continue;
       for (int h = 0; h < hkv; ++h) {
-        m.head_scale[kv].push_back(cache.HeadParams(kvs[kv], h).head_scale);
+        const WriteParams hp = cache.HeadParams(kvs[kv], h);
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) m.heads[kv].name.push_back(hp.field);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
       }
     }
     for (int s : seqs) m.bytes_per_step += cache.Bytes(s).total();

@@ -337,8 +337,8 @@ struct GpuPplForwards::Impl {
     in.sink_value = w.sink_value;
     in.recent_key = w.recent_key;
     in.recent_value = w.recent_value;
-    in.rotation_key = data.rotation_k.get();
-    in.rotation_value = data.rotation_v.get();
+    in.key_heads = data.key_heads();
+    in.value_heads = data.value_heads();
     const DecodeAttentionPlan plan =
         PlanDecodeAttention(p, batch, in.max_seq_len, num_sms, int8_qk);
     void* ws = Workspace(plan.workspace_bytes);

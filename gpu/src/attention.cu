@@ -272,9 +272,9 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             kInvalidArgument, "invalid plan: the int8 QK loop does not read tiled keys");
   KVQ_CHECK(format != HistoryFormat::kFp8 || plan.quant_loop == QuantLoop::kTwoMma,
             kInvalidArgument, "invalid plan: quant_loop ", loop, " for fp8 history (two-MMA only)");
-  KVQ_CHECK(format != HistoryFormat::kFp8 || (in.key_head_scale && in.value_head_scale),
-            kInvalidArgument, "fp8 history needs the per-head scales (key_head_scale, "
-            "value_head_scale)");
+  KVQ_CHECK(format != HistoryFormat::kFp8 || (in.key_heads.scale && in.value_heads.scale),
+            kInvalidArgument, "fp8 history needs the per-head scales (key_heads.scale, "
+            "value_heads.scale)");
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
                 plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
                 g % plan.aux_heads_per_block == 0,
@@ -317,9 +317,9 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                   (c.ring_slots() == 0 || (in.recent_key && in.recent_value &&
                                            Aligned16(in.recent_key) && Aligned16(in.recent_value))),
               kInvalidArgument, "null or misaligned sink / recent windows");
-    KVQ_CHECK(c.key.rotation != RotationKind::kDense || (in.rotation_key && Aligned16(in.rotation_key)),
+    KVQ_CHECK(c.key.rotation != RotationKind::kDense || (in.key_heads.rotation && Aligned16(in.key_heads.rotation)),
               kInvalidArgument, "null or misaligned key rotation for a dense key write path");
-    KVQ_CHECK(c.value.rotation != RotationKind::kDense || in.rotation_value, kInvalidArgument,
+    KVQ_CHECK(c.value.rotation != RotationKind::kDense || in.value_heads.rotation, kInvalidArgument,
               "null value rotation for a dense value write path");
   }
 
@@ -334,7 +334,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
     rq.num_q_heads = c.num_q_heads;
     rq.q_per_kv = g;
     rq.heads_per_block = plan.aux_heads_per_block;
-    rq.rotation = MakeRotationArgs(c.key, HeadData{in.rotation_key});
+    rq.rotation = MakeRotationArgs(c.key, in.key_heads);
     rq.q = in.q;
     rq.q_rot = q_rot;
     rq.timeline = in.timeline;
@@ -387,8 +387,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   set_planes(value_layout, in.value_planes, kp.v_planes, kp.v_page_stride, kp.v_head_stride);
   kp.part_ml = part_ml;
   kp.part_acc = part_acc;
-  kp.k_head_scale = in.key_head_scale;
-  kp.v_head_scale = in.value_head_scale;
+  kp.k_head_scale = in.key_heads.scale;
+  kp.v_head_scale = in.value_heads.scale;
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
   kp.programmatic_launch = c.quantized();  // right after the query rotation
@@ -410,7 +410,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.max_seq_len = in.max_seq_len;
   mp.seq_lens = in.seq_lens;
   mp.rotate_history = c.quantized();
-  mp.rotation = MakeRotationArgs(c.value, HeadData{in.rotation_value});
+  mp.rotation = MakeRotationArgs(c.value, in.value_heads);
   mp.part_ml = part_ml;
   mp.part_acc = part_acc;
   mp.out = out;

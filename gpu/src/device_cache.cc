@@ -20,8 +20,21 @@ struct DeviceCache::Impl {
   DeviceArray<int32_t> lens, tables;
   DeviceArray<uint8_t> pool[2][kMaxPlanes];
   DeviceArray<uint16_t> sink[2], recent[2];
-  DeviceArray<float> rotation[2];
-  DeviceArray<float> head_scale[2];
+  struct Heads {  // CacheImage::Heads on the device
+    DeviceArray<float> rotation;
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) DeviceArray<float> name;
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+    HeadData View() const {
+      HeadData d;
+      d.rotation = rotation.get();
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) d.name = name.get();
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+      return d;
+    }
+  };
+  Heads heads[2];
   DeviceArray<float> q, out;
   DecodeAttentionPlan plan;
   DeviceArray<uint8_t> workspace;
@@ -41,10 +54,8 @@ struct DeviceCache::Impl {
     in.sink_value = sink[1].get();
     in.recent_key = recent[0].get();
     in.recent_value = recent[1].get();
-    in.rotation_key = rotation[0].get();
-    in.rotation_value = rotation[1].get();
-    in.key_head_scale = head_scale[0].get();
-    in.value_head_scale = head_scale[1].get();
+    in.key_heads = heads[0].View();
+    in.value_heads = heads[1].View();
     in.q = q.get();
     return in;
   }
@@ -95,14 +106,20 @@ DeviceCache::DeviceCache(const CacheImage& image) : impl_(std::make_unique<Impl>
     }
     m.sink[kv] = DeviceArray<uint16_t>(image.sink[kv]);
     m.recent[kv] = DeviceArray<uint16_t>(image.recent[kv]);
-    m.rotation[kv] = DeviceArray<float>(image.rotation[kv]);
+    const CacheImage::Heads& heads = image.heads[kv];
+    m.heads[kv].rotation = DeviceArray<float>(heads.rotation);
     const WriteParams& wp = kv == 0 ? p.key : p.value;
-    KVQ_CHECK(wp.format != Format::kFp8E4m3 ||
-                  image.head_scale[kv].size() == static_cast<size_t>(p.num_kv_heads),
-              kInvalidArgument, "DeviceCache: the ", kv == 0 ? "key" : "value",
-              " fp8 history needs one scale per KV head (", image.head_scale[kv].size(),
-              " given, Hkv = ", p.num_kv_heads, ")");
-    m.head_scale[kv] = DeviceArray<float>(image.head_scale[kv]);
+    KVQ_CHECK(wp.format != Format::kFp8E4m3 || !heads.scale.empty(), kInvalidArgument,
+              "DeviceCache: the ", kv == 0 ? "key" : "value",
+              " fp8 history needs one scale per KV head (0 given, Hkv = ", p.num_kv_heads, ")");
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                        \
+    KVQ_CHECK(heads.name.empty() || heads.name.size() == static_cast<size_t>(p.num_kv_heads),  \
+              kInvalidArgument, "DeviceCache: the ", kv == 0 ? "key" : "value", " " noun      \
+              "s are not one per KV head (", heads.name.size(), " given, Hkv = ",             \
+              p.num_kv_heads, ")");                                                            \
+    m.heads[kv].name = DeviceArray<float>(heads.name);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
   }
   m.bytes_per_step = image.bytes_per_step;
   m.q = DeviceArray<float>(static_cast<size_t>(m.batch) * p.num_q_heads * p.head_dim());

@@ -314,10 +314,10 @@ struct TestCase {
     in.sink_value = sink_v.ptr;
     in.recent_key = recent_k.ptr;
     in.recent_value = recent_v.ptr;
-    in.rotation_key = rot_k.ptr;
-    in.rotation_value = rot_v.ptr;
-    in.key_head_scale = scale_k.ptr;
-    in.value_head_scale = scale_v.ptr;
+    in.key_heads.rotation = rot_k.ptr;
+    in.value_heads.rotation = rot_v.ptr;
+    in.key_heads.scale = scale_k.ptr;
+    in.value_heads.scale = scale_v.ptr;
     in.q = q_dev.ptr;
     return in;
   }

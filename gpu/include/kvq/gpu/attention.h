@@ -40,6 +40,7 @@
 #include "kvq/common/format.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/attention_launch.h"
+#include "kvq/gpu/rotation.h"
 
 namespace kvq::gpu {
 
@@ -66,13 +67,11 @@ struct DecodeAttentionInputs {
   const uint16_t* sink_value = nullptr;
   const uint16_t* recent_key = nullptr;
   const uint16_t* recent_value = nullptr;
-  // fp32 [Hkv, d, d] row-major when key / value use RotationKind::kDense, else ignored.
-  const float* rotation_key = nullptr;
-  const float* rotation_value = nullptr;
-  // fp8_e4m3 history (spec 1.2): the per-KV-head scales s^ of K and V, fp32 [Hkv]; required
-  // (non-null) for that format, else ignored.
-  const float* key_head_scale = nullptr;
-  const float* value_head_scale = nullptr;
+  // The per-head data of K and of V (head_data.inc): `rotation` fp32 [Hkv, d, d] row-major when
+  // that side uses RotationKind::kDense, else ignored; `scale` fp32 [Hkv], the fp8 scales s^,
+  // required for fp8_e4m3 history (spec 1.2), else ignored. The clip ratios are write data.
+  HeadData key_heads;
+  HeadData value_heads;
   const float* q = nullptr;              // [B, Hq, d] fp32 (bf16 values are the fast case)
   // Profiling, null in production: device u64 [4 * DecodeStepBlocks::total()] that receives one
   // record per block of the step's kernels, the rotation's blocks first, then the decode

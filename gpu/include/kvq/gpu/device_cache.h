@@ -32,8 +32,16 @@ struct CacheImage {
   // recent ring [B, W + F - 1, Hkv, d] (position p at slot p % (W + F - 1)). Empty for a bf16 cache.
   std::vector<uint16_t> sink[2];
   std::vector<uint16_t> recent[2];
-  std::vector<float> rotation[2];    // [Hkv, d, d] when the write path is dense, else empty
-  std::vector<float> head_scale[2];  // [Hkv] fp8 scales s^ (fp8_e4m3 history), else empty
+  // The per-head data of K and V (head_data.inc, uploaded as gpu::HeadData): the rotations
+  // [Hkv, d, d] when the write path is dense, and each per-head scalar [Hkv] (clip ratio, fp8
+  // scale s^, required for fp8_e4m3 history), empty when every head takes the params' value.
+  struct Heads {
+    std::vector<float> rotation;
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) std::vector<float> name;
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+  };
+  Heads heads[2];
   size_t bytes_per_step = 0;         // K and V bytes a decode step reads (BytesPerStep)
 };
 

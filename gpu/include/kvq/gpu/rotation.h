@@ -8,10 +8,15 @@
 
 namespace kvq::gpu {
 
-// Per-KV-head write data of K or of V (device pointers).
+// The per-KV-head data of K or of V on the device (head_data.inc, as kvq::HeadData on the
+// host): the dense rotations beside one [Hkv] fp32 array per per-head scalar (clip ratio,
+// fp8 scale, ...), each null when every head takes its WriteParams value. The write kernels,
+// the decode step and the GPU forward take it whole.
 struct HeadData {
   const float* rotation = nullptr;  // [Hkv, d, d] fp32 when the params' rotation is kDense
-  const float* clip = nullptr;      // [Hkv] clip ratios in (0, 1], or null: the params' clip
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) const float* name = nullptr;
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
 };
 
 // Layer (a): the rotation fields of a kernel's parameter struct.
