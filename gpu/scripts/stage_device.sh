@@ -98,12 +98,15 @@ if [[ -n "$old_build" ]]; then
     old_bins+=("$old_build/bench/$t")
   done
   copy_libs "$carry/stage/old/lib" "${old_bins[@]}"
+  # The old programs load the old tree's CUDA library, not this one (the dynamic loader finds
+  # old/lib first).
+  [[ -e "$old_build/gpu/libkvq_gpu.so" ]] && cp "$old_build/gpu/libkvq_gpu.so" "$carry/stage/old/lib/"
 fi
 
 # The device call carries at most 64 MiB: drop host debug sections (device code stays), then
 # pack; on_device.sh unpacks the bundle (with xz, or with python3's lzma where xz is missing).
 strip --strip-debug "$carry"/stage/bin/* "$carry"/stage/lib/libkvq_gpu.so
-[[ -d "$carry/stage/old" ]] && strip --strip-debug "$carry"/stage/old/bin/*
+[[ -d "$carry/stage/old" ]] && strip --strip-debug "$carry"/stage/old/bin/* "$carry"/stage/old/lib/*
 # xz, not gzip: the bundle and the tracked tree travel together under 64 MiB, and gzip
 # leaves the CUDA library a quarter larger.
 rm -f "$carry/bundle.tar.gz"
