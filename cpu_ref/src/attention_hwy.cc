@@ -259,10 +259,10 @@ HWY_INLINE void WithRowSources(const HistoryRunView& run, size_t n, const WriteP
                                std::vector<float>* scratch, const Fn& fn) {
   switch (p.format) {
 #define KVQ_FORMAT(id, Name, tile_tokens, spec, summary)                   \
-  case Format::k##Name: {                                            \
-    const typename RunOf<Format::k##Name>::type rows(run, n, p, scratch); \
-    fn([&rows](size_t i) { return rows.Row(i); });                   \
-    return;                                                          \
+  case Format::k##Name: {                                                  \
+    const typename RunOf<Format::k##Name>::type rows(run, n, p, scratch);  \
+    fn([&rows](size_t i) { return rows.Row(i); });                         \
+    return;                                                                \
   }
 #include "kvq/common/formats.inc"
 #undef KVQ_FORMAT

@@ -89,7 +89,7 @@ namespace attention {
 bool HistoryFormatOf(Format format, int bits, HistoryFormat* kind) {
   switch (format) {
 #define KVQ_FORMAT(id, Name, tile_tokens, spec, summary) \
-  case Format::k##Name:                            \
+  case Format::k##Name:                                  \
     return KindOf##Name(bits, kind);
 #include "kvq/common/formats.inc"
 #undef KVQ_FORMAT
