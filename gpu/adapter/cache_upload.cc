@@ -82,23 +82,7 @@ CacheImage ImageOf(const cpu::PagedKVCache& cache, const std::vector<int>& seqs)
         }
       }
     }
-    for (int kv = 0; kv < 2; ++kv) {
-      if (cache.Rotation(kvs[kv], 0) == nullptr) continue;
-      for (int h = 0; h < hkv; ++h) {
-        const float* head = cache.Rotation(kvs[kv], h);
-        m.heads[kv].rotation.insert(m.heads[kv].rotation.end(), head,
-                                    head + static_cast<size_t>(d) * d);
-      }
-    }
-    // Every per-head scalar of head_data.inc, as each head's write params hold it.
-    for (int kv = 0; kv < 2; ++kv) {
-      for (int h = 0; h < hkv; ++h) {
-        const WriteParams hp = cache.HeadParams(kvs[kv], h);
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) m.heads[kv].name.push_back(hp.field);
-#include "kvq/common/head_data.inc"
-#undef KVQ_HEAD_SCALAR
-      }
-    }
+    for (int kv = 0; kv < 2; ++kv) m.heads[kv] = cache.Heads(kvs[kv]);
     for (int s : seqs) m.bytes_per_step += cache.Bytes(s).total();
   } else {
     // bf16 cache: page the dense rows into the rows plane; sequence b owns pages

@@ -56,9 +56,9 @@ struct LayerWeightsDev {
 
 // A scheme layer's per-head write data on the device.
 struct SchemeLayerDev {
-  DeviceArray<float> rotation_k, rotation_v, clip_k, clip_v;
-  HeadData key_heads() const { return {rotation_k.get(), clip_k.get()}; }
-  HeadData value_heads() const { return {rotation_v.get(), clip_v.get()}; }
+  DeviceHeadData key, value;
+  HeadData key_heads() const { return key.View(); }
+  HeadData value_heads() const { return value.View(); }
 };
 
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -234,10 +234,9 @@ struct GpuPplForwards::Impl {
     if (it != schemes.end()) return it->second;
     std::vector<SchemeLayerDev> dev(ls.size());
     for (size_t l = 0; l < ls.size(); ++l) {
-      if (!ls[l].rotation_k.empty()) dev[l].rotation_k = Upload(ls[l].rotation_k);
-      if (!ls[l].rotation_v.empty()) dev[l].rotation_v = Upload(ls[l].rotation_v);
-      if (!ls[l].clip_k.empty()) dev[l].clip_k = Upload(ls[l].clip_k);
-      if (!ls[l].clip_v.empty()) dev[l].clip_v = Upload(ls[l].clip_v);
+      const CacheParams& c = ls[l].params;
+      dev[l].key = DeviceHeadData(ls[l].KeyHeads(), c.key, c.num_kv_heads);
+      dev[l].value = DeviceHeadData(ls[l].ValueHeads(), c.value, c.num_kv_heads);
     }
     return schemes.emplace(key, std::move(dev)).first->second;
   }

@@ -117,7 +117,7 @@ if [[ $part == checks ]]; then
     # every loop (two-MMA, packed, int8 QK, tiled keys, fp8; bf16 cache; window blocks; no windows),
     # the DeviceCache path.
     stages='Write/StageTest.*__cuda'
-    fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*:Grid/TileWriteTest.*/d128_tile32_int2_fwht_bitrev_norm__cuda:Grid/TileWriteTest.*/d128_tile128_int4_fwht_bitrev_norm__cuda:Grid/FusedWriteTest.*/d256_g256_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g256_int4_dense__cuda:TileWriteRefuses.*'
+    fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*:Grid/TileWriteTest.*/d128_tile32_int2_fwht_bitrev_norm__cuda:Grid/TileWriteTest.*/d128_tile128_int4_fwht_bitrev_norm__cuda:Grid/FusedWriteTest.*/d256_g256_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g256_int4_dense__cuda:TileWriteRefuses.*:Grid/Fp8FusedWriteTest.*/d128_fp8_*:Grid/Fp8FusedWriteTest.*/d256_fp8_dense*'
     paged='Caches/PagedWriteTest.*'
     attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*:*Timeline*:*Fp8*'
     for tool in memcheck racecheck synccheck; do

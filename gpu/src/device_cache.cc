@@ -20,21 +20,7 @@ struct DeviceCache::Impl {
   DeviceArray<int32_t> lens, tables;
   DeviceArray<uint8_t> pool[2][kMaxPlanes];
   DeviceArray<uint16_t> sink[2], recent[2];
-  struct Heads {  // CacheImage::Heads on the device
-    DeviceArray<float> rotation;
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) DeviceArray<float> name;
-#include "kvq/common/head_data.inc"
-#undef KVQ_HEAD_SCALAR
-    HeadData View() const {
-      HeadData d;
-      d.rotation = rotation.get();
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) d.name = name.get();
-#include "kvq/common/head_data.inc"
-#undef KVQ_HEAD_SCALAR
-      return d;
-    }
-  };
-  Heads heads[2];
+  DeviceHeadData heads[2];
   DeviceArray<float> q, out;
   DecodeAttentionPlan plan;
   DeviceArray<uint8_t> workspace;
@@ -106,20 +92,10 @@ DeviceCache::DeviceCache(const CacheImage& image) : impl_(std::make_unique<Impl>
     }
     m.sink[kv] = DeviceArray<uint16_t>(image.sink[kv]);
     m.recent[kv] = DeviceArray<uint16_t>(image.recent[kv]);
-    const CacheImage::Heads& heads = image.heads[kv];
-    m.heads[kv].rotation = DeviceArray<float>(heads.rotation);
     const WriteParams& wp = kv == 0 ? p.key : p.value;
-    KVQ_CHECK(wp.format != Format::kFp8E4m3 || !heads.scale.empty(), kInvalidArgument,
-              "DeviceCache: the ", kv == 0 ? "key" : "value",
-              " fp8 history needs one scale per KV head (0 given, Hkv = ", p.num_kv_heads, ")");
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                        \
-    KVQ_CHECK(heads.name.empty() || heads.name.size() == static_cast<size_t>(p.num_kv_heads),  \
-              kInvalidArgument, "DeviceCache: the ", kv == 0 ? "key" : "value", " " noun      \
-              "s are not one per KV head (", heads.name.size(), " given, Hkv = ",             \
-              p.num_kv_heads, ")");                                                            \
-    m.heads[kv].name = DeviceArray<float>(heads.name);
-#include "kvq/common/head_data.inc"
-#undef KVQ_HEAD_SCALAR
+    const char* side = kv == 0 ? "key" : "value";
+    image.heads[kv].Validate(wp, p.num_kv_heads, side);
+    m.heads[kv] = DeviceHeadData(image.heads[kv], wp, p.num_kv_heads);
   }
   m.bytes_per_step = image.bytes_per_step;
   m.q = DeviceArray<float>(static_cast<size_t>(m.batch) * p.num_q_heads * p.head_dim());

@@ -54,8 +54,9 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
   KVQ_CHECK((ptr) != nullptr, kInvalidArgument, what, ": " #ptr " is null")
 
 // The fused kernels write the affine_token format (write_fused.cu; G of 32, 64, 128 channels or
-// G = d) and the affine_tile format (write_tile.cu; identity or FWHT rotations, a norm per KV
-// head or per token over all of them): refuse anything else, naming it.
+// G = d), the fp8_e4m3 format (write_fused.cu's e4m3 epilogue) and the affine_tile format
+// (write_tile.cu; identity or FWHT rotations, a norm per KV head or per token over all of
+// them): refuse anything else, naming it.
 void CheckFusedFormat(const WriteParams& p, const char* what) {
   switch (p.format) {
     case Format::kAffineToken:
@@ -69,9 +70,11 @@ void CheckFusedFormat(const WriteParams& p, const char* what) {
                 what, ": a norm over ", p.norm_heads, " KV heads of d = ", p.head_dim,
                 " spans more than the CUDA limit of ", kMaxNormSpan, " values");
       break;
+    case Format::kFp8E4m3:
+      break;
     default:
-      KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores the affine_token and "
-                "affine_tile formats, not ", FormatName(p.format));
+      KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores the affine_token, "
+                "affine_tile and fp8_e4m3 formats, not ", FormatName(p.format));
   }
   CheckKernelLayout(p, what);
 }
@@ -79,6 +82,7 @@ void CheckFusedFormat(const WriteParams& p, const char* what) {
 // The launcher of p's format.
 cudaError_t DispatchWrite(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
   if (p.format == Format::kAffineTile) return DispatchTileWrite(p.head_dim, a, stream);
+  if (p.format == Format::kFp8E4m3) return DispatchFp8Write(p.head_dim, a, stream);
   return DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream);
 }
 
@@ -97,6 +101,8 @@ FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
   a.rotation = MakeRotationArgs(p, heads);
   a.clip = p.clip;
   a.clip_per_head = heads.clip;
+  a.head_scale = p.head_scale;
+  a.scale_per_head = heads.scale;
   a.tile_tokens = p.format == Format::kAffineTile ? p.group : 0;
   a.bits = p.bits;
   a.norm = p.norm;

@@ -334,9 +334,12 @@ __device__ __forceinline__ void RotateTileDense(float* tile, float* shared_r, co
 // held by logical slice lane rho. Rows with dest.row < 0 (not written) go through the
 // arithmetic with the rest of the warp, whose shuffles need every lane, but store nothing.
 // kRowOutputs: whether the optional rotated / tau outputs may be asked for (flat rows only).
+// BITS = 8 is the fp8_e4m3 format (G = D): code = e4m3(v / s^), s^ = fp8_scale, one byte per
+// value at the value's column (spec/numerics.md §9; the quantize_fp8 stage's arithmetic).
 template <int D, int G, int BITS, bool kRowOutputs = true>
 __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (&v)[16], int rho,
-                                                int clip_rank, const RowDestination& dest) {
+                                                int clip_rank, float fp8_scale,
+                                                const RowDestination& dest) {
   const bool leader = detail::SliceLane<D>() == 0;
   const bool stored = dest.row >= 0;
   const detail::GroupRanges<D, G> ranges = detail::ComputeGroupRanges<D, G>(v);
@@ -361,6 +364,19 @@ __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (
     for (int k = 0; k < 16; ++k) v[k] = detail::ClipValue(v[k], tau);
   }
   if (kRowOutputs && a.tau != nullptr && dest.flat_row >= 0 && leader) a.tau[dest.flat_row] = tau;
+  if constexpr (BITS == 8) {
+    if (stored) {
+      uint8_t* out = a.planes[kFp8CodesPlane] + dest.row * D;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t lo = E4m3FromF32(__fdiv_rn(v[2 * k], fp8_scale));
+        const uint32_t hi = E4m3FromF32(__fdiv_rn(v[2 * k + 1], fp8_scale));
+        *reinterpret_cast<uint16_t*>(out + detail::RowPosition<D>(2 * k, rho)) =
+            static_cast<uint16_t>(lo | (hi << 8));
+      }
+    }
+    return;
+  } else {
   detail::QuantizedSlice<D, G> q;
   detail::QuantizeSlice<D, G, BITS>(v, ranges, clipped ? tau : -1.0f, q);
   if (stored) {
@@ -369,6 +385,7 @@ __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (
     detail::StoreMetadata<D, G>(
         q, reinterpret_cast<uint16_t*>(a.planes[kAffineScalePlane]) + dest.row * (D / G),
         reinterpret_cast<uint16_t*>(a.planes[kAffineMinPlane]) + dest.row * (D / G));
+  }
   }
 }
 
@@ -388,6 +405,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   const float* r = dense ? args.rotation.matrices + static_cast<int64_t>(head) * D * D : nullptr;
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
   const int clip_rank = detail::ClipRank(rho, D);
+  const float fp8_scale =
+      BITS == 8 && args.scale_per_head != nullptr ? args.scale_per_head[head] : args.head_scale;
   // bf16 tiles are prefetched (cp.async) while the previous one is processed. A macro, not a
   // local or a lambda: args lives in the constant bank, so re-reading the field costs no
   // register (both alternatives cost the d = 128 kernels a 4-byte spill under the 64-register
@@ -432,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 4)
           static_cast<const float*>(tile + rr * Tile::kStride), args.rotation.bitrev != 0,
           args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0,
           args.rotation.fwht_scale, v);
-      WriteRotatedRow<D, G, BITS>(args, v, rho, clip_rank, dest);
+      WriteRotatedRow<D, G, BITS>(args, v, rho, clip_rank, fp8_scale, dest);
     }
   }
 #undef KVQ_WRITE_PREFETCH
@@ -462,6 +481,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int head = static_cast<int>(blockIdx.y);
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
   const int clip_rank = detail::ClipRank(rho, D);
+  const float fp8_scale =
+      BITS == 8 && args.scale_per_head != nullptr ? args.scale_per_head[head] : args.head_scale;
   const int fwht_block = args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0;
   const bool leader = detail::SliceLane<D>() == 0;
   const int64_t batches = (static_cast<int64_t>(args.num_tokens) + kRowsPerWarp - 1) / kRowsPerWarp;
@@ -479,7 +500,8 @@ __global__ void __launch_bounds__(kThreads, 4)
         args.x_is_bf16
             ? LoadSourceRow<D, kMode, uint16_t>(args, source_token, head, fwht_block, v)
             : LoadSourceRow<D, kMode, float>(args, source_token, head, fwht_block, v);
-    WriteRotatedRow<D, G, BITS, kMode == WriteMode::kRows>(args, v, lane_rho, clip_rank, dest);
+    WriteRotatedRow<D, G, BITS, kMode == WriteMode::kRows>(args, v, lane_rho, clip_rank,
+                                                           fp8_scale, dest);
   }
   launch::WaitForPrerequisiteGrid();  // overlap_previous: complete only after the previous kernel
 }
@@ -572,10 +594,12 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   const int64_t vector_elems = args.x_is_bf16 ? 8 : 4;
   if (args.x == nullptr || reinterpret_cast<uintptr_t>(args.x) % 16 != 0 ||
       args.token_stride % vector_elems != 0 || args.seq_stride % vector_elems != 0 ||
-      args.planes[kAffineCodesPlane] == nullptr || args.planes[kAffineScalePlane] == nullptr ||
-      args.planes[kAffineMinPlane] == nullptr) {
+      args.planes[kAffineCodesPlane] == nullptr ||
+      (BITS != 8 && (args.planes[kAffineScalePlane] == nullptr ||
+                     args.planes[kAffineMinPlane] == nullptr))) {
     return cudaErrorInvalidValue;
   }
+  if (BITS == 8 && !(args.head_scale > 0.0f)) return cudaErrorInvalidValue;
 
   const int64_t tiles = (static_cast<int64_t>(args.num_tokens) + Tile::kTileRows - 1) /
                         Tile::kTileRows;
@@ -661,5 +685,14 @@ KVQ_INSTANTIATE_FUSED_BITS(256, 32)
 KVQ_INSTANTIATE_FUSED_BITS(256, 64)
 KVQ_INSTANTIATE_FUSED_BITS(256, 128)
 KVQ_INSTANTIATE_FUSED_BITS(256, 256)  // G = d (SAW-INT4, spec 1.1)
+KVQ_INSTANTIATE_FUSED(64, 64, 8)      // fp8_e4m3 (spec 1.2)
+KVQ_INSTANTIATE_FUSED(128, 128, 8)
+KVQ_INSTANTIATE_FUSED(256, 256, 8)
+
+cudaError_t DispatchFp8Write(int head_dim, const FusedWriteArgs& args, cudaStream_t stream) {
+  KVQ_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    return LaunchFusedWrite<HEAD_DIM, HEAD_DIM, 8>(args, stream);
+  })
+}
 
 }  // namespace kvq::gpu

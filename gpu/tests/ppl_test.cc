@@ -283,7 +283,8 @@ TEST(GpuPplSupport, FromTheLibrarysChecks) {
   const Schemes served = Served(all, &refused);
   for (const char* name : {"bf16", "naive", "hadamard", "hadamard_bitrev", "clip_only", "oscar",
                            "oscar_no_hadamard", "oscar_no_bitrev", "eigenbasis_only",
-                           "raw_target", "random_orthogonal"}) {
+                           "raw_target", "random_orthogonal", "fp8", "fp8_unscaled",
+                           "fp8_hadamard"}) {
     bool found = false;
     for (const calib::SchemeVariant& v : served.options.schemes) found = found || v.scheme == name;
     EXPECT_TRUE(found) << name << " is not served on the GPU";

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -138,6 +139,85 @@ INSTANTIATE_TEST_SUITE_P(
       return "d" + std::to_string(info.param.shape.d) + "_g" +
              std::to_string(info.param.shape.group) + "_int" + std::to_string(info.param.bits) +
              "_" + RotationVariants()[info.param.variant].name + "__cuda";
+    });
+
+// The fp8_e4m3 write (the fused kernels' e4m3 epilogue): rotated rows, clip thresholds and
+// the e4m3 codes, bit for bit against the scalar oracle, for every d and rotation variant,
+// clip ratios below 1 and scales that make codes saturate (s^ small: |x / s^| > 448) or go
+// subnormal (s^ large), bf16 and fp32 input, under every poison byte.
+class Fp8FusedWriteTest : public ::testing::TestWithParam<std::tuple<int, size_t>> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+void ExpectFp8MatchesOracle(const WriteParams& p, const std::vector<float>& rotation,
+                            const std::vector<float>& x_f32, const std::vector<uint16_t>* x_bf16,
+                            size_t n, const std::string& context) {
+  const int d = p.head_dim;
+  const cpu::QuantizedRows want =
+      cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
+  const NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)},
+                                 {"tau", AsTensor(want.tau)},
+                                 {"codes", AsTensor(want.Values<uint8_t>("codes"), d)}};
+  const NamedTensors inputs = {
+      {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)},
+      {"rotation", AsTensor(rotation, d)}};
+  DeviceBuffer<float> dr(rotation);
+  DeviceBuffer<float> dx_f32(x_f32);
+  DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
+  DeviceBuffer<uint8_t> codes(n * d);
+  DeviceBuffer<float> rotated(n * d), tau(n);
+  DeviceBuffer<int> flags(1);
+  for (uint8_t poison : kPoisons) {
+    codes.Fill(poison);
+    rotated.Fill(poison);
+    tau.Fill(poison);
+    flags.Fill(0);
+    RowOutputs out;
+    out.planes[kFp8CodesPlane] = codes.get();
+    out.rotated = rotated.get();
+    out.tau = tau.get();
+    if (x_bf16 != nullptr) {
+      WriteRows(p, dr.get(), dx_bf16.get(), n, out, flags.get());
+    } else {
+      WriteRows(p, dr.get(), dx_f32.get(), n, out, flags.get());
+    }
+    const std::string ctx = context + " poison " + std::to_string(poison);
+    const NamedTensors got = {{"rotated", AsTensor(rotated.Download(), d)},
+                              {"tau", AsTensor(tau.Download())},
+                              {"codes", AsTensor(codes.Download(), d)}};
+    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
+    EXPECT_EQ(flags.Download()[0], 0) << ctx;
+  }
+}
+
+TEST_P(Fp8FusedWriteTest, MatchesScalarOracleBitForBit) {
+  const int d = std::get<0>(GetParam());
+  const RotationVariant& v = RotationVariants()[std::get<1>(GetParam())];
+  const uint32_t seed = 104729u * d + 31u * static_cast<uint32_t>(std::get<1>(GetParam()));
+  SplitMix64 rng(seed);
+  constexpr size_t kRows = 150;
+  for (float clip : {1.0f, 0.96f}) {
+    for (float scale : {1.0f, 0.0371f, 37.5f, 1.0f / 448.0f}) {
+      const WriteParams p = v.Params(d).fp8(scale).clip(clip);
+      const std::vector<float> rotation = testbed::RandomMatrix(d, &rng);
+      const std::string context = "Fp8Write " + Describe(p) + " " + v.name + " seed " +
+                                  std::to_string(seed);
+      const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(kRows, p, &rng));
+      ExpectFp8MatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, kRows, context + " bf16");
+      const std::vector<float> x_f32 = MixedRows(kRows, p, &rng);
+      ExpectFp8MatchesOracle(p, rotation, x_f32, nullptr, kRows, context + " f32");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, Fp8FusedWriteTest,
+    ::testing::Combine(::testing::Values(64, 128, 256),
+                       ::testing::Range(size_t{0}, RotationVariants().size())),
+    [](const ::testing::TestParamInfo<std::tuple<int, size_t>>& info) {
+      return "d" + std::to_string(std::get<0>(info.param)) + "_fp8_" +
+             RotationVariants()[std::get<1>(info.param)].name + "__cuda";
     });
 
 // The tile write (affine_tile) of n rows, n a whole number of tiles: packed tiles, per-tile

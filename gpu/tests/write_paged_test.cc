@@ -82,6 +82,15 @@ std::vector<CacheCase> Cases() {
            .key(Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense).clip(0.96f))
            .value(Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense)
                       .clip(0.92f))},
+      // Spec 1.2: fp8_e4m3 without windows (the fp8 schemes' default) and with them, dense
+      // and FWHT rotations, scales that saturate and that reach the subnormals.
+      {"d128_fp8_hadamard_W0",
+       Cache().kv_heads(2).q_heads(4).sink(0).recent(0).page(16)
+           .both(Write().head_dim(128).hadamard().fp8(0.0625f))},
+      {"d64_fp8_dense_sink_window",
+       Cache().kv_heads(2).q_heads(4).sink(2).recent(4).page(16)
+           .key(Write().head_dim(64).rotation(RotationKind::kDense).fp8(1.0f / 448.0f).clip(0.9f))
+           .value(Write().head_dim(64).fp8(37.5f))},
       {"d256_block16_int4_identity_bitrev_int2_no_sink",
        Cache().kv_heads(1).q_heads(2).sink(0).recent(1).page(16)
            .key(Write().head_dim(256).group(128).bits(4).hadamard(16).clip(0.5f))

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvq/common/format.h"
+#include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/attention.h"
 
@@ -32,16 +33,11 @@ struct CacheImage {
   // recent ring [B, W + F - 1, Hkv, d] (position p at slot p % (W + F - 1)). Empty for a bf16 cache.
   std::vector<uint16_t> sink[2];
   std::vector<uint16_t> recent[2];
-  // The per-head data of K and V (head_data.inc, uploaded as gpu::HeadData): the rotations
-  // [Hkv, d, d] when the write path is dense, and each per-head scalar [Hkv] (clip ratio, fp8
-  // scale s^, required for fp8_e4m3 history), empty when every head takes the params' value.
-  struct Heads {
-    std::vector<float> rotation;
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) std::vector<float> name;
-#include "kvq/common/head_data.inc"
-#undef KVQ_HEAD_SCALAR
-  };
-  Heads heads[2];
+  // The per-head data of K and V (kvq::HeadData, as PagedKVCache::Heads holds it; uploaded as
+  // gpu::DeviceHeadData): the rotations [Hkv, d, d] when the write path is dense, and each
+  // per-head scalar [Hkv] (clip ratio, fp8 scale s^), empty when every head takes the params'
+  // value.
+  kvq::HeadData heads[2];
   size_t bytes_per_step = 0;         // K and V bytes a decode step reads (BytesPerStep)
 };
 

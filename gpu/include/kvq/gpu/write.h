@@ -134,6 +134,11 @@ struct FusedWriteArgs {
   int bits = 2;
   bool norm = false;
   bool norm_shared = false;
+
+  // fp8_e4m3 (spec 1.2; the fused write with BITS = 8): the divisor s^ of head h,
+  // scale_per_head[h] when not null, else head_scale; one plane, the e4m3 codes [.., d].
+  float head_scale = 1.0f;
+  const float* scale_per_head = nullptr;  // [num_heads]
 };
 
 // Parameters of every stage kernel: the stage's pointer arguments as a buffer list, in the
@@ -156,6 +161,9 @@ template <int HEAD_DIM, int GROUP, int BITS>
 cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream);
 cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWriteArgs& args,
                                cudaStream_t stream);
+// The fp8_e4m3 write: the same kernels with the e4m3 epilogue (LaunchFusedWrite<d, d, 8>):
+// code = e4m3(x / s^) of the rotated, clipped row, one byte per value in plane 0.
+cudaError_t DispatchFp8Write(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
 
 // The tile write of the affine_tile format (gpu/src/write_tile.cu): a block per (tile, KV head)
 // in every mode (for kFlush a block per possible tile of each sequence's flush), 256 threads;
