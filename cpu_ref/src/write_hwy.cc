@@ -31,6 +31,7 @@
 
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
+#include "kvq/common/tables.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "write_internal.h"
 
@@ -666,25 +667,21 @@ void QuantizeFp8(const float* x, uint8_t* codes, size_t n, const WriteParams& p)
   }
 }
 
-// Every code decoded exactly once into a table (F32FromE4m3), gathered lane-wise, times s^.
+// Every code's value from the generated table (tables.inc: kE4m3Values, F32FromE4m3's bits),
+// gathered lane-wise, times s^.
 void DequantizeFp8(const uint8_t* codes, float* y, size_t n, const WriteParams& p) {
-  struct Table {
-    HWY_ALIGN float value[256];
-    Table() {
-      for (int c = 0; c < 256; ++c) value[c] = F32FromE4m3(static_cast<uint8_t>(c));
-    }
-  };
-  static const Table table;
   const DF df;
   const DI di;
   const hn::Rebind<uint8_t, DF> d8;
   const size_t lanes = hn::Lanes(df);
   const size_t count = n * static_cast<size_t>(p.head_dim);
   HWY_ASSERT(count % lanes == 0);
+  const int32_t* value_bits = reinterpret_cast<const int32_t*>(tables::kE4m3Values);
   const auto scale = hn::Set(df, p.head_scale);
   for (size_t i = 0; i < count; i += lanes) {
     const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
-    hn::StoreU(hn::Mul(scale, hn::GatherIndex(df, table.value, index)), df, y + i);
+    const auto value = hn::BitCast(df, hn::GatherIndex(di, value_bits, index));
+    hn::StoreU(hn::Mul(scale, value), df, y + i);
   }
 }
 
