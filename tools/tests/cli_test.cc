@@ -21,6 +21,7 @@
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/common/tables.h"
 #include "kvq/cpu_ref/write_path.h"
 
 namespace kvq {
@@ -498,6 +499,26 @@ TEST(Cli, DequantizeChecksTheFileAgainstItself) {
   // And the untouched file still works.
   ASSERT_EQ(RunKvq(dir, "dequantize --hadamard --bitrev" + in("q.safetensors") + out).exit_code, 0);
   EXPECT_TRUE(Exists(out_path));
+}
+
+}  // namespace
+}  // namespace kvq
+
+namespace kvq {
+namespace {
+
+// kvq tables writes each generated table as its generator does (the text common_tables_test
+// holds the committed files to), and refuses a missing folder naming it, writing nothing.
+TEST(Cli, TablesWritesEveryGeneratedTable) {
+  cli_testing::ScratchDir dir("kvq_tables");
+  const cli_testing::RunResult run = cli_testing::RunKvq(dir, "tables --out .");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  for (const tables::TableSpec& table : tables::AllTables()) {
+    EXPECT_EQ(cli_testing::Slurp(dir.File(table.file)), tables::TableText(table)) << table.file;
+    EXPECT_NE(run.out.find(table.file), std::string::npos) << run.out;
+  }
+  cli_testing::ExpectFailure(dir, "tables --out missing", dir.File("missing"),
+                             {"missing", "does not exist"});
 }
 
 }  // namespace
