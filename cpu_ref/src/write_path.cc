@@ -192,10 +192,11 @@ void CheckTokenInputs(const Backend& backend, const std::vector<WriteParams>& pa
   CheckFinite(x, n, p0.head_dim * static_cast<int>(heads), "input");
 }
 
+// The latest output called `name` (a later step's output of a name shadows an earlier one).
 const std::pair<std::string, Tensor>* FindOutput(
     const std::vector<std::pair<std::string, Tensor>>& outputs, const std::string& name) {
-  for (const auto& entry : outputs) {
-    if (entry.first == name) return &entry;
+  for (auto it = outputs.rbegin(); it != outputs.rend(); ++it) {
+    if (it->first == name) return &*it;
   }
   return nullptr;
 }
@@ -203,8 +204,11 @@ const std::pair<std::string, Tensor>* FindOutput(
 // Runs one codec step (formats.inc's KVQ_CODEC_STEP) over n rows, binding its arguments by
 // name: `x` to `x`, `y` to `y`, another input to the output of that name in `named` or, when
 // there is none, to `lookup(name)` (the stored planes of a decode); another output is
-// appended to `named`, shaped by its extent. The order of a format's steps is checked by
-// CodecStepsBind (format tests), so a missing input here is a kvq::Error, not a crash.
+// appended to `named`, shaped by its extent. common_codec_steps_test checks that every
+// format's steps bind; a missing input here is still a kvq::Error naming it, not a crash.
+// The lookup of an encode: nothing is stored yet.
+const void* NoPlanes(const char*) { return nullptr; }
+
 template <class Lookup>
 void RunCodecStep(const Backend& backend, const WriteParams& p, StageId id, const float* x,
                   float* y, size_t n, std::vector<std::pair<std::string, Tensor>>* named,
@@ -227,11 +231,8 @@ void RunCodecStep(const Backend& backend, const WriteParams& p, StageId id, cons
       args[i] = const_cast<float*>(x);
     } else if (std::strcmp(a.name, "y") == 0 && a.dir == ArgDir::kOut) {
       args[i] = y;
-    } else if (a.dir == ArgDir::kOut) {
-      args[i] = named->back().second.bytes.data();
-      for (auto& entry : *named) {
-        if (entry.first == a.expect) args[i] = entry.second.bytes.data();
-      }
+    } else if (a.dir == ArgDir::kOut) {  // allocated above
+      args[i] = const_cast<uint8_t*>(FindOutput(*named, a.expect)->second.bytes.data());
     } else if (const auto* found = FindOutput(*named, a.name)) {
       args[i] = const_cast<uint8_t*>(found->second.bytes.data());
     } else {
@@ -289,8 +290,7 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
   if (n == 0) {  // the record still names every output, each empty
     for (size_t h = 0; h < heads; ++h) {
       for (StageId step : CodecSteps(params[h].format, CodecPass::kEncode)) {
-        RunCodecStep(backend, params[h], step, nullptr, nullptr, 0, &out[h].outputs,
-                     [](const char*) -> const void* { return nullptr; });
+        RunCodecStep(backend, params[h], step, nullptr, nullptr, 0, &out[h].outputs, NoPlanes);
       }
     }
     return out;
@@ -333,7 +333,7 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     backend.write.clip(clipped.data(), q.tau.data(), n, p);
     for (StageId step : CodecSteps(p.format, CodecPass::kEncode)) {
       RunCodecStep(backend, p, step, clipped.data(), q.dequantized.data(), n, &q.outputs,
-                   [](const char*) -> const void* { return nullptr; });
+                   NoPlanes);
     }
     if (p.norm) {
       backend.write.denorm(q.dequantized.data(), q.Output("norm").data<uint16_t>(), n, p);
