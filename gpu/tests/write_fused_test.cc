@@ -44,39 +44,38 @@ struct FusedCase {
 };
 
 // Runs WriteRows on n rows once per poison byte and compares every output with the oracle
-// (a failure dumps the rows, the rotation, the oracle's outputs and the kernel's).
+// (a failure dumps the rows, the rotation, the oracle's outputs and the kernel's): the rotated
+// rows, the clip thresholds, and each plane of LayoutOf(p) against the write-path output it
+// stores (affine_token: packed, scale, min; fp8_e4m3: codes).
 void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& rotation,
                               const std::vector<float>& x_f32, const std::vector<uint16_t>* x_bf16,
                               size_t n, const std::string& context) {
   const int d = p.head_dim;
   const cpu::QuantizedRows want =
       cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
-  const NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)},
-                                 {"tau", AsTensor(want.tau)},
-                                 {"packed", AsTensor(want.Values<uint8_t>("packed"), p.code_bytes())},
-                                 {"scale", AsTensor(want.Values<uint16_t>("scale"), p.num_groups())},
-                                 {"min", AsTensor(want.Values<uint16_t>("min"), p.num_groups())}};
+  const FormatLayout layout = LayoutOf(p);
+  NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)}, {"tau", AsTensor(want.tau)}};
+  std::vector<DeviceBuffer<uint8_t>> planes;
+  for (int i = 0; i < layout.num_planes; ++i) {
+    const Tensor& stored = want.Output(layout.plane(i).source);
+    expected.emplace_back(layout.plane(i).source, stored);
+    planes.emplace_back(stored.bytes.size());
+  }
   const NamedTensors inputs = {
       {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)},
       {"rotation", AsTensor(rotation, d)}};
   DeviceBuffer<float> dr(rotation);
   DeviceBuffer<float> dx_f32(x_f32);
   DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
-  DeviceBuffer<uint8_t> packed(n * p.code_bytes());
-  DeviceBuffer<uint16_t> scale(n * p.num_groups()), min(n * p.num_groups());
   DeviceBuffer<float> rotated(n * d), tau(n);
   DeviceBuffer<int> flags(1);
   for (uint8_t poison : kPoisons) {
-    packed.Fill(poison);
-    scale.Fill(poison);
-    min.Fill(poison);
+    for (const DeviceBuffer<uint8_t>& plane : planes) plane.Fill(poison);
     rotated.Fill(poison);
     tau.Fill(poison);
     flags.Fill(0);
     RowOutputs out;
-    out.planes[kAffineCodesPlane] = packed.get();
-    out.planes[kAffineScalePlane] = reinterpret_cast<uint8_t*>(scale.get());
-    out.planes[kAffineMinPlane] = reinterpret_cast<uint8_t*>(min.get());
+    for (size_t i = 0; i < planes.size(); ++i) out.planes[i] = planes[i].get();
     out.rotated = rotated.get();
     out.tau = tau.get();
     if (x_bf16 != nullptr) {
@@ -85,11 +84,13 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
       WriteRows(p, dr.get(), dx_f32.get(), n, out, flags.get());
     }
     const std::string ctx = context + " poison " + std::to_string(poison);
-    const NamedTensors got = {{"rotated", AsTensor(rotated.Download(), d)},
-                              {"tau", AsTensor(tau.Download())},
-                              {"packed", AsTensor(packed.Download(), p.code_bytes())},
-                              {"scale", AsTensor(scale.Download(), p.num_groups())},
-                              {"min", AsTensor(min.Download(), p.num_groups())}};
+    NamedTensors got = {{"rotated", AsTensor(rotated.Download(), d)},
+                        {"tau", AsTensor(tau.Download())}};
+    for (size_t i = 0; i < planes.size(); ++i) {
+      Tensor t = expected[2 + i].second;  // the oracle's dtype and shape, the kernel's bytes
+      t.bytes = planes[i].Download();
+      got.emplace_back(expected[2 + i].first, std::move(t));
+    }
     EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
     EXPECT_EQ(flags.Download()[0], 0) << ctx;
   }
@@ -150,47 +151,6 @@ class Fp8FusedWriteTest : public ::testing::TestWithParam<std::tuple<int, size_t
   void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
 };
 
-void ExpectFp8MatchesOracle(const WriteParams& p, const std::vector<float>& rotation,
-                            const std::vector<float>& x_f32, const std::vector<uint16_t>* x_bf16,
-                            size_t n, const std::string& context) {
-  const int d = p.head_dim;
-  const cpu::QuantizedRows want =
-      cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
-  const NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)},
-                                 {"tau", AsTensor(want.tau)},
-                                 {"codes", AsTensor(want.Values<uint8_t>("codes"), d)}};
-  const NamedTensors inputs = {
-      {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)},
-      {"rotation", AsTensor(rotation, d)}};
-  DeviceBuffer<float> dr(rotation);
-  DeviceBuffer<float> dx_f32(x_f32);
-  DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
-  DeviceBuffer<uint8_t> codes(n * d);
-  DeviceBuffer<float> rotated(n * d), tau(n);
-  DeviceBuffer<int> flags(1);
-  for (uint8_t poison : kPoisons) {
-    codes.Fill(poison);
-    rotated.Fill(poison);
-    tau.Fill(poison);
-    flags.Fill(0);
-    RowOutputs out;
-    out.planes[kFp8CodesPlane] = codes.get();
-    out.rotated = rotated.get();
-    out.tau = tau.get();
-    if (x_bf16 != nullptr) {
-      WriteRows(p, dr.get(), dx_bf16.get(), n, out, flags.get());
-    } else {
-      WriteRows(p, dr.get(), dx_f32.get(), n, out, flags.get());
-    }
-    const std::string ctx = context + " poison " + std::to_string(poison);
-    const NamedTensors got = {{"rotated", AsTensor(rotated.Download(), d)},
-                              {"tau", AsTensor(tau.Download())},
-                              {"codes", AsTensor(codes.Download(), d)}};
-    EXPECT_TRUE(AllBitsEqual(ctx, expected, got, inputs));
-    EXPECT_EQ(flags.Download()[0], 0) << ctx;
-  }
-}
-
 TEST_P(Fp8FusedWriteTest, MatchesScalarOracleBitForBit) {
   const int d = std::get<0>(GetParam());
   const RotationVariant& v = RotationVariants()[std::get<1>(GetParam())];
@@ -204,9 +164,9 @@ TEST_P(Fp8FusedWriteTest, MatchesScalarOracleBitForBit) {
       const std::string context = "Fp8Write " + Describe(p) + " " + v.name + " seed " +
                                   std::to_string(seed);
       const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(kRows, p, &rng));
-      ExpectFp8MatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, kRows, context + " bf16");
+      ExpectFusedMatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, kRows, context + " bf16");
       const std::vector<float> x_f32 = MixedRows(kRows, p, &rng);
-      ExpectFp8MatchesOracle(p, rotation, x_f32, nullptr, kRows, context + " f32");
+      ExpectFusedMatchesOracle(p, rotation, x_f32, nullptr, kRows, context + " f32");
     }
   }
 }
