@@ -446,12 +446,16 @@ void DecodeQuantized(const Backend& backend, const WriteParams& p, const History
     }
     return nullptr;
   };
-  std::vector<float> decoded(covered * d);
+  // A run of whole rows (every per-token format) decodes straight into y; a run inside tiles
+  // decodes the covering tiles aside and keeps its rows.
+  const bool whole = offset == 0 && covered == n;
+  std::vector<float> decoded(whole ? 0 : covered * d);
+  float* out = whole ? y : decoded.data();
   std::vector<std::pair<std::string, Tensor>> scratch;
   for (StageId step : CodecSteps(p.format, CodecPass::kDecode)) {
-    RunCodecStep(backend, p, step, nullptr, decoded.data(), covered, &scratch, plane);
+    RunCodecStep(backend, p, step, nullptr, out, covered, &scratch, plane);
   }
-  std::memcpy(y, decoded.data() + offset * d, n * d * sizeof(float));
+  if (!whole) std::memcpy(y, decoded.data() + offset * d, n * d * sizeof(float));
   if (p.norm) backend.write.denorm(y, static_cast<const uint16_t*>(plane("norm")), n, p);
 }
 
