@@ -20,9 +20,10 @@
 //                                [--schemes LIST | --schemes-only]
 // (prints a markdown table; --batch / --len run one row, e.g. under ncu; the other flags
 // override the plan. --schemes LIST (comma-separated scheme ids of calib/schemes.inc, and
-// "int4": kvq's plain INT4 cache) first prints a table of those schemes' decode steps (every
-// spec 1.1 scheme the GPU serves without a calibration, and int4, with --schemes-only, which
-// then skips the INT2 / bf16 table); the other flags apply to the INT2 table: --int8-qk 0 plans for the bf16-MMA loops (allow_int8_qk = false: the
+// "int4", "k4v2", "k2v4": kvq's plain caches at those widths) first prints a table of those
+// schemes' decode steps (every spec 1.1 scheme the GPU serves without a calibration, and the
+// plain rows, with --schemes-only, which then skips the INT2 / bf16 table); the other flags
+// apply to the INT2 table: --int8-qk 0 plans for the bf16-MMA loops (allow_int8_qk = false: the
 // packed hi/lo loop at g <= 4), --int8-qk 1 takes the int8 QK loop.
 // Without --int8-qk, when the plan takes the int8 QK loop (g <= 4) the INT2 step is also timed
 // with the bf16-MMA loop the plan would take otherwise (packed hi/lo, allow_int8_qk = false) in
@@ -516,12 +517,19 @@ Result RunOne(bool quantized, int batch, int seq_len, L2Flusher& flusher, int it
 // options: KIVI / OScaR keys in tiles of 32 tokens, V in groups of 32, S0 = 0, W = 1, F = 128;
 // SAW-INT4 at G = d, S0 = W = 0), its pools allocated and filled from the formats' plane lists
 // (LayoutOf), random contents (codes random bytes, scales and mins in realistic ranges, norms
-// around 1), shuffled page tables, and the sequence at length T. "int4" is kvq's plain INT4
-// cache beside SAW: the `hadamard` scheme at 4 bits (G = 64, S0 = 64, W = 256).
+// around 1), shuffled page tables, and the sequence at length T. The plain rows (kPlainRows) are
+// kvq's `hadamard` cache (G = 64, S0 = 64, W = 256) at other widths: "int4" beside SAW, and K
+// and V apart ("k4v2", "k2v4").
 struct SchemeRow {
   std::string label;
   CacheParams params;
 };
+
+struct PlainRow {
+  const char* label;
+  int k_bits, v_bits;
+};
+constexpr PlainRow kPlainRows[] = {{"int4", 4, 4}, {"k4v2", 4, 2}, {"k2v4", 2, 4}};
 
 std::vector<SchemeRow> SchemeRows(const std::string& list) {
   namespace calib = kvq::calib;
@@ -539,7 +547,7 @@ std::vector<SchemeRow> SchemeRows(const std::string& list) {
       if (info.format_k != kvq::Format::kAffineTile && info.windows.shared()) continue;
       names.push_back(info.name);
     }
-    names.push_back("int4");
+    for (const PlainRow& plain : kPlainRows) names.push_back(plain.label);
   } else {
     size_t at = 0;
     while (at <= list.size()) {
@@ -551,9 +559,12 @@ std::vector<SchemeRow> SchemeRows(const std::string& list) {
   for (const std::string& name : names) {
     calib::SchemeOptions options;
     std::string scheme = name;
-    if (name == "int4") {
-      scheme = "hadamard";
-      options.bits = 4;
+    for (const PlainRow& plain : kPlainRows) {
+      if (name == plain.label) {
+        scheme = "hadamard";
+        options.k_bits = plain.k_bits;
+        options.v_bits = plain.v_bits;
+      }
     }
     rows.push_back({name, calib::BuildLayerScheme(scheme, shape, nullptr, 0, options).params});
   }

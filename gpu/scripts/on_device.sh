@@ -224,7 +224,7 @@ PY
     "$b" >> "$OUT/bench.md" 2>&1
     row "$(basename "$b")" "rc=$?"
   done
-  # The spec 1.1 schemes' decode steps (kivi, ots, saw_int4 and plain INT4; B x T grid).
+  # The spec 1.1 schemes' decode steps (kivi, ots, saw_int4, plain INT4, K4V2, K2V4; B x T grid).
   "$bin/kvq_bench_gpu_attention" --schemes-only >> "$OUT/bench.md" 2>&1
   row "kvq_bench_gpu_attention --schemes-only" "rc=$?"
   if [[ -f $here/bench_sdpa.py ]]; then

@@ -15,6 +15,8 @@
 #                    helper's worktree, stage into that checkout's ignored .carry.
 #   --old-build DIR  a previous tree's build folder: its kvq_bench_gpu_attention and
 #                    kvq_bench_gpu_write (built there) are staged as old/bin with old/lib.
+#   --timing-only    stage the benchmarks and the CLI only (what --part timing runs), no tests:
+#                    with --old-build the bundle then stays inside the 64 MiB a call carries.
 # The device command (carry: the staging folder's name, e.g. [".carry"]):
 #   bash .carry/on_device.sh --part checks     (tests, compute-sanitizer, kvq conform)
 #   bash .carry/on_device.sh --part timing     (old vs new benchmark rounds, benchmarks)
@@ -24,6 +26,7 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 build="$repo/build-gpu"
 carry="$repo/.carry"
 old_build=""
+timing_only=0
 jobs=2
 while (( $# )); do
   case "$1" in
@@ -31,6 +34,7 @@ while (( $# )); do
     --build) build="$2"; shift 2 ;;
     --carry) carry="$2"; shift 2 ;;
     --old-build) old_build="$2"; shift 2 ;;
+    --timing-only) timing_only=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -43,13 +47,14 @@ fi
 # gpu_<name> per gpu/tests/*_test.{cc,cu}; <folder>_<name> per test elsewhere that expands the
 # CUDA backend; kvq_<name> per bench/bench_gpu_*.cu; the CLI.
 targets=()
-for source in "$repo"/gpu/tests/*_test.cc "$repo"/gpu/tests/*_test.cu; do
+backend_tests=()
+(( timing_only )) || for source in "$repo"/gpu/tests/*_test.cc "$repo"/gpu/tests/*_test.cu; do
   [[ -e "$source" ]] || continue
   name=$(basename "$source"); targets+=("gpu_${name%.*}")
 done
-backend_tests=()
-for source in $(grep -l -E 'TestBackends|AllBackends' "$repo"/cpu_ref/tests/*_test.cc \
-                  "$repo"/conformance/tests/*_test.cc "$repo"/fuzz/*_test.cc 2>/dev/null); do
+(( timing_only )) ||
+  for source in $(grep -l -E 'TestBackends|AllBackends' "$repo"/cpu_ref/tests/*_test.cc \
+                    "$repo"/conformance/tests/*_test.cc "$repo"/fuzz/*_test.cc 2>/dev/null); do
   name=$(basename "$source" .cc)
   case "$source" in
     */cpu_ref/tests/*) backend_tests+=("cpu_ref_$name") ;;

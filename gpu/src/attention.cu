@@ -17,7 +17,7 @@
 namespace kvq::gpu {
 namespace {
 
-using attention::HistoryFormat;
+using attention::DecodeKinds;
 using attention::kTileTokens;
 
 // The window's tokens per split: a multiple of this, and this many while the window blocks
@@ -42,50 +42,61 @@ constexpr int kBf16BlocksPerSm = 8;
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
-// Validates what the kernels rely on and returns the history format: the one place where the
-// cache's formats become the kernels' compile-time history kind (attention::HistoryFormatOf).
-HistoryFormat CheckSupported(const CacheParams& c) {
+// The kinds' loops: INT-b keys (per token or tiled), tiled keys, fp8 rows.
+bool IntKeys(const DecodeKinds& k) {
+  return k.key_format == Format::kAffineToken || k.key_format == Format::kAffineTile;
+}
+bool TileKeys(const DecodeKinds& k) { return k.key_format == Format::kAffineTile; }
+bool Fp8Rows(const DecodeKinds& k) { return k.key_format == Format::kFp8E4m3; }
+
+// Validates what the kernels rely on and returns the cache's history kinds: the one place
+// where the cache's formats and widths meet the kernels' kind lists (kvq/gpu/formats.h).
+DecodeKinds CheckSupported(const CacheParams& c) {
   c.Validate();
   const int d = c.head_dim();
   const int g = c.group_size();
   KVQ_CHECK(g <= attention::kMaxHeadsPerBlock || g % attention::kMaxHeadsPerBlock == 0,
             kUnsupported, "GQA group Hq/Hkv = ", g,
             " is not supported by the CUDA decode attention (at most 8, or a multiple of 8)");
-  HistoryFormat key_kind, value_kind, kind;
-  KVQ_CHECK(attention::HistoryFormatOf(c.key.format, c.key.bits, &key_kind), kUnsupported,
-            "key format ", FormatName(c.key.format), " with ", c.key.bits,
+  const DecodeKinds kinds{c.key.format, attention::KindBits(c.key), c.value.format,
+                          attention::KindBits(c.value)};
+  KVQ_CHECK(attention::IsKeyKind(kinds.key_format, kinds.key_bits), kUnsupported,
+            "key format ", FormatName(kinds.key_format), " with ", kinds.key_bits,
             " bits is not supported by the CUDA decode attention");
-  KVQ_CHECK(attention::HistoryFormatOf(c.value.format, c.value.bits, &value_kind), kUnsupported,
-            "value format ", FormatName(c.value.format), " with ", c.value.bits,
+  KVQ_CHECK(attention::IsValueKind(kinds.value_format, kinds.value_bits), kUnsupported,
+            "value format ", FormatName(kinds.value_format), " with ", kinds.value_bits,
             " bits is not supported by the CUDA decode attention");
-  KVQ_CHECK(attention::StepKindOf(key_kind, value_kind, &kind), kUnsupported, "key ",
-            FormatName(c.key.format), " (bits ", c.key.bits, ") and value ",
-            FormatName(c.value.format), " (bits ", c.value.bits,
-            ") are not a pair the CUDA decode attention serves (one per-token format, or tiled "
-            "keys over per-token values of the same width)");
+  KVQ_CHECK(attention::DecodeKindsServed(kinds), kUnsupported, "key ",
+            FormatName(kinds.key_format), " (bits ", kinds.key_bits, ") and value ",
+            FormatName(kinds.value_format), " (bits ", kinds.value_bits,
+            ") are not a pair the CUDA decode attention serves (bf16 or fp8_e4m3 on both "
+            "sides, or affine_token / affine_tile keys over affine_token values)");
   CheckKernelLayout(c.key, "CUDA decode attention (key)");
   CheckKernelLayout(c.value, "CUDA decode attention (value)");
   // Whole rows in one format: no group, no tile to check.
-  if (kind == HistoryFormat::kBf16 || kind == HistoryFormat::kFp8) return kind;
-  const int row_bytes = d * c.key.bits / 8;
-  if (attention::IsTileKind(kind)) {
+  if (!IntKeys(kinds)) return kinds;
+  const int key_row_bytes = d * c.key.bits / 8;
+  const int value_row_bytes = d * c.value.bits / 8;
+  if (TileKeys(kinds)) {
     const int slice = c.key.tile_channel_bytes();
     KVQ_CHECK(slice == 8 || slice == 16, kUnsupported, "key tile of ", c.key.group,
               " tokens at ", c.key.bits, " bits (", slice,
               " bytes a channel) is not supported by the CUDA decode attention (8 or 16: "
               "INT2 with G_k = 32 or 64, INT4 with G_k = 32)");
   } else {
-    KVQ_CHECK(c.key.group >= row_bytes, kUnsupported, "key group ", c.key.group,
-              " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+    KVQ_CHECK(c.key.group >= key_row_bytes, kUnsupported, "key group ", c.key.group,
+              " is below d*b/8 = ", key_row_bytes,
+              " (not supported by the CUDA decode attention)");
   }
-  KVQ_CHECK(c.value.group >= row_bytes, kUnsupported, "value group ", c.value.group,
-            " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
-  KVQ_CHECK((attention::IsTileKind(kind) || IsSupportedGroup(c.key.group)) &&
+  KVQ_CHECK(c.value.group >= value_row_bytes, kUnsupported, "value group ", c.value.group,
+            " is below d*b/8 = ", value_row_bytes,
+            " (not supported by the CUDA decode attention)");
+  KVQ_CHECK((TileKeys(kinds) || IsSupportedGroup(c.key.group)) &&
                 IsSupportedGroup(c.value.group),
             kUnsupported, "groups ", c.key.group, " / ", c.value.group,
             " (G = d = 256, spec 1.1) are not supported by the CUDA decode attention (32, 64 or "
             "128)");
-  return kind;
+  return kinds;
 }
 
 // Tokens of the windows a step of max_seq_len reads at most (sink + recent ring), and history
@@ -118,7 +129,7 @@ struct WorkspaceLayout {
 
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms, bool allow_int8_qk) {
-  const HistoryFormat kind = CheckSupported(c);
+  const DecodeKinds kinds = CheckSupported(c);
   KVQ_CHECK(batch >= 1 && batch <= 65535, kInvalidArgument, "batch ", batch,
             " is outside [1, 65535]");
   KVQ_CHECK(max_seq_len >= 1, kInvalidArgument, "max_seq_len ", max_seq_len, " is below 1");
@@ -204,10 +215,10 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   // The loop: int8 QK^T where a block serves at most 4 query heads, else the bf16 MMAs with the
   // hi / lo parts packed into the column halves (g <= 4) or in two MMAs. Tile keys have the
   // bf16 loops only (their folded query changes every tile).
-  if (kind == HistoryFormat::kFp8) {
+  if (Fp8Rows(kinds)) {
     plan.quant_loop = QuantLoop::kTwoMma;  // its one loop (the bf16 MMAs over converted rows)
   } else if (c.quantized() && heads_per_block <= 4) {
-    plan.quant_loop = allow_int8_qk && !attention::IsTileKind(kind) ? QuantLoop::kInt8Qk
+    plan.quant_loop = allow_int8_qk && !TileKeys(kinds) ? QuantLoop::kInt8Qk
                                                                     : QuantLoop::kPacked;
   } else {
     plan.quant_loop = QuantLoop::kTwoMma;
@@ -242,7 +253,7 @@ DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
 void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                      const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
                      float* out, cudaStream_t stream) {
-  const HistoryFormat format = CheckSupported(c);
+  const DecodeKinds kinds = CheckSupported(c);
   const int d = c.head_dim();
   const int g = c.group_size();
   KVQ_CHECK(in.batch >= 1 && in.batch <= 65535, kInvalidArgument, "batch ", in.batch,
@@ -268,11 +279,11 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             kInvalidArgument, "invalid plan: quant_loop ", loop,
             " (packed or int8) needs a quantized cache and at most 4 query heads per block, g = ",
             g);
-  KVQ_CHECK(plan.quant_loop != QuantLoop::kInt8Qk || !attention::IsTileKind(format),
+  KVQ_CHECK(plan.quant_loop != QuantLoop::kInt8Qk || !TileKeys(kinds),
             kInvalidArgument, "invalid plan: the int8 QK loop does not read tiled keys");
-  KVQ_CHECK(format != HistoryFormat::kFp8 || plan.quant_loop == QuantLoop::kTwoMma,
+  KVQ_CHECK(!Fp8Rows(kinds) || plan.quant_loop == QuantLoop::kTwoMma,
             kInvalidArgument, "invalid plan: quant_loop ", loop, " for fp8 history (two-MMA only)");
-  KVQ_CHECK(format != HistoryFormat::kFp8 || (in.key_heads.scale && in.value_heads.scale),
+  KVQ_CHECK(!Fp8Rows(kinds) || (in.key_heads.scale && in.value_heads.scale),
             kInvalidArgument, "fp8 history needs the per-head scales (key_heads.scale, "
             "value_heads.scale)");
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
@@ -397,7 +408,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   for (const uint8_t** first_plane : {&kp.k_planes[0], &kp.v_planes[0]}) {
     if (!*first_plane) *first_plane = reinterpret_cast<const uint8_t*>(in.q);
   }
-  KVQ_CUDA_CHECK(attention::DispatchDecodeAttention(d, format, kp, stream));
+  KVQ_CUDA_CHECK(attention::DispatchDecodeAttention(d, kinds, kp, stream));
 
   attention::MergeParams mp;
   mp.batch = in.batch;

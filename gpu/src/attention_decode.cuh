@@ -1,5 +1,7 @@
 // The decode-attention kernel family (layer (a) of kvq/gpu/attention_launch.h). Included by
-// one .cu file per history format so the instantiations compile in parallel.
+// one .cu file per key kind (KVQ_INSTANTIATE_DECODE_KEY) so the instantiations compile in
+// parallel. The keys' and the values' history kinds (kvq/gpu/formats.h) are separate template
+// parameters: HistorySplit picks the loop that reads the pair.
 //
 // Tensor-core tiling (mma.sync m16n8k16 bf16, fp32 accumulators). A block is 4 warps; a
 // pipeline stage holds 64 tokens, 16 per warp. Per warp and 16 tokens:
@@ -55,70 +57,74 @@ inline constexpr bool kFieldsPerGroupValid =
     FPG * QuantGeometry<D, BITS>::kRowBytes >= 32 && FPG * QuantGeometry<D, BITS>::kRowBytes <= 128 &&
     FPG <= QuantGeometry<D, BITS>::kFields;
 
-// The quantized history's split in loop LOOP (QuantSplitInt8 or QuantSplit) with FPGK = fpg_k
-// and FPGV = fpg_v as compile-time values (fields per group of K and of V; the launcher admits
-// only valid groups).
-template <int D, int BITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
+// The quantized history's split in loop LOOP (QuantSplitInt8 or QuantSplit) over KBITS-bit keys
+// and VBITS-bit values, with FPGK = fpg_k and FPGV = fpg_v as compile-time values (fields per
+// group of K and of V; the launcher admits only valid groups).
+template <int D, int KBITS, int VBITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
 __device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
                                                    int kvh, int head0, int b, int split,
                                                    int begin, int end, int fpg_v) {
-  if constexpr (kFieldsPerGroupValid<D, BITS, FPGV>) {
+  if constexpr (kFieldsPerGroupValid<D, VBITS, FPGV>) {
     if (fpg_v == FPGV) {
       if constexpr (LOOP == QuantLoop::kInt8Qk) {
-        QuantSplitInt8<D, BITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+        QuantSplitInt8<D, KBITS, VBITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
       } else {
-        QuantSplit<D, BITS, LOOP == QuantLoop::kPacked, FPGK, FPGV>(p, smem, kvh, head0, b,
-                                                                    split, begin, end);
+        QuantSplit<D, KBITS, VBITS, LOOP == QuantLoop::kPacked, FPGK, FPGV>(
+            p, smem, kvh, head0, b, split, begin, end);
       }
       return;
     }
   }
   if constexpr (FPGV < 4) {
-    QuantSplitGroupedV<D, BITS, LOOP, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split, begin, end,
-                                                      fpg_v);
+    QuantSplitGroupedV<D, KBITS, VBITS, LOOP, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split,
+                                                              begin, end, fpg_v);
   } else {
     __trap();  // unreachable: the launcher refuses other groups
   }
 }
-template <int D, int BITS, QuantLoop LOOP, int FPGK = 1>
+template <int D, int KBITS, int VBITS, QuantLoop LOOP, int FPGK = 1>
 __device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
                                                   int kvh, int head0, int b, int split, int begin,
                                                   int end) {
-  constexpr int RB = QuantGeometry<D, BITS>::kRowBytes;
-  if constexpr (kFieldsPerGroupValid<D, BITS, FPGK>) {
-    if (p.key_group == FPGK * RB) {
-      QuantSplitGroupedV<D, BITS, LOOP, FPGK>(p, smem, kvh, head0, b, split, begin, end,
-                                              p.value_group / RB);
+  constexpr int RBK = QuantGeometry<D, KBITS>::kRowBytes;
+  constexpr int RBV = QuantGeometry<D, VBITS>::kRowBytes;
+  if constexpr (kFieldsPerGroupValid<D, KBITS, FPGK>) {
+    if (p.key_group == FPGK * RBK) {
+      QuantSplitGroupedV<D, KBITS, VBITS, LOOP, FPGK>(p, smem, kvh, head0, b, split, begin, end,
+                                                      p.value_group / RBV);
       return;
     }
   }
   if constexpr (FPGK < 4) {
-    QuantSplitGrouped<D, BITS, LOOP, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
+    QuantSplitGrouped<D, KBITS, VBITS, LOOP, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
   } else {
     __trap();  // unreachable: the launcher refuses other groups
   }
 }
 
-// The tiled-key split (TileKeySplit) with SLICE = G_k * b / 8 (8 or 16) and FPGV = fpg_v as
+// The tiled-key split (TileKeySplit) with SLICE = G_k * b_k / 8 (8 or 16) and FPGV = fpg_v as
 // compile-time values (the launcher admits only those).
-template <int D, int BITS, bool PACK, int SLICE = 8, int FPGV = 1>
+template <int D, int KBITS, int VBITS, bool PACK, int SLICE = 8, int FPGV = 1>
 __device__ __forceinline__ void TileSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
                                                  int kvh, int head0, int b, int split, int begin,
                                                  int end) {
-  constexpr int RB = QuantGeometry<D, BITS>::kRowBytes;
-  if (p.key_group * BITS / 8 == SLICE) {
-    if constexpr (kFieldsPerGroupValid<D, BITS, FPGV> && SLICE * 8 / BITS >= 32) {
-      if (p.value_group == FPGV * RB) {
-        TileKeySplit<D, BITS, PACK, SLICE, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+  constexpr int RBV = QuantGeometry<D, VBITS>::kRowBytes;
+  if (p.key_group * KBITS / 8 == SLICE) {
+    if constexpr (kFieldsPerGroupValid<D, VBITS, FPGV> && SLICE * 8 / KBITS >= 32) {
+      if (p.value_group == FPGV * RBV) {
+        TileKeySplit<D, KBITS, VBITS, PACK, SLICE, FPGV>(p, smem, kvh, head0, b, split, begin,
+                                                         end);
         return;
       }
     }
     if constexpr (FPGV < 4) {
-      TileSplitGrouped<D, BITS, PACK, SLICE, 2 * FPGV>(p, smem, kvh, head0, b, split, begin, end);
+      TileSplitGrouped<D, KBITS, VBITS, PACK, SLICE, 2 * FPGV>(p, smem, kvh, head0, b, split,
+                                                               begin, end);
       return;
     }
   } else if constexpr (SLICE < 16) {
-    TileSplitGrouped<D, BITS, PACK, 2 * SLICE, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+    TileSplitGrouped<D, KBITS, VBITS, PACK, 2 * SLICE, FPGV>(p, smem, kvh, head0, b, split,
+                                                             begin, end);
     return;
   }
   __trap();  // unreachable: the launcher refuses other tiles and groups
@@ -127,8 +133,28 @@ __device__ __forceinline__ void TileSplitGrouped(const DecodeKernelParams& p, un
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
-// One block's split: history (INT-b or bf16 pages), bf16 window, or an empty partial.
-template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
+// The bf16 cache: every token a bf16 row in the pages (no windows).
+template <class K>
+inline constexpr bool kBf16Cache = K::kFormat == Format::kBf16;
+
+// The history split of keys of kind K over values of kind V (DecodePair<K, V>): the loop that
+// reads that pair's pages.
+template <int D, class K, class V, QuantLoop LOOP>
+__device__ __forceinline__ void HistorySplit(const DecodeKernelParams& p, unsigned char* smem,
+                                             int kvh, int head0, int b, int split, int begin,
+                                             int end) {
+  if constexpr (K::kFormat == Format::kFp8E4m3) {
+    Fp8Split<D>(p, smem, kvh, head0, b, split, begin, end);
+  } else if constexpr (K::kFormat == Format::kAffineTile) {
+    TileSplitGrouped<D, K::kBits, V::kBits, LOOP == QuantLoop::kPacked>(p, smem, kvh, head0, b,
+                                                                        split, begin, end);
+  } else {
+    QuantSplitGrouped<D, K::kBits, V::kBits, LOOP>(p, smem, kvh, head0, b, split, begin, end);
+  }
+}
+
+// One block's split: history (quantized or bf16 pages), bf16 window, or an empty partial.
+template <int D, class K, class V, QuantLoop LOOP>
 __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigned char* smem) {
   const int kvh = blockIdx.x / p.head_chunks;
   const int chunk = blockIdx.x - kvh * p.head_chunks;
@@ -136,7 +162,7 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
   const int z = blockIdx.z;
   const int head0 = kvh * p.q_per_kv + chunk * p.heads_per_block;
   const int t = p.seq_lens[b];
-  if constexpr (FORMAT == HistoryFormat::kBf16) {
+  if constexpr (kBf16Cache<K>) {
     const int begin = z * p.hist_tokens_per_split;
     const int end = min(begin + p.hist_tokens_per_split, t);
     if (begin >= end) {
@@ -156,15 +182,7 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
-      constexpr int kBits = BitsOfKind(FORMAT);
-      if constexpr (FORMAT == HistoryFormat::kFp8) {
-        Fp8Split<D>(p, smem, kvh, head0, b, z, begin, end);
-      } else if constexpr (IsTileKind(FORMAT)) {
-        TileSplitGrouped<D, kBits, LOOP == QuantLoop::kPacked>(p, smem, kvh, head0, b, z, begin,
-                                                               end);
-      } else {
-        QuantSplitGrouped<D, kBits, LOOP>(p, smem, kvh, head0, b, z, begin, end);
-      }
+      HistorySplit<D, K, V, LOOP>(p, smem, kvh, head0, b, z, begin, end);
     } else {
       const int n_sink = min(p.sink, t);
       const int recent_begin = min(t, p.sink + n_hist);
@@ -181,43 +199,53 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
   }
 }
 
-// LOOP: the quantized history's loop (DecodeAttentionPlan::quant_loop); a kernel per loop so
-// that each gets its own register allocation. The bf16 cache takes kTwoMma.
-template <int D, HistoryFormat FORMAT, QuantLoop LOOP>
+// K, V: the keys' and the values' history kinds (HistoryKind); LOOP: the quantized history's
+// loop (DecodeAttentionPlan::quant_loop); a kernel per loop so that each gets its own register
+// allocation. The bf16 cache takes kTwoMma.
+template <int D, class K, class V, QuantLoop LOOP>
 __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
     DecodeAttentionKernel(const __grid_constant__ DecodeKernelParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   // The merge launched after this grid may launch once every block of it has started: its
   // blocks take the slots this grid's blocks leave, load R_V and wait for the partials.
   LaunchDependents();
-  BlockTimeline::Enter(p.timeline, FORMAT == HistoryFormat::kBf16 || blockIdx.z < p.hist_splits
+  BlockTimeline::Enter(p.timeline, kBf16Cache<K> || blockIdx.z < p.hist_splits
                                        ? BlockKind::kHistory
                                        : BlockKind::kWindow);
-  DecodeBlock<D, FORMAT, LOOP>(p, smem);
+  DecodeBlock<D, K, V, LOOP>(p, smem);
   BlockTimeline::Exit(p.timeline);
 }
 
 using launch::LaunchKernel;
 
-template <int D, HistoryFormat FORMAT>
-constexpr int DecodeSharedBytesFor() {
+template <int D, class K, class V>
+constexpr int PairSharedBytes() {
   constexpr int combine = (kWarps * kMaxHeadsPerBlock * D + 2 * kWarps * kMaxHeadsPerBlock) * 4;
   constexpr int page_ids = (kMaxSplitTokens / 16 + 1) * 4;
-  if constexpr (FORMAT == HistoryFormat::kBf16) {
+  if constexpr (kBf16Cache<K>) {
     constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
     return pipeline > combine ? pipeline : combine;
-  } else if constexpr (FORMAT == HistoryFormat::kFp8) {
+  } else if constexpr (K::kFormat == Format::kFp8E4m3) {
     constexpr int pipeline = Fp8Geometry<D>::kBytes + page_ids;
     constexpr int window = Bf16Geometry<D>::kStageBytes;
     constexpr int m = pipeline > window ? pipeline : window;
     return m > combine ? m : combine;
   } else {
-    using Geo = QuantGeometry<D, BitsOfKind(FORMAT), IsTileKind(FORMAT)>;
-    constexpr int quant =
-        Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes + Geo::kBarrierBytes + page_ids;
+    using Stage = QuantStage<D, K::kBits, V::kBits, K::kFormat == Format::kAffineTile>;
+    constexpr int quant = Stage::kSharedBytes + page_ids;
     constexpr int window = Bf16Geometry<D>::kStageBytes;
     constexpr int m = quant > window ? quant : window;
     return m > combine ? m : combine;
+  }
+}
+// The dynamic shared memory of the decode kernel of (D, K, V); 0 for a pair DecodePair refuses
+// (no kernel).
+template <int D, class K, class V>
+constexpr int DecodeSharedBytesFor() {
+  if constexpr (DecodePair<K, V>()) {
+    return PairSharedBytes<D, K, V>();
+  } else {
+    return 0;
   }
 }
 
@@ -225,53 +253,68 @@ constexpr int DecodeSharedBytesFor() {
 
 namespace kvq::gpu::attention {
 
-template <int HEAD_DIM, HistoryFormat FORMAT>
+template <int HEAD_DIM, class K, class V>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream) {
-  constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, FORMAT>();
-  constexpr bool kQuantized = FORMAT != HistoryFormat::kBf16;
-  // The bf16 cache and fp8 history have one loop each; the INT-b loops are instantiated only
-  // for INT-b histories.
-  constexpr bool kIntB = kQuantized && FORMAT != HistoryFormat::kFp8;
-  constexpr QuantLoop kPacked = kIntB ? QuantLoop::kPacked : QuantLoop::kTwoMma;
-  // Tile keys have no int8 QK loop (the plan never takes it for them).
-  constexpr bool kHasInt8 = kIntB && !IsTileKind(FORMAT);
-  constexpr QuantLoop kInt8Qk = kHasInt8 ? QuantLoop::kInt8Qk : kPacked;
-  // The plan's loop; anything else is refused, never run as another loop.
-  if (kQuantized && p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
-      p.quant_loop != QuantLoop::kInt8Qk) {
-    return cudaErrorInvalidValue;
-  }
-  if (!kHasInt8 && kQuantized && p.quant_loop == QuantLoop::kInt8Qk) return cudaErrorInvalidValue;
-  if (!kIntB && p.quant_loop != QuantLoop::kTwoMma) return cudaErrorInvalidValue;
-  auto kernel = !kQuantized ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>
-                : p.quant_loop == QuantLoop::kInt8Qk
-                    ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>
-                : p.quant_loop == QuantLoop::kPacked
-                    ? detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>
-                    : detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>;
-  if (kSmem > 48 * 1024) {
-    // Once per process and kernel (device 0's limit is the same on every Hopper part).
-    static const cudaError_t raised = [] {
-      cudaError_t e = cudaSuccess;
-      for (auto k : {detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, QuantLoop::kTwoMma>,
-                     detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kPacked>,
-                     detail::DecodeAttentionKernel<HEAD_DIM, FORMAT, kInt8Qk>}) {
-        if (e == cudaSuccess) {
-          e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if constexpr (!DecodePair<K, V>()) {
+    return cudaErrorInvalidValue;  // no loop reads this pair
+  } else {
+    constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, K, V>();
+    constexpr bool kQuantized = !detail::kBf16Cache<K>;
+    // The bf16 cache and fp8 history have one loop each; the INT-b loops are instantiated only
+    // for INT-b histories.
+    constexpr bool kIntB = kQuantized && K::kFormat != Format::kFp8E4m3;
+    constexpr QuantLoop kPacked = kIntB ? QuantLoop::kPacked : QuantLoop::kTwoMma;
+    // Tile keys have no int8 QK loop (the plan never takes it for them).
+    constexpr bool kHasInt8 = kIntB && K::kFormat != Format::kAffineTile;
+    constexpr QuantLoop kInt8Qk = kHasInt8 ? QuantLoop::kInt8Qk : kPacked;
+    // The plan's loop; anything else is refused, never run as another loop.
+    if (kQuantized && p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
+        p.quant_loop != QuantLoop::kInt8Qk) {
+      return cudaErrorInvalidValue;
+    }
+    if (!kHasInt8 && kQuantized && p.quant_loop == QuantLoop::kInt8Qk) return cudaErrorInvalidValue;
+    if (!kIntB && p.quant_loop != QuantLoop::kTwoMma) return cudaErrorInvalidValue;
+    auto kernel = !kQuantized ? detail::DecodeAttentionKernel<HEAD_DIM, K, V, QuantLoop::kTwoMma>
+                  : p.quant_loop == QuantLoop::kInt8Qk
+                      ? detail::DecodeAttentionKernel<HEAD_DIM, K, V, kInt8Qk>
+                  : p.quant_loop == QuantLoop::kPacked
+                      ? detail::DecodeAttentionKernel<HEAD_DIM, K, V, kPacked>
+                      : detail::DecodeAttentionKernel<HEAD_DIM, K, V, QuantLoop::kTwoMma>;
+    if (kSmem > 48 * 1024) {
+      // Once per process and kernel (device 0's limit is the same on every Hopper part).
+      static const cudaError_t raised = [] {
+        cudaError_t e = cudaSuccess;
+        for (auto k : {detail::DecodeAttentionKernel<HEAD_DIM, K, V, QuantLoop::kTwoMma>,
+                       detail::DecodeAttentionKernel<HEAD_DIM, K, V, kPacked>,
+                       detail::DecodeAttentionKernel<HEAD_DIM, K, V, kInt8Qk>}) {
+          if (e == cudaSuccess) {
+            e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+          }
         }
-      }
-      return e;
-    }();
-    if (raised != cudaSuccess) return raised;
+        return e;
+      }();
+      if (raised != cudaSuccess) return raised;
+    }
+    const int splits = p.hist_splits + p.window_splits;
+    if (p.batch < 1 || p.batch > 65535 || splits < 1 || splits > 65535 || p.num_kv_heads < 1)
+      return cudaErrorInvalidValue;
+    const dim3 grid(p.num_kv_heads * p.head_chunks, p.batch, splits);
+    const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(detail::kThreads), kSmem,
+                                                      stream, p.programmatic_launch, p);
+    if (launched != cudaSuccess) return launched;
+    return cudaGetLastError();
   }
-  const int splits = p.hist_splits + p.window_splits;
-  if (p.batch < 1 || p.batch > 65535 || splits < 1 || splits > 65535 || p.num_kv_heads < 1)
-    return cudaErrorInvalidValue;
-  const dim3 grid(p.num_kv_heads * p.head_chunks, p.batch, splits);
-  const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(detail::kThreads), kSmem,
-                                                    stream, p.programmatic_launch, p);
-  if (launched != cudaSuccess) return launched;
-  return cudaGetLastError();
 }
 
 }  // namespace kvq::gpu::attention
+
+// The instantiations of the launcher for keys of kind (KF, KB) over every value kind and head
+// dimension of the lists (kvq/gpu/formats.h): one attention_decode_<key kind>.cu each, so they
+// compile in parallel. A pair DecodePair refuses instantiates a launcher that returns
+// cudaErrorInvalidValue and no kernel.
+#define KVQ_DECODE_INSTANCE(VF, VB, KF, KB, D)                                            \
+  template cudaError_t LaunchDecodeAttention<D, HistoryKind<Format::KF, KB>,              \
+                                             HistoryKind<Format::VF, VB>>(                \
+      const DecodeKernelParams&, cudaStream_t);
+#define KVQ_DECODE_INSTANCES_OF_DIM(D, KF, KB) KVQ_GPU_VALUE_KINDS(KVQ_DECODE_INSTANCE, KF, KB, D)
+#define KVQ_INSTANTIATE_DECODE_KEY(KF, KB) KVQ_GPU_HEAD_DIMS(KVQ_DECODE_INSTANCES_OF_DIM, KF, KB)

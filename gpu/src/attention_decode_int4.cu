@@ -1,13 +1,9 @@
-// Instantiations of the decode-attention kernel for kInt4 history pages (one file per format
-// so the three compile in parallel). The kernel itself is attention_decode.cuh.
+// Instantiations of the decode-attention kernel for affine_token keys, 4-bit codes, over every value kind
+// and head dimension (attention_decode.cuh).
 #include "attention_decode.cuh"
 
 namespace kvq::gpu::attention {
 
-#define KVQ_INSTANTIATE_DECODE(D, FMT) \
-  template cudaError_t LaunchDecodeAttention<D, HistoryFormat::FMT>(const DecodeKernelParams&, \
-                                                                    cudaStream_t);
-KVQ_GPU_HEAD_DIMS(KVQ_INSTANTIATE_DECODE, kInt4)
-#undef KVQ_INSTANTIATE_DECODE
+KVQ_INSTANTIATE_DECODE_KEY(kAffineToken, 4)
 
 }  // namespace kvq::gpu::attention

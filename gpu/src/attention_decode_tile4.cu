@@ -1,14 +1,9 @@
-// Instantiations of the decode-attention kernel for kTileInt4 history (tiled keys, INT4
-// values; one file per kind so they compile in parallel). The kernel itself is
-// attention_decode.cuh.
+// Instantiations of the decode-attention kernel for affine_tile keys (spec 1.1), 4-bit codes, over every value kind
+// and head dimension (attention_decode.cuh).
 #include "attention_decode.cuh"
 
 namespace kvq::gpu::attention {
 
-#define KVQ_INSTANTIATE_DECODE(D, FMT) \
-  template cudaError_t LaunchDecodeAttention<D, HistoryFormat::FMT>(const DecodeKernelParams&, \
-                                                                    cudaStream_t);
-KVQ_GPU_HEAD_DIMS(KVQ_INSTANTIATE_DECODE, kTileInt4)
-#undef KVQ_INSTANTIATE_DECODE
+KVQ_INSTANTIATE_DECODE_KEY(kAffineTile, 4)
 
 }  // namespace kvq::gpu::attention

@@ -89,29 +89,34 @@ __device__ __forceinline__ uint32_t PackHiLo(float x) {
   return BitsOf(__floats2bfloat162_rn(x, __fsub_rn(x, hi)));
 }
 
-template <int D, int BITS, int FPGK, int FPGV>
+// KBITS, VBITS: the widths of the K codes (the int8 QK^T) and of the V codes (PV, as
+// PvLoop's); FPGK, FPGV: fields per group of each side.
+template <int D, int KBITS, int VBITS, int FPGK, int FPGV>
 __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsigned char* smem,
                                                int kvh, int head0, int b, int split, int begin,
                                                int end) {
-  using Geo = QuantGeometry<D, BITS>;
-  using Slots = Int8QkSlots<D, BITS>;
+  using Stage = QuantStage<D, KBITS, VBITS>;
+  using Geo = typename Stage::KeyRow;
+  using VGeo = typename Stage::ValueRow;
+  using Slots = Int8QkSlots<D, KBITS>;
   constexpr int F = Geo::kFields;
+  constexpr int FV = VGeo::kFields;
   constexpr int RB = Geo::kRowBytes;
+  constexpr int RBV = VGeo::kRowBytes;
   constexpr int NW = Geo::kQkWords;
   constexpr int NGK = F / FPGK;
-  constexpr int NGV = F / FPGV;
-  static_assert(FPGK >= 1 && FPGV >= 1 && F % FPGK == 0 && F % FPGV == 0, "fields per group");
+  constexpr int NGV = FV / FPGV;
+  static_assert(FPGK >= 1 && FPGV >= 1 && F % FPGK == 0 && FV % FPGV == 0, "fields per group");
   static_assert(NW >= 2 || FPGK >= 2, "d = 64: an MMA's two fields share a group");
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int gi = lane >> 2;
   const int t4 = lane & 3;
 
-  using Pipeline = QuantTilePipeline<D, BITS>;
-  const Pipeline pipe(p, smem, kvh, b, begin, end);
+  const QuantTilePipeline<Stage> pipe(p, smem, kvh, b, begin, end);
   const int n_tiles = pipe.n_tiles;
-  float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
-  pipe.Start(Geo::kStages - 1);
+  float* q_s = reinterpret_cast<float*>(smem + Stage::kQueryOffset);
+  pipe.Start(Stage::kStages - 1);
   LoadRotatedQueries<D>(p, b, head0, q_s);
 
   // ---- Query prologue (every warp for itself: no barrier) ----
@@ -178,8 +183,8 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
     }
     StaticFor<NGK>([&](auto gc) {
       constexpr int g = decltype(gc)::value;
-      constexpr int kLo = CodeByteField<BITS, g * FPGK>::kClass;
-      constexpr int kHi = CodeByteField<BITS, g * FPGK + FPGK - 1>::kClass;
+      constexpr int kLo = CodeByteField<KBITS, g * FPGK>::kClass;
+      constexpr int kHi = CodeByteField<KBITS, g * FPGK + FPGK - 1>::kClass;
       constexpr float kUnscale = kHi == 0 ? 1.0f : 1.0f / 16.0f;  // kLo != kHi: 16 * c0 + c1
       static_assert(kLo == kHi || (kLo == 0 && kHi == 1), "classes of a group");
       int s = qsum[g];
@@ -225,12 +230,12 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
           ka2[w] = ka[w] >> 2;
           kb2[w] = kb[w] >> 2;
         }
-        const unsigned char* meta = stage + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
+        const unsigned char* meta = stage + Stage::kMetaOffset + warp * kChunkTokens * NGK * 2;
         uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
         LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
         LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
-        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
-        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
+        LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_a * NGK * 2, ma);
+        LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_b * NGK * 2, mb);
         // c[g][class]: the group's digit sums per class.
         int c[NGK][2][4];
 #pragma unroll
@@ -241,8 +246,8 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
         StaticFor<Slots::kMmas>([&](auto mc) {
           constexpr int m = decltype(mc)::value;
           constexpr int w0 = Slots::Word(m, 0), w1 = Slots::Word(m, 1);
-          using F0 = CodeByteField<BITS, Slots::Field(m, 0)>;
-          using F1 = CodeByteField<BITS, Slots::Field(m, 1)>;
+          using F0 = CodeByteField<KBITS, Slots::Field(m, 0)>;
+          using F1 = CodeByteField<KBITS, Slots::Field(m, 1)>;
           static_assert(F0::kClass == F1::kClass, "an MMA's slots share a class");
           constexpr int g = Slots::Field(m, 0) / FPGK;
           MmaU8S8(c[g][F0::kClass], F0::Get(ka[w0], ka2[w0]), F0::Get(kb[w0], kb2[w0]),
@@ -250,8 +255,8 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
         });
         StaticFor<NGK>([&](auto gc) {
           constexpr int g = decltype(gc)::value;
-          constexpr int kLo = CodeByteField<BITS, g * FPGK>::kClass;
-          constexpr int kHi = CodeByteField<BITS, g * FPGK + FPGK - 1>::kClass;
+          constexpr int kLo = CodeByteField<KBITS, g * FPGK>::kClass;
+          constexpr int kHi = CodeByteField<KBITS, g * FPGK + FPGK - 1>::kClass;
           int v[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) v[i] = kLo == kHi ? c[g][kLo][i] : 16 * c[g][0][i] + c[g][1][i];
@@ -291,19 +296,18 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
       l_run = fmaf(l_run, alpha, pa + pb);
 
       // ---- PV: A = code (bf16, exact), B = p * scale hi | lo; min term on the side ----
-      const unsigned char* vc = stage + Geo::kCodesBytes + warp * kChunkTokens * RB;
-      const unsigned char* vmeta = stage + 2 * Geo::kCodesBytes + 2 * Geo::kMetaBytes +
-                                   warp * kChunkTokens * NGV * 2;
-      const PvCodes<D, BITS> codes(vc, vrow, gi);
+      const unsigned char* vc = stage + Stage::kValueCodesOffset + warp * kChunkTokens * RBV;
+      const unsigned char* vmeta = stage + Stage::kValueMetaOffset + warp * kChunkTokens * NGV * 2;
+      const PvCodes<D, VBITS> codes(vc, vrow, gi);
       // B = p * scale * 2^64 against the in-place (subnormal) code fields.
       const float pa_v = pa * kPvOperandScale, pb_v = pb * kPvOperandScale;
       uint32_t vsa[(NGV + 1) / 2], vsb[(NGV + 1) / 2], vma[(NGV + 1) / 2], vmb[(NGV + 1) / 2];
       LoadBf16Row<NGV>(vmeta + row_a * NGV * 2, vsa);
       LoadBf16Row<NGV>(vmeta + row_b * NGV * 2, vsb);
-      LoadBf16Row<NGV>(vmeta + Geo::kMetaBytes + row_a * NGV * 2, vma);
-      LoadBf16Row<NGV>(vmeta + Geo::kMetaBytes + row_b * NGV * 2, vmb);
+      LoadBf16Row<NGV>(vmeta + Stage::kMetaBytes + row_a * NGV * 2, vma);
+      LoadBf16Row<NGV>(vmeta + Stage::kMetaBytes + row_b * NGV * 2, vmb);
       uint32_t b0 = 0, b1 = 0;
-      StaticFor<F>([&](auto fc) {
+      StaticFor<FV>([&](auto fc) {
         constexpr int f = decltype(fc)::value;
         if constexpr (f % FPGV == 0) {
           constexpr int g = f / FPGV;
@@ -317,10 +321,10 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
           min_sum[g] = fmaf(pa, mfa, fmaf(pb, mfb, min_sum[g]));
         }
 #pragma unroll
-        for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
+        for (int jp = 0; jp < VGeo::kPvPairs; ++jp) {
           uint32_t a[4];
           codes.template A<f>(jp, a);
-          MmaBf16(acc[f * Geo::kPvPairs + jp], a[0], a[1], a[2], a[3], b0, b1);
+          MmaBf16(acc[f * VGeo::kPvPairs + jp], a[0], a[1], a[2], a[3], b0, b1);
         }
       });
     }
@@ -337,12 +341,12 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
   const int src0 = (lane & ~3) | ((2 * t4) & 3);
   const int src1 = src0 + 1;
   WarpState<D> st;
-  StaticFor<F>([&](auto fc) {
+  StaticFor<FV>([&](auto fc) {
     constexpr int f = decltype(fc)::value;
-    constexpr float kUnscale = PvUnscale<BITS, f>();
+    constexpr float kUnscale = PvUnscale<VBITS, f>();
 #pragma unroll
-    for (int jp = 0; jp < Geo::kPvPairs; ++jp) {
-      const int mt = f * Geo::kPvPairs + jp;
+    for (int jp = 0; jp < VGeo::kPvPairs; ++jp) {
+      const int mt = f * VGeo::kPvPairs + jp;
       const float ra = (acc[mt][0] + acc[mt][1]) * kUnscale + msum[f / FPGV];
       const float rb = (acc[mt][2] + acc[mt][3]) * kUnscale + msum[f / FPGV];
       st.acc[mt][0] = __shfl_sync(0xffffffffu, ra, src0);
@@ -357,7 +361,7 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
   st.l[1] = __shfl_sync(0xffffffffu, l_run, src1);
   __syncthreads();
   CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
+      p, st, [&](int mt, int upper) { return PvChannel<D, VBITS>(mt, upper, gi); }, smem, b,
       head0, split);
 }
 

@@ -66,11 +66,8 @@ __host__ __device__ constexpr float PvUnscale() {
 // ------------------------------------------------------------------------------------------
 // INT-b history pages.
 
-// KEY_TILE: the stage also holds the keys' norms (tile keys, kTileInt*: bf16 [64] after the
-// metadata); the tile keys' codes, scales and mins take the places of the per-token ones (a tile
-// row of codes is G_k * RB bytes, its scale and min rows 2 D bytes: at most 2 D / 32 bytes a
-// token, what kMetaBytes holds).
-template <int D, int BITS, bool KEY_TILE = false>
+// A side's INT-b rows of codes (BITS-bit fields, spec packing) as the loops take them apart.
+template <int D, int BITS>
 struct QuantGeometry {
   static constexpr int kFields = 8 / BITS;            // codes per byte
   static constexpr int kRowBytes = D * BITS / 8;      // RB
@@ -78,22 +75,45 @@ struct QuantGeometry {
   static constexpr int kPvBytes = kRowBytes / 8;      // bytes of a row per PV thread
   static constexpr int kPvWords = kPvBytes >= 4 ? kPvBytes / 4 : 1;
   static constexpr int kPvPairs = kPvBytes / 2;       // m-tiles per field
-  static constexpr int kMaxGroups = D / 32;
+  static_assert(kFields * kQkWords == D / 16, "QK k-steps");
+  static_assert(kFields * kPvPairs == D / 16, "PV m-tiles");
+};
+
+// The shared memory of a quantized-history split: kStages pipeline stages of one 64-token tile
+// each, then the query's area and the stages' barriers. A stage holds the K codes (KBITS-bit
+// rows), the V codes (VBITS-bit rows), K scale, K min, V scale, V min (at most D / 32 groups a
+// token each) and, with KEY_TILE (tile keys, affine_tile), the K norms (bf16 [64]); the tile
+// keys' codes, scales and mins take the places of the per-token ones (a tile row of codes is
+// G_k * RB bytes, its scale and min rows 2 D bytes: at most 2 D / 32 bytes a token, what
+// kMetaBytes holds). K and V are apart: the key loop reads KeyRow's fields, PV ValueRow's.
+template <int D, int KBITS, int VBITS, bool KEY_TILE = false>
+struct QuantStage {
+  using KeyRow = QuantGeometry<D, KBITS>;
+  using ValueRow = QuantGeometry<D, VBITS>;
+  static constexpr int kHeadDim = D;
+  static constexpr int kValueBits = VBITS;
+  static constexpr bool kKeyTile = KEY_TILE;
   static constexpr int kStages = 4;
-  static constexpr int kCodesBytes = kTileTokens * kRowBytes;      // K or V codes of a stage
+  static constexpr int kMaxGroups = D / 32;
+  static constexpr int kKeyCodesBytes = kTileTokens * KeyRow::kRowBytes;
+  static constexpr int kValueCodesOffset = kKeyCodesBytes;
+  static constexpr int kMetaOffset = kValueCodesOffset + kTileTokens * ValueRow::kRowBytes;
   static constexpr int kMetaBytes = kTileTokens * kMaxGroups * 2;  // one metadata array
-  static constexpr int kNormOffset = 2 * kCodesBytes + 4 * kMetaBytes;
+  static constexpr int kValueMetaOffset = kMetaOffset + 2 * kMetaBytes;
+  static constexpr int kNormOffset = kMetaOffset + 4 * kMetaBytes;
   static constexpr int kNormBytes = KEY_TILE ? kTileTokens * 2 : 0;
-  static constexpr int kStageBytes = kNormOffset + kNormBytes;
+  static constexpr int kBytes = kNormOffset + kNormBytes;  // one stage
+  static constexpr int kQueryOffset = kStages * kBytes;
   static constexpr int kBarrierBytes = 16 * kStages;  // full + empty mbarrier per stage
-  // q~ [8][D] fp32, then per (field, head) the sums of the represented q~ and of its scaled
+  // q~ [8][D] fp32, then per (key field, head) the sums of the represented q~ and of its scaled
   // parts: [2][kFields][8] fp32, and the B fragments of the query, uint4 {hi k-lo, hi k-hi,
   // lo k-lo, lo k-hi} per (k-step, lane): [D/16][32].
   static constexpr int kQueryBytes = kMaxHeadsPerBlock * D * 4 +
-                                     2 * kFields * kMaxHeadsPerBlock * 4 + (D / 16) * 32 * 16;
-  static_assert(kFields * kQkWords == D / 16, "QK k-steps");
-  static_assert(kFields * kPvPairs == D / 16, "PV m-tiles");
-  static_assert(kStageBytes % 16 == 0 && kQueryBytes % 16 == 0, "bulk copy alignment");
+                                     2 * KeyRow::kFields * kMaxHeadsPerBlock * 4 +
+                                     (D / 16) * 32 * 16;
+  // Everything: the stages, the query's area, the barriers.
+  static constexpr int kSharedBytes = kQueryOffset + kQueryBytes + kBarrierBytes;
+  static_assert(kBytes % 16 == 0 && kQueryBytes % 16 == 0, "bulk copy alignment");
 };
 
 // The copy pipeline of a quantized-history split: kStages shared-memory stages of one 64-token
@@ -109,12 +129,13 @@ struct QuantGeometry {
 // K min, V scale, V min, K norm), issued by lanes of one warp (lane = kKinds * run + kind) and
 // counted on the stage's mbarrier. Rows are copied in whole 16-token chunks (a page holds whole
 // chunks: P >= 16); rows past `end` in the last chunk are read but masked by the loop.
-template <int D, int BITS, bool KEY_TILE = false>
+template <class STAGE>
 struct QuantTilePipeline {
-  using Geo = QuantGeometry<D, BITS, KEY_TILE>;
+  static constexpr int D = STAGE::kHeadDim;
+  static constexpr bool KEY_TILE = STAGE::kKeyTile;
   static constexpr int kKinds = KEY_TILE ? 7 : 6;
   static_assert(kKinds * (kTileTokens / 16) <= 32, "one copy lane per kind and page run");
-  static constexpr int kFullOffset = Geo::kStages * Geo::kStageBytes + Geo::kQueryBytes;
+  static constexpr int kFullOffset = STAGE::kQueryOffset + STAGE::kQueryBytes;
   const DecodeKernelParams& p;
   unsigned char* smem;
   const unsigned char* copy_src;  // this lane's pool, advanced to KV head kvh's rows of page 0
@@ -131,10 +152,10 @@ struct QuantTilePipeline {
     return reinterpret_cast<uint64_t*>(smem + kFullOffset) + stage;
   }
   __device__ __forceinline__ uint64_t* Empty(int stage) const {
-    return reinterpret_cast<uint64_t*>(smem + kFullOffset) + Geo::kStages + stage;
+    return reinterpret_cast<uint64_t*>(smem + kFullOffset) + STAGE::kStages + stage;
   }
   __device__ __forceinline__ int* PageIds() const {
-    return reinterpret_cast<int*>(smem + kFullOffset + Geo::kBarrierBytes);
+    return reinterpret_cast<int*>(smem + kFullOffset + STAGE::kBarrierBytes);
   }
 
   // Warps that read each tile (kWarps: every warp reads every tile; fewer: the warps form
@@ -147,7 +168,8 @@ struct QuantTilePipeline {
                                                int split_begin, int split_end,
                                                int tile_warps = kWarps)
       : p(params), smem(smem_base), begin(split_begin), warps_per_tile(tile_warps) {
-    constexpr int RB = Geo::kRowBytes;
+    constexpr int RBK = STAGE::KeyRow::kRowBytes;
+    constexpr int RBV = STAGE::ValueRow::kRowBytes;
     LoadSplitPages(p, b, split_begin, split_end, PageIds());
     n_tiles = (split_end - split_begin + kTileTokens - 1) / kTileTokens;
     end16 = (split_end + kChunkTokens - 1) & ~(kChunkTokens - 1);
@@ -155,11 +177,11 @@ struct QuantTilePipeline {
     const int meta_k = KEY_TILE ? 2 * D / p.key_group : 2 * (D / p.key_group);
     const int meta_v = 2 * (D / p.value_group);
     const int norm_k = KEY_TILE && p.key_norm ? 2 : 0;
-    bytes_per_token = 2 * RB + 2 * meta_k + 2 * meta_v + norm_k;
+    bytes_per_token = RBK + RBV + 2 * meta_k + 2 * meta_v + norm_k;
     l2_policy = EvictFirstPolicy();
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < Geo::kStages; ++s) {
+      for (int s = 0; s < STAGE::kStages; ++s) {
         MbarrierInit(Full(s), 1);
         MbarrierInit(Empty(s), 32 * warps_per_tile);
       }
@@ -176,10 +198,11 @@ struct QuantTilePipeline {
                       : kind == 6 ? kTileNormPlane
                       : (kind == 2 || kind == 4) ? kAffineScalePlane
                                                  : kAffineMinPlane;
-    copy_row_bytes = kind < 2 ? RB : kind == 6 ? norm_k : (value ? meta_v : meta_k);
-    copy_dst = kind < 2 ? kind * Geo::kCodesBytes
-               : kind == 6 ? Geo::kNormOffset
-                           : 2 * Geo::kCodesBytes + (kind - 2) * Geo::kMetaBytes;
+    copy_row_bytes = kind < 2 ? (kind == 0 ? RBK : RBV)
+                     : kind == 6 ? norm_k : (value ? meta_v : meta_k);
+    copy_dst = kind < 2 ? kind * STAGE::kValueCodesOffset
+               : kind == 6 ? STAGE::kNormOffset
+                           : STAGE::kMetaOffset + (kind - 2) * STAGE::kMetaBytes;
     const unsigned char* pool = value ? p.v_planes[plane] : p.k_planes[plane];
     copy_page_stride = value ? p.v_page_stride[plane] : p.k_page_stride[plane];
     copy_src = pool + kvh * (value ? p.v_head_stride[plane] : p.k_head_stride[plane]);
@@ -201,7 +224,7 @@ struct QuantTilePipeline {
       const int page = PageIds()[(tok >> p.page_size_log2) - (begin >> p.page_size_log2)];
       const int slot = tok & (page_size - 1);
       const unsigned char* src = copy_src + page * copy_page_stride + slot * copy_row_bytes;
-      BulkCopy(smem + stage * Geo::kStageBytes + copy_dst + r0 * copy_row_bytes, src,
+      BulkCopy(smem + stage * STAGE::kBytes + copy_dst + r0 * copy_row_bytes, src,
                n * copy_row_bytes, Full(stage), l2_policy);
     }
   }
@@ -212,21 +235,21 @@ struct QuantTilePipeline {
     __syncthreads();
     if ((threadIdx.x >> 5) == 0) {
 #pragma unroll
-      for (int s = 0; s < Geo::kStages; ++s) {
+      for (int s = 0; s < STAGE::kStages; ++s) {
         if (s < tiles && s < n_tiles) Issue(s, s);
       }
     }
   }
 
   __device__ __forceinline__ const unsigned char* Stage(int tile) const {
-    return smem + (tile % Geo::kStages) * Geo::kStageBytes;
+    return smem + (tile % STAGE::kStages) * STAGE::kBytes;
   }
   __device__ __forceinline__ void WaitFull(int tile) const {
-    MbarrierWait(Full(tile % Geo::kStages), (tile / Geo::kStages) & 1);
+    MbarrierWait(Full(tile % STAGE::kStages), (tile / STAGE::kStages) & 1);
   }
   // This thread is done reading tile's stage.
   __device__ __forceinline__ void Release(int tile) const {
-    MbarrierArrive(Empty(tile % Geo::kStages));
+    MbarrierArrive(Empty(tile % STAGE::kStages));
   }
   // This thread is done with `tile`: its stage released, and the tile's producer warp issues
   // the refill (Release, then Produce).
@@ -243,12 +266,12 @@ struct QuantTilePipeline {
     const int groups = kWarps / warps_per_tile;
     const int producer = (tile % groups) * warps_per_tile + (tile / groups) % warps_per_tile;
     if ((threadIdx.x >> 5) != producer) return;
-    const int next = tile + Geo::kStages - 1;
+    const int next = tile + STAGE::kStages - 1;
     if (next < n_tiles) {
-      if (next >= Geo::kStages) {
-        MbarrierWait(Empty(next % Geo::kStages), ((next / Geo::kStages) - 1) & 1);
+      if (next >= STAGE::kStages) {
+        MbarrierWait(Empty(next % STAGE::kStages), ((next / STAGE::kStages) - 1) & 1);
       }
-      Issue(next, next % Geo::kStages);
+      Issue(next, next % STAGE::kStages);
     }
   }
 };
@@ -364,10 +387,12 @@ __device__ __forceinline__ void QkEpilogue(float (&s)[4], const float (&c)[4], f
 // shared by the loops whose softmax is WarpState's (QuantSplit, TileKeySplit): A = the V^T code
 // fields in place (exact), B = p * scale * 2^64 as bf16 hi and lo (PACK: in the column halves,
 // as QuantSplit says); the min term sum_t p_t * min_t per field's group on the side.
-// FPGV: fields per V group.
-template <int D, int BITS, bool PACK, int FPGV>
+// STAGE: the split's QuantStage (V codes of STAGE::kValueBits bits); FPGV: fields per V group.
+template <class STAGE, bool PACK, int FPGV>
 struct PvLoop {
-  using Geo = QuantGeometry<D, BITS>;
+  static constexpr int D = STAGE::kHeadDim;
+  static constexpr int BITS = STAGE::kValueBits;
+  using Geo = typename STAGE::ValueRow;
   static constexpr int F = Geo::kFields;
   float min_sum[F][2];
 
@@ -392,12 +417,11 @@ struct PvLoop {
     constexpr int RB = Geo::kRowBytes;
     const int ngv = D / (FPGV * RB);
     // ---- PV: A = code (bf16, exact), B = p * scale hi and lo; min term on the side ----
-    const unsigned char* vc = stage + Geo::kCodesBytes + chunk * kChunkTokens * RB;
-    const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                            2 * Geo::kMetaBytes) +
+    const unsigned char* vc = stage + STAGE::kValueCodesOffset + chunk * kChunkTokens * RB;
+    const uint16_t* vsc = reinterpret_cast<const uint16_t*>(stage + STAGE::kValueMetaOffset) +
                           chunk * kChunkTokens * ngv;
-    const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                            3 * Geo::kMetaBytes) +
+    const uint16_t* vmn = reinterpret_cast<const uint16_t*>(stage + STAGE::kValueMetaOffset +
+                                                            STAGE::kMetaBytes) +
                           chunk * kChunkTokens * ngv;
     const PvCodes<D, BITS> codes(vc, vrow, gi);
     // The row's NGV scales and mins, one load each.
@@ -494,16 +518,18 @@ struct PvLoop {
 
 // The end of a split whose PV is PvLoop's (QuantSplit, TileKeySplit): PV's unscale and min term,
 // then the block's warps combine their states and store the split's partials.
-template <int D, int BITS, bool PACK, int FPGV>
+template <class STAGE, bool PACK, int FPGV>
 __device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
-                                                 PvLoop<D, BITS, PACK, FPGV>& pv,
-                                                 WarpState<D>& st, unsigned char* smem, int gi,
-                                                 int b, int head0, int split) {
+                                                 PvLoop<STAGE, PACK, FPGV>& pv,
+                                                 WarpState<STAGE::kHeadDim>& st,
+                                                 unsigned char* smem, int gi, int b, int head0,
+                                                 int split) {
+  constexpr int D = STAGE::kHeadDim;
   pv.Finish(st);
   __syncthreads();
   CombineAndStore<D>(
-      p, st, [&](int mt, int upper) { return PvChannel<D, BITS>(mt, upper, gi); }, smem, b,
-      head0, split);
+      p, st, [&](int mt, int upper) { return PvChannel<D, STAGE::kValueBits>(mt, upper, gi); },
+      smem, b, head0, split);
 }
 
 // One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
@@ -514,14 +540,16 @@ __device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
 // added by one shuffle (lane ^ 2: columns 2*t4 and 2*t4 + 4) after QK^T of a chunk, and once at
 // the end of the split for the PV accumulators. Lanes t4 and t4 ^ 2 then hold the same logits
 // and run the same softmax, so their m, l and p agree bit for bit.
-// FPGK, FPGV: fields per quantization group of K and of V (G / RB: 1, 2 or 4) as compile-time
-// values (the group epilogue): the fields of a group share one accumulator and one epilogue,
-// and a row's scales / mins (D / G bf16) are one 2-, 4- or 8-byte load each.
-template <int D, int BITS, bool PACK, int FPGK, int FPGV>
+// KBITS, VBITS: the widths of the K and V codes. FPGK, FPGV: fields per quantization group of K
+// and of V (G / RB of that side: 1, 2 or 4) as compile-time values (the group epilogue): the
+// fields of a group share one accumulator and one epilogue, and a row's scales / mins (D / G
+// bf16) are one 2-, 4- or 8-byte load each.
+template <int D, int KBITS, int VBITS, bool PACK, int FPGK, int FPGV>
 __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
                                            int kvh, int head0, int b, int split, int begin,
                                            int end) {
-  using Geo = QuantGeometry<D, BITS>;
+  using Stage = QuantStage<D, KBITS, VBITS>;
+  using Geo = typename Stage::KeyRow;
   constexpr int F = Geo::kFields;
   constexpr int RB = Geo::kRowBytes;
   constexpr int NW = Geo::kQkWords;
@@ -533,15 +561,14 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
   const int h0 = 2 * t4;
   const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
 
-  using Pipeline = QuantTilePipeline<D, BITS>;
-  const Pipeline pipe(p, smem, kvh, b, begin, end);
+  const QuantTilePipeline<Stage> pipe(p, smem, kvh, b, begin, end);
   const int n_tiles = pipe.n_tiles;
-  float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
+  float* q_s = reinterpret_cast<float*>(smem + Stage::kQueryOffset);
 
   // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
   // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
   // group the sum of the represented q~ (hi + lo) over the group's channels (min term).
-  pipe.Start(Geo::kStages - 1);
+  pipe.Start(Stage::kStages - 1);
   LoadRotatedQueries<D>(p, b, head0, q_s);
 
   // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
@@ -561,7 +588,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
     float group_bias = 0.0f, group_qsum = 0.0f;
     StaticFor<F>([&](auto fc) {
       constexpr int f = decltype(fc)::value;
-      constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<BITS, f>::kShift);
+      constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<KBITS, f>::kShift);
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
@@ -610,7 +637,7 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
 
   WarpState<D> st;
   st.Init();
-  PvLoop<D, BITS, PACK, FPGV> pv;
+  PvLoop<Stage, PACK, FPGV> pv;
 
   const int row_a = ChunkRow(gi);
   const int row_b = ChunkRow(gi + 8);
@@ -646,18 +673,18 @@ __device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned
         // One accumulator per group: the fields of a group add up before one epilogue with the
         // group's scale and min; NGK = D / G scales (mins) of a row in one load.
         constexpr int NGK = F / FPGK;
-        const unsigned char* meta = stage + 2 * Geo::kCodesBytes + warp * kChunkTokens * NGK * 2;
+        const unsigned char* meta = stage + Stage::kMetaOffset + warp * kChunkTokens * NGK * 2;
         uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
         LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
         LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
-        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_a * NGK * 2, ma);
-        LoadBf16Row<NGK>(meta + Geo::kMetaBytes + row_b * NGK * 2, mb);
+        LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_a * NGK * 2, ma);
+        LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_b * NGK * 2, mb);
         StaticFor<NGK>([&](auto gc) {
           constexpr int g = decltype(gc)::value;
           float c[4] = {0.f, 0.f, 0.f, 0.f};
           StaticFor<FPGK>([&](auto jc) {
             constexpr int f = g * FPGK + decltype(jc)::value;
-            QkField<BITS, f, NW, PACK>(c, ka, kb, ka8, kb8, code_bias, bq_s, lane);
+            QkField<KBITS, f, NW, PACK>(c, ka, kb, ka8, kb8, code_bias, bq_s, lane);
           });
           const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
           const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);

@@ -55,12 +55,12 @@ __device__ __forceinline__ float TileQkUnscale(int shift) {
 // m-tiles are other fields, or other bytes, of the same words) are formed once per tile: the
 // 64 / G_k warps of a group read one pipeline tile, and the kWarps * G_k / 64 groups take the
 // pipeline tiles in turn (QuantTilePipeline's warps_per_tile). The stage also holds the keys'
-// norms (QuantGeometry<.., true>).
-template <int D, int BITS, bool PACK, int SLICE, int FPGV>
+// norms (QuantStage<.., true>). BITS: the keys' width; VBITS: the values' (PvLoop).
+template <int D, int BITS, int VBITS, bool PACK, int SLICE, int FPGV>
 __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsigned char* smem,
                                              int kvh, int head0, int b, int split, int begin,
                                              int end) {
-  using Geo = QuantGeometry<D, BITS, true>;
+  using Stage = QuantStage<D, BITS, VBITS, true>;
   constexpr int GK = SLICE * 8 / BITS;          // tokens of a key tile
   constexpr int kMTiles = GK / kChunkTokens;    // m-tiles (16-token chunks) of a key tile
   constexpr int kWarpsPerTile = kTileTokens / GK;
@@ -77,11 +77,10 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
   const int gi = lane >> 2;
   const int t4 = lane & 3;
 
-  using Pipeline = QuantTilePipeline<D, BITS, true>;
-  const Pipeline pipe(p, smem, kvh, b, begin, end, kWarpsPerTile);
+  const QuantTilePipeline<Stage> pipe(p, smem, kvh, b, begin, end, kWarpsPerTile);
   const int n_tiles = pipe.n_tiles;
-  float* q_s = reinterpret_cast<float*>(smem + Geo::kStages * Geo::kStageBytes);
-  pipe.Start(Geo::kStages - 1);
+  float* q_s = reinterpret_cast<float*>(smem + Stage::kQueryOffset);
+  pipe.Start(Stage::kStages - 1);
   LoadRotatedQueries<D>(p, b, head0, q_s);
   // q~ * 2^64 (exact): the B operand a * 2^64 is then one product a channel; c comes out
   // scaled by 2^64 as well and is unscaled once a tile.
@@ -91,7 +90,7 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
 
   WarpState<D> st;
   st.Init();
-  PvLoop<D, BITS, PACK, FPGV> pv;
+  PvLoop<Stage, PACK, FPGV> pv;
 
   const int row_a = ChunkRow(gi);
   const int row_b = ChunkRow(gi + 8);  // row_a + 8
@@ -118,10 +117,10 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
     if (first < end) {
       const unsigned char* kc = stage + key_tile * D * SLICE;  // codes [D][SLICE]
       const uint16_t* ks =
-          reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes) + key_tile * D;
-      const uint16_t* km = reinterpret_cast<const uint16_t*>(stage + 2 * Geo::kCodesBytes +
-                                                             Geo::kMetaBytes) +
-                           key_tile * D;
+          reinterpret_cast<const uint16_t*>(stage + Stage::kMetaOffset) + key_tile * D;
+      const uint16_t* km =
+          reinterpret_cast<const uint16_t*>(stage + Stage::kMetaOffset + Stage::kMetaBytes) +
+          key_tile * D;
 
       // ---- QK^T: A = codes (bf16 subnormals, exact), B = (q~ o s^) * 2^64 hi and lo ----
       float c[kMTiles][4];
@@ -196,7 +195,7 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
       const float c0 = __shfl_sync(0xffffffffu, cq, (8 * t4) & 31) * (1.0f / kPvOperandScale);
       const float c1 = __shfl_sync(0xffffffffu, cq, (8 * t4 + 4) & 31) * (1.0f / kPvOperandScale);
       const uint16_t* norms =
-          reinterpret_cast<const uint16_t*>(stage + Geo::kNormOffset) + key_tile * GK;
+          reinterpret_cast<const uint16_t*>(stage + Stage::kNormOffset) + key_tile * GK;
       float sl[kMTiles][4];
       bool valid[kMTiles][2];
 #pragma unroll

@@ -8,37 +8,6 @@
 namespace kvq::gpu {
 namespace {
 
-// One function per format of kvq/common/formats.inc: the decode kernels' kind for its rows.
-// A format added there does not compile here until it has one (say false for "none").
-bool KindOfBf16(int /*bits*/, attention::HistoryFormat* kind) {
-  *kind = attention::HistoryFormat::kBf16;
-  return true;
-}
-bool KindOfAffineToken(int bits, attention::HistoryFormat* kind) {
-  switch (bits) {
-    case 2: *kind = attention::HistoryFormat::kInt2; return true;
-    case 4: *kind = attention::HistoryFormat::kInt4; return true;
-    default: return false;
-  }
-}
-
-// Spec 1.1's tiles (KIVI / OScaR keys): the tile kinds (keys only: StepKindOf pairs them with
-// per-token values).
-bool KindOfAffineTile(int bits, attention::HistoryFormat* kind) {
-  switch (bits) {
-    case 2: *kind = attention::HistoryFormat::kTileInt2; return true;
-    case 4: *kind = attention::HistoryFormat::kTileInt4; return true;
-    default: return false;
-  }
-}
-
-// Spec 1.2's fp8_e4m3: the fp8 decode kind (the paged write refuses it by name for now).
-bool KindOfFp8E4m3(int bits, attention::HistoryFormat* kind) {
-  if (bits != 8) return false;
-  *kind = attention::HistoryFormat::kFp8;
-  return true;
-}
-
 // Whether plane `index` of `layout` is called `name`, holds `bytes` bytes a row and has
 // `scope` (a per-token plane unless said otherwise).
 bool PlaneIs(const FormatLayout& layout, int index, const char* name, size_t bytes,
@@ -86,24 +55,31 @@ void CheckKernelLayout(const WriteParams& p, const char* what) {
 
 namespace attention {
 
-bool HistoryFormatOf(Format format, int bits, HistoryFormat* kind) {
-  switch (format) {
-#define KVQ_FORMAT(id, Name, tile_tokens, spec, summary) \
-  case Format::k##Name:                                  \
-    return KindOf##Name(bits, kind);
-#include "kvq/common/formats.inc"
-#undef KVQ_FORMAT
-  }
+int KindBits(const WriteParams& p) { return p.format == Format::kBf16 ? 16 : p.bits; }
+
+#define KVQ_KIND_IS(F, B, ...) \
+  if (format == Format::F && bits == B) return true;
+bool IsKeyKind(Format format, int bits) {
+  KVQ_GPU_KEY_KINDS(KVQ_KIND_IS)
   return false;
 }
+bool IsValueKind(Format format, int bits) {
+  KVQ_GPU_VALUE_KINDS(KVQ_KIND_IS)
+  return false;
+}
+#undef KVQ_KIND_IS
 
-bool StepKindOf(HistoryFormat key, HistoryFormat value, HistoryFormat* kind) {
-  const bool same = key == value && !IsTileKind(key);
-  const bool tile_keys = IsTileKind(key) && !IsTileKind(value) && value != HistoryFormat::kBf16 &&
-                         BitsOfKind(key) == BitsOfKind(value);
-  if (!same && !tile_keys) return false;
-  *kind = key;
-  return true;
+bool DecodeKindsServed(const DecodeKinds& kinds) {
+#define KVQ_PAIR_SERVED(VF, VB, KF, KB)                                                 \
+  if (kinds.key_format == Format::KF && kinds.key_bits == KB &&                        \
+      kinds.value_format == Format::VF && kinds.value_bits == VB) {                    \
+    return DecodePair<HistoryKind<Format::KF, KB>, HistoryKind<Format::VF, VB>>();     \
+  }
+#define KVQ_KEY_SERVED(KF, KB, ...) KVQ_GPU_VALUE_KINDS(KVQ_PAIR_SERVED, KF, KB)
+  KVQ_GPU_KEY_KINDS(KVQ_KEY_SERVED)
+#undef KVQ_KEY_SERVED
+#undef KVQ_PAIR_SERVED
+  return false;
 }
 
 }  // namespace attention

@@ -62,6 +62,7 @@ struct Config {
   std::string name;  // what the messages call it
   int hq = 8, hkv = 2, d = 128, bits = 2, group = 64, sink = 64, recent = 256, page = 64;
   int value_group = 0;  // 0: the same as group
+  int value_bits = 0;   // 0: the same as bits (K and V apart: K4V2, K2V4, ...)
   // Spec 1.1: tile > 0 stores the keys as affine_tile over tiles of `tile` tokens (values stay
   // per token in groups of value_group), with a norm spanning norm_heads KV heads when norm is
   // set (Hkv: the token scope); F = flush.
@@ -86,21 +87,22 @@ struct Config {
 // cfg's cache parameters, unvalidated: some tests hand the planner configurations it must
 // refuse.
 CacheParams MakeParams(const Config& cfg) {
-  const auto half = [&](int group, RotationKind rotation, bool bitrev) {
+  const auto half = [&](int group, int bits, RotationKind rotation, bool bitrev) {
     const int block = rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
     if (cfg.fp8) {
       return testbed::Write().head_dim(cfg.d).fp8().rotation(rotation).block(block).bitrev(bitrev);
     }
-    return testbed::Write().head_dim(cfg.d).group(group).bits(cfg.bits).rotation(rotation)
+    return testbed::Write().head_dim(cfg.d).group(group).bits(bits).rotation(rotation)
         .block(block).bitrev(bitrev);
   };
-  testbed::Write key = half(cfg.group, cfg.key_rotation, cfg.key_bitrev);
+  testbed::Write key = half(cfg.group, cfg.bits, cfg.key_rotation, cfg.key_bitrev);
   if (cfg.tile > 0) key.tile(cfg.tile).norm(cfg.norm, cfg.norm_heads);
   testbed::Cache c =
       testbed::Cache().q_heads(cfg.hq).kv_heads(cfg.hkv).sink(cfg.sink).recent(cfg.recent)
           .flush(cfg.flush).page(cfg.page)
           .key(key)
-          .value(half(cfg.value_group > 0 ? cfg.value_group : cfg.group, cfg.value_rotation,
+          .value(half(cfg.value_group > 0 ? cfg.value_group : cfg.group,
+                      cfg.value_bits > 0 ? cfg.value_bits : cfg.bits, cfg.value_rotation,
                       cfg.value_bitrev));
   if (!cfg.quantized) c.bf16();
   return c.Unchecked();
@@ -559,6 +561,29 @@ std::vector<Config> AttentionConfigs() {
     c.lengths = {1, 321, 385, 2049};
     c.seed = 5;
   });
+  // K and V apart: each side's codes at its own width, per-token keys (int8 QK loop at g = 4,
+  // the bf16 loops at g = 8) and tiled keys.
+  add("Int4K_Int2V_Gqa4_Boundaries", "K4V2 d128 G64 g4", [](Config& c) {
+    c.bits = 4;
+    c.value_bits = 2;
+    c.lengths = kBoundaryLengths;
+    c.seed = 40;
+  });
+  add("Int2K_Int4V_Gqa8_Group128", "K2V4 d128 G_K64 G_V128 g8", [](Config& c) {
+    c.hq = 16;
+    c.value_bits = 4;
+    c.value_group = 128;
+    c.lengths = {1, 321, 385, 1000, 3001};
+    c.seed = 41;
+  });
+  add("Int4K_Int2V_HeadDim64_Group32", "K4V2 d64 G32 g4", [](Config& c) {
+    c.d = 64;
+    c.bits = 4;
+    c.value_bits = 2;
+    c.group = 32;
+    c.lengths = {1, 320, 321, 777, 2000};
+    c.seed = 42;
+  });
   add("Int2Dense_HeadDim64_Group32", "int2 d64 G32 g4", [](Config& c) {
     c.d = 64;
     c.group = 32;
@@ -670,6 +695,21 @@ std::vector<Config> AttentionConfigs() {
     c.lengths = {1, 12, 13, 44, 45, 77, 500, 1999};
     c.seed = 27;
   });
+  add("Tile32_Int2K_Int4V", "int2 K tiles of 32 over int4 V G64 (K2V4)", [&](Config& c) {
+    kivi(c);
+    c.value_bits = 4;
+    c.value_group = 64;
+    c.norm = true;
+    c.seed = 43;
+  });
+  add("Tile32_Int4K_Int2V_Gqa8", "int4 K tiles of 32 over int2 V G32, g 8 (K4V2)",
+      [&](Config& c) {
+        kivi(c);
+        c.hq = 16;
+        c.bits = 4;
+        c.value_bits = 2;
+        c.seed = 44;
+      });
   add("Tile32_Int2_HeadDim64", "int2 d64 K tiles of 32, V G32", [&](Config& c) {
     kivi(c);
     c.d = 64;
@@ -728,6 +768,11 @@ std::vector<Config> AttentionConfigs() {
     c.page = 32;
     c.lengths = {1, 128, 129, 200, 300};
     c.seed = 33;
+  });
+  add("Sanitizer_Small_K4V2", "sanitizer K4V2", [&](Config& c) {
+    small(c);
+    c.bits = 4;
+    c.value_bits = 2;
   });
   add("Sanitizer_Small_Saw", "sanitizer saw_int4", [&](Config& c) {
     saw(c);
@@ -910,7 +955,7 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   gqa.hq = 24;
   gqa.hkv = 2;  // g = 12
   EXPECT_THROW(PlanDecodeAttention(MakeParams(gqa), 1, 100, 132), Error);
-  // Key tiles of 128 tokens (32 bytes a channel), and K and V in formats of different kinds:
+  // Key tiles of 128 tokens (32 bytes a channel), and K and V kinds no loop pairs:
   // kUnsupported naming the value.
   const CacheParams base = MakeParams(Config());
   Config tiled;
@@ -919,10 +964,14 @@ TEST(GpuAttention, UnsupportedConfigurationsThrow) {
   tiled.flush = 128;
   ExpectError([&] { PlanDecodeAttention(MakeParams(tiled), 1, 100, 132); },
               ErrorCode::kUnsupported, {"128"});
-  const CacheParams mixed =
+  const CacheParams fp8_values =
+      testbed::Cache(base).value(testbed::Write(base.value).fp8()).Unchecked();
+  ExpectError([&] { PlanDecodeAttention(fp8_values, 1, 100, 132); }, ErrorCode::kUnsupported,
+              {"affine_token (bits 2) and value fp8_e4m3 (bits 8)"});
+  // K and V at their own widths are served (K2V4, K4V2).
+  const CacheParams k2v4 =
       testbed::Cache(base).value(testbed::Write(base.value).bits(4)).Unchecked();
-  ExpectError([&] { PlanDecodeAttention(mixed, 1, 100, 132); }, ErrorCode::kUnsupported,
-              {"bits 4"});
+  EXPECT_NO_THROW(PlanDecodeAttention(k2v4, 1, 100, 132));
   Config ok;
   const DecodeAttentionPlan plan = PlanDecodeAttention(MakeParams(ok), 1, 131072, 132);
   EXPECT_GE(static_cast<int64_t>(plan.hist_splits) * plan.hist_tokens_per_split, 131072 - 320);

@@ -25,6 +25,7 @@
 #include "kvq/calib/ppl.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/schemes.h"
+#include "kvq/common/params_builder.h"
 #include "kvq/cpu_ref/kernels.h"
 
 namespace kvq::gpu {
@@ -289,12 +290,14 @@ TEST(GpuPplSupport, FromTheLibrarysChecks) {
     for (const calib::SchemeVariant& v : served.options.schemes) found = found || v.scheme == name;
     EXPECT_TRUE(found) << name << " is not served on the GPU";
   }
-  // A cache the decode path cannot read (INT2 keys over INT4 values) is refused with the
-  // library's reason.
+  // K and V at their own widths (INT2 keys over INT4 values) are served; a pair no decode loop
+  // reads (INT2 keys over fp8 values) is refused with the library's reason.
   std::vector<LayerScheme> mixed{calib::BuildLayerScheme("naive", shape, nullptr, 0, o)};
   mixed[0].params.value.bits = 4;
+  EXPECT_EQ(GpuPplUnsupported(mixed), "");
+  mixed[0].params.value = params::Write(mixed[0].params.value).fp8().Unchecked();
   const std::string why_mixed = GpuPplUnsupported(mixed);
-  EXPECT_NE(why_mixed.find("bit"), std::string::npos) << why_mixed;
+  EXPECT_NE(why_mixed.find("fp8_e4m3"), std::string::npos) << why_mixed;
   // Bits per element: the CPU cache's accounting (4.61 at 2048 tokens, spec'd windows).
   const double bits =
       CacheBitsPerElement(calib::BuildLayerScheme("naive", shape, nullptr, 0, o).params, 2048);

@@ -18,17 +18,20 @@
 // output at most): see gpu/tests/attention_test.cu.
 //
 // Spec 1.1: affine_tile keys (KIVI / OScaR: per-channel scale and min over tiles of G_k
-// tokens, an optional norm per token) over per-token values of the same width; the flush F
-// (the recent ring holds W + F - 1 slots), W = 0 and S0 = 0 (no window blocks at all when
-// S0 + W + F - 1 = 0), G = d. A tile's scales are folded into the query (spec/cache.md §5.1:
-// a = q~ o s^, c = q~ . m^, logits x n^) and the codes enter the tensor cores as exact
-// integers against a.
+// tokens, an optional norm per token) over per-token values; the flush F (the recent ring holds
+// W + F - 1 slots), W = 0 and S0 = 0 (no window blocks at all when S0 + W + F - 1 = 0), G = d.
+// A tile's scales are folded into the query (spec/cache.md §5.1: a = q~ o s^, c = q~ . m^,
+// logits x n^) and the codes enter the tensor cores as exact integers against a.
 //
-// Unsupported here (kvq::Error kUnsupported naming the value): a format (and bits) the kernels
-// have no history kind for (attention::HistoryFormatOf), K and V kinds the kernels do not pair
-// (attention::StepKindOf: e.g. key.bits != value.bits, tiled values), a group G smaller than
-// d*b/8 (d = 128: INT4 with G = 32; d = 256: INT2 with G = 32, INT4 with G < 128), G = d = 256,
-// a key tile G_k * b / 8 other than 8 or 16 bytes a channel (G_k = 128; INT4 with G_k = 64),
+// K and V apart: the INT-b keys (per token or tiled) and the per-token INT-b values each have
+// their own width (K4V2, K2V4: kvq/gpu/formats.h's kind lists and DecodePair).
+//
+// Unsupported here (kvq::Error kUnsupported naming the value): a format (and bits) not in the
+// kernels' kind lists (attention::IsKeyKind / IsValueKind: e.g. 3-bit codes), K and V kinds no
+// loop pairs (attention::DecodePair: e.g. INT-b keys over fp8 values, tiled values), a group G
+// smaller than d*b/8 of its side (d = 128: INT4 with G = 32; d = 256: INT2 with G = 32, INT4
+// with G < 128), G = d = 256, a key tile G_k * b / 8 other than 8 or 16 bytes a channel
+// (G_k = 128; INT4 with G_k = 64),
 // g = Hq/Hkv above 8 that is not a multiple of 8.
 #pragma once
 

@@ -37,7 +37,7 @@
 
 namespace kvq::gpu::attention {
 
-// The history kinds (HistoryFormat, HistoryFormatOf) are in kvq/gpu/formats.h.
+// The history kinds (HistoryKind, the per-side lists, DecodePair) are in kvq/gpu/formats.h.
 
 // The loops of a quantized history's decode blocks, a kernel instantiation each. The planner
 // (PlanDecodeAttention) picks one per step; the launcher and the kernel obey it.
@@ -202,21 +202,23 @@ struct MergeParams {
 
 // Layer (b). HEAD_DIM in {64, 128, 256}; the launchers trust their parameters (the runtime API
 // validates) and return cudaErrorInvalidValue only for a grid they cannot form.
-template <int HEAD_DIM, HistoryFormat FORMAT>
+// K, V: the keys' and the values' HistoryKind (kvq/gpu/formats.h); a pair DecodePair refuses
+// returns cudaErrorInvalidValue.
+template <int HEAD_DIM, class K, class V>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream);
 template <int HEAD_DIM>
 cudaError_t LaunchRotateQueries(const RotateQueriesParams& p, cudaStream_t stream);
 template <int HEAD_DIM>
 cudaError_t LaunchMergePartials(const MergeParams& p, cudaStream_t stream);
 
-// Dispatch on runtime values; unsupported head_dim / format returns cudaErrorInvalidValue.
-cudaError_t DispatchDecodeAttention(int head_dim, HistoryFormat format,
+// Dispatch on runtime values; unsupported head_dim / kinds return cudaErrorInvalidValue.
+cudaError_t DispatchDecodeAttention(int head_dim, const DecodeKinds& kinds,
                                     const DecodeKernelParams& p, cudaStream_t stream);
 cudaError_t DispatchRotateQueries(int head_dim, const RotateQueriesParams& p,
                                   cudaStream_t stream);
 cudaError_t DispatchMergePartials(int head_dim, const MergeParams& p, cudaStream_t stream);
 
-// Dynamic shared memory the decode kernel of (head_dim, format) needs, in bytes.
-int DecodeSharedBytes(int head_dim, HistoryFormat format);
+// Dynamic shared memory the decode kernel of (head_dim, kinds) needs, in bytes (0: no kernel).
+int DecodeSharedBytes(int head_dim, const DecodeKinds& kinds);
 
 }  // namespace kvq::gpu::attention

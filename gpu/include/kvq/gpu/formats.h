@@ -1,7 +1,7 @@
 // How the CUDA path stores and reads the history formats of kvq/common/formats.inc: where the
-// kernels find each plane of a format's layout (LayoutOf), and which compile-time history kind
-// of the decode kernels serves a format. Everything else (pool sizes, page strides, uploads)
-// asks LayoutOf.
+// kernels find each plane of a format's layout (LayoutOf), and which formats and widths the
+// decode kernels read on each side. Everything else (pool sizes, page strides, uploads) asks
+// LayoutOf.
 #pragma once
 
 #include <cstdint>
@@ -36,37 +36,56 @@ void CheckKernelLayout(const WriteParams& p, const char* what);
 
 namespace attention {
 
-// The decode kernels' compile-time history kinds. kInt2 / kInt4: affine_token with 2 / 4-bit
-// codes on K and V; kTileInt2 / kTileInt4: affine_tile keys (per-channel scale / min over tiles
-// of G_k tokens, optional norm) with affine_token values of the same width; kBf16: the bf16
-// baseline cache, every token a bf16 row in the pages (no windows); kFp8: fp8_e4m3 on K and V
-// (per-head scales s^ folded into the step). The low byte is the width.
-enum class HistoryFormat : int {
-  kInt2 = 2,
-  kInt4 = 4,
-  kBf16 = 16,
-  kTileInt2 = 0x100 | 2,
-  kTileInt4 = 0x100 | 4,
-  kFp8 = 0x200 | 8,
+// A side's history kind for the decode kernels: a format of formats.inc at a code width. The
+// kernels take the keys' kind and the values' kind as separate template parameters.
+template <Format FORMAT, int BITS>
+struct HistoryKind {
+  static constexpr Format kFormat = FORMAT;
+  static constexpr int kBits = BITS;
 };
-constexpr int BitsOfKind(HistoryFormat kind) { return static_cast<int>(kind) & 0xff; }
-constexpr bool IsTileKind(HistoryFormat kind) { return (static_cast<int>(kind) & 0x100) != 0; }
 
-// The kinds and head dimensions the decode kernel is instantiated for (the instantiation,
-// dispatch, extern-template and shared-memory lists expand these): X(HistoryFormat enumerator)
-// and X(head_dim, extra...), the extra arguments passed through.
-#define KVQ_GPU_HISTORY_FORMATS(X) X(kInt2) X(kInt4) X(kBf16) X(kTileInt2) X(kTileInt4) X(kFp8)
+// The kinds the decode kernels read, per side (formats x widths): X(Format enumerator, bits,
+// extra...), the extra arguments passed through. The instantiation, dispatch and shared-memory
+// lists expand their product, of which DecodePair keeps the pairs a loop reads; a format or a
+// width not listed here is answered kUnsupported by name.
+#define KVQ_GPU_KEY_KINDS(X, ...)                                      \
+  X(kAffineToken, 2, __VA_ARGS__) X(kAffineToken, 4, __VA_ARGS__)     \
+  X(kAffineTile, 2, __VA_ARGS__) X(kAffineTile, 4, __VA_ARGS__)       \
+  X(kBf16, 16, __VA_ARGS__) X(kFp8E4m3, 8, __VA_ARGS__)
+#define KVQ_GPU_VALUE_KINDS(X, ...)                                    \
+  X(kAffineToken, 2, __VA_ARGS__) X(kAffineToken, 4, __VA_ARGS__)     \
+  X(kBf16, 16, __VA_ARGS__) X(kFp8E4m3, 8, __VA_ARGS__)
+// The head dimensions: X(head_dim, extra...).
 #define KVQ_GPU_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
 
-// The kind that serves history rows of `format` with `bits`-bit codes: true and *kind, or false
-// when the kernels have none. The one mapping from formats.inc to the kernels (one function per
-// format there, so a new format does not compile until it says what the GPU does with it).
-bool HistoryFormatOf(Format format, int bits, HistoryFormat* kind);
+// Whether a loop of the decode kernel reads keys of kind K over values of kind V: bf16 rows on
+// both sides (the bf16 cache), fp8_e4m3 on both (per-head scales folded into the step), or
+// INT-b keys, per token (affine_token) or tiled over G_k tokens (affine_tile, spec 1.1), over
+// per-token INT-b values, each side at its own width (K4V2 and the like).
+template <class K, class V>
+constexpr bool DecodePair() {
+  constexpr bool same = K::kFormat == V::kFormat && K::kBits == V::kBits;
+  if (K::kFormat == Format::kBf16 || K::kFormat == Format::kFp8E4m3) return same;
+  return (K::kFormat == Format::kAffineToken || K::kFormat == Format::kAffineTile) &&
+         V::kFormat == Format::kAffineToken;
+}
 
-// The kernel kind of a cache whose keys are of kind `key` and values of kind `value`: the same
-// kind on both, or tile keys (kTileIntB) over per-token values of the same width (kIntB); false
-// otherwise (the kernels have no loop for it).
-bool StepKindOf(HistoryFormat key, HistoryFormat value, HistoryFormat* kind);
+// A cache's history kinds at run time: its keys' and values' formats and widths.
+struct DecodeKinds {
+  Format key_format;
+  int key_bits;
+  Format value_format;
+  int value_bits;
+};
+
+// The width a side's row of the kind lists names: p.bits, or 16 for bf16 rows (their bits
+// field is unused).
+int KindBits(const WriteParams& p);
+// Whether a side's format at `bits` is in KVQ_GPU_KEY_KINDS / KVQ_GPU_VALUE_KINDS.
+bool IsKeyKind(Format format, int bits);
+bool IsValueKind(Format format, int bits);
+// Whether the kernels read `kinds`: each side one of the lists above, the pair DecodePair's.
+bool DecodeKindsServed(const DecodeKinds& kinds);
 
 }  // namespace attention
 }  // namespace kvq::gpu
