@@ -7,25 +7,17 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <memory>
-#include <thread>
-#include <utility>
 
 #include <nlohmann/json.hpp>
 
-#include "kvq/calib/activations.h"
-#include "kvq/calib/calibrate.h"
-#include "kvq/calib/calibration_file.h"
-#include "kvq/calib/fair_clip.h"
-#include "kvq/calib/forward.h"
 #include "kvq/calib/matmul.h"
 #include "kvq/calib/model.h"
 #include "kvq/calib/ppl.h"
+#include "kvq/calib/ppl_pipeline.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/error.h"
-#include "kvq/common/format.h"
 #include "kvq/common/io.h"
 #include "kvq/cpu_ref/kernels.h"
 
@@ -33,6 +25,8 @@ namespace kvq::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using calib::PplPhase;
+using calib::PplPipelineResult;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -76,106 +70,314 @@ std::string Join(const std::vector<int>& rows) {
   return out;
 }
 
-// --scheme-windows shared: the schemes whose own windows keep no sink take the shared ones
-// (calib::ShareSchemeWindows), labelled NAME+w.
-void ShareSchemeWindows(calib::PplOptions* options,
-                        std::vector<std::vector<calib::LayerScheme>>* layers) {
-  for (size_t i = 0; i < options->schemes.size(); ++i) {
-    calib::SchemeVariant& v = options->schemes[i];
-    if (!calib::ShareSchemeWindows(v, options->scheme, &(*layers)[i])) continue;
-    v.label += "+w";
-    std::printf("      %s: S0 = %d, W = %d, F = %d (--scheme-windows shared)\n", v.label.c_str(),
-                options->scheme.sink, options->scheme.recent, (*layers)[i][0].params.flush);
-  }
+// The library's options: the same names, the cache options the user gave (the others follow
+// a calibration file's when one is given).
+calib::PplPipelineOptions PipelineOptions(const PplCommand& cmd) {
+  auto given = [](const CLI::Option* o) { return o != nullptr && o->count() > 0; };
+  calib::PplPipelineOptions o;
+  o.model = cmd.model;
+  o.tokens = cmd.tokens;
+  o.windows = cmd.windows;
+  o.length = cmd.length;
+  o.calibration = cmd.calibration;
+  o.calib_activations = cmd.calib_activations;
+  o.calib_windows = cmd.calib_windows;
+  o.calib_length = cmd.calib_length;
+  o.save_calibration = cmd.save_calibration;
+  o.schemes = cmd.schemes;
+  o.clip = cmd.clip;
+  o.clip_grid = cmd.clip_grid;
+  if (given(cmd.group_option)) o.group = cmd.group;
+  if (given(cmd.bits_option)) o.bits = cmd.bits;
+  if (given(cmd.sink_option)) o.sink = cmd.sink;
+  if (given(cmd.recent_option)) o.recent = cmd.recent;
+  o.k_bits = cmd.k_bits;
+  o.v_bits = cmd.v_bits;
+  o.page = cmd.page;
+  o.seed = cmd.seed;
+  o.saw_block = cmd.saw_block;
+  o.tail_from = cmd.tail_from;
+  o.threads = cmd.threads;
+  o.per_position = cmd.per_position;
+  o.share_prefix = !cmd.no_share_prefix;
+  o.fp32_baseline = !cmd.no_fp32;
+  o.backend = cmd.backend;
+  o.scheme_windows = cmd.scheme_windows;
+  o.max_rel_ppl = cmd.max_rel_ppl;
+  return o;
 }
 
-// Drops the schemes the CUDA path cannot serve (all: with a line each), or refuses one named.
-void KeepGpuSchemes(const GpuModule& module, bool all, calib::PplOptions* options,
-                    std::vector<std::vector<calib::LayerScheme>>* layers) {
-  std::vector<calib::SchemeVariant> kept_variants;
-  std::vector<std::vector<calib::LayerScheme>> kept_layers;
-  for (size_t i = 0; i < options->schemes.size(); ++i) {
-    const calib::SchemeVariant& v = options->schemes[i];
-    const std::string why = module.PplUnsupported((*layers)[i]);
-    if (why.empty()) {
-      kept_variants.push_back(v);
-      kept_layers.push_back(std::move((*layers)[i]));
-      continue;
-    }
-    KVQ_CHECK(all, kUnsupported, "scheme '", v.label, "' has no CUDA path: ", why);
-    std::printf("      not on the GPU: %s: %s\n", v.label.c_str(), why.c_str());
-  }
-  options->schemes = std::move(kept_variants);
-  *layers = std::move(kept_layers);
-  KVQ_CHECK(!options->schemes.empty(), kUnsupported, "no scheme left that the GPU serves");
-}
-
-// The GPU against the CPU, row by row: PPL (all and tail positions, and the largest per-window
-// difference), KL and top-1 at the tail. Prints the table, adds it to j["comparison"] and
-// returns whether every PPL difference is within max_rel.
-bool CompareBackends(const calib::PplResult& cpu, const calib::PplResult& gpu, double max_rel,
-                     nlohmann::ordered_json* j) {
-  auto rel = [](double a, double b) { return b != 0 ? a / b - 1.0 : (a == 0 ? 0.0 : 1.0); };
-  bool ok = true;
-  double worst = 0, worst_kl = 0;
+// The comparison's table, and its JSON in j["comparison"].
+void PrintComparison(const calib::PplBackendComparison& cmp, nlohmann::ordered_json* j) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   std::printf("\nGPU vs CPU (relative differences: GPU / CPU - 1; KL and top-1 at the tail)\n");
   std::printf("  %-13s %-22s %9s %9s %10s %10s %11s %9s %9s %10s %7s %7s\n", "set", "row",
               "PPL cpu", "PPL gpu", "rel", "rel tail", "max rel win", "KL cpu", "KL gpu",
               "rel KL", "top1 c", "top1 g");
-  for (const calib::WindowSetResult& set : gpu.sets) {
-    const calib::WindowSetResult& cs = cpu.Get(set.name);
-    for (const calib::RowResult& g : set.rows) {
-      const calib::RowResult* c = cs.Find(g.label);
-      if (c == nullptr) continue;
-      const double r_all = rel(g.Ppl(false), c->Ppl(false));
-      const double r_tail = rel(g.Ppl(true), c->Ppl(true));
-      double r_win = 0;
-      for (size_t w = 0; w < g.windows.size() && w < c->windows.size(); ++w) {
-        const double d = rel(std::exp(g.windows[w].all.MeanNll()),
-                             std::exp(c->windows[w].all.MeanNll()));
-        if (std::abs(d) > std::abs(r_win)) r_win = d;
-      }
-      const double r_kl = rel(g.MeanKl(true), c->MeanKl(true));
-      // The criterion: the set's PPL over all positions (the tail and the single windows, a
-      // few thousand predictions, carry more of the INT2 codes that flip between two fp32
-      // implementations: shown, not gated; docs/perplexity.md).
-      const bool row_ok = std::abs(r_all) <= max_rel;
-      ok = ok && row_ok;
-      worst = std::max(worst, std::abs(r_all));
-      if (c->MeanKl(true) > 0) worst_kl = std::max(worst_kl, std::abs(r_kl));
-      std::printf("  %-13s %-22s %9.4f %9.4f %+10.2e %+10.2e %+11.2e %9.6f %9.6f %+10.2e %7.4f "
-                  "%7.4f%s\n",
-                  set.name.c_str(), g.label.c_str(), c->Ppl(false), g.Ppl(false), r_all, r_tail,
-                  r_win, c->MeanKl(true), g.MeanKl(true), r_kl, c->Top1(true), g.Top1(true),
-                  row_ok ? "" : "  <-- over");
-      rows.push_back({{"set", set.name},
-                      {"row", g.label},
-                      {"ppl_cpu", c->Ppl(false)},
-                      {"ppl_gpu", g.Ppl(false)},
-                      {"rel_ppl", r_all},
-                      {"ppl_tail_cpu", c->Ppl(true)},
-                      {"ppl_tail_gpu", g.Ppl(true)},
-                      {"rel_ppl_tail", r_tail},
-                      {"max_rel_ppl_window", r_win},
-                      {"kl_tail_cpu", c->MeanKl(true)},
-                      {"kl_tail_gpu", g.MeanKl(true)},
-                      {"rel_kl_tail", r_kl},
-                      {"top1_tail_cpu", c->Top1(true)},
-                      {"top1_tail_gpu", g.Top1(true)},
-                      {"within", row_ok}});
-    }
+  for (const calib::PplBackendRow& r : cmp.rows) {
+    std::printf("  %-13s %-22s %9.4f %9.4f %+10.2e %+10.2e %+11.2e %9.6f %9.6f %+10.2e %7.4f "
+                "%7.4f%s\n",
+                r.set.c_str(), r.row.c_str(), r.ppl_cpu, r.ppl_gpu, r.rel_ppl, r.rel_ppl_tail,
+                r.max_rel_ppl_window, r.kl_tail_cpu, r.kl_tail_gpu, r.rel_kl_tail,
+                r.top1_tail_cpu, r.top1_tail_gpu, r.within ? "" : "  <-- over");
+    rows.push_back({{"set", r.set},
+                    {"row", r.row},
+                    {"ppl_cpu", r.ppl_cpu},
+                    {"ppl_gpu", r.ppl_gpu},
+                    {"rel_ppl", r.rel_ppl},
+                    {"ppl_tail_cpu", r.ppl_tail_cpu},
+                    {"ppl_tail_gpu", r.ppl_tail_gpu},
+                    {"rel_ppl_tail", r.rel_ppl_tail},
+                    {"max_rel_ppl_window", r.max_rel_ppl_window},
+                    {"kl_tail_cpu", r.kl_tail_cpu},
+                    {"kl_tail_gpu", r.kl_tail_gpu},
+                    {"rel_kl_tail", r.rel_kl_tail},
+                    {"top1_tail_cpu", r.top1_tail_cpu},
+                    {"top1_tail_gpu", r.top1_tail_gpu},
+                    {"within", r.within}});
   }
   std::printf("largest |relative PPL difference| (all positions of a set) %.2e (tolerance %.0e): "
               "%s; largest |relative KL difference| %.2e\n",
-              worst, max_rel, ok ? "within" : "OVER", worst_kl);
-  (*j)["comparison"] = {{"max_rel_ppl", max_rel},
-                        {"worst_rel_ppl", worst},
-                        {"worst_rel_kl", worst_kl},
-                        {"within", ok},
+              cmp.worst_rel_ppl, cmp.max_rel_ppl, cmp.within ? "within" : "OVER",
+              cmp.worst_rel_kl);
+  (*j)["comparison"] = {{"max_rel_ppl", cmp.max_rel_ppl},
+                        {"worst_rel_ppl", cmp.worst_rel_ppl},
+                        {"worst_rel_kl", cmp.worst_rel_kl},
+                        {"within", cmp.within},
                         {"rows", rows}};
-  return ok;
 }
+
+// Prints the run as it goes (steps, timings, tables on stdout; progress as the command asks)
+// and, for a GPU run, makes the GPU module's forwards.
+class PplPrinter {
+ public:
+  PplPrinter(const PplCommand& cmd, const GpuModule* module, gpu::GpuDecodeMode decode_mode)
+      : cmd_(cmd), module_(module), decode_mode_(decode_mode) {}
+
+  calib::PplPipelineHooks Hooks() {
+    calib::PplPipelineHooks hooks;
+    hooks.begin = [this](PplPhase phase, const PplPipelineResult& r) { Begin(phase, r); };
+    hooks.end = [this](PplPhase phase, const PplPipelineResult& r) { End(phase, r); };
+    hooks.progress = [this](PplPhase phase) { return Progress(phase); };
+    if (module_ != nullptr) {
+      hooks.gpu.unsupported = [this](const std::vector<calib::LayerScheme>& layers) {
+        return module_->PplUnsupported(layers);
+      };
+      hooks.gpu.forwards = [this](const calib::Model& model) -> calib::PplForwards& {
+        return GpuForwards(model);
+      };
+    }
+    return hooks;
+  }
+
+  // What the run leaves to print: the JSON, the total, and for --backend both the verdict.
+  void Finish(const PplPipelineResult& r) const {
+    if (!r.gpu) {
+      if (!cmd_.json.empty()) {
+        calib::WritePplJson(cmd_.json, *r.cpu);
+        std::printf("wrote %s\n", cmd_.json.c_str());
+      }
+      std::printf("total %.1f s (%d threads)\n", r.seconds, r.threads);
+      return;
+    }
+    const gpu::GpuPplStats stats = gpu_->stats();
+    nlohmann::ordered_json j;
+    j["format"] = "kvq-ppl-gpu";
+    j["device"] = gpu_->device_name();
+    j["decode"] = module_->DecodeModeName(decode_mode_);
+    j["qk"] = cmd_.gpu_qk;
+    j["gpu_seconds"] = r.gpu_seconds;
+    j["gpu_forwards"] = {{"reference", stats.reference_forwards},
+                         {"reference_seconds", stats.reference_seconds},
+                         {"scheme", stats.scheme_forwards},
+                         {"scheme_seconds", stats.scheme_seconds},
+                         {"positions", stats.positions}};
+    j["gpu"] = nlohmann::ordered_json::parse(calib::PplJson(*r.gpu));
+    if (r.comparison) {
+      j["cpu_seconds"] = r.cpu_seconds;
+      j["cpu"] = nlohmann::ordered_json::parse(calib::PplJson(*r.cpu));
+      PrintComparison(*r.comparison, &j);
+    }
+    if (!cmd_.json.empty()) {
+      const std::string text = j.dump(1) + "\n";
+      WriteFile(cmd_.json, std::vector<uint8_t>(text.begin(), text.end()));
+      std::printf("wrote %s\n", cmd_.json.c_str());
+    }
+    std::printf("total %.1f s (%d threads)\n", r.seconds, r.threads);
+    KVQ_CHECK(!r.comparison || r.comparison->within, kMismatch,
+              "GPU and CPU perplexities differ by more than --max-rel-ppl ", cmd_.max_rel_ppl,
+              " (table above)");
+  }
+
+ private:
+  void Begin(PplPhase phase, const PplPipelineResult& r) const {
+    switch (phase) {
+      case PplPhase::kLoad:
+        std::printf("[1/4] loading %s ...\n", cmd_.model.c_str());
+        break;
+      case PplPhase::kCapture:
+        std::printf("[2/4] calibration: ");
+        break;  // flushed before a progress line on the same terminal
+      case PplPhase::kBuild:
+        std::printf("[3/4] building %zu schemes (own clip ratios by kvq calibrate's rule where "
+                    "they clip) ...\n",
+                    r.requested.size());
+        break;
+      case PplPhase::kEvaluate:
+        PrintEvaluationHeader(r);
+        break;
+      case PplPhase::kCompare:
+        std::printf("\n[4/4] the same on the CPU (%d threads) ...\n", r.threads);
+        break;
+      case PplPhase::kCalibrate:
+      case PplPhase::kGpuSelect:
+        return;
+    }
+    std::fflush(stdout);
+  }
+
+  void End(PplPhase phase, const PplPipelineResult& r) const {
+    switch (phase) {
+      case PplPhase::kLoad: {
+        const calib::ModelConfig& c = r.config;
+        std::printf("      %s: %d layers, d_model %d, Hq %d x d %d, Hkv %d, vocab %d (%.1f s; "
+                    "kernels %s, %d threads)\n",
+                    calib::ModelArchName(c.arch), c.num_layers, c.hidden, c.num_q_heads,
+                    c.head_dim, c.num_kv_heads, c.vocab, r.load_seconds,
+                    calib::MatMulTargetName(), r.threads);
+        break;
+      }
+      case PplPhase::kCapture:
+        if (r.capture == calib::PplOrigin::kFile) {
+          std::printf("capture %s", cmd_.calib_activations.c_str());
+        } else if (r.capture == calib::PplOrigin::kComputed) {
+          std::printf("captured %s (%lld tokens, fp32 forward)", cmd_.calib_windows.c_str(),
+                      static_cast<long long>(r.capture_tokens));
+        } else {
+          std::printf("no capture needed");
+        }
+        break;
+      case PplPhase::kCalibrate:
+        PrintCalibration(r);
+        break;
+      case PplPhase::kBuild:
+        std::printf("      done in %.1f s\n", r.build_seconds);
+        for (const calib::PplSharedWindows& s : r.shared_windows) {
+          std::printf("      %s: S0 = %d, W = %d, F = %d (--scheme-windows shared)\n",
+                      s.label.c_str(), r.evaluation.scheme.sink, r.evaluation.scheme.recent,
+                      s.flush);
+        }
+        break;
+      case PplPhase::kGpuSelect:
+        for (const calib::PplUnsupported& u : r.gpu_unsupported) {
+          std::printf("      not on the GPU: %s: %s\n", u.label.c_str(), u.why.c_str());
+        }
+        break;
+      case PplPhase::kEvaluate:
+        if (r.gpu) {
+          PrintGpuEvaluation(r);
+        } else {
+          std::printf("      done in %.1f s\n\n", r.cpu_seconds);
+          std::printf("%s", calib::FormatPplTable(*r.cpu).c_str());
+          std::printf("%s", calib::SummarizePpl(*r.cpu).c_str());
+        }
+        break;
+      case PplPhase::kCompare:
+        std::printf("      CPU evaluation done in %.1f s\n\nCPU:\n%s", r.cpu_seconds,
+                    calib::FormatPplTable(*r.cpu).c_str());
+        break;
+    }
+    std::fflush(stdout);
+  }
+
+  calib::PplProgress Progress(PplPhase phase) const {
+    switch (phase) {
+      case PplPhase::kCapture:
+        return StderrProgress("[2/4] capturing windows");
+      case PplPhase::kCalibrate:
+        return StderrProgress("[2/4] calibrating OSCAR, layer x KV head units");
+      case PplPhase::kBuild:
+        return StderrProgress("[3/4] building schemes x layers");
+      case PplPhase::kEvaluate:
+      case PplPhase::kCompare:
+        return MakeProgress(cmd_.quiet_progress);
+      case PplPhase::kLoad:
+      case PplPhase::kGpuSelect:
+        break;
+    }
+    return {};
+  }
+
+  void PrintCalibration(const PplPipelineResult& r) const {
+    const calib::Calibration& cal = r.calibration;
+    if (r.calibration_origin == calib::PplOrigin::kFile) {
+      std::printf("; calibration %s", cmd_.calibration.c_str());
+    } else if (r.calibration_origin == calib::PplOrigin::kComputed) {
+      std::printf("; OSCAR calibrated (R = U*H*P_br, value target %s)",
+                  cal.info.value_target.c_str());
+    }
+    std::printf(" in %.1f s\n", r.capture_seconds + r.calibrate_seconds);
+    if (r.calibration_origin == calib::PplOrigin::kUnneeded) return;
+    std::printf("      OSCAR clip ratios K/V per layer:");
+    for (const calib::LayerCalibration& l : cal.layers) {
+      std::printf(" %.2f/%.2f", l.k_clip[0], l.v_clip[0]);
+    }
+    std::printf("\n");
+  }
+
+  void PrintEvaluationHeader(const PplPipelineResult& r) const {
+    int64_t windows = 0;
+    std::string what;
+    for (const calib::TokenWindows& s : r.sets) {
+      windows += static_cast<int64_t>(s.count());
+      what += (what.empty() ? "" : ", ") + s.name + "[" + Join(s.rows) + "]";
+    }
+    const calib::SchemeOptions& scheme = r.evaluation.scheme;
+    const int k_bits = scheme.k_bits != 0 ? scheme.k_bits : scheme.bits;
+    const int v_bits = scheme.v_bits != 0 ? scheme.v_bits : scheme.bits;
+    std::printf("[4/4] teacher-forced evaluation: %lld windows (%s) x %lld tokens, %zu rows, "
+                "S0=%d W=%d G=%d b=%s ...\n",
+                static_cast<long long>(windows), what.c_str(),
+                static_cast<long long>(r.sets.front().length), r.requested.size(), scheme.sink,
+                scheme.recent, scheme.group,
+                k_bits == v_bits
+                    ? std::to_string(k_bits).c_str()
+                    : ("K" + std::to_string(k_bits) + "V" + std::to_string(v_bits)).c_str());
+    if (module_ != nullptr && r.evaluation.fp32_baseline) {
+      std::printf("      (no fp32 row on the GPU: a cache holds bf16 or quantized rows)\n");
+    }
+  }
+
+  calib::PplForwards& GpuForwards(const calib::Model& model) {
+    KVQ_CHECK(cmd_.gpu_qk == "int8" || cmd_.gpu_qk == "bf16", kInvalidArgument, "--gpu-qk '",
+              cmd_.gpu_qk, "' (int8 or bf16)");
+    gpu_ = module_->MakePpl(model, decode_mode_, cmd_.gpu_qk == "int8");
+    std::printf("      GPU: %s, decode %s, QK %s, cuBLAS fp32 (pedantic math)\n",
+                gpu_->device_name().c_str(), module_->DecodeModeName(decode_mode_),
+                cmd_.gpu_qk.c_str());
+    std::fflush(stdout);
+    return gpu_->forwards();
+  }
+
+  void PrintGpuEvaluation(const PplPipelineResult& r) const {
+    const gpu::GpuPplStats stats = gpu_->stats();
+    std::printf("      GPU evaluation done in %.1f s: %d reference forwards %.2f s (%.1f ms "
+                "each), %d scheme forwards %.2f s (%.1f ms each), %lld positions\n\n",
+                r.gpu_seconds, stats.reference_forwards, stats.reference_seconds,
+                1e3 * stats.reference_seconds / std::max(1, stats.reference_forwards),
+                stats.scheme_forwards, stats.scheme_seconds,
+                1e3 * stats.scheme_seconds / std::max(1, stats.scheme_forwards),
+                static_cast<long long>(stats.positions));
+    std::printf("GPU (%s):\n%s", gpu_->device_name().c_str(),
+                calib::FormatPplTable(*r.gpu).c_str());
+    std::printf("%s", calib::SummarizePpl(*r.gpu).c_str());
+  }
+
+  const PplCommand& cmd_;
+  const GpuModule* module_;
+  gpu::GpuDecodeMode decode_mode_;
+  std::unique_ptr<GpuPpl> gpu_;  // the GPU's forwards, once made
+};
 
 }  // namespace
 
@@ -278,287 +480,17 @@ void AddPplOptions(CLI::App* sub, PplCommand* cmd, bool demo) {
 }
 
 void RunPplCommand(const PplCommand& cmd) {
-  const auto start = Clock::now();
-  const int threads =
-      cmd.threads > 0 ? cmd.threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  KVQ_CHECK(cmd.threads >= 0, kInvalidArgument, "--threads ", cmd.threads, " must be >= 0");
-  KVQ_CHECK(cmd.clip == "own" || cmd.clip == "oscar" || cmd.clip == "both", kInvalidArgument,
-            "--clip '", cmd.clip, "' (own, oscar or both)");
-  KVQ_CHECK(cmd.backend == "cpu" || cmd.backend == "gpu" || cmd.backend == "both",
-            kInvalidArgument, "--backend '", cmd.backend, "' (cpu, gpu or both)");
-  KVQ_CHECK(cmd.scheme_windows == "own" || cmd.scheme_windows == "shared", kInvalidArgument,
-            "--scheme-windows '", cmd.scheme_windows, "' (own or shared)");
+  const calib::PplPipelineOptions options = PipelineOptions(cmd);
+  calib::CheckPplPipelineOptions(options);
   const bool use_gpu = cmd.backend != "cpu";
   const GpuModule* module = use_gpu ? &RequireGpu("--backend " + cmd.backend) : nullptr;
   const gpu::GpuDecodeMode decode_mode =
       use_gpu ? module->ParseDecodeMode(cmd.gpu_decode) : gpu::GpuDecodeMode::kBatch;
-  const cpu::Backend& backend = cpu::BestBackend();
   if (!cmd.banner.empty()) std::printf("%s\n", cmd.banner.c_str());
-
-  for (const auto& [name, value] : {std::pair<const char*, int>{"--k-bits", cmd.k_bits},
-                                    {"--v-bits", cmd.v_bits}}) {
-    KVQ_CHECK(value == 0 || value == 2 || value == 4, kInvalidArgument, name, " ", value,
-              " is not supported (2 or 4)");
-  }
-  // Scheme rows first: a typo fails before any work.
-  std::vector<calib::SchemeVariant> variants =
-      calib::ParseSchemeVariants(cmd.schemes, cmd.clip == "both");
-  if (cmd.clip == "oscar") {
-    for (calib::SchemeVariant& v : variants) {
-      if (v.clip == calib::ClipChoice::kCatalogue && calib::SchemeClipsWithCalibration(v.scheme) &&
-          v.scheme != "oscar") {
-        v.clip = calib::ClipChoice::kOscar;
-        v.label += "@oscar";
-      }
-    }
-  }
-  bool need_calibration = false, need_capture = false;
-  for (const calib::SchemeVariant& v : variants) {
-    const calib::ClipChoice clip = v.Resolved();
-    need_calibration = need_calibration || calib::SchemeByName(v.scheme).needs_calibration ||
-                       clip == calib::ClipChoice::kOscar;
-    need_capture = need_capture || clip == calib::ClipChoice::kOwn || v.scheme == "raw_target" ||
-                   calib::CalibrationScheme(v.scheme) != "oscar";
-    // (raw_target: a format_version 1 calibration gets its raw rotations from the capture; the
-    // fp8 schemes compute their scales on it unless the calibration file is their own)
-  }
-  need_capture = need_capture || (need_calibration && cmd.calibration.empty());
-  // An option that the chosen schemes would leave unused is an error, not silence.
-  KVQ_CHECK(cmd.save_calibration.empty() || cmd.calibration.empty(), kInvalidArgument,
-            "--save-calibration ", cmd.save_calibration, " saves a calibration computed here, "
-            "but --calibration ", cmd.calibration, " is given");
-  KVQ_CHECK(cmd.save_calibration.empty() || need_calibration, kInvalidArgument,
-            "--save-calibration ", cmd.save_calibration, ": no scheme of --schemes ", cmd.schemes,
-            " (--clip ", cmd.clip, ") needs a calibration, so none is computed");
-  KVQ_CHECK(cmd.calib_activations.empty() || need_capture, kInvalidArgument,
-            "--calib-activations ", cmd.calib_activations, ": no scheme of --schemes ",
-            cmd.schemes, " (--clip ", cmd.clip, ") needs calibration activations");
-  const bool capture_here = need_capture && cmd.calib_activations.empty();
-
-  auto t = Clock::now();
-  std::printf("[1/4] loading %s ...\n", cmd.model.c_str());
-  std::fflush(stdout);
-  // The windows before the weights: the RoPE tables cover only the positions they hold.
-  const calib::ModelConfig config = calib::ReadModelConfig(cmd.model);
-  const std::string tokens_path =
-      cmd.tokens.empty() ? calib::DefaultTokensPath(cmd.model) : cmd.tokens;
-  const std::vector<calib::TokenWindows> sets = calib::ReadTokenWindows(
-      tokens_path, calib::ParseWindowSelections(cmd.windows), cmd.length, config.vocab);
-  std::vector<calib::TokenWindows> calib_sets;
-  if (capture_here) {
-    calib_sets = calib::ReadTokenWindows(tokens_path,
-                                         calib::ParseWindowSelections(cmd.calib_windows),
-                                         cmd.calib_length, config.vocab);
-  }
-  int64_t positions = 0;
-  for (const calib::TokenWindows& s : sets) positions = std::max(positions, s.length);
-  for (const calib::TokenWindows& s : calib_sets) positions = std::max(positions, s.length);
-  const calib::Model model = calib::LoadModel(cmd.model, positions);
-  const calib::ModelConfig& c = model.config;
-  std::printf("      %s: %d layers, d_model %d, Hq %d x d %d, Hkv %d, vocab %d (%.1f s; "
-              "kernels %s, %d threads)\n",
-              calib::ModelArchName(c.arch), c.num_layers, c.hidden, c.num_q_heads, c.head_dim,
-              c.num_kv_heads, c.vocab, SecondsSince(t), calib::MatMulTargetName(), threads);
-
-  // A calibration file is read and checked against the model before any forward runs.
-  calib::Calibration cal;
-  bool have_cal = false;
-  int group = cmd.group, bits = cmd.bits, sink = cmd.sink, recent = cmd.recent;
-  auto given = [](const CLI::Option* o) { return o != nullptr && o->count() > 0; };
-  if (!cmd.calibration.empty()) {
-    cal = calib::ReadCalibration(cmd.calibration);
-    have_cal = true;
-    KVQ_CHECK(cal.info.num_layers == c.num_layers && cal.info.num_kv_heads == c.num_kv_heads &&
-                  cal.info.head_dim == c.head_dim,
-              kShapeMismatch, "calibration '", cmd.calibration, "' is ", cal.info.num_layers,
-              " layers x ", cal.info.num_kv_heads, " KV heads x d=", cal.info.head_dim,
-              ", the model ", c.num_layers, " x ", c.num_kv_heads, " x d=", c.head_dim);
-    if (!given(cmd.group_option)) group = cal.info.group;
-    if (!given(cmd.bits_option)) bits = cal.info.bits;
-    if (!given(cmd.sink_option)) sink = cal.info.sink;
-    if (!given(cmd.recent_option)) recent = cal.info.recent;
-  }
-  // Each side's width: --k-bits / --v-bits, else the calibration's (unless --bits is given),
-  // else --bits.
-  int k_bits = bits, v_bits = bits;
-  if (have_cal && !given(cmd.bits_option) && cal.info.v_bits != 0) v_bits = cal.info.v_bits;
-  if (cmd.k_bits != 0) k_bits = cmd.k_bits;
-  if (cmd.v_bits != 0) v_bits = cmd.v_bits;
-
-  // The calibration capture and the calibration.
-  t = Clock::now();
-  calib::Activations calib_acts;
-  std::printf("[2/4] calibration: ");
-  std::fflush(stdout);  // before a progress line on the same terminal
-  if (need_capture) {
-    if (!capture_here) {
-      calib_acts = calib::ReadActivations(cmd.calib_activations);
-      std::printf("capture %s", cmd.calib_activations.c_str());
-    } else {
-      calib_acts = calib::CaptureActivations(model, calib_sets, -1, threads,
-                                             "kvq capture " + cmd.model + " " + cmd.calib_windows,
-                                             StderrProgress("[2/4] capturing windows"));
-      std::printf("captured %s (%lld tokens, fp32 forward)", cmd.calib_windows.c_str(),
-                  static_cast<long long>(calib_acts.info.tokens));
-    }
-  } else {
-    std::printf("no capture needed");
-  }
-  std::fflush(stdout);
-  if (have_cal) {
-    if (need_capture && !cal.layers.empty() && cal.layers[0].raw_k_rotation.empty()) {
-      calib::AddRawTargetRotations(calib_acts, &cal);  // a format_version 1 file
-    }
-    std::printf("; calibration %s", cmd.calibration.c_str());
-  } else if (need_calibration) {
-    calib::CalibrationOptions options;
-    options.group = group;
-    options.bits = k_bits;
-    options.v_bits = v_bits != k_bits ? v_bits : 0;
-    options.sink = sink;
-    options.recent = recent;
-    options.threads = threads;
-    options.source = calib_acts.info.source;
-    cal = calib::Calibrate(calib_acts, options, backend,
-                           StderrProgress("[2/4] calibrating OSCAR, layer x KV head units"));
-    have_cal = true;
-    std::printf("; OSCAR calibrated (R = U*H*P_br, value target %s)",
-                cal.info.value_target.c_str());
-    if (!cmd.save_calibration.empty()) calib::WriteCalibration(cmd.save_calibration, cal);
-  }
-  std::printf(" in %.1f s\n", SecondsSince(t));
-  if (have_cal) {
-    std::printf("      OSCAR clip ratios K/V per layer:");
-    for (const calib::LayerCalibration& l : cal.layers) {
-      std::printf(" %.2f/%.2f", l.k_clip[0], l.v_clip[0]);
-    }
-    std::printf("\n");
-  }
-
-  calib::PplOptions options;
-  options.schemes = variants;
-  options.scheme.group = group;
-  options.scheme.bits = bits;
-  options.scheme.k_bits = k_bits != bits ? k_bits : 0;
-  options.scheme.v_bits = v_bits != bits ? v_bits : 0;
-  options.scheme.sink = sink;
-  options.scheme.recent = recent;
-  options.scheme.page = cmd.page;
-  options.scheme.seed = cmd.seed;
-  options.scheme.saw_block = cmd.saw_block;
-  options.clip_grid = cmd.clip_grid;
-  options.threads = threads;
-  options.share_prefix = !cmd.no_share_prefix;
-  options.fp32_baseline = !cmd.no_fp32;
-  options.per_position = cmd.per_position;
-  options.tail_from = cmd.tail_from;
-
-  t = Clock::now();
-  std::printf("[3/4] building %zu schemes (own clip ratios by kvq calibrate's rule where they "
-              "clip) ...\n",
-              variants.size());
-  std::fflush(stdout);
-  std::vector<std::vector<calib::LayerScheme>> built = calib::BuildVariantLayers(
-      c, need_capture ? &calib_acts : nullptr, have_cal ? &cal : nullptr, options, backend,
-      StderrProgress("[3/4] building schemes x layers"));
-  std::printf("      done in %.1f s\n", SecondsSince(t));
-  std::vector<std::vector<calib::LayerScheme>> layers = std::move(built);
-  if (cmd.scheme_windows == "shared") ShareSchemeWindows(&options, &layers);
-  if (use_gpu) KeepGpuSchemes(*module, cmd.schemes == "all", &options, &layers);
-
-  t = Clock::now();
-  int64_t windows = 0;
-  std::string what;
-  for (const calib::TokenWindows& s : sets) {
-    windows += static_cast<int64_t>(s.count());
-    what += (what.empty() ? "" : ", ") + s.name + "[" + Join(s.rows) + "]";
-  }
-  std::printf("[4/4] teacher-forced evaluation: %lld windows (%s) x %lld tokens, %zu rows, "
-              "S0=%d W=%d G=%d b=%s ...\n",
-              static_cast<long long>(windows), what.c_str(),
-              static_cast<long long>(sets.front().length), variants.size(), sink, recent, group,
-              k_bits == v_bits ? std::to_string(k_bits).c_str()
-                               : ("K" + std::to_string(k_bits) + "V" + std::to_string(v_bits)).c_str());
-  std::fflush(stdout);
-  if (!use_gpu) {
-    calib::PplResult result = calib::EvaluatePerplexity(model, sets, layers, options, backend,
-                                                        MakeProgress(cmd.quiet_progress));
-    if (have_cal) result.calibration_source = cal.info.source;
-    std::printf("      done in %.1f s\n\n", SecondsSince(t));
-    std::printf("%s", calib::FormatPplTable(result).c_str());
-    std::printf("%s", calib::SummarizePpl(result).c_str());
-    if (!cmd.json.empty()) {
-      calib::WritePplJson(cmd.json, result);
-      std::printf("wrote %s\n", cmd.json.c_str());
-    }
-    std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);
-    return;
-  }
-  // The GPU: the same evaluation with the forwards on the device (no fp32 row there).
-  calib::PplOptions gpu_options = options;
-  if (gpu_options.fp32_baseline) {
-    std::printf("      (no fp32 row on the GPU: a cache holds bf16 or quantized rows)\n");
-    gpu_options.fp32_baseline = false;
-  }
-  KVQ_CHECK(cmd.gpu_qk == "int8" || cmd.gpu_qk == "bf16", kInvalidArgument, "--gpu-qk '",
-            cmd.gpu_qk, "' (int8 or bf16)");
-  const std::unique_ptr<GpuPpl> forwards =
-      module->MakePpl(model, decode_mode, cmd.gpu_qk == "int8");
-  std::printf("      GPU: %s, decode %s, QK %s, cuBLAS fp32 (pedantic math)\n",
-              forwards->device_name().c_str(), module->DecodeModeName(decode_mode),
-              cmd.gpu_qk.c_str());
-  std::fflush(stdout);
-  calib::PplResult gpu_result =
-      calib::EvaluatePerplexity(model, sets, layers, gpu_options, backend,
-                                MakeProgress(cmd.quiet_progress), &forwards->forwards());
-  if (have_cal) gpu_result.calibration_source = cal.info.source;
-  const double gpu_seconds = SecondsSince(t);
-  const gpu::GpuPplStats stats = forwards->stats();
-  std::printf("      GPU evaluation done in %.1f s: %d reference forwards %.2f s (%.1f ms each), "
-              "%d scheme forwards %.2f s (%.1f ms each), %lld positions\n\n",
-              gpu_seconds, stats.reference_forwards, stats.reference_seconds,
-              1e3 * stats.reference_seconds / std::max(1, stats.reference_forwards),
-              stats.scheme_forwards, stats.scheme_seconds,
-              1e3 * stats.scheme_seconds / std::max(1, stats.scheme_forwards),
-              static_cast<long long>(stats.positions));
-  std::printf("GPU (%s):\n%s", forwards->device_name().c_str(),
-              calib::FormatPplTable(gpu_result).c_str());
-  std::printf("%s", calib::SummarizePpl(gpu_result).c_str());
-  nlohmann::ordered_json j;
-  j["format"] = "kvq-ppl-gpu";
-  j["device"] = forwards->device_name();
-  j["decode"] = module->DecodeModeName(decode_mode);
-  j["qk"] = cmd.gpu_qk;
-  j["gpu_seconds"] = gpu_seconds;
-  j["gpu_forwards"] = {{"reference", stats.reference_forwards},
-                       {"reference_seconds", stats.reference_seconds},
-                       {"scheme", stats.scheme_forwards},
-                       {"scheme_seconds", stats.scheme_seconds},
-                       {"positions", stats.positions}};
-  j["gpu"] = nlohmann::ordered_json::parse(calib::PplJson(gpu_result));
-  bool ok = true;
-  if (cmd.backend == "both") {
-    t = Clock::now();
-    std::printf("\n[4/4] the same on the CPU (%d threads) ...\n", threads);
-    std::fflush(stdout);
-    calib::PplResult cpu_result = calib::EvaluatePerplexity(
-        model, sets, layers, options, backend, MakeProgress(cmd.quiet_progress));
-    if (have_cal) cpu_result.calibration_source = cal.info.source;
-    const double cpu_seconds = SecondsSince(t);
-    std::printf("      CPU evaluation done in %.1f s\n\nCPU:\n%s", cpu_seconds,
-                calib::FormatPplTable(cpu_result).c_str());
-    j["cpu_seconds"] = cpu_seconds;
-    j["cpu"] = nlohmann::ordered_json::parse(calib::PplJson(cpu_result));
-    ok = CompareBackends(cpu_result, gpu_result, cmd.max_rel_ppl, &j);
-  }
-  if (!cmd.json.empty()) {
-    const std::string text = j.dump(1) + "\n";
-    WriteFile(cmd.json, std::vector<uint8_t>(text.begin(), text.end()));
-    std::printf("wrote %s\n", cmd.json.c_str());
-  }
-  std::printf("total %.1f s (%d threads)\n", SecondsSince(start), threads);
-  KVQ_CHECK(ok, kMismatch, "GPU and CPU perplexities differ by more than --max-rel-ppl ",
-            cmd.max_rel_ppl, " (table above)");
+  PplPrinter printer(cmd, module, decode_mode);
+  const PplPipelineResult result =
+      calib::RunPplPipeline(options, cpu::BestBackend(), printer.Hooks());
+  printer.Finish(result);
 }
 
 }  // namespace kvq::cli

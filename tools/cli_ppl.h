@@ -1,7 +1,8 @@
-// The end-to-end pipeline `kvq ppl` and `kvq demo` share: load a model folder and its token
-// windows, capture the calibration windows with the fp32 forward, calibrate OSCAR (or read a
-// calibration), build every scheme with its clip choice, run the teacher-forced evaluation
-// (calib/ppl.h) and print the table.
+// `kvq ppl` and `kvq demo`'s options and their run: the pipeline itself (load a model folder and
+// its token windows, capture the calibration windows with the fp32 forward, calibrate OSCAR or
+// read a calibration, build every scheme with its clip choice, run the teacher-forced
+// evaluation, compare the GPU with the CPU) is calib::RunPplPipeline (calib/ppl_pipeline.h);
+// this translates the options, supplies the GPU module's forwards and prints.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -52,7 +53,8 @@ struct PplCommand {
 void AddPplOptions(CLI::App* command, PplCommand* cmd, bool demo);
 
 // Runs the pipeline, printing steps, timings and the table on stdout. Throws kvq::Error
-// naming the offending option, file or value.
+// naming the offending option, file or value (the library's, and --gpu-decode, --gpu-qk, a
+// missing GPU module, and GPU and CPU perplexities further apart than --max-rel-ppl).
 void RunPplCommand(const PplCommand& cmd);
 
 }  // namespace kvq::cli
