@@ -115,7 +115,7 @@ strip --strip-debug "$carry"/stage/bin/* "$carry"/stage/lib/libkvq_gpu.so
 # xz, not gzip: the bundle and the tracked tree travel together under 64 MiB, and gzip
 # leaves the CUDA library a quarter larger.
 rm -f "$carry/bundle.tar.gz"
-XZ_OPT="-6 -T${jobs}" tar -C "$carry/stage" -cJf "$carry/bundle.tar.xz" .
+XZ_OPT="-9e -T${jobs}" tar -C "$carry/stage" -cJf "$carry/bundle.tar.xz" .
 rm -rf "$carry/stage"
 cp "$repo/gpu/scripts/on_device.sh" "$carry/on_device.sh"
 cp "$repo/bench/bench_sdpa.py" "$carry/bench_sdpa.py"

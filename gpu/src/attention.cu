@@ -17,7 +17,11 @@
 namespace kvq::gpu {
 namespace {
 
+using attention::DecodeFormatOf;
 using attention::DecodeKinds;
+using attention::RowGeometry;
+using attention::kInt8QkLoop;
+using attention::kPackedLoop;
 using attention::kTileTokens;
 
 // The window's tokens per split: a multiple of this, and this many while the window blocks
@@ -41,13 +45,6 @@ constexpr int kBf16BlocksPerSm = 8;
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 int CeilDiv(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
-
-// The kinds' loops: INT-b keys (per token or tiled), tiled keys, fp8 rows.
-bool IntKeys(const DecodeKinds& k) {
-  return k.key_format == Format::kAffineToken || k.key_format == Format::kAffineTile;
-}
-bool TileKeys(const DecodeKinds& k) { return k.key_format == Format::kAffineTile; }
-bool Fp8Rows(const DecodeKinds& k) { return k.key_format == Format::kFp8E4m3; }
 
 // Validates what the kernels rely on and returns the cache's history kinds: the one place
 // where the cache's formats and widths meet the kernels' kind lists (kvq/gpu/formats.h).
@@ -73,29 +70,26 @@ DecodeKinds CheckSupported(const CacheParams& c) {
             "sides, or affine_token / affine_tile keys over affine_token values)");
   CheckKernelLayout(c.key, "CUDA decode attention (key)");
   CheckKernelLayout(c.value, "CUDA decode attention (value)");
-  // Whole rows in one format: no group, no tile to check.
-  if (!IntKeys(kinds)) return kinds;
-  const int key_row_bytes = d * c.key.bits / 8;
-  const int value_row_bytes = d * c.value.bits / 8;
-  if (TileKeys(kinds)) {
+  // What each side's row geometry asks of its groups and tiles (whole rows: nothing).
+  const RowGeometry keys = DecodeFormatOf(c.key.format).geometry;
+  const RowGeometry values = DecodeFormatOf(c.value.format).geometry;
+  if (keys == RowGeometry::kKeyTiles) {
     const int slice = c.key.tile_channel_bytes();
     KVQ_CHECK(slice == 8 || slice == 16, kUnsupported, "key tile of ", c.key.group,
               " tokens at ", c.key.bits, " bits (", slice,
               " bytes a channel) is not supported by the CUDA decode attention (8 or 16: "
               "INT2 with G_k = 32 or 64, INT4 with G_k = 32)");
-  } else {
-    KVQ_CHECK(c.key.group >= key_row_bytes, kUnsupported, "key group ", c.key.group,
-              " is below d*b/8 = ", key_row_bytes,
-              " (not supported by the CUDA decode attention)");
   }
-  KVQ_CHECK(c.value.group >= value_row_bytes, kUnsupported, "value group ", c.value.group,
-            " is below d*b/8 = ", value_row_bytes,
-            " (not supported by the CUDA decode attention)");
-  KVQ_CHECK((TileKeys(kinds) || IsSupportedGroup(c.key.group)) &&
-                IsSupportedGroup(c.value.group),
-            kUnsupported, "groups ", c.key.group, " / ", c.value.group,
-            " (G = d = 256, spec 1.1) are not supported by the CUDA decode attention (32, 64 or "
-            "128)");
+  for (const WriteParams* side : {&c.key, &c.value}) {
+    if ((side == &c.key ? keys : values) != RowGeometry::kChannelGroups) continue;
+    const char* name = side == &c.key ? "key" : "value";
+    const int row_bytes = d * side->bits / 8;
+    KVQ_CHECK(side->group >= row_bytes, kUnsupported, name, " group ", side->group,
+              " is below d*b/8 = ", row_bytes, " (not supported by the CUDA decode attention)");
+    KVQ_CHECK(IsSupportedGroup(side->group), kUnsupported, name, " group ", side->group,
+              " (G = d = 256, spec 1.1) is not supported by the CUDA decode attention (32, 64 "
+              "or 128)");
+  }
   return kinds;
 }
 
@@ -215,11 +209,11 @@ DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max
   // The loop: int8 QK^T where a block serves at most 4 query heads, else the bf16 MMAs with the
   // hi / lo parts packed into the column halves (g <= 4) or in two MMAs. Tile keys have the
   // bf16 loops only (their folded query changes every tile).
-  if (Fp8Rows(kinds)) {
-    plan.quant_loop = QuantLoop::kTwoMma;  // its one loop (the bf16 MMAs over converted rows)
-  } else if (c.quantized() && heads_per_block <= 4) {
-    plan.quant_loop = allow_int8_qk && !TileKeys(kinds) ? QuantLoop::kInt8Qk
-                                                                    : QuantLoop::kPacked;
+  const unsigned loops = DecodeFormatOf(kinds.key_format).loops;
+  if (heads_per_block <= 4 && allow_int8_qk && (loops & kInt8QkLoop)) {
+    plan.quant_loop = QuantLoop::kInt8Qk;
+  } else if (heads_per_block <= 4 && (loops & kPackedLoop)) {
+    plan.quant_loop = QuantLoop::kPacked;
   } else {
     plan.quant_loop = QuantLoop::kTwoMma;
   }
@@ -279,13 +273,14 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
             kInvalidArgument, "invalid plan: quant_loop ", loop,
             " (packed or int8) needs a quantized cache and at most 4 query heads per block, g = ",
             g);
-  KVQ_CHECK(plan.quant_loop != QuantLoop::kInt8Qk || !TileKeys(kinds),
-            kInvalidArgument, "invalid plan: the int8 QK loop does not read tiled keys");
-  KVQ_CHECK(!Fp8Rows(kinds) || plan.quant_loop == QuantLoop::kTwoMma,
-            kInvalidArgument, "invalid plan: quant_loop ", loop, " for fp8 history (two-MMA only)");
-  KVQ_CHECK(!Fp8Rows(kinds) || (in.key_heads.scale && in.value_heads.scale),
-            kInvalidArgument, "fp8 history needs the per-head scales (key_heads.scale, "
-            "value_heads.scale)");
+  KVQ_CHECK(DecodeFormatOf(kinds.key_format).loops & attention::LoopBit(plan.quant_loop),
+            kInvalidArgument, "invalid plan: quant_loop ", loop, " is not a loop of ",
+            FormatName(kinds.key_format), " keys");
+  KVQ_CHECK(!DecodeFormatOf(kinds.key_format).head_scale || in.key_heads.scale, kInvalidArgument,
+            FormatName(kinds.key_format), " keys need the per-head scales (key_heads.scale)");
+  KVQ_CHECK(!DecodeFormatOf(kinds.value_format).head_scale || in.value_heads.scale,
+            kInvalidArgument, FormatName(kinds.value_format),
+            " values need the per-head scales (value_heads.scale)");
   KVQ_CHECK(plan.aux_heads_per_block >= 1 &&
                 plan.aux_heads_per_block <= attention::MaxAuxHeads(d) &&
                 g % plan.aux_heads_per_block == 0,

@@ -276,4 +276,17 @@ __device__ __forceinline__ float Exp2(float x) {
 // far inside the fp32 range, and the merge uses each partial's own m.
 inline constexpr float kRescaleThresholdLog2 = 8.0f;
 
+// The history loop of keys in format F (a row of kvq/gpu/formats.h's KVQ_GPU_DECODE_FORMATS other
+// than the bf16 cache): the header of each loop specializes it with
+//   template <int D, class K, class V, QuantLoop LOOP>
+//   static void Split(const DecodeKernelParams& p, unsigned char* smem, int kvh, int head0,
+//                     int b, int split, int begin, int end);   // one history block's split
+//   template <int D, class K, class V>
+//   static constexpr int SharedBytes();                        // its pipeline and query area
+// for keys of kind K over values of kind V (DecodePair) and the loops its row lists. The decode
+// kernel (attention_decode.cuh) calls it for the history blocks; a format's instantiation file
+// includes its loop's header, so a new loop is a new header and its rows, not an edit here.
+template <Format F>
+struct HistoryLoop;
+
 }  // namespace kvq::gpu::attention::detail

@@ -34,7 +34,10 @@
 //   attention_quant_int8.cuh   INT-b pages with QK^T on the int8 tensor cores
 //   attention_tile_keys.cuh    tiled keys (scales folded into the query) + INT-b values
 //   attention_fp8_rows.cuh     fp8_e4m3 pages: converted to bf16 in shared memory, the bf16 loop
-//   this file                  the dispatch over groups, the kernel, its launcher
+//   this file                  the kernel skeleton (windows, empty splits, the history loop of
+//                              the keys' format: HistoryLoop), its launcher
+// Each loop header specializes HistoryLoop (attention_common.cuh) for the key format it reads,
+// with the dispatch over its groups and tiles.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,107 +54,12 @@
 
 namespace kvq::gpu::attention::detail {
 
-// Fields per group F' is usable when the group G = F' * RB is one of 32, 64, 128 and <= D.
-template <int D, int BITS, int FPG>
-inline constexpr bool kFieldsPerGroupValid =
-    FPG * QuantGeometry<D, BITS>::kRowBytes >= 32 && FPG * QuantGeometry<D, BITS>::kRowBytes <= 128 &&
-    FPG <= QuantGeometry<D, BITS>::kFields;
-
-// The quantized history's split in loop LOOP (QuantSplitInt8 or QuantSplit) over KBITS-bit keys
-// and VBITS-bit values, with FPGK = fpg_k and FPGV = fpg_v as compile-time values (fields per
-// group of K and of V; the launcher admits only valid groups).
-template <int D, int KBITS, int VBITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
-__device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
-                                                   int kvh, int head0, int b, int split,
-                                                   int begin, int end, int fpg_v) {
-  if constexpr (kFieldsPerGroupValid<D, VBITS, FPGV>) {
-    if (fpg_v == FPGV) {
-      if constexpr (LOOP == QuantLoop::kInt8Qk) {
-        QuantSplitInt8<D, KBITS, VBITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
-      } else {
-        QuantSplit<D, KBITS, VBITS, LOOP == QuantLoop::kPacked, FPGK, FPGV>(
-            p, smem, kvh, head0, b, split, begin, end);
-      }
-      return;
-    }
-  }
-  if constexpr (FPGV < 4) {
-    QuantSplitGroupedV<D, KBITS, VBITS, LOOP, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split,
-                                                              begin, end, fpg_v);
-  } else {
-    __trap();  // unreachable: the launcher refuses other groups
-  }
-}
-template <int D, int KBITS, int VBITS, QuantLoop LOOP, int FPGK = 1>
-__device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
-                                                  int kvh, int head0, int b, int split, int begin,
-                                                  int end) {
-  constexpr int RBK = QuantGeometry<D, KBITS>::kRowBytes;
-  constexpr int RBV = QuantGeometry<D, VBITS>::kRowBytes;
-  if constexpr (kFieldsPerGroupValid<D, KBITS, FPGK>) {
-    if (p.key_group == FPGK * RBK) {
-      QuantSplitGroupedV<D, KBITS, VBITS, LOOP, FPGK>(p, smem, kvh, head0, b, split, begin, end,
-                                                      p.value_group / RBV);
-      return;
-    }
-  }
-  if constexpr (FPGK < 4) {
-    QuantSplitGrouped<D, KBITS, VBITS, LOOP, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
-  } else {
-    __trap();  // unreachable: the launcher refuses other groups
-  }
-}
-
-// The tiled-key split (TileKeySplit) with SLICE = G_k * b_k / 8 (8 or 16) and FPGV = fpg_v as
-// compile-time values (the launcher admits only those).
-template <int D, int KBITS, int VBITS, bool PACK, int SLICE = 8, int FPGV = 1>
-__device__ __forceinline__ void TileSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
-                                                 int kvh, int head0, int b, int split, int begin,
-                                                 int end) {
-  constexpr int RBV = QuantGeometry<D, VBITS>::kRowBytes;
-  if (p.key_group * KBITS / 8 == SLICE) {
-    if constexpr (kFieldsPerGroupValid<D, VBITS, FPGV> && SLICE * 8 / KBITS >= 32) {
-      if (p.value_group == FPGV * RBV) {
-        TileKeySplit<D, KBITS, VBITS, PACK, SLICE, FPGV>(p, smem, kvh, head0, b, split, begin,
-                                                         end);
-        return;
-      }
-    }
-    if constexpr (FPGV < 4) {
-      TileSplitGrouped<D, KBITS, VBITS, PACK, SLICE, 2 * FPGV>(p, smem, kvh, head0, b, split,
-                                                               begin, end);
-      return;
-    }
-  } else if constexpr (SLICE < 16) {
-    TileSplitGrouped<D, KBITS, VBITS, PACK, 2 * SLICE, FPGV>(p, smem, kvh, head0, b, split,
-                                                             begin, end);
-    return;
-  }
-  __trap();  // unreachable: the launcher refuses other tiles and groups
-}
-
 // ------------------------------------------------------------------------------------------
 // The kernel.
 
 // The bf16 cache: every token a bf16 row in the pages (no windows).
 template <class K>
 inline constexpr bool kBf16Cache = K::kFormat == Format::kBf16;
-
-// The history split of keys of kind K over values of kind V (DecodePair<K, V>): the loop that
-// reads that pair's pages.
-template <int D, class K, class V, QuantLoop LOOP>
-__device__ __forceinline__ void HistorySplit(const DecodeKernelParams& p, unsigned char* smem,
-                                             int kvh, int head0, int b, int split, int begin,
-                                             int end) {
-  if constexpr (K::kFormat == Format::kFp8E4m3) {
-    Fp8Split<D>(p, smem, kvh, head0, b, split, begin, end);
-  } else if constexpr (K::kFormat == Format::kAffineTile) {
-    TileSplitGrouped<D, K::kBits, V::kBits, LOOP == QuantLoop::kPacked>(p, smem, kvh, head0, b,
-                                                                        split, begin, end);
-  } else {
-    QuantSplitGrouped<D, K::kBits, V::kBits, LOOP>(p, smem, kvh, head0, b, split, begin, end);
-  }
-}
 
 // One block's split: history (quantized or bf16 pages), bf16 window, or an empty partial.
 template <int D, class K, class V, QuantLoop LOOP>
@@ -182,7 +90,8 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
-      HistorySplit<D, K, V, LOOP>(p, smem, kvh, head0, b, z, begin, end);
+      HistoryLoop<K::kFormat>::template Split<D, K, V, LOOP>(p, smem, kvh, head0, b, z, begin,
+                                                              end);
     } else {
       const int n_sink = min(p.sink, t);
       const int recent_begin = min(t, p.sink + n_hist);
@@ -225,16 +134,11 @@ constexpr int PairSharedBytes() {
   if constexpr (kBf16Cache<K>) {
     constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
     return pipeline > combine ? pipeline : combine;
-  } else if constexpr (K::kFormat == Format::kFp8E4m3) {
-    constexpr int pipeline = Fp8Geometry<D>::kBytes + page_ids;
-    constexpr int window = Bf16Geometry<D>::kStageBytes;
-    constexpr int m = pipeline > window ? pipeline : window;
-    return m > combine ? m : combine;
   } else {
-    using Stage = QuantStage<D, K::kBits, V::kBits, K::kFormat == Format::kAffineTile>;
-    constexpr int quant = Stage::kSharedBytes + page_ids;
+    constexpr int history =
+        HistoryLoop<K::kFormat>::template SharedBytes<D, K, V>() + page_ids;
     constexpr int window = Bf16Geometry<D>::kStageBytes;
-    constexpr int m = quant > window ? quant : window;
+    constexpr int m = history > window ? history : window;
     return m > combine ? m : combine;
   }
 }
@@ -259,23 +163,17 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stre
     return cudaErrorInvalidValue;  // no loop reads this pair
   } else {
     constexpr int kSmem = detail::DecodeSharedBytesFor<HEAD_DIM, K, V>();
-    constexpr bool kQuantized = !detail::kBf16Cache<K>;
-    // The bf16 cache and fp8 history have one loop each; the INT-b loops are instantiated only
-    // for INT-b histories.
-    constexpr bool kIntB = kQuantized && K::kFormat != Format::kFp8E4m3;
-    constexpr QuantLoop kPacked = kIntB ? QuantLoop::kPacked : QuantLoop::kTwoMma;
-    // Tile keys have no int8 QK loop (the plan never takes it for them).
-    constexpr bool kHasInt8 = kIntB && K::kFormat != Format::kAffineTile;
-    constexpr QuantLoop kInt8Qk = kHasInt8 ? QuantLoop::kInt8Qk : kPacked;
-    // The plan's loop; anything else is refused, never run as another loop.
-    if (kQuantized && p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
+      // The loops of the keys' row (kvq/gpu/formats.h), each a kernel; only those are
+    // instantiated, and the plan's loop must be one of them, never run as another loop.
+    constexpr unsigned kLoops = DecodeFormatOf(K::kFormat).loops;
+    constexpr QuantLoop kPacked = (kLoops & kPackedLoop) ? QuantLoop::kPacked : QuantLoop::kTwoMma;
+    constexpr QuantLoop kInt8Qk = (kLoops & kInt8QkLoop) ? QuantLoop::kInt8Qk : kPacked;
+    if (p.quant_loop != QuantLoop::kTwoMma && p.quant_loop != QuantLoop::kPacked &&
         p.quant_loop != QuantLoop::kInt8Qk) {
       return cudaErrorInvalidValue;
     }
-    if (!kHasInt8 && kQuantized && p.quant_loop == QuantLoop::kInt8Qk) return cudaErrorInvalidValue;
-    if (!kIntB && p.quant_loop != QuantLoop::kTwoMma) return cudaErrorInvalidValue;
-    auto kernel = !kQuantized ? detail::DecodeAttentionKernel<HEAD_DIM, K, V, QuantLoop::kTwoMma>
-                  : p.quant_loop == QuantLoop::kInt8Qk
+    if ((kLoops & LoopBit(p.quant_loop)) == 0) return cudaErrorInvalidValue;
+    auto kernel = p.quant_loop == QuantLoop::kInt8Qk
                       ? detail::DecodeAttentionKernel<HEAD_DIM, K, V, kInt8Qk>
                   : p.quant_loop == QuantLoop::kPacked
                       ? detail::DecodeAttentionKernel<HEAD_DIM, K, V, kPacked>
@@ -306,6 +204,11 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stre
   }
 }
 
+template <int HEAD_DIM, class K, class V>
+int DecodeSharedBytesOf() {
+  return detail::DecodeSharedBytesFor<HEAD_DIM, K, V>();
+}
+
 }  // namespace kvq::gpu::attention
 
 // The instantiations of the launcher for keys of kind (KF, KB) over every value kind and head
@@ -315,6 +218,7 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stre
 #define KVQ_DECODE_INSTANCE(VF, VB, KF, KB, D)                                            \
   template cudaError_t LaunchDecodeAttention<D, HistoryKind<Format::KF, KB>,              \
                                              HistoryKind<Format::VF, VB>>(                \
-      const DecodeKernelParams&, cudaStream_t);
+      const DecodeKernelParams&, cudaStream_t);                                           \
+  template int DecodeSharedBytesOf<D, HistoryKind<Format::KF, KB>, HistoryKind<Format::VF, VB>>();
 #define KVQ_DECODE_INSTANCES_OF_DIM(D, KF, KB) KVQ_GPU_VALUE_KINDS(KVQ_DECODE_INSTANCE, KF, KB, D)
 #define KVQ_INSTANTIATE_DECODE_KEY(KF, KB) KVQ_GPU_HEAD_DIMS(KVQ_DECODE_INSTANCES_OF_DIM, KF, KB)

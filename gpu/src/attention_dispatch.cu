@@ -4,7 +4,6 @@
 // A value with no kernel returns cudaErrorInvalidValue.
 #include <cuda_runtime.h>
 
-#include "attention_decode.cuh"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/formats.h"
 
@@ -21,7 +20,8 @@ namespace kvq::gpu::attention {
 // The decode kernel's instantiations live in attention_decode_<key kind>.cu.
 #define KVQ_ATTENTION_EXTERN(KF, KB, VF, VB, D)                                               \
   extern template cudaError_t LaunchDecodeAttention<D, KVQ_KIND_TYPES(KF, KB, VF, VB)>(       \
-      const DecodeKernelParams&, cudaStream_t);
+      const DecodeKernelParams&, cudaStream_t);                                              \
+  extern template int DecodeSharedBytesOf<D, KVQ_KIND_TYPES(KF, KB, VF, VB)>();
 KVQ_DECODE_KINDS(KVQ_ATTENTION_EXTERN)
 #undef KVQ_ATTENTION_EXTERN
 
@@ -46,7 +46,7 @@ cudaError_t DispatchDecodeAttention(int head_dim, const DecodeKinds& kinds,
 int DecodeSharedBytes(int head_dim, const DecodeKinds& kinds) {
 #define KVQ_ATTENTION_SMEM(KF, KB, VF, VB, D)                                          \
   if (head_dim == D && Is(kinds, Format::KF, KB, Format::VF, VB)) {                    \
-    return detail::DecodeSharedBytesFor<D, KVQ_KIND_TYPES(KF, KB, VF, VB)>();          \
+    return DecodeSharedBytesOf<D, KVQ_KIND_TYPES(KF, KB, VF, VB)>();                   \
   }
   KVQ_DECODE_KINDS(KVQ_ATTENTION_SMEM)
 #undef KVQ_ATTENTION_SMEM

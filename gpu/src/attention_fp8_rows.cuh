@@ -229,4 +229,19 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
       head0, split);
 }
 
+// fp8_e4m3 keys and values (spec 1.2): Fp8Split.
+template <>
+struct HistoryLoop<Format::kFp8E4m3> {
+  template <int D, class K, class V, QuantLoop LOOP>
+  __device__ __forceinline__ static void Split(const DecodeKernelParams& p, unsigned char* smem,
+                                               int kvh, int head0, int b, int split, int begin,
+                                               int end) {
+    Fp8Split<D>(p, smem, kvh, head0, b, split, begin, end);
+  }
+  template <int D, class K, class V>
+  static constexpr int SharedBytes() {
+    return Fp8Geometry<D>::kBytes;
+  }
+};
+
 }  // namespace kvq::gpu::attention::detail

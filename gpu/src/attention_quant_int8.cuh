@@ -365,4 +365,65 @@ __device__ __forceinline__ void QuantSplitInt8(const DecodeKernelParams& p, unsi
       head0, split);
 }
 
+// The quantized history's split in loop LOOP (QuantSplitInt8 or QuantSplit) over KBITS-bit keys
+// and VBITS-bit values, with FPGK = fpg_k and FPGV = fpg_v as compile-time values (fields per
+// group of K and of V; the launcher admits only valid groups).
+template <int D, int KBITS, int VBITS, QuantLoop LOOP, int FPGK, int FPGV = 1>
+__device__ __forceinline__ void QuantSplitGroupedV(const DecodeKernelParams& p, unsigned char* smem,
+                                                   int kvh, int head0, int b, int split,
+                                                   int begin, int end, int fpg_v) {
+  if constexpr (kFieldsPerGroupValid<D, VBITS, FPGV>) {
+    if (fpg_v == FPGV) {
+      if constexpr (LOOP == QuantLoop::kInt8Qk) {
+        QuantSplitInt8<D, KBITS, VBITS, FPGK, FPGV>(p, smem, kvh, head0, b, split, begin, end);
+      } else {
+        QuantSplit<D, KBITS, VBITS, LOOP == QuantLoop::kPacked, FPGK, FPGV>(
+            p, smem, kvh, head0, b, split, begin, end);
+      }
+      return;
+    }
+  }
+  if constexpr (FPGV < 4) {
+    QuantSplitGroupedV<D, KBITS, VBITS, LOOP, FPGK, 2 * FPGV>(p, smem, kvh, head0, b, split,
+                                                              begin, end, fpg_v);
+  } else {
+    __trap();  // unreachable: the launcher refuses other groups
+  }
+}
+template <int D, int KBITS, int VBITS, QuantLoop LOOP, int FPGK = 1>
+__device__ __forceinline__ void QuantSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
+                                                  int kvh, int head0, int b, int split, int begin,
+                                                  int end) {
+  constexpr int RBK = QuantGeometry<D, KBITS>::kRowBytes;
+  constexpr int RBV = QuantGeometry<D, VBITS>::kRowBytes;
+  if constexpr (kFieldsPerGroupValid<D, KBITS, FPGK>) {
+    if (p.key_group == FPGK * RBK) {
+      QuantSplitGroupedV<D, KBITS, VBITS, LOOP, FPGK>(p, smem, kvh, head0, b, split, begin, end,
+                                                      p.value_group / RBV);
+      return;
+    }
+  }
+  if constexpr (FPGK < 4) {
+    QuantSplitGrouped<D, KBITS, VBITS, LOOP, 2 * FPGK>(p, smem, kvh, head0, b, split, begin, end);
+  } else {
+    __trap();  // unreachable: the launcher refuses other groups
+  }
+}
+
+// affine_token keys: the int8 QK loop (QuantSplitInt8) or the bf16-MMA loops (QuantSplit) over
+// per-token values.
+template <>
+struct HistoryLoop<Format::kAffineToken> {
+  template <int D, class K, class V, QuantLoop LOOP>
+  __device__ __forceinline__ static void Split(const DecodeKernelParams& p, unsigned char* smem,
+                                               int kvh, int head0, int b, int split, int begin,
+                                               int end) {
+    QuantSplitGrouped<D, K::kBits, V::kBits, LOOP>(p, smem, kvh, head0, b, split, begin, end);
+  }
+  template <int D, class K, class V>
+  static constexpr int SharedBytes() {
+    return QuantStage<D, K::kBits, V::kBits>::kSharedBytes;
+  }
+};
+
 }  // namespace kvq::gpu::attention::detail

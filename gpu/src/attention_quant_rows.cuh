@@ -116,6 +116,12 @@ struct QuantStage {
   static_assert(kBytes % 16 == 0 && kQueryBytes % 16 == 0, "bulk copy alignment");
 };
 
+// Fields per group F' is usable when the group G = F' * RB is one of 32, 64, 128 and <= D.
+template <int D, int BITS, int FPG>
+inline constexpr bool kFieldsPerGroupValid =
+    FPG * QuantGeometry<D, BITS>::kRowBytes >= 32 && FPG * QuantGeometry<D, BITS>::kRowBytes <= 128 &&
+    FPG <= QuantGeometry<D, BITS>::kFields;
+
 // The copy pipeline of a quantized-history split: kStages shared-memory stages of one 64-token
 // tile each (K and V codes, K scale / min, V scale / min, and with KEY_TILE the K norms), filled
 // by the copy engine and released without a block-wide barrier. stage_full[s] completes when a

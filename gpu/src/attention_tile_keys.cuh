@@ -233,4 +233,48 @@ __device__ __forceinline__ void TileKeySplit(const DecodeKernelParams& p, unsign
   FinishQuantSplit(p, pv, st, smem, gi, b, head0, split);
 }
 
+// The tiled-key split (TileKeySplit) with SLICE = G_k * b_k / 8 (8 or 16) and FPGV = fpg_v as
+// compile-time values (the launcher admits only those).
+template <int D, int KBITS, int VBITS, bool PACK, int SLICE = 8, int FPGV = 1>
+__device__ __forceinline__ void TileSplitGrouped(const DecodeKernelParams& p, unsigned char* smem,
+                                                 int kvh, int head0, int b, int split, int begin,
+                                                 int end) {
+  constexpr int RBV = QuantGeometry<D, VBITS>::kRowBytes;
+  if (p.key_group * KBITS / 8 == SLICE) {
+    if constexpr (kFieldsPerGroupValid<D, VBITS, FPGV> && SLICE * 8 / KBITS >= 32) {
+      if (p.value_group == FPGV * RBV) {
+        TileKeySplit<D, KBITS, VBITS, PACK, SLICE, FPGV>(p, smem, kvh, head0, b, split, begin,
+                                                         end);
+        return;
+      }
+    }
+    if constexpr (FPGV < 4) {
+      TileSplitGrouped<D, KBITS, VBITS, PACK, SLICE, 2 * FPGV>(p, smem, kvh, head0, b, split,
+                                                               begin, end);
+      return;
+    }
+  } else if constexpr (SLICE < 16) {
+    TileSplitGrouped<D, KBITS, VBITS, PACK, 2 * SLICE, FPGV>(p, smem, kvh, head0, b, split,
+                                                             begin, end);
+    return;
+  }
+  __trap();  // unreachable: the launcher refuses other tiles and groups
+}
+
+// affine_tile keys (spec 1.1): TileKeySplit over per-token values.
+template <>
+struct HistoryLoop<Format::kAffineTile> {
+  template <int D, class K, class V, QuantLoop LOOP>
+  __device__ __forceinline__ static void Split(const DecodeKernelParams& p, unsigned char* smem,
+                                               int kvh, int head0, int b, int split, int begin,
+                                               int end) {
+    TileSplitGrouped<D, K::kBits, V::kBits, LOOP == QuantLoop::kPacked>(p, smem, kvh, head0, b,
+                                                                        split, begin, end);
+  }
+  template <int D, class K, class V>
+  static constexpr int SharedBytes() {
+    return QuantStage<D, K::kBits, V::kBits, true>::kSharedBytes;
+  }
+};
+
 }  // namespace kvq::gpu::attention::detail

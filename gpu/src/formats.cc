@@ -9,9 +9,9 @@ namespace kvq::gpu {
 namespace {
 
 // Whether plane `index` of `layout` is called `name`, holds `bytes` bytes a row and has
-// `scope` (a per-token plane unless said otherwise).
+// `scope`.
 bool PlaneIs(const FormatLayout& layout, int index, const char* name, size_t bytes,
-             PlaneScope scope = PlaneScope::kToken) {
+             PlaneScope scope) {
   if (index >= layout.num_planes) return false;
   const PlaneSpec& plane = layout.plane(index);
   return std::strcmp(plane.name, name) == 0 && plane.row_bytes() == bytes &&
@@ -23,32 +23,18 @@ bool PlaneIs(const FormatLayout& layout, int index, const char* name, size_t byt
 void CheckKernelLayout(const WriteParams& p, const char* what) {
   const FormatLayout layout = LayoutOf(p);
   const size_t d = static_cast<size_t>(p.head_dim);
-  const int groups = p.num_groups();
-  bool known = false;
-  switch (p.format) {
-    case Format::kBf16:
-      known = layout.num_planes == 1 && PlaneIs(layout, kBf16RowsPlane, "rows", 2 * d);
-      break;
-    case Format::kAffineToken:
-      known = layout.num_planes == 3 &&
-              PlaneIs(layout, kAffineCodesPlane, "codes", static_cast<size_t>(p.code_bytes())) &&
-              PlaneIs(layout, kAffineScalePlane, "scale", 2 * static_cast<size_t>(groups)) &&
-              PlaneIs(layout, kAffineMinPlane, "min", 2 * static_cast<size_t>(groups));
-      break;
-    case Format::kAffineTile:  // the tile write (write_tile.cu)
-      known = layout.num_planes == (p.norm ? 4 : 3) &&
-              PlaneIs(layout, kTileCodesPlane, "codes",
-                      d * static_cast<size_t>(p.tile_channel_bytes()), PlaneScope::kTile) &&
-              PlaneIs(layout, kTileScalePlane, "scale", 2 * d, PlaneScope::kTile) &&
-              PlaneIs(layout, kTileMinPlane, "min", 2 * d, PlaneScope::kTile) &&
-              (!p.norm || PlaneIs(layout, kTileNormPlane, "norm", 2,
-                                  p.norm_heads > 1 ? PlaneScope::kSharedToken
-                                                   : PlaneScope::kToken));
-      break;
-    case Format::kFp8E4m3:  // the fp8 decode (attention_fp8_rows.cuh)
-      known = layout.num_planes == 1 && PlaneIs(layout, kFp8CodesPlane, "codes", d);
-      break;
+  const size_t groups = static_cast<size_t>(p.num_groups());
+  bool listed = false, known = true;
+  int planes = 0;
+#define KVQ_PLANE_ROW(Name, position, present, name, bytes, scope)                        \
+  if (p.format == Format::k##Name && (present)) {                                         \
+    listed = true;                                                                        \
+    ++planes;                                                                             \
+    known = known && PlaneIs(layout, position, name, static_cast<size_t>(bytes), scope);  \
   }
+  KVQ_GPU_PLANES(KVQ_PLANE_ROW)
+#undef KVQ_PLANE_ROW
+  known = listed && known && layout.num_planes == planes;
   KVQ_CHECK(known, kUnsupported, what, ": the CUDA kernels do not read the layout of format ",
             FormatName(p.format), " (", layout.num_planes, " planes)");
 }

@@ -53,37 +53,33 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 #define KVQ_REQUIRE_POINTER(ptr, what) \
   KVQ_CHECK((ptr) != nullptr, kInvalidArgument, what, ": " #ptr " is null")
 
-// The fused kernels write the affine_token format (write_fused.cu; G of 32, 64, 128 channels or
-// G = d), the fp8_e4m3 format (write_fused.cu's e4m3 epilogue) and the affine_tile format
-// (write_tile.cu; identity or FWHT rotations, a norm per KV head or per token over all of
-// them): refuse anything else, naming it.
+// The formats the CUDA write stores (KVQ_GPU_WRITE_FORMATS): each row's checks, then the
+// kernels' plane layout; anything else is refused, naming it.
 void CheckFusedFormat(const WriteParams& p, const char* what) {
-  switch (p.format) {
-    case Format::kAffineToken:
-      KVQ_CHECK(IsSupportedGroup(p.group, p.head_dim), kUnsupported, what, ": group ", p.group,
-                " has no CUDA fused write (32, 64 or 128 channels, or G = d)");
-      break;
-    case Format::kAffineTile:
-      KVQ_CHECK(p.rotation != RotationKind::kDense, kUnsupported, what,
-                ": the CUDA tile write takes identity or FWHT rotations, not a dense one");
-      KVQ_CHECK(!p.norm || static_cast<int64_t>(p.norm_span()) <= kMaxNormSpan, kUnsupported,
-                what, ": a norm over ", p.norm_heads, " KV heads of d = ", p.head_dim,
-                " spans more than the CUDA limit of ", kMaxNormSpan, " values");
-      break;
-    case Format::kFp8E4m3:
-      break;
-    default:
-      KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores the affine_token, "
-                "affine_tile and fp8_e4m3 formats, not ", FormatName(p.format));
+#define KVQ_CHECK_WRITE_ROW(Name)    \
+  if (p.format == Format::k##Name) { \
+    CheckWrite##Name(p, what);       \
+    CheckKernelLayout(p, what);      \
+    return;                          \
   }
-  CheckKernelLayout(p, what);
+  KVQ_GPU_WRITE_FORMATS(KVQ_CHECK_WRITE_ROW)
+#undef KVQ_CHECK_WRITE_ROW
+  std::string served;
+#define KVQ_WRITE_ROW_NAME(Name) served += std::string(served.empty() ? "" : ", ") + \
+                                           FormatName(Format::k##Name);
+  KVQ_GPU_WRITE_FORMATS(KVQ_WRITE_ROW_NAME)
+#undef KVQ_WRITE_ROW_NAME
+  KVQ_CHECK(false, kUnsupported, what, ": the CUDA fused write stores ", served, ", not ",
+            FormatName(p.format));
 }
 
 // The launcher of p's format.
 cudaError_t DispatchWrite(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
-  if (p.format == Format::kAffineTile) return DispatchTileWrite(p.head_dim, a, stream);
-  if (p.format == Format::kFp8E4m3) return DispatchFp8Write(p.head_dim, a, stream);
-  return DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream);
+#define KVQ_WRITE_ROW(Name) \
+  if (p.format == Format::k##Name) return Write##Name(p, a, stream);
+  KVQ_GPU_WRITE_FORMATS(KVQ_WRITE_ROW)
+#undef KVQ_WRITE_ROW
+  return cudaErrorInvalidValue;
 }
 
 // The fields of FusedWriteArgs that come from WriteParams and per-head data: `a` with the

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/formats.h"
@@ -693,6 +694,20 @@ cudaError_t DispatchFp8Write(int head_dim, const FusedWriteArgs& args, cudaStrea
   KVQ_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
     return LaunchFusedWrite<HEAD_DIM, HEAD_DIM, 8>(args, stream);
   })
+}
+
+// The rows of KVQ_GPU_WRITE_FORMATS these kernels serve: affine_token (G of 32, 64, 128
+// channels or G = d) and fp8_e4m3.
+void CheckWriteAffineToken(const WriteParams& p, const char* what) {
+  KVQ_CHECK(IsSupportedGroup(p.group, p.head_dim), kUnsupported, what, ": group ", p.group,
+            " has no CUDA fused write (32, 64 or 128 channels, or G = d)");
+}
+cudaError_t WriteAffineToken(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
+  return DispatchFusedWrite(p.head_dim, p.group, p.bits, a, stream);
+}
+void CheckWriteFp8E4m3(const WriteParams& /*p*/, const char* /*what*/) {}
+cudaError_t WriteFp8E4m3(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
+  return DispatchFp8Write(p.head_dim, a, stream);
 }
 
 }  // namespace kvq::gpu

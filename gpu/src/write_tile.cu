@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 #include "kvq/gpu/formats.h"
@@ -400,6 +401,19 @@ cudaError_t LaunchTileWrite(const FusedWriteArgs& a, cudaStream_t stream) {
 
 cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream) {
   KVQ_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return LaunchTileWrite<HEAD_DIM>(args, stream); })
+}
+
+// The row of KVQ_GPU_WRITE_FORMATS these kernels serve: affine_tile with identity or FWHT
+// rotations and a norm per KV head or per token over at most kMaxNormSpan values.
+void CheckWriteAffineTile(const WriteParams& p, const char* what) {
+  KVQ_CHECK(p.rotation != RotationKind::kDense, kUnsupported, what,
+            ": the CUDA tile write takes identity or FWHT rotations, not a dense one");
+  KVQ_CHECK(!p.norm || static_cast<int64_t>(p.norm_span()) <= kMaxNormSpan, kUnsupported, what,
+            ": a norm over ", p.norm_heads, " KV heads of d = ", p.head_dim,
+            " spans more than the CUDA limit of ", kMaxNormSpan, " values");
+}
+cudaError_t WriteAffineTile(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
+  return DispatchTileWrite(p.head_dim, a, stream);
 }
 
 template cudaError_t LaunchTileWrite<64>(const FusedWriteArgs&, cudaStream_t);

@@ -46,6 +46,12 @@ enum class QuantLoop : int {
   kPacked = 1,  // bf16 MMAs, hi and lo in the column halves h and h + 4 (heads per block <= 4)
   kInt8Qk = 2,  // QK^T on the int8 tensor cores (heads per block <= 4)
 };
+// The loop bits of kvq/gpu/formats.h's DecodeFormat::loops.
+constexpr unsigned LoopBit(QuantLoop loop) { return 1u << static_cast<int>(loop); }
+static_assert(LoopBit(QuantLoop::kTwoMma) == kTwoMmaLoop &&
+                  LoopBit(QuantLoop::kPacked) == kPackedLoop &&
+                  LoopBit(QuantLoop::kInt8Qk) == kInt8QkLoop,
+              "formats.h's loop bits");
 
 // Tokens per pipeline stage of the decode kernel (4 warps x 16 tokens); split lengths are
 // multiples of it.
@@ -206,6 +212,9 @@ struct MergeParams {
 // returns cudaErrorInvalidValue.
 template <int HEAD_DIM, class K, class V>
 cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stream);
+// The dynamic shared memory LaunchDecodeAttention<HEAD_DIM, K, V> asks for (0: no kernel).
+template <int HEAD_DIM, class K, class V>
+int DecodeSharedBytesOf();
 template <int HEAD_DIM>
 cudaError_t LaunchRotateQueries(const RotateQueriesParams& p, cudaStream_t stream);
 template <int HEAD_DIM>

@@ -28,11 +28,34 @@ inline constexpr int kBf16RowsPlane = 0;
 // fp8_e4m3's one plane (spec 1.2): the codes, one e4m3 byte a value, u8 [d].
 inline constexpr int kFp8CodesPlane = 0;
 
+// The planes the kernels read, per format, in LayoutOf's order: X(Name, position, present, name,
+// row bytes, scope), `present`, the row bytes and the scope expressions over the side's
+// WriteParams p (d = p.head_dim, groups = p.num_groups()).
+#define KVQ_GPU_PLANES(X)                                                                  \
+  X(Bf16, kBf16RowsPlane, true, "rows", 2 * d, PlaneScope::kToken)                         \
+  X(AffineToken, kAffineCodesPlane, true, "codes", p.code_bytes(), PlaneScope::kToken)     \
+  X(AffineToken, kAffineScalePlane, true, "scale", 2 * groups, PlaneScope::kToken)         \
+  X(AffineToken, kAffineMinPlane, true, "min", 2 * groups, PlaneScope::kToken)             \
+  X(AffineTile, kTileCodesPlane, true, "codes", d * p.tile_channel_bytes(), PlaneScope::kTile) \
+  X(AffineTile, kTileScalePlane, true, "scale", 2 * d, PlaneScope::kTile)                  \
+  X(AffineTile, kTileMinPlane, true, "min", 2 * d, PlaneScope::kTile)                      \
+  X(AffineTile, kTileNormPlane, p.norm, "norm", 2,                                         \
+    p.norm_heads > 1 ? PlaneScope::kSharedToken : PlaneScope::kToken)                      \
+  X(Fp8E4m3, kFp8CodesPlane, true, "codes", d, PlaneScope::kToken)
+
 // Throws kvq::Error(kUnsupported) naming the format unless the kernels were written for
-// LayoutOf(p): its planes where the positions above say, with the scopes (per token, per tile,
-// per token shared by the KV heads) the kernels address. `what` names
-// the caller in the message.
+// LayoutOf(p): its planes where KVQ_GPU_PLANES says, with the sizes and scopes (per token, per
+// tile, per token shared by the KV heads) the kernels address. `what` names the caller in the
+// message.
 void CheckKernelLayout(const WriteParams& p, const char* what);
+
+// The formats the CUDA write stores, a row each: X(Name) of formats.inc. Each has, beside its
+// kernels (declared in kvq/gpu/write.h from this list, defined in its kernel file):
+//   void CheckWrite<Name>(const WriteParams& p, const char* what);  kUnsupported naming what
+//                                                                    its kernels do not serve
+//   cudaError_t Write<Name>(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t s);
+// which the write API (gpu/src/write_api.cc) calls for rows of that format.
+#define KVQ_GPU_WRITE_FORMATS(X) X(AffineToken) X(AffineTile) X(Fp8E4m3)
 
 namespace attention {
 
@@ -58,16 +81,54 @@ struct HistoryKind {
 // The head dimensions: X(head_dim, extra...).
 #define KVQ_GPU_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
 
-// Whether a loop of the decode kernel reads keys of kind K over values of kind V: bf16 rows on
-// both sides (the bf16 cache), fp8_e4m3 on both (per-head scales folded into the step), or
-// INT-b keys, per token (affine_token) or tiled over G_k tokens (affine_tile, spec 1.1), over
-// per-token INT-b values, each side at its own width (K4V2 and the like).
+// What the decode kernels know of a format of a side's history, one row per format they read
+// (KVQ_GPU_DECODE_FORMATS): the loops of the history split its keys have (a bit per
+// QuantLoop, kvq/gpu/attention_launch.h), what the plan checks of its rows (RowGeometry), the
+// values its keys pair with (a format, at the keys' width or at any width of the value list),
+// and whether the step reads the per-head scale s^ (head_data.inc's `scale`).
+enum class RowGeometry {
+  kWholeRows,      // one value a channel (bf16, fp8_e4m3): nothing to check
+  kChannelGroups,  // INT-b codes in groups of G channels (affine_token): G >= d*b/8, G listed
+  kKeyTiles,       // INT-b keys in tiles of G_k tokens (affine_tile): G_k * b / 8 in {8, 16}
+};
+inline constexpr unsigned kTwoMmaLoop = 1u << 0;  // QuantLoop::kTwoMma
+inline constexpr unsigned kPackedLoop = 1u << 1;  // QuantLoop::kPacked
+inline constexpr unsigned kInt8QkLoop = 1u << 2;  // QuantLoop::kInt8Qk
+struct DecodeFormat {
+  bool listed = false;  // false: the decode kernels do not read the format
+  unsigned loops = 0;
+  RowGeometry geometry = RowGeometry::kWholeRows;
+  Format values = Format::kBf16;  // the value format its keys pair with
+  bool same_width = true;         // the values at the keys' width only
+  bool head_scale = false;
+};
+
+// X(Name, loops, geometry, value format, same width, head scale).
+#define KVQ_GPU_DECODE_FORMATS(X)                                                         \
+  X(Bf16, kTwoMmaLoop, kWholeRows, Bf16, true, false)                                     \
+  X(AffineToken, kTwoMmaLoop | kPackedLoop | kInt8QkLoop, kChannelGroups, AffineToken,    \
+    false, false)                                                                         \
+  X(AffineTile, kTwoMmaLoop | kPackedLoop, kKeyTiles, AffineToken, false, false)          \
+  X(Fp8E4m3, kTwoMmaLoop, kWholeRows, Fp8E4m3, true, true)
+
+constexpr DecodeFormat DecodeFormatOf(Format format) {
+#define KVQ_DECODE_FORMAT_ROW(Name, loops, geometry, Values, same_width, head_scale)     \
+  if (format == Format::k##Name) {                                                       \
+    return DecodeFormat{true, loops, RowGeometry::geometry, Format::k##Values, same_width, \
+                        head_scale};                                                     \
+  }
+  KVQ_GPU_DECODE_FORMATS(KVQ_DECODE_FORMAT_ROW)
+#undef KVQ_DECODE_FORMAT_ROW
+  return DecodeFormat{};
+}
+
+// Whether a loop of the decode kernel reads keys of kind K over values of kind V: the keys'
+// row says which value format, and whether at the keys' width only (bf16 and fp8_e4m3 on both
+// sides; INT-b keys, per token or tiled, over per-token INT-b values at either width: K4V2).
 template <class K, class V>
 constexpr bool DecodePair() {
-  constexpr bool same = K::kFormat == V::kFormat && K::kBits == V::kBits;
-  if (K::kFormat == Format::kBf16 || K::kFormat == Format::kFp8E4m3) return same;
-  return (K::kFormat == Format::kAffineToken || K::kFormat == Format::kAffineTile) &&
-         V::kFormat == Format::kAffineToken;
+  constexpr DecodeFormat keys = DecodeFormatOf(K::kFormat);
+  return keys.listed && keys.values == V::kFormat && (!keys.same_width || K::kBits == V::kBits);
 }
 
 // A cache's history kinds at run time: its keys' and values' formats and widths.

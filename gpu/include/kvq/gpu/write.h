@@ -175,6 +175,13 @@ template <int HEAD_DIM>
 cudaError_t LaunchTileWrite(const FusedWriteArgs& args, cudaStream_t stream);
 cudaError_t DispatchTileWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
 
+// Per format of KVQ_GPU_WRITE_FORMATS (kvq/gpu/formats.h): its checks and its launcher.
+#define KVQ_GPU_WRITE_DECLARE(Name)                                                \
+  void CheckWrite##Name(const WriteParams& p, const char* what);                   \
+  cudaError_t Write##Name(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream);
+KVQ_GPU_WRITE_FORMATS(KVQ_GPU_WRITE_DECLARE)
+#undef KVQ_GPU_WRITE_DECLARE
+
 // One launcher per stage of stages.inc (Launch<Name>Stage, gpu/src/write_stages.cu), and the
 // dispatch over all of them: an unsupported head_dim, group, bits, clip or FWHT block returns
 // cudaErrorInvalidValue.
