@@ -8,12 +8,13 @@ through the C++ tables that expand them: a new row appears with no Python edit.
     planes = kvq.encode(p, np.random.randn(4, 64).astype(np.float32))  # {"codes", "scale", "min"}
     rows = kvq.decode(p, planes)                                        # float32 [4, 64]
     case = kvq.vectors.load().case("pipeline/d64_g32_b2_rho1_identity")
+    kvq.conformance.check(my_write_kernel, kinds=["pipeline"])         # kvq conform's table
 
 Errors are kvq.Error (a ValueError) with kvq's message and e.code.
 """
-from ._kvq import (Error, WriteParams, decode, encode, formats, quantize, schemes,
+from ._kvq import (Error, WriteParams, decode, encode, formats, quantize, run_stage, schemes,
                    stages)
-from . import vectors
+from . import conformance, vectors
 
-__all__ = ["Error", "WriteParams", "decode", "encode", "formats", "quantize", "schemes",
-           "stages", "vectors"]
+__all__ = ["Error", "WriteParams", "conformance", "decode", "encode", "formats", "quantize",
+           "run_stage", "schemes", "stages", "vectors"]

@@ -6,7 +6,8 @@
 """
 import os
 
-from ._kvq import Case, Error, VectorSet, load_vectors
+from ._errors import error
+from ._kvq import Case, VectorSet, load_vectors
 
 __all__ = ["Case", "VectorSet", "default_dir", "load"]
 
@@ -21,10 +22,8 @@ def default_dir():
     for place in places:
         if os.path.isfile(os.path.join(place, "manifest.json")):
             return place
-    error = Error("no golden vectors: no manifest.json in " + " or ".join(places) +
-                  ("" if len(places) > 1 else " and KVQ_VECTORS_DIR is not set"))
-    error.code = "i/o error"
-    raise error
+    raise error("no golden vectors: no manifest.json in " + " or ".join(places) +
+                ("" if len(places) > 1 else " and KVQ_VECTORS_DIR is not set"), "i/o error")
 
 
 def load(dir=None):

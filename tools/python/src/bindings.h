@@ -19,6 +19,7 @@ void BindErrors(py::module_& m);   // errors.cc: kvq.Error
 void BindLists(py::module_& m);    // lists.cc: formats(), stages(), schemes()
 void BindParams(py::module_& m);   // params.cc: WriteParams
 void BindCodec(py::module_& m);    // codec.cc: encode(), decode(), quantize()
+void BindStage(py::module_& m);    // stage.cc: run_stage()
 void BindVectors(py::module_& m);  // vectors.cc: load_vectors(), VectorSet, Case
 
 // The numpy dtype of a kvq dtype: F32 float32, F16 float16, BF16 uint16 (the bf16 bits: numpy

@@ -42,5 +42,6 @@ PYBIND11_MODULE(_kvq, m) {
   kvq::python::BindLists(m);
   kvq::python::BindParams(m);
   kvq::python::BindCodec(m);
+  kvq::python::BindStage(m);
   kvq::python::BindVectors(m);
 }

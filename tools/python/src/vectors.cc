@@ -3,6 +3,7 @@
 // expected outputs and tolerance. Tensors are read-only views into the loaded set (no copy).
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "bindings.h"
 #include "kvq/common/error.h"
 #include "kvq/common/metadata.h"
+#include "kvq/common/stages.h"
 #include "kvq/conformance/case_format.h"
 #include "kvq/conformance/runner.h"
 
@@ -47,6 +49,43 @@ CaseRef FindCase(const SharedSet& set, const std::string& name) {
   throw Error(ErrorCode::kInvalidArgument,
               "no case '" + name + "' in " + set->dir + " (" +
                   std::to_string(set->case_names.size()) + " cases)");
+}
+
+// What the axes of expected output `output` mean: from the stage argument that writes it (stage
+// cases) or the write path's output (pipeline cases); none for cache and attention cases.
+std::string AxesOf(const CaseRef& c, const std::string& output) {
+  const MetadataReader meta = conformance::CaseMetadata(c.file());
+  const std::string& kind = meta.String("kind");
+  if (kind == "pipeline") return conformance::OutputAxes(GetWriteParams(meta, ""), output);
+  if (kind != "stage") return "";
+  const StageSpec& stage = StageByName(meta.String("stage"));
+  for (int i = 0; i < stage.num_args; ++i) {
+    if (stage.args[i].is_output() && output == stage.args[i].expect) {
+      return ExtentAxes(stage.args[i].extent);
+    }
+  }
+  return "";
+}
+
+// None when `got` has every bit of expect.<output>; else the first mismatch, as kvq conform
+// reports it (conformance::CompareBits), the message naming `label`.
+py::object Compare(const CaseRef& c, const std::string& output, const py::array& got,
+                   const std::string& label) {
+  const Tensor& expected = c.file().Get("expect." + output);
+  const py::array bytes = py::array::ensure(got, py::array::c_style);
+  KVQ_CHECK(bytes && std::string(py::str(bytes.dtype().attr("str"))) ==
+                         std::string(py::str(NumpyDType(expected.dtype).attr("str"))),
+            kShapeMismatch, label, ": got a ", std::string(py::str(got.dtype())),
+            " array, expected ", std::string(py::str(NumpyDType(expected.dtype))), " (",
+            DTypeName(expected.dtype), ")");
+  const std::optional<conformance::CaseFailure> f = conformance::CompareBits(
+      label.empty() ? output : label, expected, bytes.data(),
+      static_cast<size_t>(bytes.nbytes()), AxesOf(c, output));
+  if (!f) return py::none();
+  return py::dict(py::arg("output") = f->mismatch.stage, py::arg("row") = f->mismatch.row,
+                  py::arg("column") = f->mismatch.column, py::arg("where") = f->mismatch.where,
+                  py::arg("expected") = f->mismatch.expected, py::arg("got") = f->mismatch.got,
+                  py::arg("message") = f->message);
 }
 
 bool HasWriteParams(const CaseRef& c) {
@@ -116,7 +155,13 @@ void BindVectors(py::module_& m) {
             return Adopt(DType::kF32, {m, d, d}, std::move(bytes));
           },
           "float32 [m, d, d]: the dense matrices the case picks from its fixture (a copy), "
-          "None when it uses none. A pipeline case's matrix is rotation[0].");
+          "None when it uses none. A pipeline case's matrix is rotation[0].")
+      .def("compare", &Compare, py::arg("output"), py::arg("got"), py::arg("label") = "",
+           "Compares `got` with expected[output] bit for bit (the comparator of kvq conform): "
+           "None when every bit agrees, else the first mismatch as a dict (output, row, column, "
+           "where, expected, got, message), the message naming `label` (default: output). got "
+           "must have the expected dtype (bf16 as uint16 bits) and size, else kvq.Error (shape "
+           "mismatch); a non-contiguous array is copied first.");
 
   m.def(
       "load_vectors",

@@ -55,3 +55,15 @@ def test_decode_checks_the_planes():
         kvq.decode(p, dict(planes, scale=planes["scale"].astype(np.float32)))
     with pytest.raises(kvq.Error, match="plane 'min' holds 6 elements, expected 4 rows of 2"):
         kvq.decode(p, dict(planes, min=planes["min"][:3]))
+
+
+def test_run_stage_checks_its_stage_and_inputs():
+    p = kvq.WriteParams(head_dim=64, group=32)
+    with pytest.raises(kvq.Error, match=r"unknown stage 'nope' \(valid: rotate_dense, "):
+        kvq.run_stage("nope", p, {}, 2)
+    with pytest.raises(kvq.Error, match="stage 'quantize_tile' belongs to format 'affine_tile'"):
+        kvq.run_stage("quantize_tile", p, {}, 32)
+    with pytest.raises(kvq.Error, match="stage 'pack' needs input 'codes'"):
+        kvq.run_stage("pack", p, {}, 2)
+    with pytest.raises(kvq.Error, match="input 'codes' of stage 'pack' must be 128 elements"):
+        kvq.run_stage("pack", p, {"codes": np.zeros((2, 63), np.uint8)}, 2)
