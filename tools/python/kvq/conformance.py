@@ -85,25 +85,24 @@ def _method(target, name):
     return getattr(target, name, None)
 
 
-def _compare(case, output, got, label):
-    """None, or the FAIL result of the first mismatch of `got` against expected[output]."""
-    mismatch = case.compare(output, np.asarray(got), label)
-    return None if mismatch is None else CaseResult(case.name, case.kind, "FAIL",
-                                                   mismatch["message"], mismatch)
+def _compare_all(case, results, checks):
+    """The case's verdict on the target's `results`: checks are (expected output, result key,
+    what the key names), compared in order; the first mismatch or missing key fails it."""
+    for output, key, what in checks:
+        if key not in results:
+            return CaseResult(case.name, case.kind, "FAIL",
+                              "%s '%s' is missing from the target's output" % (what, key))
+        mismatch = case.compare(output, np.asarray(results[key]), key)
+        if mismatch is not None:
+            return CaseResult(case.name, case.kind, "FAIL", mismatch["message"], mismatch)
+    return CaseResult(case.name, case.kind, "PASS")
 
 
 def _replay_pipeline(write, case):
     p = case.write_params
     rotation = None if case.rotation is None else case.rotation[0].copy()
     planes = write(p, case.inputs["x"].copy(), rotation)
-    for plane in p.planes:
-        if plane["name"] not in planes:
-            return CaseResult(case.name, case.kind, "FAIL",
-                              "plane '%s' is missing from the target's output" % plane["name"])
-        failed = _compare(case, plane["source"], planes[plane["name"]], plane["name"])
-        if failed:
-            return failed
-    return CaseResult(case.name, case.kind, "PASS")
+    return _compare_all(case, planes, [(q["source"], q["name"], "plane") for q in p.planes])
 
 
 _STAGES = {s["name"]: s for s in stages()}
@@ -119,16 +118,8 @@ def _replay_stage(stage, case):
         source = case.inputs.get(arg["name"])
         inputs[arg["name"]] = (case.rotation[0] if source is None else source).copy()
     outputs = stage(name, case.write_params, inputs, int(case.metadata["rows"]))
-    for arg in _STAGES[name]["args"]:
-        if arg["direction"] == "in":
-            continue
-        if arg["expect"] not in outputs:
-            return CaseResult(case.name, case.kind, "FAIL",
-                              "output '%s' is missing from the target's output" % arg["expect"])
-        failed = _compare(case, arg["expect"], outputs[arg["expect"]], arg["expect"])
-        if failed:
-            return failed
-    return CaseResult(case.name, case.kind, "PASS")
+    return _compare_all(case, outputs, [(a["expect"], a["expect"], "output")
+                                        for a in _STAGES[name]["args"] if a["direction"] != "in"])
 
 
 def _replay(target, case):

@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kvq/common/tensor.h"
@@ -29,6 +30,11 @@ py::dtype NumpyDType(DType dtype);
 // An array over `data` (no copy) that keeps `owner` alive; read-only.
 py::array ReadOnlyView(DType dtype, const std::vector<int64_t>& shape, const void* data,
                        py::handle owner);
+
+// `object` as a C-contiguous array of `dtype` (read in place when it is one; a non-contiguous
+// array is copied). Throws kvq::Error(kShapeMismatch) "<what> must be a <u2 array (BF16), got
+// float32" for another dtype or something that is not an array.
+py::array ContiguousOf(const py::handle& object, DType dtype, const std::string& what);
 
 // An array that takes over `bytes` (moved to the heap, no copy) as `shape` of `dtype`.
 py::array Adopt(DType dtype, const std::vector<int64_t>& shape, std::vector<uint8_t>&& bytes);

@@ -73,10 +73,7 @@ py::array Decode(const WriteParams& p, const py::dict& planes) {
     const PlaneSpec& s = layout.plane(i);
     KVQ_CHECK(planes.contains(s.name), kShapeMismatch, "plane '", s.name, "' of format '",
               FormatName(p.format), "' is missing");
-    py::array a = py::array::ensure(planes[s.name], py::array::c_style);
-    const std::string want = py::str(NumpyDType(s.dtype).attr("str"));
-    KVQ_CHECK(a && std::string(py::str(a.dtype().attr("str"))) == want, kShapeMismatch,
-              "plane '", s.name, "' must be a ", want, " array (", DTypeName(s.dtype), ")");
+    py::array a = ContiguousOf(planes[s.name], s.dtype, "plane '" + std::string(s.name) + "'");
     const int64_t rows = static_cast<int64_t>(a.size()) / s.elements;
     const int64_t tokens = s.scope == PlaneScope::kTile ? rows * layout.tile_tokens : rows;
     if (n < 0) n = tokens;

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "bindings.h"
+#include "kvq/common/error.h"
 
 namespace kvq::python {
 
@@ -25,6 +26,16 @@ py::array ReadOnlyView(DType dtype, const std::vector<int64_t>& shape, const voi
                  owner);
   view.attr("flags").attr("writeable") = false;
   return view;
+}
+
+py::array ContiguousOf(const py::handle& object, DType dtype, const std::string& what) {
+  const py::array a = py::array::ensure(object, py::array::c_style);
+  const std::string want = py::str(NumpyDType(dtype).attr("str"));
+  const std::string got =
+      a ? std::string(py::str(a.dtype())) : std::string(py::str(object.get_type()));
+  KVQ_CHECK(a && std::string(py::str(a.dtype().attr("str"))) == want, kShapeMismatch, what,
+            " must be a ", want, " array (", DTypeName(dtype), "), got ", got);
+  return a;
 }
 
 py::array Adopt(DType dtype, const std::vector<int64_t>& shape, std::vector<uint8_t>&& bytes) {

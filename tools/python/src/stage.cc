@@ -32,13 +32,11 @@ py::dict RunStage(const std::string& name, const WriteParams& p, const py::dict&
     if (arg.is_input()) {
       KVQ_CHECK(inputs.contains(arg.name), kInvalidArgument, "stage '", name, "' needs input '",
                 arg.name, "'");
-      const py::array a = py::array::ensure(inputs[arg.name], py::array::c_style);
-      const std::string want = py::str(NumpyDType(arg.dtype).attr("str"));
-      KVQ_CHECK(a && std::string(py::str(a.dtype().attr("str"))) == want &&
-                    static_cast<size_t>(a.nbytes()) == buffer.size(),
-                kShapeMismatch, "input '", arg.name, "' of stage '", name, "' must be ",
-                buffer.size() / DTypeSize(arg.dtype), " elements of ", want, " (",
-                DTypeName(arg.dtype), ", axes ", ExtentAxes(arg.extent), ")");
+      const std::string what = "input '" + std::string(arg.name) + "' of stage '" + name + "'";
+      const py::array a = ContiguousOf(inputs[arg.name], arg.dtype, what);
+      KVQ_CHECK(static_cast<size_t>(a.nbytes()) == buffer.size(), kShapeMismatch, what,
+                " holds ", a.size(), " elements, expected ", buffer.size() / DTypeSize(arg.dtype),
+                " (axes ", ExtentAxes(arg.extent), ")");
       std::memcpy(buffer.data(), a.data(), buffer.size());
     }
     args[i] = buffer.data();

@@ -69,15 +69,10 @@ std::string AxesOf(const CaseRef& c, const std::string& output) {
 
 // None when `got` has every bit of expect.<output>; else the first mismatch, as kvq conform
 // reports it (conformance::CompareBits), the message naming `label`.
-py::object Compare(const CaseRef& c, const std::string& output, const py::array& got,
+py::object Compare(const CaseRef& c, const std::string& output, const py::object& got,
                    const std::string& label) {
   const Tensor& expected = c.file().Get("expect." + output);
-  const py::array bytes = py::array::ensure(got, py::array::c_style);
-  KVQ_CHECK(bytes && std::string(py::str(bytes.dtype().attr("str"))) ==
-                         std::string(py::str(NumpyDType(expected.dtype).attr("str"))),
-            kShapeMismatch, label, ": got a ", std::string(py::str(got.dtype())),
-            " array, expected ", std::string(py::str(NumpyDType(expected.dtype))), " (",
-            DTypeName(expected.dtype), ")");
+  const py::array bytes = ContiguousOf(got, expected.dtype, label.empty() ? output : label);
   const std::optional<conformance::CaseFailure> f = conformance::CompareBits(
       label.empty() ? output : label, expected, bytes.data(),
       static_cast<size_t>(bytes.nbytes()), AxesOf(c, output));
@@ -117,7 +112,8 @@ void BindVectors(py::module_& m) {
   py::class_<CaseRef>(m, "Case", "One golden-vector case (conformance/README.md, 'A case file').")
       .def_property_readonly("name", &CaseRef::name)
       .def_property_readonly(
-          "kind", [](const CaseRef& c) { return conformance::CaseMetadata(c.file()).String("kind"); },
+          "kind",
+          [](const CaseRef& c) { return conformance::CaseMetadata(c.file()).String("kind"); },
           "'stage', 'pipeline', 'cache' or 'attention'.")
       .def_property_readonly("metadata", [](const CaseRef& c) { return c.file().metadata; },
                              "Every metadata string of the file.")

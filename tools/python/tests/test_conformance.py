@@ -63,6 +63,16 @@ def test_a_kernel_of_the_wrong_width_fails_on_the_size(vectors):
     assert all(r.status == "PASS" for r in report.results if r not in two_bit)
 
 
+def test_a_kernel_returning_another_dtype_fails_naming_it(vectors):
+    def int32_codes(params, x, rotation):
+        planes = dict(kvq.encode(params, x, rotation))
+        planes["codes"] = planes["codes"].astype(np.int32)
+        return planes
+    report = kvq.conformance.check(int32_codes, kinds=["pipeline"], vectors=vectors, out=None)
+    assert report.results and report.failed == len(report.results)
+    assert report.results[0].message == "error: codes must be a |u1 array (U8), got int32"
+
+
 def test_unsupported_cases_are_skipped_with_the_reason(vectors):
     class TokenOnly:
         name = "token_only"
