@@ -4,6 +4,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -118,3 +119,30 @@ def test_the_verdicts_are_the_clis(vectors):
     cli = [tuple(line.split()) for line in table if line.split("/")[0] in ("stage", "pipeline")]
     report = kvq.conformance.check(kvq.conformance.ORACLE, vectors=vectors, out=None)
     assert cli == [(r.name, r.status) for r in report.results]
+
+
+def test_the_command_line_replays_a_module_target(vectors, tmp_path):
+    (tmp_path / "my_kernels.py").write_text(
+        "import numpy as np, kvq\n"
+        "def good(p, x, r):\n    return kvq.encode(p, x, r)\n"
+        "def bad(p, x, r):\n"
+        "    planes = dict(kvq.encode(p, x, r))\n"
+        "    planes['codes'] = np.roll(planes['codes'], 1, axis=1)\n"
+        "    return planes\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), os.path.dirname(os.path.dirname(kvq.__file__))]))
+
+    def conform(target, *extra):
+        return subprocess.run([sys.executable, "-m", "kvq.conform", "--target", target,
+                               "--kinds", "pipeline", "--vectors", vectors.dir, *extra],
+                              env=env, capture_output=True, text=True)
+
+    good = conform("my_kernels:good", "--json", str(tmp_path / "good.json"))
+    assert good.returncode == 0, good.stderr
+    report = json.loads((tmp_path / "good.json").read_text())
+    assert report["failed"] == 0 and report["passed"] == len(replayed_names(vectors,
+                                                                            ("pipeline",)))
+    bad = conform("my_kernels:bad", "--formats", "affine_tile", "--failures-only")
+    assert bad.returncode == 2
+    assert "[my_kernels:bad] FAIL pipeline/tile_" in bad.stdout
+    assert conform("my_kernels:good", "--formats", "int3").returncode == 1
