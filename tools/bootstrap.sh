@@ -4,7 +4,8 @@
 #   tools/bootstrap.sh [--demo] [cmake options...]
 # --demo builds the kvq binary alone (the CPU commands: `build/tools/kvq demo` runs after about
 # 3 minutes on 2 cores); without it everything is built: the CUDA kernels and the GPU module of
-# the CLI, every test and benchmark.
+# the CLI, the Python package kvq (build/tools/python, tools/python/README.md), every test and
+# benchmark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=()
@@ -14,7 +15,8 @@ if [ "${1:-}" = "--demo" ]; then
 fi
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev libhwy-dev libeigen3-dev
-          librapidcheck-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev)
+          librapidcheck-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
+          pybind11-dev python3-dev python3-numpy python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,37 +29,12 @@ namespace {
 // up as a mismatch instead of passing by luck.
 constexpr uint8_t kPoison = 0xA5;
 
-// The failure a replay reports: thrown inside a case, caught by ReplayCase.
-struct CaseFailure {
-  Mismatch mismatch;
-  std::string message;
-};
-
-// Compares `got` (raw bytes laid out as `expected`) bit for bit; throws CaseFailure at the
-// first differing element. `axes` names the dimensions for the message ("row", "column").
+// Throws the failure CompareBits finds (ReplayCase catches it).
 void ExpectBits(const std::string& stage, const Tensor& expected, const void* got_data,
                 size_t got_bytes, const std::string& axes = "") {
-  std::optional<BitMismatch> m;
-  try {
-    m = FirstBitMismatch(expected, got_data, got_bytes);
-  } catch (const Error& e) {
-    throw Error(e.code(), stage + ": " + e.what());
+  if (std::optional<CaseFailure> f = CompareBits(stage, expected, got_data, got_bytes, axes)) {
+    throw *f;
   }
-  if (!m) return;
-  CaseFailure f;
-  f.mismatch.stage = stage;
-  f.mismatch.row = m->row;
-  f.mismatch.column = m->column;
-  f.mismatch.where = m->where + (axes.empty() ? "" : " (" + axes + ")");
-  f.mismatch.expected = m->expected;
-  f.mismatch.got = m->got;
-  // Row: the index over every dimension but the last; column: the last. A 1-D tensor (tau,
-  // per-row values) has rows only.
-  const std::string at = "row " + std::to_string(m->row) +
-                         (m->column >= 0 ? ", column " + std::to_string(m->column) : "");
-  f.message = stage + " differs at " + at + " " + f.mismatch.where + ": expected " +
-              f.mismatch.expected + ", got " + f.mismatch.got;
-  throw f;
 }
 
 template <typename T>
@@ -125,24 +100,6 @@ void ReplayStage(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
 }
 
 // ---- The whole write path through the validating entry point ----
-
-// What the axes of a write-path output mean, from the stage argument that writes it (the
-// format's encode steps, then the transforms); rows of d values otherwise.
-const char* OutputAxes(const WriteParams& p, const std::string& field) {
-  std::vector<StageId> writers = CodecSteps(p.format, CodecPass::kEncode);
-  for (const StageSpec& stage : AllStages()) {
-    if (stage.transform) writers.push_back(stage.id);
-  }
-  for (StageId id : writers) {
-    const StageSpec& stage = GetStage(id);
-    for (int i = 0; i < stage.num_args; ++i) {
-      if (stage.args[i].is_output() && field == stage.args[i].expect) {
-        return ExtentAxes(stage.args[i].extent);
-      }
-    }
-  }
-  return "row, column";
-}
 
 void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backend& backend) {
   const WriteParams p = GetWriteParams(CaseMetadata(c), "");
@@ -310,6 +267,48 @@ const char* CaseStatusName(CaseStatus status) {
       return "SKIP";
   }
   return "?";
+}
+
+std::optional<CaseFailure> CompareBits(const std::string& output, const Tensor& expected,
+                                       const void* got, size_t got_bytes,
+                                       const std::string& axes) {
+  std::optional<BitMismatch> m;
+  try {
+    m = FirstBitMismatch(expected, got, got_bytes);
+  } catch (const Error& e) {
+    throw Error(e.code(), output + ": " + e.what());
+  }
+  if (!m) return std::nullopt;
+  CaseFailure f;
+  f.mismatch.stage = output;
+  f.mismatch.row = m->row;
+  f.mismatch.column = m->column;
+  f.mismatch.where = m->where + (axes.empty() ? "" : " (" + axes + ")");
+  f.mismatch.expected = m->expected;
+  f.mismatch.got = m->got;
+  // Row: the index over every dimension but the last; column: the last. A 1-D tensor (tau,
+  // per-row values) has rows only.
+  const std::string at = "row " + std::to_string(m->row) +
+                         (m->column >= 0 ? ", column " + std::to_string(m->column) : "");
+  f.message = output + " differs at " + at + " " + f.mismatch.where + ": expected " +
+              f.mismatch.expected + ", got " + f.mismatch.got;
+  return f;
+}
+
+const char* OutputAxes(const WriteParams& p, const std::string& field) {
+  std::vector<StageId> writers = CodecSteps(p.format, CodecPass::kEncode);
+  for (const StageSpec& stage : AllStages()) {
+    if (stage.transform) writers.push_back(stage.id);
+  }
+  for (StageId id : writers) {
+    const StageSpec& stage = GetStage(id);
+    for (int i = 0; i < stage.num_args; ++i) {
+      if (stage.args[i].is_output() && field == stage.args[i].expect) {
+        return ExtentAxes(stage.args[i].extent);
+      }
+    }
+  }
+  return "row, column";
 }
 
 VectorSet LoadVectorSet(const std::string& dir) {

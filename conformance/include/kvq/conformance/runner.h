@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,25 @@ struct CaseResult {
   Mismatch mismatch;    // filled for kFail when outputs differ
   std::string message;  // why it failed (mismatch summary or the error thrown) or was skipped
 };
+
+// A replay's failure: the first mismatch and its line. Thrown inside a case, caught by
+// ReplayCase; returned by CompareBits.
+struct CaseFailure {
+  Mismatch mismatch;
+  std::string message;  // "codes differs at row 1, column 5 [1, 5] of [3, 64] (row, column): ..."
+};
+
+// The one comparison of every replay (and of outside replays, e.g. the Python package's):
+// `got` (raw bytes laid out as `expected`: same dtype and shape) against `expected` bit for
+// bit; the first difference as a failure naming `output` and, when given, what the axes mean;
+// nothing when every bit agrees. A size mismatch is kvq::Error(kShapeMismatch) naming `output`.
+std::optional<CaseFailure> CompareBits(const std::string& output, const Tensor& expected,
+                                       const void* got, size_t got_bytes,
+                                       const std::string& axes = "");
+
+// What the axes of write-path output `field` under p mean, from the stage argument that writes
+// it (p's encode steps, then the transforms): "row, column", "tile, channel, byte", ...
+const char* OutputAxes(const WriteParams& p, const std::string& field);
 
 // A verified, parsed vectors folder.
 struct VectorSet {

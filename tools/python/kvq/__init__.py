@@ -1,0 +1,20 @@
+"""kvq: the oracle of kvq's KV-cache quantization (the C++ scalar reference) for Python.
+
+Everything listed here comes from kvq's own lists (formats.inc, stages.inc, schemes.inc)
+through the C++ tables that expand them: a new row appears with no Python edit.
+
+    import numpy as np, kvq
+    p = kvq.WriteParams(format="affine_token", head_dim=64, group=32, bits=2)
+    planes = kvq.encode(p, np.random.randn(4, 64).astype(np.float32))  # {"codes", "scale", "min"}
+    rows = kvq.decode(p, planes)                                        # float32 [4, 64]
+    case = kvq.vectors.load().case("pipeline/d64_g32_b2_rho1_identity")
+    kvq.conformance.check(my_write_kernel, kinds=["pipeline"])         # kvq conform's table
+
+Errors are kvq.Error (a ValueError) with kvq's message and e.code.
+"""
+from ._kvq import (Error, WriteParams, decode, encode, formats, quantize, run_stage, schemes,
+                   stages)
+from . import conformance, vectors
+
+__all__ = ["Error", "WriteParams", "conformance", "decode", "encode", "formats", "quantize",
+           "run_stage", "schemes", "stages", "vectors"]

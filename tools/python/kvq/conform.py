@@ -1,0 +1,56 @@
+"""python3 -m kvq.conform --target module:function: kvq conform for a Python kernel.
+
+Imports the target (an object with write() and/or stage(), or a write function: see
+kvq.conformance), replays the stage and pipeline cases through it, prints kvq conform's table
+and exits with status 2 when a case failed (1 for a usage or kvq error), as kvq conform does.
+"""
+import argparse
+import importlib
+import json
+import sys
+
+from . import conformance
+from ._kvq import Error
+
+
+def _load_target(spec):
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise SystemExit("--target %r: expected module:attribute" % spec)
+    target = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python3 -m kvq.conform", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("--target", required=True, help="module:attribute of the kernel")
+    parser.add_argument("--kinds", default=",".join(conformance.KINDS),
+                        help="case kinds, comma-separated (default: %(default)s)")
+    parser.add_argument("--formats", default=None,
+                        help="formats, comma-separated (default: every format)")
+    parser.add_argument("--vectors", default=None, help="vectors folder (default: "
+                        "kvq.vectors.default_dir())")
+    parser.add_argument("--json", default=None, help="also write the report here as JSON")
+    parser.add_argument("--failures-only", action="store_true",
+                        help="print only the table rows of failing cases")
+    args = parser.parse_args(argv)
+    try:
+        report = conformance.check(
+            _load_target(args.target), kinds=args.kinds.split(","),
+            formats=args.formats.split(",") if args.formats else None, vectors=args.vectors,
+            failures_only=args.failures_only, name=args.target)
+    except Error as e:
+        print("error: %s" % e, file=sys.stderr)
+        return 1
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.as_dict(), f, indent=1)
+            f.write("\n")
+    return 2 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

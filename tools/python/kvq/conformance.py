@@ -1,0 +1,189 @@
+"""Replays the golden vectors through your kernel and prints the table `kvq conform` prints.
+
+Exact tier only: every stored bit must match (the spec fixes them). A target is an object with
+either or both of
+    write(params, x, rotation) -> {plane name: array}   the stored planes of rows x, as
+                                                        kvq.encode gives them (pipeline cases)
+    stage(name, params, inputs, rows) -> {output: array}  one stage of kvq.stages(), as
+                                                        kvq.run_stage does (stage cases)
+or a plain callable, taken as write. Arrays are numpy arrays (anything np.asarray takes, e.g.
+CPU torch tensors, comes back fine); bf16 values are uint16 bits. A target that raises
+NotImplementedError, or kvq.Error with code 'unsupported', skips the case with its reason.
+
+    report = kvq.conformance.check(kvq.conformance.ORACLE)   # every case passes
+    report = kvq.conformance.check(my_write, kinds=["pipeline"], formats=["affine_token"])
+    assert report.failed == 0, report.failures()
+"""
+import sys
+
+import numpy as np
+
+from . import vectors as _vectors
+from ._errors import error
+from ._kvq import Error, encode, formats as _formats, run_stage, stages
+
+__all__ = ["KINDS", "ORACLE", "CaseResult", "Report", "check"]
+
+# The case kinds replayed from Python; cache and attention cases need a cache target (not yet).
+KINDS = ("stage", "pipeline")
+
+
+class _Oracle:
+    """kvq's own scalar reference as a target: passes every case."""
+    name = "kvq"
+
+    def write(self, params, x, rotation):
+        return encode(params, x, rotation)
+
+    def stage(self, name, params, inputs, rows):
+        return run_stage(name, params, inputs, rows)
+
+
+ORACLE = _Oracle()
+
+
+class CaseResult:
+    """One case's verdict: status 'PASS' | 'FAIL' | 'SKIP', message (why it failed or was
+    skipped), mismatch (the first differing element as Case.compare gives it, or None)."""
+
+    def __init__(self, name, kind, status, message="", mismatch=None):
+        self.name, self.kind, self.status = name, kind, status
+        self.message, self.mismatch = message, mismatch
+
+    def line(self):
+        """As kvq conform prints a result: 'FAIL pipeline/...: codes differs at ...'."""
+        return self.status + " " + self.name + (": " + self.message if self.message else "")
+
+    def as_dict(self):
+        return dict(name=self.name, kind=self.kind, status=self.status, message=self.message,
+                    mismatch=self.mismatch)
+
+
+class Report:
+    """Every case's result in manifest order; passed / failed / skipped counts."""
+
+    def __init__(self, target_name, vectors_dir, spec_version, results):
+        self.target, self.dir, self.spec_version = target_name, vectors_dir, spec_version
+        self.results = results
+        self.passed = sum(r.status == "PASS" for r in results)
+        self.failed = sum(r.status == "FAIL" for r in results)
+        self.skipped = sum(r.status == "SKIP" for r in results)
+
+    def failures(self):
+        return [r.line() for r in self.results if r.status == "FAIL"]
+
+    def as_dict(self):
+        """The report as JSON-ready data."""
+        return dict(target=self.target, vectors=self.dir, spec_version=self.spec_version,
+                    passed=self.passed, failed=self.failed, skipped=self.skipped,
+                    cases=[r.as_dict() for r in self.results])
+
+
+def _method(target, name):
+    if name == "write" and not hasattr(target, "write") and callable(target):
+        return target
+    return getattr(target, name, None)
+
+
+def _compare_all(case, results, checks):
+    """The case's verdict on the target's `results`: checks are (expected output, result key,
+    what the key names), compared in order; the first mismatch or missing key fails it."""
+    for output, key, what in checks:
+        if key not in results:
+            return CaseResult(case.name, case.kind, "FAIL",
+                              "%s '%s' is missing from the target's output" % (what, key))
+        mismatch = case.compare(output, np.asarray(results[key]), key)
+        if mismatch is not None:
+            return CaseResult(case.name, case.kind, "FAIL", mismatch["message"], mismatch)
+    return CaseResult(case.name, case.kind, "PASS")
+
+
+def _replay_pipeline(write, case):
+    p = case.write_params
+    rotation = None if case.rotation is None else case.rotation[0].copy()
+    planes = write(p, case.inputs["x"].copy(), rotation)
+    return _compare_all(case, planes, [(q["source"], q["name"], "plane") for q in p.planes])
+
+
+_STAGES = {s["name"]: s for s in stages()}
+
+
+def _replay_stage(stage, case):
+    name = case.metadata["stage"]
+    inputs = {}
+    for arg in _STAGES[name]["args"]:
+        if arg["direction"] == "out":
+            continue
+        # The matrix argument comes from the case's rotation fixture, the rest from in.<name>.
+        source = case.inputs.get(arg["name"])
+        inputs[arg["name"]] = (case.rotation[0] if source is None else source).copy()
+    outputs = stage(name, case.write_params, inputs, int(case.metadata["rows"]))
+    return _compare_all(case, outputs, [(a["expect"], a["expect"], "output")
+                                        for a in _STAGES[name]["args"] if a["direction"] != "in"])
+
+
+def _replay(target, case):
+    method = _method(target, "write" if case.kind == "pipeline" else "stage")
+    if method is None:
+        return CaseResult(case.name, case.kind, "SKIP",
+                          "the target has no %s()" % ("write" if case.kind == "pipeline"
+                                                      else "stage"))
+    try:
+        return (_replay_pipeline if case.kind == "pipeline" else _replay_stage)(method, case)
+    except NotImplementedError as e:
+        return CaseResult(case.name, case.kind, "SKIP", "unsupported: %s" % e)
+    except Error as e:
+        if getattr(e, "code", "") == "unsupported":
+            return CaseResult(case.name, case.kind, "SKIP", "unsupported: %s" % e)
+        return CaseResult(case.name, case.kind, "FAIL", "error: %s" % e)
+    except Exception as e:  # a target's own failure is a verdict, never a crash of the suite
+        return CaseResult(case.name, case.kind, "FAIL", "error: %s: %s" % (type(e).__name__, e))
+
+
+def _print(report, out, failures_only):
+    width = max([4] + [len(r.name) for r in report.results])
+    print("case".ljust(width + 2) + report.target, file=out)
+    for r in report.results:
+        if not failures_only or r.status == "FAIL":
+            print(r.name.ljust(width + 2) + r.status, file=out)
+    if report.failed:
+        print("\nfirst mismatch of each failure:", file=out)
+        for line in report.failures():
+            print("  [%s] %s" % (report.target, line), file=out)
+    print("\n%d cases x 1 target (%s, spec %s): %d passed, %d failed, %d skipped"
+          % (len(report.results), report.dir, report.spec_version, report.passed,
+             report.failed, report.skipped), file=out)
+
+
+def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failures_only=False,
+          name=None):
+    """Replays the stage and pipeline cases of `vectors` (a kvq.vectors.VectorSet, a folder,
+    or None: kvq.vectors.load()) through `target` and prints kvq conform's table to `out`
+    (None: silent). kinds: of KINDS; formats: names of kvq.formats() (a case's format is its
+    write params'), None for all. Returns a Report. Raises kvq.Error (invalid argument) for an
+    unknown kind or format."""
+    for kind in kinds:
+        if kind not in KINDS:
+            raise error("kind '%s' is not replayed from Python (%s)" % (kind, ", ".join(KINDS)),
+                        "invalid argument")
+    if vectors is None or isinstance(vectors, str):
+        vectors = _vectors.load(vectors)
+    known = {f["name"] for f in _formats()}
+    for f in formats or ():
+        if f not in known:
+            raise error("format '%s' is not one of %s" % (f, ", ".join(sorted(known))),
+                        "invalid argument")
+    results = []
+    for case_name in vectors.names():
+        if case_name.split("/", 1)[0] not in kinds:
+            continue
+        case = vectors.case(case_name)
+        if formats is not None and case.write_params.format not in formats:
+            continue
+        results.append(_replay(target, case))
+    target_name = name or getattr(target, "name", None) or getattr(target, "__name__", "target")
+    report = Report(target_name, vectors.dir, vectors.spec_version, results)
+    if out is not None:
+        _print(report, out, failures_only)
+    return report
+
