@@ -1,6 +1,6 @@
 // Benchmark of the CUDA write path (gpu/): K+V prefill write of T = 32K tokens (Hkv = 8,
-// d = 128, G = 64, INT2) with a dense rotation per head and with the FWHT, in GB/s of bf16
-// input; per-step append latency for B in {1, 32, 128} sequences; and the device-to-device
+// d = 128, G = 64, INT2) with a dense rotation per head and with the FWHT, and of fp8_e4m3
+// (identity and FWHT, s^ = 1), in GB/s of bf16 input; per-step append latency for B in {1, 32, 128} sequences; and the device-to-device
 // copy bandwidth of the same run (bytes read + written) as the ceiling.
 //
 // Timing: CUDA events around each call, median of many runs after warm-up. Cold L2: prefill
@@ -264,6 +264,45 @@ int main(int argc, char** argv) {
       rows.push_back({"prefill K+V write (no spin: host enqueue on the clock)",
                       std::string(variants[2].name), idle,
                       Format("%.0f GB/s of bf16 input", input_bytes / (idle * 1e-3) / 1e9)});
+    }
+    // ---- fp8_e4m3 (spec 1.2): the same prefill into fp8 pools (one e4m3 byte a value, no
+    // metadata), s^ = 1 (fp8_unscaled) and with the FWHT (fp8_hadamard). ----
+    {
+      const auto fp8_cache = [](RotationKind kind) -> CacheParams {
+        namespace params = kvq::params;
+        return params::Cache().kv_heads(8).q_heads(32).sink(64).recent(256).page(64).both(
+            params::Write().head_dim(128).group(128).fp8().rotation(kind));
+      };
+      const kvq::FormatLayout fp8_layout = kvq::LayoutOf(fp8_cache(RotationKind::kIdentity).key);
+      kvq::gpu::PagePool fp8_pool[2];
+      for (auto& p : fp8_pool) {
+        for (int i = 0; i < fp8_layout.num_planes; ++i) {
+          p.planes[i] = DeviceAlloc<uint8_t>(pool_rows * fp8_layout.plane(i).row_bytes());
+        }
+        p.num_pages = pages;
+      }
+      for (RotationKind kind : {RotationKind::kIdentity, RotationKind::kHadamard}) {
+        const CacheParams c = fp8_cache(kind);
+        const double ms = TimeMedianMs(
+            3, runs,
+            [&](int i) {
+              kvq::gpu::PrefillWrite(c, keys[i % kSets], values[i % kSets], tokens, d_table,
+                                     kvq::gpu::HeadData{}, kvq::gpu::HeadData{}, fp8_pool[0],
+                                     fp8_pool[1], windows, flags);
+            },
+            [&](int) {
+              HoldGpu<<<1, 32>>>(100000);
+              KVQ_CUDA_CHECK(cudaGetLastError());
+            });
+        rows.push_back({"prefill K+V write",
+                        std::string(kind == RotationKind::kIdentity ? "fp8_e4m3 identity"
+                                                                    : "fp8_e4m3 FWHT") +
+                            ", s^=1, T=32768 Hkv=8 d=128",
+                        ms, Format("%.0f GB/s of bf16 input", input_bytes / (ms * 1e-3) / 1e9)});
+      }
+      for (auto& p : fp8_pool) {
+        for (int i = 0; i < fp8_layout.num_planes; ++i) KVQ_CUDA_CHECK(cudaFree(p.planes[i]));
+      }
     }
     kvq::gpu::CheckErrorFlags(flags, "prefill benchmark");
 
