@@ -1,7 +1,9 @@
-// How the CUDA path stores and reads the history formats of kvq/common/formats.inc: where the
-// kernels find each plane of a format's layout (LayoutOf), and which formats and widths the
-// decode kernels read on each side. Everything else (pool sizes, page strides, uploads) asks
-// LayoutOf.
+// What the CUDA path knows of the history formats of kvq/common/formats.inc, as rows: the
+// planes its kernels read (KVQ_GPU_PLANES), the formats its write stores
+// (KVQ_GPU_WRITE_FORMATS), the formats and widths its decode reads on each side
+// (KVQ_GPU_KEY_KINDS, KVQ_GPU_VALUE_KINDS) and what the decode plan knows of each
+// (KVQ_GPU_DECODE_FORMATS). A format with CUDA kernels is rows here plus its kernel files;
+// everything else (pool sizes, page strides, uploads) asks LayoutOf.
 #pragma once
 
 #include <cstdint>
