@@ -14,6 +14,7 @@ NotImplementedError, or kvq.Error with code 'unsupported', skips the case with i
     report = kvq.conformance.check(my_write, kinds=["pipeline"], formats=["affine_token"])
     assert report.failed == 0, report.failures()
 """
+import importlib
 import sys
 
 import numpy as np
@@ -22,7 +23,7 @@ from . import vectors as _vectors
 from ._errors import error
 from ._kvq import Error, encode, formats as _formats, run_stage, stages
 
-__all__ = ["KINDS", "ORACLE", "CaseResult", "Report", "check"]
+__all__ = ["KINDS", "ORACLE", "CaseResult", "Report", "check", "load_target", "replay", "select"]
 
 # The case kinds replayed from Python; cache and attention cases need a cache target (not yet).
 KINDS = ("stage", "pipeline")
@@ -122,7 +123,8 @@ def _replay_stage(stage, case):
                                         for a in _STAGES[name]["args"] if a["direction"] != "in"])
 
 
-def _replay(target, case):
+def replay(target, case):
+    """One case's CaseResult: `case` (a kvq.vectors.Case of KINDS) replayed through `target`."""
     method = _method(target, "write" if case.kind == "pipeline" else "stage")
     if method is None:
         return CaseResult(case.name, case.kind, "SKIP",
@@ -155,35 +157,47 @@ def _print(report, out, failures_only):
              report.failed, report.skipped), file=out)
 
 
-def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failures_only=False,
-          name=None):
-    """Replays the stage and pipeline cases of `vectors` (a kvq.vectors.VectorSet, a folder,
-    or None: kvq.vectors.load()) through `target` and prints kvq conform's table to `out`
-    (None: silent). kinds: of KINDS; formats: names of kvq.formats() (a case's format is its
-    write params'), None for all. Returns a Report. Raises kvq.Error (invalid argument) for an
-    unknown kind or format."""
+def load_target(spec):
+    """The object named by 'module:attribute' (attribute may be dotted), imported. Raises
+    kvq.Error (invalid argument) when spec has no ':'; ImportError / AttributeError as Python
+    raises them."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise error("target '%s': expected module:attribute" % spec, "invalid argument")
+    target = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def select(vectors, kinds=KINDS, formats=None):
+    """The names of the cases check() replays, in manifest order: those of `kinds` (of KINDS)
+    whose write params' format is in `formats` (names of kvq.formats(), None for all).
+    Raises kvq.Error (invalid argument) for an unknown kind or format."""
     for kind in kinds:
         if kind not in KINDS:
             raise error("kind '%s' is not replayed from Python (%s)" % (kind, ", ".join(KINDS)),
                         "invalid argument")
-    if vectors is None or isinstance(vectors, str):
-        vectors = _vectors.load(vectors)
     known = {f["name"] for f in _formats()}
     for f in formats or ():
         if f not in known:
             raise error("format '%s' is not one of %s" % (f, ", ".join(sorted(known))),
                         "invalid argument")
-    results = []
-    for case_name in vectors.names():
-        if case_name.split("/", 1)[0] not in kinds:
-            continue
-        case = vectors.case(case_name)
-        if formats is not None and case.write_params.format not in formats:
-            continue
-        results.append(_replay(target, case))
+    return [name for name in vectors.names() if name.split("/", 1)[0] in kinds and
+            (formats is None or vectors.case(name).write_params.format in formats)]
+
+
+def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failures_only=False,
+          name=None):
+    """Replays the stage and pipeline cases of `vectors` (a kvq.vectors.VectorSet, a folder,
+    or None: kvq.vectors.load()) through `target` and prints kvq conform's table to `out`
+    (None: silent). kinds, formats: as select(). Returns a Report. Raises kvq.Error (invalid
+    argument) for an unknown kind or format."""
+    if vectors is None or isinstance(vectors, str):
+        vectors = _vectors.load(vectors)
+    results = [replay(target, vectors.case(n)) for n in select(vectors, kinds, formats)]
     target_name = name or getattr(target, "name", None) or getattr(target, "__name__", "target")
     report = Report(target_name, vectors.dir, vectors.spec_version, results)
     if out is not None:
         _print(report, out, failures_only)
     return report
-
