@@ -6,8 +6,10 @@ either or both of
                                                         kvq.encode gives them (pipeline cases)
     stage(name, params, inputs, rows) -> {output: array}  one stage of kvq.stages(), as
                                                         kvq.run_stage does (stage cases)
-or a plain callable, taken as write. Arrays are numpy arrays (anything np.asarray takes, e.g.
-CPU torch tensors, comes back fine); bf16 values are uint16 bits. A target that raises
+or a plain callable, taken as write. The target gets numpy arrays; it may return numpy arrays
+or tensors (anything with .cpu() / .numpy() or __array__, e.g. torch tensors on any device: see
+kvq._arrays.as_numpy); bf16 values are uint16 bits (a torch.bfloat16 tensor is read as its
+bits). A target that raises
 NotImplementedError, or kvq.Error with code 'unsupported', skips the case with its reason.
 
     report = kvq.conformance.check(kvq.conformance.ORACLE)   # every case passes
@@ -17,9 +19,8 @@ NotImplementedError, or kvq.Error with code 'unsupported', skips the case with i
 import importlib
 import sys
 
-import numpy as np
-
 from . import vectors as _vectors
+from ._arrays import as_numpy
 from ._errors import error
 from ._kvq import Error, encode, formats as _formats, run_stage, stages
 
@@ -93,7 +94,7 @@ def _compare_all(case, results, checks):
         if key not in results:
             return CaseResult(case.name, case.kind, "FAIL",
                               "%s '%s' is missing from the target's output" % (what, key))
-        mismatch = case.compare(output, np.asarray(results[key]), key)
+        mismatch = case.compare(output, as_numpy(results[key]), key)
         if mismatch is not None:
             return CaseResult(case.name, case.kind, "FAIL", mismatch["message"], mismatch)
     return CaseResult(case.name, case.kind, "PASS")
