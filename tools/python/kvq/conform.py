@@ -1,8 +1,9 @@
 """python3 -m kvq.conform --target module:function: kvq conform for a Python kernel.
 
-Imports the target (an object with write() and/or stage(), or a write function: see
-kvq.conformance), replays the stage and pipeline cases through it, prints kvq conform's table
-and exits with status 2 when a case failed (1 for a usage or kvq error), as kvq conform does.
+Imports the target (an object with any of write(), stage(), attend(), or a write function: see
+kvq.conformance), replays the stage, pipeline and attention cases through it, prints kvq
+conform's table and exits with status 2 when a case failed (1 for a usage or kvq error), as
+kvq conform does.
 """
 import argparse
 import json
