@@ -196,66 +196,90 @@ void ReplayAttention(const VectorSet& vs, const Safetensors& c, const cpu::Backe
   const ReplayedCache replayed = ReplayCacheScript(c, vs.fixtures, cpu::ScalarBackend());
   const cpu::PagedKVCache& cache = *replayed.cache;
   const CacheParams& params = cache.params();
-  const int hq = params.num_q_heads, d = params.head_dim();
   const Tensor& slots = c.Get("in.query_slots");
   const int64_t nq = static_cast<int64_t>(slots.numel());
-  const Tensor& q = Input(c, "in.q", DType::kF32, {nq, hq, d});
-  const Tensor& ref_bytes = Input(c, "expect.reference_f64", DType::kU8, {nq, hq, d, 8});
-  const std::vector<double> ref = BytesToF64(ref_bytes.bytes);
+  const Tensor& q = Input(c, "in.q", DType::kF32, {nq, params.num_q_heads, params.head_dim()});
   // The CPU oracle's tolerance, or the CUDA path's (spec/cache.md §5).
   const double tolerance = CaseMetadata(c).Double(
       backend.device == cpu::Device::kCuda ? "tolerance_gpu" : "tolerance");
-  const size_t per_query = static_cast<size_t>(hq * d);
+  const size_t per_query = static_cast<size_t>(params.num_q_heads * params.head_dim());
   for (int64_t i = 0; i < nq; ++i) {
-    const int32_t slot = slots.data<int32_t>()[i];
-    KVQ_CHECK(slot >= 0 && static_cast<size_t>(slot) < replayed.slot_ids.size() &&
-                  replayed.slot_ids[slot] >= 0,
-              kMalformedFile, "in.query_slots[", i, "] = ", slot, " is not a live sequence");
+    const int seq = QuerySequence(c, replayed, i);
     std::vector<float> out(per_query, std::numeric_limits<float>::quiet_NaN());
-    backend.attend(cache, {replayed.slot_ids[slot]}, q.data<float>() + i * per_query, out.data());
-    const double* r = ref.data() + i * per_query;
-    const std::vector<double> errors = cpu::RelativeErrorPerHead(out.data(), r, hq, d);
-    for (int h = 0; h < hq; ++h) {
-      const float* o = out.data() + static_cast<size_t>(h) * d;
-      const double* rh = r + static_cast<size_t>(h) * d;
-      bool finite = true;
-      for (int j = 0; j < d; ++j) finite = finite && std::isfinite(o[j]);
-      if (finite && errors[h] <= tolerance) continue;
-      // Name the channel with the largest error (or the first non-finite one).
-      int worst = 0;
-      double worst_error = -1.0, max_ref = 0.0;
-      for (int j = 0; j < d; ++j) {
-        max_ref = std::max(max_ref, std::fabs(rh[j]));
-        const double e = std::isfinite(o[j]) ? std::fabs(o[j] - rh[j])
-                                             : std::numeric_limits<double>::infinity();
-        if (e > worst_error) {
-          worst_error = e;
-          worst = j;
-        }
-      }
-      CaseFailure f;
-      f.mismatch.stage = "out";
-      f.mismatch.row = i * hq + h;
-      f.mismatch.column = worst;
-      f.mismatch.where = "[query " + std::to_string(i) + " (slot " + std::to_string(slot) +
-                         "), head " + std::to_string(h) + ", channel " + std::to_string(worst) +
-                         "] (row = query * Hq + head)";
-      char text[160];
-      std::snprintf(text, sizeof text, "%.17g (fp64 reference; max|ref| of the head %.9g)",
-                    rh[worst], max_ref);
-      f.mismatch.expected = text;
-      std::snprintf(text, sizeof text, "%.9g (relative error of the head %.3g > tolerance %.3g)",
-                    static_cast<double>(o[worst]), errors[h], tolerance);
-      f.mismatch.got = text;
-      f.message = "attention output out of tolerance at row " + std::to_string(f.mismatch.row) +
-                  ", column " + std::to_string(worst) + " " + f.mismatch.where + ": expected " +
-                  f.mismatch.expected + ", got " + f.mismatch.got;
-      throw f;
-    }
+    backend.attend(cache, {seq}, q.data<float>() + i * per_query, out.data());
+    if (std::optional<CaseFailure> f = CompareAttention(c, i, out.data(), tolerance)) throw *f;
   }
 }
 
 }  // namespace
+
+int QuerySequence(const Safetensors& c, const ReplayedCache& replayed, int64_t query) {
+  const Tensor& slots = c.Get("in.query_slots");
+  KVQ_CHECK(query >= 0 && static_cast<size_t>(query) < slots.numel(), kInvalidArgument,
+            "query ", query, " is not one of the case's ", slots.numel());
+  const int32_t slot = slots.data<int32_t>()[query];
+  KVQ_CHECK(slot >= 0 && static_cast<size_t>(slot) < replayed.slot_ids.size() &&
+                replayed.slot_ids[slot] >= 0,
+            kMalformedFile, "in.query_slots[", query, "] = ", slot, " is not a live sequence");
+  return replayed.slot_ids[slot];
+}
+
+std::optional<CaseFailure> CompareAttention(const Safetensors& c, int64_t query,
+                                            const float* out, double tolerance) {
+  const CacheParams params = GetCacheParams(c);
+  const int hq = params.num_q_heads, d = params.head_dim();
+  const Tensor& slots = c.Get("in.query_slots");
+  const int64_t nq = static_cast<int64_t>(slots.numel());
+  KVQ_CHECK(query >= 0 && query < nq, kInvalidArgument, "query ", query,
+            " is not one of the case's ", nq);
+  const int32_t slot = slots.data<int32_t>()[query];
+  const Tensor& ref_bytes = Input(c, "expect.reference_f64", DType::kU8, {nq, hq, d, 8});
+  const size_t per_query = static_cast<size_t>(hq * d);
+  const int64_t i = query;
+  const auto first = ref_bytes.bytes.begin() + static_cast<ptrdiff_t>(i * per_query * 8);
+  const std::vector<double> ref =
+      BytesToF64(std::vector<uint8_t>(first, first + static_cast<ptrdiff_t>(per_query * 8)));
+  const double* r = ref.data();
+  const std::vector<double> errors = cpu::RelativeErrorPerHead(out, r, hq, d);
+  for (int h = 0; h < hq; ++h) {
+    const float* o = out + static_cast<size_t>(h) * d;
+    const double* rh = r + static_cast<size_t>(h) * d;
+    bool finite = true;
+    for (int j = 0; j < d; ++j) finite = finite && std::isfinite(o[j]);
+    if (finite && errors[h] <= tolerance) continue;
+    // Name the channel with the largest error (or the first non-finite one).
+    int worst = 0;
+    double worst_error = -1.0, max_ref = 0.0;
+    for (int j = 0; j < d; ++j) {
+      max_ref = std::max(max_ref, std::fabs(rh[j]));
+      const double e = std::isfinite(o[j]) ? std::fabs(o[j] - rh[j])
+                                           : std::numeric_limits<double>::infinity();
+      if (e > worst_error) {
+        worst_error = e;
+        worst = j;
+      }
+    }
+    CaseFailure f;
+    f.mismatch.stage = "out";
+    f.mismatch.row = i * hq + h;
+    f.mismatch.column = worst;
+    f.mismatch.where = "[query " + std::to_string(i) + " (slot " + std::to_string(slot) +
+                       "), head " + std::to_string(h) + ", channel " + std::to_string(worst) +
+                       "] (row = query * Hq + head)";
+    char text[160];
+    std::snprintf(text, sizeof text, "%.17g (fp64 reference; max|ref| of the head %.9g)",
+                  rh[worst], max_ref);
+    f.mismatch.expected = text;
+    std::snprintf(text, sizeof text, "%.9g (relative error of the head %.3g > tolerance %.3g)",
+                  static_cast<double>(o[worst]), errors[h], tolerance);
+    f.mismatch.got = text;
+    f.message = "attention output out of tolerance at row " + std::to_string(f.mismatch.row) +
+                ", column " + std::to_string(worst) + " " + f.mismatch.where + ": expected " +
+                f.mismatch.expected + ", got " + f.mismatch.got;
+    return f;
+  }
+  return std::nullopt;
+}
 
 const char* CaseStatusName(CaseStatus status) {
   switch (status) {

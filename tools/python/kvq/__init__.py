@@ -12,9 +12,9 @@ through the C++ tables that expand them: a new row appears with no Python edit.
 
 Errors are kvq.Error (a ValueError) with kvq's message and e.code.
 """
-from ._kvq import (Error, WriteParams, decode, encode, formats, quantize, run_stage, schemes,
-                   stages)
+from ._kvq import (Cache, Error, WriteParams, attend, decode, encode, formats, quantize,
+                   run_stage, schemes, stages)
 from . import conformance, vectors
 
-__all__ = ["Error", "WriteParams", "conformance", "decode", "encode", "formats", "quantize",
-           "run_stage", "schemes", "stages", "vectors"]
+__all__ = ["Cache", "Error", "WriteParams", "attend", "conformance", "decode", "encode",
+           "formats", "quantize", "run_stage", "schemes", "stages", "vectors"]

@@ -1,26 +1,16 @@
 """python3 -m kvq.conform --target module:function: kvq conform for a Python kernel.
 
-Imports the target (an object with write() and/or stage(), or a write function: see
-kvq.conformance), replays the stage and pipeline cases through it, prints kvq conform's table
-and exits with status 2 when a case failed (1 for a usage or kvq error), as kvq conform does.
+Imports the target (an object with any of write(), stage(), attend(), or a write function: see
+kvq.conformance), replays the stage, pipeline and attention cases through it, prints kvq
+conform's table and exits with status 2 when a case failed (1 for a usage or kvq error), as
+kvq conform does.
 """
 import argparse
-import importlib
 import json
 import sys
 
 from . import conformance
 from ._kvq import Error
-
-
-def _load_target(spec):
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise SystemExit("--target %r: expected module:attribute" % spec)
-    target = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    return target
 
 
 def main(argv=None):
@@ -39,7 +29,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         report = conformance.check(
-            _load_target(args.target), kinds=args.kinds.split(","),
+            conformance.load_target(args.target), kinds=args.kinds.split(","),
             formats=args.formats.split(",") if args.formats else None, vectors=args.vectors,
             failures_only=args.failures_only, name=args.target)
     except Error as e:

@@ -1,31 +1,42 @@
 """Replays the golden vectors through your kernel and prints the table `kvq conform` prints.
 
-Exact tier only: every stored bit must match (the spec fixes them). A target is an object with
-either or both of
+Stage and pipeline cases are held to the exact tier: every stored bit must match (the spec
+fixes them); attention cases to the case's tolerance on the relative error per query head
+against the fp64 reference, as kvq conform holds them (spec/cache.md §5). A target is an
+object with any of
     write(params, x, rotation) -> {plane name: array}   the stored planes of rows x, as
                                                         kvq.encode gives them (pipeline cases)
     stage(name, params, inputs, rows) -> {output: array}  one stage of kvq.stages(), as
                                                         kvq.run_stage does (stage cases)
-or a plain callable, taken as write. Arrays are numpy arrays (anything np.asarray takes, e.g.
-CPU torch tensors, comes back fine); bf16 values are uint16 bits. A target that raises
-NotImplementedError, or kvq.Error with code 'unsupported', skips the case with its reason.
+    attend(cache, seq, q) -> out float32 [Hq, d]        one decode step of q float32 [Hq, d]
+                                                        over sequence seq of cache (a
+                                                        kvq.Cache), as kvq.attend (attention
+                                                        cases; a target whose `device` is
+                                                        'cuda' gets the case's GPU tolerance)
+or a plain callable, taken as write. The target gets numpy arrays; it may return numpy arrays
+or tensors (anything with .cpu() / .numpy() or __array__, e.g. torch tensors on any device: see
+kvq._arrays.as_numpy); bf16 values are uint16 bits (a torch.bfloat16 tensor is read as its
+bits). A target that raises NotImplementedError, or kvq.Error with code 'unsupported', skips
+the case with its reason; a target without the method a case calls skips it.
 
     report = kvq.conformance.check(kvq.conformance.ORACLE)   # every case passes
     report = kvq.conformance.check(my_write, kinds=["pipeline"], formats=["affine_token"])
     assert report.failed == 0, report.failures()
 """
+import importlib
 import sys
 
-import numpy as np
-
 from . import vectors as _vectors
+from ._arrays import as_numpy
 from ._errors import error
-from ._kvq import Error, encode, formats as _formats, run_stage, stages
+from ._kvq import Error, attend, encode, formats as _formats, run_stage, stages
 
-__all__ = ["KINDS", "ORACLE", "CaseResult", "Report", "check"]
+__all__ = ["KINDS", "ORACLE", "CaseResult", "Report", "check", "load_target", "replay", "select"]
 
-# The case kinds replayed from Python; cache and attention cases need a cache target (not yet).
-KINDS = ("stage", "pipeline")
+# The case kinds replayed from Python (cache cases need a cache write target: not yet), and the
+# target method each calls.
+KINDS = ("stage", "pipeline", "attention")
+_METHODS = {"stage": "stage", "pipeline": "write", "attention": "attend"}
 
 
 class _Oracle:
@@ -37,6 +48,9 @@ class _Oracle:
 
     def stage(self, name, params, inputs, rows):
         return run_stage(name, params, inputs, rows)
+
+    def attend(self, cache, seq, q):
+        return attend(cache, seq, q)
 
 
 ORACLE = _Oracle()
@@ -92,7 +106,7 @@ def _compare_all(case, results, checks):
         if key not in results:
             return CaseResult(case.name, case.kind, "FAIL",
                               "%s '%s' is missing from the target's output" % (what, key))
-        mismatch = case.compare(output, np.asarray(results[key]), key)
+        mismatch = case.compare(output, as_numpy(results[key]), key)
         if mismatch is not None:
             return CaseResult(case.name, case.kind, "FAIL", mismatch["message"], mismatch)
     return CaseResult(case.name, case.kind, "PASS")
@@ -122,13 +136,32 @@ def _replay_stage(stage, case):
                                         for a in _STAGES[name]["args"] if a["direction"] != "in"])
 
 
-def _replay(target, case):
-    method = _method(target, "write" if case.kind == "pipeline" else "stage")
+def _replay_attention(attend_method, case, tolerance):
+    cache = case.cache()
+    q = case.inputs["q"]
+    for query in range(q.shape[0]):
+        out = attend_method(cache, case.query_sequence(cache, query), q[query].copy())
+        mismatch = case.compare_attention(query, as_numpy(out), tolerance)
+        if mismatch is not None:
+            return CaseResult(case.name, case.kind, "FAIL", mismatch["message"], mismatch)
+    return CaseResult(case.name, case.kind, "PASS")
+
+
+def _tolerance(target, case):
+    """The attention tolerance kvq conform holds the target's backend to: the CUDA path's for a
+    target whose `device` is 'cuda', else the CPU oracle's (spec/cache.md §5)."""
+    return case.tolerance_gpu if getattr(target, "device", "cpu") == "cuda" else case.tolerance
+
+
+def replay(target, case):
+    """One case's CaseResult: `case` (a kvq.vectors.Case of KINDS) replayed through `target`."""
+    method = _method(target, _METHODS[case.kind])
     if method is None:
         return CaseResult(case.name, case.kind, "SKIP",
-                          "the target has no %s()" % ("write" if case.kind == "pipeline"
-                                                      else "stage"))
+                          "the target has no %s()" % _METHODS[case.kind])
     try:
+        if case.kind == "attention":
+            return _replay_attention(method, case, _tolerance(target, case))
         return (_replay_pipeline if case.kind == "pipeline" else _replay_stage)(method, case)
     except NotImplementedError as e:
         return CaseResult(case.name, case.kind, "SKIP", "unsupported: %s" % e)
@@ -155,35 +188,56 @@ def _print(report, out, failures_only):
              report.failed, report.skipped), file=out)
 
 
-def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failures_only=False,
-          name=None):
-    """Replays the stage and pipeline cases of `vectors` (a kvq.vectors.VectorSet, a folder,
-    or None: kvq.vectors.load()) through `target` and prints kvq conform's table to `out`
-    (None: silent). kinds: of KINDS; formats: names of kvq.formats() (a case's format is its
-    write params'), None for all. Returns a Report. Raises kvq.Error (invalid argument) for an
-    unknown kind or format."""
+def load_target(spec):
+    """The object named by 'module:attribute' (attribute may be dotted), imported. Raises
+    kvq.Error (invalid argument) when spec has no ':'; ImportError / AttributeError as Python
+    raises them."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise error("target '%s': expected module:attribute" % spec, "invalid argument")
+    target = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _formats_of(case):
+    """The formats a case exercises: its write params', or its cache's key and value formats."""
+    if case.write_params is not None:
+        return {case.write_params.format}
+    params = case.cache().params
+    return {params["key"].format, params["value"].format}
+
+
+def select(vectors, kinds=KINDS, formats=None):
+    """The names of the cases check() replays, in manifest order: those of `kinds` (of KINDS)
+    exercising a format of `formats` (names of kvq.formats(), None for all; an attention
+    case exercises its key and value formats).
+    Raises kvq.Error (invalid argument) for an unknown kind or format."""
     for kind in kinds:
         if kind not in KINDS:
             raise error("kind '%s' is not replayed from Python (%s)" % (kind, ", ".join(KINDS)),
                         "invalid argument")
-    if vectors is None or isinstance(vectors, str):
-        vectors = _vectors.load(vectors)
     known = {f["name"] for f in _formats()}
     for f in formats or ():
         if f not in known:
             raise error("format '%s' is not one of %s" % (f, ", ".join(sorted(known))),
                         "invalid argument")
-    results = []
-    for case_name in vectors.names():
-        if case_name.split("/", 1)[0] not in kinds:
-            continue
-        case = vectors.case(case_name)
-        if formats is not None and case.write_params.format not in formats:
-            continue
-        results.append(_replay(target, case))
+    return [name for name in vectors.names() if name.split("/", 1)[0] in kinds and
+            (formats is None or _formats_of(vectors.case(name)) & set(formats))]
+
+
+def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failures_only=False,
+          name=None):
+    """Replays the cases of `kinds` in `vectors` (a kvq.vectors.VectorSet, a folder, or None:
+    kvq.vectors.load()) through `target` and prints kvq conform's table to `out` (None:
+    silent). kinds, formats: as select(). Returns a Report. Raises kvq.Error (invalid argument)
+    for an unknown kind or format."""
+    if vectors is None or isinstance(vectors, str):
+        vectors = _vectors.load(vectors)
+    results = [replay(target, vectors.case(n)) for n in select(vectors, kinds, formats)]
     target_name = name or getattr(target, "name", None) or getattr(target, "__name__", "target")
     report = Report(target_name, vectors.dir, vectors.spec_version, results)
     if out is not None:
         _print(report, out, failures_only)
     return report
-

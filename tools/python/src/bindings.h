@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvq/common/tensor.h"
+#include "kvq/conformance/case_format.h"
 
 namespace kvq::python {
 
@@ -22,6 +23,11 @@ void BindParams(py::module_& m);   // params.cc: WriteParams
 void BindCodec(py::module_& m);    // codec.cc: encode(), decode(), quantize()
 void BindStage(py::module_& m);    // stage.cc: run_stage()
 void BindVectors(py::module_& m);  // vectors.cc: load_vectors(), VectorSet, Case
+void BindCache(py::module_& m);    // cache.cc: Cache, attend()
+
+// cache.cc: a kvq.Cache of an attention or cache case, its script replayed by the scalar write
+// path (conformance::ReplayCacheScript).
+py::object ReplayedCacheOf(const Safetensors& file, const conformance::Fixtures& fixtures);
 
 // The numpy dtype of a kvq dtype: F32 float32, F16 float16, BF16 uint16 (the bf16 bits: numpy
 // has no bf16), U8 uint8, I32 int32, I8 int8.

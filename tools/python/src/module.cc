@@ -55,4 +55,5 @@ PYBIND11_MODULE(_kvq, m) {
   kvq::python::BindCodec(m);
   kvq::python::BindStage(m);
   kvq::python::BindVectors(m);
+  kvq::python::BindCache(m);
 }

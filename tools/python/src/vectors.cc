@@ -67,6 +67,15 @@ std::string AxesOf(const CaseRef& c, const std::string& output) {
   return "";
 }
 
+// None, or a failure as a dict: output, row, column, where, expected, got, message.
+py::object FailureOf(const std::optional<conformance::CaseFailure>& f) {
+  if (!f) return py::none();
+  return py::dict(py::arg("output") = f->mismatch.stage, py::arg("row") = f->mismatch.row,
+                  py::arg("column") = f->mismatch.column, py::arg("where") = f->mismatch.where,
+                  py::arg("expected") = f->mismatch.expected, py::arg("got") = f->mismatch.got,
+                  py::arg("message") = f->message);
+}
+
 // None when `got` has every bit of expect.<output>; else the first mismatch, as kvq conform
 // reports it (conformance::CompareBits), the message naming `label`.
 py::object Compare(const CaseRef& c, const std::string& output, const py::object& got,
@@ -76,11 +85,20 @@ py::object Compare(const CaseRef& c, const std::string& output, const py::object
   const std::optional<conformance::CaseFailure> f = conformance::CompareBits(
       label.empty() ? output : label, expected, bytes.data(),
       static_cast<size_t>(bytes.nbytes()), AxesOf(c, output));
-  if (!f) return py::none();
-  return py::dict(py::arg("output") = f->mismatch.stage, py::arg("row") = f->mismatch.row,
-                  py::arg("column") = f->mismatch.column, py::arg("where") = f->mismatch.where,
-                  py::arg("expected") = f->mismatch.expected, py::arg("got") = f->mismatch.got,
-                  py::arg("message") = f->message);
+  return FailureOf(f);
+}
+
+// The verdict on an attention kernel's output for query `query` (conformance::CompareAttention).
+py::object CompareAttention(const CaseRef& c, int64_t query, const py::object& out,
+                            double tolerance) {
+  const py::array values = ContiguousOf(out, DType::kF32, "out");
+  const CacheParams p = conformance::GetCacheParams(c.file());
+  KVQ_CHECK(values.size() == int64_t{p.num_q_heads} * p.head_dim(), kShapeMismatch,
+            "out must hold Hq * d = ", p.num_q_heads * p.head_dim(), " floats, got ",
+            values.size());
+  return FailureOf(conformance::CompareAttention(c.file(), query,
+                                                 static_cast<const float*>(values.data()),
+                                                 tolerance));
 }
 
 bool HasWriteParams(const CaseRef& c) {
@@ -157,7 +175,24 @@ void BindVectors(py::module_& m) {
            "None when every bit agrees, else the first mismatch as a dict (output, row, column, "
            "where, expected, got, message), the message naming `label` (default: output). got "
            "must have the expected dtype (bf16 as uint16 bits) and size, else kvq.Error (shape "
-           "mismatch); a non-contiguous array is copied first.");
+           "mismatch); a non-contiguous array is copied first.")
+      .def("cache", [](const CaseRef& c) { return ReplayedCacheOf(c.file(), c.set->fixtures); },
+           "kvq.Cache: the paged cache of a cache or attention case, its in.ops script replayed "
+           "by kvq's scalar write path (as kvq conform builds it for attention cases).")
+      .def(
+          "query_sequence",
+          [](const CaseRef& c, const conformance::ReplayedCache& cache, int64_t query) {
+            return conformance::QuerySequence(c.file(), cache, query);
+          },
+          py::arg("cache"), py::arg("query"),
+          "The sequence id in `cache` (of .cache()) that attention query `query` reads "
+          "(in.query_slots[query]); kvq.Error for a query out of range.")
+      .def("compare_attention", &CompareAttention, py::arg("query"), py::arg("out"),
+           py::arg("tolerance"),
+           "An attention case's verdict on out float32 [Hq, d] for query `query` (kvq conform's "
+           "rule, spec/cache.md §5): None when every head is finite with max_j |o - ref| / "
+           "max_j |ref| <= tolerance against expect.reference_f64, else the worst channel of "
+           "the first head that is not, as compare() gives it (output 'out').");
 
   m.def(
       "load_vectors",

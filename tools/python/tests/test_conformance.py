@@ -1,4 +1,4 @@
-"""kvq.conformance.check (exact tier): kvq's own kernels pass every stage and pipeline case; a
+"""kvq.conformance.check: kvq's own kernels pass every stage, pipeline and attention case; a
 wrong kernel fails with kvq conform's first-mismatch line; unsupported cases are skipped."""
 import io
 import json
@@ -16,12 +16,12 @@ def replayed_names(vectors, kinds):
     return [n for n in vectors.names() if n.split("/")[0] in kinds]
 
 
-def test_the_oracle_passes_every_stage_and_pipeline_case(vectors):
+def test_the_oracle_passes_every_replayed_case(vectors):
     out = io.StringIO()
     report = kvq.conformance.check(kvq.conformance.ORACLE, vectors=vectors, out=out)
-    assert [r.name for r in report.results] == replayed_names(vectors, ("stage", "pipeline"))
+    assert [r.name for r in report.results] == replayed_names(vectors, kvq.conformance.KINDS)
     assert report.failed == 0 and report.skipped == 0, report.failures()[:3]
-    assert {r.kind for r in report.results} == {"stage", "pipeline"}
+    assert {r.kind for r in report.results} == {"stage", "pipeline", "attention"}
     table = out.getvalue().splitlines()
     assert table[0].startswith("case") and table[0].endswith("kvq")
     assert table[-1] == ("%d cases x 1 target (%s, spec %s): %d passed, 0 failed, 0 skipped"
@@ -116,7 +116,8 @@ def test_the_verdicts_are_the_clis(vectors):
     table = subprocess.run([os.environ["KVQ_BINARY"], "conform", "--backend", "scalar",
                             "--vectors", vectors.dir], check=True, capture_output=True,
                            text=True).stdout.splitlines()
-    cli = [tuple(line.split()) for line in table if line.split("/")[0] in ("stage", "pipeline")]
+    cli = [tuple(line.split()) for line in table
+           if line.split("/")[0] in kvq.conformance.KINDS]
     report = kvq.conformance.check(kvq.conformance.ORACLE, vectors=vectors, out=None)
     assert cli == [(r.name, r.status) for r in report.results]
 

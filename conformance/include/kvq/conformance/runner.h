@@ -63,6 +63,17 @@ std::optional<CaseFailure> CompareBits(const std::string& output, const Tensor& 
 // it (p's encode steps, then the transforms): "row, column", "tile, channel, byte", ...
 const char* OutputAxes(const WriteParams& p, const std::string& field);
 
+// Attention cases (kAttention), the two halves of their replay, shared with outside replays:
+// the sequence id of the case's query `query` (in.query_slots[query]) in `replayed`, and the
+// verdict on `out` fp32 [Hq, d], a kernel's output for that query: nothing when every head is
+// finite and its relative error max_j |o - ref| / max_j |ref| against expect.reference_f64 is
+// <= tolerance (spec/cache.md §5), else the worst channel of the first head that is not, as a
+// failure of output "out". Throw kvq::Error(kInvalidArgument) for a query out of range,
+// kMalformedFile for a slot that is not a live sequence.
+int QuerySequence(const Safetensors& c, const ReplayedCache& replayed, int64_t query);
+std::optional<CaseFailure> CompareAttention(const Safetensors& c, int64_t query,
+                                            const float* out, double tolerance);
+
 // A verified, parsed vectors folder.
 struct VectorSet {
   std::string dir;

@@ -1,0 +1,164 @@
+// The paged cache of an attention case (conformance::ReplayCacheScript, built by the scalar
+// write path as `kvq conform` builds it) as an attention kernel reads it: parameters, page
+// tables, the pool's planes, the bf16 windows; and kvq's own decode step over it (attend).
+// The cache is frozen once built, so its planes are read-only views that keep it alive.
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "kvq/common/error.h"
+#include "kvq/conformance/case_format.h"
+#include "kvq/cpu_ref/attention.h"
+#include "kvq/cpu_ref/kernels.h"
+
+namespace kvq::python {
+namespace {
+
+using conformance::ReplayedCache;
+using SharedCache = std::shared_ptr<ReplayedCache>;
+using cpu::KV;
+
+KV KVOf(const std::string& kv) {
+  KVQ_CHECK(kv == "key" || kv == "value", kInvalidArgument, "kv must be 'key' or 'value', got '",
+            kv, "'");
+  return kv == "key" ? KV::kKey : KV::kValue;
+}
+
+const cpu::PagedKVCache& CacheOf(const SharedCache& c) { return *c->cache; }
+
+// Every bf16 row's shape: [rows, Hkv, d].
+std::vector<int64_t> RowsShape(const cpu::PagedKVCache& cache, size_t rows) {
+  return {static_cast<int64_t>(rows), cache.params().num_kv_heads, cache.params().head_dim()};
+}
+
+py::dict Params(const SharedCache& c) {
+  const CacheParams& p = CacheOf(c).params();
+  return py::dict(py::arg("num_kv_heads") = p.num_kv_heads, py::arg("num_q_heads") = p.num_q_heads,
+                  py::arg("head_dim") = p.head_dim(), py::arg("sink") = p.sink,
+                  py::arg("recent") = p.recent, py::arg("flush") = p.flush,
+                  py::arg("page_size") = p.page_size, py::arg("softmax_scale") = p.scale(),
+                  py::arg("quantized") = p.quantized(), py::arg("key") = p.key,
+                  py::arg("value") = p.value);
+}
+
+// {plane name: [pages, heads per page, rows per page, elements]} of one side's pool.
+py::dict Pool(const SharedCache& c, const std::string& kv) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  KVQ_CHECK(cache.params().quantized(), kInvalidArgument, "a bf16 cache has no pool");
+  const KV side = KVOf(kv);
+  const FormatLayout& layout = cache.Layout(side);
+  const CacheParams& p = cache.params();
+  py::object owner = py::cast(c);
+  py::dict planes;
+  for (int i = 0; i < layout.num_planes; ++i) {
+    const PlaneSpec& plane = layout.plane(i);
+    planes[plane.name] = ReadOnlyView(
+        plane.dtype,
+        {cache.NumPages(), layout.HeadsPerPage(i, p.num_kv_heads),
+         layout.RowsPerPage(i, p.page_size), plane.elements},
+        cache.PoolPlane(side, i), owner);
+  }
+  return planes;
+}
+
+py::array Sink(const SharedCache& c, int seq, const std::string& kv) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  // A bf16 cache keeps every row in one run whose first SinkLength rows are the sink.
+  const uint16_t* rows = cache.params().quantized() ? cache.SinkRows(seq, KVOf(kv))
+                                                    : cache.DenseRows(seq, KVOf(kv));
+  return ReadOnlyView(DType::kBF16, RowsShape(cache, cache.SinkLength(seq)), rows, py::cast(c));
+}
+
+// Positions [RecentBegin, t) in position order (a copy out of the ring).
+py::array Recent(const SharedCache& c, int seq, const std::string& kv) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  const size_t begin = cache.RecentBegin(seq), t = cache.Length(seq);
+  const size_t row = static_cast<size_t>(cache.params().num_kv_heads * cache.params().head_dim());
+  std::vector<uint8_t> bytes((t - begin) * row * sizeof(uint16_t));
+  for (size_t pos = begin; pos < t; ++pos) {
+    std::memcpy(bytes.data() + (pos - begin) * row * sizeof(uint16_t),
+                cache.Bf16Row(seq, pos, KVOf(kv)), row * sizeof(uint16_t));
+  }
+  return Adopt(DType::kBF16, RowsShape(cache, t - begin), std::move(bytes));
+}
+
+py::object Rotation(const SharedCache& c, const std::string& kv, int head) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  const float* r = cache.Rotation(KVOf(kv), head);
+  if (r == nullptr) return py::none();
+  const int d = cache.params().head_dim();
+  return ReadOnlyView(DType::kF32, {d, d}, r, py::cast(c));
+}
+
+py::array DequantizedHistory(const SharedCache& c, int seq, int head, const std::string& kv) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  const std::vector<float> rows = cache.DequantizedHistory(seq, head, KVOf(kv));
+  std::vector<uint8_t> bytes(rows.size() * sizeof(float));
+  std::memcpy(bytes.data(), rows.data(), bytes.size());
+  return Adopt(DType::kF32,
+               {static_cast<int64_t>(cache.HistoryLength(seq)), cache.params().head_dim()},
+               std::move(bytes));
+}
+
+py::array Attend(const SharedCache& c, int seq, const py::object& q) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  const CacheParams& p = cache.params();
+  const int64_t n = int64_t{p.num_q_heads} * p.head_dim();
+  const py::array query = ContiguousOf(q, DType::kF32, "q");
+  KVQ_CHECK(query.size() == n, kShapeMismatch, "q must hold Hq * d = ", n, " floats, got ",
+            query.size());
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * sizeof(float));
+  cpu::Attend(cpu::ScalarBackend(), cache, seq, static_cast<const float*>(query.data()),
+              reinterpret_cast<float*>(bytes.data()));
+  return Adopt(DType::kF32, {p.num_q_heads, p.head_dim()}, std::move(bytes));
+}
+
+}  // namespace
+
+py::object ReplayedCacheOf(const Safetensors& file, const conformance::Fixtures& fixtures) {
+  return py::cast(std::make_shared<ReplayedCache>(
+      conformance::ReplayCacheScript(file, fixtures, cpu::ScalarBackend())));
+}
+
+void BindCache(py::module_& m) {
+  py::class_<ReplayedCache, SharedCache>(
+      m, "Cache",
+      "An attention case's paged cache (spec/cache.md), its script replayed by kvq's scalar "
+      "write path; read-only. kv is 'key' or 'value'; seq a sequence id (Case.query_sequences). "
+      "bf16 rows are uint16 bits [rows, Hkv, d].")
+      .def_property_readonly("params", &Params,
+                             "dict: num_kv_heads, num_q_heads, head_dim, sink, recent, flush, "
+                             "page_size, softmax_scale (the scale applied), quantized, key and "
+                             "value (kvq.WriteParams).")
+      .def("sequences", [](const SharedCache& c) { return CacheOf(c).SequenceIds(); })
+      .def("length", [](const SharedCache& c, int seq) { return CacheOf(c).Length(seq); })
+      .def("sink_length", [](const SharedCache& c, int seq) { return CacheOf(c).SinkLength(seq); })
+      .def("history_length",
+           [](const SharedCache& c, int seq) { return CacheOf(c).HistoryLength(seq); })
+      .def("recent_begin",
+           [](const SharedCache& c, int seq) { return CacheOf(c).RecentBegin(seq); })
+      .def("page_table", [](const SharedCache& c, int seq) { return CacheOf(c).PageTable(seq); },
+           "list of page ids: history token i is in page table[i // P], slot i % P.")
+      .def("pool", &Pool, py::arg("kv"),
+           "{plane name: array [pages, heads per page, rows per page, elements]} of the "
+           "format's planes (a tile plane's row holds a tile); kvq.Error for a bf16 cache.")
+      .def("sink", &Sink, py::arg("seq"), py::arg("kv"),
+           "bf16 bits [sink length, Hkv, d] (positions 0..; a bf16 cache's rows past the sink "
+           "are recent()).")
+      .def("recent", &Recent, py::arg("seq"), py::arg("kv"),
+           "bf16 bits [t - recent_begin, Hkv, d], positions recent_begin.. in order (a copy).")
+      .def("rotation", &Rotation, py::arg("kv"), py::arg("head"),
+           "float32 [d, d]: the dense rotation of a KV head; None for identity / Hadamard.")
+      .def("dequantized_history", &DequantizedHistory, py::arg("seq"), py::arg("head"),
+           py::arg("kv"), "float32 [history length, d]: the history as the cache dequantizes "
+                          "it (rotated space).");
+  m.def("attend", &Attend, py::arg("cache"), py::arg("seq"), py::arg("q"),
+        "kvq's decode step (cpu::Attend, scalar): q float32 [Hq, d] over sequence seq of cache "
+        "-> out float32 [Hq, d]. kvq.Error for an unknown or empty sequence, a non-finite q.");
+}
+
+}  // namespace kvq::python
