@@ -38,8 +38,7 @@ namespace kvq::calib {
 namespace {
 
 using testing::ExpectError;
-
-const std::string kModelA = std::string(KVQ_MODELS_DIR) + "/tiny-llama-a";
+using testing::kModelA;
 
 // Model B's weights are not committed: $KVQ_MODEL_B_DIR, or calib/models/tiny-qwen3-b when
 // someone copied model.safetensors there (it is git-ignored). Empty when neither has them.

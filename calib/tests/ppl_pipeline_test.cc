@@ -22,8 +22,7 @@ namespace kvq::calib {
 namespace {
 
 using testing::ExpectError;
-
-const std::string kModelA = std::string(KVQ_MODELS_DIR) + "/tiny-llama-a";
+using testing::kModelA;
 // Window lengths (smaller in sanitizer builds); the history starts at S0 + W = 48.
 constexpr int64_t kLength = testing::kSanitizerBuild ? 80 : 112;
 constexpr int64_t kCalibLength = testing::kSanitizerBuild ? 64 : 96;

@@ -21,8 +21,7 @@ namespace kvq::calib {
 namespace {
 
 using testing::ExpectError;
-
-const std::string kModelA = std::string(KVQ_MODELS_DIR) + "/tiny-llama-a";
+using testing::kModelA;
 // Window lengths (smaller in sanitizer builds); S0 = 16, W = 32: the history starts at 48.
 constexpr int64_t kLength = testing::kSanitizerBuild ? 96 : 160;
 constexpr int64_t kCalibLength = testing::kSanitizerBuild ? 64 : 128;

@@ -23,6 +23,10 @@ inline constexpr bool kSanitizerBuild = true;
 inline constexpr bool kSanitizerBuild = false;
 #endif
 
+// The committed trained model A (calib/models/tiny-llama-a; the test targets define
+// KVQ_MODELS_DIR).
+inline const std::string kModelA = std::string(KVQ_MODELS_DIR) + "/tiny-llama-a";
+
 // Synthetic capture options of the given shape; every other field keeps its default.
 inline SynthOptions SynthShape(int num_layers, int num_q_heads, int num_kv_heads, int head_dim,
                                int64_t tokens, uint64_t seed) {
