@@ -7,13 +7,14 @@ reproduces every stored bit on the CPU. The transforms are reused by the other t
 folder, which keep kvq's codec input and change only the quantizer.
 
     TARGET.write(params, x, rotation) -> {"codes": u8, "scale": bf16, "min": bf16} tensors
+    TARGET.stage(name, params, inputs, rows) -> {output: tensor}, every stage but fp8's
 """
 import math
 
 import torch
 
-__all__ = ["TARGET", "SpecTorch", "bf16_rne", "clip", "fp32_bits", "pack_tile", "pack_token",
-           "quantize_groups", "transform"]
+__all__ = ["TARGET", "SpecTorch", "bf16_from_bits", "bf16_rne", "clip", "fp32_bits",
+           "norm_spans", "pack_tile", "pack_token", "quantize_groups", "transform"]
 
 F32 = torch.float32
 
@@ -59,10 +60,16 @@ def _bitrev_index(d):
 
 
 def _norm(x, heads):
-    """§5.1: squares, the stride-halving tree padded with +0 to a power of two, sqrtf, bf16;
-    the span divided by n^ (n^ = 0: +0). Returns (u, n^ as bfloat16 [rows])."""
+    """§5.1 over spans of `heads` rows laid end to end. Returns (u [n, d], n^ bfloat16)."""
     n, d = x.shape
-    span = x.reshape(n // heads, d * heads) if heads > 1 else x
+    u, norm = norm_spans(x.reshape(n // heads, d * heads))
+    return u.reshape(n, d), norm
+
+
+def norm_spans(span):
+    """§5.1 on each row of span [rows, m]: squares, the stride-halving tree padded with +0 to
+    a power of two, sqrtf, bf16; the span divided by n^ (n^ = 0: +0). Returns (u, n^ as
+    bfloat16 [rows])."""
     m = span.shape[1]
     size = 1 << (m - 1).bit_length()
     a = torch.zeros(span.shape[0], size, dtype=F32)
@@ -73,8 +80,13 @@ def _norm(x, heads):
         h //= 2
     norm = bf16_rne(torch.sqrt(a[:, 0]))
     nf = norm.to(F32)[:, None]
-    u = torch.where(nf == 0, torch.zeros_like(span), span / nf)
-    return u.reshape(n, d), norm
+    return torch.where(nf == 0, torch.zeros_like(span), span / nf), norm
+
+
+def bf16_from_bits(bits):
+    """fp32 tensor of the bf16 values whose uint16 bits are `bits` (numpy or tensor)."""
+    b = torch.as_tensor(bits.astype("int32") if hasattr(bits, "astype") else bits)
+    return (b.to(torch.int32) << 16).view(F32)
 
 
 def transform(p, x, rotation):
@@ -129,6 +141,14 @@ def _split_pack(codes, bits):
     return packed.to(torch.uint8)
 
 
+def _split_unpack(packed, bits):
+    """The inverse of _split_pack along the last axis: bytes [..., m b / 8] -> codes [..., m]."""
+    per_byte, mask = 8 // bits, (1 << bits) - 1
+    packed = packed.to(torch.int32)
+    parts = [(packed >> (bits * k)) & mask for k in range(per_byte)]
+    return torch.cat(parts, dim=-1).to(torch.uint8)
+
+
 def pack_token(codes, bits):
     """§8: codes uint8 [n, d] -> bytes [n, d b / 8]."""
     return _split_pack(codes, bits)
@@ -141,7 +161,8 @@ def pack_tile(codes, bits):
 
 
 class SpecTorch:
-    """The target: write() of the affine_token and affine_tile formats (others: skipped)."""
+    """The target: write() of the affine_token and affine_tile formats and stage() of every
+    stage but fp8's (those cases are skipped)."""
     name = "spec_torch"
 
     def codec_input(self, p, x, rotation):
@@ -149,6 +170,56 @@ class SpecTorch:
         bfloat16 [n] tensor, or None without a norm)."""
         rows, norm = transform(p, x, rotation)
         return clip(p, rows)[0], norm
+
+    def stage(self, name, p, inputs, rows):
+        """One stage of kvq.stages() (§3-§8; fp8 skipped), inputs and outputs named as
+        kvq.run_stage names them."""
+        t = {k: torch.as_tensor(v.astype("int32") if v.dtype.kind == "u" and v.itemsize == 2
+                                else v) for k, v in inputs.items()}
+        d = p.head_dim
+        if name == "rotate_dense":
+            return {"y": _rotate_dense(t["x"], t["r"])}
+        if name == "fwht":
+            return {"y": _fwht(t["x"], p.hadamard_block or d)}
+        if name == "bitrev":
+            return {"y": t["x"][:, _bitrev_index(d)]}
+        if name == "clip":
+            x, tau = clip(p, t["x"])
+            return {"x": x, "tau": tau}
+        if name == "norm":
+            u, norm = norm_spans(t["x"])
+            return {"x": u, "norm": norm}
+        if name == "denorm":
+            return {"y": t["y"] * bf16_from_bits(inputs["norm"])[:, None]}
+        if name in ("quantize", "quantize_tile"):
+            x = t["x"]
+            if name == "quantize":
+                codes, scale, minimum = quantize_groups(x.reshape(rows, d // p.group, p.group),
+                                                        p.bits)
+                return {"codes": codes.reshape(rows, d), "scale": scale, "min": minimum}
+            codes, scale, minimum = quantize_groups(
+                x.reshape(rows // p.group, p.group, d).transpose(1, 2), p.bits)
+            return {"codes": codes.transpose(1, 2).reshape(rows, d), "scale": scale,
+                    "min": minimum}
+        if name == "pack":
+            return {"packed": pack_token(t["codes"], p.bits)}
+        if name == "unpack":
+            return {"codes": _split_unpack(t["packed"], p.bits)}
+        if name == "pack_tile":
+            return {"packed": pack_tile(t["codes"].reshape(rows // p.group, p.group, d),
+                                        p.bits)}
+        if name == "unpack_tile":
+            codes = _split_unpack(t["packed"].reshape(rows // p.group, d, -1), p.bits)
+            return {"codes": codes.transpose(1, 2).reshape(rows, d)}
+        if name in ("dequantize", "dequantize_tile"):
+            sf, mf = bf16_from_bits(inputs["scale"]), bf16_from_bits(inputs["min"])
+            q = t["codes"].to(F32)
+            if name == "dequantize":
+                q = q.reshape(rows, -1, p.group)
+                return {"y": (q * sf[..., None] + mf[..., None]).reshape(rows, d)}
+            q = q.reshape(rows // p.group, p.group, d)
+            return {"y": (q * sf[:, None, :] + mf[:, None, :]).reshape(rows, d)}
+        raise NotImplementedError("spec_torch has no stage " + name)
 
     def write(self, p, x, rotation):
         if p.format not in ("affine_token", "affine_tile"):
