@@ -217,8 +217,8 @@ def test_oscar_authors_flush_clips_where_prefill_does_not(vectors):
     not (the outlier is clipped); over the INT2 cases it changes codes that prefill kept
     (note §4.2: 4138 of 4608 exact for d128_g64_b2 against prefill's 4231)."""
     case = vectors.case("pipeline/d128_g128_b2_rho1_identity")
-    prefill_codes, prefill = oscar_codes(oscar_authors_torch.PREFILL, case)
-    flush_codes, flush = oscar_codes(oscar_authors_torch.PREFILL, case, flush=True)
+    prefill_codes, prefill = oscar_codes(oscar_authors_torch.SERVING, case)
+    flush_codes, flush = oscar_codes(oscar_authors_torch.SERVING, case, flush=True)
     assert np.array_equal(prefill_codes, flush_codes)
     assert not torch.equal(prefill["scale"], flush["scale"])
     exact = 0

@@ -15,9 +15,11 @@ G = d kernels' compiled reciprocal-FMA division of §2.3 is a GPU property and i
 - split-quarter packing as kvq's, ORed without masks.
 INT2 and affine_token only (the authors' kernels have no INT4 and no tiles): others skip.
 
-    PREFILL.write(params, x, rotation) -> {"codes": u8, "scale": f32, "zero": f32}
-    PREFILL.flush(params, x, rotation) -> the same planes written by the decode flush
-    FLUSH: a target whose write() is the flush path.
+    PREFILL.write(params, x, rotation) -> {"codes": u8, "scale": f32, "zero": f32}: the
+        prefill kernel alone
+    SERVING: the serving path: write() is the prefill kernel, flush(params, x, rotation) the
+        decode flush writing the same rows (kvq.conformance's prefill = flush invariant)
+    FLUSH: a target whose write() is the decode flush
 """
 import math
 
@@ -25,7 +27,8 @@ import torch
 
 from . import spec_torch
 
-__all__ = ["FLUSH", "PREFILL", "OscarAuthors", "bisection_threshold", "quantize"]
+__all__ = ["FLUSH", "PREFILL", "SERVING", "OscarAuthors", "OscarServing", "bisection_threshold",
+           "quantize"]
 
 F32 = torch.float32
 
@@ -75,7 +78,7 @@ def _pack_unmasked(codes, d):
 
 class OscarAuthors:
     """write(): the prefill kernel (order-statistic clip) or, with flush_clip, the decode
-    flush kernel (bisection clip); flush(): always the decode flush."""
+    flush kernel (bisection clip)."""
 
     def __init__(self, name, flush_clip):
         self.name, self._flush_clip = name, flush_clip
@@ -100,9 +103,18 @@ class OscarAuthors:
     def write(self, p, x, rotation):
         return self._write(p, x, rotation, self._flush_clip)
 
+
+class OscarServing(OscarAuthors):
+    """The authors' serving path: prefill writes the prompt's rows, the decode flush the rows
+    demoted from the recent window; flush() is the latter on the same rows."""
+
+    def __init__(self, name):
+        super().__init__(name, flush_clip=False)
+
     def flush(self, p, x, rotation):
         return self._write(p, x, rotation, True)
 
 
 PREFILL = OscarAuthors("oscar_authors_torch", flush_clip=False)
 FLUSH = OscarAuthors("oscar_authors_torch_flush", flush_clip=True)
+SERVING = OscarServing("oscar_authors_torch_serving")
