@@ -158,9 +158,10 @@ def oscar_codes(target, case, flush=False):
 
 
 def test_oscar_authors_exact_verdicts_are_code_flips_or_the_fp32_scale(vectors):
-    """Today's exact check on the authors' choices: INT4 and tiles are skipped (their kernels
-    have neither); every INT2 case fails, at its first differing code or, where every code
-    agrees, at the fp32 scale plane (kvq's is bf16)."""
+    """The exact check (check()'s default) on the authors' choices: INT4 and tiles are
+    skipped (their kernels have neither); every INT2 case fails, where every code agrees at
+    the fp32 scale plane (kvq's is bf16), else at its first differing code (or, where the
+    verdict tiers read the planes, at the scale plane that no adapter declared)."""
     report = kvq.conformance.check(oscar_authors_torch.PREFILL, kinds=["pipeline"],
                                    formats=AFFINE, vectors=vectors, out=None)
     at_codes, at_scale = 0, 0
@@ -177,7 +178,9 @@ def test_oscar_authors_exact_verdicts_are_code_flips_or_the_fp32_scale(vectors):
             assert r.message == "error: scale must be a <u2 array (BF16), got float32", r.line()
             at_scale += 1
         else:
-            assert r.mismatch["output"] == "codes", r.line()
+            assert (r.mismatch is not None and r.mismatch["output"] == "codes") or (
+                r.message.startswith("error: plane 'scale' must be bfloat16") and
+                r.message.endswith("got float32")), r.line()
             at_codes += 1
     assert at_codes >= 50 and at_scale >= 30
 
