@@ -117,7 +117,7 @@ class Report:
                     passed=self.passed, failed=self.failed, skipped=self.skipped,
                     accept=self.options.accept, bound=self.options.bound,
                     edge_rows=self.options.edge_rows,
-                    adapter=None if self.options.adapter is None
+                    adapter=None if self.options.adapter in (None, IDENTITY)
                     else self.options.adapter.as_dict(),
                     tiers=self.tiers, edge_tiers=self.edge_tiers,
                     cases=[r.as_dict() for r in self.results])
@@ -465,7 +465,8 @@ def _print(report, out, failures_only):
                     str(r.edge_classes.get(c, 0)) for c in EDGE_CLASSES)), file=out)
     o = report.options
     print("\ntiers (accept %s, bound %g%s): %s" % (
-        o.accept, o.bound, "" if o.adapter is None else ", adapter " + o.adapter.describe(),
+        o.accept, o.bound, "" if o.adapter in (None, IDENTITY) else
+        ", adapter " + o.adapter.describe(),
         ", ".join("%d %s" % (n, t) for t, n in report.tiers.items() if n or t in TIERS)),
         file=out)
     print("\n%d cases x 1 target (%s, spec %s): %d passed, %d failed, %d skipped"
@@ -527,6 +528,7 @@ def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failu
         tier is its ordinary elements'; the edge elements' tier is reported beside it).
     Raises kvq.Error (invalid argument) for an unknown kind, format, accept or edge_rows."""
     options = _Options(accept, bound, adapter, edge_rows)
+    options.adapter = options.adapter_of(target)
     if vectors is None or isinstance(vectors, str):
         vectors = _vectors.load(vectors)
     results = [replay(target, vectors.case(n), options)

@@ -289,12 +289,14 @@ def boundary_rule(q_oracle, q_target, v_oracle, v_target, levels, bound):
     """bool array: a one-code disagreement at a rounding boundary (spec/verdicts.md §2).
     The codes differ by exactly one, k = min(q_oracle, q_target), and the boundary k + 1/2 lies
     within `bound` of the closed interval between the oracle's pre-rounding value and the
-    target's (v_target NaN or None: the oracle's value alone), both first clamped to [0, L]."""
+    target's (v_target NaN or None: the oracle's value alone; v_oracle NaN, a group whose
+    oracle scale is 0: the target's value alone), both first clamped to [0, L]."""
     k = np.minimum(q_oracle, q_target).astype(np.float64)
     one = np.abs(q_oracle - q_target) == 1
     vo = np.clip(v_oracle.astype(np.float64), 0, levels)
     vt = vo if v_target is None else np.where(np.isnan(v_target), vo,
                                               np.clip(v_target, 0, levels))
+    vo = np.where(np.isnan(vo), vt, vo)  # the oracle's scale is 0: the target's value alone
     low, high = np.minimum(vo, vt), np.maximum(vo, vt)
     edge = k + 0.5
     with np.errstate(invalid="ignore"):
