@@ -141,6 +141,15 @@ class _Options:
         return self.adapter or getattr(target, "adapter", None) or IDENTITY
 
 
+def options(target, accept="exact", bound=DEFAULT_BOUND, adapter=None, edge_rows="judged"):
+    """check()'s keyword arguments, validated, the adapter resolved for `target` (its
+    `adapter` attribute when none is given): what replay() takes as its third argument.
+    Raises kvq.Error (invalid argument) as check() does."""
+    resolved = _Options(accept, bound, adapter, edge_rows)
+    resolved.adapter = resolved.adapter_of(target)
+    return resolved
+
+
 def _method(target, name):
     if name == "write" and not hasattr(target, "write") and callable(target):
         return target
@@ -417,9 +426,10 @@ def _tolerance(target, case):
 
 def replay(target, case, accept="exact", bound=DEFAULT_BOUND, adapter=None, edge_rows="judged"):
     """One case's CaseResult: `case` (a kvq.vectors.Case of KINDS) replayed through `target`,
-    its tier held against `accept` (see check())."""
-    options = accept if isinstance(accept, _Options) else _Options(accept, bound, adapter,
-                                                                   edge_rows)
+    its tier held against `accept` (see check(); `accept` may also be what options() returns,
+    which then stands for every keyword)."""
+    held = accept if isinstance(accept, _Options) else options(target, accept, bound, adapter,
+                                                               edge_rows)
     method = _method(target, _METHODS[case.kind])
     if method is None:
         return CaseResult(case.name, case.kind, "SKIP",
@@ -428,8 +438,8 @@ def replay(target, case, accept="exact", bound=DEFAULT_BOUND, adapter=None, edge
         if case.kind == "attention":
             return _replay_attention(method, case, _tolerance(target, case))
         if case.kind == "pipeline":
-            return _replay_pipeline(target, method, case, options)
-        return _replay_stage(target, method, case, options)
+            return _replay_pipeline(target, method, case, held)
+        return _replay_stage(target, method, case, held)
     except NotImplementedError as e:
         return CaseResult(case.name, case.kind, "SKIP", "unsupported: %s" % e)
     except Error as e:
@@ -527,14 +537,12 @@ def check(target, kinds=KINDS, formats=None, vectors=None, out=sys.stdout, failu
     edge_rows: 'judged' (edge elements count toward the case's tier) or 'apart' (the case's
         tier is its ordinary elements'; the edge elements' tier is reported beside it).
     Raises kvq.Error (invalid argument) for an unknown kind, format, accept or edge_rows."""
-    options = _Options(accept, bound, adapter, edge_rows)
-    options.adapter = options.adapter_of(target)
+    held = options(target, accept, bound, adapter, edge_rows)
     if vectors is None or isinstance(vectors, str):
         vectors = _vectors.load(vectors)
-    results = [replay(target, vectors.case(n), options)
-               for n in select(vectors, kinds, formats)]
+    results = [replay(target, vectors.case(n), held) for n in select(vectors, kinds, formats)]
     target_name = name or getattr(target, "name", None) or getattr(target, "__name__", "target")
-    report = Report(target_name, vectors.dir, vectors.spec_version, results, options)
+    report = Report(target_name, vectors.dir, vectors.spec_version, results, held)
     if out is not None:
         _print(report, out, failures_only)
     return report

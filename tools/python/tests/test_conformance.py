@@ -147,3 +147,11 @@ def test_the_command_line_replays_a_module_target(vectors, tmp_path):
     assert bad.returncode == 2
     assert "[my_kernels:bad] FAIL pipeline/tile_" in bad.stdout
     assert conform("my_kernels:good", "--formats", "int3").returncode == 1
+    # A rolled code plane is unexplained at any accepted tier; the JSON says so per case.
+    within = conform("my_kernels:bad", "--formats", "affine_token", "--accept", "within_step",
+                     "--edge-rows", "apart", "--json", str(tmp_path / "bad.json"))
+    assert within.returncode == 2
+    data = json.loads((tmp_path / "bad.json").read_text())
+    assert data["accept"] == "within_step" and data["edge_rows"] == "apart"
+    assert data["tiers"]["unexplained"] == data["failed"] > 0
+    assert "tiers (accept within_step, bound 0.001): " in within.stdout
