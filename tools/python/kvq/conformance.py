@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from . import vectors as _vectors
+from . import own_attention, vectors as _vectors
 from ._arrays import as_numpy
 from ._errors import error
 from ._kvq import Error, attend, encode, formats as _formats, run_stage, stages
@@ -406,7 +406,18 @@ def _check_finite_outputs(case, outputs, checks, result):
             result.message = "; ".join([result.message] + result.notes[-1:]).lstrip("; ")
 
 
-def _replay_attention(attend_method, case, tolerance):
+def _replay_attention(target, attend_method, case, options):
+    """The attention verdict: over the target's own codes when it offers the protocol
+    (own_attention: write() and attend(..., history=)), else the case's tolerance against
+    kvq's fp64 reference over kvq's cache."""
+    if _method(target, "write") is not None and own_attention.accepts_history(attend_method):
+        message, note = own_attention.judge(target, case, options.adapter_of(target))
+        result = CaseResult(case.name, case.kind, "FAIL" if message else "PASS",
+                            message or "", tier="unexplained" if message else "tolerance")
+        result.notes = [note] if note else []
+        result.invariants["own_codes"] = message is None
+        return result
+    tolerance = _tolerance(target, case)
     cache = case.cache()
     q = case.inputs["q"]
     for query in range(q.shape[0]):
@@ -436,7 +447,7 @@ def replay(target, case, accept="exact", bound=DEFAULT_BOUND, adapter=None, edge
                           "the target has no %s()" % _METHODS[case.kind])
     try:
         if case.kind == "attention":
-            return _replay_attention(method, case, _tolerance(target, case))
+            return _replay_attention(target, method, case, held)
         if case.kind == "pipeline":
             return _replay_pipeline(target, method, case, held)
         return _replay_stage(target, method, case, held)
