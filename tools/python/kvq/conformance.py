@@ -29,13 +29,14 @@ import sys
 import numpy as np
 
 from . import own_attention, vectors as _vectors
+from .own_attention import Arithmetic
 from ._arrays import as_numpy
 from ._errors import error
 from ._kvq import Error, attend, encode, formats as _formats, run_stage, stages
 from .verdicts import (DEFAULT_BOUND, EDGE_CLASSES, IDENTITY, TIERS, Adapter, Oracle, bf16_bits,
                        judge_affine, judge_fp8)
 
-__all__ = ["Adapter", "DEFAULT_BOUND", "KINDS", "ORACLE", "TIERS", "CaseResult", "Report", "check",
+__all__ = ["Adapter", "Arithmetic", "DEFAULT_BOUND", "KINDS", "ORACLE", "TIERS", "CaseResult", "Report", "check",
            "load_target", "replay", "select"]
 
 # The case kinds replayed from Python (cache cases need a cache write target: not yet), and the
@@ -210,9 +211,13 @@ def _judge(case, oracle, adapter, bound, codes, scale, minimum, zero, kvq_planes
     p = oracle.p
     if p.format == "fp8_e4m3":
         return judge_fp8(oracle, codes, bound)
-    if scale is None:  # a target returning codes only: the oracle's metadata, nothing equal
-        meta_equal = np.ones(codes.shape, bool)
-        return judge_affine(oracle, codes, None, None, None, meta_equal, bound)
+    if scale is None:  # a target returning codes only: the oracle's values, never exact
+        judgement = judge_affine(oracle, codes, None, None, None, np.ones(codes.shape, bool),
+                                 bound)
+        judgement.tiers = np.maximum(judgement.tiers, 1).astype(np.int8)
+        judgement.notes.insert(0, "codes only: judged against the oracle's pre-rounding values "
+                                  "and metadata")
+        return judgement
     shape = oracle.scale_bits.shape
     try:
         sb = kvq_planes["scale"].reshape(shape)
@@ -310,6 +315,9 @@ def _replay_pipeline(target, write, case, options):
     if p.format not in _CODECS:
         return _compare_all(case, planes, checks)
     n = x.shape[0]
+    if p.format != "fp8_e4m3" and not any(k in planes for k in ("scale", "min", "zero")):
+        # Codes only: judged against the oracle's pre-rounding values and bound, never exact.
+        checks = [c for c in checks if c[1] == "codes"]
     if adapter.identity:
         exact = _compare_all(case, planes, checks)
         if exact.status == "FAIL" and exact.mismatch is None:  # a plane is missing
