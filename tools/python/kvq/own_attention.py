@@ -230,7 +230,8 @@ def _reference(q, q_rot, sink, history, recent, inverse, scale, u):
     """(o float64 [d], bound float64 [d]) for one query head: the fp64 decode step over
     sink / history / recent key and value rows (history in the rotated space, read with q~,
     its values mapped back by `inverse`), and the per-channel arithmetic bound of
-    spec/verdicts.md §7 times SAFETY."""
+    spec/verdicts.md §7 times SAFETY. q~ is kvq's (the write path's spec'd bits, as in
+    spec/cache.md §5): a target's own rotation of q is not part of the bound."""
     d = q.size
     keys_win = np.concatenate([sink[0], recent[0]])
     values_win = np.concatenate([sink[1], recent[1]])
@@ -246,9 +247,10 @@ def _reference(q, q_rot, sink, history, recent, inverse, scale, u):
     # the scale multiplied (d + 2 roundings of the accumulator), the stored logit (u_s).
     e_logit = ((2 * u["operands"] + (d + 2) * u["accumulate"]) * magnitude +
                u["logits"] * np.abs(logits)).max()
-    # Relative error of each p: the two logits that move it (s_t and the max / l), its own
-    # storage, the value operand, exp and the division, the T-term sums of l and of P.V.
-    rel = 2 * e_logit + u["probabilities"] + u["operands"] + (T + 4) * u["accumulate"]
+    # Relative error of each p times its value: the two logit errors that move p_t (its own and,
+    # through l, the largest), p's storage, the value operand, exp and the division, and the
+    # T-term sums of l and of P.V (T u_acc each).
+    rel = 2 * e_logit + u["probabilities"] + u["operands"] + (2 * T + 4) * u["accumulate"]
     bound_win = rel * (p[:n_win] @ np.abs(values_win))
     bound_rot = rel * (p[n_win:] @ np.abs(history[1]))
     bound_hist = bound_rot @ np.abs(inverse) + (d * u["accumulate"]) * (
