@@ -1,9 +1,14 @@
 """Replays the golden vectors through your kernel and prints the table `kvq conform` prints.
 
-Stage and pipeline cases are held to the exact tier: every stored bit must match (the spec
-fixes them); attention cases to the case's tolerance on the relative error per query head
-against the fp64 reference, as kvq conform holds them (spec/cache.md §5). A target is an
-object with any of
+Every stage and pipeline case of a quantized format gets a verdict tier (spec/verdicts.md):
+exact (every stored bit matches: kvq conform's rule), explained (one-code flips at rounding
+boundaries, metadata rounding to kvq's bf16), within_step (dequantized within one oracle step)
+or unexplained; check(accept=) names the worst that passes (default 'exact'), an Adapter reads
+foreign metadata and packings, edge groups are reported apart, invariants are checked on the
+target's own output. Attention cases are held to the case's tolerance on the relative error
+per query head against the fp64 reference, as kvq conform holds them (spec/cache.md §5), or,
+for a target offering attend(..., history=), over its own codes within a bound derived from
+its arithmetic (kvq.own_attention). A target is an object with any of
     write(params, x, rotation) -> {plane name: array}   the stored planes of rows x, as
                                                         kvq.encode gives them (pipeline cases)
     stage(name, params, inputs, rows) -> {output: array}  one stage of kvq.stages(), as
@@ -13,6 +18,11 @@ object with any of
                                                         kvq.Cache), as kvq.attend (attention
                                                         cases; a target whose `device` is
                                                         'cuda' gets the case's GPU tolerance)
+    flush(params, x, rotation) -> planes                optional: the planes its decode-time
+                                                        path writes for the same rows (the
+                                                        prefill_equals_flush invariant)
+    adapter, arithmetic                                 optional attributes: a kvq.conformance
+                                                        .Adapter, a kvq.conformance.Arithmetic
 or a plain callable, taken as write. The target gets numpy arrays; it may return numpy arrays
 or tensors (anything with .cpu() / .numpy() or __array__, e.g. torch tensors on any device: see
 kvq._arrays.as_numpy); bf16 values are uint16 bits (a torch.bfloat16 tensor is read as its
@@ -22,6 +32,8 @@ the case with its reason; a target without the method a case calls skips it.
     report = kvq.conformance.check(kvq.conformance.ORACLE)   # every case passes
     report = kvq.conformance.check(my_write, kinds=["pipeline"], formats=["affine_token"])
     assert report.failed == 0, report.failures()
+    report = kvq.conformance.check(foreign, accept="within_step", edge_rows="apart",
+                                   adapter=kvq.conformance.Adapter(scale_dtype="float16"))
 """
 import importlib
 import sys
