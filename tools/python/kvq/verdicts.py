@@ -147,8 +147,8 @@ class Adapter:
         a = np.ascontiguousarray(as_numpy(planes["zero"]))
         kind = "iu" if self.zero_point == "integer" else "f"
         if a.dtype.kind not in kind:
-            raise error("plane 'zero' must be an %s array (zero_point '%s'), got %s" % (
-                "integer" if kind == "iu" else "floating", self.zero_point, a.dtype),
+            raise error("plane 'zero' must be %s array (zero_point '%s'), got %s" % (
+                "an integer" if kind == "iu" else "a floating-point", self.zero_point, a.dtype),
                 "shape mismatch")
         return a.astype(np.float64)
 

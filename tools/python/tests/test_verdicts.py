@@ -195,6 +195,39 @@ def test_fp32_zero_point_metadata_is_explained_or_within_one_step(vectors):
                                                zero_point="float", packing=None)
 
 
+def test_an_integer_zero_point_is_within_one_step(vectors):
+    def integer_zero(p, x, rotation):
+        """x ~ s * (q - z) with z = rint(-lo / s) an integer: the grid moves by up to s / 2."""
+        if p.format != "affine_token":
+            raise NotImplementedError(p.format)
+        out, xc = codec_input(p, x, rotation)
+        n, d = xc.shape
+        g = grouped(p, xc)
+        levels = np.float32((1 << p.bits) - 1)
+        lo, hi = g.min(axis=1, keepdims=True), g.max(axis=1, keepdims=True)
+        s = ((hi - lo) / levels).astype(np.float32)
+        with np.errstate(all="ignore"):
+            z = np.where(s == 0, 0, np.rint(-lo / s)).astype(np.int32)
+            q = np.where(s == 0, 0, np.clip(np.rint(g / s + z), 0, levels))
+        shape = metadata_shape(p, n, d)
+        return {"codes": pack(p, ungrouped(p, q, n, d)), "scale": s.reshape(shape),
+                "zero": z.reshape(shape)}
+    adapter = Adapter(scale_dtype="float32", zero_point="integer")
+    report = kvq.conformance.check(integer_zero, kinds=["pipeline"], formats=TOKEN_GRID,
+                                   vectors=vectors, out=None, accept="within_step",
+                                   edge_rows="apart", adapter=adapter)
+    grid = [r for r in report.results if GRID(r.name)]
+    assert grid and all(r.status == "PASS" for r in grid), [r.line() for r in grid][:3]
+    assert "within_step" in {r.tier for r in grid}
+    assert sum(r.counts["within_step"] for r in grid) > sum(r.counts["explained"] for r in grid)
+    float_zero = kvq.conformance.check(integer_zero, kinds=["pipeline"], formats=TOKEN_GRID,
+                                       vectors=vectors, out=None, adapter=Adapter(
+                                           scale_dtype="float32", zero_point="float"))
+    assert all(r.message.startswith(
+        "error: plane 'zero' must be a floating-point array (zero_point 'float'), got int32") for r in float_zero.results
+               if GRID(r.name))
+
+
 def test_fp16_metadata_in_int32_words_is_within_one_step(vectors):
     target = Fp16Words(128)
     report = kvq.conformance.check(target, kinds=["pipeline"], formats=TOKEN_GRID,
@@ -224,6 +257,20 @@ def test_kvqs_own_packing_is_a_permutation():
     assert np.array_equal(mine.codes(p, {"codes": pack(p, codes)}, 5), codes)
     with pytest.raises(kvq.Error, match="not a permutation"):
         Adapter(packing=[0, 0, 1])
+
+
+def test_kvqs_tile_packing_is_a_permutation():
+    """spec/numerics.md §8.1 as a permutation of a tile's elements (token * d + channel):
+    channel j owns G_k / 4 bytes, byte i of them holds tokens i, G_k/4 + i, ... (INT2)."""
+    d, gk = 64, 32
+    quarter = gk // 4
+    perm = [((f % 4) * quarter + (f // 4) % quarter) * d + (f // 4) // quarter
+            for f in range(d * gk)]
+    p = kvq.WriteParams(format="affine_tile", head_dim=d, group=gk, bits=2)
+    codes = np.random.default_rng(2).integers(0, 4, (2 * gk, d))
+    mine = Adapter(packing=perm)
+    assert np.array_equal(mine.pack(p, codes).reshape(-1), pack(p, codes).reshape(-1))
+    assert np.array_equal(mine.codes(p, {"codes": pack(p, codes)}, 2 * gk), codes)
 
 
 # --- (c) a wrong packing or width: unexplained, with its first mismatch ------------------
