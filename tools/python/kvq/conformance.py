@@ -490,6 +490,8 @@ def _print(report, out, failures_only):
             tier = "" if r.tier is None else "  " + r.tier
             if r.edge_tier is not None and r.edge_tier != "exact":
                 tier += "  edge: " + r.edge_tier
+            if r.status == "SKIP":
+                tier = "  (%s)" % r.message
             print(r.name.ljust(width + 2) + r.status + tier, file=out)
     if report.failed:
         print("\nfirst mismatch of each failure:", file=out)

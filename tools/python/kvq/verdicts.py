@@ -384,12 +384,7 @@ def judge_affine(oracle, q_t, scale_t, min_t, zero_t, meta_equal, bound):
     same = q_t == o.codes
     explained = meta_equal & boundary_rule(o.codes, q_t, o.v, v_t, L, bound)
     tiers = np.where(same & meta_equal, 0, np.where(explained, 1, np.where(within, 2, 3)))
-    classes = o.edge_classes()
-    edge = np.zeros_like(same)
-    for mask in classes.values():
-        edge |= mask
-    groups = {name: int(np.unique(o.group[mask]).size) for name, mask in classes.items()}
-    j = Judgement(tiers.astype(np.int8), edge, groups)
+    j = _judgement(o, tiers, o.edge_classes())
     j.invariants["codes_in_range"] = bool(((q_t >= 0) & (q_t <= L)).all())
     if not j.invariants["codes_in_range"]:
         r, c = _first((q_t < 0) | (q_t > L))
@@ -408,12 +403,29 @@ def judge_affine(oracle, q_t, scale_t, min_t, zero_t, meta_equal, bound):
     bad = _first(tiers == 3)
     if bad is not None:
         r, c = bad
-        j.notes.append("unexplained at row %d, column %d: code %d, oracle %d (oracle's "
+        j.notes.append("unexplained at row %d, column %d%s: code %d, oracle %d (oracle's "
                        "pre-rounding %.6g%s)%s" % (
-                           r, c, q_t[r, c], o.codes[r, c], o.v[r, c],
+                           r, c, _where(j, r, c), q_t[r, c], o.codes[r, c], o.v[r, c],
                            "" if v_t is None else ", target's %.6g" % v_t[r, c],
                            "" if meta_equal[r, c] else ", metadata off kvq's bf16"))
     return j
+
+
+def _judgement(oracle, tiers, classes, edge_names=EDGE_CLASSES):
+    """A Judgement of per-element `tiers` whose edge elements are those of `edge_names`."""
+    edge = np.zeros(tiers.shape, bool)
+    for name in edge_names:
+        edge |= classes[name]
+    groups = {name: int(np.unique(oracle.group[mask]).size) for name, mask in classes.items()}
+    j = Judgement(tiers.astype(np.int8), edge, groups)
+    j.classes = classes
+    return j
+
+
+def _where(judgement, r, c):
+    """' (edge group: constant)' for an element of an edge group, else ''."""
+    names = [n for n in EDGE_CLASSES if judgement.classes[n][r, c]]
+    return " (edge group: %s)" % ", ".join(names) if names else ""
 
 
 def judge_fp8(oracle, q_t, bound):
@@ -431,10 +443,7 @@ def judge_fp8(oracle, q_t, bound):
     nan = np.isnan(e_t)
     tiers = np.where(q_t == o.codes, 0, np.where(at_tie, 1, np.where(rank_gap <= 1, 2, 3)))
     tiers = np.where(nan, 3, tiers)
-    classes = o.edge_classes()
-    edge = classes["subnormal"] | classes["constant"]
-    j = Judgement(tiers.astype(np.int8), edge,
-                  {name: int(np.unique(o.group[mask]).size) for name, mask in classes.items()})
+    j = _judgement(o, tiers, o.edge_classes(), ("subnormal", "constant"))
     j.invariants["codes_in_range"] = True
     j.invariants["finite"] = not nan.any()
     if nan.any():
@@ -443,6 +452,7 @@ def judge_fp8(oracle, q_t, bound):
     bad = _first(tiers == 3)
     if bad is not None:
         r, c = bad
-        j.notes.append("unexplained at row %d, column %d: code 0x%02x (%g), oracle 0x%02x (%g)"
-                       % (r, c, q_t[r, c], e_t[r, c], o.codes[r, c], e_o[r, c]))
+        j.notes.append("unexplained at row %d, column %d%s: code 0x%02x (%g), oracle 0x%02x "
+                       "(%g)" % (r, c, _where(j, r, c), q_t[r, c], e_t[r, c], o.codes[r, c],
+                                 e_o[r, c]))
     return j

@@ -83,11 +83,17 @@ def test_unsupported_cases_are_skipped_with_the_reason(vectors):
                 raise NotImplementedError("format %s" % params.format)
             return kvq.encode(params, x, rotation)
 
-    report = kvq.conformance.check(TokenOnly(), vectors=vectors, out=None)
+    out = io.StringIO()
+    report = kvq.conformance.check(TokenOnly(), vectors=vectors, out=out)
     skipped = [r for r in report.results if r.status == "SKIP"]
     assert {r.message for r in skipped if r.kind == "stage"} == {"the target has no stage()"}
     assert any(r.message == "unsupported: format affine_tile" for r in skipped)
     assert report.failed == 0
+    tile = next(r.name for r in skipped if r.message == "unsupported: format affine_tile")
+    assert any(line.split() == [tile, "SKIP", "(unsupported:", "format", "affine_tile)"]
+               for line in out.getvalue().splitlines())
+    assert {c["message"] for c in report.as_dict()["cases"] if c["name"] == tile} == {
+        "unsupported: format affine_tile"}
 
 
 def test_a_stage_kernel_is_replayed_through_its_arguments(vectors):
