@@ -227,6 +227,7 @@ def _judge(case, oracle, adapter, bound, codes, scale, minimum, zero, kvq_planes
         judgement = judge_affine(oracle, codes, None, None, None, np.ones(codes.shape, bool),
                                  bound)
         judgement.tiers = np.maximum(judgement.tiers, 1).astype(np.int8)
+        judgement.codes_only = True
         judgement.notes.insert(0, "codes only: judged against the oracle's pre-rounding values "
                                   "and metadata")
         return judgement
@@ -248,6 +249,8 @@ def _apply(result, judgement, options):
     """Fills `result` (the exact comparison's CaseResult) from `judgement` and decides its
     status: the tier that gates it is the ordinary elements' (edge_rows 'apart') or the worst
     of all (edge_rows 'judged'), PASS when it is no worse than options.accept."""
+    if result.status == "PASS" and not getattr(judgement, "codes_only", False):
+        judgement.tiers[...] = 0  # every stored bit matched: exact by definition
     ordinary, edge = judgement.tier("ordinary"), judgement.tier("edge")
     has_edge = bool(judgement.edge.any())
     gate = ordinary if options.edge_rows == "apart" else max(ordinary, edge)
