@@ -2,9 +2,9 @@
 
 Imports the target (an object with any of write(), stage(), attend(), or a write function: see
 kvq.conformance; its `adapter` attribute, a kvq.conformance.Adapter, maps foreign planes),
-replays the stage, pipeline and attention cases through it, prints kvq
-conform's table with each case's tier (--accept, --bound, --edge-rows: spec/verdicts.md) and exits with status 2 when a case failed (1 for a usage or kvq error), as
-kvq conform does.
+replays the stage, pipeline and attention cases through it, prints kvq conform's table with
+each case's tier (--accept, --bound, --edge-rows: spec/verdicts.md) and exits with status 2
+when a case failed (1 for a usage or kvq error), as kvq conform does.
 """
 import argparse
 import json

@@ -48,8 +48,8 @@ from ._kvq import Error, attend, encode, formats as _formats, run_stage, stages
 from .verdicts import (DEFAULT_BOUND, EDGE_CLASSES, IDENTITY, TIERS, Adapter, Oracle, bf16_bits,
                        judge_affine, judge_fp8)
 
-__all__ = ["Adapter", "Arithmetic", "DEFAULT_BOUND", "KINDS", "ORACLE", "TIERS", "CaseResult", "Report", "check",
-           "load_target", "replay", "select"]
+__all__ = ["Adapter", "Arithmetic", "DEFAULT_BOUND", "KINDS", "ORACLE", "TIERS", "CaseResult",
+           "Report", "check", "load_target", "options", "replay", "select"]
 
 # The case kinds replayed from Python (cache cases need a cache write target: not yet), and the
 # target method each calls.

@@ -10,8 +10,8 @@ write(), stage(), attend()). Each case of kvq.conformance.select() becomes the t
 kvq::conformance[<case name>] (`-k tile_` selects cases as usual): it passes, fails with kvq
 conform's first-mismatch line (and its tier), or skips with the target's reason.
 --kvq-accept, --kvq-bound, --kvq-edge-rows (kvq_accept, ... in the ini file) are check()'s
-accept, bound and edge_rows (spec/verdicts.md); the target's `adapter` attribute is used. Without a target the plugin
-adds nothing.
+accept, bound and edge_rows (spec/verdicts.md); the target's `adapter` attribute is used.
+Without a target the plugin adds nothing.
 """
 import pytest
 

@@ -223,9 +223,8 @@ def test_an_integer_zero_point_is_within_one_step(vectors):
     float_zero = kvq.conformance.check(integer_zero, kinds=["pipeline"], formats=TOKEN_GRID,
                                        vectors=vectors, out=None, adapter=Adapter(
                                            scale_dtype="float32", zero_point="float"))
-    assert all(r.message.startswith(
-        "error: plane 'zero' must be a floating-point array (zero_point 'float'), got int32") for r in float_zero.results
-               if GRID(r.name))
+    refused = "error: plane 'zero' must be a floating-point array (zero_point 'float'), got int32"
+    assert all(r.message.startswith(refused) for r in float_zero.results if GRID(r.name))
 
 
 def test_fp16_metadata_in_int32_words_is_within_one_step(vectors):
