@@ -4,8 +4,9 @@ For an attention case whose history is quantized, a target with write() and an a
 a `history` keyword is replayed as follows: the history rows of the queried sequence (the
 case's original bf16 rows at positions S0 .. S0 + H - 1) are written by target.write, one KV
 head at a time (with that head's rotation, clip ratio and fp8 scale), and handed to
-attend(cache, seq, q, history={"key": [planes of head 0, ...], "value": [...]}); the sink and
-the recent window stay kvq's (cache). The reference is an fp64 attention over the same
+attend(cache, seq, q, history={"key": [planes of head 0, ...], "value": [...], "key_params":
+[the kvq.WriteParams each head was written with], "value_params": [...]}); the sink and the
+recent window stay kvq's (cache). The reference is an fp64 attention over the same
 history, dequantized here from the target's own codes and metadata (through the Adapter), so
 quantization error cancels and the tolerance is the arithmetic's alone: a per-channel bound
 derived from the unit roundoffs the target declares (Arithmetic), not the quantization-sized
@@ -184,7 +185,8 @@ def judge(target, case, adapter=None, arithmetic=None):
                 cache.recent(seq, "value"), raw["value"][positions[recent:]]):
             raise error("own codes: the script of %s does not give sequence %d's rows"
                         % (case.name, seq), "mismatch")
-        history, rows = {"key": [], "value": []}, {"key": [], "value": []}
+        history = {"key": [], "value": [], "key_params": [], "value_params": []}
+        rows = {"key": [], "value": []}
         for kv in ("key", "value"):
             for head in range(hkv):
                 p = _head_params(params[kv], case, kv, head)
@@ -192,6 +194,7 @@ def judge(target, case, adapter=None, arithmetic=None):
                 x = _bf16_rows(raw[kv][positions[s0:s0 + h_len], head]).astype(np.float32)
                 planes = {} if h_len == 0 else dict(target.write(p, x.copy(), rotation))
                 history[kv].append(planes)
+                history[kv + "_params"].append(p)
                 rows[kv].append(np.zeros((0, d)) if h_len == 0
                                 else _dequantize(p, planes, adapter, h_len))
         q = case.inputs["q"][query]
