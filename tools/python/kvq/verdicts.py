@@ -1,7 +1,7 @@
 """Verdict tiers for kernels that do not promise kvq's bits (spec/verdicts.md).
 
 A stage or pipeline case of a quantized format is judged element by element and the case gets
-the worst tier of its ordinary elements:
+the worst tier of its elements (of its ordinary elements with edge_rows='apart'):
     exact        every stored bit matches (in kvq's plane form, after the Adapter)
     explained    the metadata rounds to kvq's bf16 bits and every code that differs differs by
                  one, at a rounding boundary (boundary_rule below)
@@ -20,15 +20,16 @@ from ._arrays import as_numpy
 from ._errors import error
 from ._kvq import run_stage
 
-__all__ = ["TIERS", "DEFAULT_BOUND", "EDGE_CLASSES", "Adapter", "bf16_bits", "bf16_value",
-           "boundary_rule", "edge_groups", "tier_of"]
+__all__ = ["TIERS", "DEFAULT_BOUND", "EDGE_CLASSES", "IDENTITY", "Adapter", "Judgement", "Oracle",
+           "bf16_bits", "bf16_value", "boundary_rule", "e4m3_values", "edge_groups",
+           "judge_affine", "judge_fp8", "tier_of"]
 
 TIERS = ("exact", "explained", "within_step", "unexplained")
 # Half-width, in code units, of the band around a rounding boundary k + 1/2 inside which a
 # one-code disagreement is accepted (spec/verdicts.md §2): a target computing the pre-rounding
 # value in fp32 in another order is within a few fp32 ulps of v <= 15 (about 1e-6); 1e-3 leaves
-# room for fp32 reciprocal tricks and bf16 inputs, not for fp16 arithmetic (which needs about
-# L * 2^-10: pass bound= to check()).
+# room for fp32 reciprocal tricks and fused multiply-adds, not for fp16 arithmetic (which needs
+# about L * 2^-10: pass bound= to check()).
 DEFAULT_BOUND = 1e-3
 # The edge classes of a group of the codec input (spec/verdicts.md §4).
 EDGE_CLASSES = ("subnormal", "constant", "offset")
