@@ -9,12 +9,15 @@ through the C++ tables that expand them: a new row appears with no Python edit.
     rows = kvq.decode(p, planes)                                        # float32 [4, 64]
     case = kvq.vectors.load().case("pipeline/d64_g32_b2_rho1_identity")
     kvq.conformance.check(my_write_kernel, kinds=["pipeline"])         # kvq conform's table
+    kvq.conformance.check(foreign, accept="explained",                 # verdict tiers
+                          adapter=kvq.conformance.Adapter(scale_dtype="float16"))
 
 Errors are kvq.Error (a ValueError) with kvq's message and e.code.
 """
 from ._kvq import (Cache, Error, WriteParams, attend, decode, encode, formats, quantize,
                    run_stage, schemes, stages)
-from . import conformance, vectors
+from . import conformance, own_attention, vectors, verdicts
 
 __all__ = ["Cache", "Error", "WriteParams", "attend", "conformance", "decode", "encode",
-           "formats", "quantize", "run_stage", "schemes", "stages", "vectors"]
+           "formats", "own_attention", "quantize", "run_stage", "schemes", "stages", "vectors",
+           "verdicts"]

@@ -8,8 +8,10 @@ then name the kernel on the command line or in the ini file:
 The target is what kvq.conformance.check takes (a write function, or an object with any of
 write(), stage(), attend()). Each case of kvq.conformance.select() becomes the test
 kvq::conformance[<case name>] (`-k tile_` selects cases as usual): it passes, fails with kvq
-conform's first-mismatch line, or skips with the target's reason. Without a target the plugin
-adds nothing.
+conform's first-mismatch line (and its tier), or skips with the target's reason.
+--kvq-accept, --kvq-bound, --kvq-edge-rows (kvq_accept, ... in the ini file) are check()'s
+accept, bound and edge_rows (spec/verdicts.md); the target's `adapter` attribute is used.
+Without a target the plugin adds nothing.
 """
 import pytest
 
@@ -21,14 +23,19 @@ _OPTIONS = (  # (name, help); --kvq-<name> on the command line, kvq_<name> in th
     ("kinds", "case kinds, comma-separated (default: %s)" % ",".join(conformance.KINDS)),
     ("formats", "formats, comma-separated (default: every format)"),
     ("vectors", "golden-vector folder (default: kvq.vectors.default_dir())"),
+    ("accept", "the worst verdict tier that passes: exact (default), explained, within_step"),
+    ("bound", "the boundary rule's bound in code units (default: %g)"
+     % conformance.DEFAULT_BOUND),
+    ("edge-rows", "judged (default) or apart: whether edge groups gate a case"),
 )
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("kvq", "kvq conformance (kvq.pytest_plugin)")
     for name, help_text in _OPTIONS:
-        group.addoption("--kvq-" + name, dest="kvq_" + name, default=None, help=help_text)
-        parser.addini("kvq_" + name, help_text)
+        key = name.replace("-", "_")
+        group.addoption("--kvq-" + name, dest="kvq_" + key, default=None, help=help_text)
+        parser.addini("kvq_" + key, help_text)
 
 
 def _option(config, name):
@@ -53,7 +60,8 @@ class KvqCase(pytest.Item):
         self.suite, self.case_name = suite, case_name
 
     def runtest(self):
-        result = conformance.replay(self.suite.target, self.suite.vectors.case(self.case_name))
+        result = conformance.replay(self.suite.target, self.suite.vectors.case(self.case_name),
+                                    self.suite.options)
         if result.status == "SKIP":
             pytest.skip(result.message)
         if result.status == "FAIL":
@@ -71,10 +79,11 @@ class KvqCase(pytest.Item):
 class KvqSuite(pytest.Collector):
     """The cases the options select, against the target they name (loaded once)."""
 
-    def __init__(self, *, target_spec, kinds, formats, vectors_dir, **kwargs):
+    def __init__(self, *, target_spec, kinds, formats, vectors_dir, options, **kwargs):
         super().__init__(**kwargs)
         self.target_spec = target_spec
         self.target = conformance.load_target(target_spec)
+        self.options = conformance.options(self.target, **options)
         self.vectors = _vectors.load(vectors_dir)
         self.case_names = conformance.select(self.vectors, kinds or conformance.KINDS, formats)
 
@@ -92,8 +101,11 @@ def pytest_collection_modifyitems(session, config, items):
         suite = KvqSuite.from_parent(
             session, name="kvq", nodeid="kvq", target_spec=target_spec,
             kinds=_list_option(config, "kinds"), formats=_list_option(config, "formats"),
-            vectors_dir=_option(config, "vectors"))
-    except (Error, ImportError, AttributeError) as e:
+            vectors_dir=_option(config, "vectors"), options=dict(
+                accept=_option(config, "accept") or "exact",
+                bound=float(_option(config, "bound") or conformance.DEFAULT_BOUND),
+                edge_rows=_option(config, "edge_rows") or "judged"))
+    except (Error, ImportError, AttributeError, ValueError) as e:
         raise pytest.UsageError("kvq: --kvq-target %s: %s" % (target_spec, e)) from e
     # genitems reports the collection as pytest's own does (the "collected N items" count).
     items.extend(session.genitems(suite))

@@ -83,11 +83,17 @@ def test_unsupported_cases_are_skipped_with_the_reason(vectors):
                 raise NotImplementedError("format %s" % params.format)
             return kvq.encode(params, x, rotation)
 
-    report = kvq.conformance.check(TokenOnly(), vectors=vectors, out=None)
+    out = io.StringIO()
+    report = kvq.conformance.check(TokenOnly(), vectors=vectors, out=out)
     skipped = [r for r in report.results if r.status == "SKIP"]
     assert {r.message for r in skipped if r.kind == "stage"} == {"the target has no stage()"}
     assert any(r.message == "unsupported: format affine_tile" for r in skipped)
     assert report.failed == 0
+    tile = next(r.name for r in skipped if r.message == "unsupported: format affine_tile")
+    assert any(line.split() == [tile, "SKIP", "(unsupported:", "format", "affine_tile)"]
+               for line in out.getvalue().splitlines())
+    assert {c["message"] for c in report.as_dict()["cases"] if c["name"] == tile} == {
+        "unsupported: format affine_tile"}
 
 
 def test_a_stage_kernel_is_replayed_through_its_arguments(vectors):
@@ -147,3 +153,11 @@ def test_the_command_line_replays_a_module_target(vectors, tmp_path):
     assert bad.returncode == 2
     assert "[my_kernels:bad] FAIL pipeline/tile_" in bad.stdout
     assert conform("my_kernels:good", "--formats", "int3").returncode == 1
+    # A rolled code plane is unexplained at any accepted tier; the JSON says so per case.
+    within = conform("my_kernels:bad", "--formats", "affine_token", "--accept", "within_step",
+                     "--edge-rows", "apart", "--json", str(tmp_path / "bad.json"))
+    assert within.returncode == 2
+    data = json.loads((tmp_path / "bad.json").read_text())
+    assert data["accept"] == "within_step" and data["edge_rows"] == "apart"
+    assert data["tiers"]["unexplained"] == data["failed"] > 0
+    assert "tiers (accept within_step, bound 0.001): " in within.stdout

@@ -14,6 +14,22 @@ def packing_off_by_one(params, x, rotation):
     planes["codes"] = np.roll(planes["codes"], 1, axis=1)
     return planes
 
+def half_up(params, x, rotation):
+    """kvq's quantizer rounding half up: differs only at exact ties (x - m) / s = k + 1/2."""
+    if params.format != "affine_token":
+        raise NotImplementedError("format %s" % params.format)
+    out = kvq.quantize(params, x, rotation)
+    tau = out["tau"][:, None]
+    xc = np.where(out["rotated"] > tau, tau, np.where(out["rotated"] < -tau, -tau,
+                                                      out["rotated"]))
+    sf = np.repeat((out["scale"].astype(np.uint32) << 16).view(np.float32), params.group, 1)
+    mf = np.repeat((out["min"].astype(np.uint32) << 16).view(np.float32), params.group, 1)
+    with np.errstate(all="ignore"):
+        q = np.where(sf == 0, 0, np.clip(np.floor((xc - mf) / sf + np.float32(0.5)), 0,
+                                         (1 << params.bits) - 1))
+    codes = kvq.run_stage("pack", params, {"codes": q.astype(np.uint8)}, x.shape[0])
+    return {"codes": codes["packed"], "scale": out["scale"], "min": out["min"]}
+
 def token_only(params, x, rotation):
     if params.format != "affine_token":
         raise NotImplementedError("format %s" % params.format)
@@ -81,3 +97,17 @@ def test_a_target_that_cannot_be_loaded_is_a_usage_error(project):
         result.stderr.fnmatch_lines(["ERROR: kvq: --kvq-target %s: *%s*" % (target, message)])
     result = project.runpytest("--kvq-target", "kernels:token_only", "--kvq-formats", "int3")
     result.stderr.fnmatch_lines(["ERROR: kvq: *format 'int3' is not one of*"])
+
+
+def test_accept_explained_passes_a_half_up_kernel(project, vectors):
+    args = ["--kvq-target", "kernels:half_up", "--kvq-kinds", "pipeline", "--kvq-formats",
+            "affine_token"]
+    strict = project.runpytest(*args)
+    ties = strict.parseoutcomes().get("failed", 0)
+    assert ties > 0
+    strict.stdout.fnmatch_lines(["*FAIL pipeline/*: * differs at *; tier explained*"])
+    project.runpytest(*args, "--kvq-accept", "explained").assert_outcomes(
+        passed=count(vectors, ["pipeline"], ["affine_token"]))
+    result = project.runpytest(*args, "--kvq-accept", "close")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: kvq: *accept 'close' is not one of*"])
