@@ -3,6 +3,9 @@ the OSCAR authors' benign differences explained and their flush clip flagged, KI
 metadata and int32 words read through an Adapter, its fp16 scale overflow on the new vectors'
 wide channels flagged non-finite, the wrong kernel unexplained. Skipped where torch or the
 tiers are missing."""
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -23,6 +26,7 @@ TIER = {t: i for i, t in enumerate(("exact", "explained", "within_step", "unexpl
 
 
 def oscar_adapter():
+    """What the OSCAR targets declare as their `adapter` (tested here explicitly)."""
     return kvq.conformance.Adapter("float32", zero_point="float")
 
 
@@ -161,6 +165,24 @@ def test_kivi_fp16_is_within_a_step_and_its_overflow_is_flagged(vectors):
     # one there (offset groups, judged apart).
     tile = {r.name: r for c, r in judged}["pipeline/tile_offset_d64_gk32_b4_identity"]
     assert tile.invariants["finite"] and tile.edge_classes["offset"] > 0
+
+
+def test_the_command_line_judges_the_oscar_target_by_its_declared_adapter(vectors):
+    """PREFILL declares Adapter("float32", zero_point="float"): kvq.conform judges it without
+    arguments beyond the tier; within one step with edge rows apart every INT2 case passes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__)),
+         os.path.dirname(os.path.dirname(kvq.__file__))]))
+    run = subprocess.run([sys.executable, "-m", "kvq.conform", "--target",
+                          "targets.oscar_authors_torch:PREFILL", "--kinds", "pipeline",
+                          "--formats", "affine_token", "--accept", "within_step",
+                          "--edge-rows", "apart", "--vectors", vectors.dir], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr
+    judged = len([n for n in kvq.conformance.select(vectors, ["pipeline"], ["affine_token"])
+                  if vectors.case(n).write_params.bits == 2])
+    assert ": %d passed, 0 failed, %d skipped" % (judged, len(kvq.conformance.select(
+        vectors, ["pipeline"], ["affine_token"])) - judged) in run.stdout
 
 
 def test_the_wrong_kernel_is_unexplained_at_any_tier(vectors):

@@ -20,12 +20,19 @@ INT2 and affine_token only (the authors' kernels have no INT4 and no tiles): oth
     SERVING: the serving path: write() is the prefill kernel, flush(params, x, rotation) the
         decode flush writing the same rows (kvq.conformance's prefill = flush invariant)
     FLUSH: a target whose write() is the decode flush
+Each declares its planes' form as `adapter` (fp32 scale, fp32 zero point, kvq's packing) for
+kvq.conformance's verdict tiers.
 """
 import math
 
 import torch
 
 from . import spec_torch
+
+try:  # the planes' form, for kvq.conformance's verdict tiers (spec/verdicts.md §5)
+    from kvq.conformance import Adapter as _Adapter
+except ImportError:  # a kvq without the tiers: the exact check needs no adapter
+    _Adapter = None
 
 __all__ = ["FLUSH", "PREFILL", "SERVING", "OscarAuthors", "OscarServing", "bisection_threshold",
            "quantize"]
@@ -82,6 +89,8 @@ class OscarAuthors:
 
     def __init__(self, name, flush_clip):
         self.name, self._flush_clip = name, flush_clip
+        if _Adapter is not None:  # fp32 scale and zero point, kvq's packing
+            self.adapter = _Adapter("float32", zero_point="float")
 
     def _write(self, p, x, rotation, flush_clip):
         if p.format != "affine_token" or p.bits != 2:
