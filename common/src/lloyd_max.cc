@@ -254,6 +254,12 @@ LloydMaxHalf Newton(const Marginal& f, std::vector<double> c, CodebookDensity de
   return {};  // not reached: the check above throws first
 }
 
+void CheckDimension(CodebookDensity density, int m) {
+  const int min_m = density == CodebookDensity::kBeta ? 2 : 1;
+  KVQ_CHECK(m >= min_m, kInvalidArgument, "m ", m, " is below ", min_m, " for the ",
+            CodebookDensityName(density), " density");
+}
+
 }  // namespace
 
 const char* CodebookDensityName(CodebookDensity density) {
@@ -265,9 +271,7 @@ const char* CodebookDensityName(CodebookDensity density) {
 }
 
 std::vector<LloydMaxHalf> SolveLloydMax(CodebookDensity density, int m, int max_bits) {
-  const int min_m = density == CodebookDensity::kBeta ? 2 : 1;
-  KVQ_CHECK(m >= min_m, kInvalidArgument, "m ", m, " is below ", min_m, " for the ",
-            CodebookDensityName(density), " density");
+  CheckDimension(density, m);
   KVQ_CHECK(max_bits >= 1 && max_bits <= 8, kInvalidArgument, "codebook width ", max_bits,
             " is not in 1..8");
   const Marginal f(density, m);
@@ -283,6 +287,7 @@ std::vector<LloydMaxHalf> SolveLloydMax(CodebookDensity density, int m, int max_
 
 double QuantizerMse(CodebookDensity density, int m, int bits, const float* centroids,
                     const float* boundaries) {
+  CheckDimension(density, m);
   KVQ_CHECK(bits >= 1 && bits <= 8, kInvalidArgument, "codebook width ", bits,
             " is not in 1..8");
   const Marginal f(density, m);

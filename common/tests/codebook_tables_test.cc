@@ -336,6 +336,9 @@ TEST(CodebookTables, RejectsUnsupportedSizesAndWidthsNamingThem) {
   kvq::testing::ExpectError([] { SolveLloydMax(kBeta, 1, 2); }, ErrorCode::kInvalidArgument, {"m 1"});
   kvq::testing::ExpectError([] { SolveLloydMax(kGaussian, 4, 9); }, ErrorCode::kInvalidArgument,
                        {"width 9"});
+  const CodebookTable q = Codebook(2, 1);
+  kvq::testing::ExpectError([&] { QuantizerMse(kBeta, 0, 1, q.centroids, q.boundaries); },
+                            ErrorCode::kInvalidArgument, {"m 0"});
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ std::vector<LloydMaxHalf> SolveLloydMax(CodebookDensity density, int m, int max_
 // ascending centroids and 2^bits − 1 ascending boundaries given (y in the cell between
 // consecutive boundaries maps to its centroid). For kBeta this is E‖u − û‖² for a uniform unit
 // vector u in R^m quantized coordinate-wise after a rotation (TurboQuant's D_mse). Integrated by
-// the same fp64 quadrature as the solver (relative error ~1e-15).
+// the same fp64 quadrature as the solver (relative error ~1e-15). Throws kInvalidArgument for
+// m or bits out of range (as SolveLloydMax).
 double QuantizerMse(CodebookDensity density, int m, int bits, const float* centroids,
                     const float* boundaries);
 
