@@ -167,8 +167,9 @@ TEST(CodebookTables, SolverAgreesWithATextbookLloydIteration) {
       [](double y) { return (y * std::sqrt((1 - y) * (1 + y)) + std::asin(y)) / 2; },
       [](double y) { return -std::pow((1 - y) * (1 + y), 1.5) / 3; }, 1.0};
   // N(0, 1): f ∝ exp(−y²/2), mass by erfc so the tail cells keep their digits; 40 stands for ∞.
-  const ClosedForm gaussian{[](double y) { return -std::sqrt(kPi / 2) * std::erfc(y / std::sqrt(2.0)); },
-                            [](double y) { return -std::exp(-y * y / 2); }, 40.0};
+  const ClosedForm gaussian{
+      [](double y) { return -std::sqrt(kPi / 2) * std::erfc(y / std::sqrt(2.0)); },
+      [](double y) { return -std::exp(-y * y / 2); }, 40.0};
   for (int bits = 1; bits <= 5; ++bits) {
     const std::vector<double> semi = TextbookLloyd(semicircle, bits);
     const std::vector<double> norm = TextbookLloyd(gaussian, bits);
@@ -324,18 +325,19 @@ TEST(CodebookTables, RejectsUnsupportedSizesAndWidthsNamingThem) {
   for (int m : {0, 1, 3, 127, 258, -2}) {
     EXPECT_FALSE(IsSupportedCodebook(m, 2));
     kvq::testing::ExpectError([&] { Codebook(m, 2); }, ErrorCode::kInvalidArgument,
-                         {"m " + std::to_string(m)});
+                              {"m " + std::to_string(m)});
   }
   for (int bits : {0, 9, -1}) {
     EXPECT_FALSE(IsSupportedCodebook(128, bits));
     kvq::testing::ExpectError([&] { Codebook(128, bits, kGaussian); }, ErrorCode::kInvalidArgument,
-                         {"width " + std::to_string(bits)});
+                              {"width " + std::to_string(bits)});
   }
   EXPECT_TRUE(IsSupportedCodebook(2, 1));
   EXPECT_TRUE(IsSupportedCodebook(256, 8));
-  kvq::testing::ExpectError([] { SolveLloydMax(kBeta, 1, 2); }, ErrorCode::kInvalidArgument, {"m 1"});
+  kvq::testing::ExpectError([] { SolveLloydMax(kBeta, 1, 2); }, ErrorCode::kInvalidArgument,
+                            {"m 1"});
   kvq::testing::ExpectError([] { SolveLloydMax(kGaussian, 4, 9); }, ErrorCode::kInvalidArgument,
-                       {"width 9"});
+                            {"width 9"});
   const CodebookTable q = Codebook(2, 1);
   kvq::testing::ExpectError([&] { QuantizerMse(kBeta, 0, 1, q.centroids, q.boundaries); },
                             ErrorCode::kInvalidArgument, {"m 0"});
