@@ -64,7 +64,7 @@ std::vector<float> Rows(size_t n, size_t m) {
 RC_GTEST_PROP(NormProps, StoredNormAndNormalizedRowWithinTheSpecsBound, ()) {
   const int d = *rc::gen::element(64, 128, 256);
   const int heads = *rc::gen::element(1, 2, 3, 8);
-  const WriteParams p = params::Write().head_dim(d).tile(32).norm(true, heads);
+  const WriteParams p = params::Write().head_dim(d).tile(32).norm().norm_heads(heads);
   const size_t m = static_cast<size_t>(p.norm_span());
   const size_t n = static_cast<size_t>(*rc::gen::inRange(1, 4));
   const std::vector<float> x = Rows(n, m);

@@ -14,7 +14,7 @@
 void setup_tables(CLI::App& app) {
   auto out = std::make_shared<std::string>();
   CLI::App* sub = app.add_subcommand(
-      "tables", "Write the generated constant tables (e4m3 values, ...) into a folder");
+      "tables", "Write the generated constant tables (e4m3 values, codebooks) into a folder");
   sub->add_option("--out", *out, "Existing folder to write the table files into")->required();
   sub->callback([out]() {
     // Every path is checked before anything is written (a missing DIR is refused).

@@ -1,5 +1,6 @@
 #include "kvq/common/format.h"
 
+#include <cstring>
 #include <string>
 
 #include "kvq/common/error.h"
@@ -43,6 +44,14 @@ const std::vector<Format>& AllFormats() {
 const char* FormatName(Format format) { return Entry(format).name; }
 const char* FormatSummary(Format format) { return Entry(format).summary; }
 const char* FormatSpecVersion(Format format) { return Entry(format).spec; }
+
+bool FormatReads(Format format, const char* param) {
+#define KVQ_FORMAT_PARAM(Fmt, name) \
+  if (format == Format::k##Fmt && std::strcmp(param, #name) == 0) return true;
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT_PARAM
+  return false;
+}
 
 Format ParseFormat(const std::string& name) {
   std::string names;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "kvq/common/error.h"
 
@@ -91,62 +92,62 @@ bool MetadataReader::Bool(const std::string& key) const {
   Bad(key, text, "0 or 1");
 }
 
+std::string ParamText(int v) { return std::to_string(v); }
+std::string ParamText(float v) { return ShortestFloat(v); }
+std::string ParamText(bool v) { return v ? "1" : "0"; }
+std::string ParamText(Format v) { return FormatName(v); }
+std::string ParamText(RotationKind v) { return RotationKindName(v); }
+
 void PutWriteParams(const WriteParams& p, const std::string& prefix, Metadata* metadata) {
-  Metadata& m = *metadata;
-  if (p.format != Format::kAffineToken && p.format != Format::kBf16) {
-    m[prefix + "row_format"] = FormatName(p.format);
-  }
-  m[prefix + "head_dim"] = std::to_string(p.head_dim);
-  m[prefix + "group"] = std::to_string(p.group);
-  m[prefix + "bits"] = std::to_string(p.bits);
-  m[prefix + "clip"] = ShortestFloat(p.clip);
-  m[prefix + "rotation"] = RotationKindName(p.rotation);
-  m[prefix + "hadamard_block"] = std::to_string(p.hadamard_block);
-  m[prefix + "bitrev"] = p.bitrev ? "1" : "0";
-  // Spec 1.1: written only when set (a file without them has no norm).
-  if (p.norm) {
-    m[prefix + "norm"] = "1";
-    m[prefix + "norm_heads"] = std::to_string(p.norm_heads);
-  }
-  // Spec 1.2: the fp8 formats' s^ (other formats store none and keep 1).
-  if (p.format == Format::kFp8E4m3) m[prefix + "head_scale"] = ShortestFloat(p.head_scale);
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  if (stored) (*metadata)[prefix + key] = ParamText(p.name);
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
 }
 
 namespace {
 
+// One parameter's value from its text; Validate bounds it afterwards.
+void ReadParam(const MetadataReader& meta, const std::string& key, int* v) {
+  *v = static_cast<int>(
+      meta.Int(key, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+}
+void ReadParam(const MetadataReader& meta, const std::string& key, float* v) {
+  *v = meta.Float(key);
+}
+void ReadParam(const MetadataReader& meta, const std::string& key, bool* v) {
+  *v = meta.Bool(key);
+}
+void ReadParam(const MetadataReader& meta, const std::string& key, Format* v) {
+  try {
+    *v = ParseFormat(meta.String(key));
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kMalformedFile, detail::Concat(meta.what(), ": ", e.what()));
+  }
+}
+void ReadParam(const MetadataReader& meta, const std::string& key, RotationKind* v) {
+  const std::string& text = meta.String(key);
+  try {
+    *v = ParseRotationKind(text);
+  } catch (const Error&) {
+    throw Error(ErrorCode::kMalformedFile, detail::Concat(meta.what(), ": metadata '", key,
+                                                         "' = '", text,
+                                                         "' is not identity, dense or hadamard"));
+  }
+}
+
+// The parameters under `prefix`: every 1.0 key is required; a later one keeps its default
+// (the format: `fallback`) when absent.
 WriteParams ReadWriteParams(const MetadataReader& meta, const std::string& prefix,
                             Format fallback) {
   WriteParams p;
   p.format = fallback;
-  if (meta.Has(prefix + "row_format")) {
-    try {
-      p.format = ParseFormat(meta.String(prefix + "row_format"));
-    } catch (const Error& e) {
-      throw Error(ErrorCode::kMalformedFile, detail::Concat(meta.what(), ": ", e.what()));
-    }
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  if (std::strcmp(spec, "1.0") == 0 || meta.Has(prefix + key)) {         \
+    ReadParam(meta, prefix + key, &p.name);                              \
   }
-  p.head_dim = static_cast<int>(meta.Int(prefix + "head_dim", 0, 1 << 20));
-  p.group = static_cast<int>(meta.Int(prefix + "group", 0, 1 << 20));
-  p.bits = static_cast<int>(meta.Int(prefix + "bits", 0, 64));
-  p.clip = meta.Float(prefix + "clip");
-  const std::string& rotation = meta.String(prefix + "rotation");
-  bool known = false;
-  for (RotationKind kind :
-       {RotationKind::kIdentity, RotationKind::kDense, RotationKind::kHadamard}) {
-    if (rotation == RotationKindName(kind)) {
-      p.rotation = kind;
-      known = true;
-    }
-  }
-  KVQ_CHECK(known, kMalformedFile, meta.what(), ": metadata '", prefix, "rotation' = '",
-            rotation, "' is not identity, dense or hadamard");
-  p.hadamard_block = static_cast<int>(meta.Int(prefix + "hadamard_block", 0, 1 << 20));
-  p.bitrev = meta.Bool(prefix + "bitrev");
-  if (meta.Has(prefix + "norm")) p.norm = meta.Bool(prefix + "norm");
-  if (meta.Has(prefix + "norm_heads")) {
-    p.norm_heads = static_cast<int>(meta.Int(prefix + "norm_heads", 0, 1 << 20));
-  }
-  if (meta.Has(prefix + "head_scale")) p.head_scale = meta.Float(prefix + "head_scale");
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
   return p;
 }
 

@@ -29,6 +29,15 @@ const char* RotationKindName(RotationKind kind) {
   return "unknown";
 }
 
+RotationKind ParseRotationKind(const std::string& name) {
+  for (RotationKind kind :
+       {RotationKind::kIdentity, RotationKind::kDense, RotationKind::kHadamard}) {
+    if (name == RotationKindName(kind)) return kind;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "rotation '" + name + "' is not identity, dense or hadamard");
+}
+
 bool IsSupportedHeadDim(int d) { return d == 64 || d == 128 || d == 256; }
 bool IsSupportedGroup(int g) { return g == 32 || g == 64 || g == 128; }
 bool IsSupportedGroup(int g, int d) { return (IsSupportedGroup(g) && g <= d) || g == d; }
@@ -49,26 +58,9 @@ void WriteParams::Validate() const {
   KVQ_CHECK(p.format != Format::k##Fmt || (valid), kInvalidArgument, __VA_ARGS__);
 #include "kvq/common/formats.inc"
 #undef KVQ_FORMAT_RULE
-  KVQ_CHECK(std::isfinite(clip) && clip > 0.0f && clip <= 1.0f, kInvalidArgument,
-            "clip ratio ", clip, " is outside (0, 1]");
-  KVQ_CHECK(rotation == RotationKind::kIdentity || rotation == RotationKind::kDense ||
-                rotation == RotationKind::kHadamard,
-            kInvalidArgument, "rotation kind ", static_cast<int>(rotation), " is unknown");
-  if (rotation == RotationKind::kHadamard) {
-    const int b = fwht_block();
-    KVQ_CHECK(b >= 16 && b <= head_dim && (b & (b - 1)) == 0, kInvalidArgument,
-              "hadamard block ", hadamard_block, " is not a power of two in [16, ", head_dim, "]");
-  } else {
-    KVQ_CHECK(hadamard_block == 0, kInvalidArgument, "hadamard block ", hadamard_block,
-              " given for rotation '", RotationKindName(rotation), "'");
-  }
-  if (norm) {
-    KVQ_CHECK(norm_heads >= 1 && norm_heads <= 4096, kInvalidArgument, "norm_heads ", norm_heads,
-              " is outside [1, 4096]");
-  } else {
-    KVQ_CHECK(norm_heads == 1, kInvalidArgument, "norm_heads ", norm_heads,
-              " given without a norm");
-  }
+#define KVQ_WRITE_RULE(valid, ...) KVQ_CHECK(valid, kInvalidArgument, __VA_ARGS__);
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_RULE
 }
 
 void CacheParams::Validate() const {

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "kvq/common/metadata.h"
+
 namespace kvq::params {
 
 WriteParams Write::Build() const {
@@ -14,23 +16,24 @@ CacheParams Cache::Build() const {
   return p_;
 }
 
+namespace {
+
+// A value as Describe prints it: ParamText's, but a flag is its label alone.
+template <typename T>
+std::string Shown(T v) {
+  return ParamText(v);
+}
+std::string Shown(bool) { return ""; }
+
+}  // namespace
+
 std::string Describe(const WriteParams& p) {
-  std::ostringstream os;
-  os << "d" << p.head_dim;
-  if (p.format != Format::kAffineToken) os << " " << FormatName(p.format);
-  if (p.format == Format::kBf16) return os.str();
-  if (p.format == Format::kFp8E4m3) {
-    os << " s" << p.head_scale;
-  } else {
-    os << (p.format == Format::kAffineToken ? " G" : " Gk") << p.group << " b" << p.bits;
-  }
-  os << " rho" << p.clip << " " << RotationKindName(p.rotation);
-  if (p.rotation == RotationKind::kHadamard && p.fwht_block() != p.head_dim) {
-    os << "/h" << p.fwht_block();
-  }
-  if (p.bitrev) os << "+br";
-  if (p.norm) os << " norm" << (p.norm_heads > 1 ? "/" + std::to_string(p.norm_heads) + "heads" : "");
-  return os.str();
+  std::string out;
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  if (shown) out += std::string(label) + Shown(p.name);
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+  return out;
 }
 
 std::string Describe(const CacheParams& p) {

@@ -1,7 +1,9 @@
 #include "kvq/common/tables.h"
 
 #include <cstdio>
+#include <cstring>
 
+#include "kvq/common/lloyd_max.h"
 #include "kvq/common/numeric.h"
 
 namespace kvq::tables {
@@ -13,12 +15,43 @@ std::vector<uint32_t> GenerateE4m3Values() {
   return words;
 }
 
+// For each m = 2, 4, ..., 256 and b = 1..8: CodebookHalf of the fp64 Beta solution.
+std::vector<uint32_t> GenerateCodebookBeta() {
+  std::vector<uint32_t> words;
+  for (int m = 2; m <= kCodebookMaxSize; m += 2) {
+    for (const LloydMaxHalf& width : SolveLloydMax(CodebookDensity::kBeta, m, kCodebookMaxBits)) {
+      for (float v : CodebookHalf(width.centroids)) words.push_back(F32Bits(v));
+    }
+  }
+  return words;
+}
+
+// For b = 1..8: the fp64 N(0, 1) centroids, each as its high word then its low word.
+std::vector<uint32_t> GenerateCodebookGaussian() {
+  std::vector<uint32_t> words;
+  for (const LloydMaxHalf& width : SolveLloydMax(CodebookDensity::kGaussian, 1, kCodebookMaxBits)) {
+    for (double c : width.centroids) {
+      uint64_t bits;
+      std::memcpy(&bits, &c, sizeof bits);
+      words.push_back(static_cast<uint32_t>(bits >> 32));
+      words.push_back(static_cast<uint32_t>(bits));
+    }
+  }
+  return words;
+}
+
 }  // namespace
 
 // Each table's words, from its committed file (a table is its tables.inc row, its generator
 // above and this definition).
 const uint32_t kE4m3Values[256] = {
 #include "kvq/common/tables/e4m3_values.inc"
+};
+const uint32_t kCodebookBeta[kCodebookSizes * kCodebookWordsPerSize] = {
+#include "kvq/common/tables/codebook_beta.inc"
+};
+const uint32_t kCodebookGaussian[2 * kCodebookGaussianValues] = {
+#include "kvq/common/tables/codebook_gaussian.inc"
 };
 
 const std::vector<TableSpec>& AllTables() {

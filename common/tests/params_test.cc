@@ -4,8 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kvq/common/error.h"
 #include "kvq/common/metadata.h"
@@ -231,6 +236,95 @@ TEST(MetadataCodec, Spec11KeysOnlyWhereSpec11Says) {
   bad["norm_heads"] = "1";
   testing::ExpectError([&] { GetWriteParams(MetadataReader(bad, "test"), ""); },
                        ErrorCode::kMalformedFile, {"norm"});
+}
+
+
+// Every row of write_params.inc round-trips through the metadata codec for every format, a
+// later spec's key may be absent (the default is read), a spec 1.0 key may not (named), and
+// a value that does not parse is named with its key.
+TEST(MetadataCodec, EveryParameterRowRoundTrips) {
+  const std::vector<WriteParams> cases = {
+      params::Write().head_dim(64).group(32).bits(4).clip(0.875f).hadamard(16).bitrev(),
+      params::Write().head_dim(256).tile(128).bits(2).rotation(RotationKind::kDense).norm()
+          .norm_heads(8).clip(0.5f),
+      params::Write().head_dim(128).fp8(0.0625f).hadamard(),
+  };
+  for (const WriteParams& p : cases) {
+    p.Validate();
+    Metadata m;
+    PutWriteParams(p, "value.", &m);
+    const WriteParams back = GetWriteParams(MetadataReader(m, "case"), "value.");
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label)                   \
+  EXPECT_EQ(std::memcmp(&back.name, &p.name, sizeof(Type)), 0) << #name << " of " \
+                                                                << params::Describe(p);
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+  }
+  // A bf16 side stores no format: the cache's `quantized` key says it.
+  Metadata cache;
+  PutCacheParams(params::Cache().kv_heads(2).q_heads(4).bf16(), &cache);
+  EXPECT_EQ(GetCacheParams(MetadataReader(cache, "case")).value.format, Format::kBf16);
+  // Keys of spec 1.0 are required, later ones optional.
+  Metadata m;
+  PutWriteParams(cases[1], "", &m);
+  for (const char* key : {"head_dim", "group", "bits", "clip", "rotation", "hadamard_block",
+                          "bitrev"}) {
+    Metadata missing = m;
+    missing.erase(key);
+    testing::ExpectError([&] { GetWriteParams(MetadataReader(missing, "case"), ""); },
+                         ErrorCode::kMalformedFile, {"case", key, "missing"});
+  }
+  Metadata without_format = m;
+  without_format.erase("row_format");  // a 1.0 file: affine_token, where a norm is an error
+  testing::ExpectError([&] { GetWriteParams(MetadataReader(without_format, "case"), ""); },
+                       ErrorCode::kMalformedFile, {"norm is not supported"});
+  Metadata fp8;
+  PutWriteParams(cases[2], "", &fp8);
+  fp8.erase("head_scale");
+  EXPECT_EQ(GetWriteParams(MetadataReader(fp8, "case"), "").head_scale, 1.0f);
+  for (const auto& [key, text] : std::vector<std::pair<std::string, std::string>>{
+           {"bits", "two"}, {"clip", "0.5x"}, {"bitrev", "yes"}, {"rotation", "spin"},
+           {"row_format", "int3"}}) {
+    Metadata bad = m;
+    bad[key] = text;
+    testing::ExpectError([&] { GetWriteParams(MetadataReader(bad, "case"), ""); },
+                         ErrorCode::kMalformedFile, {"case", text});
+  }
+}
+
+// Describe prints, per format, the rows it shows, in list order.
+TEST(WriteParams, DescribeShowsTheRowsOfTheFormat) {
+  EXPECT_EQ(params::Describe(params::Write().head_dim(128).group(64).bits(2).clip(0.96f)
+                                 .rotation(RotationKind::kDense).bitrev()),
+            "d128 G64 b2 rho0.96 dense+br");
+  EXPECT_EQ(params::Describe(params::Write().head_dim(64).tile(32).bits(4).hadamard(16).norm()
+                                 .norm_heads(2)),
+            "d64 affine_tile Gk32 b4 rho1 hadamard/h16 norm/heads2");
+  EXPECT_EQ(params::Describe(params::Write().head_dim(128).fp8(0.5f)),
+            "d128 fp8_e4m3 rho1 identity s0.5");
+  EXPECT_EQ(params::Describe(params::Write().head_dim(256).format(Format::kBf16).bits(4)),
+            "d256 bf16");
+}
+
+
+// Every KVQ_FORMAT_PARAM row names a row of write_params.inc (a misspelt name would make
+// FormatReads silently false), and each format reads what its rules constrain.
+TEST(WriteParams, FormatParamRowsNameParameterRows) {
+  std::vector<std::string> rows;
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) rows.push_back(#name);
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+  int format_rows = 0;
+#define KVQ_FORMAT_PARAM(Fmt, name)                                                    \
+  ++format_rows;                                                                       \
+  EXPECT_NE(std::find(rows.begin(), rows.end(), #name), rows.end()) << #Fmt " " #name; \
+  EXPECT_TRUE(FormatReads(Format::k##Fmt, #name));
+#include "kvq/common/formats.inc"
+#undef KVQ_FORMAT_PARAM
+  EXPECT_GT(format_rows, 0);
+  EXPECT_FALSE(FormatReads(Format::kAffineToken, "norm"));
+  EXPECT_FALSE(FormatReads(Format::kFp8E4m3, "group"));
+  EXPECT_FALSE(FormatReads(Format::kBf16, "bits"));
 }
 
 }  // namespace

@@ -136,7 +136,7 @@ std::vector<CacheConfig> CacheConfigs() {
     CacheConfig c;
     c.name = "ots_token_norm_d64_hkv2_f32";
     c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(1).flush(32).page(32)
-        .key(params::Write().head_dim(64).bits(2).tile(32).hadamard().norm(true, 2))
+        .key(params::Write().head_dim(64).bits(2).tile(32).hadamard().norm().norm_heads(2))
         .value(params::Write().head_dim(64).bits(2).group(32).hadamard())
         .Build();
     c.script = [](Script* s) {

@@ -326,7 +326,7 @@ void AddNormStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     for (int heads : {1, 3}) {
       if (d == 256 && heads == 3) continue;
-      const WriteParams p = params::Write().head_dim(d).tile(32).norm(true, heads);
+      const WriteParams p = params::Write().head_dim(d).tile(32).norm().norm_heads(heads);
       const std::string name =
           "stage/norm_d" + std::to_string(d) + "_heads" + std::to_string(heads);
       SplitMix64 rng(0);
@@ -592,7 +592,7 @@ void AddFp8Pipelines(VectorCollector* out, const cpu::Backend& scalar) {
   size_t index = 0;
   for (const Case& c : cases) {
     const WriteParams p = params::Write().head_dim(c.d).fp8(c.s).rotation(c.rotation.kind)
-                              .block(c.rotation.block).bitrev(c.rotation.bitrev);
+                              .hadamard_block(c.rotation.block).bitrev(c.rotation.bitrev);
     const std::string name = "pipeline/fp8_d" + std::to_string(c.d) + "_s" + ScaleTag(c.s) +
                              "_" + c.rotation.name;
     AddPipelineCase(out, scalar, name, p, AllRowKinds(),
@@ -702,7 +702,7 @@ void AddPipelineCases(VectorCollector* out) {
         for (float rho : kGridClips) {
           for (const RotationVariant& rot : kGridRotations) {
             const WriteParams p = params::Write().head_dim(d).group(g).bits(b).clip(rho)
-                                      .rotation(rot.kind).block(rot.block).bitrev(rot.bitrev);
+                                      .rotation(rot.kind).hadamard_block(rot.block).bitrev(rot.bitrev);
             const std::string name = "pipeline/d" + std::to_string(d) + "_g" + std::to_string(g) +
                                      "_b" + std::to_string(b) + "_" + RhoTag(rho) + "_" +
                                      rot.name;
@@ -724,7 +724,7 @@ void AddPipelineCases(VectorCollector* out) {
     for (float rho : {1.0f, 0.92f}) {
       for (const RotationVariant& rot : kEdgeRotations) {
         const WriteParams p = params::Write().head_dim(64).group(32).bits(b).clip(rho)
-                                  .rotation(rot.kind).block(rot.block).bitrev(rot.bitrev);
+                                  .rotation(rot.kind).hadamard_block(rot.block).bitrev(rot.bitrev);
         const std::string name = "pipeline/edges_d64_g32_b" + std::to_string(b) + "_" +
                                  RhoTag(rho) + "_" + rot.name;
         AddPipelineCase(out, scalar, name, p, AllRowKinds(), 1);

@@ -131,7 +131,7 @@ TEST_P(AttentionTest, Spec11CachesMatchReferenceAtFlushBoundaries) {
                             .page(64).key(testbed::Write(kivi_k).hadamard().norm())
                             .value(testbed::Write(kivi_v).hadamard())},
       {"ots_token_norm", testbed::Cache().q_heads(6).kv_heads(3).sink(0).recent(1).flush(32)
-                             .page(32).key(testbed::Write(kivi_k).hadamard().norm(true, 3))
+                             .page(32).key(testbed::Write(kivi_k).hadamard().norm().norm_heads(3))
                              .value(testbed::Write(kivi_v).hadamard())},
       {"tile_int4_d64_dense_norm", testbed::Cache().q_heads(4).kv_heads(1).sink(2).recent(3)
                                        .flush(32).page(64)

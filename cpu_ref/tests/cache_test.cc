@@ -621,7 +621,7 @@ TEST(PagedKVCacheSpec11, HistoryBitsPerElement) {
   EXPECT_EQ(history_bits(testbed::Cache(kivi).key(kk).value(vv)), 3.0);
   EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm()).value(vv)),
             3.0625);
-  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm(true, 4))
+  EXPECT_EQ(history_bits(testbed::Cache(kivi).key(testbed::Write(kk).hadamard().norm().norm_heads(4))
                              .value(vv)),
             3.0 + 16.0 / 512 / 2);
   EXPECT_EQ(history_bits(testbed::Cache(kivi).recent(0).flush(1).page(64).both(

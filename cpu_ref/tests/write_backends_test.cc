@@ -62,7 +62,7 @@ std::vector<WriteParams> StageGrid(const StageSpec& stage) {
       case StageId::kDenorm:
         // Spans of 1, 2, 3 (padded to 4) and 8 KV heads' rows.
         for (int heads : {1, 2, 3, 8}) {
-          grid.push_back(Write().head_dim(d).tile(32).norm(true, heads));
+          grid.push_back(Write().head_dim(d).tile(32).norm().norm_heads(heads));
         }
         break;
       default:  // a codec stage: every quantizer shape of its format
@@ -171,7 +171,7 @@ TEST_P(PipelineTest, QuantizeTokensMatchesScalar) {
       formats.push_back({Write().tile(gk), 1});
       formats.push_back({Write().tile(gk).norm(), 1});
     }
-    for (int heads : {2, 3}) formats.push_back({Write().tile(32).norm(true, heads), heads});
+    for (int heads : {2, 3}) formats.push_back({Write().tile(32).norm().norm_heads(heads), heads});
     formats.push_back({Write().group(d), 1});
     for (const auto& [format, heads] : formats) {
       for (int bits : kBits) {

@@ -51,7 +51,7 @@ uint16_t SequentialNorm(const float* x, size_t m) {
 // and 3 heads (3: padded with +0 to 4).
 TEST(NormStage, FollowsTheTreeOrderOfTheSpec) {
   for (int heads : {1, 2, 3}) {
-    const WriteParams p = Write().head_dim(64).tile(32).norm(true, heads);
+    const WriteParams p = Write().head_dim(64).tile(32).norm().norm_heads(heads);
     const size_t m = static_cast<size_t>(p.norm_span());
     conformance::SplitMix64 rng(17 + heads);
     std::vector<float> row(m);
@@ -276,7 +276,7 @@ TEST(TileDecode, RowsMidTileAndTheNorm) {
 // head stores it, and each head's normalized row is its rotated row divided by it.
 TEST(TokenScopeNorm, OneNormOverTheHeadsRowsEndToEnd) {
   const int heads = 3;
-  const WriteParams p = Write().head_dim(64).tile(32).hadamard().norm(true, heads);
+  const WriteParams p = Write().head_dim(64).tile(32).hadamard().norm().norm_heads(heads);
   conformance::SplitMix64 rng(12);
   const size_t n = 32, d = 64;
   std::vector<float> x(n * heads * d);

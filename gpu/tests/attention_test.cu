@@ -90,13 +90,15 @@ CacheParams MakeParams(const Config& cfg) {
   const auto half = [&](int group, int bits, RotationKind rotation, bool bitrev) {
     const int block = rotation == RotationKind::kHadamard ? cfg.hadamard_block : 0;
     if (cfg.fp8) {
-      return testbed::Write().head_dim(cfg.d).fp8().rotation(rotation).block(block).bitrev(bitrev);
+      return testbed::Write().head_dim(cfg.d).fp8().rotation(rotation).hadamard_block(block).bitrev(bitrev);
     }
     return testbed::Write().head_dim(cfg.d).group(group).bits(bits).rotation(rotation)
-        .block(block).bitrev(bitrev);
+        .hadamard_block(block).bitrev(bitrev);
   };
   testbed::Write key = half(cfg.group, cfg.bits, cfg.key_rotation, cfg.key_bitrev);
-  if (cfg.tile > 0) key.tile(cfg.tile).norm(cfg.norm, cfg.norm_heads);
+  if (cfg.tile > 0) {
+    key.tile(cfg.tile).norm(cfg.norm).norm_heads(cfg.norm ? cfg.norm_heads : 1);
+  }
   testbed::Cache c =
       testbed::Cache().q_heads(cfg.hq).kv_heads(cfg.hkv).sink(cfg.sink).recent(cfg.recent)
           .flush(cfg.flush).page(cfg.page)
@@ -885,7 +887,7 @@ TEST(GpuAttention, RotateQueries_BitExact) {
   auto check = [&](int d, int kind, int g, int heads_per_block) {
     const WriteParams wp = testbed::Write().head_dim(d).group(32)
                                .rotation(static_cast<RotationKind>(kind))
-                               .block(kind == 2 ? 32 : 0).bitrev(kind != 0);
+                               .hadamard_block(kind == 2 ? 32 : 0).bitrev(kind != 0);
     const int hkv = 2, batch = 2, hq = hkv * g;
     const std::vector<float> rot = testbed::HeadRotations(wp, hkv, &rng);
     const std::vector<float> q =

@@ -42,7 +42,7 @@ struct RotationVariant {
   testbed::Write Params(int d) const {
     const int h = kind != RotationKind::kHadamard ? 0 : (block_divisor != 0 ? d / block_divisor
                                                                             : block);
-    return testbed::Write().head_dim(d).rotation(kind).block(h).bitrev(bitrev);
+    return testbed::Write().head_dim(d).rotation(kind).hadamard_block(h).bitrev(bitrev);
   }
 };
 

@@ -132,7 +132,7 @@ TEST(LauncherRefuses, UnsupportedTileAndNormConfigurations) {
   a.params.group = 16;
   EXPECT_EQ(DispatchStage(StageId::kQuantizeTile, a, nullptr), cudaErrorInvalidValue);
   a.rows = 1;
-  a.params = Write().head_dim(256).tile(32).bits(2).norm(true, 256).Unchecked();
+  a.params = Write().head_dim(256).tile(32).bits(2).norm().norm_heads(256).Unchecked();
   EXPECT_EQ(DispatchStage(StageId::kNorm, a, nullptr), cudaErrorInvalidValue);
 }
 
@@ -216,7 +216,7 @@ TEST(RuntimeApiRejects, UnsupportedFormats) {
       kUnsupported, {"(key)", "dense"});
   const CacheParams wide_norm = Cache().kv_heads(256).q_heads(256).sink(0).recent(1).flush(32)
                                     .page(32)
-                                    .key(Write().head_dim(256).tile(32).norm(true, 256))
+                                    .key(Write().head_dim(256).tile(32).norm().norm_heads(256))
                                     .value(Write().head_dim(256).group(32));
   ExpectError(
       [&] {

@@ -297,7 +297,7 @@ TEST(TileWriteRefuses, DenseRowsOfPartialTilesAndTheTokenScope) {
   testbed::ExpectError([&] { WriteRows(Write().head_dim(64).tile(32), nullptr, x.get(), 48, out); },
                        ErrorCode::kInvalidArgument, {"48 rows", "32 tokens"});
   testbed::ExpectError(
-      [&] { WriteRows(Write().head_dim(64).tile(32).norm(true, 2), nullptr, x.get(), 32, out); },
+      [&] { WriteRows(Write().head_dim(64).tile(32).norm().norm_heads(2), nullptr, x.get(), 32, out); },
       ErrorCode::kInvalidArgument, {"norm over 2 KV heads"});
 }
 

@@ -56,7 +56,7 @@ std::vector<CacheCase> Cases() {
            .value(Write(kivi_v).hadamard())},
       {"d64_ots_token_norm_3heads_F32_W0",
        Cache().kv_heads(3).q_heads(3).sink(2).recent(0).flush(32).page(32)
-           .key(Write().head_dim(64).tile(32).bits(2).hadamard().norm(true, 3).clip(0.9f))
+           .key(Write().head_dim(64).tile(32).bits(2).hadamard().norm().norm_heads(3).clip(0.9f))
            .value(Write().head_dim(64).tile(32).bits(2).hadamard().bitrev())},
       {"d256_tile64_int4_tile128_W0_F128",
        Cache().kv_heads(1).q_heads(2).sink(0).recent(0).flush(128).page(128)
@@ -486,7 +486,7 @@ TEST_P(PagedWriteTest, BadValueArgumentsWriteNothing) {
   const bool tiled_value = base.value.format == Format::kAffineTile;
   const CacheParams c =
       tiled_value ? base
-                  : Cache(base).value(Write(base.value).rotation(RotationKind::kDense).block(0));
+                  : Cache(base).value(Write(base.value).rotation(RotationKind::kDense).hadamard_block(0));
   const int tokens = c.sink + c.recent + 2 * std::max(c.page_size, c.flush);
   SplitMix64 rng(17);
   const HeadsData heads = MakeHeads(c, &rng);

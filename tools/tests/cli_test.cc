@@ -97,7 +97,7 @@ std::string RotationArgs(const Case& c, const std::string& matrix_path) {
 WriteParams ParamsOf(const Case& c) {
   return params::Write().head_dim(c.d).group(c.group).bits(c.bits)
       .clip(std::strtof(c.clip, nullptr)).rotation(c.rotation)
-      .block(c.rotation == RotationKind::kHadamard ? c.block : 0).bitrev(c.bitrev);
+      .hadamard_block(c.rotation == RotationKind::kHadamard ? c.block : 0).bitrev(c.bitrev);
 }
 
 const Case kCases[] = {

@@ -11,30 +11,49 @@
 namespace kvq::python {
 namespace {
 
-RotationKind ParseRotationKind(const std::string& name) {
-  for (RotationKind kind :
-       {RotationKind::kIdentity, RotationKind::kDense, RotationKind::kHadamard}) {
-    if (name == RotationKindName(kind)) return kind;
-  }
-  throw Error(ErrorCode::kInvalidArgument,
-              "rotation '" + name + "' is not identity, dense or hadamard");
+// A keyword argument's value as the parameter's type (write_params.inc's types): the format and
+// the rotation kind by name.
+void FromPython(py::handle value, int* out) { *out = value.cast<int>(); }
+void FromPython(py::handle value, float* out) { *out = value.cast<float>(); }
+void FromPython(py::handle value, bool* out) { *out = value.cast<bool>(); }
+void FromPython(py::handle value, Format* out) { *out = ParseFormat(value.cast<std::string>()); }
+void FromPython(py::handle value, RotationKind* out) {
+  *out = ParseRotationKind(value.cast<std::string>());
 }
 
-WriteParams BuildWriteParams(const std::string& format, int head_dim, int group, int bits,
-                             float clip, const std::string& rotation, int hadamard_block,
-                             bool bitrev, bool norm, int norm_heads, float head_scale) {
-  return params::Write()
-      .format(ParseFormat(format))
-      .head_dim(head_dim)
-      .group(group)
-      .bits(bits)
-      .clip(clip)
-      .rotation(ParseRotationKind(rotation))
-      .block(hadamard_block)
-      .bitrev(bitrev)
-      .norm(norm, norm_heads)
-      .head_scale(head_scale)
-      .Build();
+template <typename T>
+py::object ToPython(T value) {
+  return py::cast(value);
+}
+py::object ToPython(Format value) { return py::str(FormatName(value)); }
+py::object ToPython(RotationKind value) { return py::str(RotationKindName(value)); }
+
+// WriteParams from keyword arguments, one per row of write_params.inc (absent: the default),
+// validated by the builder.
+WriteParams BuildWriteParams(const py::kwargs& kwargs) {
+  WriteParams p;
+  size_t used = 0;
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  if (kwargs.contains(#name)) {                                          \
+    FromPython(kwargs[#name], &p.name);                                  \
+    ++used;                                                              \
+  }
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+  if (used != kwargs.size()) {
+    for (const auto& item : kwargs) {
+      const std::string name = item.first.cast<std::string>();
+      bool known = false;
+#define KVQ_WRITE_PARAM(Type, row, init, key, spec, stored, shown, label) \
+  known = known || name == #row;
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+      if (!known) {
+        throw py::type_error("WriteParams() got an unexpected keyword argument '" + name + "'");
+      }
+    }
+  }
+  return params::Write(p).Build();
 }
 
 py::list Planes(const WriteParams& p) {
@@ -58,36 +77,31 @@ py::list Planes(const WriteParams& p) {
 }  // namespace
 
 void BindParams(py::module_& m) {
-  const WriteParams defaults;
-  py::class_<WriteParams>(m, "WriteParams",
-                          "The write path of one KV head's rows (kvq::WriteParams, "
-                          "spec/numerics.md). Built from keyword arguments by kvq's builder and "
-                          "validated by it: an unsupported value raises kvq.Error naming it.")
-      .def(py::init(&BuildWriteParams), py::kw_only(),
-           py::arg("format") = FormatName(defaults.format),
-           py::arg("head_dim") = defaults.head_dim, py::arg("group") = defaults.group,
-           py::arg("bits") = defaults.bits, py::arg("clip") = defaults.clip,
-           py::arg("rotation") = RotationKindName(defaults.rotation),
-           py::arg("hadamard_block") = defaults.hadamard_block,
-           py::arg("bitrev") = defaults.bitrev, py::arg("norm") = defaults.norm,
-           py::arg("norm_heads") = defaults.norm_heads,
-           py::arg("head_scale") = defaults.head_scale,
-           "format: a name of kvq.formats(); rotation: 'identity', 'dense' (give the matrix to "
-           "encode) or 'hadamard'; group: channels per group (affine_token) or tokens per tile "
-           "(affine_tile); norm_heads: KV heads one norm spans (with norm=True).")
-      .def_property_readonly("format", [](const WriteParams& p) { return FormatName(p.format); })
-      .def_readonly("head_dim", &WriteParams::head_dim)
-      .def_readonly("group", &WriteParams::group)
-      .def_readonly("bits", &WriteParams::bits)
-      .def_readonly("clip", &WriteParams::clip)
-      .def_property_readonly("rotation",
-                             [](const WriteParams& p) { return RotationKindName(p.rotation); })
-      .def_readonly("hadamard_block", &WriteParams::hadamard_block)
-      .def_readonly("bitrev", &WriteParams::bitrev)
-      .def_readonly("norm", &WriteParams::norm)
-      .def_readonly("norm_heads", &WriteParams::norm_heads)
-      .def_readonly("head_scale", &WriteParams::head_scale)
-      .def_property_readonly("tile_tokens", &WriteParams::tile_tokens,
+  // The constructor's keywords with their defaults, from the rows (pybind11 keeps the pointer).
+  static const std::string init_doc = [] {
+    const WriteParams defaults;
+    std::string doc = "WriteParams(*";
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  doc += std::string(", " #name "=") + py::repr(ToPython(defaults.name)).cast<std::string>();
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+    return doc +
+           ")\n\nKeyword arguments only, one per row of kvq's write_params.inc; absent ones keep "
+           "these defaults. format: a name of kvq.formats(); group: channels per group "
+           "(affine_token) or tokens per tile (affine_tile); rotation: 'identity', 'dense' (give "
+           "the matrix to encode) or 'hadamard'.";
+  }();
+  py::class_<WriteParams> cls(m, "WriteParams",
+                              "The write path of one KV head's rows (kvq::WriteParams, "
+                              "spec/numerics.md). Built from keyword arguments by kvq's builder "
+                              "and validated by it: an unsupported value raises kvq.Error "
+                              "naming it.");
+  cls.def(py::init(&BuildWriteParams), init_doc.c_str());
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  cls.def_property_readonly(#name, [](const WriteParams& p) { return ToPython(p.name); });
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+  cls.def_property_readonly("tile_tokens", &WriteParams::tile_tokens,
                              "Tokens one row of a tile plane covers (1 for per-token formats).")
       .def_property_readonly("planes", &Planes,
                              "The stored planes in storage order (formats.inc's KVQ_PLANE rows "
@@ -95,7 +109,7 @@ void BindParams(py::module_& m) {
                              "output it stores), dtype, role, scope ('token', 'tile', "
                              "'shared_token'), elements (per plane row), tokens_per_row.")
       .def("__repr__", [](const WriteParams& p) {
-        return "WriteParams(" + std::string(FormatName(p.format)) + " " + params::Describe(p) + ")";
+        return "WriteParams(" + params::Describe(p) + ")";
       });
 }
 

@@ -2,6 +2,8 @@
 are read from the .inc files here, independently of the C++ expansion under test."""
 import re
 
+import pytest
+
 import kvq
 from conftest import SOURCE_DIR
 
@@ -43,3 +45,15 @@ def test_planes_are_the_rows_of_formats_inc():
     p = kvq.WriteParams(format="affine_token", head_dim=64, group=32, bits=4)
     assert [(q["name"], q["source"]) for q in p.planes] == planes
     assert [q["elements"] for q in p.planes] == [64 * 4 // 8, 2, 2]
+
+
+def test_write_params_keywords_are_the_rows_of_write_params_inc():
+    text = (SOURCE_DIR / "common/include/kvq/common/write_params.inc").read_text()
+    rows = re.findall(r"^KVQ_WRITE_PARAM\(\w+, (\w+),", text, flags=re.MULTILINE)
+    doc = kvq.WriteParams.__init__.__doc__
+    signature = re.search(r"WriteParams\(\*, ([^)]*)\)", doc).group(1)
+    assert rows and [kw.split("=")[0] for kw in signature.split(", ")] == rows
+    p = kvq.WriteParams()
+    assert all(hasattr(p, name) for name in rows)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'groups'"):
+        kvq.WriteParams(groups=32)

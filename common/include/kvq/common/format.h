@@ -28,6 +28,9 @@ const char* FormatSummary(Format format);  // one line, for --help and docs
 const char* FormatSpecVersion(Format format);  // "1.0", "1.1", ...: the spec that brought it
 // Throws kvq::Error(kInvalidArgument) naming `name` and listing the formats.
 Format ParseFormat(const std::string& name);
+// Whether `format` reads the write parameter `param` (a row name of write_params.inc) beyond
+// head_dim and the shared transforms: formats.inc's KVQ_FORMAT_PARAM rows.
+bool FormatReads(Format format, const char* param);
 
 // How a plane's bytes are counted (CacheBytes): packed codes, per-group or per-tile metadata,
 // or whole bf16 rows.

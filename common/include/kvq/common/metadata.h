@@ -19,6 +19,14 @@ using Metadata = std::map<std::string, std::string>;
 std::string ShortestFloat(float v);
 std::string ShortestDouble(double v);
 
+// The text of a write parameter's value in files (write_params.inc's types): decimal integers,
+// ShortestFloat, "1" / "0", the format's and the rotation kind's names.
+std::string ParamText(int v);
+std::string ParamText(float v);
+std::string ParamText(bool v);
+std::string ParamText(Format v);
+std::string ParamText(RotationKind v);
+
 // Typed reads of one metadata map. A missing key, or a value that does not parse completely,
 // throws kvq::Error(kMalformedFile) starting with `what` (names the file or case) and naming
 // the key and the text.
@@ -46,12 +54,12 @@ class MetadataReader {
   std::string what_;
 };
 
-// WriteParams as keys prefix + head_dim, group, bits, clip (ShortestFloat), rotation
-// (identity | dense | hadamard), hadamard_block (0: head_dim), bitrev (1 | 0), row_format for
-// every format but affine_token (the only format of spec 1.0, which wrote no such key), and
-// norm = 1 with norm_heads only when the row has a norm (spec 1.1; absent: no norm).
+// WriteParams as keys prefix + each row's key of write_params.inc, in ParamText, when the row's
+// `stored` holds (row_format for every format but affine_token and bf16, the norm keys only
+// with a norm, head_scale for fp8 alone: the rules the spec 1.0 / 1.1 files were written by).
 void PutWriteParams(const WriteParams& p, const std::string& prefix, Metadata* metadata);
-// Reads and validates; an unparsable or unsupported value is kMalformedFile.
+// Reads and validates; an unparsable or unsupported value is kMalformedFile. Keys of spec
+// 1.0 are required, later ones optional (absent: the default).
 WriteParams GetWriteParams(const MetadataReader& meta, const std::string& prefix);
 
 // CacheParams as keys num_kv_heads, num_q_heads, sink, recent, flush (when not 1), page_size,

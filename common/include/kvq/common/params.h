@@ -22,28 +22,19 @@ enum class RotationKind : int {
 };
 
 const char* RotationKindName(RotationKind kind);
+// The kind named `name` ("identity", "dense", "hadamard"); kvq::Error(kInvalidArgument) naming
+// it otherwise.
+RotationKind ParseRotationKind(const std::string& name);
 
 // Write path of one row: the transforms (rotate -> bit reversal -> norm -> clip) then the codec
 // of `format` (affine_token: quantize -> pack; affine_tile: quantize_tile -> pack_tile over
 // tiles of `group` tokens). A bf16 format stores the original row and reads none of the other
 // fields but head_dim.
 struct WriteParams {
-  int head_dim = 128;       // d: 64, 128 or 256
-  Format format = Format::kAffineToken;  // how history rows are stored (formats.inc)
-  int group = 64;           // affine_token: G channels per (scale, min) pair: 32, 64, 128 (<= d)
-                            //   or d; affine_tile: G_k tokens per tile: 32, 64 or 128
-  int bits = 2;             // b: 2 or 4 (affine formats); 8 for fp8_e4m3
-  float clip = 1.0f;        // rho in (0, 1]; 1 never clips
-  RotationKind rotation = RotationKind::kIdentity;
-  int hadamard_block = 0;   // FWHT block size (16..d, power of two); 0 means head_dim
-  bool bitrev = false;      // apply P_br after the rotation
-  bool norm = false;        // divide each row by its stored bf16 tree norm n^ (spec 1.1;
-                            //   affine_tile only); decoded rows are multiplied back by n^
-  int norm_heads = 1;       // KV heads one norm spans, their rows laid end to end: 1 (a norm
-                            //   per token and KV head) or Hkv (the token scope); 1 without norm
-  float head_scale = 1.0f;  // fp8_e4m3: s^, the fp32 divisor of the rows (spec 1.2), finite
-                            //   and > 0; per KV head it is per-head data (head_data.inc) like
-                            //   the clip ratio. Other formats leave it at 1
+  // One member per row of write_params.inc (its comments say what each means).
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) Type name = init;
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
 
   // Throws kvq::Error(kInvalidArgument) naming the first unsupported value.
   void Validate() const;

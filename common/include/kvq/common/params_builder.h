@@ -1,6 +1,7 @@
 // Fluent builders of the parameter structs, the one way tests, benchmarks, the golden-vector
 // generator and the tools spell a configuration (XNNPACK tester style):
 //   params::Write().head_dim(128).group(64).bits(2).rotation(RotationKind::kDense).clip(0.96f)
+//   params::Write().tile(32).hadamard().norm().norm_heads(8)
 //   params::Cache().kv_heads(2).q_heads(8).sink(4).recent(8).page(16).both(Write().bits(4))
 // Unset fields keep the structs' defaults. Build() validates (kvq::Error naming the value);
 // Unchecked() does not, for tests of the validation itself.
@@ -17,41 +18,38 @@ class Write {
   Write() = default;
   explicit Write(const WriteParams& p) : p_(p) {}
 
-  Write& head_dim(int d) { p_.head_dim = d; return *this; }
-  Write& format(Format f) { p_.format = f; return *this; }
-  Write& group(int g) { p_.group = g; return *this; }
-  Write& bits(int b) { p_.bits = b; return *this; }
-  Write& clip(float rho) { p_.clip = rho; return *this; }
-  Write& rotation(RotationKind r) { p_.rotation = r; return *this; }
+  // A setter per row of write_params.inc: head_dim(d), format(f), group(g), bits(b), clip(rho),
+  // rotation(r), hadamard_block(h), bitrev(on), norm(on), norm_heads(n), head_scale(s).
+#define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
+  Write& name(Type v) {                                                  \
+    p_.name = v;                                                         \
+    return *this;                                                        \
+  }
+#include "kvq/common/write_params.inc"
+#undef KVQ_WRITE_PARAM
+
+  // Presets of several fields.
+  Write& bitrev() { return bitrev(true); }
+  Write& norm() { return norm(true); }
   // FWHT with block h (0: the full transform).
   Write& hadamard(int block = 0) {
     p_.rotation = RotationKind::kHadamard;
     p_.hadamard_block = block;
     return *this;
   }
-  Write& block(int h) { p_.hadamard_block = h; return *this; }
-  Write& bitrev(bool on = true) { p_.bitrev = on; return *this; }
   // affine_tile over tiles of G_k tokens (G_k is the group field of a tile format).
   Write& tile(int tokens) {
     p_.format = Format::kAffineTile;
     p_.group = tokens;
     return *this;
   }
-  // A bf16 tree norm spanning `heads` KV heads (1: per head; Hkv: the token scope).
-  Write& norm(bool on = true, int heads = 1) {
-    p_.norm = on;
-    p_.norm_heads = on ? heads : 1;
-    return *this;
-  }
-
   // fp8_e4m3 (8-bit codes) with the fp32 scale s^ (spec 1.2).
-  Write& fp8(float head_scale = 1.0f) {
+  Write& fp8(float scale = 1.0f) {
     p_.format = Format::kFp8E4m3;
     p_.bits = 8;
-    p_.head_scale = head_scale;
+    p_.head_scale = scale;
     return *this;
   }
-  Write& head_scale(float s) { p_.head_scale = s; return *this; }
 
   WriteParams Build() const;
   WriteParams Unchecked() const { return p_; }
