@@ -135,6 +135,14 @@ def oracle_write_cache(params, heads, script):
                          np.concatenate(values) if values else empty)
     slots = {step["slot"] for step in script if step["op"] == "add"} - {
         step["slot"] for step in script if step["op"] == "remove"}
+    # kvq's cache allocates its own pages: it serves only scripts whose page tables are its.
+    for step in script:
+        if step["slot"] in slots and "page_table" in step:
+            last = list(as_numpy(step["page_table"]))
+            if last != list(cache.page_table(step["slot"]))[:len(last)]:
+                raise error("the script's page tables %s (slot %d) are not kvq's allocation %s"
+                            % (last, step["slot"], cache.page_table(step["slot"])),
+                            "invalid argument")
     if not params["quantized"]:
         # A bf16 cache keeps every row in one run: the sink's rows, then the rest.
         return {"dense": {s: {kv: np.concatenate([cache.sink(s, kv), cache.recent(s, kv)])

@@ -251,7 +251,7 @@ def test_a_target_without_write_cache_skips_cache_cases(vectors):
 
 
 def test_replay_cache_builds_kvqs_cache_from_a_script(vectors):
-    case = vectors.case(cache_names(vectors)[0])
+    case = vectors.case("cache/d64_b2_g32_dense_s4_w8_p16")  # removal and page reuse
     params, heads, script = kvq.cache_write.script_of(case)
     ops = case.inputs["ops"]
     cache = kvq.replay_cache(params, heads, ops, case.inputs["k"], case.inputs["v"])
@@ -261,6 +261,11 @@ def test_replay_cache_builds_kvqs_cache_from_a_script(vectors):
         for kv in ("key", "value"):
             for name, plane in reference.pool(kv).items():
                 assert np.array_equal(cache.pool(kv)[name], plane)
+    moved = [dict(step) for step in script]
+    last = max(i for i, step in enumerate(moved) if len(step.get("page_table", ())) > 0)
+    moved[last]["page_table"] = moved[last]["page_table"] + 1
+    with pytest.raises(kvq.Error, match="page tables .* are not kvq's allocation"):
+        kvq.conformance.ORACLE.write_cache(params, heads, moved)
     with pytest.raises(kvq.Error, match="cache params lack 'flush'"):
         kvq.replay_cache({k: v for k, v in params.items() if k != "flush"}, heads, ops,
                          case.inputs["k"], case.inputs["v"])
