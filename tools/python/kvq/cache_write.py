@@ -160,15 +160,17 @@ def _rows(array, row):
 
 
 def _pick(results, part, slot, kv):
-    """results[part][slot][kv], or a KeyError naming what is missing."""
+    """results[part][slot][kv] (by slot: a dict, or a list indexed by slot), or a KeyError
+    naming what is missing."""
     if part not in results:
         raise KeyError("'%s'" % part)
-    by_slot = results[part]
-    if slot not in by_slot:
-        raise KeyError("%s of slot %d" % (part, slot))
-    if kv not in by_slot[slot]:
+    try:
+        windows = results[part][slot]
+    except (KeyError, IndexError):
+        raise KeyError("%s of slot %d" % (part, slot)) from None
+    if windows is None or kv not in windows:
         raise KeyError("%s['%s'] of slot %d" % (part, kv, slot))
-    return by_slot[slot][kv]
+    return windows[kv]
 
 
 def _where(script, case, mismatch, kv, plane_name):
