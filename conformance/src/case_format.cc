@@ -147,9 +147,6 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
   }
-  ReplayedCache out;
-  out.cache = std::make_unique<cpu::PagedKVCache>(params, std::move(key), std::move(value),
-                                                  write_backend);
   const Tensor& ops = file.Get("in.ops");
   const Tensor& k = file.Get("in.k");
   const Tensor& v = file.Get("in.v");
@@ -160,23 +157,36 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
             CaseName(file), ": in.k and in.v must be BF16");
   ExpectShape(k, {-1, hkv, d}, "in.k");
   ExpectShape(v, k.shape, "in.v");
-  const size_t row = static_cast<size_t>(hkv * d);
-  const size_t total = static_cast<size_t>(k.shape[0]);
+  return RunCacheScript(params, std::move(key), std::move(value), write_backend,
+                        ops.data<int32_t>(), static_cast<size_t>(ops.shape[0]),
+                        k.data<uint16_t>(), v.data<uint16_t>(), static_cast<size_t>(k.shape[0]),
+                        "case " + CaseName(file));
+}
+
+ReplayedCache RunCacheScript(const CacheParams& params, HeadData key, HeadData value,
+                             const cpu::Backend& write_backend, const int32_t* ops,
+                             size_t num_ops, const uint16_t* k, const uint16_t* v, size_t rows,
+                             const std::string& what) {
+  ReplayedCache out;
+  out.cache = std::make_unique<cpu::PagedKVCache>(params, std::move(key), std::move(value),
+                                                  write_backend);
+  const size_t row = static_cast<size_t>(params.num_kv_heads) *
+                     static_cast<size_t>(params.head_dim());
   size_t next_row = 0;
-  const int32_t* op = ops.data<int32_t>();
-  for (int64_t i = 0; i < ops.shape[0]; ++i, op += 3) {
+  const int32_t* op = ops;
+  for (size_t i = 0; i < num_ops; ++i, op += 3) {
     const int32_t code = op[0], slot = op[1], tokens = op[2];
     auto id_of = [&]() {
       KVQ_CHECK(slot >= 0 && static_cast<size_t>(slot) < out.slot_ids.size() &&
                     out.slot_ids[slot] >= 0,
-                kMalformedFile, "case ", CaseName(file), ": op ", i, " names slot ", slot,
+                kMalformedFile, what, ": op ", i, " names slot ", slot,
                 " which is not a live sequence");
       return out.slot_ids[slot];
     };
     switch (static_cast<CacheOp>(code)) {
       case CacheOp::kAddSequence:
-        KVQ_CHECK(static_cast<size_t>(slot) == out.slot_ids.size(), kMalformedFile, "case ",
-                  CaseName(file), ": op ", i, " adds slot ", slot, " but the next slot is ",
+        KVQ_CHECK(static_cast<size_t>(slot) == out.slot_ids.size(), kMalformedFile, what,
+                  ": op ", i, " adds slot ", slot, " but the next slot is ",
                   out.slot_ids.size());
         out.slot_ids.push_back(out.cache->AddSequence());
         break;
@@ -184,12 +194,12 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
       case CacheOp::kAppend: {
         const bool append = static_cast<CacheOp>(code) == CacheOp::kAppend;
         KVQ_CHECK(tokens >= 1 && (!append || tokens == 1) &&
-                      next_row + static_cast<size_t>(tokens) <= total,
-                  kMalformedFile, "case ", CaseName(file), ": op ", i, " asks for ", tokens,
-                  " rows with ", total - next_row, " left in in.k");
+                      next_row + static_cast<size_t>(tokens) <= rows,
+                  kMalformedFile, what, ": op ", i, " asks for ", tokens, " rows with ",
+                  rows - next_row, " left in in.k");
         const int id = id_of();
-        const uint16_t* krows = k.data<uint16_t>() + next_row * row;
-        const uint16_t* vrows = v.data<uint16_t>() + next_row * row;
+        const uint16_t* krows = k + next_row * row;
+        const uint16_t* vrows = v + next_row * row;
         if (append) {
           out.cache->AppendBf16(id, krows, vrows);
         } else {
@@ -203,12 +213,11 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
         out.slot_ids[slot] = -1;
         break;
       default:
-        KVQ_CHECK(false, kMalformedFile, "case ", CaseName(file), ": op ", i, " has unknown code ",
-                  code);
+        KVQ_CHECK(false, kMalformedFile, what, ": op ", i, " has unknown code ", code);
     }
   }
-  KVQ_CHECK(next_row == total, kMalformedFile, "case ", CaseName(file), ": the script uses ",
-            next_row, " of the ", total, " rows of in.k");
+  KVQ_CHECK(next_row == rows, kMalformedFile, what, ": the script uses ", next_row, " of the ",
+            rows, " rows of in.k");
   return out;
 }
 

@@ -135,7 +135,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
   const size_t row = static_cast<size_t>(params.num_kv_heads * params.head_dim());
   ExpectBits("pool_pages", c.Get("expect.pool_pages"),
              std::vector<int32_t>{cache.NumPages(), cache.NumFreePages()},
-             "pages created, pages free");
+             CacheOutputAxes("pool_pages"));
   const char* kv_names[2] = {"key", "value"};
   const cpu::KV kvs[2] = {cpu::KV::kKey, cpu::KV::kValue};
   if (params.quantized()) {
@@ -146,7 +146,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
       for (int i = 0; i < layout.num_planes; ++i) {
         const std::string name = std::string("pool.") + kv_names[h] + "." + layout.plane(i).name;
         ExpectBits(name, c.Get("expect." + name), cache.PoolPlane(kvs[h], i),
-                   pages * cache.PagePlaneBytes(kvs[h], i), "page, KV head, slot, element");
+                   pages * cache.PagePlaneBytes(kvs[h], i), CacheOutputAxes(name));
       }
     }
   }
@@ -163,20 +163,20 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
         static_cast<int32_t>(t), static_cast<int32_t>(cache.SinkLength(id)),
         static_cast<int32_t>(cache.HistoryLength(id)), static_cast<int32_t>(cache.RecentBegin(id))};
     ExpectBits(base + ".shape", c.Get("expect." + base + ".shape"), shape,
-               "length, sink, history, recent begin");
+               CacheOutputAxes(base + ".shape"));
     ExpectBits(base + ".page_table", c.Get("expect." + base + ".page_table"),
-               cache.PageTable(id), "page index");
+               cache.PageTable(id), CacheOutputAxes(base + ".page_table"));
     for (int h = 0; h < 2; ++h) {
       const std::string kv = kv_names[h];
       if (!params.quantized()) {
         ExpectBits(base + ".dense." + kv, c.Get("expect." + base + ".dense." + kv),
                    cache.DenseRows(id, kvs[h]), t * row * sizeof(uint16_t),
-                   "position, KV head, channel");
+                   CacheOutputAxes(base + ".dense." + kv));
         continue;
       }
       ExpectBits(base + ".sink." + kv, c.Get("expect." + base + ".sink." + kv),
                  cache.SinkRows(id, kvs[h]), cache.SinkLength(id) * row * sizeof(uint16_t),
-                 "position, KV head, channel");
+                 CacheOutputAxes(base + ".sink." + kv));
       // Recent rows in position order, read from the ring at slot position % (W + F - 1).
       const size_t begin = cache.RecentBegin(id);
       std::vector<uint16_t> recent;
@@ -186,7 +186,7 @@ void ReplayCache(const VectorSet& vs, const Safetensors& c, const cpu::Backend& 
         recent.insert(recent.end(), r, r + row);
       }
       ExpectBits(base + ".recent." + kv, c.Get("expect." + base + ".recent." + kv), recent,
-                 "position - recent begin, KV head, channel");
+                 CacheOutputAxes(base + ".recent." + kv));
     }
   }
 }
@@ -317,6 +317,25 @@ std::optional<CaseFailure> CompareBits(const std::string& output, const Tensor& 
   f.message = output + " differs at " + at + " " + f.mismatch.where + ": expected " +
               f.mismatch.expected + ", got " + f.mismatch.got;
   return f;
+}
+
+const char* CacheOutputAxes(const std::string& output) {
+  const auto ends_with = [&](const std::string& tail) {
+    return output.size() >= tail.size() &&
+           output.compare(output.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  if (output == "pool_pages") return "pages created, pages free";
+  if (output.rfind("pool.", 0) == 0) return "page, KV head, slot, element";
+  if (output.rfind("seq", 0) != 0) return "";
+  if (ends_with(".shape")) return "length, sink, history, recent begin";
+  if (ends_with(".page_table")) return "page index";
+  if (output.find(".recent.") != std::string::npos) {
+    return "position - recent begin, KV head, channel";
+  }
+  if (output.find(".sink.") != std::string::npos || output.find(".dense.") != std::string::npos) {
+    return "position, KV head, channel";
+  }
+  return "";
 }
 
 const char* OutputAxes(const WriteParams& p, const std::string& field) {

@@ -15,9 +15,9 @@ through the C++ tables that expand them: a new row appears with no Python edit.
 Errors are kvq.Error (a ValueError) with kvq's message and e.code.
 """
 from ._kvq import (Cache, Error, WriteParams, attend, decode, encode, formats, quantize,
-                   run_stage, schemes, stages)
-from . import conformance, own_attention, vectors, verdicts
+                   replay_cache, run_stage, schemes, stages)
+from . import cache_write, conformance, own_attention, vectors, verdicts
 
-__all__ = ["Cache", "Error", "WriteParams", "attend", "conformance", "decode", "encode",
-           "formats", "own_attention", "quantize", "run_stage", "schemes", "stages", "vectors",
-           "verdicts"]
+__all__ = ["Cache", "Error", "WriteParams", "attend", "cache_write", "conformance", "decode",
+           "encode", "formats", "own_attention", "quantize", "replay_cache", "run_stage",
+           "schemes", "stages", "vectors", "verdicts"]

@@ -1,8 +1,8 @@
 """python3 -m kvq.conform --target module:function: kvq conform for a Python kernel.
 
-Imports the target (an object with any of write(), stage(), attend(), or a write function: see
-kvq.conformance; its `adapter` attribute, a kvq.conformance.Adapter, maps foreign planes),
-replays the stage, pipeline and attention cases through it, prints kvq conform's table with
+Imports the target (an object with any of write(), stage(), write_cache(), attend(), or a write
+function: see kvq.conformance; its `adapter` attribute, a kvq.conformance.Adapter, maps foreign
+planes), replays the stage, pipeline, cache and attention cases through it, prints kvq conform's table with
 each case's tier (--accept, --bound, --edge-rows: spec/verdicts.md) and exits with status 2
 when a case failed (1 for a usage or kvq error), as kvq conform does.
 """

@@ -8,11 +8,20 @@ foreign metadata and packings, edge groups are reported apart, invariants are ch
 target's own output. Attention cases are held to the case's tolerance on the relative error
 per query head against the fp64 reference, as kvq conform holds them (spec/cache.md §5), or,
 for a target offering attend(..., history=), over its own codes within a bound derived from
-its arithmetic (kvq.own_attention). A target is an object with any of
+its arithmetic (kvq.own_attention). Cache cases (a script of prefills, appends and removals on
+kvq's paged cache) are held to every bit of the pool and the bf16 windows, whatever accept says,
+as kvq conform holds them (kvq.cache_write). A target is an object with any of
     write(params, x, rotation) -> {plane name: array}   the stored planes of rows x, as
                                                         kvq.encode gives them (pipeline cases)
     stage(name, params, inputs, rows) -> {output: array}  one stage of kvq.stages(), as
                                                         kvq.run_stage does (stage cases)
+    write_cache(params, heads, script) -> {"key": {plane: array}, "value": {plane: array},
+            "sink": {slot: {"key": bf16, "value": bf16}}, "recent": {slot: {...}}}
+                                                        the pools and windows a cache script
+                                                        leaves (cache cases; a bf16 cache
+                                                        returns "dense": {slot: {...}}):
+                                                        kvq.cache_write says what params,
+                                                        heads and script hold
     attend(cache, seq, q) -> out float32 [Hq, d]        one decode step of q float32 [Hq, d]
                                                         over sequence seq of cache (a
                                                         kvq.Cache), as kvq.attend (attention
@@ -40,7 +49,7 @@ import sys
 
 import numpy as np
 
-from . import own_attention, vectors as _vectors
+from . import cache_write, own_attention, vectors as _vectors
 from .own_attention import Arithmetic
 from ._arrays import as_numpy
 from ._errors import error
@@ -51,10 +60,10 @@ from .verdicts import (DEFAULT_BOUND, EDGE_CLASSES, IDENTITY, TIERS, Adapter, Or
 __all__ = ["Adapter", "Arithmetic", "DEFAULT_BOUND", "KINDS", "ORACLE", "TIERS", "CaseResult",
            "Report", "check", "load_target", "options", "replay", "select"]
 
-# The case kinds replayed from Python (cache cases need a cache write target: not yet), and the
-# target method each calls.
-KINDS = ("stage", "pipeline", "attention")
-_METHODS = {"stage": "stage", "pipeline": "write", "attention": "attend"}
+# The case kinds replayed from Python (all of kvq conform's), and the target method each calls.
+KINDS = ("stage", "pipeline", "cache", "attention")
+_METHODS = {"stage": "stage", "pipeline": "write", "cache": "write_cache",
+            "attention": "attend"}
 
 
 class _Oracle:
@@ -66,6 +75,9 @@ class _Oracle:
 
     def stage(self, name, params, inputs, rows):
         return run_stage(name, params, inputs, rows)
+
+    def write_cache(self, params, heads, script):
+        return cache_write.oracle_write_cache(params, heads, script)
 
     def attend(self, cache, seq, q):
         return attend(cache, seq, q)
@@ -452,6 +464,15 @@ def _replay_attention(target, attend_method, case, options):
     return CaseResult(case.name, case.kind, "PASS", tier="tolerance")
 
 
+def _replay_cache(write_cache, case):
+    """The cache verdict (kvq.cache_write.judge): every compared bit, as kvq conform."""
+    verdict = cache_write.judge(write_cache, case)
+    if verdict is None:
+        return CaseResult(case.name, case.kind, "PASS", tier="exact")
+    message, mismatch = verdict
+    return CaseResult(case.name, case.kind, "FAIL", message, mismatch, tier="unexplained")
+
+
 def _tolerance(target, case):
     """The attention tolerance kvq conform holds the target's backend to: the CUDA path's for a
     target whose `device` is 'cuda', else the CPU oracle's (spec/cache.md §5)."""
@@ -473,6 +494,8 @@ def replay(target, case, accept="exact", bound=DEFAULT_BOUND, adapter=None, edge
             return _replay_attention(target, method, case, held)
         if case.kind == "pipeline":
             return _replay_pipeline(target, method, case, held)
+        if case.kind == "cache":
+            return _replay_cache(method, case)
         return _replay_stage(target, method, case, held)
     except NotImplementedError as e:
         return CaseResult(case.name, case.kind, "SKIP", "unsupported: %s" % e)
@@ -534,7 +557,8 @@ def load_target(spec):
 
 
 def _formats_of(case):
-    """The formats a case exercises: its write params', or its cache's key and value formats."""
+    """The formats a case exercises: its write params', or its cache's key and value formats
+    (cache and attention cases)."""
     if case.write_params is not None:
         return {case.write_params.format}
     params = case.cache().params
@@ -543,8 +567,8 @@ def _formats_of(case):
 
 def select(vectors, kinds=KINDS, formats=None):
     """The names of the cases check() replays, in manifest order: those of `kinds` (of KINDS)
-    exercising a format of `formats` (names of kvq.formats(), None for all; an attention
-    case exercises its key and value formats).
+    exercising a format of `formats` (names of kvq.formats(), None for all; a cache or
+    attention case exercises its key and value formats).
     Raises kvq.Error (invalid argument) for an unknown kind or format."""
     for kind in kinds:
         if kind not in KINDS:

@@ -6,7 +6,7 @@ then name the kernel on the command line or in the ini file:
     pytest --kvq-target my_kernels:write [--kvq-kinds pipeline] [--kvq-formats affine_token]
     [pytest] kvq_target = my_kernels:write      (kvq_kinds, kvq_formats, kvq_vectors alike)
 The target is what kvq.conformance.check takes (a write function, or an object with any of
-write(), stage(), attend()). Each case of kvq.conformance.select() becomes the test
+write(), stage(), write_cache(), attend()). Each case of kvq.conformance.select() becomes the test
 kvq::conformance[<case name>] (`-k tile_` selects cases as usual): it passes, fails with kvq
 conform's first-mismatch line (and its tier), or skips with the target's reason.
 --kvq-accept, --kvq-bound, --kvq-edge-rows (kvq_accept, ... in the ini file) are check()'s

@@ -1,7 +1,8 @@
-// The paged cache of an attention case (conformance::ReplayCacheScript, built by the scalar
-// write path as `kvq conform` builds it) as an attention kernel reads it: parameters, page
-// tables, the pool's planes, the bf16 windows; and kvq's own decode step over it (attend).
-// The cache is frozen once built, so its planes are read-only views that keep it alive.
+// The paged cache of a cache or attention case (conformance::ReplayCacheScript, built by the
+// scalar write path as `kvq conform` builds it), or of a script (replay_cache), as an attention
+// kernel reads it: parameters, page tables, the pool's planes, the bf16 windows; and kvq's own
+// decode step over it (attend). The cache is frozen once built, so its planes are read-only
+// views that keep it alive.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "bindings.h"
 #include "kvq/common/error.h"
+#include "kvq/common/head_data.h"
 #include "kvq/conformance/case_format.h"
 #include "kvq/cpu_ref/attention.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -117,6 +119,84 @@ py::array Attend(const SharedCache& c, int seq, const py::object& q) {
   return Adopt(DType::kF32, {p.num_q_heads, p.head_dim()}, std::move(bytes));
 }
 
+// CacheParams from a dict as Cache.params gives it (head_dim, quantized and any other key are
+// ignored; softmax_scale is optional); validated by the cache.
+CacheParams CacheParamsOf(const py::dict& d) {
+  const auto get = [&](const char* key) {
+    KVQ_CHECK(d.contains(key), kInvalidArgument, "cache params lack '", key, "'");
+    return d[key];
+  };
+  CacheParams p;
+  p.num_kv_heads = get("num_kv_heads").cast<int>();
+  p.num_q_heads = get("num_q_heads").cast<int>();
+  p.sink = get("sink").cast<int>();
+  p.recent = get("recent").cast<int>();
+  p.flush = get("flush").cast<int>();
+  p.page_size = get("page_size").cast<int>();
+  p.key = get("key").cast<WriteParams>();
+  p.value = get("value").cast<WriteParams>();
+  if (d.contains("softmax_scale")) p.softmax_scale = d["softmax_scale"].cast<float>();
+  return p;
+}
+
+// One side's HeadData from {"params": [the WriteParams of each KV head], "rotation": float32
+// [Hkv, d, d] or None} (either key may be absent): a per-head scalar of head_data.inc is kept
+// only where some head's value differs from the side's (`shared`).
+HeadData HeadDataOf(const py::object& side, const WriteParams& shared, int hkv, const char* kv) {
+  HeadData heads;
+  if (side.is_none()) return heads;
+  const py::dict d = side.cast<py::dict>();
+  if (d.contains("rotation") && !d["rotation"].is_none()) {
+    const py::array r = ContiguousOf(d["rotation"], DType::kF32, std::string(kv) + " rotation");
+    const int64_t want = int64_t{hkv} * shared.head_dim * shared.head_dim;
+    KVQ_CHECK(r.size() == want, kShapeMismatch, kv, " rotation must hold Hkv * d * d = ", want,
+              " floats, got ", r.size());
+    const float* f = static_cast<const float*>(r.data());
+    heads.rotation.assign(f, f + want);
+  }
+  if (d.contains("params") && !d["params"].is_none()) {
+    const std::vector<WriteParams> per_head = d["params"].cast<std::vector<WriteParams>>();
+    KVQ_CHECK(static_cast<int>(per_head.size()) == hkv, kShapeMismatch, kv,
+              " params must hold one WriteParams per KV head (", hkv, "), got ",
+              per_head.size());
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                      \
+    for (const WriteParams& h : per_head) {                                                  \
+      if (h.field != shared.field) {                                                         \
+        for (const WriteParams& each : per_head) heads.name.push_back(each.field);           \
+        break;                                                                               \
+      }                                                                                      \
+    }
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+  }
+  return heads;
+}
+
+// The cache a script builds (conformance::RunCacheScript, kvq's scalar write path).
+py::object ReplayCache(const py::dict& params, const py::dict& heads, const py::object& ops,
+                       const py::object& k, const py::object& v) {
+  const CacheParams p = CacheParamsOf(params);
+  const int64_t row = int64_t{p.num_kv_heads} * p.head_dim();
+  const py::array op = ContiguousOf(ops, DType::kI32, "ops");
+  KVQ_CHECK(op.size() % 3 == 0, kShapeMismatch, "ops must be int32 [m, 3], got ", op.size(),
+            " values");
+  const py::array krows = ContiguousOf(k, DType::kBF16, "k");
+  const py::array vrows = ContiguousOf(v, DType::kBF16, "v");
+  KVQ_CHECK(krows.size() % row == 0 && vrows.size() == krows.size(), kShapeMismatch,
+            "k and v must be bf16 bits [rows, Hkv, d] with Hkv * d = ", row, ", got ",
+            krows.size(), " and ", vrows.size(), " values");
+  const auto side = [&](const char* kv) {
+    return heads.contains(kv) ? py::object(heads[kv]) : py::object(py::none());
+  };
+  HeadData key = HeadDataOf(side("key"), p.key, p.num_kv_heads, "key");
+  HeadData value = HeadDataOf(side("value"), p.value, p.num_kv_heads, "value");
+  return py::cast(std::make_shared<ReplayedCache>(conformance::RunCacheScript(
+      p, std::move(key), std::move(value), cpu::ScalarBackend(),
+      static_cast<const int32_t*>(op.data()), static_cast<size_t>(op.size() / 3),
+      static_cast<const uint16_t*>(krows.data()), static_cast<const uint16_t*>(vrows.data()),
+      static_cast<size_t>(krows.size() / row), "script")));
+}
+
 }  // namespace
 
 py::object ReplayedCacheOf(const Safetensors& file, const conformance::Fixtures& fixtures) {
@@ -151,11 +231,30 @@ void BindCache(py::module_& m) {
            "are recent()).")
       .def("recent", &Recent, py::arg("seq"), py::arg("kv"),
            "bf16 bits [t - recent_begin, Hkv, d], positions recent_begin.. in order (a copy).")
+      .def("head_params",
+           [](const SharedCache& c, const std::string& kv, int head) {
+             KVQ_CHECK(head >= 0 && head < CacheOf(c).params().num_kv_heads, kInvalidArgument,
+                       "KV head ", head, " is not one of the cache's ",
+                       CacheOf(c).params().num_kv_heads);
+             return CacheOf(c).HeadParams(KVOf(kv), head);
+           },
+           py::arg("kv"), py::arg("head"),
+           "kvq.WriteParams: the write parameters KV head `head` is written with (the side's, "
+           "with the head's clip ratio and fp8 scale).")
       .def("rotation", &Rotation, py::arg("kv"), py::arg("head"),
            "float32 [d, d]: the dense rotation of a KV head; None for identity / Hadamard.")
       .def("dequantized_history", &DequantizedHistory, py::arg("seq"), py::arg("head"),
            py::arg("kv"), "float32 [history length, d]: the history as the cache dequantizes "
                           "it (rotated space).");
+  m.def("replay_cache", &ReplayCache, py::arg("params"), py::arg("heads"), py::arg("ops"),
+        py::arg("k"), py::arg("v"),
+        "kvq.Cache: a paged cache built by kvq's scalar write path from a script "
+        "(conformance::RunCacheScript). params: a dict as Cache.params gives it; heads: "
+        "{'key': {'params': [kvq.WriteParams per KV head], 'rotation': float32 [Hkv, d, d] or "
+        "None}, 'value': {...}} (either may be absent); ops int32 [m, 3] of (op, slot, tokens): "
+        "0 adds a sequence (slots count up from 0), 1 prefills `tokens` rows, 2 appends one, 3 "
+        "removes the slot; k, v bf16 bits [rows, Hkv, d] taken in order. kvq.Error for what "
+        "the cache refuses or a malformed script.");
   m.def("attend", &Attend, py::arg("cache"), py::arg("seq"), py::arg("q"),
         "kvq's decode step (cpu::Attend, scalar): q float32 [Hq, d] over sequence seq of cache "
         "-> out float32 [Hq, d]. kvq.Error for an unknown or empty sequence, a non-finite q.");

@@ -52,11 +52,13 @@ CaseRef FindCase(const SharedSet& set, const std::string& name) {
 }
 
 // What the axes of expected output `output` mean: from the stage argument that writes it (stage
-// cases) or the write path's output (pipeline cases); none for cache and attention cases.
+// cases), the write path's output (pipeline cases) or the cache replay's names (cache cases);
+// none for attention cases.
 std::string AxesOf(const CaseRef& c, const std::string& output) {
   const MetadataReader meta = conformance::CaseMetadata(c.file());
   const std::string& kind = meta.String("kind");
   if (kind == "pipeline") return conformance::OutputAxes(GetWriteParams(meta, ""), output);
+  if (kind == "cache") return conformance::CacheOutputAxes(output);
   if (kind != "stage") return "";
   const StageSpec& stage = StageByName(meta.String("stage"));
   for (int i = 0; i < stage.num_args; ++i) {

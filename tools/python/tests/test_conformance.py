@@ -1,5 +1,6 @@
-"""kvq.conformance.check: kvq's own kernels pass every stage, pipeline and attention case; a
-wrong kernel fails with kvq conform's first-mismatch line; unsupported cases are skipped."""
+"""kvq.conformance.check: kvq's own kernels pass every stage, pipeline, cache and attention
+case; a wrong kernel fails with kvq conform's first-mismatch line; unsupported cases are
+skipped. Cache targets: test_cache_cases.py."""
 import io
 import json
 import os
@@ -21,7 +22,7 @@ def test_the_oracle_passes_every_replayed_case(vectors):
     report = kvq.conformance.check(kvq.conformance.ORACLE, vectors=vectors, out=out)
     assert [r.name for r in report.results] == replayed_names(vectors, kvq.conformance.KINDS)
     assert report.failed == 0 and report.skipped == 0, report.failures()[:3]
-    assert {r.kind for r in report.results} == {"stage", "pipeline", "attention"}
+    assert {r.kind for r in report.results} == {"stage", "pipeline", "cache", "attention"}
     table = out.getvalue().splitlines()
     assert table[0].startswith("case") and table[0].endswith("kvq")
     assert table[-1] == ("%d cases x 1 target (%s, spec %s): %d passed, 0 failed, 0 skipped"
@@ -111,8 +112,8 @@ def test_a_stage_kernel_is_replayed_through_its_arguments(vectors):
 
 
 def test_unknown_kinds_and_formats_are_refused(vectors):
-    with pytest.raises(kvq.Error, match="kind 'cache' is not replayed from Python"):
-        kvq.conformance.check(kvq.conformance.ORACLE, kinds=["cache"], vectors=vectors)
+    with pytest.raises(kvq.Error, match="kind 'fixtures' is not replayed from Python"):
+        kvq.conformance.check(kvq.conformance.ORACLE, kinds=["fixtures"], vectors=vectors)
     with pytest.raises(kvq.Error, match="format 'int3' is not one of"):
         kvq.conformance.check(kvq.conformance.ORACLE, formats=["int3"], vectors=vectors)
 

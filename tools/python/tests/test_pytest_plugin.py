@@ -60,7 +60,8 @@ def test_a_wrong_kernel_fails_with_kvqs_first_mismatch(project, vectors):
     result = project.runpytest("--kvq-target", "kernels:packing_off_by_one",
                                "--kvq-formats", "affine_token", "-rs")
     result.assert_outcomes(failed=count(vectors, ["pipeline"], ["affine_token"]),
-                           skipped=count(vectors, ["stage", "attention"], ["affine_token"]))
+                           skipped=count(vectors, ["stage", "cache", "attention"],
+                                         ["affine_token"]))
     result.stdout.fnmatch_lines([
         "*_ conformance[[]pipeline/d64_g32_b2_rho1_identity[]] _*",
         "[[]kernels:packing_off_by_one[]] FAIL pipeline/d64_g32_b2_rho1_identity: "

@@ -107,6 +107,14 @@ struct ReplayedCache {
 // inputs (kMalformedFile) and whatever the cache throws.
 ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixtures,
                                 const cpu::Backend& write_backend);
+// Its second half, for scripts from elsewhere (the Python package's kvq.replay_cache): a cache
+// of `params` with the per-head data `key` / `value`, then the script ops [num_ops, 3] with
+// rows taken in order from k / v, bf16 bits [rows, Hkv, d]. `what` starts every message about
+// the script ("case <name>"). Throws as ReplayCacheScript.
+ReplayedCache RunCacheScript(const CacheParams& params, HeadData key, HeadData value,
+                             const cpu::Backend& write_backend, const int32_t* ops,
+                             size_t num_ops, const uint16_t* k, const uint16_t* v, size_t rows,
+                             const std::string& what);
 
 // Little-endian binary64 values as bytes (the "*_f64" tensors are U8 [..., 8]: safetensors'
 // F64 is outside the formats.md subset).

@@ -63,6 +63,13 @@ std::optional<CaseFailure> CompareBits(const std::string& output, const Tensor& 
 // it (p's encode steps, then the transforms): "row, column", "tile, channel, byte", ...
 const char* OutputAxes(const WriteParams& p, const std::string& field);
 
+// What the axes of cache-case output `output` (an expect.* name without "expect.") mean, as the
+// cache replay reports them: "page, KV head, slot, element" for a pool plane ("pool.key.codes"),
+// "length, sink, history, recent begin" for "seq<s>.shape", "page index" for a page table,
+// "position, KV head, channel" for sink and dense rows, "position - recent begin, KV head,
+// channel" for recent rows, "pages created, pages free" for "pool_pages"; "" for another name.
+const char* CacheOutputAxes(const std::string& output);
+
 // Attention cases (kAttention), the two halves of their replay, shared with outside replays:
 // the sequence id of the case's query `query` (in.query_slots[query]) in `replayed`, and the
 // verdict on `out` fp32 [Hq, d], a kernel's output for that query: nothing when every head is
