@@ -2,6 +2,7 @@
 // and the whole QuantizeRows pipeline over the spec's parameter grid. Expected values are the
 // scalar backend's outputs.
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -599,6 +600,77 @@ void AddFp8Pipelines(VectorCollector* out, const cpu::Backend& scalar) {
   }
 }
 
+// ---- added with spec 1.2's set: offset channels and ranges past fp16 ----
+// Groups the older cases lack (shared/research/outside_kivi.md §4.4): a large offset with a
+// small spread, where m^ = bf16(lo) lies code steps away from lo, and ranges past 65504, where
+// an fp16 scale overflows. Their rules are 1.0's (affine_token) and 1.1's (affine_tile), so
+// they carry those labels (spec/formats.md §6); their names are new, so no older file changes.
+const std::vector<RowKind> kOffsetRangeRows = {
+    RowKind::kRandom,         RowKind::kOffsetChannels,    RowKind::kOffsetChannels,
+    RowKind::kOffsetChannels, RowKind::kOffsetChannels,    RowKind::kFp16OverflowRange,
+    RowKind::kFp16OverflowRange};
+
+void AddOffsetRangeStages(VectorCollector* out, const cpu::Backend& scalar) {
+  for (const auto& [d, g, b] : {std::tuple<int, int, int>{64, 32, 2}, {128, 128, 4}}) {
+    const WriteParams p = params::Write().head_dim(d).group(g).bits(b);
+    const std::string name = "stage/quantize_offset_range_d" + std::to_string(d) + "_g" +
+                             std::to_string(g) + "_b" + std::to_string(b);
+    std::vector<float> x;
+    Safetensors file = NewRowsStageCase(out, name, "quantize", p, kOffsetRangeRows, &x);
+    const size_t n = kOffsetRangeRows.size(), groups = static_cast<size_t>(p.num_groups());
+    std::vector<uint8_t> codes(n * d);
+    std::vector<uint16_t> scale(n * groups), min(n * groups);
+    scalar.write.quantize(x.data(), codes.data(), scale.data(), min.data(), n, p);
+    file.Add("in.x", Tensor::F32({I(n), d}, x));
+    file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
+    file.Add("expect.scale", Tensor::BF16({I(n), I(groups)}, scale));
+    file.Add("expect.min", Tensor::BF16({I(n), I(groups)}, min));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  // One tile of offset channels (each channel keeps its offset over the tile's tokens).
+  const WriteParams p = params::Write().head_dim(64).tile(32).bits(4);
+  const std::string name = "stage/quantize_tile_offset_d64_gk32_b4";
+  const size_t n = 32, d = 64;
+  const std::vector<RowKind> kinds(n, RowKind::kOffsetChannels);
+  std::vector<float> x;
+  Safetensors file = NewRowsStageCase(out, name, "quantize_tile", p, kinds, &x, "1.1");
+  std::vector<uint8_t> codes(n * d);
+  std::vector<uint16_t> scale(d), min(d);
+  scalar.write.quantize_tile(x.data(), codes.data(), scale.data(), min.data(), n, p);
+  file.Add("in.x", Tensor::F32({I(n), I(d)}, x));
+  file.Add("expect.codes", Tensor::U8({I(n), I(d)}, codes));
+  file.Add("expect.scale", Tensor::BF16({1, I(d)}, scale));
+  file.Add("expect.min", Tensor::BF16({1, I(d)}, min));
+  out->AddCase(name, CaseKind::kStage, file);
+}
+
+// The same groups through the whole write path, identity rotation (a rotation would spread
+// an offset over every channel): per-token groups at G < d and G = d (OSCAR's G = d = 128,
+// KIVI's value groups), with and without a binding clip; tiles of offset channels, then a
+// tile whose channels span both signs of +-[2^15, 65504).
+void AddOffsetRangePipelines(VectorCollector* out, const cpu::Backend& scalar) {
+  struct TokenCase {
+    int d, g, b;
+    float rho;
+  };
+  const TokenCase token_cases[] = {
+      {64, 32, 2, 1.0f}, {64, 32, 4, 0.92f}, {128, 128, 2, 0.96f}, {128, 128, 4, 1.0f}};
+  for (const TokenCase& c : token_cases) {
+    const WriteParams p = params::Write().head_dim(c.d).group(c.g).bits(c.b).clip(c.rho);
+    const std::string name = "pipeline/offset_range_d" + std::to_string(c.d) + "_g" +
+                             std::to_string(c.g) + "_b" + std::to_string(c.b) + "_" +
+                             RhoTag(c.rho) + "_identity";
+    AddPipelineCase(out, scalar, name, p, kOffsetRangeRows, 0);
+  }
+  std::vector<RowKind> two_tiles(32, RowKind::kOffsetChannels);
+  two_tiles.insert(two_tiles.end(), 32, RowKind::kFp16OverflowRange);
+  AddPipelineCase(out, scalar, "pipeline/tile_offset_range_d64_gk32_b2_identity",
+                  params::Write().head_dim(64).tile(32).bits(2).Build(), two_tiles, 0);
+  AddPipelineCase(out, scalar, "pipeline/tile_offset_d64_gk32_b4_identity",
+                  params::Write().head_dim(64).tile(32).bits(4).Build(),
+                  std::vector<RowKind>(32, RowKind::kOffsetChannels), 0);
+}
+
 }  // namespace
 
 
@@ -611,6 +683,7 @@ void AddStageCases(VectorCollector* out) {
   AddNormStages(out, scalar);
   AddTileStages(out, scalar);
   AddFp8Stages(out, scalar);
+  AddOffsetRangeStages(out, scalar);
 }
 
 void AddPipelineCases(VectorCollector* out) {
@@ -682,6 +755,7 @@ void AddPipelineCases(VectorCollector* out) {
                              (bl.bitrev ? "_bitrev" : "");
     AddPipelineCase(out, scalar, name, p, block_kinds, 0);
   }
+  AddOffsetRangePipelines(out, scalar);
 }
 
 }  // namespace kvq::conformance::internal

@@ -35,7 +35,7 @@ float SignedPower(int lo, int hi, SplitMix64* rng) {
 
 namespace {
 
-enum Draw { kVectors, kVectorsEdge, kTests, kBeyondRange };
+enum Draw { kVectors, kVectorsEdge, kTests, kVectorsNamed, kBeyondRange };
 
 struct RowKindInfo {
   RowKind kind;
@@ -255,6 +255,42 @@ void FillRow(RowKind kind, const WriteParams& p, SplitMix64* rng, float* row) {
       const float offset = SignedPower(9, 11, rng);
       // offset + 2^-10 * bell: the product is exact, so the one rounding is the sum's.
       for (int j = 0; j < d; ++j) row[j] = offset + PowerOfTwo(-10) * rng->Bell();
+      break;
+    }
+    case RowKind::kOffsetChannels: {
+      // The groups the format quantizes: G channels of the row (affine_token), or one channel
+      // over the tile's tokens (affine_tile: the offset depends on the channel alone, so every
+      // row of this kind in a tile shares it).
+      const bool tile = p.format == Format::kAffineTile;
+      const int group = tile ? 1 : (p.group < d ? p.group : d);
+      const uint64_t salt = tile ? 0 : rng->NextU64();
+      for (int g0 = 0; g0 < d; g0 += group) {
+        SplitMix64 key(salt ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(g0 / group + 1)));
+        // One draw per statement: the order of calls inside an expression is unspecified.
+        const int e = 2 + static_cast<int>(key.Below(8));  // |offset| in [4, 2048)
+        const int spread = e - 8 - static_cast<int>(key.Below(5));  // 2^-8 .. 2^-12 of it
+        const float sign = key.Bit() ? -1.0f : 1.0f;
+        const float offset = sign * PowerOfTwo(e) * Mantissa(&key);  // exact
+        // offset + 2^spread * uniform: the product is exact, the sum rounds once.
+        const float unit = PowerOfTwo(spread);
+        for (int j = g0; j < g0 + group; ++j) row[j] = offset + unit * rng->Uniform();
+      }
+      break;
+    }
+    case RowKind::kFp16OverflowRange: {
+      // 2^15 (1 + k 2^-23) with k < 0x7fe000: [32768, 65504), every value finite in fp16.
+      for (int j = 0; j < d; ++j) {
+        const float m = F32FromBits(0x3f800000u | rng->Below(0x7fe000u));
+        const float v = PowerOfTwo(15) * m;
+        row[j] = rng->Bit() ? -v : v;
+      }
+      if (p.format != Format::kAffineTile) {  // both signs in every group of channels
+        const int group = p.group < d ? p.group : d;
+        for (int g0 = 0; g0 < d; g0 += group) {
+          row[g0] = std::fabs(row[g0]);
+          row[g0 + 1] = -std::fabs(row[g0 + 1]);
+        }
+      }
       break;
     }
   }

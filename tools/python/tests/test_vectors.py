@@ -60,3 +60,29 @@ def test_a_tampered_case_is_refused(vectors, tmp_path):
     with pytest.raises(kvq.Error, match="manifest check failed") as raised:
         kvq.vectors.load(str(copy))
     assert raised.value.code == "mismatch"
+
+
+def test_the_new_vectors_hold_offset_channels_and_ranges_past_fp16(vectors):
+    """What the offset_range cases were added for: groups whose bf16 min lies code steps from
+    the min, and groups whose range overflows fp16 (outside_kivi.md §4.4)."""
+    far, wide = 0, 0
+    for name in kvq.conformance.select(vectors, ["pipeline"], ["affine_token", "affine_tile"]):
+        if "offset" not in name:
+            continue
+        case = vectors.case(name)
+        p = case.write_params
+        scale = (case.expected["scale"].astype(np.uint32) << 16).view(np.float32)
+        minimum = (case.expected["min"].astype(np.uint32) << 16).view(np.float32)
+        x, tau = case.expected["rotated"], case.expected["tau"][:, None]
+        x = np.where(x > tau, tau, np.where(x < -tau, -tau, x))
+        if p.format == "affine_tile":
+            groups = x.reshape(-1, p.group, p.head_dim).transpose(0, 2, 1)
+        else:
+            groups = x.reshape(x.shape[0], -1, p.group)
+        lo, hi = groups.min(axis=-1), groups.max(axis=-1)
+        step = (hi - lo) / ((1 << p.bits) - 1)
+        with np.errstate(all="ignore"):
+            far += int(np.sum(np.abs(lo - minimum.reshape(lo.shape)) > 2 * step))
+        wide += int(np.sum(hi.astype(np.float64) - lo > 65504))
+        assert np.all(np.isfinite(scale))
+    assert far >= 50 and wide >= 64
