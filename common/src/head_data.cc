@@ -3,34 +3,40 @@
 #include <cmath>
 
 #include "kvq/common/error.h"
+#include "kvq/common/params_builder.h"
 
 namespace kvq {
 
 void HeadData::Validate(const WriteParams& p, int num_kv_heads, const char* side) const {
   const size_t hkv = static_cast<size_t>(num_kv_heads);
-  const size_t d = static_cast<size_t>(p.head_dim);
-  if (p.rotation == RotationKind::kDense) {
-    KVQ_CHECK(rotation.size() == hkv * d * d, kShapeMismatch, side, " rotation has ",
-              rotation.size(), " values, expected [", hkv, ", ", d, ", ", d, "] = ", hkv * d * d);
-    for (size_t i = 0; i < rotation.size(); ++i) {
-      KVQ_CHECK(std::isfinite(rotation[i]), kNonFinite, side, " rotation of KV head ",
-                i / (d * d), " has ", rotation[i], " at row ", (i / d) % d, ", column ", i % d);
-    }
-  } else {
-    KVQ_CHECK(rotation.empty(), kInvalidArgument, side, " rotation matrices given (",
-              rotation.size(), " values) but the ", side, " rotation is '",
-              RotationKindName(p.rotation), "'");
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...)                   \
+  if (present) {                                                                            \
+    const size_t per_head = static_cast<size_t>(extent);                                   \
+    KVQ_CHECK(name.size() == hkv * per_head, kShapeMismatch, side, " " noun " has ",         \
+              name.size(), " values, expected [", hkv, ", ", per_head, "] = ",              \
+              hkv * per_head);                                                              \
+    for (size_t h = 0; h < hkv; ++h) {                                                      \
+      for (size_t i = 0; i < per_head; ++i) {                                               \
+        const Type v = name[h * per_head + i];                                              \
+        KVQ_CHECK(valid, code, side, " " noun " of KV head ", h, " has ", v, " at ",        \
+                  __VA_ARGS__);                                                             \
+      }                                                                                     \
+    }                                                                                       \
+  } else {                                                                                  \
+    KVQ_CHECK(name.empty(), kInvalidArgument, side, " " noun " given (", name.size(),       \
+              " values) for parameters that have none (", params::Describe(p), ")");        \
   }
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                              \
-  KVQ_CHECK(name.empty() || name.size() == hkv, kShapeMismatch, side, " " noun "s have ",      \
-            name.size(), " values, expected one per KV head (", hkv, ")");                     \
-  for (size_t h = 0; h < name.size(); ++h) {                                                    \
-    const float v = name[h];                                                                    \
-    KVQ_CHECK(valid, kInvalidArgument, side, " " noun " ", v, " of KV head ", h, " is not ",   \
-              rule);                                                                            \
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                       \
+  KVQ_CHECK(name.empty() || name.size() == hkv, kShapeMismatch, side, " " noun "s have ",     \
+            name.size(), " values, expected one per KV head (", hkv, ")");                    \
+  for (size_t h = 0; h < name.size(); ++h) {                                                  \
+    const float v = name[h];                                                                  \
+    KVQ_CHECK(valid, kInvalidArgument, side, " " noun " ", v, " of KV head ", h, " is not ",  \
+              rule);                                                                          \
   }
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
 }
 
 WriteParams HeadData::Apply(WriteParams p, int head) const {
@@ -40,20 +46,6 @@ WriteParams HeadData::Apply(WriteParams p, int head) const {
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
   return p;
-}
-
-HeadData HeadData::Slice(int head, int head_dim) const {
-  const size_t h = static_cast<size_t>(head);
-  const size_t dd = static_cast<size_t>(head_dim) * static_cast<size_t>(head_dim);
-  HeadData out;
-  if (!rotation.empty()) {
-    out.rotation.assign(rotation.begin() + h * dd, rotation.begin() + (h + 1) * dd);
-  }
-#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) \
-  if (!name.empty()) out.name = {name[h]};
-#include "kvq/common/head_data.inc"
-#undef KVQ_HEAD_SCALAR
-  return out;
 }
 
 }  // namespace kvq

@@ -524,7 +524,7 @@ TEST(PagedKVCache, RejectsBadWriteData) {
               ErrorCode::kInvalidArgument, {"value clip ratio 1.5 of KV head 1"});
   p.key.rotation = RotationKind::kIdentity;
   ExpectError([&] { PagedKVCache c(p, eye, eye); }, ErrorCode::kInvalidArgument,
-              {"key rotation matrices given", "'identity'"});
+              {"key rotation given (8192 values)", "identity"});
   p.page_size = 20;
   ExpectError([&] { PagedKVCache c(p, {}, eye); }, ErrorCode::kInvalidArgument,
               {"page size 20"});

@@ -219,7 +219,7 @@ def _kvq_form(adapter, p, results, n):
             raise error("plane 'zero' is missing from the target's output (zero_point '%s')"
                         % adapter.zero_point, "shape mismatch")
         zero = adapter.zero_values(results)
-        minimum = -scale * zero
+        minimum = -scale * zero + 0.0  # a zero point of +0 is kvq's min +0, not -0
     else:
         if "min" not in results:
             raise error("plane 'min' is missing from the target's output", "shape mismatch")

@@ -71,16 +71,20 @@ class DeviceArray {
   size_t count_ = 0;
 };
 
-// One side's per-head data (kvq::HeadData: the rotations and each row of head_data.inc) on
-// the device; View() is the gpu::HeadData the kernels take. Every per-head scalar is uploaded
+// One side's per-head data (kvq::HeadData: each row of head_data.inc) on the device; View() is
+// the gpu::HeadData the kernels take. Every array row is uploaded as the host holds it (empty:
+// a null pointer); every per-head scalar is uploaded
 // for every KV head, as that head's write params hold it (HeadData::Apply: its own value, else
 // p's), so a kernel never meets a null list where the format needs one (the fp8 scales).
 class DeviceHeadData {
  public:
   DeviceHeadData() = default;
   // `host` validated against p and num_kv_heads (HeadData::Validate) by the caller.
-  DeviceHeadData(const kvq::HeadData& host, const WriteParams& p, int num_kv_heads)
-      : rotation_(host.rotation) {
+  DeviceHeadData(const kvq::HeadData& host, const WriteParams& p, int num_kv_heads) {
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+  name##_ = DeviceArray<Type>(host.name);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
     const auto per_head = [&](float WriteParams::*field) {
       std::vector<float> values(static_cast<size_t>(num_kv_heads));
       for (int h = 0; h < num_kv_heads; ++h) values[static_cast<size_t>(h)] = host.Apply(p, h).*field;
@@ -92,7 +96,10 @@ class DeviceHeadData {
   }
   HeadData View() const {
     HeadData view;
-    view.rotation = rotation_.get();
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+  view.name = name##_.get();
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) view.name = name##_.get();
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
@@ -100,7 +107,10 @@ class DeviceHeadData {
   }
 
  private:
-  DeviceArray<float> rotation_;
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+  DeviceArray<Type> name##_;
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) DeviceArray<float> name##_;
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR

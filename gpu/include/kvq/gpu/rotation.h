@@ -9,14 +9,19 @@
 namespace kvq::gpu {
 
 // The per-KV-head data of K or of V on the device (head_data.inc, as kvq::HeadData on the
-// host): the dense rotations beside one [Hkv] fp32 array per per-head scalar (clip ratio,
-// fp8 scale, ...), each null when every head takes its WriteParams value. The write kernels,
+// host): one pointer per array row (the dense rotations; null when absent) and one [Hkv] fp32
+// array per per-head scalar (clip ratio, fp8 scale, ...), null when every head takes its
+// WriteParams value. The write kernels,
 // the decode step and the GPU forward take it whole.
 struct HeadData {
-  const float* rotation = nullptr;  // [Hkv, d, d] fp32 when the params' rotation is kDense
+  // [Hkv, extent] per array row when present (rotation: [Hkv, d, d] fp32 when the params'
+  // rotation is kDense), [Hkv] fp32 per scalar row.
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+  const Type* name = nullptr;
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) const float* name = nullptr;
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
 };
 
 // Layer (a): the rotation fields of a kernel's parameter struct.
