@@ -16,7 +16,9 @@ fi
 
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev libhwy-dev libeigen3-dev
           librapidcheck-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev
-          pybind11-dev python3-dev python3-numpy python3-pytest python3-torch)
+          pybind11-dev python3-dev python3-numpy python3-pytest)
+# PyTorch (CPU) runs the tests' real torch targets (tools/python/tests/targets); --demo needs none.
+((${#targets[@]})) || packages+=(python3-torch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
