@@ -70,6 +70,24 @@ Safetensors NewRowsStageCase(VectorCollector* out, const std::string& name,
   return file;
 }
 
+// The stage case `name` of `quantize` (affine_token) over rows of `kinds`: the rows and the
+// scalar oracle's codes, scales and mins.
+void AddQuantizeCase(VectorCollector* out, const cpu::Backend& scalar, const std::string& name,
+                     const WriteParams& p, const std::vector<RowKind>& kinds) {
+  std::vector<float> x;
+  Safetensors file = NewRowsStageCase(out, name, "quantize", p, kinds, &x);
+  const size_t n = kinds.size(), d = static_cast<size_t>(p.head_dim);
+  const size_t groups = static_cast<size_t>(p.num_groups());
+  std::vector<uint8_t> codes(n * d);
+  std::vector<uint16_t> scale(n * groups), min(n * groups);
+  scalar.write.quantize(x.data(), codes.data(), scale.data(), min.data(), n, p);
+  file.Add("in.x", Tensor::F32({I(n), I(d)}, x));
+  file.Add("expect.codes", Tensor::U8({I(n), I(d)}, codes));
+  file.Add("expect.scale", Tensor::BF16({I(n), I(groups)}, scale));
+  file.Add("expect.min", Tensor::BF16({I(n), I(groups)}, min));
+  out->AddCase(name, CaseKind::kStage, file);
+}
+
 // ---- rotate_dense, fwht, bitrev ----
 void AddRotationStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
@@ -166,22 +184,9 @@ void AddQuantizerStages(VectorCollector* out, const cpu::Backend& scalar) {
         const std::string suffix =
             "_d" + std::to_string(d) + "_g" + std::to_string(g) + "_b" + std::to_string(b);
         const size_t groups = static_cast<size_t>(p.num_groups());
-        {
-          const std::string name = "stage/quantize" + suffix;
-          // Every row kind; at d = 256 the edge rows only (the pipeline grid has random rows).
-          const std::vector<RowKind>& kinds = d == 256 ? EdgeRowKinds() : AllRowKinds();
-          std::vector<float> x;
-          Safetensors file = NewRowsStageCase(out, name, "quantize", p, kinds, &x);
-          const size_t n = kinds.size();
-          std::vector<uint8_t> codes(n * d);
-          std::vector<uint16_t> scale(n * groups), min(n * groups);
-          scalar.write.quantize(x.data(), codes.data(), scale.data(), min.data(), n, p);
-          file.Add("in.x", Tensor::F32({I(n), d}, x));
-          file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
-          file.Add("expect.scale", Tensor::BF16({I(n), I(groups)}, scale));
-          file.Add("expect.min", Tensor::BF16({I(n), I(groups)}, min));
-          out->AddCase(name, CaseKind::kStage, file);
-        }
+        // Every row kind; at d = 256 the edge rows only (the pipeline grid has random rows).
+        AddQuantizeCase(out, scalar, "stage/quantize" + suffix, p,
+                        d == 256 ? EdgeRowKinds() : AllRowKinds());
         {
           const std::string name = "stage/dequantize" + suffix;
           SplitMix64 rng(0);
@@ -612,20 +617,10 @@ const std::vector<RowKind> kOffsetRangeRows = {
 
 void AddOffsetRangeStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (const auto& [d, g, b] : {std::tuple<int, int, int>{64, 32, 2}, {128, 128, 4}}) {
-    const WriteParams p = params::Write().head_dim(d).group(g).bits(b);
-    const std::string name = "stage/quantize_offset_range_d" + std::to_string(d) + "_g" +
-                             std::to_string(g) + "_b" + std::to_string(b);
-    std::vector<float> x;
-    Safetensors file = NewRowsStageCase(out, name, "quantize", p, kOffsetRangeRows, &x);
-    const size_t n = kOffsetRangeRows.size(), groups = static_cast<size_t>(p.num_groups());
-    std::vector<uint8_t> codes(n * d);
-    std::vector<uint16_t> scale(n * groups), min(n * groups);
-    scalar.write.quantize(x.data(), codes.data(), scale.data(), min.data(), n, p);
-    file.Add("in.x", Tensor::F32({I(n), d}, x));
-    file.Add("expect.codes", Tensor::U8({I(n), d}, codes));
-    file.Add("expect.scale", Tensor::BF16({I(n), I(groups)}, scale));
-    file.Add("expect.min", Tensor::BF16({I(n), I(groups)}, min));
-    out->AddCase(name, CaseKind::kStage, file);
+    AddQuantizeCase(out, scalar,
+                    "stage/quantize_offset_range_d" + std::to_string(d) + "_g" +
+                        std::to_string(g) + "_b" + std::to_string(b),
+                    params::Write().head_dim(d).group(g).bits(b), kOffsetRangeRows);
   }
   // One tile of offset channels (each channel keeps its offset over the tile's tokens).
   const WriteParams p = params::Write().head_dim(64).tile(32).bits(4);
