@@ -74,7 +74,9 @@ class Adapter:
         affine_token, a tile for affine_tile) as a little-endian bit stream of b-bit fields
         (of any integer dtype: int32 words are their 4 little-endian bytes), has in field f
         the code of element perm[f] of the unit (affine_token: channel; affine_tile:
-        token_in_tile * d + channel).
+        token_in_tile * d + channel); or a callable perm_of(params) -> perm, for a target
+        whose packing depends on the case (a permutation's length is the plane row's d or
+        G_k * d), so one adapter serves a whole run.
     Raises kvq.Error (invalid argument) for an unknown dtype or zero_point, a perm that is not
     a permutation of 0..len-1."""
 
@@ -90,14 +92,26 @@ class Adapter:
                         % (zero_point,), "invalid argument")
         self.scale_dtype, self.zero_point = scale_dtype, zero_point
         self.min_dtype = min_dtype or scale_dtype
-        if packing is None or (isinstance(packing, str) and packing == "unpacked"):
+        if packing is None or (isinstance(packing, str) and packing == "unpacked") or \
+                callable(packing):
             self.packing = packing
         else:
-            perm = np.asarray(packing).astype(np.int64).ravel()
-            if not np.array_equal(np.sort(perm), np.arange(perm.size)):
-                raise error("Adapter packing is not a permutation of 0..%d" % (perm.size - 1),
-                            "invalid argument")
-            self.packing = perm
+            self.packing = self._checked_perm(packing)
+
+    @staticmethod
+    def _checked_perm(packing):
+        perm = np.asarray(packing).astype(np.int64).ravel()
+        if not np.array_equal(np.sort(perm), np.arange(perm.size)):
+            raise error("Adapter packing is not a permutation of 0..%d" % (perm.size - 1),
+                        "invalid argument")
+        return perm
+
+    def perm(self, p):
+        """The permutation of the declared packing under WriteParams p (a callable packing is
+        asked for it and checked), or None / "unpacked" as declared."""
+        if callable(self.packing):
+            return self._checked_perm(self.packing(p))
+        return self.packing
 
     @property
     def metadata_identity(self):
@@ -119,15 +133,18 @@ class Adapter:
         elif self.min_dtype != self.scale_dtype:
             parts.append("min " + self.min_dtype)
         if self.packing is not None:
-            parts.append("packing " + (self.packing if isinstance(self.packing, str)
-                                       else "perm[%d]" % self.packing.size))
+            parts.append("packing " + (self.packing if isinstance(self.packing, str) else
+                                       "perm per params" if callable(self.packing) else
+                                       "perm[%d]" % self.packing.size))
         return ", ".join(parts)
 
     def as_dict(self):
         return dict(scale_dtype=self.scale_dtype, min_dtype=self.min_dtype,
                     zero_point=self.zero_point,
                     packing=(self.packing if self.packing is None or
-                             isinstance(self.packing, str) else self.packing.tolist()))
+                             isinstance(self.packing, str) else
+                             "per params" if callable(self.packing) else
+                             self.packing.tolist()))
 
     # --- reading the target's planes -----------------------------------------------------
 
@@ -159,12 +176,13 @@ class Adapter:
         as they are (only "unpacked" can hold them): the range invariant reports them."""
         d, b = p.head_dim, p.bits
         raw = np.ascontiguousarray(as_numpy(planes["codes"]))
-        if isinstance(self.packing, str):  # "unpacked"
+        perm = self.perm(p)
+        if isinstance(perm, str):  # "unpacked"
             if raw.dtype.kind not in "iu" or raw.size != n * d:
                 raise error("plane 'codes' (unpacked) must hold n*d = %d integer codes, got "
                             "%d of %s" % (n * d, raw.size, raw.dtype), "shape mismatch")
             return raw.reshape(n, d).astype(np.int64)
-        if self.packing is None:
+        if perm is None:
             if p.format == "fp8_e4m3":
                 if raw.dtype != np.uint8 or raw.size != n * d:
                     raise error("plane 'codes' must hold n*d = %d uint8 codes, got %d of %s"
@@ -177,9 +195,9 @@ class Adapter:
                         "shape mismatch")
         tile = p.tile_tokens if p.format == "affine_tile" else 1
         unit = d * tile
-        if self.packing.size != unit:
+        if perm.size != unit:
             raise error("the adapter's packing permutes %d elements, a plane row holds %d "
-                        "(d = %d x %d tokens)" % (self.packing.size, unit, d, tile),
+                        "(d = %d x %d tokens)" % (perm.size, unit, d, tile),
                         "invalid argument")
         data = raw.view(np.uint8).reshape(-1)
         units = n // tile
@@ -190,16 +208,17 @@ class Adapter:
         bits = np.unpackbits(data.reshape(units, -1), axis=1, bitorder="little")
         fields = (bits.reshape(units, unit, b).astype(np.int64) << np.arange(b)).sum(axis=2)
         codes = np.empty_like(fields)
-        codes[:, self.packing] = fields
+        codes[:, perm] = fields
         return codes.reshape(n, d)
 
     def pack(self, p, codes):
         """The target's 'codes' plane for codes [n, d] under the declared packing (the inverse
         of codes()): uint8 [plane rows, bytes] for a permutation, kvq's packing for None."""
         n, d = codes.shape
-        if isinstance(self.packing, str):
+        perm = self.perm(p)
+        if isinstance(perm, str):
             return codes.astype(np.uint8)
-        if self.packing is None:
+        if perm is None:
             if p.format == "fp8_e4m3":
                 return codes.astype(np.uint8)
             stage = "pack_tile" if p.format == "affine_tile" else "pack"
@@ -207,7 +226,7 @@ class Adapter:
         b = p.bits
         tile = p.tile_tokens if p.format == "affine_tile" else 1
         units = codes.reshape(n // tile, d * tile)
-        fields = units[:, self.packing]
+        fields = units[:, perm]
         bits = ((fields[:, :, None] >> np.arange(b)) & 1).astype(np.uint8)
         return np.packbits(bits.reshape(units.shape[0], -1), axis=1, bitorder="little")
 

@@ -181,3 +181,28 @@ def test_the_wrong_kernel_is_unexplained_at_any_tier(vectors):
     assert len(failed) >= len(report.results) - 3
     assert all(r.tier == "unexplained" and "codes differs at row" in r.message
                for r in failed)
+
+
+def test_one_adapter_with_a_packing_per_params_serves_the_whole_run(vectors):
+    """Adapter(packing=callable): check() asks it for each case's permutation (d for token
+    rows, G_k d for tiles), so KIVI's whole run needs one adapter; every case's tier equals the
+    per-case replay's."""
+    adapter = kvq.conformance.Adapter("float32", packing=kivi_torch.packing_permutation)
+    report = kvq.conformance.check(kivi_torch.TARGET_F32, kinds=["pipeline"], formats=AFFINE,
+                                   vectors=vectors, out=None, accept="explained",
+                                   edge_rows="apart", adapter=adapter)
+    per_case = {c.name: r for c, r in
+                kivi_replays(vectors, kivi_torch.TARGET_F32, "float32", fp16_bound=False)}
+    judged = [r for r in report.results if r.status != "SKIP"]
+    assert len(judged) >= 200
+    for r in report.results:
+        assert (r.status, r.tier) == (per_case[r.name].status, per_case[r.name].tier), r.line()
+    assert "perm per params" in adapter.describe()
+    # A callable that answers something else than a permutation fails each case, naming it.
+    bad = kvq.conformance.check(kivi_torch.TARGET_F32, kinds=["pipeline"], formats=AFFINE,
+                                vectors=vectors, out=None,
+                                adapter=kvq.conformance.Adapter("float32",
+                                                                packing=lambda p: [0] * 4))
+    failed = [r for r in bad.results if r.status == "FAIL"]
+    assert failed and all("not a permutation of 0..3" in r.message for r in failed), \
+        failed[0].line()
