@@ -6,10 +6,7 @@ import io
 import numpy as np
 
 import kvq
-
-
-def bf16_to_f32(bits):
-    return (np.asarray(bits, np.uint32) << 16).view(np.float32)
+from kvq.verdicts import bf16_value
 
 
 class NumpyAttention:
@@ -39,10 +36,10 @@ class NumpyAttention:
     @staticmethod
     def rows(cache, seq, head, kv):
         """float64 [t, d]: KV head `head`'s rows of sequence seq, positions 0..t-1."""
-        parts = [bf16_to_f32(cache.sink(seq, kv)[:, head])]
+        parts = [bf16_value(cache.sink(seq, kv)[:, head])]
         if cache.params["quantized"]:
             parts.append(cache.dequantized_history(seq, head, kv))
-        parts.append(bf16_to_f32(cache.recent(seq, kv)[:, head]))
+        parts.append(bf16_value(cache.recent(seq, kv)[:, head]))
         return np.concatenate(parts).astype(np.float64)
 
 

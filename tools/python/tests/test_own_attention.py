@@ -7,12 +7,9 @@ import pytest
 
 import kvq
 from kvq.own_attention import Arithmetic
+from kvq.verdicts import bf16_value
 
 from test_verdicts import half_up
-
-
-def bf16(bits):
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
 
 
 def hadamard_fp32(x, block):
@@ -73,8 +70,8 @@ class OwnCodes:
             kp, vp = history["key_params"][g], history["value_params"][g]
 
             def window(kv):
-                return np.concatenate([bf16(cache.sink(seq, kv)[:, g]),
-                                       bf16(cache.recent(seq, kv)[:, g])])
+                return np.concatenate([bf16_value(cache.sink(seq, kv)[:, g]),
+                                       bf16_value(cache.recent(seq, kv)[:, g])])
 
             def rows(kv, p):
                 if cache.history_length(seq) == 0:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kvq
+from kvq.verdicts import bf16_value
 from kvq.verdicts import Adapter, boundary_rule, edge_groups
 
 TOKEN_GRID = ["affine_token"]
@@ -55,10 +56,6 @@ def pack(p, codes):
     return kvq.run_stage(stage, p, {"codes": codes.astype(np.uint8)}, codes.shape[0])["packed"]
 
 
-def bf16_f32(bits):
-    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
-
-
 def half_up(p, x, rotation):
     """kvq's quantizer with rint replaced by floor(v + 1/2) (round half up), in fp32."""
     out, xc = codec_input(p, x, rotation)
@@ -66,8 +63,8 @@ def half_up(p, x, rotation):
         raise NotImplementedError("format %s" % p.format)
     n, d = xc.shape
     shape = metadata_shape(p, n, d)
-    sf = bf16_f32(out["scale"]).reshape(-1, 1)
-    mf = bf16_f32(out["min"]).reshape(-1, 1)
+    sf = bf16_value(out["scale"]).reshape(-1, 1)
+    mf = bf16_value(out["min"]).reshape(-1, 1)
     with np.errstate(all="ignore"):
         v = (grouped(p, xc) - mf) / sf
         q = np.where(sf == 0, 0, np.clip(np.floor(v + np.float32(0.5)), 0, (1 << p.bits) - 1))
