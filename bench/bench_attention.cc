@@ -64,7 +64,7 @@ const Fixture& GetFixture(const std::string& scheme, int tokens) {
   const kvq::calib::LayerScheme s = kvq::calib::BuildLayerScheme(
       scheme, Shape(), info.needs_calibration ? &BenchCalibration(scheme) : nullptr, 0,
       kvq::calib::SchemeOptions());
-  f.cache = std::make_unique<kvq::cpu::PagedKVCache>(s.params, s.KeyHeads(), s.ValueHeads(),
+  f.cache = std::make_unique<kvq::cpu::PagedKVCache>(s.params, s.key, s.value,
                                                      kvq::cpu::BestBackend());
   f.seq = f.cache->AddSequence();
   std::mt19937_64 rng(static_cast<uint64_t>(tokens) * 2 + 1);

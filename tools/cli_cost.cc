@@ -56,8 +56,8 @@ std::vector<float> NormalValues(size_t n, std::mt19937_64& rng) {
 FilledCache FillCache(const calib::LayerScheme& layer, int batch, int length,
                       std::mt19937_64& rng) {
   FilledCache out;
-  out.cache = std::make_unique<cpu::PagedKVCache>(layer.params, layer.KeyHeads(),
-                                                  layer.ValueHeads(), cpu::BestBackend());
+  out.cache = std::make_unique<cpu::PagedKVCache>(layer.params, layer.key, layer.value,
+                                                  cpu::BestBackend());
   const CacheParams& p = layer.params;
   for (int b = 0; b < batch; ++b) {
     const int s = out.cache->AddSequence();

@@ -106,11 +106,9 @@ std::string GivenWidth(const AttendOptions& o) {
   return "";
 }
 
-// What the cache is built from.
-struct CacheSetup {
-  kvq::CacheParams params;
-  kvq::HeadData key, value;  // per-head rotations, clip ratios, fp8 scales, ...
-};
+// What the cache is built from: params and the per-head data of K and V, as a scheme of the
+// catalogue gives them (the flags alone give one too).
+using CacheSetup = kvq::calib::LayerScheme;
 
 // The inputs, read and checked against each other.
 struct Inputs {
@@ -273,13 +271,8 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   shape.num_kv_heads = in.hkv;
   shape.num_q_heads = in.hq;
   shape.head_dim = in.d;
-  kvq::calib::LayerScheme built = kvq::calib::BuildLayerScheme(
-      o.scheme, shape, cal.get(), cal ? o.layer : 0, options);
-
-  CacheSetup s;
-  s.params = built.params;
-  s.key = built.KeyHeads();
-  s.value = built.ValueHeads();
+  CacheSetup s =
+      kvq::calib::BuildLayerScheme(o.scheme, shape, cal.get(), cal ? o.layer : 0, options);
   kvq::CacheParams& p = s.params;
   // --group is the per-token sides' G (a tiled side's G_k comes from --tile).
   for (kvq::WriteParams* w : {&p.key, &p.value}) {

@@ -161,16 +161,13 @@ int RunWriteBench(const BenchOptions& o, const std::vector<BenchScheme>& schemes
     const double megabytes = static_cast<double>(x.size() * sizeof(float)) / 1e6;
     for (const BenchScheme& scheme : schemes) {
       if (!scheme.layer.params.quantized()) continue;  // the bf16 cache writes no codes
+      const kvq::HeadData& heads = scheme.layer.key;
       kvq::WriteParams p = scheme.layer.params.key;
-      if (!scheme.layer.clip_k.empty()) p.clip = scheme.layer.clip_k[0];
+      if (!heads.clip.empty()) p.clip = heads.clip[0];
       p.Validate();
-      const size_t dd = static_cast<size_t>(o.head_dim) * o.head_dim;
-      const std::vector<float> dense =
-          p.rotation == kvq::RotationKind::kDense
-              ? std::vector<float>(scheme.layer.rotation_k.begin(),
-                                   scheme.layer.rotation_k.begin() + dd)
-              : std::vector<float>();
-      const float* rotation = p.rotation == kvq::RotationKind::kDense ? dense.data() : nullptr;
+      // KV head 0's matrix: the first [d, d] of [Hkv, d, d].
+      const float* rotation =
+          p.rotation == kvq::RotationKind::kDense ? heads.rotation.data() : nullptr;
       const kvq::cpu::Backend& backend = kvq::cpu::BestBackend();
       kvq::cpu::EncodedRows cpu_out;  // the stored planes (LayoutOf(p)), what a page holds
       double cpu_us = 0, gpu_us = 0;

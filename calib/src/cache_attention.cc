@@ -40,7 +40,7 @@ void CacheAttention::Attend(int layer, int64_t first, int64_t rows, const float*
   const int64_t tokens = first + rows;
   const int64_t kv_row = static_cast<int64_t>(hkv) * d;
 
-  cpu::PagedKVCache cache(p, scheme.KeyHeads(), scheme.ValueHeads(), *backend_);
+  cpu::PagedKVCache cache(p, scheme.key, scheme.value, *backend_);
   const int seq = cache.AddSequence();
   cache.Prefill(seq, k, v, static_cast<size_t>(tokens));
   bits_[layer] = cache.Bytes(seq).bits_per_element();

@@ -158,7 +158,7 @@ std::pair<float, float> OwnClipRatios(const LayerScheme& scheme, const Activatio
     std::vector<std::vector<float>> rotations(hkv), rows(hkv);
     std::vector<ClipRows> heads(hkv);
     for (int h = 0; h < hkv; ++h) {
-      const std::vector<float>& dense = keys ? scheme.rotation_k : scheme.rotation_v;
+      const std::vector<float>& dense = scheme.heads(side).rotation;
       rotations[h] = EffectiveRotation(
           w, dense.empty() ? nullptr : dense.data() + static_cast<size_t>(h) * d * d, backend);
       rows[h] = GatherRowsOf(acts, layer, h, keys, targets.rows);
@@ -183,8 +183,8 @@ void ApplyClipChoice(const SchemeVariant& variant, const Calibration* cal,
       KVQ_CHECK(acts != nullptr && targets != nullptr, kInvalidArgument, "scheme '",
                 variant.label, "' chooses its own clip: it needs the calibration capture");
       const auto [k, v] = OwnClipRatios(*scheme, *acts, *targets, layer, grid, backend);
-      scheme->clip_k.assign(hkv, k);
-      scheme->clip_v.assign(hkv, v);
+      scheme->key.clip.assign(hkv, k);
+      scheme->value.clip.assign(hkv, v);
       break;
     }
     case ClipChoice::kOscar:
@@ -194,13 +194,13 @@ void ApplyClipChoice(const SchemeVariant& variant, const Calibration* cal,
                     static_cast<int>(cal->layers[layer].k_clip.size()) == hkv,
                 kShapeMismatch, "scheme '", variant.label, "': the calibration has no layer ",
                 layer, " of ", hkv, " KV heads");
-      scheme->clip_k = cal->layers[layer].k_clip;
-      scheme->clip_v = cal->layers[layer].v_clip;
+      scheme->key.clip = cal->layers[layer].k_clip;
+      scheme->value.clip = cal->layers[layer].v_clip;
       break;
     case ClipChoice::kNone:
     case ClipChoice::kCatalogue:
-      scheme->clip_k.clear();
-      scheme->clip_v.clear();
+      scheme->key.clip.clear();
+      scheme->value.clip.clear();
       scheme->params.key.clip = scheme->params.value.clip = 1.0f;
       break;
   }

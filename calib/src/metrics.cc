@@ -146,7 +146,7 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
             kShapeMismatch, "scheme has Hkv=", cp.num_kv_heads, ", Hq=", cp.num_q_heads,
             ", d=", cp.head_dim(), " but one KV head of the data has g=", data.group, ", d=", d);
 
-  cpu::PagedKVCache cache(cp, scheme.KeyHeads(), scheme.ValueHeads(), backend);
+  cpu::PagedKVCache cache(cp, scheme.key, scheme.value, backend);
   const int seq = cache.AddSequence();
   cache.Prefill(seq, data.keys.data(), data.values.data(), static_cast<size_t>(t));
 

@@ -385,8 +385,9 @@ PplResult EvaluatePerplexity(const Model& model, const std::vector<TokenWindows>
         rr.clip = ClipChoiceName(v.Resolved());
         double history_bits = 0;
         for (const LayerScheme& ls : layers[row.scheme]) {
-          rr.clip_k.push_back(ls.clip_k.empty() ? ls.params.key.clip : ls.clip_k[0]);
-          rr.clip_v.push_back(ls.clip_v.empty() ? ls.params.value.clip : ls.clip_v[0]);
+          // KV head 0's ratio: its own, else the params'.
+          rr.clip_k.push_back(ls.key.Apply(ls.params.key, 0).clip);
+          rr.clip_v.push_back(ls.value.Apply(ls.params.value, 0).clip);
           history_bits += ls.params.history_bits_per_element();
         }
         if (!layers[row.scheme].empty()) rr.history_bits = history_bits / layers[row.scheme].size();

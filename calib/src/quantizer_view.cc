@@ -49,10 +49,10 @@ KeyView ViewOneHead(const Activations& eval_acts, const Activations& calib_acts,
                     const cpu::Backend& backend) {
   const int d = eval_acts.info.head_dim;
   WriteParams w = scheme.params.key;
-  if (!scheme.clip_k.empty()) w.clip = scheme.clip_k[h];
-  const float* dense = scheme.rotation_k.empty()
+  if (!scheme.key.clip.empty()) w.clip = scheme.key.clip[h];
+  const float* dense = scheme.key.rotation.empty()
                            ? nullptr
-                           : scheme.rotation_k.data() + static_cast<size_t>(h) * d * d;
+                           : scheme.key.rotation.data() + static_cast<size_t>(h) * d * d;
   KeyView v;
   v.layer = layer;
   v.kv_head = h;

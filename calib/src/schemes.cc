@@ -210,8 +210,8 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
   switch (info.clip) {
     case ClipPolicy::kNone: break;
     case ClipPolicy::kCalibration:
-      s.clip_k = lc->k_clip;
-      s.clip_v = lc->v_clip;
+      s.key.clip = lc->k_clip;
+      s.value.clip = lc->v_clip;
       break;
   }
   switch (info.scale) {
@@ -225,8 +225,8 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
                 "' needs fp8 scales computed after its own rotation, but this calibration's "
                 "were computed for scheme '", cal->info.scheme, "' (kvq calibrate --scheme ",
                 name, ")");
-      s.scale_k = lc->k_scale;
-      s.scale_v = lc->v_scale;
+      s.key.scale = lc->k_scale;
+      s.value.scale = lc->v_scale;
       break;
   }
   auto basis = [&](int h, bool keys) {
@@ -243,7 +243,7 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
   for (int side = 0; side < 2; ++side) {
     const bool keys = side == 0;
     WriteParams* w = sides[side];
-    std::vector<float>& matrices = keys ? s.rotation_k : s.rotation_v;
+    std::vector<float>& matrices = s.heads(side).rotation;
     auto dense = [&](auto&& make /* (head) -> MatrixXd */) {
       w->rotation = RotationKind::kDense;
       for (int h = 0; h < hkv; ++h) AppendMatrix(make(h), matrices);
@@ -396,35 +396,9 @@ LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head) {
   s.params = p;
   s.params.num_kv_heads = 1;
   s.params.num_q_heads = p.group_size();
-  const size_t dd = static_cast<size_t>(p.head_dim()) * p.head_dim();
-  auto slice = [&](const std::vector<float>& all, size_t per_head) {
-    if (all.empty()) return std::vector<float>();
-    return std::vector<float>(all.begin() + kv_head * per_head,
-                              all.begin() + (kv_head + 1) * per_head);
-  };
-  s.rotation_k = slice(scheme.rotation_k, dd);
-  s.rotation_v = slice(scheme.rotation_v, dd);
-  s.clip_k = slice(scheme.clip_k, 1);
-  s.clip_v = slice(scheme.clip_v, 1);
-  s.scale_k = slice(scheme.scale_k, 1);
-  s.scale_v = slice(scheme.scale_v, 1);
+  s.key = scheme.key.Slice(p.key, kv_head, "key");
+  s.value = scheme.value.Slice(p.value, kv_head, "value");
   return s;
 }
-
-namespace {
-
-HeadData Heads(const std::vector<float>& rotation, const std::vector<float>& clip,
-               const std::vector<float>& scale) {
-  HeadData h;
-  h.rotation = rotation;
-  h.clip = clip;
-  h.scale = scale;
-  return h;
-}
-
-}  // namespace
-
-HeadData LayerScheme::KeyHeads() const { return Heads(rotation_k, clip_k, scale_k); }
-HeadData LayerScheme::ValueHeads() const { return Heads(rotation_v, clip_v, scale_v); }
 
 }  // namespace kvq::calib

@@ -71,13 +71,14 @@ LayerScheme Scheme(const std::string& name, int sink, int recent, int flush) {
     s = BuildLayerScheme("naive", shape, nullptr, 0, o);
     s.params.key.rotation = s.params.value.rotation = RotationKind::kDense;
     for (int h = 0; h < kHkv; ++h) {
-      for (bool keys : {true, false}) {
+      for (int side = 0; side < 2; ++side) {
+        const bool keys = side == 0;
         const std::vector<float> r = ToRowMajorF32(RandomOrthogonal(kD, 11 + 2 * h + keys));
-        (keys ? s.rotation_k : s.rotation_v).insert((keys ? s.rotation_k : s.rotation_v).end(),
-                                                    r.begin(), r.end());
+        std::vector<float>& rotation = s.heads(side).rotation;
+        rotation.insert(rotation.end(), r.begin(), r.end());
       }
-      s.clip_k.push_back(h == 0 ? 0.9f : 0.84f);
-      s.clip_v.push_back(h == 0 ? 0.94f : 1.0f);
+      s.key.clip.push_back(h == 0 ? 0.9f : 0.84f);
+      s.value.clip.push_back(h == 0 ? 0.94f : 1.0f);
     }
   } else {
     s = BuildLayerScheme(name, shape, nullptr, 0, o);
@@ -103,8 +104,7 @@ void CheckAgainstDecode(const std::string& name, int sink, int recent, int flush
   double worst_attend = 0, worst_f64 = 0;
   int64_t with_history = 0;
   for (int64_t p = first; p < x.tokens; ++p) {
-    cpu::PagedKVCache cache(scheme.params, scheme.rotation_k, scheme.rotation_v, scheme.clip_k,
-                            scheme.clip_v, backend);
+    cpu::PagedKVCache cache(scheme.params, scheme.key, scheme.value, backend);
     const int seq = cache.AddSequence();
     cache.Prefill(seq, x.k.data(), x.v.data(), p + 1);
     with_history += cache.HistoryLength(seq) > 0;

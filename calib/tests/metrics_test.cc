@@ -131,8 +131,7 @@ HeadMetrics BruteForce(const HeldOutHead& data, const LayerScheme& scheme, int t
   const int d = data.head_dim;
   const int g = data.group;
   const cpu::Backend& backend = cpu::BestBackend();
-  cpu::PagedKVCache cache(scheme.params, scheme.rotation_k, scheme.rotation_v, scheme.clip_k,
-                          scheme.clip_v, backend);
+  cpu::PagedKVCache cache(scheme.params, scheme.key, scheme.value, backend);
   const int seq = cache.AddSequence();
   // Rows of one position read back in the original space.
   auto read = [&](size_t pos, cpu::KV kv, double* out) {

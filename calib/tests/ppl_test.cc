@@ -192,13 +192,13 @@ TEST(Ppl, OwnClipIsCalibratesRule) {
       BuildVariantLayers(f.model.config, &f.calib_acts, &f.cal, o, cpu::BestBackend());
   int differ = 0;
   for (int l = 0; l < f.model.config.num_layers; ++l) {
-    EXPECT_EQ(layers[0][l].clip_k, f.cal.layers[l].k_clip) << "layer " << l;
-    EXPECT_EQ(layers[0][l].clip_v, f.cal.layers[l].v_clip) << "layer " << l;
-    EXPECT_EQ(layers[2][l].clip_k, f.cal.layers[l].k_clip) << "layer " << l;
-    differ += layers[1][l].clip_k != f.cal.layers[l].k_clip;
-    differ += layers[1][l].clip_v != f.cal.layers[l].v_clip;
-    ASSERT_EQ(layers[3][l].clip_k.size(), 1u);  // naive@own: a clip where naive has none
-    EXPECT_LE(layers[3][l].clip_k[0], 1.0f);
+    EXPECT_EQ(layers[0][l].key.clip, f.cal.layers[l].k_clip) << "layer " << l;
+    EXPECT_EQ(layers[0][l].value.clip, f.cal.layers[l].v_clip) << "layer " << l;
+    EXPECT_EQ(layers[2][l].key.clip, f.cal.layers[l].k_clip) << "layer " << l;
+    differ += layers[1][l].key.clip != f.cal.layers[l].k_clip;
+    differ += layers[1][l].value.clip != f.cal.layers[l].v_clip;
+    ASSERT_EQ(layers[3][l].key.clip.size(), 1u);  // naive@own: a clip where naive has none
+    EXPECT_LE(layers[3][l].key.clip[0], 1.0f);
   }
   EXPECT_GT(differ, 0) << "eigenbasis_only chose OSCAR's ratios on every layer and side";
 }

@@ -63,6 +63,23 @@ std::vector<float> PerHead(int hkv, const std::function<MatrixXd(int)>& make) {
   return all;
 }
 
+// Every row of head_data.inc of both sides, bit for bit.
+::testing::AssertionResult HeadsBitsEqual(const LayerScheme& a, const LayerScheme& b) {
+  ::testing::AssertionResult result = ::testing::AssertionSuccess();
+  auto compare = [&](const std::string& what, const auto& x, const auto& y) {
+    if (result) result = BitsEqual(what, x, y);
+  };
+  for (int side = 0; side < 2; ++side) {
+    const std::string prefix = side == 0 ? "key " : "value ";
+#define KVQ_HEAD_ARRAY(name, ...) compare(prefix + #name, a.heads(side).name, b.heads(side).name);
+#define KVQ_HEAD_SCALAR(name, ...) compare(prefix + #name, a.heads(side).name, b.heads(side).name);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
+  }
+  return result;
+}
+
 TEST(Schemes, UnknownNameIsRejectedNamingItAndTheValidNames) {
   try {
     SchemeByName("osCar");
@@ -106,10 +123,13 @@ TEST(Schemes, EveryNameBuildsAValidCacheConfiguration) {
       // P = 16, raised to the tile (32) for a tiled side.
       const bool tiled = s.format_k == Format::kAffineTile || s.format_v == Format::kAffineTile;
       EXPECT_EQ(ls.params.page_size, tiled ? 32 : 16) << s.name;
-      const bool dense_k = ls.params.key.rotation == RotationKind::kDense;
-      const bool dense_v = ls.params.value.rotation == RotationKind::kDense;
-      EXPECT_EQ(ls.rotation_k.size(), dense_k ? 2u * 64 * 64 : 0u) << s.name;
-      EXPECT_EQ(ls.rotation_v.size(), dense_v ? 2u * 64 * 64 : 0u) << s.name;
+      // Each side's per-head data fits its params (a matrix per head exactly when dense).
+      for (int side = 0; side < 2; ++side) {
+        const WriteParams& w = side == 0 ? ls.params.key : ls.params.value;
+        const bool dense = w.rotation == RotationKind::kDense;
+        EXPECT_EQ(ls.heads(side).rotation.size(), dense ? 2u * 64 * 64 : 0u) << s.name;
+        EXPECT_NO_THROW(ls.heads(side).Validate(w, 2, side == 0 ? "key" : "value")) << s.name;
+      }
     }
   }
 }
@@ -129,7 +149,7 @@ TEST(Schemes, BaselinesHaveTheirDefiningParameters) {
     EXPECT_EQ(w.clip, 1.0f);
     EXPECT_FALSE(w.bitrev);
   }
-  EXPECT_TRUE(naive.clip_k.empty() && naive.clip_v.empty());
+  EXPECT_TRUE(naive.key.clip.empty() && naive.value.clip.empty());
 
   const LayerScheme had = BuildLayerScheme("hadamard", f.acts, nullptr, 0, o);
   EXPECT_EQ(had.params.key.rotation, RotationKind::kHadamard);
@@ -168,35 +188,35 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
     };
     const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, layer, o);
     EXPECT_EQ(oscar.params.key.rotation, RotationKind::kDense);
-    EXPECT_TRUE(BitsEqual("rotation_k", oscar.rotation_k, lc.k_rotation));
-    EXPECT_TRUE(BitsEqual("rotation_v", oscar.rotation_v, lc.v_rotation));
-    EXPECT_TRUE(BitsEqual("clip_k", oscar.clip_k, lc.k_clip));
-    EXPECT_TRUE(BitsEqual("clip_v", oscar.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("rotation_k", oscar.key.rotation, lc.k_rotation));
+    EXPECT_TRUE(BitsEqual("rotation_v", oscar.value.rotation, lc.v_rotation));
+    EXPECT_TRUE(BitsEqual("clip_k", oscar.key.clip, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", oscar.value.clip, lc.v_clip));
 
     const LayerScheme nb = BuildLayerScheme("oscar_no_bitrev", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(BitsEqual("rotation_k", nb.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nb.key.rotation, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.k_basis, h));
                          })));
-    EXPECT_TRUE(BitsEqual("rotation_v", nb.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", nb.value.rotation, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.v_basis, h));
                          })));
-    EXPECT_TRUE(BitsEqual("clip_k", nb.clip_k, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", nb.key.clip, lc.k_clip));
     const LayerScheme nh = BuildLayerScheme("oscar_no_hadamard", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(BitsEqual("rotation_k", nh.rotation_k, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_k", nh.key.rotation, PerHead(2, [&](int h) {
                            return BasisBitReversal(basis(lc.k_basis, h));
                          })));
     const LayerScheme raw = BuildLayerScheme("raw_target", f.acts, &f.cal, layer, o);
-    EXPECT_TRUE(BitsEqual("rotation_v", raw.rotation_v, PerHead(2, [&](int h) {
+    EXPECT_TRUE(BitsEqual("rotation_v", raw.value.rotation, PerHead(2, [&](int h) {
                            return OscarRotation(
                                SortedEigenBasis(RawCovariance(f.acts, layer, h, false,
                                                               f.acts.info.calib_tokens))
                                    .vectors);
                          })));
-    EXPECT_TRUE(BitsEqual("clip_v", raw.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", raw.value.clip, lc.v_clip));
     const LayerScheme clip = BuildLayerScheme("clip_only", f.acts, &f.cal, layer, o);
     EXPECT_EQ(clip.params.key.rotation, RotationKind::kIdentity);
-    EXPECT_TRUE(BitsEqual("clip_k", clip.clip_k, lc.k_clip));
-    EXPECT_TRUE(BitsEqual("clip_v", clip.clip_v, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", clip.key.clip, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", clip.value.clip, lc.v_clip));
   }
 }
 
@@ -224,23 +244,25 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
       }
       switch (s.clip) {
         case ClipPolicy::kNone:
-          EXPECT_TRUE(ls.clip_k.empty() && ls.clip_v.empty()) << s.name;
+          EXPECT_TRUE(ls.key.clip.empty() && ls.value.clip.empty()) << s.name;
           EXPECT_EQ(ls.params.key.clip, 1.0f) << s.name;
           break;
         case ClipPolicy::kCalibration:
-          EXPECT_TRUE(BitsEqual("clip_k", ls.clip_k, f.cal.layers[1].k_clip)) << s.name;
-          EXPECT_TRUE(BitsEqual("clip_v", ls.clip_v, f.cal.layers[1].v_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_k", ls.key.clip, f.cal.layers[1].k_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_v", ls.value.clip, f.cal.layers[1].v_clip)) << s.name;
           break;
       }
       switch (s.scale) {
         case ScalePolicy::kNone:
-          EXPECT_TRUE(ls.scale_k.empty() && ls.scale_v.empty()) << s.name;
+          EXPECT_TRUE(ls.key.scale.empty() && ls.value.scale.empty()) << s.name;
           EXPECT_EQ(ls.params.key.head_scale, 1.0f) << s.name;
           break;
         case ScalePolicy::kCalibration:
-          ASSERT_FALSE(ls.scale_k.empty()) << s.name;
-          EXPECT_TRUE(BitsEqual("scale_k", ls.scale_k, f.For(s.name).layers[1].k_scale)) << s.name;
-          EXPECT_TRUE(BitsEqual("scale_v", ls.scale_v, f.For(s.name).layers[1].v_scale)) << s.name;
+          ASSERT_FALSE(ls.key.scale.empty()) << s.name;
+          EXPECT_TRUE(BitsEqual("scale_k", ls.key.scale, f.For(s.name).layers[1].k_scale))
+              << s.name;
+          EXPECT_TRUE(BitsEqual("scale_v", ls.value.scale, f.For(s.name).layers[1].v_scale))
+              << s.name;
           break;
       }
     }
@@ -252,8 +274,8 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
     } else {
       const LayerScheme without = BuildLayerScheme(s.name, f.acts, nullptr, 0, SmallSchemeOptions());
       const LayerScheme with = BuildLayerScheme(s.name, f.acts, &f.cal, 0, SmallSchemeOptions());
-      EXPECT_TRUE(BitsEqual("rotation_k", without.rotation_k, with.rotation_k)) << s.name;
-      EXPECT_TRUE(without.clip_k.empty()) << s.name;
+      EXPECT_TRUE(BitsEqual("rotation_k", without.key.rotation, with.key.rotation)) << s.name;
+      EXPECT_TRUE(without.key.clip.empty()) << s.name;
     }
   }
   EXPECT_STREQ(ClipPolicyName(ClipPolicy::kNone), "none");
@@ -281,15 +303,15 @@ TEST(Schemes, Spec12RowsHaveTheirDefiningParameters) {
           << name;
       EXPECT_EQ(w.fwht_block(), 64) << name;
     }
-    EXPECT_EQ(ls.scale_k.size(), calibrated ? 2u : 0u) << name;
+    EXPECT_EQ(ls.key.scale.size(), calibrated ? 2u : 0u) << name;
     if (!calibrated) continue;
     // The scales are each head's amax / 448 after the scheme's own rotation.
     for (int h = 0; h < 2; ++h) {
-      EXPECT_EQ(ls.scale_k[h],
+      EXPECT_EQ(ls.key.scale[h],
                 Fp8Scales(f.acts, 1, true, ls.params.key, cpu::ScalarBackend())[h]) << name;
-      EXPECT_EQ(ls.scale_v[h],
+      EXPECT_EQ(ls.value.scale[h],
                 Fp8Scales(f.acts, 1, false, ls.params.value, cpu::ScalarBackend())[h]) << name;
-      EXPECT_GT(ls.scale_k[h], 0.0f);
+      EXPECT_GT(ls.key.scale[h], 0.0f);
     }
   }
   EXPECT_NE(f.For("fp8").layers[0].k_scale, f.For("fp8_hadamard").layers[0].k_scale);
@@ -388,10 +410,10 @@ TEST(Schemes, Spec11RowsHaveTheirDefiningParameters) {
   block.saw_block = 16;
   const LayerScheme hess = BuildLayerScheme("saw_hessian", f.acts, &f.cal, 1, block);
   ASSERT_EQ(hess.params.key.rotation, RotationKind::kDense);
-  ASSERT_EQ(hess.rotation_k.size(), 2u * 64 * 64);
-  EXPECT_TRUE(BitsEqual("rotation_v", hess.rotation_v, hess.rotation_k));
-  const MatrixXd r = FromRowMajorF32(hess.rotation_k.data(), 64, 64);
-  const MatrixXd r1 = FromRowMajorF32(hess.rotation_k.data() + 64 * 64, 64, 64);
+  ASSERT_EQ(hess.key.rotation.size(), 2u * 64 * 64);
+  EXPECT_TRUE(BitsEqual("rotation_v", hess.value.rotation, hess.key.rotation));
+  const MatrixXd r = FromRowMajorF32(hess.key.rotation.data(), 64, 64);
+  const MatrixXd r1 = FromRowMajorF32(hess.key.rotation.data() + 64 * 64, 64, 64);
   EXPECT_EQ(r, r1);
   EXPECT_LT((r.transpose() * r - MatrixXd::Identity(64, 64)).cwiseAbs().maxCoeff(), 1e-5);
   const LayerCalibration& lc = f.cal.layers[1];
@@ -466,9 +488,7 @@ TEST(Schemes, ShapeAndActivationsOverloadsAgree) {
   for (const SchemeInfo& s : Schemes()) {
     const LayerScheme a = BuildLayerScheme(s.name, f.acts, &f.For(s.name), 1, SmallSchemeOptions());
     const LayerScheme b = BuildLayerScheme(s.name, shape, &f.For(s.name), 1, SmallSchemeOptions());
-    EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k) && BitsEqual("rotation_v", a.rotation_v, b.rotation_v) &&
-                BitsEqual("clip_k", a.clip_k, b.clip_k) && BitsEqual("clip_v", a.clip_v, b.clip_v))
-        << s.name;
+    EXPECT_TRUE(HeadsBitsEqual(a, b)) << s.name;
   }
   SchemeShape other = shape;
   other.num_kv_heads = 1;
@@ -524,14 +544,14 @@ TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {
   SchemeOptions o = SmallSchemeOptions();
   const LayerScheme a = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
   const LayerScheme b = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_TRUE(BitsEqual("rotation_k", a.rotation_k, b.rotation_k));
+  EXPECT_TRUE(BitsEqual("rotation_k", a.key.rotation, b.key.rotation));
   o.seed = 1;
   const LayerScheme c = BuildLayerScheme("random_orthogonal", f.acts, &f.cal, 1, o);
-  EXPECT_FALSE(BitsEqual("rotation_k", a.rotation_k, c.rotation_k));
+  EXPECT_FALSE(BitsEqual("rotation_k", a.key.rotation, c.key.rotation));
   const int d = 64;
-  const MatrixXd k0 = FromRowMajorF32(a.rotation_k.data(), d, d);
-  const MatrixXd k1 = FromRowMajorF32(a.rotation_k.data() + d * d, d, d);
-  const MatrixXd v0 = FromRowMajorF32(a.rotation_v.data(), d, d);
+  const MatrixXd k0 = FromRowMajorF32(a.key.rotation.data(), d, d);
+  const MatrixXd k1 = FromRowMajorF32(a.key.rotation.data() + d * d, d, d);
+  const MatrixXd v0 = FromRowMajorF32(a.value.rotation.data(), d, d);
   EXPECT_LT((k0.transpose() * k0 - MatrixXd::Identity(d, d)).cwiseAbs().maxCoeff(), 1e-5);
   EXPECT_GT((k0 - k1).cwiseAbs().maxCoeff(), 0.1);
   EXPECT_GT((k0 - v0).cwiseAbs().maxCoeff(), 0.1);
@@ -543,15 +563,28 @@ TEST(Schemes, SliceKvHeadKeepsOneHeadsData) {
   const LayerScheme one = SliceKvHead(oscar, 1);
   EXPECT_EQ(one.params.num_kv_heads, 1);
   EXPECT_EQ(one.params.num_q_heads, 2);
-  ASSERT_EQ(one.rotation_k.size(), 64u * 64);
-  EXPECT_EQ(0, std::memcmp(one.rotation_k.data(), oscar.rotation_k.data() + 64 * 64,
+  ASSERT_EQ(one.key.rotation.size(), 64u * 64);
+  EXPECT_EQ(0, std::memcmp(one.key.rotation.data(), oscar.key.rotation.data() + 64 * 64,
                            64 * 64 * sizeof(float)));
-  ASSERT_EQ(one.clip_v.size(), 1u);
-  EXPECT_EQ(one.clip_v[0], oscar.clip_v[1]);
+  ASSERT_EQ(one.value.clip.size(), 1u);
+  EXPECT_EQ(one.value.clip[0], oscar.value.clip[1]);
   EXPECT_THROW(SliceKvHead(oscar, 2), Error);
   const LayerScheme naive_one =
       SliceKvHead(BuildLayerScheme("naive", f.acts, nullptr, 0, SmallSchemeOptions()), 0);
-  EXPECT_TRUE(naive_one.rotation_k.empty() && naive_one.clip_k.empty());
+  EXPECT_TRUE(naive_one.key.rotation.empty() && naive_one.key.clip.empty());
+  // Every row is sliced: fp8's scales too.
+  const LayerScheme fp8 =
+      BuildLayerScheme("fp8", f.acts, &f.For("fp8"), 0, SmallSchemeOptions());
+  const LayerScheme fp8_one = SliceKvHead(fp8, 1);
+  ASSERT_EQ(fp8_one.key.scale.size(), 1u);
+  ASSERT_EQ(fp8_one.value.scale.size(), 1u);
+  EXPECT_EQ(fp8_one.key.scale[0], fp8.key.scale[1]);
+  EXPECT_EQ(fp8_one.value.scale[0], fp8.value.scale[1]);
+  // A row too short for the head is refused naming it.
+  HeadData short_clip;
+  short_clip.clip = {0.9f};
+  testing::ExpectError([&] { short_clip.Slice(oscar.params.key, 1, "key"); },
+                       ErrorCode::kShapeMismatch, "key clip ratios: 1 values, none for KV head 1");
 }
 
 }  // namespace

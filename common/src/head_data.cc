@@ -48,4 +48,23 @@ WriteParams HeadData::Apply(WriteParams p, int head) const {
   return p;
 }
 
+HeadData HeadData::Slice(const WriteParams& p, int head, const char* side) const {
+  HeadData one;
+  auto take = [&](const auto& all, auto& out, size_t per_head, const char* noun) {
+    if (all.empty()) return;
+    KVQ_CHECK(head >= 0 && all.size() >= (static_cast<size_t>(head) + 1) * per_head,
+              kShapeMismatch, side, " ", noun, ": ", all.size(), " values, none for KV head ",
+              head, " (", per_head, " per head)");
+    const auto first = all.begin() + static_cast<size_t>(head) * per_head;
+    out.assign(first, first + per_head);
+  };
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+  take(name, one.name, static_cast<size_t>(extent), noun);
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) take(name, one.name, 1, noun "s");
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
+  return one;
+}
+
 }  // namespace kvq

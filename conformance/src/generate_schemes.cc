@@ -68,16 +68,16 @@ void AddSchemeAttentionCases(VectorCollector* out) {
       overrides = " F=" + std::to_string(c.params.flush) + " (the scheme's own F is " +
                   std::to_string(s.params.flush) + ")";
     }
-    c.key = s.KeyHeads();
-    c.value = s.ValueHeads();
+    c.key = s.key;
+    c.value = s.value;
     c.key.rotation.clear();  // dense rotations travel in the fixture below
     c.value.rotation.clear();
     const bool dense_k = s.params.key.rotation == RotationKind::kDense;
     const bool dense_v = s.params.value.rotation == RotationKind::kDense;
     if (s.params.quantized() && (dense_k || dense_v)) {
       // The fixture holds R_K for every KV head, then R_V.
-      std::vector<float> matrices = s.rotation_k;
-      matrices.insert(matrices.end(), s.rotation_v.begin(), s.rotation_v.end());
+      std::vector<float> matrices = s.key.rotation;
+      matrices.insert(matrices.end(), s.value.rotation.begin(), s.value.rotation.end());
       c.rotation_fixture = out->AddRotationFixture(
           c.name, std::string("scheme ") + info.name +
                       ": R_K per KV head, then R_V (calib::BuildLayerScheme), row-major",

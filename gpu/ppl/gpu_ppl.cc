@@ -235,8 +235,8 @@ struct GpuPplForwards::Impl {
     std::vector<SchemeLayerDev> dev(ls.size());
     for (size_t l = 0; l < ls.size(); ++l) {
       const CacheParams& c = ls[l].params;
-      dev[l].key = DeviceHeadData(ls[l].KeyHeads(), c.key, c.num_kv_heads);
-      dev[l].value = DeviceHeadData(ls[l].ValueHeads(), c.value, c.num_kv_heads);
+      dev[l].key = DeviceHeadData(ls[l].key, c.key, c.num_kv_heads);
+      dev[l].value = DeviceHeadData(ls[l].value, c.value, c.num_kv_heads);
     }
     return schemes.emplace(key, std::move(dev)).first->second;
   }

@@ -100,11 +100,11 @@ Schemes MakeSchemes(const calib::ModelConfig& c, const std::vector<std::string>&
         for (int kv = 0; kv < 2; ++kv) {
           const std::vector<float> r =
               calib::ToRowMajorF32(calib::RandomOrthogonal(c.head_dim, 100 * l + 10 * h + kv));
-          std::vector<float>& dst = kv == 0 ? ls.rotation_k : ls.rotation_v;
+          std::vector<float>& dst = ls.heads(kv).rotation;
           dst.insert(dst.end(), r.begin(), r.end());
         }
-        ls.clip_k.push_back(0.92f);
-        ls.clip_v.push_back(0.9f);
+        ls.key.clip.push_back(0.92f);
+        ls.value.clip.push_back(0.9f);
       }
       layers.push_back(std::move(ls));
     }

@@ -100,7 +100,7 @@ class AttendSchemeCli : public ::testing::Test {
                                     const std::function<void(calib::LayerScheme&)>& edit = {}) {
     calib::LayerScheme s = built;
     if (edit) edit(s);
-    cpu::PagedKVCache cache(s.params, s.KeyHeads(), s.ValueHeads(), cpu::BestBackend());
+    cpu::PagedKVCache cache(s.params, s.key, s.value, cpu::BestBackend());
     const int seq = cache.AddSequence();
     cache.Prefill(seq, k_.data(), v_.data(), kTokens);
     std::vector<float> out(q_.size());
@@ -188,15 +188,15 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
   EXPECT_FALSE(SameBits(clipped, plain));
   EXPECT_TRUE(SameBits(clipped, Library(oscar, [](calib::LayerScheme& s) {
                          s.params.key.clip = 0.85f;
-                         s.clip_k.clear();
+                         s.key.clip.clear();
                        })));
   // A rotation flag replaces both rotations.
   const std::vector<float> hadamard = Cli("--scheme oscar --hadamard" + cal0, "o2.npy");
   EXPECT_FALSE(SameBits(hadamard, plain));
   EXPECT_TRUE(SameBits(hadamard, Library(oscar, [](calib::LayerScheme& s) {
                          s.params.key.rotation = s.params.value.rotation = RotationKind::kHadamard;
-                         s.rotation_k.clear();
-                         s.rotation_v.clear();
+                         s.key.rotation.clear();
+                         s.value.rotation.clear();
                        })));
   const std::vector<float> dense =
       Cli("--scheme hadamard_bitrev --rotation-k r.npy --rotation-v r.npy", "o3.npy");
@@ -213,11 +213,11 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
                                  const std::vector<float> r(
                                      cal_->layers[0].k_rotation.begin(),
                                      cal_->layers[0].k_rotation.begin() + kHeadDim * kHeadDim);
-                                 s.rotation_k.clear();
+                                 s.key.rotation.clear();
                                  for (int h = 0; h < kKvHeads; ++h) {
-                                   s.rotation_k.insert(s.rotation_k.end(), r.begin(), r.end());
+                                   s.key.rotation.insert(s.key.rotation.end(), r.begin(), r.end());
                                  }
-                                 s.rotation_v = s.rotation_k;
+                                 s.value.rotation = s.key.rotation;
                                })));
   // --bits replaces even a scheme's own width (saw_int4 is INT4 unless told otherwise).
   const calib::LayerScheme saw = calib::BuildLayerScheme("saw_int4", Shape(), nullptr, 0, Options(false));
@@ -291,8 +291,7 @@ TEST_F(AttendSchemeCli, Spec11SchemesAndFlags) {
     const std::vector<float> got = Cli(args, std::string("c_") + name + ".npy");
     const calib::LayerScheme built = calib::BuildLayerScheme(name, Shape(), calibrated ? cal_ : nullptr,
                                                             calibrated ? 1 : 0, Options(calibrated));
-    cpu::PagedKVCache cache(built.params, built.rotation_k, built.rotation_v, built.clip_k,
-                            built.clip_v);
+    cpu::PagedKVCache cache(built.params, built.key, built.value, cpu::BestBackend());
     const int seq = cache.AddSequence();
     cache.Prefill(seq, k_.data(), v_.data(), kTokens);
     ASSERT_GT(cache.HistoryLength(seq), 0u) << name;

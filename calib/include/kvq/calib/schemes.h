@@ -1,8 +1,8 @@
 // The scheme catalogue: every KV-cache quantization scheme kvq evaluates, one row each in
 // schemes.inc, each turning (shape, calibration, layer, options) into what a
-// kvq::cpu::PagedKVCache of that layer needs: CacheParams plus per-KV-head rotation matrices
-// and clip ratios. `kvq eval`, `kvq attend --scheme`, `kvq bench`, the benchmarks and the
-// golden vectors all read it.
+// kvq::cpu::PagedKVCache of that layer needs: CacheParams plus the per-head data (HeadData:
+// rotation matrices, clip ratios, fp8 scales) of K and of V. `kvq eval`, `kvq attend --scheme`,
+// `kvq bench`, the benchmarks and the golden vectors all read it.
 //
 // The OSCAR ablations (seeds/000 table 4) change ONE thing relative to `oscar`: the rotation.
 // They keep the calibration's clip ratios (selected for R = U·H·P_br), so a difference in the
@@ -148,14 +148,15 @@ bool SchemeClipsWithCalibration(const std::string& name);
 
 // One layer of one scheme: what PagedKVCache's constructor takes.
 struct LayerScheme {
-  CacheParams params;                         // Hkv, Hq, d from the shape
-  std::vector<float> rotation_k, rotation_v;  // [Hkv, d, d] fp32 row-major when dense; else empty
-  std::vector<float> clip_k, clip_v;          // [Hkv] ρ per KV head, or empty (params' clip)
-  std::vector<float> scale_k, scale_v;        // [Hkv] fp8 s^ per KV head, or empty (1)
+  CacheParams params;  // Hkv, Hq, d from the shape
+  // The per-head data of K and of V (kvq/common/head_data.h: every row of head_data.inc):
+  // rotation [Hkv, d, d] fp32 row-major when that side is dense, else empty; clip ρ [Hkv] or
+  // empty (params' clip); fp8 scale s^ [Hkv] or empty (1); ...
+  HeadData key, value;
 
-  // The per-head data of each side (kvq/common/head_data.h), as PagedKVCache takes it.
-  HeadData KeyHeads() const;
-  HeadData ValueHeads() const;
+  // `key` (side 0) or `value` (side 1), for code that does the same for both sides.
+  HeadData& heads(int side) { return side == 0 ? key : value; }
+  const HeadData& heads(int side) const { return side == 0 ? key : value; }
 };
 
 // Builds scheme `name` for layer `layer`. `cal` may be null only for schemes that do not need
@@ -224,8 +225,9 @@ Calibration CalibrationForScheme(const std::string& name, const Calibration& cal
 std::string CalibrationScheme(const std::string& name);
 
 // The same scheme restricted to one KV head (Hkv = 1, Hq = the head's g query heads): the
-// matrices and clip ratio of `kv_head` only. Throws kInvalidArgument for a head out of range,
-// kUnsupported for a token-scope norm over several KV heads (it couples them).
+// per-head data of `kv_head` only (HeadData::Slice: every row of head_data.inc). Throws
+// kInvalidArgument for a head out of range, kUnsupported for a token-scope norm over several KV
+// heads (it couples them).
 LayerScheme SliceKvHead(const LayerScheme& scheme, int kv_head);
 
 }  // namespace kvq::calib

@@ -26,6 +26,11 @@ struct HeadData {
   void Validate(const WriteParams& p, int num_kv_heads, const char* side) const;
   // p with KV head `head`'s scalars in place of p's (an empty list keeps p's value).
   WriteParams Apply(WriteParams p, int head) const;
+  // KV head `head`'s data alone, as a side of one KV head holds it: every present array's
+  // `extent` values of that head, every non-empty scalar list's value of that head; what is
+  // empty stays empty. Throws kvq::Error(kShapeMismatch) naming `side`, the row and the head
+  // when a non-empty row holds no values for `head` (a negative head included).
+  HeadData Slice(const WriteParams& p, int head, const char* side) const;
 };
 
 }  // namespace kvq
