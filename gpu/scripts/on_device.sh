@@ -10,7 +10,8 @@
 #                   conform.log    kvq conform --backend gpu
 #   --part timing   timing.md      the previous tree's benchmark programs (old/, when staged)
 #                                  against this tree's, interleaved, --rounds times: decode
-#                                  INT2 / bf16-QK loop / BF16 per (B, T) and the write rows
+#                                  INT2 / bf16-QK loop / BF16 per (B, T), every scheme row
+#                                  (--schemes-only) at B=1 T=128K and B=8 T=32K, the write rows
 #                   timing.log     their raw output
 #                   bench.md       the GPU benchmarks' full tables (the spec 1.1 schemes' decode
 #                                  rows too), PyTorch SDPA, kvq bench
@@ -163,6 +164,21 @@ if [[ $part == timing ]]; then
             >> "$OUT/timing.log" 2>&1
         done
       done
+      # Every other loop of the decode kernel (tiled keys: kivi / ots, fp8, INT4, K != V, the
+      # two-MMA loop of saw_int4's groups): the scheme rows at two shapes.
+      for bt in "1 131072" "8 32768"; do
+        set -- $bt
+        for which in old new; do
+          if [[ $which == old ]]; then
+            b=$stage/old/bin/kvq_bench_gpu_attention; lib=$stage/old/lib
+          else
+            b=$bin/kvq_bench_gpu_attention; lib=$stage/lib
+          fi
+          echo "===== schemes $which round $r B=$1 T=$2 =====" >> "$OUT/timing.log"
+          LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" "$b" --iters 30 --schemes-only \
+            --batch "$1" --len "$2" >> "$OUT/timing.log" 2>&1
+        done
+      done
       for which in old new; do
         if [[ $which == old ]]; then
           b=$stage/old/bin/kvq_bench_gpu_write; lib=$stage/old/lib
@@ -180,7 +196,7 @@ att = {}  # (B, T, column) -> {which: [us]}
 wr = {}   # row name -> {which: [ms]}
 which = kind = None
 for line in open(sys.argv[1]):
-    m = re.match(r'===== (attention|write) (old|new) round (\d+)', line)
+    m = re.match(r'===== (attention|schemes|write) (old|new) round (\d+)', line)
     if m:
         kind, which = m.group(1), m.group(2)
         continue
@@ -192,6 +208,12 @@ for line in open(sys.argv[1]):
                 att.setdefault((b, t, col), {}).setdefault(which, []).append(float(cells[idx]))
             except ValueError:
                 pass
+    if kind == 'schemes' and len(cells) >= 10 and cells[1].isdigit():
+        try:
+            key = (int(cells[1]), int(cells[2]), cells[0] + ' us')
+            att.setdefault(key, {}).setdefault(which, []).append(float(cells[3]))
+        except ValueError:
+            pass
     if kind == 'write' and len(cells) >= 3 and cells[2].endswith(' ms'):
         name = cells[0] + ': ' + cells[1]
         wr.setdefault(name, {}).setdefault(which, []).append(float(cells[2][:-3]))

@@ -277,10 +277,11 @@ __device__ __forceinline__ float Exp2(float x) {
 inline constexpr float kRescaleThresholdLog2 = 8.0f;
 
 // The history loop of keys in format F (a row of kvq/gpu/formats.h's KVQ_GPU_DECODE_FORMATS other
-// than the bf16 cache): the header of each loop specializes it with
+// than the bf16 cache): the header of each loop defines a split-loop struct of the hooks
+// SplitLoop calls (attention_skeleton.cuh) and specializes this with
 //   template <int D, class K, class V, QuantLoop LOOP>
 //   static void Split(const DecodeKernelParams& p, unsigned char* smem, int kvh, int head0,
-//                     int b, int split, int begin, int end);   // one history block's split
+//                     int b, int split, int begin, int end);   // SplitLoop<its loop struct>
 //   template <int D, class K, class V>
 //   static constexpr int SharedBytes();                        // its pipeline and query area
 // for keys of kind K over values of kind V (DecodePair) and the loops its row lists. The decode

@@ -29,15 +29,20 @@
 // The pieces, in the order they build on each other:
 //   attention_common.cuh       block shape, PTX wrappers, timeline hook, bf16 row loads
 //   attention_split_state.cuh  online softmax state, the block's partial
-//   attention_bf16_rows.cuh    the bf16 loop (window rows; the bf16 cache's pages)
-//   attention_quant_rows.cuh   INT-b pages: code fields, tile pipeline, bf16-MMA loops
-//   attention_quant_int8.cuh   INT-b pages with QK^T on the int8 tensor cores
-//   attention_tile_keys.cuh    tiled keys (scales folded into the query) + INT-b values
-//   attention_fp8_rows.cuh     fp8_e4m3 pages: converted to bf16 in shared memory, the bf16 loop
-//   this file                  the kernel skeleton (windows, empty splits, the history loop of
-//                              the keys' format: HistoryLoop), its launcher
-// Each loop header specializes HistoryLoop (attention_common.cuh) for the key format it reads,
-// with the dispatch over its groups and tiles.
+//   attention_skeleton.cuh     the split loop every split runs (SplitLoop) and its hooks: load
+//                              tile, fold query, logits, softmax, values, epilogue
+//   attention_bf16_rows.cuh    Bf16RowsLoop (window rows; the bf16 cache's pages)
+//   attention_quant_rows.cuh   INT-b pages: code fields, tile pipeline, PvLoop, QuantRowsLoop
+//                              (bf16 MMAs)
+//   attention_quant_int8.cuh   QuantInt8Loop: INT-b pages with QK^T on the int8 tensor cores
+//   attention_tile_keys.cuh    TileKeysLoop: tiled keys (scales folded into the query) + INT-b
+//                              values
+//   attention_fp8_rows.cuh     Fp8RowsLoop: fp8_e4m3 pages, codes converted exactly to fp16 in
+//                              registers
+//   this file                  the kernel (windows, empty splits, the history loop of the keys'
+//                              format: HistoryLoop), its launcher
+// Each loop header defines its loop's hooks and specializes HistoryLoop (attention_common.cuh)
+// for the key format it reads, with the dispatch over its groups and tiles to SplitLoop.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,6 +52,7 @@
 #include "attention_fp8_rows.cuh"
 #include "attention_quant_int8.cuh"
 #include "attention_quant_rows.cuh"
+#include "attention_skeleton.cuh"
 #include "attention_split_state.cuh"
 #include "attention_tile_keys.cuh"
 #include "kvq/gpu/attention_launch.h"
@@ -78,7 +84,7 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
       StoreEmptyPartial(p, b, head0, z);
       return;
     }
-    Bf16Split<D, true, 2>(p, smem, kvh, head0, b, z, begin, end, 0, 0);
+    SplitLoop<Bf16RowsLoop<D, true, 2>>(SplitArgs{p, smem, kvh, head0, b, z, begin, end});
   } else {
     // H(t) = F * floor(max(0, t - S0 - W) / F) history tokens (spec/cache.md §2).
     const int n_hist = max(0, t - p.recent - p.sink) / p.flush * p.flush;
@@ -103,7 +109,8 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
         StoreEmptyPartial(p, b, head0, z);
         return;
       }
-      Bf16Split<D, false, 1>(p, smem, kvh, head0, b, z, begin, end, n_sink, recent_begin);
+      SplitLoop<Bf16RowsLoop<D, false, 1>>(
+          SplitArgs{p, smem, kvh, head0, b, z, begin, end, n_sink, recent_begin});
     }
   }
 }

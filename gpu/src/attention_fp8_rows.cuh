@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "attention_common.cuh"
+#include "attention_skeleton.cuh"
 #include "attention_split_state.cuh"
 #include "kvq/gpu/attention_launch.h"
 #include "launch.cuh"
@@ -58,37 +59,54 @@ __device__ __forceinline__ uint32_t E4m3x2ToF16x2(uint32_t v) {
   return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
-// History rows [begin, end) of sequence b, KV head kvh, for the block's query heads.
+// The split loop (attention_skeleton.cuh) over fp8_e4m3 history rows [begin, end) of sequence
+// b, KV head kvh, for the block's query heads.
 template <int D>
-__device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned char* smem,
-                                         int kvh, int head0, int b, int split, int begin,
-                                         int end) {
+struct Fp8RowsLoop {
   using Geo = Fp8Geometry<D>;
+  using Scores = ChunkScores<1>;
+  using Probs = ChunkProbs<1>;
+  static constexpr int kTileStep = 1;
   // p <= 2^kRescaleThresholdLog2 = 2^8 (the running max moves lazily), so p * 2^7 <= 2^15
   // stays inside fp16's range; values of p below 2^-31 are lost (at most 2^-31 a token of
   // the sum, against l >= 1).
-  constexpr float kPvScale = 128.0f;  // 2^7
+  static constexpr float kPvScale = 128.0f;  // 2^7
   static_assert(kRescaleThresholdLog2 <= 8.0f, "p * kPvScale must stay below 65504");
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int gi = lane >> 2;
-  const int t4 = lane & 3;
 
-  int* page_ids = reinterpret_cast<int*>(smem + Geo::kBytes);
-  const int first_page = begin >> p.page_size_log2;
-  LoadSplitPages(p, b, begin, end, page_ids);
-  __syncthreads();  // page ids
+  const DecodeKernelParams& p;
+  unsigned char* smem;
+  int kvh, b, begin, end;
+  int lane, warp, gi, t4;
+  int first_page, n_tiles;
+  int* page_ids;
+  uint32_t bq_hi[D / 16][2];
+  uint32_t bq_lo[D / 16][2];
+  bool use_lo;
+  float f0, f1;  // the logit factors of this thread's accumulator columns, heads 2 t4, 2 t4 + 1
+  WarpState<D> st;
 
-  const int n_tokens = end - begin;
-  const int n_tiles = (n_tokens + kTileTokens - 1) / kTileTokens;
-  const int page_size = 1 << p.page_size_log2;
-  const uint8_t* pools[2] = {p.k_planes[kFp8CodesPlane], p.v_planes[kFp8CodesPlane]};
-  const int64_t page_strides[2] = {p.k_page_stride[kFp8CodesPlane],
-                                   p.v_page_stride[kFp8CodesPlane]};
-  const int64_t head_offsets[2] = {kvh * p.k_head_stride[kFp8CodesPlane],
-                                   kvh * p.v_head_stride[kFp8CodesPlane]};
+  // The page ids, then the first tiles in flight (before the query: the pages were written
+  // before the rotation kernel started).
+  __device__ __forceinline__ explicit Fp8RowsLoop(const SplitArgs& a)
+      : p(a.p), smem(a.smem), kvh(a.kvh), b(a.b), begin(a.begin), end(a.end) {
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+    gi = lane >> 2;
+    t4 = lane & 3;
+    page_ids = reinterpret_cast<int*>(smem + Geo::kBytes);
+    first_page = begin >> p.page_size_log2;
+    LoadSplitPages(p, b, begin, end, page_ids);
+    __syncthreads();  // page ids
+    n_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
+#pragma unroll
+    for (int s = 0; s < Geo::kStages - 1; ++s) {
+      if (s < n_tiles) Issue(s, s);
+      CpAsyncCommit();
+    }
+  }
 
-  auto issue = [&](int tile, int stage) {
+  __device__ __forceinline__ void Issue(int tile, int stage) const {
+    const int page_size = 1 << p.page_size_log2;
     unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
     const int first = begin + tile * kTileTokens;
     for (int idx = threadIdx.x; idx < 2 * kTileTokens * Geo::kPieces; idx += kThreads) {
@@ -98,76 +116,81 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
       const int piece = rem - r * Geo::kPieces;
       const int tok = first + r;
       const bool valid = tok < end;
-      const uint8_t* src = pools[kv];
+      const uint8_t* src = kv ? p.v_planes[kFp8CodesPlane] : p.k_planes[kFp8CodesPlane];
       if (valid) {
         const int page = page_ids[(tok >> p.page_size_log2) - first_page];
         const int slot = tok & (page_size - 1);
-        src += page * page_strides[kv] + head_offsets[kv] + static_cast<int64_t>(slot) * D;
+        src += page * (kv ? p.v_page_stride[kFp8CodesPlane] : p.k_page_stride[kFp8CodesPlane]) +
+               kvh * (kv ? p.v_head_stride[kFp8CodesPlane] : p.k_head_stride[kFp8CodesPlane]) +
+               static_cast<int64_t>(slot) * D;
       }
       CpAsync16(dst_stage + Fp8Offset<D>(kv * kTileTokens + r, piece * 16), src + piece * 16,
                 valid);
     }
-  };
-#pragma unroll
-  for (int s = 0; s < Geo::kStages - 1; ++s) {
-    if (s < n_tiles) issue(s, s);
-    CpAsyncCommit();
   }
 
   // q~ of head gi (the rotation kernel's output) times 2^e, as fp16 hi + lo, in the channel
   // order of the key loads: b0 of step kk takes channels 16 kk + 4 t4 + {0, 1}, b1 + {2, 3}.
-  WaitForPrerequisiteGrid();
-  uint32_t bq_hi[D / 16][2];
-  uint32_t bq_lo[D / 16][2];
-  bool any_lo = false;
-  int exponent = 0;  // e of head gi
-  {
-    const bool real = gi < p.heads_per_block;
-    const float* q =
-        p.q_rot + (static_cast<int64_t>(b) * p.num_q_heads + head0 + (real ? gi : 0)) * D;
-    float2 v[D / 16][2];
-    float mx = 0.0f;
+  __device__ __forceinline__ void FoldQuery(const SplitArgs& a) {
+    WaitForPrerequisiteGrid();
+    bool any_lo = false;
+    int exponent = 0;  // e of head gi
+    {
+      const bool real = gi < p.heads_per_block;
+      const float* q =
+          p.q_rot + (static_cast<int64_t>(b) * p.num_q_heads + a.head0 + (real ? gi : 0)) * D;
+      float2 v[D / 16][2];
+      float mx = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+      for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        v[kk][half] = real ? *reinterpret_cast<const float2*>(q + 16 * kk + 4 * t4 + 2 * half)
-                           : make_float2(0.f, 0.f);
-        mx = fmaxf(mx, fmaxf(fabsf(v[kk][half].x), fabsf(v[kk][half].y)));
+        for (int half = 0; half < 2; ++half) {
+          v[kk][half] = real ? *reinterpret_cast<const float2*>(q + 16 * kk + 4 * t4 + 2 * half)
+                             : make_float2(0.f, 0.f);
+          mx = fmaxf(mx, fmaxf(fabsf(v[kk][half].x), fabsf(v[kk][half].y)));
+        }
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (mx > 0.0f) exponent = 11 - ilogbf(mx);  // mx * 2^e in [2^11, 2^12)
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          SplitF16(ldexpf(v[kk][half].x, exponent), ldexpf(v[kk][half].y, exponent),
+                   bq_hi[kk][half], bq_lo[kk][half]);
+          any_lo |= (bq_lo[kk][half] & 0x7fff7fffu) != 0u;
+        }
       }
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    if (mx > 0.0f) exponent = 11 - ilogbf(mx);  // mx * 2^e in [2^11, 2^12)
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        SplitF16(ldexpf(v[kk][half].x, exponent), ldexpf(v[kk][half].y, exponent),
-                 bq_hi[kk][half], bq_lo[kk][half]);
-        any_lo |= (bq_lo[kk][half] & 0x7fff7fffu) != 0u;
-      }
-    }
+    use_lo = __syncthreads_or(any_lo) != 0;
+    BlockTimeline::InputsReady(p.timeline);
+    // The logit factors of this thread's accumulator columns, heads 2 t4 and 2 t4 + 1.
+    const float base = p.logit_scale_log2 * p.k_head_scale[kvh];
+    f0 = ldexpf(base, -__shfl_sync(0xffffffffu, exponent, 8 * t4));
+    f1 = ldexpf(base, -__shfl_sync(0xffffffffu, exponent, 8 * t4 + 4));
+    st.Init();
   }
-  const bool use_lo = __syncthreads_or(any_lo) != 0;
-  BlockTimeline::InputsReady(p.timeline);
-  // The logit factors of this thread's accumulator columns, heads 2 t4 and 2 t4 + 1.
-  const float base = p.logit_scale_log2 * p.k_head_scale[kvh];
-  const float f0 = ldexpf(base, -__shfl_sync(0xffffffffu, exponent, 8 * t4));
-  const float f1 = ldexpf(base, -__shfl_sync(0xffffffffu, exponent, 8 * t4 + 4));
 
-  WarpState<D> st;
-  st.Init();
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  // The warp's 16 rows of the tile start at begin + 64 tile + 16 warp.
+  __device__ __forceinline__ bool HasRows(int tile) const {
+    return begin + tile * kTileTokens + warp * kChunkTokens < end;
+  }
+
+  __device__ __forceinline__ int FirstTile() const { return 0; }
+
+  __device__ __forceinline__ const unsigned char* LoadTile(int tile) const {
     CpAsyncWait<Geo::kStages - 2>();
     __syncthreads();  // the stage is in; every warp is done with the stage the next copy fills
     const int next = tile + Geo::kStages - 1;
-    if (next < n_tiles) issue(next, next % Geo::kStages);
+    if (next < n_tiles) Issue(next, next % Geo::kStages);
     CpAsyncCommit();
+    return smem + (tile % Geo::kStages) * Geo::kStageBytes;
+  }
+
+  // QK^T: the warp's 16 key rows start at row r0 = 16 warp of the stage.
+  __device__ __forceinline__ void Logits(const unsigned char* stage, int tile, Scores& s) const {
     const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
-    if (chunk_first >= end) continue;
-    // The warp's 16 key rows start at row r0 of the stage, its value rows at kTileTokens + r0.
-    const unsigned char* stage = smem + (tile % Geo::kStages) * Geo::kStageBytes;
     const int r0 = warp * kChunkTokens;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -183,14 +206,24 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
     }
     const bool valid_a = chunk_first + gi < end;
     const bool valid_b = chunk_first + gi + 8 < end;
-    const float sl[4] = {valid_a ? c[0] * f0 : -INFINITY, valid_a ? c[1] * f1 : -INFINITY,
-                         valid_b ? c[2] * f0 : -INFINITY, valid_b ? c[3] * f1 : -INFINITY};
-    float pr[4];
-    float alpha[2];
-    st.Update(sl, pr, alpha);
+    s.s[0][0] = valid_a ? c[0] * f0 : -INFINITY;
+    s.s[0][1] = valid_a ? c[1] * f1 : -INFINITY;
+    s.s[0][2] = valid_b ? c[2] * f0 : -INFINITY;
+    s.s[0][3] = valid_b ? c[3] * f1 : -INFINITY;
+  }
+
+  __device__ __forceinline__ void Softmax(const Scores& s, Probs& pr) {
+    NoRescale none;
+    WarpSoftmax(st, none, s, pr);
+  }
+
+  // PV: the warp's value rows start at row kTileTokens + 16 warp of the stage.
+  __device__ __forceinline__ void Values(const unsigned char* stage, int, const Scores&,
+                                         const Probs& pr) {
+    const int r0 = warp * kChunkTokens;
     uint32_t hi_a, lo_a, hi_b, lo_b;
-    SplitF16(pr[0] * kPvScale, pr[1] * kPvScale, hi_a, lo_a);
-    SplitF16(pr[2] * kPvScale, pr[3] * kPvScale, hi_b, lo_b);
+    SplitF16(pr.p[0][0] * kPvScale, pr.p[0][1] * kPvScale, hi_a, lo_a);
+    SplitF16(pr.p[0][2] * kPvScale, pr.p[0][3] * kPvScale, hi_b, lo_b);
     const uint32_t bh0 = Transpose8x8(hi_a), bh1 = Transpose8x8(hi_b);
     const uint32_t bl0 = Transpose8x8(lo_a), bl1 = Transpose8x8(lo_b);
 #pragma unroll
@@ -214,29 +247,35 @@ __device__ __forceinline__ void Fp8Split(const DecodeKernelParams& p, unsigned c
       }
     }
   }
-  CpAsyncWait<0>();
-  // s^_V * 2^-7 once: the accumulator is sum_t p_t * 2^7 * e(v_t).
-  const float vs_scale = p.v_head_scale[kvh] / kPvScale;
-#pragma unroll
-  for (int mt = 0; mt < D / 16; ++mt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) st.acc[mt][i] *= vs_scale;
-  }
-  __syncthreads();
-  CombineAndStore<D>(
-      p, st,
-      [&](int mt, int upper) { return 32 * (mt >> 1) + 4 * gi + 2 * (mt & 1) + upper; }, smem, b,
-      head0, split);
-}
 
-// fp8_e4m3 keys and values (spec 1.2): Fp8Split.
+  __device__ __forceinline__ void ReleaseTile(int) const {}
+
+  // s^_V * 2^-7 once: the accumulator is sum_t p_t * 2^7 * e(v_t).
+  __device__ __forceinline__ void Epilogue(const SplitArgs& a) {
+    CpAsyncWait<0>();
+    const float vs_scale = p.v_head_scale[kvh] / kPvScale;
+#pragma unroll
+    for (int mt = 0; mt < D / 16; ++mt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.acc[mt][i] *= vs_scale;
+    }
+    __syncthreads();
+    const int g = gi;
+    CombineAndStore<D>(
+        p, st,
+        [&](int mt, int upper) { return 32 * (mt >> 1) + 4 * g + 2 * (mt & 1) + upper; }, smem,
+        b, a.head0, a.split);
+  }
+};
+
+// fp8_e4m3 keys and values (spec 1.2): Fp8RowsLoop.
 template <>
 struct HistoryLoop<Format::kFp8E4m3> {
   template <int D, class K, class V, QuantLoop LOOP>
   __device__ __forceinline__ static void Split(const DecodeKernelParams& p, unsigned char* smem,
                                                int kvh, int head0, int b, int split, int begin,
                                                int end) {
-    Fp8Split<D>(p, smem, kvh, head0, b, split, begin, end);
+    SplitLoop<Fp8RowsLoop<D>>(SplitArgs{p, smem, kvh, head0, b, split, begin, end});
   }
   template <int D, class K, class V>
   static constexpr int SharedBytes() {

@@ -1,4 +1,4 @@
-// The decode kernel's loops over INT-b history pages with bf16 MMAs (QuantSplit: the two-MMA
+// The decode kernel's loops over INT-b history pages with bf16 MMAs (QuantRowsLoop: the two-MMA
 // and packed loops), and what every quantized loop shares: the code fields as MMA operands,
 // the tile geometry, the copy pipeline of 64-token tiles, the rotated queries and PV's codes.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "attention_common.cuh"
+#include "attention_skeleton.cuh"
 #include "attention_split_state.cuh"
 #include "kvq/gpu/attention_launch.h"
 
@@ -390,9 +391,9 @@ __device__ __forceinline__ void QkEpilogue(float (&s)[4], const float (&c)[4], f
 }
 
 // PV of a quantized history's chunk with the bf16 MMAs over per-token (affine_token) value rows,
-// shared by the loops whose softmax is WarpState's (QuantSplit, TileKeySplit): A = the V^T code
+// shared by the loops whose softmax is WarpState's (QuantRowsLoop, TileKeysLoop): A = the V^T code
 // fields in place (exact), B = p * scale * 2^64 as bf16 hi and lo (PACK: in the column halves,
-// as QuantSplit says); the min term sum_t p_t * min_t per field's group on the side.
+// as QuantRowsLoop says); the min term sum_t p_t * min_t per field's group on the side.
 // STAGE: the split's QuantStage (V codes of STAGE::kValueBits bits); FPGV: fields per V group.
 template <class STAGE, bool PACK, int FPGV>
 struct PvLoop {
@@ -432,7 +433,7 @@ struct PvLoop {
     const PvCodes<D, BITS> codes(vc, vrow, gi);
     // The row's NGV scales and mins, one load each.
     constexpr int NGV = F / FPGV;
-    // PACK: lanes t4 and t4 ^ 2 hold the same p (QuantSplit: the same logits, bit for bit); the
+    // PACK: lanes t4 and t4 ^ 2 hold the same p (QuantRowsLoop: the same logits, bit for bit); the
     // hi columns (t4 < 2) need the hi parts of rows a and b, the lo columns (t4 >= 2) the lo
     // parts. Each lane forms one row's p * scale (t4 < 2: row a, else row b) and one shuffle
     // (lane ^ 2) trades the part the other lane needs: the same B operands, half the work.
@@ -522,8 +523,8 @@ struct PvLoop {
   }
 };
 
-// The end of a split whose PV is PvLoop's (QuantSplit, TileKeySplit): PV's unscale and min term,
-// then the block's warps combine their states and store the split's partials.
+// The end of a split whose PV is PvLoop's (QuantRowsLoop, TileKeysLoop): PV's unscale and min
+// term, then the block's warps combine their states and store the split's partials.
 template <class STAGE, bool PACK, int FPGV>
 __device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
                                                  PvLoop<STAGE, PACK, FPGV>& pv,
@@ -538,8 +539,9 @@ __device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
       smem, b, head0, split);
 }
 
-// One history split over INT-b pages with the bf16 MMAs (QuantLoop kTwoMma, kPacked): each
-// warp takes one 16-token chunk of every 64-token tile: QK^T, one softmax update, PV.
+// The split loop (attention_skeleton.cuh) over INT-b pages with the bf16 MMAs (QuantLoop
+// kTwoMma, kPacked): each warp takes one 16-token chunk of every 64-token tile: QK^T, one
+// softmax update, PV.
 // PACK (heads_per_block <= 4, kPacked): the bf16 hi and lo parts of the query and of p * scale
 // use the two halves of the MMA's N = 8 columns: column h < 4 carries head h's hi part, column
 // h + 4 its lo part. QK^T and PV are one MMA each instead of two; the hi and lo columns are
@@ -551,172 +553,207 @@ __device__ __forceinline__ void FinishQuantSplit(const DecodeKernelParams& p,
 // fields of a group share one accumulator and one epilogue, and a row's scales / mins (D / G
 // bf16) are one 2-, 4- or 8-byte load each.
 template <int D, int KBITS, int VBITS, bool PACK, int FPGK, int FPGV>
-__device__ __forceinline__ void QuantSplit(const DecodeKernelParams& p, unsigned char* smem,
-                                           int kvh, int head0, int b, int split, int begin,
-                                           int end) {
+struct QuantRowsLoop {
   using Stage = QuantStage<D, KBITS, VBITS>;
   using Geo = typename Stage::KeyRow;
-  constexpr int F = Geo::kFields;
-  constexpr int RB = Geo::kRowBytes;
-  constexpr int NW = Geo::kQkWords;
+  using Scores = ChunkScores<1>;
+  using Probs = ChunkProbs<1>;
+  static constexpr int kTileStep = 1;
+  static constexpr int F = Geo::kFields;
+  static constexpr int RB = Geo::kRowBytes;
+  static constexpr int NW = Geo::kQkWords;
   static_assert(FPGK > 0 && FPGV > 0, "fields per group of K and of V");
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int gi = lane >> 2;
-  const int t4 = lane & 3;
-  const int h0 = 2 * t4;
-  const uint32_t code_bias = p.code_bias;   // 0x43004300, kept in a register
 
-  const QuantTilePipeline<Stage> pipe(p, smem, kvh, b, begin, end);
-  const int n_tiles = pipe.n_tiles;
-  float* q_s = reinterpret_cast<float*>(smem + Stage::kQueryOffset);
-
-  // Query prologue: q~ of the block's heads into shared memory, then bf16 hi + lo B fragments
-  // of head gi (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per
-  // group the sum of the represented q~ (hi + lo) over the group's channels (min term).
-  pipe.Start(Stage::kStages - 1);
-  LoadRotatedQueries<D>(p, b, head0, q_s);
-
-  // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
-  // 2^-shift(f) (exact) and the bias removed in the epilogue through bias_sum.
-  // The query fragments live in shared memory (read once per k-step, 16 bytes a lane) rather
-  // than in 4*D/16 registers, which keeps the kernel under 128 registers without spills.
-  uint4* bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D + 2 * F * kMaxHeadsPerBlock);
-  // qsum_s[g][h]: sum of the represented q~ (hi + lo) of head h over group g's channels;
-  // bias_s[g][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
-  float* qsum_s = q_s + kMaxHeadsPerBlock * D;
-  float* bias_s = qsum_s + F * kMaxHeadsPerBlock;
-  uint2* bq2_s = reinterpret_cast<uint2*>(bq_s);  // PACK: {part k-lo, part k-hi} per lane
-  {
-    // PACK: column gi carries the hi (gi < 4) or lo (gi >= 4) part of head gi & 3.
-    const float* qh = q_s + (PACK ? (gi & 3) : gi) * D;
-    const bool lo_column = PACK && gi >= 4;
-    float group_bias = 0.0f, group_qsum = 0.0f;
-    StaticFor<F>([&](auto fc) {
-      constexpr int f = decltype(fc)::value;
-      constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<KBITS, f>::kShift);
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        const int c = f * RB + t4 * NW * 4 + 4 * w;  // channels of bytes c .. c+3 of field f
-        // k 2t4, 2t4+1 <- bytes 0, 2; k 2t4+8, 2t4+9 <- bytes 1, 3.
-        uint32_t hi[2], lo[2];
-        SplitBf16(qh[c] * kScale, qh[c + 2] * kScale, hi[0], lo[0]);
-        SplitBf16(qh[c + 1] * kScale, qh[c + 3] * kScale, hi[1], lo[1]);
-        if constexpr (PACK) {
-          const uint32_t part0 = lo_column ? lo[0] : hi[0];
-          const uint32_t part1 = lo_column ? lo[1] : hi[1];
-          if (warp == 0) bq2_s[(f * NW + w) * 32 + lane] = make_uint2(part0, part1);
-          // The column's own part: the sums of columns h and h + 4 add up to head h's.
-          const uint32_t part[2] = {part0, part1};
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const float2 pf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&part[k]));
-            sum += pf.x + pf.y;
-          }
-        } else {
-          if (warp == 0) bq_s[(f * NW + w) * 32 + lane] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const float2 hf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[k]));
-            const float2 lf = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[k]));
-            sum += (hf.x + lf.x) + (hf.y + lf.y);
-          }
-        }
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      // The sums over the fields of group f / FPGK.
-      group_bias += sum;
-      group_qsum += sum / kScale;  // exact: a power of two
-      if (f % FPGK == FPGK - 1) {
-        if (warp == 0 && t4 == 0) {  // one writer per column; read after the loop's first barrier
-          const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
-          bias_s[at] = group_bias;
-          qsum_s[at] = group_qsum;
-        }
-        group_bias = group_qsum = 0.0f;
-      }
-    });
-  }
-  const float fac = p.logit_scale_log2;
-
+  const DecodeKernelParams& p;
+  int begin, end;
+  int lane, warp, gi, t4, h0;
+  uint32_t code_bias;  // 0x43004300, kept in a register
+  QuantTilePipeline<Stage> pipe;
+  int n_tiles;
+  float* q_s;
+  uint4* bq_s;
+  float* qsum_s;
+  float* bias_s;
+  float fac;
+  int row_a, row_b;
+  int vrow[4];
   WarpState<D> st;
-  st.Init();
   PvLoop<Stage, PACK, FPGV> pv;
 
-  const int row_a = ChunkRow(gi);
-  const int row_b = ChunkRow(gi + 8);
-  const int vrow[4] = {ChunkRow(2 * t4), ChunkRow(2 * t4 + 1), ChunkRow(2 * t4 + 8),
-                       ChunkRow(2 * t4 + 9)};
+  __device__ __forceinline__ explicit QuantRowsLoop(const SplitArgs& a)
+      : p(a.p), begin(a.begin), end(a.end), pipe(a.p, a.smem, a.kvh, a.b, a.begin, a.end) {
+    lane = threadIdx.x & 31;
+    warp = threadIdx.x >> 5;
+    gi = lane >> 2;
+    t4 = lane & 3;
+    h0 = 2 * t4;
+    code_bias = p.code_bias;
+    n_tiles = pipe.n_tiles;
+    q_s = reinterpret_cast<float*>(a.smem + Stage::kQueryOffset);
+    pipe.Start(Stage::kStages - 1);
+  }
 
-  // Publishes the query fragments and sums (written by warp 0) before the loop; the loop itself
-  // has no block-wide barrier (QuantTilePipeline), so warps drift apart by up to the pipeline
-  // depth instead of meeting every tile.
-  __syncthreads();
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    // This warp's 16 rows of the tile.
-    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
-    pipe.WaitFull(tile);
-    const unsigned char* stage = pipe.Stage(tile);
-    if (chunk_first < end) {
-      const bool valid_a = chunk_first + row_a < end;
-      const bool valid_b = chunk_first + row_b < end;
+  // q~ of the block's heads into shared memory, then bf16 hi + lo B fragments of head gi
+  // (QK^T runs twice, once per part: the query keeps ~16 significant bits), and per group the
+  // sum of the represented q~ (hi + lo) over the group's channels (min term).
+  __device__ __forceinline__ void FoldQuery(const SplitArgs& a) {
+    LoadRotatedQueries<D>(p, a.b, a.head0, q_s);
 
-      // ---- QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo ----
-      float s[4];
-      {
-        uint32_t ka[NW], kb[NW], ka8[NW], kb8[NW];  // 8: bytes 1, 3 moved down
-        const unsigned char* kc = stage + warp * kChunkTokens * RB;
-        LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
-        LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
+    // Field f's codes enter the MMA as 128 + 2^shift(f) * q, so its query part is scaled by
+    // 2^-shift(f) (exact) and the bias removed in the epilogue through bias_sum.
+    // The query fragments live in shared memory (read once per k-step, 16 bytes a lane) rather
+    // than in 4*D/16 registers, which keeps the kernel under 128 registers without spills.
+    bq_s = reinterpret_cast<uint4*>(q_s + kMaxHeadsPerBlock * D + 2 * F * kMaxHeadsPerBlock);
+    // qsum_s[g][h]: sum of the represented q~ (hi + lo) of head h over group g's channels;
+    // bias_s[g][h]: the same over the scaled parts (128 * bias_s is the codes' bias).
+    qsum_s = q_s + kMaxHeadsPerBlock * D;
+    bias_s = qsum_s + F * kMaxHeadsPerBlock;
+    uint2* bq2_s = reinterpret_cast<uint2*>(bq_s);  // PACK: {part k-lo, part k-hi} per lane
+    {
+      // PACK: column gi carries the hi (gi < 4) or lo (gi >= 4) part of head gi & 3.
+      const float* qh = q_s + (PACK ? (gi & 3) : gi) * D;
+      const bool lo_column = PACK && gi >= 4;
+      float group_bias = 0.0f, group_qsum = 0.0f;
+      StaticFor<F>([&](auto fc) {
+        constexpr int f = decltype(fc)::value;
+        constexpr float kScale = 1.0f / static_cast<float>(1 << CodeField<KBITS, f>::kShift);
+        float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-          ka8[w] = ka[w] >> 8;
-          kb8[w] = kb[w] >> 8;
-        }
-        s[0] = s[1] = s[2] = s[3] = 0.0f;
-        // One accumulator per group: the fields of a group add up before one epilogue with the
-        // group's scale and min; NGK = D / G scales (mins) of a row in one load.
-        constexpr int NGK = F / FPGK;
-        const unsigned char* meta = stage + Stage::kMetaOffset + warp * kChunkTokens * NGK * 2;
-        uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
-        LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
-        LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
-        LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_a * NGK * 2, ma);
-        LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_b * NGK * 2, mb);
-        StaticFor<NGK>([&](auto gc) {
-          constexpr int g = decltype(gc)::value;
-          float c[4] = {0.f, 0.f, 0.f, 0.f};
-          StaticFor<FPGK>([&](auto jc) {
-            constexpr int f = g * FPGK + decltype(jc)::value;
-            QkField<KBITS, f, NW, PACK>(c, ka, kb, ka8, kb8, code_bias, bq_s, lane);
-          });
-          const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
-          const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
-          QkEpilogue(s, c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
-                     Bf16OfRow<g>(mb));
-        });
-        if constexpr (PACK) {
-          // Head h's logit = column h (hi part) + column h + 4 (lo part).
+          const int c = f * RB + t4 * NW * 4 + 4 * w;  // channels of bytes c .. c+3 of field f
+          // k 2t4, 2t4+1 <- bytes 0, 2; k 2t4+8, 2t4+9 <- bytes 1, 3.
+          uint32_t hi[2], lo[2];
+          SplitBf16(qh[c] * kScale, qh[c + 2] * kScale, hi[0], lo[0]);
+          SplitBf16(qh[c + 1] * kScale, qh[c + 3] * kScale, hi[1], lo[1]);
+          if constexpr (PACK) {
+            const uint32_t part0 = lo_column ? lo[0] : hi[0];
+            const uint32_t part1 = lo_column ? lo[1] : hi[1];
+            if (warp == 0) bq2_s[(f * NW + w) * 32 + lane] = make_uint2(part0, part1);
+            // The column's own part: the sums of columns h and h + 4 add up to head h's.
+            const uint32_t part[2] = {part0, part1};
 #pragma unroll
-          for (int i = 0; i < 4; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
+            for (int k = 0; k < 2; ++k) {
+              const float2 pf =
+                  __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&part[k]));
+              sum += pf.x + pf.y;
+            }
+          } else {
+            if (warp == 0) bq_s[(f * NW + w) * 32 + lane] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+              const float2 hf =
+                  __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi[k]));
+              const float2 lf =
+                  __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&lo[k]));
+              sum += (hf.x + lf.x) + (hf.y + lf.y);
+            }
+          }
         }
-      }
-      float sl[4];
-      sl[0] = valid_a ? s[0] * fac : -INFINITY;
-      sl[1] = valid_a ? s[1] * fac : -INFINITY;
-      sl[2] = valid_b ? s[2] * fac : -INFINITY;
-      sl[3] = valid_b ? s[3] * fac : -INFINITY;
-      float pr[4];
-      float alpha[2];
-      if (st.Update(sl, pr, alpha)) pv.Rescale(alpha);  // alpha == 1 where the max stayed
-
-      pv.Step(stage, warp, gi, t4, row_a, row_b, vrow, pr, valid_a, valid_b, st);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        // The sums over the fields of group f / FPGK.
+        group_bias += sum;
+        group_qsum += sum / kScale;  // exact: a power of two
+        if (f % FPGK == FPGK - 1) {
+          if (warp == 0 && t4 == 0) {  // one writer per column; read after the barrier below
+            const int at = (f / FPGK) * kMaxHeadsPerBlock + gi;
+            bias_s[at] = group_bias;
+            qsum_s[at] = group_qsum;
+          }
+          group_bias = group_qsum = 0.0f;
+        }
+      });
     }
-    pipe.Done(tile);
+    fac = p.logit_scale_log2;
+    st.Init();
+    row_a = ChunkRow(gi);
+    row_b = ChunkRow(gi + 8);
+    vrow[0] = ChunkRow(2 * t4);
+    vrow[1] = ChunkRow(2 * t4 + 1);
+    vrow[2] = ChunkRow(2 * t4 + 8);
+    vrow[3] = ChunkRow(2 * t4 + 9);
+    // Publishes the query fragments and sums (written by warp 0) before the loop; the loop
+    // itself has no block-wide barrier (QuantTilePipeline), so warps drift apart by up to the
+    // pipeline depth instead of meeting every tile.
+    __syncthreads();
   }
-  FinishQuantSplit(p, pv, st, smem, gi, b, head0, split);
-}
+
+  // The warp's 16 rows of the tile start at begin + 64 tile + 16 warp.
+  __device__ __forceinline__ bool HasRows(int tile) const {
+    return begin + tile * kTileTokens + warp * kChunkTokens < end;
+  }
+
+  __device__ __forceinline__ int FirstTile() const { return 0; }
+
+  __device__ __forceinline__ const unsigned char* LoadTile(int tile) const {
+    pipe.WaitFull(tile);
+    return pipe.Stage(tile);
+  }
+
+  // QK^T: A = 128 + code (bf16, exact), B = q~ hi and lo; per group one epilogue.
+  __device__ __forceinline__ void Logits(const unsigned char* stage, int tile, Scores& sc) const {
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    sc.valid[0][0] = chunk_first + row_a < end;
+    sc.valid[0][1] = chunk_first + row_b < end;
+    float s[4];
+    {
+      uint32_t ka[NW], kb[NW], ka8[NW], kb8[NW];  // 8: bytes 1, 3 moved down
+      const unsigned char* kc = stage + warp * kChunkTokens * RB;
+      LoadWords<NW>(kc + row_a * RB + t4 * NW * 4, ka);
+      LoadWords<NW>(kc + row_b * RB + t4 * NW * 4, kb);
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        ka8[w] = ka[w] >> 8;
+        kb8[w] = kb[w] >> 8;
+      }
+      s[0] = s[1] = s[2] = s[3] = 0.0f;
+      // One accumulator per group: the fields of a group add up before one epilogue with the
+      // group's scale and min; NGK = D / G scales (mins) of a row in one load.
+      constexpr int NGK = F / FPGK;
+      const unsigned char* meta = stage + Stage::kMetaOffset + warp * kChunkTokens * NGK * 2;
+      uint32_t sa[(NGK + 1) / 2], sb[(NGK + 1) / 2], ma[(NGK + 1) / 2], mb[(NGK + 1) / 2];
+      LoadBf16Row<NGK>(meta + row_a * NGK * 2, sa);
+      LoadBf16Row<NGK>(meta + row_b * NGK * 2, sb);
+      LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_a * NGK * 2, ma);
+      LoadBf16Row<NGK>(meta + Stage::kMetaBytes + row_b * NGK * 2, mb);
+      StaticFor<NGK>([&](auto gc) {
+        constexpr int g = decltype(gc)::value;
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        StaticFor<FPGK>([&](auto jc) {
+          constexpr int f = g * FPGK + decltype(jc)::value;
+          QkField<KBITS, f, NW, PACK>(c, ka, kb, ka8, kb8, code_bias, bq_s, lane);
+        });
+        const float2 qs = *reinterpret_cast<const float2*>(qsum_s + g * kMaxHeadsPerBlock + h0);
+        const float2 qb = *reinterpret_cast<const float2*>(bias_s + g * kMaxHeadsPerBlock + h0);
+        QkEpilogue(s, c, qb, qs, Bf16OfRow<g>(sa), Bf16OfRow<g>(sb), Bf16OfRow<g>(ma),
+                   Bf16OfRow<g>(mb));
+      });
+      if constexpr (PACK) {
+        // Head h's logit = column h (hi part) + column h + 4 (lo part).
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], 2);
+      }
+    }
+    sc.s[0][0] = sc.valid[0][0] ? s[0] * fac : -INFINITY;
+    sc.s[0][1] = sc.valid[0][0] ? s[1] * fac : -INFINITY;
+    sc.s[0][2] = sc.valid[0][1] ? s[2] * fac : -INFINITY;
+    sc.s[0][3] = sc.valid[0][1] ? s[3] * fac : -INFINITY;
+  }
+
+  __device__ __forceinline__ void Softmax(const Scores& s, Probs& pr) {
+    WarpSoftmax(st, pv, s, pr);
+  }
+
+  __device__ __forceinline__ void Values(const unsigned char* stage, int, const Scores& s,
+                                         const Probs& pr) {
+    pv.Step(stage, warp, gi, t4, row_a, row_b, vrow, pr.p[0], s.valid[0][0], s.valid[0][1], st);
+  }
+
+  __device__ __forceinline__ void ReleaseTile(int tile) const { pipe.Done(tile); }
+
+  __device__ __forceinline__ void Epilogue(const SplitArgs& a) {
+    FinishQuantSplit(p, pv, st, a.smem, gi, a.b, a.head0, a.split);
+  }
+};
 
 }  // namespace kvq::gpu::attention::detail
