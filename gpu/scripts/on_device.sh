@@ -15,6 +15,9 @@
 #                   timing.log     their raw output
 #                   bench.md       the GPU benchmarks' full tables (the spec 1.1 schemes' decode
 #                                  rows too), PyTorch SDPA, kvq bench
+#                   step.md        the whole decode step (append + decode) in one CUDA graph:
+#                                  bench_step_sdpa.py (index_copy_ + cuDNN, a graph), then
+#                                  kvq_bench_gpu_step against it (--baseline); in bench.md too
 #   --part ppl      ppl.log        kvq ppl --backend both on the committed model A: every scheme
 #                                  of the catalogue (own windows) on the CPU (the device
 #                                  machine's cores) and through the CUDA write and decode,
@@ -243,6 +246,7 @@ PY
 
   # ---- This tree's benchmarks: full tables, PyTorch SDPA, kvq bench ----
   for b in "$bin"/kvq_bench_gpu_*; do
+    [[ $(basename "$b") == kvq_bench_gpu_step ]] && continue  # below, beside its baseline
     "$b" >> "$OUT/bench.md" 2>&1
     row "$(basename "$b")" "rc=$?"
   done
@@ -256,6 +260,22 @@ PY
   "$bin/kvq" bench --backend all --schemes oscar,kivi,ots,saw_int4,bf16 --batch 1 \
     --seq-len 4096,32768 --iters 5 >> "$OUT/bench.md" 2>&1
   row "kvq bench --backend all" "rc=$?"
+  # The whole decode step in one CUDA graph (issue 26): the PyTorch bf16 step first, then every
+  # kvq scheme's step with that table as its baseline (about a minute together on an H100).
+  : > "$OUT/step.md"
+  step_baseline=()
+  if [[ -f $here/bench_step_sdpa.py ]]; then
+    python3 "$here/bench_step_sdpa.py" --iters 30 > "$OUT/step_sdpa.md" 2>&1
+    row "bench_step_sdpa.py" "rc=$?"
+    cat "$OUT/step_sdpa.md" >> "$OUT/step.md"
+    echo >> "$OUT/step.md"
+    step_baseline=(--baseline "$OUT/step_sdpa.md")
+  fi
+  if [[ -x $bin/kvq_bench_gpu_step ]]; then
+    "$bin/kvq_bench_gpu_step" --iters 30 ${step_baseline[@]+"${step_baseline[@]}"} >> "$OUT/step.md" 2>&1
+    row "kvq_bench_gpu_step" "rc=$?"
+  fi
+  cat "$OUT/step.md" >> "$OUT/bench.md"
   if (( run_ncu )) && command -v ncu >/dev/null; then
     timeout 150 ncu --kernel-name regex:DecodeAttentionKernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats \

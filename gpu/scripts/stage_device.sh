@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU programs here (sm_90, Release) and stages them for the device machine, with
-# on_device.sh beside them, in one folder a device call carries: every gpu/ test, the tests of
+# on_device.sh and the PyTorch baselines (bench_sdpa.py, bench_step_sdpa.py) beside them, in one
+# folder a device call carries: every gpu/ test, the tests of
 # other folders that expand the CUDA backend (testbed::TestBackends / AllBackends), the GPU
 # benchmarks, the kvq CLI, the one GPU library (libkvq_gpu.so) and the shared libraries the
 # device image lacks (Highway, Google Benchmark, RapidCheck, the CUDA runtime this build linked).
@@ -119,6 +120,7 @@ XZ_OPT="-9e -T${jobs}" tar -C "$carry/stage" -cJf "$carry/bundle.tar.xz" .
 rm -rf "$carry/stage"
 cp "$repo/gpu/scripts/on_device.sh" "$carry/on_device.sh"
 cp "$repo/bench/bench_sdpa.py" "$carry/bench_sdpa.py"
+cp "$repo/bench/bench_step_sdpa.py" "$carry/bench_step_sdpa.py"
 du -sh "$carry"
 echo "staged: ${targets[*]} libkvq_gpu.so libkvq_cuda.so${old_build:+ old: kvq_bench_gpu_attention kvq_bench_gpu_write}"
 echo
