@@ -124,10 +124,45 @@ __device__ __forceinline__ void LoadSplitPages(const DecodeKernelParams& p, int 
   for (int i = threadIdx.x; i < n; i += kThreads) ids[i] = table[first + i];
 }
 
+// The partial of one (head, channel) i of the block, from the warps' states in shared
+// memory (CombineAndStore's loop body, written once for both of its loops).
+#define KVQ_COMBINE_STORE_COLUMN(i)                                                              \
+    const int h = i / D;                                                                         \
+    const int c = i - h * D;                                                                     \
+    float big = -INFINITY;                                                                       \
+_Pragma("unroll")                                                                                \
+    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, wm[w * kMaxHeadsPerBlock + h]);            \
+    const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * splits + split;  \
+    if (big == -INFINITY) {                                                                      \
+      if (c == 0) {                                                                              \
+        p.part_ml[2 * row] = -INFINITY;                                                          \
+        p.part_ml[2 * row + 1] = 0.0f;                                                           \
+      }                                                                                          \
+      continue;                                                                                  \
+    }                                                                                            \
+    float a = 0.0f;                                                                              \
+    float l = 0.0f;                                                                              \
+_Pragma("unroll")                                                                                \
+    for (int w = 0; w < kWarps; ++w) {                                                           \
+      const float mw = wm[w * kMaxHeadsPerBlock + h];                                            \
+      if (mw == -INFINITY) continue;                                                             \
+      const float f = exp2f(mw - big);                                                           \
+      a += wacc[(w * kMaxHeadsPerBlock + h) * D + c] * f;                                        \
+      l += wl[w * kMaxHeadsPerBlock + h] * f;                                                    \
+    }                                                                                            \
+    p.part_acc[row * D + c] = a;                                                                 \
+    if (c == 0) {                                                                                \
+      p.part_ml[2 * row] = big;                                                                  \
+      p.part_ml[2 * row + 1] = l;                                                                \
+    }
+
 // Combines the 4 warps' states through shared memory and writes the block's partial.
 // channel(mt, upper) maps accumulator row gi (+8 when upper) of m-tile mt to a channel.
-// Call after every warp finished its last chunk and the shared stages are free.
-template <int D, typename ChannelMap>
+// Call after every warp finished its last chunk and the shared stages are free. UNROLL: the
+// unroll factor of the store loop, or 0 for the compiler's choice. That choice moves with the
+// code around the call: the bf16 cache's loop asks for 4 (with the compiler's, 4-5% slower
+// since the split-loop hooks); the others keep the compiler's (measured no better with 4).
+template <int D, int UNROLL = 0, typename ChannelMap>
 __device__ __forceinline__ void CombineAndStore(const DecodeKernelParams& p, WarpState<D>& st,
                                                 ChannelMap channel, unsigned char* smem, int b,
                                                 int head0, int split) {
@@ -156,36 +191,18 @@ __device__ __forceinline__ void CombineAndStore(const DecodeKernelParams& p, War
   }
   __syncthreads();
   const int splits = static_cast<int>(gridDim.z);
-  for (int i = threadIdx.x; i < p.heads_per_block * D; i += kThreads) {
-    const int h = i / D;
-    const int c = i - h * D;
-    float big = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) big = fmaxf(big, wm[w * kMaxHeadsPerBlock + h]);
-    const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * splits + split;
-    if (big == -INFINITY) {
-      if (c == 0) {
-        p.part_ml[2 * row] = -INFINITY;
-        p.part_ml[2 * row + 1] = 0.0f;
-      }
-      continue;
+  if constexpr (UNROLL == 0) {  // the compiler's choice
+    for (int i = threadIdx.x; i < p.heads_per_block * D; i += kThreads) {
+      KVQ_COMBINE_STORE_COLUMN(i)
     }
-    float a = 0.0f;
-    float l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = wm[w * kMaxHeadsPerBlock + h];
-      if (mw == -INFINITY) continue;
-      const float f = exp2f(mw - big);
-      a += wacc[(w * kMaxHeadsPerBlock + h) * D + c] * f;
-      l += wl[w * kMaxHeadsPerBlock + h] * f;
-    }
-    p.part_acc[row * D + c] = a;
-    if (c == 0) {
-      p.part_ml[2 * row] = big;
-      p.part_ml[2 * row + 1] = l;
+  } else {
+#pragma unroll UNROLL
+    for (int i = threadIdx.x; i < p.heads_per_block * D; i += kThreads) {
+      KVQ_COMBINE_STORE_COLUMN(i)
     }
   }
 }
+
+#undef KVQ_COMBINE_STORE_COLUMN
 
 }  // namespace kvq::gpu::attention::detail
