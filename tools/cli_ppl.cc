@@ -320,7 +320,7 @@ class PplPrinter {
     if (r.calibration_origin == calib::PplOrigin::kUnneeded) return;
     std::printf("      OSCAR clip ratios K/V per layer:");
     for (const calib::LayerCalibration& l : cal.layers) {
-      std::printf(" %.2f/%.2f", l.k_clip[0], l.v_clip[0]);
+      std::printf(" %.2f/%.2f", l.key.clip[0], l.value.clip[0]);
     }
     std::printf("\n");
   }

@@ -63,12 +63,14 @@ void RunCalibrate(CalibrateCommand& cmd) {
               backend.name.c_str(), seconds);
   for (int l = 0; l < cal.info.num_layers; ++l) {
     const kvq::calib::LayerCalibration& layer = cal.layers[l];
-    std::printf("  layer %d: clip K %.2f  V %.2f", l, layer.k_clip[0], layer.v_clip[0]);
-    if (!layer.k_scale.empty()) {
-      const auto [k_lo, k_hi] = std::minmax_element(layer.k_scale.begin(), layer.k_scale.end());
-      const auto [v_lo, v_hi] = std::minmax_element(layer.v_scale.begin(), layer.v_scale.end());
-      std::printf("  %s scale K %.4g..%.4g  V %.4g..%.4g", cal.info.scheme.c_str(), *k_lo,
-                  *k_hi, *v_lo, *v_hi);
+    std::printf("  layer %d: clip K %.2f  V %.2f", l, layer.key.clip[0], layer.value.clip[0]);
+    if (!layer.key.scale.empty()) {
+      std::printf("  %s scale", cal.info.scheme.c_str());
+      for (int side = 0; side < 2; ++side) {
+        const std::vector<float>& scale = layer.heads(side).scale;
+        const auto [lo, hi] = std::minmax_element(scale.begin(), scale.end());
+        std::printf("%s %c %.4g..%.4g", side == 0 ? "" : " ", "KV"[side], *lo, *hi);
+      }
     }
     std::printf("\n");
   }

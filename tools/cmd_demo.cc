@@ -106,7 +106,7 @@ void RunDemo(const DemoCommand& cmd) {
       kvq::calib::Calibrate(acts, calibration, backend, QuarterLines("calibrated units"));
   std::printf("      done in %.1f s; clip ratios K/V per layer:", SecondsSince(t));
   for (int l = 0; l < cal.info.num_layers; ++l) {
-    std::printf(" %.2f/%.2f", cal.layers[l].k_clip[0], cal.layers[l].v_clip[0]);
+    std::printf(" %.2f/%.2f", cal.layers[l].key.clip[0], cal.layers[l].value.clip[0]);
   }
   std::printf("\n");
   if (!cmd.out.empty()) kvq::calib::WriteCalibration(path("calibration.safetensors"), cal);

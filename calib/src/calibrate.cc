@@ -308,75 +308,55 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
       [&](int l) {
         LayerCalibration& layer = cal.layers[l];
         const size_t matrices = static_cast<size_t>(hkv) * d * d;
-        layer.k_rotation.resize(matrices);
-        layer.v_rotation.resize(matrices);
-        layer.k_basis.resize(matrices);
-        layer.v_basis.resize(matrices);
-        layer.k_eigenvalues.resize(static_cast<size_t>(hkv) * d);
-        layer.v_eigenvalues.resize(static_cast<size_t>(hkv) * d);
         const bool raw = o.rotation == RotationRecipe::kRawTarget;
-        auto key_target = [&](int h) -> const MatrixXd& {
-          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
-          return raw ? t.raw_key : t.query;
-        };
-        auto value_target = [&](int h) -> const MatrixXd& {
-          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
-          return raw ? t.raw_value : t.value;
-        };
-        if (o.granularity == Granularity::kLayer) {
-          MatrixXd key_mean = MatrixXd::Zero(d, d);
-          MatrixXd value_mean = MatrixXd::Zero(d, d);
-          for (int h = 0; h < hkv; ++h) {
-            key_mean += key_target(h);
-            value_mean += value_target(h);
+        const HeadTargets* layer_targets = &targets[static_cast<size_t>(l) * hkv];
+        for (int side = 0; side < 2; ++side) {
+          const bool keys = side == 0;
+          std::vector<float>& rotation = layer.heads(side).rotation;
+          std::vector<float>& basis = keys ? layer.k_basis : layer.v_basis;
+          std::vector<float>& eigenvalues = keys ? layer.k_eigenvalues : layer.v_eigenvalues;
+          rotation.resize(matrices);
+          basis.resize(matrices);
+          eigenvalues.resize(static_cast<size_t>(hkv) * d);
+          // What R diagonalises: C_Q (keys) or the value target, or KᵀK/N / VᵀV/N (raw_target).
+          auto target = [&](int h) -> const MatrixXd& {
+            const HeadTargets& t = layer_targets[h];
+            return keys ? (raw ? t.raw_key : t.query) : (raw ? t.raw_value : t.value);
+          };
+          if (o.granularity == Granularity::kLayer) {
+            MatrixXd mean = MatrixXd::Zero(d, d);
+            for (int h = 0; h < hkv; ++h) mean += target(h);
+            mean /= hkv;
+            const SideResult built = BuildSide(mean, o, static_cast<uint64_t>(l) * 2 + side, d);
+            for (int h = 0; h < hkv; ++h) Store(built, h, d, rotation, basis, eigenvalues);
+          } else {
+            for (int h = 0; h < hkv; ++h) {
+              const uint64_t path = (static_cast<uint64_t>(l) * hkv + h) * 2 + side;
+              Store(BuildSide(target(h), o, path, d), h, d, rotation, basis, eigenvalues);
+            }
           }
-          key_mean /= hkv;
-          value_mean /= hkv;
-          const SideResult k = BuildSide(key_mean, o, static_cast<uint64_t>(l) * 2, d);
-          const SideResult v = BuildSide(value_mean, o, static_cast<uint64_t>(l) * 2 + 1, d);
+          std::vector<const MatrixXd*> raw_targets;
           for (int h = 0; h < hkv; ++h) {
-            Store(k, h, d, layer.k_rotation, layer.k_basis, layer.k_eigenvalues);
-            Store(v, h, d, layer.v_rotation, layer.v_basis, layer.v_eigenvalues);
+            raw_targets.push_back(keys ? &layer_targets[h].raw_key : &layer_targets[h].raw_value);
           }
-        } else {
+          (keys ? layer.raw_k_rotation : layer.raw_v_rotation) =
+              RawRotationsFrom(raw_targets, o.granularity, d);
+          // Clip: the error of each head's rows weighted by that head's own attention-aware
+          // target (C_Q for K, the chosen value target for V), summed over the layer's heads.
+          std::vector<std::vector<float>> rows(hkv);
+          std::vector<ClipRows> heads(hkv);
           for (int h = 0; h < hkv; ++h) {
-            const uint64_t path = (static_cast<uint64_t>(l) * hkv + h) * 2;
-            Store(BuildSide(key_target(h), o, path, d), h, d, layer.k_rotation, layer.k_basis,
-                  layer.k_eigenvalues);
-            Store(BuildSide(value_target(h), o, path + 1, d), h, d, layer.v_rotation,
-                  layer.v_basis, layer.v_eigenvalues);
+            const HeadTargets& t = layer_targets[h];
+            rows[h] = GatherRows(acts, l, h, keys, clip_ranges);
+            const size_t n = rows[h].size() / static_cast<size_t>(d);
+            const float* r = layer.rotation_of(side, h, d);
+            heads[h] = {r, rows[h].data(), n, RotatedMetric(r, keys ? t.query : t.value)};
           }
-        }
-        std::vector<const MatrixXd*> raw_keys, raw_values;
-        for (int h = 0; h < hkv; ++h) {
-          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
-          raw_keys.push_back(&t.raw_key);
-          raw_values.push_back(&t.raw_value);
-        }
-        layer.raw_k_rotation = RawRotationsFrom(raw_keys, o.granularity, d);
-        layer.raw_v_rotation = RawRotationsFrom(raw_values, o.granularity, d);
-        // Clip: the error of each head's rows weighted by that head's own attention-aware
-        // target (C_Q for K, the chosen value target for V), summed over the layer's heads.
-        std::vector<std::vector<float>> key_rows(hkv), value_rows(hkv);
-        std::vector<ClipRows> key_heads(hkv), value_heads(hkv);
-        for (int h = 0; h < hkv; ++h) {
-          const HeadTargets& t = targets[static_cast<size_t>(l) * hkv + h];
-          key_rows[h] = GatherRows(acts, l, h, true, clip_ranges);
-          value_rows[h] = GatherRows(acts, l, h, false, clip_ranges);
-          const size_t n = key_rows[h].size() / static_cast<size_t>(d);
-          key_heads[h] = {layer.k_rotation_of(h, d), key_rows[h].data(), n,
-                          RotatedMetric(layer.k_rotation_of(h, d), t.query)};
-          value_heads[h] = {layer.v_rotation_of(h, d), value_rows[h].data(), n,
-                            RotatedMetric(layer.v_rotation_of(h, d), t.value)};
-        }
-        const std::vector<double> key_objectives = ClipObjectives(backend, key_params, key_heads, grid);
-        const std::vector<double> value_objectives =
-            ClipObjectives(backend, value_params, value_heads, grid);
-        layer.k_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(key_objectives)]));
-        layer.v_clip.assign(hkv, static_cast<float>(grid[ArgMinObjective(value_objectives)]));
-        if (report) {
-          report->key_objectives[l] = key_objectives;
-          report->value_objectives[l] = value_objectives;
+          const std::vector<double> objectives =
+              ClipObjectives(backend, keys ? key_params : value_params, heads, grid);
+          layer.heads(side).clip.assign(hkv,
+                                        static_cast<float>(grid[ArgMinObjective(objectives)]));
+          if (report) (keys ? report->key_objectives : report->value_objectives)[l] = objectives;
         }
       },
       tick);

@@ -1,8 +1,12 @@
 #include "kvq/calib/calibration_file.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <iterator>
 #include <set>
+#include <type_traits>
+#include <utility>
 
 #include "kvq/common/metadata.h"
 #include "kvq/common/orthogonality.h"
@@ -13,72 +17,237 @@
 namespace kvq::calib {
 namespace {
 
-constexpr const char* kMatrixTensors[] = {"k_rotation", "v_rotation", "k_basis", "v_basis"};
-constexpr const char* kVectorTensors[] = {"k_eigenvalues", "v_eigenvalues"};
-constexpr const char* kScalarTensors[] = {"k_clip", "v_clip"};
-// Added by format_version 2: absent from version 1 files (and then from every layer).
-constexpr const char* kRawTargetTensors[] = {"raw_k_rotation", "raw_v_rotation"};
-// Added by format_version 3: the fp8 schemes' per-head scales.
-constexpr const char* kScaleTensors[] = {"k_scale", "v_scale"};
+// What must be equal across the KV heads of a layer.
+enum class Replicated {
+  kNever,           // each head's own (the fp8 scales: each head's amax)
+  kWhenLayerWide,   // only at granularity "layer" (rotations, bases, eigenvalues)
+  kAlways,          // chosen per layer, so equal at any granularity (the clip ratios)
+};
 
-std::vector<float>& Field(LayerCalibration& layer, const std::string& name) {
-  if (name == "k_rotation") return layer.k_rotation;
-  if (name == "v_rotation") return layer.v_rotation;
-  if (name == "k_basis") return layer.k_basis;
-  if (name == "v_basis") return layer.v_basis;
-  if (name == "k_eigenvalues") return layer.k_eigenvalues;
-  if (name == "v_eigenvalues") return layer.v_eigenvalues;
-  if (name == "k_clip") return layer.k_clip;
-  if (name == "raw_k_rotation") return layer.raw_k_rotation;
-  if (name == "raw_v_rotation") return layer.raw_v_rotation;
-  if (name == "k_scale") return layer.k_scale;
-  if (name == "v_scale") return layer.v_scale;
-  return layer.v_clip;
+// What each KV head's block must be beyond its values' own rules.
+enum class HeadCheck {
+  kNone,
+  kOrthogonal,  // [d, d]: max |MᵀM − I| ≤ kOrthogonalityTolerance in fp64
+  kDescending,  // [d]: non-increasing
+};
+
+// One KV head's block as the file shapes it (the tensor is [Hkv, ...these]), from the side's
+// write parameters.
+std::vector<int64_t> OneValue(const WriteParams&) { return {}; }
+std::vector<int64_t> Vector(const WriteParams& p) { return {p.head_dim}; }
+std::vector<int64_t> Matrix(const WriteParams& p) { return {p.head_dim, p.head_dim}; }
+
+// How the file stores a K / V pair of tensors (layers.{l}.<K name> and <V name>).
+struct FileRule {
+  const char* row;  // the head_data.inc row (tensors k_<row>, v_<row>) or artifact it stores
+  int since;        // the format_version that added the pair
+  // Whether a calibration may lack the pair (then in every layer). A calibration is written as
+  // the highest `since` of the optional pairs it holds and must hold every pair up to that
+  // version: the versions are cumulative (spec/formats.md §5).
+  bool optional;
+  Replicated replicated;
+  HeadCheck check;
+  // One KV head's block's shape: OneValue, Vector, Matrix or a captureless lambda.
+  std::vector<int64_t> (*head_dims)(const WriteParams& p);
+};
+
+// How the file stores each row of head_data.inc: tensors layers.{l}.k_<row> / v_<row> of the
+// row's element type (F32 for float: FileType), one line per row. A row that lacks its line
+// is a compile error (the static_asserts below).
+constexpr FileRule kHeadRowTensors[] = {
+    // row, since format_version, optional, replicated, per-head check, per-head shape
+    {"rotation", kCalibrationFormatVersionWithoutRawTarget, false, Replicated::kWhenLayerWide,
+     HeadCheck::kOrthogonal, Matrix},
+    {"clip", kCalibrationFormatVersionWithoutRawTarget, false, Replicated::kAlways,
+     HeadCheck::kNone, OneValue},
+    {"scale", kCalibrationFormatVersionWithScales, true, Replicated::kNever, HeadCheck::kNone,
+     OneValue},
+};
+
+// The calibration-only artifacts (not per-head scheme data), named fields of LayerCalibration.
+struct Artifact {
+  FileRule rule;
+  const char* names[2];                                 // K, V tensor names
+  std::vector<float> LayerCalibration::*fields[2];      // K, V
+  const char* what;                                     // in messages
+};
+
+const Artifact kArtifacts[] = {
+    {{"basis", kCalibrationFormatVersionWithoutRawTarget, false, Replicated::kWhenLayerWide,
+      HeadCheck::kOrthogonal, Matrix},
+     {"k_basis", "v_basis"},
+     {&LayerCalibration::k_basis, &LayerCalibration::v_basis},
+     "eigenbases"},
+    {{"eigenvalues", kCalibrationFormatVersionWithoutRawTarget, false,
+      Replicated::kWhenLayerWide, HeadCheck::kDescending, Vector},
+     {"k_eigenvalues", "v_eigenvalues"},
+     {&LayerCalibration::k_eigenvalues, &LayerCalibration::v_eigenvalues},
+     "eigenvalues"},
+    {{"raw_rotation", kCalibrationFormatVersion, true, Replicated::kWhenLayerWide,
+      HeadCheck::kOrthogonal, Matrix},
+     {"raw_k_rotation", "raw_v_rotation"},
+     {&LayerCalibration::raw_k_rotation, &LayerCalibration::raw_v_rotation},
+     "raw-target rotations"},
+};
+
+constexpr bool SameName(const char* a, const char* b) {
+  return *a == *b && (*a == '\0' || SameName(a + 1, b + 1));
 }
 
-const std::vector<float>& Field(const LayerCalibration& layer, const std::string& name) {
-  return Field(const_cast<LayerCalibration&>(layer), name);
+constexpr int HeadRowIndex(const char* row) {
+  for (size_t i = 0; i < std::size(kHeadRowTensors); ++i) {
+    if (SameName(kHeadRowTensors[i].row, row)) return static_cast<int>(i);
+  }
+  return -1;
 }
 
-std::string TensorName(int layer, const std::string& field) {
-  return "layers." + std::to_string(layer) + "." + field;
+#define KVQ_HEAD_ARRAY(name, ...)                                                           \
+  static_assert(HeadRowIndex(#name) >= 0, "head_data.inc row '" #name                        \
+                "' has no line in kHeadRowTensors (how the calibration file stores it)");
+#define KVQ_HEAD_SCALAR(name, ...) KVQ_HEAD_ARRAY(name)
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
+#define KVQ_HEAD_ARRAY(...) +1
+#define KVQ_HEAD_SCALAR(...) +1
+static_assert(std::size(kHeadRowTensors) == 0
+#include "kvq/common/head_data.inc"
+              , "kHeadRowTensors has a line for a row head_data.inc does not have");
+#undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
+
+// The file's dtype of a row's element type, and the tensor holding a row's values (another
+// element type is one more specialization).
+template <typename T>
+struct FileType;
+template <>
+struct FileType<float> {
+  static constexpr DType kDType = DType::kF32;
+  static Tensor Make(std::vector<int64_t> shape, const std::vector<float>& v) {
+    return Tensor::F32(std::move(shape), v);
+  }
+};
+template <>
+struct FileType<uint8_t> {
+  static constexpr DType kDType = DType::kU8;
+  static Tensor Make(std::vector<int64_t> shape, const std::vector<uint8_t>& v) {
+    return Tensor::U8(std::move(shape), v);
+  }
+};
+
+// The write parameters a side of the calibration was made for (its d, G and b, dense R):
+// what head_data.inc's message parts and rules are expressions of.
+WriteParams SideParams(const CalibrationInfo& info, int side) {
+  const int bits = side == 1 && info.v_bits != 0 ? info.v_bits : info.bits;
+  return params::Write()
+      .head_dim(info.head_dim)
+      .group(info.group)
+      .bits(bits)
+      .rotation(RotationKind::kDense)
+      .Unchecked();
 }
 
-std::vector<int64_t> FieldShape(const std::string& field, int hkv, int d) {
-  for (const char* m : kMatrixTensors) {
-    if (field == m) return {hkv, d, d};
+// One tensor of a layer as the file stores it.
+struct FileTensor {
+  const FileRule& rule;        // its pair's rule
+  const char* what;            // what its pair is called in messages (plural)
+  std::string id;              // its name in layer l (layers.{l}.<id>): k_<row> / v_<row>, or
+                               // the artifact's name
+  std::vector<int64_t> shape;  // [Hkv, ...rule.head_dims]
+};
+
+// Calls visit(tensor, values, check_value) for each tensor of `layer` (a LayerCalibration,
+// const or not): both sides of every head_data.inc row (what: the row's noun, plural), then of
+// every artifact. values is the side's std::vector<T>; check_value(l, h, i, v) throws
+// kvq::Error when value `i` of KV head `h` breaks the row's own rule (head_data.inc's `valid`;
+// artifacts have none).
+template <typename Layer, typename Visit>
+void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
+  auto shape = [&](const FileRule& rule, int side) {
+    std::vector<int64_t> dims = rule.head_dims(SideParams(info, side));
+    dims.insert(dims.begin(), info.num_kv_heads);
+    return dims;
+  };
+  for (int side = 0; side < 2; ++side) {
+    auto& heads = layer.heads(side);
+    const WriteParams p = SideParams(info, side);  // what a row's message parts may name
+    const std::string prefix = side == 0 ? "k_" : "v_";
+#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...)                        \
+  {                                                                                                \
+    const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
+    const FileTensor tensor{row_rule, noun "s", prefix + #name, shape(row_rule, side)};            \
+    visit(tensor, heads.name, [&](int l, size_t h, size_t i, Type v) {                             \
+      KVQ_CHECK(valid, code, "calibration layer ", l, " ", tensor.id, " kv head ", h,              \
+                " has ", +v, " at ", __VA_ARGS__);                                                 \
+    });                                                                                            \
   }
-  for (const char* m : kRawTargetTensors) {
-    if (field == m) return {hkv, d, d};
+#define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                            \
+  {                                                                                                \
+    const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
+    const FileTensor tensor{row_rule, noun "s", prefix + #name, shape(row_rule, side)};            \
+    visit(tensor, heads.name, [&](int l, size_t h, size_t, float v) {                              \
+      KVQ_CHECK(valid, kInvalidArgument, "calibration layer ", l, " ", tensor.id,                  \
+                " kv head ", h, " = ", v, " is not " rule);                                        \
+    });                                                                                            \
   }
-  for (const char* v : kVectorTensors) {
-    if (field == v) return {hkv, d};
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
+    (void)p;  // a row whose message parts do not name a position leaves it unread
   }
-  return {hkv};
+  for (const Artifact& a : kArtifacts) {
+    for (int side = 0; side < 2; ++side) {
+      const FileTensor tensor{a.rule, a.what, a.names[side], shape(a.rule, side)};
+      visit(tensor, layer.*(a.fields[side]), [](int, size_t, size_t, float) {});
+    }
+  }
 }
 
-// The tensors of one layer in a file of format_version `version` (the raw-target rotations
-// since version 2).
-std::vector<std::string> FieldsOf(int64_t version) {
-  std::vector<std::string> fields;
-  for (const char* m : kMatrixTensors) fields.push_back(m);
-  for (const char* v : kVectorTensors) fields.push_back(v);
-  for (const char* s : kScalarTensors) fields.push_back(s);
-  if (version >= 2) {
-    for (const char* r : kRawTargetTensors) fields.push_back(r);
-  }
-  if (version >= 3) {
-    for (const char* r : kScaleTensors) fields.push_back(r);
-  }
-  return fields;
+// Every pair's rule and what it is called, in ForEachTensor's order.
+std::vector<std::pair<FileRule, std::string>> Pairs(const CalibrationInfo& info) {
+  std::vector<std::pair<FileRule, std::string>> pairs;
+  const LayerCalibration none;
+  ForEachTensor(none, info, [&](const FileTensor& tensor, const auto&, const auto&) {
+    for (const auto& pair : pairs) {
+      if (SameName(pair.first.row, tensor.rule.row)) return;
+    }
+    pairs.push_back({tensor.rule, tensor.what});
+  });
+  return pairs;
 }
 
-// The version a calibration is written as: 3 with fp8 scales, 1 without the raw-target
-// rotations, else 2.
+// Whether every layer holds both tensors of the pair (false without layers).
+bool Holds(const Calibration& cal, const FileRule& pair) {
+  if (cal.layers.empty()) return false;
+  bool held = true;
+  for (const LayerCalibration& layer : cal.layers) {
+    ForEachTensor(layer, cal.info, [&](const FileTensor& tensor, const auto& values, const auto&) {
+      if (SameName(tensor.rule.row, pair.row)) held = held && !values.empty();
+    });
+  }
+  return held;
+}
+
+std::string TensorName(int layer, const std::string& tensor) {
+  return "layers." + std::to_string(layer) + "." + tensor;
+}
+
+// The version a calibration is written as: the highest `since` of the optional pairs it holds
+// (3 with fp8 scales, 2 with the raw-target rotations, else 1).
 int VersionOf(const Calibration& cal) {
-  if (cal.HasScales()) return kCalibrationFormatVersionWithScales;
-  return cal.HasRawTargetRotations() ? kCalibrationFormatVersion
-                                     : kCalibrationFormatVersionWithoutRawTarget;
+  int version = kCalibrationFormatVersionWithoutRawTarget;
+  for (const auto& pair : Pairs(cal.info)) {
+    const FileRule& rule = pair.first;
+    if (rule.optional && Holds(cal, rule)) version = std::max(version, rule.since);
+  }
+  return version;
+}
+
+// The newest format_version this reader knows: the highest `since` of any pair.
+int NewestVersion() {
+  int newest = kCalibrationFormatVersionWithoutRawTarget;
+  for (const auto& pair : Pairs(CalibrationInfo())) newest = std::max(newest, pair.first.since);
+  return newest;
 }
 
 bool IsScaleScheme(const std::string& scheme) {
@@ -91,12 +260,60 @@ size_t Product(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// The per-head checks of one tensor of layer `l` (its size and finiteness already checked):
+// the pair's HeadCheck, the row's own rule for every value, and the replication the pair and
+// the granularity call for.
+template <typename T, typename CheckValue>
+void CheckHeads(const FileTensor& tensor, int l, const std::vector<T>& values,
+                const CalibrationInfo& info, const CheckValue& check_value) {
+  const FileRule& rule = tensor.rule;
+  const int hkv = info.num_kv_heads;
+  const size_t per_head = values.size() / static_cast<size_t>(hkv);
+  for (int h = 0; h < hkv; ++h) {
+    const T* head = values.data() + static_cast<size_t>(h) * per_head;
+    switch (rule.check) {
+      case HeadCheck::kNone: break;
+      case HeadCheck::kOrthogonal:
+        if constexpr (std::is_same_v<T, float>) {
+          const int n = static_cast<int>(tensor.shape.back());  // each head's block is [n, n]
+          const double deviation = OrthogonalityError(head, n);
+          KVQ_CHECK(deviation <= kOrthogonalityTolerance, kInvalidArgument, "calibration layer ",
+                    l, " ", tensor.id, " kv head ", h, " is not orthogonal: max |MᵀM − I| = ",
+                    deviation);
+        } else {
+          KVQ_CHECK(false, kUnsupported, "calibration ", tensor.id,
+                    ": orthogonality is checked on fp32 matrices only");
+        }
+        break;
+      case HeadCheck::kDescending:
+        for (size_t i = 1; i < per_head; ++i) {
+          KVQ_CHECK(head[i] <= head[i - 1], kInvalidArgument, "calibration layer ", l, " ",
+                    tensor.id, " kv head ", h, " is not descending at index ", i, ": ",
+                    +head[i - 1], " then ", +head[i]);
+        }
+        break;
+    }
+    for (size_t i = 0; i < per_head; ++i) check_value(l, static_cast<size_t>(h), i, head[i]);
+  }
+  const bool replicated = rule.replicated == Replicated::kAlways ||
+                          (rule.replicated == Replicated::kWhenLayerWide &&
+                           info.granularity == "layer");
+  if (!replicated) return;
+  for (int h = 1; h < hkv; ++h) {
+    for (size_t i = 0; i < per_head; ++i) {
+      KVQ_CHECK(values[h * per_head + i] == values[i], kInvalidArgument, "calibration layer ", l,
+                " ", tensor.id, " differs between kv head 0 and ", h, " at element ", i, " (",
+                +values[i], " vs ", +values[h * per_head + i], ") but must be replicated");
+    }
+  }
+}
+
 }  // namespace
 
 bool Calibration::HasScales() const {
   if (layers.empty()) return false;
   for (const LayerCalibration& layer : layers) {
-    if (layer.k_scale.empty() || layer.v_scale.empty()) return false;
+    if (layer.key.scale.empty() || layer.value.scale.empty()) return false;
   }
   return true;
 }
@@ -131,9 +348,19 @@ void ValidateCalibration(const Calibration& cal) {
   KVQ_CHECK(scales == IsScaleScheme(info.scheme), kInvalidArgument, "calibration: scheme '",
             info.scheme, "' ", scales ? "holds fp8 scales (only fp8 and fp8_hadamard do)"
                                       : "needs the fp8 scales k_scale / v_scale in every layer");
-  KVQ_CHECK(!scales || cal.HasRawTargetRotations(), kInvalidArgument,
-            "calibration: fp8 scales need the raw-target rotations too (format_version 3 holds "
-            "every tensor of version 2)");
+  // The versions are cumulative: a calibration of version v holds every optional pair up to
+  // v (a required pair missing from a layer is named by the size check below).
+  const int version = VersionOf(cal);
+  const std::vector<std::pair<FileRule, std::string>> pairs = Pairs(info);
+  std::string newest;  // what the pair that sets the version is called
+  for (const auto& [rule, what] : pairs) {
+    if (rule.optional && rule.since == version && Holds(cal, rule)) newest = what;
+  }
+  for (const auto& [rule, what] : pairs) {
+    KVQ_CHECK(!rule.optional || rule.since > version || Holds(cal, rule), kInvalidArgument,
+              "calibration: ", newest, " need the ", what, " too (format_version ", version,
+              " holds every tensor of version ", rule.since, ")");
+  }
   KVQ_CHECK(!info.rotation.empty(), kInvalidArgument, "calibration: rotation recipe is empty");
   KVQ_CHECK(info.granularity == "kv_head" || info.granularity == "layer", kInvalidArgument,
             "calibration: granularity '", info.granularity, "' (kv_head or layer)");
@@ -144,82 +371,28 @@ void ValidateCalibration(const Calibration& cal) {
   KVQ_CHECK(static_cast<int>(cal.layers.size()) == info.num_layers, kShapeMismatch,
             "calibration: ", cal.layers.size(), " layers present, metadata says ",
             info.num_layers);
-  const int d = info.head_dim;
-  const int hkv = info.num_kv_heads;
-  const bool raw_target = cal.HasRawTargetRotations();
-  const std::vector<std::string> fields = FieldsOf(VersionOf(cal));
   for (int l = 0; l < info.num_layers; ++l) {
     const LayerCalibration& layer = cal.layers[l];
-    if (!raw_target) {
-      for (const char* field : kRawTargetTensors) {
-        KVQ_CHECK(Field(layer, field).empty(), kShapeMismatch, "calibration layer ", l, " holds ",
-                  field, " but another layer lacks the raw-target rotations (all layers or none)");
-      }
-    }
-    if (!scales) {
-      for (const char* field : kScaleTensors) {
-        KVQ_CHECK(Field(layer, field).empty(), kShapeMismatch, "calibration layer ", l, " holds ",
-                  field, " but another layer lacks the fp8 scales (all layers or none)");
-      }
-    }
-    for (const std::string& field : fields) {
-      const std::vector<float>& values = Field(layer, field);
-      const size_t expected = Product(FieldShape(field, hkv, d));
-      KVQ_CHECK(values.size() == expected, kShapeMismatch, "calibration layer ", l, " ", field,
-                " holds ", values.size(), " values, expected ", expected);
+    // A pair the calibration does not hold (an optional one: above) is absent from every layer.
+    ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
+      KVQ_CHECK(tensor.rule.since <= version || values.empty(), kShapeMismatch,
+                "calibration layer ", l, " holds ", tensor.id, " but another layer lacks the ",
+                tensor.what, " (all layers or none)");
+    });
+    ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
+      if (tensor.rule.since > version) return;
+      const size_t expected = Product(tensor.shape);
+      KVQ_CHECK(values.size() == expected, kShapeMismatch, "calibration layer ", l, " ",
+                tensor.id, " holds ", values.size(), " values, expected ", expected);
       for (size_t i = 0; i < values.size(); ++i) {
-        KVQ_CHECK(std::isfinite(values[i]), kNonFinite, "calibration layer ", l, " ", field,
-                  " element ", i, " = ", values[i], " is not finite");
+        KVQ_CHECK(std::isfinite(values[i]), kNonFinite, "calibration layer ", l, " ",
+                  tensor.id, " element ", i, " = ", +values[i], " is not finite");
       }
-    }
-    std::vector<std::string> matrices(std::begin(kMatrixTensors), std::end(kMatrixTensors));
-    if (raw_target) matrices.insert(matrices.end(), std::begin(kRawTargetTensors),
-                                    std::end(kRawTargetTensors));
-    for (int h = 0; h < hkv; ++h) {
-      for (const std::string& field : matrices) {
-        const float* m = Field(layer, field).data() + static_cast<size_t>(h) * d * d;
-        const double deviation = OrthogonalityError(m, d);
-        KVQ_CHECK(deviation <= kOrthogonalityTolerance, kInvalidArgument, "calibration layer ", l, " ", field,
-                  " kv head ", h, " is not orthogonal: max |MᵀM − I| = ", deviation);
-      }
-      for (const char* field : kVectorTensors) {
-        const float* e = Field(layer, field).data() + static_cast<size_t>(h) * d;
-        for (int i = 1; i < d; ++i) {
-          KVQ_CHECK(e[i] <= e[i - 1], kInvalidArgument, "calibration layer ", l, " ", field,
-                    " kv head ", h, " is not descending at index ", i, ": ", e[i - 1], " then ",
-                    e[i]);
-        }
-      }
-      for (const char* field : kScalarTensors) {
-        const float rho = Field(layer, field)[h];
-        KVQ_CHECK(rho > 0 && rho <= 1, kInvalidArgument, "calibration layer ", l, " ", field,
-                  " kv head ", h, " = ", rho, " is outside (0, 1]");
-      }
-      if (scales) {
-        for (const char* field : kScaleTensors) {
-          const float scale = Field(layer, field)[h];
-          KVQ_CHECK(scale > 0, kInvalidArgument, "calibration layer ", l, " ", field,
-                    " kv head ", h, " = ", scale, " is not > 0");
-        }
-      }
-    }
-    for (const std::string& field : fields) {
-      const std::vector<float>& values = Field(layer, field);
-      const size_t per_head = values.size() / hkv;
-      // Clip ratios are chosen per layer, so they are equal across heads at any granularity;
-      // everything else only for per-layer rotations.
-      const bool shared = info.granularity == "layer" || field == "k_clip" || field == "v_clip";
-      const bool own = field == "k_scale" || field == "v_scale";  // each head's own amax
-      if (!shared || own) continue;
-      for (int h = 1; h < hkv; ++h) {
-        for (size_t i = 0; i < per_head; ++i) {
-          KVQ_CHECK(values[h * per_head + i] == values[i], kInvalidArgument,
-                    "calibration layer ", l, " ", field, " differs between kv head 0 and ", h,
-                    " at element ", i, " (", values[i], " vs ", values[h * per_head + i],
-                    ") but must be replicated");
-        }
-      }
-    }
+    });
+    ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values,
+                                   const auto& check_value) {
+      if (tensor.rule.since <= version) CheckHeads(tensor, l, values, info, check_value);
+    });
   }
 }
 
@@ -229,11 +402,15 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
             "calibration: format is '", meta.String("format"), "', expected '",
             kCalibrationFormat, "'");
   const int64_t version = meta.Int("format_version");
-  KVQ_CHECK(version >= kCalibrationFormatVersionWithoutRawTarget &&
-                version <= kCalibrationFormatVersionWithScales,
-            kMalformedFile, "calibration: format_version ", version, " is not supported (expected ",
-            kCalibrationFormatVersionWithoutRawTarget, ", ", kCalibrationFormatVersion, " or ",
-            kCalibrationFormatVersionWithScales, ")");
+  const int newest = NewestVersion();
+  std::string versions;  // "1, 2 or 3"
+  for (int v = kCalibrationFormatVersionWithoutRawTarget; v <= newest; ++v) {
+    if (v > kCalibrationFormatVersionWithoutRawTarget) versions += v == newest ? " or " : ", ";
+    versions += std::to_string(v);
+  }
+  KVQ_CHECK(version >= kCalibrationFormatVersionWithoutRawTarget && version <= newest,
+            kMalformedFile, "calibration: format_version ", version,
+            " is not supported (expected ", versions, ")");
   Calibration cal;
   CalibrationInfo& info = cal.info;
   info.num_layers = static_cast<int>(meta.Int("num_layers", 1, 1 << 16));
@@ -250,27 +427,31 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   info.value_target = meta.String("value_target");
   info.source = meta.String("source");
 
-  const std::vector<std::string> fields = FieldsOf(version);
+  // A file of format_version v holds every pair up to v, in every layer.
+  cal.layers.resize(info.num_layers);
   std::set<std::string> expected;
   for (int l = 0; l < info.num_layers; ++l) {
-    for (const std::string& field : fields) expected.insert(TensorName(l, field));
+    ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, const auto&, const auto&) {
+      if (tensor.rule.since <= version) expected.insert(TensorName(l, tensor.id));
+    });
   }
   for (const auto& [name, tensor] : file.tensors) {
     KVQ_CHECK(expected.count(name) == 1, kMalformedFile, "calibration: unexpected tensor '",
               name, "' (num_layers = ", info.num_layers, ", format_version ", version, ")");
   }
-  cal.layers.resize(info.num_layers);
   for (int l = 0; l < info.num_layers; ++l) {
-    for (const std::string& field : fields) {
-      const std::string name = TensorName(l, field);
+    ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, auto& values, const auto&) {
+      if (tensor.rule.since > version) return;
+      using T = typename std::decay_t<decltype(values)>::value_type;
+      const std::string name = TensorName(l, tensor.id);
       const Tensor* t = file.Find(name);
       KVQ_CHECK(t != nullptr, kMalformedFile, "calibration: tensor '", name, "' is missing");
-      KVQ_CHECK(t->dtype == DType::kF32, kMalformedFile, "calibration: tensor '", name,
-                "' has dtype ", DTypeName(t->dtype), ", expected F32");
-      ExpectShape(*t, FieldShape(field, info.num_kv_heads, info.head_dim),
-                  "calibration tensor '" + name + "'");
-      Field(cal.layers[l], field) = t->ToF32();
-    }
+      KVQ_CHECK(t->dtype == FileType<T>::kDType, kMalformedFile, "calibration: tensor '", name,
+                "' has dtype ", DTypeName(t->dtype), ", expected ",
+                DTypeName(FileType<T>::kDType));
+      ExpectShape(*t, tensor.shape, "calibration tensor '" + name + "'");
+      values.assign(t->data<T>(), t->data<T>() + t->numel());
+    });
   }
   ValidateCalibration(cal);
   return cal;
@@ -301,11 +482,13 @@ Safetensors CalibrationToSafetensors(const Calibration& cal) {
   file.metadata["value_target"] = info.value_target;
   file.metadata["source"] = info.source;
   for (int l = 0; l < info.num_layers; ++l) {
-    for (const std::string& field : FieldsOf(version)) {
-      file.Add(TensorName(l, field),
-               Tensor::F32(FieldShape(field, info.num_kv_heads, info.head_dim),
-                           Field(cal.layers[l], field)));
-    }
+    ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, const auto& values,
+                                           const auto&) {
+      using T = typename std::decay_t<decltype(values)>::value_type;
+      if (tensor.rule.since <= version) {
+        file.Add(TensorName(l, tensor.id), FileType<T>::Make(tensor.shape, values));
+      }
+    });
   }
   return file;
 }

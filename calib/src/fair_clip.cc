@@ -191,11 +191,11 @@ void ApplyClipChoice(const SchemeVariant& variant, const Calibration* cal,
       KVQ_CHECK(cal != nullptr, kInvalidArgument, "scheme '", variant.label,
                 "' reuses OSCAR's clip ratios: it needs a calibration");
       KVQ_CHECK(layer < static_cast<int>(cal->layers.size()) &&
-                    static_cast<int>(cal->layers[layer].k_clip.size()) == hkv,
+                    static_cast<int>(cal->layers[layer].key.clip.size()) == hkv,
                 kShapeMismatch, "scheme '", variant.label, "': the calibration has no layer ",
                 layer, " of ", hkv, " KV heads");
-      scheme->key.clip = cal->layers[layer].k_clip;
-      scheme->value.clip = cal->layers[layer].v_clip;
+      scheme->key.clip = cal->layers[layer].key.clip;
+      scheme->value.clip = cal->layers[layer].value.clip;
       break;
     case ClipChoice::kNone:
     case ClipChoice::kCatalogue:

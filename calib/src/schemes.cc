@@ -210,23 +210,23 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
   switch (info.clip) {
     case ClipPolicy::kNone: break;
     case ClipPolicy::kCalibration:
-      s.key.clip = lc->k_clip;
-      s.value.clip = lc->v_clip;
+      s.key.clip = lc->key.clip;
+      s.value.clip = lc->value.clip;
       break;
   }
   switch (info.scale) {
     case ScalePolicy::kNone: break;
     case ScalePolicy::kCalibration:
-      KVQ_CHECK(!lc->k_scale.empty() && !lc->v_scale.empty(), kInvalidArgument, "scheme '", name,
-                "' needs the calibration's fp8 scales (tensors layers.", layer,
+      KVQ_CHECK(!lc->key.scale.empty() && !lc->value.scale.empty(), kInvalidArgument, "scheme '",
+                name, "' needs the calibration's fp8 scales (tensors layers.", layer,
                 ".k_scale and layers.", layer, ".v_scale), which this calibration (scheme '",
                 cal->info.scheme, "') lacks: make one with kvq calibrate --scheme ", name);
       KVQ_CHECK(cal->info.scheme == name, kInvalidArgument, "scheme '", name,
                 "' needs fp8 scales computed after its own rotation, but this calibration's "
                 "were computed for scheme '", cal->info.scheme, "' (kvq calibrate --scheme ",
                 name, ")");
-      s.key.scale = lc->k_scale;
-      s.value.scale = lc->v_scale;
+      s.key.scale = lc->key.scale;
+      s.value.scale = lc->value.scale;
       break;
   }
   auto basis = [&](int h, bool keys) {
@@ -293,7 +293,7 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
         dense([&](int h) { return BasisHadamard(basis(h, keys)); });
         break;
       case SchemeRotation::kCalibrated:
-        stored(keys ? lc->k_rotation : lc->v_rotation);
+        stored(lc->heads(side).rotation);
         break;
       case SchemeRotation::kHessianBlock: {
         KVQ_CHECK(cal->info.rotation != "raw_target", kInvalidArgument, "scheme '", name,
@@ -338,8 +338,11 @@ Calibration CalibrationForScheme(const std::string& name, const Calibration& cal
   Calibration out = cal;
   out.info.scheme = name;
   for (int l = 0; l < out.info.num_layers; ++l) {
-    out.layers[l].k_scale = Fp8Scales(*acts, l, true, sides.params.key, backend);
-    out.layers[l].v_scale = Fp8Scales(*acts, l, false, sides.params.value, backend);
+    for (int side = 0; side < 2; ++side) {
+      out.layers[l].heads(side).scale =
+          Fp8Scales(*acts, l, side == 0, side == 0 ? sides.params.key : sides.params.value,
+                    backend);
+    }
   }
   return out;
 }

@@ -38,6 +38,28 @@ CalibrationOptions SmallOptions() {
   return o;
 }
 
+// Layer l of two calibrations, bit for bit: every head_data.inc row of K and V, then the
+// calibration-only artifacts.
+void ExpectLayerBitsEqual(const Calibration& a, const Calibration& b, int l) {
+  const LayerCalibration& x = a.layers[l];
+  const LayerCalibration& y = b.layers[l];
+  for (int side = 0; side < 2; ++side) {
+    const std::string prefix = side == 0 ? "k_" : "v_";
+#define KVQ_HEAD_ARRAY(name, ...) \
+  EXPECT_TRUE(BitsEqual(prefix + #name, x.heads(side).name, y.heads(side).name)) << "layer " << l;
+#define KVQ_HEAD_SCALAR(name, ...) KVQ_HEAD_ARRAY(name)
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_SCALAR
+#undef KVQ_HEAD_ARRAY
+  }
+  EXPECT_TRUE(BitsEqual("k_basis", x.k_basis, y.k_basis)) << "layer " << l;
+  EXPECT_TRUE(BitsEqual("v_basis", x.v_basis, y.v_basis)) << "layer " << l;
+  EXPECT_TRUE(BitsEqual("k_eigenvalues", x.k_eigenvalues, y.k_eigenvalues)) << "layer " << l;
+  EXPECT_TRUE(BitsEqual("v_eigenvalues", x.v_eigenvalues, y.v_eigenvalues)) << "layer " << l;
+  EXPECT_TRUE(BitsEqual("raw_k_rotation", x.raw_k_rotation, y.raw_k_rotation)) << "layer " << l;
+  EXPECT_TRUE(BitsEqual("raw_v_rotation", x.raw_v_rotation, y.raw_v_rotation)) << "layer " << l;
+}
+
 TEST(Calibrate, PerKvHeadMatchesItsDefinition) {
   const Activations& acts = Capture();
   ClipReport report;
@@ -52,16 +74,16 @@ TEST(Calibrate, PerKvHeadMatchesItsDefinition) {
       const EigenBasis k = SortedEigenBasis(cq);
       const std::vector<float> r = ToRowMajorF32(OscarRotation(k.vectors));
       const std::vector<float> u = ToRowMajorF32(k.vectors);
-      EXPECT_EQ(0, std::memcmp(r.data(), cal.layers[l].k_rotation_of(h, 128), r.size() * 4))
+      EXPECT_EQ(0, std::memcmp(r.data(), cal.layers[l].rotation_of(0, h, 128), r.size() * 4))
           << "layer " << l << " head " << h;
       EXPECT_EQ(0, std::memcmp(u.data(), cal.layers[l].k_basis.data() + h * 128 * 128, u.size() * 4));
       EXPECT_EQ(cal.layers[l].k_eigenvalues[h * 128], static_cast<float>(k.values(0)));
       const EigenBasis v =
           SortedEigenBasis(ComputeAttentionStatistics(acts, l, h, n, false).output_covariance);
       const std::vector<float> rv = ToRowMajorF32(OscarRotation(v.vectors));
-      EXPECT_EQ(0, std::memcmp(rv.data(), cal.layers[l].v_rotation_of(h, 128), rv.size() * 4));
+      EXPECT_EQ(0, std::memcmp(rv.data(), cal.layers[l].rotation_of(1, h, 128), rv.size() * 4));
       // Lemma 1 on the stored R.
-      const MatrixXd rd = FromRowMajorF32(cal.layers[l].k_rotation_of(h, 128), 128, 128);
+      const MatrixXd rd = FromRowMajorF32(cal.layers[l].rotation_of(0, h, 128), 128, 128);
       const Eigen::VectorXd diag = (rd.transpose() * cq * rd).diagonal();
       EXPECT_LE(diag.maxCoeff() / diag.mean(), 1 + 1e-5);
     }
@@ -69,8 +91,8 @@ TEST(Calibrate, PerKvHeadMatchesItsDefinition) {
     const double k_rho = report.grid[ArgMinObjective(report.key_objectives[l])];
     const double v_rho = report.grid[ArgMinObjective(report.value_objectives[l])];
     for (int h = 0; h < 2; ++h) {
-      EXPECT_EQ(cal.layers[l].k_clip[h], static_cast<float>(k_rho));
-      EXPECT_EQ(cal.layers[l].v_clip[h], static_cast<float>(v_rho));
+      EXPECT_EQ(cal.layers[l].key.clip[h], static_cast<float>(k_rho));
+      EXPECT_EQ(cal.layers[l].value.clip[h], static_cast<float>(v_rho));
     }
   }
 }
@@ -82,12 +104,7 @@ TEST(Calibrate, ThreadCountDoesNotChangeTheBits) {
   two.threads = 2;
   const Calibration a = Calibrate(Capture(), one, cpu::BestBackend());
   const Calibration b = Calibrate(Capture(), two, cpu::BestBackend());
-  for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(BitsEqual("k_rotation", a.layers[l].k_rotation, b.layers[l].k_rotation));
-    EXPECT_TRUE(BitsEqual("v_rotation", a.layers[l].v_rotation, b.layers[l].v_rotation));
-    EXPECT_TRUE(BitsEqual("k_clip", a.layers[l].k_clip, b.layers[l].k_clip));
-    EXPECT_TRUE(BitsEqual("v_clip", a.layers[l].v_clip, b.layers[l].v_clip));
-  }
+  for (int l = 0; l < 2; ++l) ExpectLayerBitsEqual(a, b, l);
 }
 
 TEST(Calibrate, LayerGranularityAndValueTargets) {
@@ -102,7 +119,7 @@ TEST(Calibrate, LayerGranularityAndValueTargets) {
   const MatrixXd layer_cq = (QueryCovariance(acts, 1, 0, n) + QueryCovariance(acts, 1, 1, n)) / 2;
   const std::vector<float> r = ToRowMajorF32(OscarRotation(SortedEigenBasis(layer_cq).vectors));
   for (int h = 0; h < 2; ++h) {
-    EXPECT_EQ(0, std::memcmp(r.data(), cal.layers[1].k_rotation_of(h, 128), r.size() * 4));
+    EXPECT_EQ(0, std::memcmp(r.data(), cal.layers[1].rotation_of(0, h, 128), r.size() * 4));
   }
   MatrixXd layer_kw = MatrixXd::Zero(128, 128);
   for (int h = 0; h < 2; ++h) {
@@ -110,14 +127,14 @@ TEST(Calibrate, LayerGranularityAndValueTargets) {
     layer_kw += KeyWeightedValueCovariance(acts, 1, h, n, s.key_weight) / 2;
   }
   const std::vector<float> rv = ToRowMajorF32(OscarRotation(SortedEigenBasis(layer_kw).vectors));
-  EXPECT_EQ(0, std::memcmp(rv.data(), cal.layers[1].v_rotation_of(1, 128), rv.size() * 4));
+  EXPECT_EQ(0, std::memcmp(rv.data(), cal.layers[1].rotation_of(1, 1, 128), rv.size() * 4));
 
   o.value_target = ValueTarget::kRaw;
   o.granularity = Granularity::kKvHead;
   const Calibration raw = Calibrate(acts, o, cpu::BestBackend());
   const std::vector<float> rr =
       ToRowMajorF32(OscarRotation(SortedEigenBasis(RawCovariance(acts, 0, 1, false, n)).vectors));
-  EXPECT_EQ(0, std::memcmp(rr.data(), raw.layers[0].v_rotation_of(1, 128), rr.size() * 4));
+  EXPECT_EQ(0, std::memcmp(rr.data(), raw.layers[0].rotation_of(1, 1, 128), rr.size() * 4));
 }
 
 TEST(Calibrate, RotationRecipes) {
@@ -130,7 +147,7 @@ TEST(Calibrate, RotationRecipes) {
     const Calibration cal = Calibrate(Capture(), o, cpu::BestBackend());
     EXPECT_EQ(cal.info.rotation, RotationRecipeName(recipe));
     EXPECT_EQ(ParseRotationRecipe(RotationRecipeName(recipe)), recipe);
-    const MatrixXd r = FromRowMajorF32(cal.layers[0].k_rotation_of(1, 128), 128, 128);
+    const MatrixXd r = FromRowMajorF32(cal.layers[0].rotation_of(0, 1, 128), 128, 128);
     const MatrixXd u = FromRowMajorF32(cal.layers[0].k_basis.data() + 128 * 128, 128, 128);
     MatrixXd expected;
     switch (recipe) {
@@ -189,22 +206,7 @@ TEST(CalibrationFile, RoundTrip) {
   EXPECT_EQ(back.info.granularity, "kv_head");
   EXPECT_EQ(back.info.value_target, "attn_output");
   EXPECT_EQ(back.info.source, "capture.safetensors");
-  for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(BitsEqual("k_rotation", back.layers[l].k_rotation, cal.layers[l].k_rotation));
-    EXPECT_TRUE(BitsEqual("v_rotation", back.layers[l].v_rotation, cal.layers[l].v_rotation));
-    EXPECT_TRUE(BitsEqual("k_basis", back.layers[l].k_basis, cal.layers[l].k_basis));
-    EXPECT_TRUE(BitsEqual("v_basis", back.layers[l].v_basis, cal.layers[l].v_basis));
-    EXPECT_TRUE(BitsEqual("k_eigenvalues", back.layers[l].k_eigenvalues,
-                          cal.layers[l].k_eigenvalues));
-    EXPECT_TRUE(BitsEqual("v_eigenvalues", back.layers[l].v_eigenvalues,
-                          cal.layers[l].v_eigenvalues));
-    EXPECT_TRUE(BitsEqual("k_clip", back.layers[l].k_clip, cal.layers[l].k_clip));
-    EXPECT_TRUE(BitsEqual("v_clip", back.layers[l].v_clip, cal.layers[l].v_clip));
-    EXPECT_TRUE(BitsEqual("raw_k_rotation", back.layers[l].raw_k_rotation,
-                          cal.layers[l].raw_k_rotation));
-    EXPECT_TRUE(BitsEqual("raw_v_rotation", back.layers[l].raw_v_rotation,
-                          cal.layers[l].raw_v_rotation));
-  }
+  for (int l = 0; l < 2; ++l) ExpectLayerBitsEqual(back, cal, l);
   EXPECT_TRUE(back.HasRawTargetRotations());
   const Safetensors file = CalibrationToSafetensors(cal);
   EXPECT_EQ(file.metadata.at("format"), "kvq-calibration");
@@ -230,10 +232,11 @@ TEST(Calibrate, ValueWidthApartSearchesEachSideAtItsOwnWidth) {
   const Calibration four = Calibrate(Capture(), all4, cpu::BestBackend());
   bool v_width_matters = false;
   for (int l = 0; l < 2; ++l) {
-    EXPECT_TRUE(BitsEqual("k_clip", apart.layers[l].k_clip, two.layers[l].k_clip));
-    EXPECT_TRUE(BitsEqual("v_clip", apart.layers[l].v_clip, four.layers[l].v_clip));
-    EXPECT_TRUE(BitsEqual("v_rotation", apart.layers[l].v_rotation, two.layers[l].v_rotation));
-    v_width_matters = v_width_matters || two.layers[l].v_clip != four.layers[l].v_clip;
+    EXPECT_TRUE(BitsEqual("k_clip", apart.layers[l].key.clip, two.layers[l].key.clip));
+    EXPECT_TRUE(BitsEqual("v_clip", apart.layers[l].value.clip, four.layers[l].value.clip));
+    EXPECT_TRUE(
+        BitsEqual("v_rotation", apart.layers[l].value.rotation, two.layers[l].value.rotation));
+    v_width_matters = v_width_matters || two.layers[l].value.clip != four.layers[l].value.clip;
   }
   EXPECT_TRUE(v_width_matters) << "INT2 and INT4 chose the same V clip everywhere: no evidence";
   EXPECT_EQ(apart.info.bits, 2);
@@ -306,7 +309,8 @@ TEST(CalibrationFile, VersionOneFilesStillRead) {
   EXPECT_EQ(file.Find("layers.0.raw_k_rotation"), nullptr);
   const Calibration back = CalibrationFromSafetensors(file);
   EXPECT_FALSE(back.HasRawTargetRotations());
-  EXPECT_TRUE(BitsEqual("k_rotation", back.layers[1].k_rotation, Reference().layers[1].k_rotation));
+  EXPECT_TRUE(
+      BitsEqual("k_rotation", back.layers[1].key.rotation, Reference().layers[1].key.rotation));
   Calibration completed = back;
   AddRawTargetRotations(Capture(), &completed);
   ASSERT_TRUE(completed.HasRawTargetRotations());
@@ -347,22 +351,75 @@ TEST(CalibrationFile, VersionOneFilesStillRead) {
   }
 }
 
+// The fp8 scales (head_data.inc's `scale` row, format_version 3) travel the file by the same
+// rules as every row: tensors k_scale / v_scale [Hkv] F32, the row's own value rule, all
+// layers or none, and only beside the version 2 tensors.
+TEST(CalibrationFile, ScaleRowFollowsItsRules) {
+  Calibration scaled = Reference();
+  scaled.info.scheme = "fp8";
+  for (LayerCalibration& l : scaled.layers) {
+    l.key.scale = {0.5f, 0.25f};
+    l.value.scale = {0.125f, 2.0f};
+  }
+  const Safetensors file = CalibrationToSafetensors(scaled);
+  EXPECT_EQ(file.metadata.at("format_version"), "3");
+  EXPECT_EQ(file.Get("layers.1.v_scale").shape, (std::vector<int64_t>{2}));
+  const Calibration back = CalibrationFromSafetensors(file);
+  EXPECT_TRUE(back.HasScales());
+  for (int l = 0; l < 2; ++l) ExpectLayerBitsEqual(back, scaled, l);
+  {
+    Calibration c = scaled;
+    c.layers[1].value.scale[1] = 0.0f;
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
+                "layer 1 v_scale kv head 1 = 0 is not a finite value > 0");
+  }
+  {
+    Calibration c = scaled;
+    c.layers[1].key.scale.clear();
+    c.info.scheme = "oscar";
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kShapeMismatch,
+                "layer 0 holds k_scale but another layer lacks the fp8 scales");
+  }
+  {
+    Calibration c = scaled;
+    for (LayerCalibration& l : c.layers) l.raw_k_rotation.clear();
+    ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
+                "fp8 scales need the raw-target rotations too (format_version 3");
+  }
+  {
+    Safetensors f = file;
+    for (auto& [name, t] : f.tensors) {
+      if (name == "layers.0.k_scale") t = Tensor::I32({2}, {1, 1});
+    }
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+                "'layers.0.k_scale' has dtype I32, expected F32");
+  }
+  {
+    Safetensors f;
+    f.metadata = file.metadata;
+    f.metadata["format_version"] = "2";
+    for (const auto& [name, t] : file.tensors) f.Add(name, t);
+    ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+                "unexpected tensor 'layers.0.k_scale'");
+  }
+}
+
 TEST(CalibrationFile, ValidationErrors) {
   const Calibration& good = Reference();
   {
     Calibration c = good;
-    c.layers[1].v_rotation[5 * 128 + 3] += 0.01f;
+    c.layers[1].value.rotation[5 * 128 + 3] += 0.01f;
     ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
                 "layer 1 v_rotation kv head 0 is not orthogonal");
   }
   {
     Calibration c = good;
-    c.layers[0].k_clip[1] = 0.0f;
+    c.layers[0].key.clip[1] = 0.0f;
     ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument, "k_clip kv head 1");
   }
   {
     Calibration c = good;
-    c.layers[0].k_clip = {0.9f, 0.92f};
+    c.layers[0].key.clip = {0.9f, 0.92f};
     ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument, "replicated");
   }
   {

@@ -22,10 +22,10 @@ TEST(EndToEnd, DefaultsCalibrateAndClipTheOutlierHeavyKeys) {
   std::printf("[ timing   ] synth %.2f s, calibrate %.2f s (backend %s)\n", synth_s, calib_s,
               cpu::BestBackend().name.c_str());
   for (int l = 0; l < cal.info.num_layers; ++l) {
-    std::printf("[ clip     ] layer %d: K %.2f V %.2f\n", l, cal.layers[l].k_clip[0],
-                cal.layers[l].v_clip[0]);
+    std::printf("[ clip     ] layer %d: K %.2f V %.2f\n", l, cal.layers[l].key.clip[0],
+                cal.layers[l].value.clip[0]);
     // INT2 on outlier-heavy rows: the selected clip actually clips (ρ < 1).
-    EXPECT_LT(cal.layers[l].k_clip[0], 1.0f) << "layer " << l;
+    EXPECT_LT(cal.layers[l].key.clip[0], 1.0f) << "layer " << l;
   }
 }
 

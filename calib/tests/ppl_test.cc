@@ -192,11 +192,11 @@ TEST(Ppl, OwnClipIsCalibratesRule) {
       BuildVariantLayers(f.model.config, &f.calib_acts, &f.cal, o, cpu::BestBackend());
   int differ = 0;
   for (int l = 0; l < f.model.config.num_layers; ++l) {
-    EXPECT_EQ(layers[0][l].key.clip, f.cal.layers[l].k_clip) << "layer " << l;
-    EXPECT_EQ(layers[0][l].value.clip, f.cal.layers[l].v_clip) << "layer " << l;
-    EXPECT_EQ(layers[2][l].key.clip, f.cal.layers[l].k_clip) << "layer " << l;
-    differ += layers[1][l].key.clip != f.cal.layers[l].k_clip;
-    differ += layers[1][l].value.clip != f.cal.layers[l].v_clip;
+    EXPECT_EQ(layers[0][l].key.clip, f.cal.layers[l].key.clip) << "layer " << l;
+    EXPECT_EQ(layers[0][l].value.clip, f.cal.layers[l].value.clip) << "layer " << l;
+    EXPECT_EQ(layers[2][l].key.clip, f.cal.layers[l].key.clip) << "layer " << l;
+    differ += layers[1][l].key.clip != f.cal.layers[l].key.clip;
+    differ += layers[1][l].value.clip != f.cal.layers[l].value.clip;
     ASSERT_EQ(layers[3][l].key.clip.size(), 1u);  // naive@own: a clip where naive has none
     EXPECT_LE(layers[3][l].key.clip[0], 1.0f);
   }

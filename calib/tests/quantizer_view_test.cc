@@ -86,7 +86,7 @@ TEST(QuantizerView, ColumnsFollowTheirDefinitions) {
       const float* rotation = nullptr;
       if (s == 1) {
         w.rotation = RotationKind::kDense;
-        rotation = f.cal.layers[l].k_rotation.data() + static_cast<size_t>(h) * d * d;
+        rotation = f.cal.layers[l].key.rotation.data() + static_cast<size_t>(h) * d * d;
       } else {
         EXPECT_EQ(k.clip, 1.0f);
       }
@@ -177,7 +177,7 @@ TEST(QuantizerView, ThreadsChangeNoBitAndOutputsNameEveryRow) {
             0u);
   EXPECT_NE(csv.find("\noscar@oscar,1,1,"), std::string::npos);
   // oscar@oscar reuses the calibration's ratio; hadamard@own chose one (not necessarily < 1).
-  EXPECT_EQ(a.views[3][2].clip, Shared().cal.layers[1].k_clip[0]);
+  EXPECT_EQ(a.views[3][2].clip, Shared().cal.layers[1].key.clip[0]);
   const std::string table = FormatQuantizerView(a);
   for (const std::string& label : a.labels) {
     EXPECT_NE(table.find(label), std::string::npos) << label;

@@ -188,10 +188,10 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
     };
     const LayerScheme oscar = BuildLayerScheme("oscar", f.acts, &f.cal, layer, o);
     EXPECT_EQ(oscar.params.key.rotation, RotationKind::kDense);
-    EXPECT_TRUE(BitsEqual("rotation_k", oscar.key.rotation, lc.k_rotation));
-    EXPECT_TRUE(BitsEqual("rotation_v", oscar.value.rotation, lc.v_rotation));
-    EXPECT_TRUE(BitsEqual("clip_k", oscar.key.clip, lc.k_clip));
-    EXPECT_TRUE(BitsEqual("clip_v", oscar.value.clip, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("rotation_k", oscar.key.rotation, lc.key.rotation));
+    EXPECT_TRUE(BitsEqual("rotation_v", oscar.value.rotation, lc.value.rotation));
+    EXPECT_TRUE(BitsEqual("clip_k", oscar.key.clip, lc.key.clip));
+    EXPECT_TRUE(BitsEqual("clip_v", oscar.value.clip, lc.value.clip));
 
     const LayerScheme nb = BuildLayerScheme("oscar_no_bitrev", f.acts, &f.cal, layer, o);
     EXPECT_TRUE(BitsEqual("rotation_k", nb.key.rotation, PerHead(2, [&](int h) {
@@ -200,7 +200,7 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
     EXPECT_TRUE(BitsEqual("rotation_v", nb.value.rotation, PerHead(2, [&](int h) {
                            return BasisHadamard(basis(lc.v_basis, h));
                          })));
-    EXPECT_TRUE(BitsEqual("clip_k", nb.key.clip, lc.k_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", nb.key.clip, lc.key.clip));
     const LayerScheme nh = BuildLayerScheme("oscar_no_hadamard", f.acts, &f.cal, layer, o);
     EXPECT_TRUE(BitsEqual("rotation_k", nh.key.rotation, PerHead(2, [&](int h) {
                            return BasisBitReversal(basis(lc.k_basis, h));
@@ -212,11 +212,11 @@ TEST(Schemes, CalibratedSchemesUseTheCalibrationsMatricesAndClips) {
                                                               f.acts.info.calib_tokens))
                                    .vectors);
                          })));
-    EXPECT_TRUE(BitsEqual("clip_v", raw.value.clip, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_v", raw.value.clip, lc.value.clip));
     const LayerScheme clip = BuildLayerScheme("clip_only", f.acts, &f.cal, layer, o);
     EXPECT_EQ(clip.params.key.rotation, RotationKind::kIdentity);
-    EXPECT_TRUE(BitsEqual("clip_k", clip.key.clip, lc.k_clip));
-    EXPECT_TRUE(BitsEqual("clip_v", clip.value.clip, lc.v_clip));
+    EXPECT_TRUE(BitsEqual("clip_k", clip.key.clip, lc.key.clip));
+    EXPECT_TRUE(BitsEqual("clip_v", clip.value.clip, lc.value.clip));
   }
 }
 
@@ -248,8 +248,8 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
           EXPECT_EQ(ls.params.key.clip, 1.0f) << s.name;
           break;
         case ClipPolicy::kCalibration:
-          EXPECT_TRUE(BitsEqual("clip_k", ls.key.clip, f.cal.layers[1].k_clip)) << s.name;
-          EXPECT_TRUE(BitsEqual("clip_v", ls.value.clip, f.cal.layers[1].v_clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_k", ls.key.clip, f.cal.layers[1].key.clip)) << s.name;
+          EXPECT_TRUE(BitsEqual("clip_v", ls.value.clip, f.cal.layers[1].value.clip)) << s.name;
           break;
       }
       switch (s.scale) {
@@ -259,9 +259,9 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
           break;
         case ScalePolicy::kCalibration:
           ASSERT_FALSE(ls.key.scale.empty()) << s.name;
-          EXPECT_TRUE(BitsEqual("scale_k", ls.key.scale, f.For(s.name).layers[1].k_scale))
+          EXPECT_TRUE(BitsEqual("scale_k", ls.key.scale, f.For(s.name).layers[1].key.scale))
               << s.name;
-          EXPECT_TRUE(BitsEqual("scale_v", ls.value.scale, f.For(s.name).layers[1].v_scale))
+          EXPECT_TRUE(BitsEqual("scale_v", ls.value.scale, f.For(s.name).layers[1].value.scale))
               << s.name;
           break;
       }
@@ -314,7 +314,7 @@ TEST(Schemes, Spec12RowsHaveTheirDefiningParameters) {
       EXPECT_GT(ls.key.scale[h], 0.0f);
     }
   }
-  EXPECT_NE(f.For("fp8").layers[0].k_scale, f.For("fp8_hadamard").layers[0].k_scale);
+  EXPECT_NE(f.For("fp8").layers[0].key.scale, f.For("fp8_hadamard").layers[0].key.scale);
   EXPECT_TRUE(CalibrationServes(f.cal, "oscar"));
   EXPECT_FALSE(CalibrationServes(f.cal, "fp8"));
   EXPECT_TRUE(CalibrationServes(f.For("fp8"), "fp8"));
@@ -532,9 +532,9 @@ TEST(Schemes, SyntheticCalibrationIsSeeded) {
   EXPECT_EQ(a.info.group, 32);
   EXPECT_EQ(a.info.sink, 16);
   EXPECT_TRUE(a.HasRawTargetRotations());
-  EXPECT_TRUE(BitsEqual("k_rotation", a.layers[0].k_rotation, b.layers[0].k_rotation));
+  EXPECT_TRUE(BitsEqual("k_rotation", a.layers[0].key.rotation, b.layers[0].key.rotation));
   EXPECT_TRUE(BitsEqual("raw_v_rotation", a.layers[0].raw_v_rotation, b.layers[0].raw_v_rotation));
-  EXPECT_FALSE(BitsEqual("k_rotation", a.layers[0].k_rotation, c.layers[0].k_rotation));
+  EXPECT_FALSE(BitsEqual("k_rotation", a.layers[0].key.rotation, c.layers[0].key.rotation));
   o.sink = 64;  // = the calibration tokens: no clip rows
   EXPECT_THROW(SyntheticCalibration(shape, o, 128, 3), Error);
 }

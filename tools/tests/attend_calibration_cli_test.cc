@@ -69,7 +69,7 @@ TEST_F(AttendCalibrationCli, MatchesLibraryWithTheLayersRotationsAndClips) {
       w->rotation = RotationKind::kDense;
     }
     const calib::LayerCalibration& l = cal.layers[layer];
-    cpu::PagedKVCache cache(p, l.k_rotation, l.v_rotation, l.k_clip, l.v_clip);
+    cpu::PagedKVCache cache(p, l.key, l.value, cpu::BestBackend());
     const int seq = cache.AddSequence();
     const std::vector<float> k = ReadNpy(dir.File("k.npy")).ToF32();
     const std::vector<float> v = ReadNpy(dir.File("v.npy")).ToF32();

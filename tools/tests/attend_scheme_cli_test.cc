@@ -63,10 +63,11 @@ class AttendSchemeCli : public ::testing::Test {
     WriteNpy(dir_->File("q.npy"), Tensor::F32({kQHeads, kHeadDim}, q_));
     WriteNpy(dir_->File("k.npy"), Tensor::F32({kTokens, kKvHeads, kHeadDim}, k_));
     WriteNpy(dir_->File("v.npy"), Tensor::F32({kTokens, kKvHeads, kHeadDim}, v_));
+    const std::vector<float>& rotations = cal_->layers[0].key.rotation;
     WriteNpy(dir_->File("r.npy"),
-             Tensor::F32({kHeadDim, kHeadDim}, std::vector<float>(cal_->layers[0].k_rotation.begin(),
-                                                               cal_->layers[0].k_rotation.begin() +
-                                                                   kHeadDim * kHeadDim)));
+             Tensor::F32({kHeadDim, kHeadDim},
+                         std::vector<float>(rotations.begin(),
+                                            rotations.begin() + kHeadDim * kHeadDim)));
   }
   static void TearDownTestSuite() {
     delete cal_;
@@ -211,8 +212,8 @@ TEST_F(AttendSchemeCli, FlagsOverrideTheScheme) {
                                  }
                                  // r.npy is [d, d]: shared by the KV heads.
                                  const std::vector<float> r(
-                                     cal_->layers[0].k_rotation.begin(),
-                                     cal_->layers[0].k_rotation.begin() + kHeadDim * kHeadDim);
+                                     cal_->layers[0].key.rotation.begin(),
+                                     cal_->layers[0].key.rotation.begin() + kHeadDim * kHeadDim);
                                  s.key.rotation.clear();
                                  for (int h = 0; h < kKvHeads; ++h) {
                                    s.key.rotation.insert(s.key.rotation.end(), r.begin(), r.end());

@@ -249,13 +249,13 @@ TEST_F(Fp8Cli, AttendMatchesTheSpecsReference) {
       const calib::LayerCalibration& l = cal.layers[layer];
       const std::string flags = "--scheme " + scheme + " --calibration " + scheme +
                                 ".safetensors --layer " + std::to_string(layer);
-      ExpectAttendMatches(flags, l.k_scale, l.v_scale, hadamard);
+      ExpectAttendMatches(flags, l.key.scale, l.value.scale, hadamard);
     }
   }
   // Windows only when asked for: a bf16 sink and recent window around the fp8 history.
   const calib::Calibration cal = calib::ReadCalibration(dir_->File("fp8.safetensors"));
   ExpectAttendMatches("--scheme fp8 --calibration fp8.safetensors --layer 1 --sink 4 --recent 8",
-                      cal.layers[1].k_scale, cal.layers[1].v_scale, false, 4, 8);
+                      cal.layers[1].key.scale, cal.layers[1].value.scale, false, 4, 8);
 }
 
 TEST_F(Fp8Cli, TheScalesAreReallyUsed) {

@@ -246,9 +246,9 @@ TEST(PplCli, ErrorsNameTheOffendingValue) {
   for (calib::LayerCalibration& l : other.layers) {
     std::vector<float> eye(64 * 64, 0.0f);
     for (int i = 0; i < 64; ++i) eye[i * 65] = 1.0f;
-    l.k_rotation = l.v_rotation = l.k_basis = l.v_basis = eye;
+    l.key.rotation = l.value.rotation = l.k_basis = l.v_basis = eye;
     l.k_eigenvalues = l.v_eigenvalues = std::vector<float>(64, 1.0f);
-    l.k_clip = l.v_clip = {1.0f};
+    l.key.clip = l.value.clip = {1.0f};
   }
   calib::WriteCalibration(dir.File("other.safetensors"), other);
   ExpectFailure(dir, "ppl --model '" + kModelA + "' --calibration other.safetensors --schemes oscar" + small,

@@ -83,7 +83,7 @@ TEST(QviewCli, CsvIsTheLibrarysAndPlotsAreWritten) {
     EXPECT_NEAR(view.views[2][l].importance, 1.0, 1e-3) << l;
     EXPECT_GT(view.views[0][l].importance, 2.0) << l;
     EXPECT_EQ(view.views[2][l].clip, 1.0f) << l;
-    EXPECT_EQ(view.views[3][l].clip, cal.layers[l].k_clip[0]) << l;
+    EXPECT_EQ(view.views[3][l].clip, cal.layers[l].key.clip[0]) << l;
   }
   for (const char* metric : {"max_abs", "group_range", "importance", "tr_ek", "weighted",
                              "weighted_centred", "mean_range", "mean_energy"}) {

@@ -1,11 +1,13 @@
-// Calibration artifacts (spec/formats.md §5): per layer and KV head the key and value rotations
-// R, their eigenbases U and eigenvalues, the clip ratios and (since format_version 2) the
-// raw_target scheme's rotations, in one safetensors file.
+// Calibration artifacts (spec/formats.md §5): per layer and KV head the per-head data of K and
+// V (the head_data.inc rows: rotations R, clip ratios, since format_version 3 the fp8 scales),
+// the eigenbases U and eigenvalues and (since format_version 2) the raw_target scheme's
+// rotations, in one safetensors file.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "kvq/common/head_data.h"
 #include "kvq/common/io.h"
 
 namespace kvq::calib {
@@ -38,24 +40,26 @@ struct CalibrationInfo {
 
 // One layer; every array row-major fp32.
 struct LayerCalibration {
-  std::vector<float> k_rotation, v_rotation;        // [Hkv, d, d]  R (x~ = x·R)
+  // The per-head data of K and of V (kvq/common/head_data.h: every row of head_data.inc),
+  // stored as tensors layers.{l}.k_<row> / v_<row> (calibration_file.cc's kHeadRowTensors says
+  // how): rotation R [Hkv, d, d] (x~ = x·R); clip ρ [Hkv] in (0, 1], the same for every KV
+  // head (chosen per layer); fp8 scale s^ [Hkv] (format_version 3): the largest |x| over the
+  // head's calibration rows (tokens [0, calib_tokens), after the scheme's rotation) / 448 in
+  // fp32, or 1 for a head whose rows are all zero; empty when the calibration has none.
+  HeadData key, value;
   std::vector<float> k_basis, v_basis;              // [Hkv, d, d]  U, columns = eigenvectors
   std::vector<float> k_eigenvalues, v_eigenvalues;  // [Hkv, d]     descending
-  std::vector<float> k_clip, v_clip;                // [Hkv]        ρ in (0, 1]
   // The raw_target scheme's R' = U'·H·P_br, U' the sorted eigenbasis of KᵀK/N (keys) or VᵀV/N
   // (values) over the calibration tokens, undamped, at the file's granularity. [Hkv, d, d], or
   // empty in a calibration read from a format_version 1 file.
   std::vector<float> raw_k_rotation, raw_v_rotation;
-  // The fp8 schemes' s^ per KV head (format_version 3): the largest |x| over the head's
-  // calibration rows (tokens [0, calib_tokens), after the scheme's rotation) / 448 in fp32, or
-  // 1 for a head whose rows are all zero. [Hkv], or empty when the calibration has none.
-  std::vector<float> k_scale, v_scale;
 
-  const float* k_rotation_of(int kv_head, int d) const {
-    return k_rotation.data() + static_cast<size_t>(kv_head) * d * d;
-  }
-  const float* v_rotation_of(int kv_head, int d) const {
-    return v_rotation.data() + static_cast<size_t>(kv_head) * d * d;
+  // `key` (side 0) or `value` (side 1), for code that does the same for both sides.
+  HeadData& heads(int side) { return side == 0 ? key : value; }
+  const HeadData& heads(int side) const { return side == 0 ? key : value; }
+  // KV head `kv_head`'s R ([d, d]) of side `side` (0: K, 1: V).
+  const float* rotation_of(int side, int kv_head, int d) const {
+    return heads(side).rotation.data() + static_cast<size_t>(kv_head) * d * d;
   }
 };
 
@@ -70,19 +74,22 @@ struct Calibration {
 };
 
 // Throws kvq::Error unless: L ≥ 1, Hkv ≥ 1, d/G/bits supported (WriteParams rules), sink ≥ 0,
-// recent ≥ 1, granularity and value_target from their lists, every array of its exact size
-// (kShapeMismatch naming layer and tensor), every value finite (kNonFinite), every rotation and
-// basis orthogonal (max |MᵀM − I| ≤ 1e-4 in fp64; kInvalidArgument naming layer, tensor, head
-// and the deviation), eigenvalues descending, clip ratios in (0, 1], and for per-layer
-// granularity the same R, U, eigenvalues and clip on every KV head. The raw-target rotations
-// are either absent from every layer or present in every layer, under the same rules as R;
-// the fp8 scales likewise (finite and > 0, per KV head at any granularity, only beside the
-// raw-target rotations, and only with scheme fp8 or fp8_hadamard).
+// recent ≥ 1, granularity and value_target from their lists, every tensor of its exact size
+// (kShapeMismatch naming layer and tensor), every value finite (kNonFinite), every value of a
+// head_data.inc row within that row's rule (clip ratios in (0, 1], fp8 scales > 0;
+// kInvalidArgument naming layer, tensor, KV head and value), every rotation and basis
+// orthogonal (max |MᵀM − I| ≤ 1e-4 in fp64; kInvalidArgument naming layer, tensor, head and
+// the deviation), eigenvalues descending, the clip ratios equal on every KV head (chosen per
+// layer), and for per-layer granularity the same R, U, eigenvalues and raw-target R' on every
+// KV head. The raw-target rotations are either absent from every layer or present in every
+// layer, under the same rules as R; the fp8 scales likewise (each KV head its own at any
+// granularity, only beside the raw-target rotations, and only with scheme fp8 or
+// fp8_hadamard).
 void ValidateCalibration(const Calibration& cal);
 
 // Parses (validating as above plus: format and format_version 1, 2 or 3, every metadata key, every
-// tensor of that version for layers 0..L−1 present with the right dtype F32 and shape, no
-// stray tensors). The writer stores format_version 3 when the calibration holds fp8 scales, 2
+// tensor of that version for layers 0..L−1 present with the right dtype (a head_data.inc
+// row's element type: F32 for every tensor today) and shape, no stray tensors). The writer stores format_version 3 when the calibration holds fp8 scales, 2
 // without them, or 1 when the raw-target rotations are absent too (a file read and written
 // again keeps its version).
 Calibration CalibrationFromSafetensors(const Safetensors& file);
