@@ -239,7 +239,7 @@ void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     for (int b : kBits) {
       const WriteParams p = params::Write().head_dim(d).group(32).bits(b);
-      const size_t cb = static_cast<size_t>(p.code_bytes());
+      const size_t cb = static_cast<size_t>(p.packed_bytes());
       const size_t enumerating = (256 + cb - 1) / cb;
       const size_t n = enumerating + 1;
       const std::string suffix = "_d" + std::to_string(d) + "_b" + std::to_string(b);
