@@ -24,8 +24,10 @@ namespace {
 
 constexpr int64_t kRows = 4096;
 
-// The parameters each stage is timed with: INT2, G = 64 (or d), clip 0.92, full FWHT.
+// The parameters each stage is timed with: INT2, G = 64 (or d), clip 0.92, full FWHT; the
+// codebook format as TurboQuant-MSE at 2 bits (one group a row, no clip).
 WriteParams BenchParams(int d, Format format = Format::kAffineToken) {
+  if (format == Format::kCodebook) return params::Write().head_dim(d).codebook_rows(2).hadamard();
   return params::Write().head_dim(d).format(format).group(64 <= d ? 64 : d).bits(2).clip(0.92f)
       .hadamard();
 }

@@ -118,7 +118,7 @@ RC_GTEST_PROP(CacheProps, ByteAccountingCountsTheFormatsPlanes, ()) {
   const size_t heads = static_cast<size_t>(hkv);
   for (const WriteParams* w : {&p.key, &p.value}) {
     if (!w->quantized()) continue;
-    codes += heads * static_cast<size_t>(w->code_bytes());
+    codes += heads * static_cast<size_t>(w->packed_bytes());
     if (w->format == Format::kAffineTile) {
       RC_ASSERT(history % static_cast<size_t>(w->group) == 0);
       metadata += heads * 4 * static_cast<size_t>(d) / static_cast<size_t>(w->group);

@@ -108,7 +108,7 @@ RC_GTEST_PROP(WriteProps, UnpackOfPackIsIdentity, ()) {
   const auto codes = *rc::gen::container<std::vector<uint8_t>>(
       n * d, rc::gen::inRange<uint8_t>(0, static_cast<uint8_t>(p.levels() + 1)));
   for (const Backend& backend : Backends()) {
-    std::vector<uint8_t> packed(n * static_cast<size_t>(p.code_bytes()));
+    std::vector<uint8_t> packed(n * static_cast<size_t>(p.packed_bytes()));
     std::vector<uint8_t> unpacked(n * d);
     backend.write.pack(codes.data(), packed.data(), n, p);
     backend.write.unpack(packed.data(), unpacked.data(), n, p);

@@ -172,7 +172,7 @@ void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
     auto& heads = layer.heads(side);
     const WriteParams p = SideParams(info, side);  // what a row's message parts may name
     const std::string prefix = side == 0 ? "k_" : "v_";
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...)                        \
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...)                     \
   {                                                                                                \
     const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
     const FileTensor tensor{row_rule, noun "s", prefix + #name, shape(row_rule, side)};            \

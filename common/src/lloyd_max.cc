@@ -270,6 +270,14 @@ const char* CodebookDensityName(CodebookDensity density) {
   return "unknown";
 }
 
+CodebookDensity ParseCodebookDensity(const std::string& name) {
+  for (CodebookDensity density : {CodebookDensity::kBeta, CodebookDensity::kGaussian}) {
+    if (name == CodebookDensityName(density)) return density;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "codebook density '" + name + "' is not beta or gaussian");
+}
+
 std::vector<LloydMaxHalf> SolveLloydMax(CodebookDensity density, int m, int max_bits) {
   CheckDimension(density, m);
   KVQ_CHECK(max_bits >= 1 && max_bits <= 8, kInvalidArgument, "codebook width ", max_bits,

@@ -97,6 +97,7 @@ std::string ParamText(float v) { return ShortestFloat(v); }
 std::string ParamText(bool v) { return v ? "1" : "0"; }
 std::string ParamText(Format v) { return FormatName(v); }
 std::string ParamText(RotationKind v) { return RotationKindName(v); }
+std::string ParamText(CodebookDensity v) { return CodebookDensityName(v); }
 
 void PutWriteParams(const WriteParams& p, const std::string& prefix, Metadata* metadata) {
 #define KVQ_WRITE_PARAM(Type, name, init, key, spec, stored, shown, label) \
@@ -133,6 +134,17 @@ void ReadParam(const MetadataReader& meta, const std::string& key, RotationKind*
     throw Error(ErrorCode::kMalformedFile, detail::Concat(meta.what(), ": metadata '", key,
                                                          "' = '", text,
                                                          "' is not identity, dense or hadamard"));
+  }
+}
+
+void ReadParam(const MetadataReader& meta, const std::string& key, CodebookDensity* v) {
+  const std::string& text = meta.String(key);
+  try {
+    *v = ParseCodebookDensity(text);
+  } catch (const Error&) {
+    throw Error(ErrorCode::kMalformedFile, detail::Concat(meta.what(), ": metadata '", key,
+                                                         "' = '", text,
+                                                         "' is not beta or gaussian"));
   }
 }
 

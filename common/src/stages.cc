@@ -8,8 +8,11 @@ namespace kvq {
 namespace {
 
 // An argument's domain without a KVQ_ARG_DOMAIN row (stages.h).
-Domain DefaultDomain(const StageArg& a) {
-  if (a.dtype == DType::kU8 && a.extent == Extent::kRows) return Domain::kCodes;
+Domain DefaultDomain(const StageArg& a, bool codebook) {
+  if (a.dtype == DType::kU8 && a.extent == Extent::kRows) {
+    return codebook ? Domain::kSegmentCodes : Domain::kCodes;
+  }
+  if (a.extent == Extent::kBlockWidths) return Domain::kWidths;
   if (a.dtype == DType::kBF16 && std::strcmp(a.name, "scale") == 0) return Domain::kNonNegative;
   return Domain::kAny;
 }
@@ -27,7 +30,7 @@ StageSpec MakeSpec(StageId id, const char* name, const char* family, StageBacken
   for (const StageArg& a : args) {
     StageArg& arg = s.args[s.num_args++];
     arg = a;
-    arg.domain = DefaultDomain(a);
+    arg.domain = DefaultDomain(a, !s.transform && s.format == Format::kCodebook);
 #define KVQ_ARG_DOMAIN(stage_name, arg_name, domain_)                               \
     if (std::strcmp(name, #stage_name) == 0 && std::strcmp(a.name, #arg_name) == 0) { \
       arg.domain = Domain::domain_;                                                    \
@@ -100,11 +103,14 @@ std::vector<int64_t> ArgShape(Extent extent, int64_t n, const WriteParams& p) {
     case Extent::kRows: return {n, d};
     case Extent::kRowScalars: return {n};
     case Extent::kMatrix: return {d, d};
-    case Extent::kPacked: return {n, p.code_bytes()};
+    case Extent::kPacked: return {n, p.packed_bytes()};
     case Extent::kGroups: return {n, p.num_groups()};
     case Extent::kNormRows: return {n, p.norm_span()};
     case Extent::kTileChannels: return {n / p.tile_tokens(), d};
     case Extent::kTilePacked: return {n / p.tile_tokens(), d, p.tile_channel_bytes()};
+    case Extent::kSegments: return {n, p.segments};
+    case Extent::kCodeBytes: return {n, p.row_code_bytes()};
+    case Extent::kBlockWidths: return {d / 2};
   }
   return {};
 }
@@ -119,6 +125,9 @@ const char* ExtentAxes(Extent extent) {
     case Extent::kNormRows: return "row, column of the norm's span";
     case Extent::kTileChannels: return "tile, channel";
     case Extent::kTilePacked: return "tile, channel, byte";
+    case Extent::kSegments: return "row, segment";
+    case Extent::kCodeBytes: return "row, byte";
+    case Extent::kBlockWidths: return "block";
   }
   return "";
 }

@@ -1,7 +1,8 @@
-// formats.inc's codec rows bind: each format's encode steps read only the clipped rows and
-// what an earlier step wrote, and write the decoded rows `y`; its decode steps read only what
-// an earlier step wrote or a plane stores, and write `y`; every plane stores an output of the
-// write path. (cpu_ref's RunCodecStep binds arguments by exactly these names.)
+// formats.inc's codec rows bind: each format's encode steps read only the clipped rows, what an
+// earlier step wrote and the KV head's per-head arrays (head_data.inc: codebook widths), and
+// write the decoded rows `y`; its decode steps read only what an earlier step wrote, a per-head
+// array or what a plane stores, and write `y`; every plane stores an output of the write path.
+// (cpu_ref's RunCodecStep binds arguments by exactly these names.)
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,10 +11,20 @@
 #include <vector>
 
 #include "kvq/common/format.h"
+#include "kvq/common/head_data.h"
 #include "kvq/common/stages.h"
 
 namespace kvq {
 namespace {
+
+// The per-head arrays a step may read (head_data.inc's KVQ_HEAD_ARRAY rows).
+std::set<std::string> HeadArrayRows() {
+  std::set<std::string> rows;
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...) rows.insert(#name);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
+  return rows;
+}
 
 // The plane sources of a format, from every KVQ_PLANE row of it (whatever the parameters).
 std::set<std::string> PlaneSources(Format format) {
@@ -64,13 +75,16 @@ TEST(CodecSteps, EveryFormatsStepsBind) {
                                                            "stores its rows";
       continue;
     }
-    const std::set<std::string> encoded = Bind(format, CodecPass::kEncode, {"x"});
+    std::set<std::string> inputs = HeadArrayRows();
+    inputs.insert("x");
+    const std::set<std::string> encoded = Bind(format, CodecPass::kEncode, inputs);
     EXPECT_TRUE(encoded.count("y")) << name << "'s encode steps never write the decoded rows y";
     for (const std::string& source : sources) {
       EXPECT_TRUE(encoded.count(source) || source == "norm")
           << name << " stores '" << source << "', which no encode step writes";
     }
     std::set<std::string> stored = sources;
+    for (const std::string& row : HeadArrayRows()) stored.insert(row);
     const std::set<std::string> decoded = Bind(format, CodecPass::kDecode, stored);
     EXPECT_TRUE(decoded.count("y")) << name << "'s decode steps never write the decoded rows y";
     for (StageId id : CodecSteps(format, CodecPass::kDecode)) {

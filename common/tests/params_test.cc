@@ -58,7 +58,7 @@ TEST(WriteParams, AcceptsEverySupportedConfiguration) {
   const WriteParams p = Params(128, 64, 2);
   EXPECT_EQ(p.levels(), 3);
   EXPECT_EQ(p.num_groups(), 2);
-  EXPECT_EQ(p.code_bytes(), 32);
+  EXPECT_EQ(p.packed_bytes(), 32);
   EXPECT_EQ(LayoutOf(p).Bytes(PlaneRole::kCodes, 1, 1) + LayoutOf(p).Bytes(PlaneRole::kMetadata, 1, 1),
             40u);
   EXPECT_EQ(p.fwht_block(), 128);

@@ -53,7 +53,7 @@ CaseKind ParseCaseKind(const std::string& name) {
 }
 
 bool IsReplayableSpecVersion(const std::string& version) {
-  return version == "1.0" || version == "1.1" || version == "1.2";
+  return version == "1.0" || version == "1.1" || version == "1.2" || version == "1.3";
 }
 
 const char* SpecVersionOf(const WriteParams& p) {

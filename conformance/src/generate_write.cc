@@ -1,15 +1,19 @@
 // Golden-vector cases of the write path: one family per WriteKernels stage (called directly)
 // and the whole QuantizeRows pipeline over the spec's parameter grid. Expected values are the
 // scalar backend's outputs.
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "kvq/common/codebook.h"
 #include "kvq/common/error.h"
+#include "kvq/common/head_data.h"
 #include "kvq/common/metadata.h"
 #include "kvq/common/params_builder.h"
 #include "kvq/common/numeric.h"
+#include "kvq/common/tables.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "kvq/cpu_ref/write_path.h"
@@ -239,7 +243,7 @@ void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
   for (int d : kHeadDims) {
     for (int b : kBits) {
       const WriteParams p = params::Write().head_dim(d).group(32).bits(b);
-      const size_t cb = static_cast<size_t>(p.code_bytes());
+      const size_t cb = static_cast<size_t>(p.packed_bytes());
       const size_t enumerating = (256 + cb - 1) / cb;
       const size_t n = enumerating + 1;
       const std::string suffix = "_d" + std::to_string(d) + "_b" + std::to_string(b);
@@ -271,9 +275,11 @@ void AddPackingStages(VectorCollector* out, const cpu::Backend& scalar) {
 }
 
 // ---- the whole write path ----
+// `widths`: a codebook head's block widths (spec 1.3), stored as in.widths; null for none.
 void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std::string& name,
                      const WriteParams& p, const std::vector<RowKind>& kinds, int rotation_index,
-                     bool constant_last_tile = false) {
+                     bool constant_last_tile = false,
+                     const std::vector<uint8_t>* widths = nullptr) {
   SplitMix64 rng(0);
   Safetensors file = out->NewCase(name, CaseKind::kPipeline, &rng, SpecVersionOf(p));
   std::string names;
@@ -291,13 +297,16 @@ void AddPipelineCase(VectorCollector* out, const cpu::Backend& scalar, const std
   file.metadata["rows"] = std::to_string(n);
   file.metadata["row_kinds"] = names;
   std::vector<float> rotation;
+  HeadArrays head;
   if (p.rotation == RotationKind::kDense) {
     out->UseRotations(&file, d, "in.rotation_index", {rotation_index});
     rotation = GatherRotations(file, out->fixtures(), "in.rotation_index", d);
+    head.rotation = rotation.data();
   }
-  const cpu::QuantizedRows q =
-      cpu::QuantizeRows(scalar, p, rotation.empty() ? nullptr : rotation.data(), x.data(), n);
+  if (widths != nullptr) head.widths = widths->data();
+  const cpu::QuantizedRows q = cpu::QuantizeRows(scalar, p, head, x.data(), n);
   file.Add("in.x", Tensor::F32({I(n), d}, x));
+  if (widths != nullptr) file.Add("in.widths", Tensor::U8({d / 2}, *widths));
   for (auto& [field, tensor] : q.Tensors(p)) file.Add("expect." + field, std::move(tensor));
   out->AddCase(name, CaseKind::kPipeline, file);
 }
@@ -666,6 +675,285 @@ void AddOffsetRangePipelines(VectorCollector* out, const cpu::Backend& scalar) {
                   std::vector<RowKind>(32, RowKind::kOffsetChannels), 0);
 }
 
+
+// ---- spec 1.3: the codebook format (TurboQuant-MSE, Block-GTQ) ----
+
+// Block widths in the shape of a Block-GTQ allocation: most blocks at 2..4 bits, a few at every
+// other width, so the row has segments of every width 1..8 and of sizes m = 2 (one block), 6
+// (padded to 8 in the tree), and m = 2 mod 4 at width 2 (split-quarter padding).
+std::vector<uint8_t> AllocationWidths(int d, SplitMix64* rng) {
+  const size_t blocks = static_cast<size_t>(d / 2);
+  std::vector<uint8_t> widths(blocks);
+  for (uint8_t& w : widths) w = static_cast<uint8_t>(2 + rng->Below(3));
+  // Then, at distinct blocks from the start of a shuffled order: one block at 8, three at 1,
+  // one at 7, two at 6, one at 5.
+  std::vector<size_t> order(blocks);
+  for (size_t i = 0; i < blocks; ++i) order[i] = i;
+  for (size_t i = blocks - 1; i > 0; --i) std::swap(order[i], order[rng->Below(static_cast<uint32_t>(i + 1))]);
+  const uint8_t rare[] = {8, 1, 1, 1, 7, 6, 6, 5};
+  size_t next = 0;
+  for (uint8_t w : rare) widths[order[next++]] = w;
+  size_t twos = 0;
+  for (uint8_t w : widths) twos += w == 2 ? 1 : 0;
+  // An odd count of width-2 blocks: m = 2 mod 4 at width 2 (a padded split-quarter byte).
+  for (; twos % 2 == 0 && next < blocks; ++next) {
+    if (widths[order[next]] != 2) {
+      widths[order[next]] = 2;
+      ++twos;
+    }
+  }
+  return widths;
+}
+
+// Codebook params of d at b bits whose row limits are exactly the layout of `widths` (or, with
+// slack, segments 8 and code_bytes d: unused slots and bytes hold zeros).
+WriteParams CodebookParams(int d, int bits, const std::vector<uint8_t>* widths, bool slack = false,
+                           CodebookDensity density = CodebookDensity::kBeta) {
+  params::Write w = params::Write().head_dim(d).codebook_rows(bits).codebook(density);
+  if (slack) {
+    w.segments(8).code_bytes(d);
+  } else if (widths != nullptr) {
+    const CodebookLayout layout = CodebookLayoutOf(d, widths->data());
+    w.segments(layout.count).code_bytes(layout.code_bytes);
+  }
+  return w.Build();
+}
+
+std::vector<uint8_t> UniformWidths(const WriteParams& p) {
+  return std::vector<uint8_t>(static_cast<size_t>(p.head_dim / 2), static_cast<uint8_t>(p.bits));
+}
+
+// "_b3", or "_blockgtq" for per-head widths, then "_gaussian" for that density.
+std::string CodebookTag(const WriteParams& p, bool per_head) {
+  std::string tag = "_d" + std::to_string(p.head_dim) +
+                    (per_head ? std::string("_blockgtq") : "_b" + std::to_string(p.bits));
+  if (p.codebook == CodebookDensity::kGaussian) tag += "_gaussian";
+  return tag;
+}
+
+// A unit value of a segment's table: in turn a boundary, the fp32 values either side of it,
+// +-0, a centroid, and +-1 (the ends of the unit range), so every tie of the encoder occurs.
+float TableProbe(const tables::CodebookTable& t, SplitMix64* rng) {
+  const float boundary = t.boundaries[rng->Below(static_cast<uint32_t>(t.levels - 1))];
+  switch (rng->Below(8)) {
+    case 0:
+    case 1: return boundary;
+    case 2: return std::nextafter(boundary, 2.0f);
+    case 3: return std::nextafter(boundary, -2.0f);
+    case 4: return rng->Bit() ? 0.0f : -0.0f;
+    case 5: return t.centroids[rng->Below(static_cast<uint32_t>(t.levels))];
+    case 6: return rng->Bit() ? 1.0f : -1.0f;
+    default: return rng->Uniform();
+  }
+}
+
+// Non-negative bf16 norms: zero, subnormal, normal from 2^-20 to 2^19, and large (2^73..).
+uint16_t RandomNormBf16(SplitMix64* rng) {
+  switch (rng->Below(6)) {
+    case 0: return 0;
+    case 1: return static_cast<uint16_t>(1 + rng->Below(127));
+    case 2: return static_cast<uint16_t>(((200 + rng->Below(20)) << 7) | rng->Below(128));
+    default: return static_cast<uint16_t>(((107 + rng->Below(40)) << 7) | rng->Below(128));
+  }
+}
+
+void AddCodebookStages(VectorCollector* out, const cpu::Backend& scalar) {
+  // segment_norm: zero and underflowing segments (n^ = 0, u = +0), subnormals, a huge row
+  // (squares overflow: n^ = +Inf, u = +-0; the write path rejects it), random rows.
+  const std::vector<RowKind> norm_kinds = {RowKind::kRandom, RowKind::kHeavyTail,
+                                           RowKind::kZeros, RowKind::kMixedZeros,
+                                           RowKind::kSubnormal, RowKind::kOutlier,
+                                           RowKind::kHuge};
+  for (const auto& [d, per_head] : {std::pair<int, bool>{64, false}, {128, true}}) {
+    SplitMix64 widths_rng(CaseSeed(out->seed(), "codebook_widths_d" + std::to_string(d)));
+    const std::vector<uint8_t> allocation = AllocationWidths(d, &widths_rng);
+    const WriteParams p = CodebookParams(d, 3, per_head ? &allocation : nullptr);
+    const std::vector<uint8_t> widths = per_head ? allocation : UniformWidths(p);
+    const std::string name = "stage/segment_norm" + CodebookTag(p, per_head);
+    std::vector<float> x;
+    Safetensors file = NewRowsStageCase(out, name, "segment_norm", p, norm_kinds, &x, "1.3");
+    const size_t n = norm_kinds.size(), dd = static_cast<size_t>(d);
+    std::vector<float> unit(n * dd);
+    std::vector<uint16_t> norms(n * static_cast<size_t>(p.segments));
+    scalar.write.segment_norm(x.data(), widths.data(), unit.data(), norms.data(), n, p);
+    file.Add("in.x", Tensor::F32({I(n), d}, x));
+    file.Add("in.widths", Tensor::U8({d / 2}, widths));
+    file.Add("expect.unit", Tensor::F32({I(n), d}, unit));
+    file.Add("expect.segment_norm", Tensor::BF16({I(n), p.segments}, norms));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  // quantize_codebook: unit values on and beside every segment's boundaries, +-0, centroids,
+  // +-1; segment norms zero, subnormal, normal and large.
+  struct Quantize {
+    int d, bits;
+    bool per_head;
+    CodebookDensity density;
+  };
+  const Quantize quantize[] = {{64, 1, false, CodebookDensity::kBeta},
+                               {64, 3, false, CodebookDensity::kGaussian},
+                               {64, 8, false, CodebookDensity::kBeta},
+                               {128, 3, true, CodebookDensity::kBeta}};
+  for (const Quantize& c : quantize) {
+    SplitMix64 widths_rng(CaseSeed(out->seed(), "codebook_widths_d" + std::to_string(c.d)));
+    const std::vector<uint8_t> allocation = AllocationWidths(c.d, &widths_rng);
+    const WriteParams p = CodebookParams(c.d, c.bits, c.per_head ? &allocation : nullptr, false,
+                                         c.density);
+    const std::vector<uint8_t> widths = c.per_head ? allocation : UniformWidths(p);
+    const std::string name = "stage/quantize_codebook" + CodebookTag(p, c.per_head);
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.3");
+    const size_t n = 4, dd = static_cast<size_t>(c.d), slots = static_cast<size_t>(p.segments);
+    const CodebookLayout layout = CodebookLayoutOf(c.d, widths.data());
+    std::vector<float> unit(n * dd);
+    std::vector<uint16_t> norms(n * slots);
+    for (size_t r = 0; r < n; ++r) {
+      for (int s = 0; s < layout.count; ++s) {
+        const CodebookSegment& seg = layout.segment[s];
+        const tables::CodebookTable t = tables::Codebook(seg.values, seg.width, p.codebook);
+        for (int j = 0; j < seg.values; ++j) {
+          unit[r * dd + static_cast<size_t>(seg.offset + j)] = TableProbe(t, &rng);
+        }
+        norms[r * slots + static_cast<size_t>(s)] = RandomNormBf16(&rng);
+      }
+    }
+    SetStage(&file, "quantize_codebook", p, n, "table_boundaries_and_neighbours,norms_zero_"
+             "subnormal_normal_large");
+    std::vector<uint8_t> codes(n * dd);
+    std::vector<uint16_t> corrected(n * slots);
+    scalar.write.quantize_codebook(unit.data(), widths.data(), norms.data(), codes.data(),
+                                   corrected.data(), n, p);
+    file.Add("in.unit", Tensor::F32({I(n), c.d}, unit));
+    file.Add("in.widths", Tensor::U8({c.d / 2}, widths));
+    file.Add("in.segment_norm", Tensor::BF16({I(n), p.segments}, norms));
+    file.Add("expect.codes", Tensor::U8({I(n), c.d}, codes));
+    file.Add("expect.norm", Tensor::BF16({I(n), p.segments}, corrected));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+  // pack_codebook / unpack_codebook: a uniform row of each width 1..8 over every byte value,
+  // then one random row; and the Block-GTQ layout (every width, padded segments) with slack
+  // (zeros past its segments).
+  for (int bits = 1; bits <= 9; ++bits) {
+    const bool per_head = bits == 9;
+    SplitMix64 widths_rng(CaseSeed(out->seed(), "codebook_widths_d128"));
+    const std::vector<uint8_t> allocation = AllocationWidths(128, &widths_rng);
+    const WriteParams p = per_head ? CodebookParams(128, 3, &allocation, true)
+                                   : CodebookParams(64, bits, nullptr);
+    const std::vector<uint8_t> widths = per_head ? allocation : UniformWidths(p);
+    const size_t d = static_cast<size_t>(p.head_dim);
+    const size_t cb = static_cast<size_t>(p.row_code_bytes());
+    const size_t used = static_cast<size_t>(CodebookLayoutOf(p.head_dim, widths.data()).code_bytes);
+    const size_t enumerating = (256 + used - 1) / used;
+    const size_t n = enumerating + 1;
+    for (const char* stage : {"pack_codebook", "unpack_codebook"}) {
+      const std::string name = std::string("stage/") + stage + CodebookTag(p, per_head);
+      SplitMix64 rng(0);
+      Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.3");
+      std::vector<uint8_t> packed(n * cb, 0);
+      size_t value = 0;
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t i = 0; i < used; ++i) {
+          packed[r * cb + i] = static_cast<uint8_t>(r < enumerating ? value++ % 256
+                                                                    : rng.Below(256));
+        }
+      }
+      std::vector<uint8_t> codes(n * d);
+      scalar.write.unpack_codebook(packed.data(), widths.data(), codes.data(), n, p);
+      SetStage(&file, stage, p, n, "every_byte_value,random");
+      file.Add("in.widths", Tensor::U8({I(d / 2)}, widths));
+      if (std::string(stage) == "pack_codebook") {
+        std::vector<uint8_t> repacked(n * cb);
+        scalar.write.pack_codebook(codes.data(), widths.data(), repacked.data(), n, p);
+        file.Add("in.codes", Tensor::U8({I(n), I(d)}, codes));
+        file.Add("expect.packed", Tensor::U8({I(n), I(cb)}, repacked));
+      } else {
+        file.Add("in.packed", Tensor::U8({I(n), I(cb)}, packed));
+        file.Add("expect.codes", Tensor::U8({I(n), I(d)}, codes));
+      }
+      out->AddCase(name, CaseKind::kStage, file);
+    }
+  }
+  // dequantize_codebook: random codes of each segment's width, corrected norms zero,
+  // subnormal, normal and large.
+  for (const auto& [d, bits, per_head] :
+       {std::tuple<int, int, bool>{64, 4, false}, {128, 3, true}}) {
+    SplitMix64 widths_rng(CaseSeed(out->seed(), "codebook_widths_d" + std::to_string(d)));
+    const std::vector<uint8_t> allocation = AllocationWidths(d, &widths_rng);
+    const WriteParams p = CodebookParams(d, bits, per_head ? &allocation : nullptr);
+    const std::vector<uint8_t> widths = per_head ? allocation : UniformWidths(p);
+    const std::string name = "stage/dequantize_codebook" + CodebookTag(p, per_head);
+    SplitMix64 rng(0);
+    Safetensors file = out->NewCase(name, CaseKind::kStage, &rng, "1.3");
+    const size_t n = 4, dd = static_cast<size_t>(d), slots = static_cast<size_t>(p.segments);
+    const CodebookLayout layout = CodebookLayoutOf(d, widths.data());
+    std::vector<uint8_t> codes(n * dd);
+    std::vector<uint16_t> norms(n * slots);
+    for (size_t r = 0; r < n; ++r) {
+      for (int s = 0; s < layout.count; ++s) {
+        const CodebookSegment& seg = layout.segment[s];
+        for (int j = 0; j < seg.values; ++j) {
+          codes[r * dd + static_cast<size_t>(seg.offset + j)] =
+              static_cast<uint8_t>(rng.Below(1u << seg.width));
+        }
+        norms[r * slots + static_cast<size_t>(s)] = RandomNormBf16(&rng);
+      }
+    }
+    SetStage(&file, "dequantize_codebook", p, n, "random_codes,norms_zero_subnormal_normal_large");
+    std::vector<float> y(n * dd);
+    scalar.write.dequantize_codebook(codes.data(), widths.data(), norms.data(), y.data(), n, p);
+    file.Add("in.codes", Tensor::U8({I(n), d}, codes));
+    file.Add("in.widths", Tensor::U8({d / 2}, widths));
+    file.Add("in.norm", Tensor::BF16({I(n), p.segments}, norms));
+    file.Add("expect.y", Tensor::F32({I(n), d}, y));
+    out->AddCase(name, CaseKind::kStage, file);
+  }
+}
+
+// The codebook write path: TurboQuant-MSE rows (one segment) at widths 1..8 through identity,
+// dense, FWHT and FWHT + P_br, the Gaussian density, and Block-GTQ heads (per-head widths,
+// tight and slack row limits). Edge rows in turn; huge rows are left out (their segment norms
+// overflow, which the write path rejects).
+void AddCodebookPipelines(VectorCollector* out, const cpu::Backend& scalar) {
+  struct Case {
+    int d, bits;
+    RotationVariant rotation;
+    bool per_head, slack;
+    CodebookDensity density;
+  };
+  const CodebookDensity beta = CodebookDensity::kBeta;
+  const Case cases[] = {
+      {64, 2, kGridRotations[0], false, false, beta},
+      {64, 1, kGridRotations[2], false, false, beta},
+      {64, 8, kGridRotations[3], false, false, beta},
+      {128, 3, kGridRotations[1], false, false, beta},
+      {128, 4, kGridRotations[2], false, false, CodebookDensity::kGaussian},
+      {256, 5, kEdgeRotations[3], false, false, beta},
+      {128, 3, kGridRotations[1], true, false, beta},
+      {64, 3, kGridRotations[0], true, true, beta},
+  };
+  const std::vector<RowKind>& all = AllRowKinds();
+  size_t next_kind = 0, index = 0;
+  for (const Case& c : cases) {
+    SplitMix64 widths_rng(CaseSeed(out->seed(), "codebook_widths_d" + std::to_string(c.d)));
+    const std::vector<uint8_t> allocation = AllocationWidths(c.d, &widths_rng);
+    WriteParams p = CodebookParams(c.d, c.bits, c.per_head ? &allocation : nullptr, c.slack,
+                                   c.density);
+    p.rotation = c.rotation.kind;
+    p.hadamard_block = c.rotation.block;
+    p.bitrev = c.rotation.bitrev;
+    p = params::Write(p).Build();
+    std::vector<RowKind> kinds = {RowKind::kRandom, RowKind::kHeavyTail};
+    while (kinds.size() < 5) {
+      const RowKind k = all[2 + next_kind++ % (all.size() - 2)];
+      if (k != RowKind::kHuge) kinds.push_back(k);
+    }
+    const std::string name = "pipeline/codebook" + CodebookTag(p, c.per_head) +
+                             (c.slack ? "_slack" : "") + "_" + c.rotation.name;
+    AddPipelineCase(out, scalar, name, p, kinds,
+                    static_cast<int>(index++ % out->FixtureMatrices(c.d)), false,
+                    c.per_head ? &allocation : nullptr);
+  }
+}
+
 }  // namespace
 
 
@@ -679,6 +967,7 @@ void AddStageCases(VectorCollector* out) {
   AddTileStages(out, scalar);
   AddFp8Stages(out, scalar);
   AddOffsetRangeStages(out, scalar);
+  AddCodebookStages(out, scalar);
 }
 
 void AddPipelineCases(VectorCollector* out) {
@@ -751,6 +1040,7 @@ void AddPipelineCases(VectorCollector* out) {
     AddPipelineCase(out, scalar, name, p, block_kinds, 0);
   }
   AddOffsetRangePipelines(out, scalar);
+  AddCodebookPipelines(out, scalar);
 }
 
 }  // namespace kvq::conformance::internal

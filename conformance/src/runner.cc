@@ -106,12 +106,17 @@ void ReplayPipeline(const VectorSet& vs, const Safetensors& c, const cpu::Backen
   const int64_t n = CaseMetadata(c).Int("rows");
   const Tensor& x = Input(c, "in.x", DType::kF32, {n, p.head_dim});
   std::vector<float> rotation;
+  HeadArrays head;
   if (p.rotation == RotationKind::kDense) {
     rotation = GatherRotations(c, vs.fixtures, "in.rotation_index", p.head_dim);
+    head.rotation = rotation.data();
   }
-  const cpu::QuantizedRows out = cpu::QuantizeRows(
-      backend, p, rotation.empty() ? nullptr : rotation.data(), x.data<float>(),
-      static_cast<size_t>(n));
+  // A codebook case with per-head block widths carries them (spec/formats.md §6).
+  if (c.Find("in.widths") != nullptr) {
+    head.widths = Input(c, "in.widths", DType::kU8, {p.head_dim / 2}).data<uint8_t>();
+  }
+  const cpu::QuantizedRows out =
+      cpu::QuantizeRows(backend, p, head, x.data<float>(), static_cast<size_t>(n));
   // Every field of the format's write path, in write-path order, so the first mismatch names
   // the earliest stage that went wrong; the case must expect exactly these fields.
   std::set<std::string> compared;
@@ -376,7 +381,8 @@ VectorSet LoadVectorSet(const std::string& dir) {
               "' has format '", CaseMetadata(parsed).String("format"), "', expected ", kCaseFormat);
     const std::string& version = CaseMetadata(parsed).String("spec_version");
     KVQ_CHECK(IsReplayableSpecVersion(version), kMismatch, "'", f.entry.path, "' is for spec ",
-              version, ", this build implements spec ", kSpecVersion, " (cases of 1.0, 1.1 and 1.2)");
+              version, ", this build implements spec ", kSpecVersion,
+              " (cases of 1.0, 1.1, 1.2 and 1.3)");
     KVQ_CHECK(version == RequiredSpecVersion(parsed), kMalformedFile, "'", f.entry.path,
               "' is labelled spec ", version, " but its parameters are those of spec ",
               RequiredSpecVersion(parsed));

@@ -115,7 +115,7 @@ class AffineTokenRun {
   AffineTokenRun(const HistoryRunView& rows, size_t n, const WriteParams& p,
                  std::vector<float>* widened)
       : codes_(rows.plane[0]) {
-    code_bytes_ = static_cast<size_t>(p.code_bytes());
+    code_bytes_ = static_cast<size_t>(p.packed_bytes());
     groups_ = static_cast<size_t>(p.num_groups());
     row_.part_shift = Log2(code_bytes_);
     row_.group_shift = Log2(static_cast<size_t>(p.group));

@@ -187,13 +187,13 @@ void PagedKVCache::Extend(int seq, const uint16_t* k, const uint16_t* v, size_t 
       }
       const KV half = static_cast<KV>(kv);
       std::vector<WriteParams> params;
-      std::vector<const float*> rotations;
+      std::vector<HeadArrays> arrays;  // each head's rotation and codec arrays (widths)
       for (size_t h = 0; h < hkv; ++h) {
         params.push_back(HeadParams(half, static_cast<int>(h)));
-        rotations.push_back(Rotation(half, static_cast<int>(h)));
+        arrays.push_back(heads_[Index(half)].Arrays(params.back(), static_cast<int>(h)));
       }
       try {
-        encoded[kv] = EncodeTokens(*write_backend_, params, rotations, x.data(), n);
+        encoded[kv] = EncodeTokens(*write_backend_, params, arrays, x.data(), n);
       } catch (const Error& e) {
         throw Error(e.code(), detail::Concat("sequence ", seq, ": writing ", KVName(kv),
                                              " history rows of positions [", e0, ", ", e1,
@@ -348,6 +348,7 @@ HistoryRunView PagedKVCache::HistoryRow(int seq, size_t i, int head, KV kv) cons
                                      static_cast<int64_t>(i % page));
   }
   view.tile_offset = static_cast<int>(i % static_cast<size_t>(layout.tile_tokens));
+  view.heads = heads_[Index(kv)].Arrays(HeadParams(kv, head), head);
   return view;
 }
 

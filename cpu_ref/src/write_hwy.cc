@@ -16,7 +16,11 @@
 //    vectors (a[j] + a[j+h], the same pairs as the scalar loop), the last strides and the
 //    correctly rounded sqrt run on one row's scalars; the division is IEEE;
 //  - tiles: per-channel min/max over the tile's rows are lane-wise (exact), the metadata math is
-//    the scalar's per channel, codes as in quantize; packing along tokens is integer.
+//    the scalar's per channel, codes as in quantize; packing along tokens is integer;
+//  - codebook: segment norms as the norm (squares lane-wise, the tree's pairs, sqrt and the
+//    division IEEE), codes by a lane-wise binary search over the boundaries (it counts the
+//    boundaries strictly below u, as the scalar's compare-and-add does), centroids gathered,
+//    packing integer (bit streams in 64-bit lanes of eight codes).
 //
 // Requires Highway 1.0.3 only (no LoadN, ReduceSum or HWY_EXPORT_T).
 
@@ -29,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/common/codebook.h"
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/tables.h"
@@ -682,6 +687,326 @@ void DequantizeFp8(const uint8_t* codes, float* y, size_t n, const WriteParams& 
     const auto index = hn::PromoteTo(di, hn::LoadU(d8, codes + i));
     const auto value = hn::BitCast(df, hn::GatherIndex(di, value_bits, index));
     hn::StoreU(hn::Mul(scale, value), df, y + i);
+  }
+}
+
+// ------------------------------------------------------------------ codebook (spec 1.3)
+// Segments start at any even channel and hold any even count m <= d, so each segment is
+// staged in buffers padded to whole vectors (zeros past m) and only its m results are copied
+// out. The arithmetic per value is the scalar's: IEEE squares, the same tree pairs, correctly
+// rounded sqrt, IEEE division and products; codes are counts (a binary search that moves up
+// only when t < u counts the boundaries strictly below u exactly); packing is integer.
+
+// Scratch of one stage call: staging buffers of the largest segment (d values) rounded up to
+// whole vectors of every lane type used.
+struct CodebookScratch {
+  explicit CodebookScratch(size_t d)
+      : padded(d + 8 * hn::Lanes(hn::ScalableTag<uint8_t>())),
+        f(padded), g(padded), tree(padded), i32(padded), bytes(padded), out_bytes(padded),
+        words(padded), out_words(padded) {}
+  size_t padded;
+  std::vector<float> f, g, tree;
+  std::vector<int32_t> i32;
+  std::vector<uint8_t> bytes, out_bytes;
+  std::vector<uint64_t> words, out_words;
+};
+
+size_t RoundUp(size_t v, size_t multiple) { return (v + multiple - 1) / multiple * multiple; }
+
+// sqrtf of the tree sum of v[0..m)'s squares (numerics.md §5.1): squares lane-wise over
+// whole vectors of the segment, the rest one by one; strides >= the vector length add whole
+// vectors (the scalar's pairs), the last strides run on scalars.
+HWY_INLINE float TreeLength(const float* v, size_t m, float* a) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const size_t padded = static_cast<size_t>(NormTreeSize(static_cast<int64_t>(m)));
+  size_t j = 0;
+  for (; j + lanes <= m; j += lanes) {
+    const auto x = hn::LoadU(df, v + j);
+    hn::StoreU(hn::Mul(x, x), df, a + j);
+  }
+  for (; j < m; ++j) a[j] = v[j] * v[j];
+  for (; j < padded; ++j) a[j] = +0.0f;
+  size_t h = padded / 2;
+  for (; h >= lanes; h /= 2) {
+    for (size_t k = 0; k < h; k += lanes) {
+      hn::StoreU(hn::Add(hn::LoadU(df, a + k), hn::LoadU(df, a + k + h)), df, a + k);
+    }
+  }
+  for (; h >= 1; h /= 2) {
+    for (size_t k = 0; k < h; ++k) a[k] = a[k] + a[k + h];
+  }
+  return std::sqrt(a[0]);
+}
+
+void SegmentNorm(const float* x, const uint8_t* widths, float* unit, uint16_t* segment_norm,
+                 size_t n, const WriteParams& p) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t slots = static_cast<size_t>(p.segments);
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  CodebookScratch scratch(d);
+  for (size_t row = 0; row < n; ++row) {
+    for (size_t s = 0; s < slots; ++s) segment_norm[row * slots + s] = 0;
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const size_t m = static_cast<size_t>(seg.values);
+      const float* v = x + row * d + static_cast<size_t>(seg.offset);
+      float* u = unit + row * d + static_cast<size_t>(seg.offset);
+      const uint16_t bits = Bf16FromF32(TreeLength(v, m, scratch.tree.data()));
+      segment_norm[row * slots + static_cast<size_t>(s)] = bits;
+      const float stored = F32FromBf16(bits);
+      if (stored == 0.0f) {
+        for (size_t j = 0; j < m; ++j) u[j] = +0.0f;
+        continue;
+      }
+      const auto divisor = hn::Set(df, stored);
+      size_t j = 0;
+      for (; j + lanes <= m; j += lanes) {
+        hn::StoreU(hn::Div(hn::LoadU(df, v + j), divisor), df, u + j);
+      }
+      for (; j < m; ++j) u[j] = v[j] / stored;
+    }
+  }
+}
+
+void QuantizeCodebook(const float* unit, const uint8_t* widths, const uint16_t* segment_norm,
+                      uint8_t* codes, uint16_t* norm, size_t n, const WriteParams& p) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t lanes = hn::Lanes(df);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t slots = static_cast<size_t>(p.segments);
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  CodebookScratch scratch(d);
+  float* staged = scratch.f.data();
+  float* decoded = scratch.g.data();
+  uint8_t* staged_codes = scratch.bytes.data();
+  for (size_t row = 0; row < n; ++row) {
+    for (size_t s = 0; s < slots; ++s) norm[row * slots + s] = 0;
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const size_t m = static_cast<size_t>(seg.values);
+      const size_t covered = RoundUp(m, lanes);
+      const tables::CodebookTable table = tables::Codebook(seg.values, seg.width, p.codebook);
+      const float* u = unit + row * d + static_cast<size_t>(seg.offset);
+      std::memcpy(staged, u, m * sizeof(float));
+      for (size_t j = m; j < covered; ++j) staged[j] = 0.0f;
+      for (size_t j = 0; j < covered; j += lanes) {
+        const auto value = hn::LoadU(df, staged + j);
+        auto below = hn::Zero(di);
+        // Steps 2^(w-1), ..., 1: move up past boundary t[below + step - 1] when it is < u.
+        for (int step = table.levels / 2; step >= 1; step /= 2) {
+          const auto probe = hn::Add(below, hn::Set(di, step - 1));
+          const auto bound = hn::GatherIndex(df, table.boundaries, probe);
+          below = hn::IfThenElse(hn::RebindMask(di, hn::Lt(bound, value)),
+                                 hn::Add(below, hn::Set(di, step)), below);
+        }
+        hn::StoreU(hn::GatherIndex(df, table.centroids, below), df, decoded + j);
+        hn::StoreU(hn::DemoteTo(d8, below), d8, staged_codes + j);
+      }
+      std::memcpy(codes + row * d + static_cast<size_t>(seg.offset), staged_codes, m);
+      const float r = TreeLength(decoded, m, scratch.tree.data());
+      const float stored = F32FromBf16(segment_norm[row * slots + static_cast<size_t>(s)]);
+      norm[row * slots + static_cast<size_t>(s)] = Bf16FromF32(stored / r);
+    }
+  }
+}
+
+// Split layouts (w = 2: four slices of q = ceil(m/4) codes a byte; w = 4: two of q = m/2): the
+// slices are staged at a stride of whole vectors, zero past m, and combined lane-wise.
+void PackSplit(const uint8_t* c, size_t m, int w, CodebookScratch* scratch, uint8_t* out) {
+  const hn::ScalableTag<uint8_t> d8;
+  const size_t lanes = hn::Lanes(d8);
+  const size_t parts = w == 2 ? 4 : 2;
+  const size_t q = (m + parts - 1) / parts;
+  const size_t stride = RoundUp(q, lanes);
+  uint8_t* staged = scratch->bytes.data();
+  uint8_t* packed = scratch->out_bytes.data();
+  for (size_t part = 0; part < parts; ++part) {
+    for (size_t i = 0; i < stride; ++i) {
+      const size_t k = part * q + i;
+      staged[part * stride + i] = (i < q && k < m) ? c[k] : 0;
+    }
+  }
+  const auto mask = hn::Set(d8, static_cast<uint8_t>((1u << w) - 1u));
+  for (size_t i = 0; i < stride; i += lanes) {
+    auto byte = hn::And(hn::LoadU(d8, staged + i), mask);
+    if (w == 2) {
+      byte = hn::Or(
+          hn::Or(byte, hn::ShiftLeft<2>(hn::And(hn::LoadU(d8, staged + stride + i), mask))),
+          hn::Or(hn::ShiftLeft<4>(hn::And(hn::LoadU(d8, staged + 2 * stride + i), mask)),
+                 hn::ShiftLeft<6>(hn::And(hn::LoadU(d8, staged + 3 * stride + i), mask))));
+    } else {
+      byte = hn::Or(byte, hn::ShiftLeft<4>(hn::And(hn::LoadU(d8, staged + stride + i), mask)));
+    }
+    hn::StoreU(byte, d8, packed + i);
+  }
+  std::memcpy(out, packed, q);
+}
+
+void UnpackSplit(const uint8_t* in, size_t m, int w, CodebookScratch* scratch, uint8_t* c) {
+  const hn::ScalableTag<uint8_t> d8;
+  const size_t lanes = hn::Lanes(d8);
+  const size_t parts = w == 2 ? 4 : 2;
+  const size_t q = (m + parts - 1) / parts;
+  const size_t stride = RoundUp(q, lanes);
+  uint8_t* staged = scratch->bytes.data();
+  uint8_t* codes = scratch->out_bytes.data();
+  std::memcpy(staged, in, q);
+  for (size_t i = q; i < stride; ++i) staged[i] = 0;
+  const auto mask = hn::Set(d8, static_cast<uint8_t>((1u << w) - 1u));
+  for (size_t i = 0; i < stride; i += lanes) {
+    const auto byte = hn::LoadU(d8, staged + i);
+    hn::StoreU(hn::And(byte, mask), d8, codes + i);
+    if (w == 2) {
+      hn::StoreU(hn::And(hn::ShiftRight<2>(byte), mask), d8, codes + stride + i);
+      hn::StoreU(hn::And(hn::ShiftRight<4>(byte), mask), d8, codes + 2 * stride + i);
+      hn::StoreU(hn::ShiftRight<6>(byte), d8, codes + 3 * stride + i);
+    } else {
+      hn::StoreU(hn::ShiftRight<4>(byte), d8, codes + stride + i);
+    }
+  }
+  for (size_t part = 0; part < parts; ++part) {
+    for (size_t i = 0; i < q; ++i) {
+      const size_t k = part * q + i;
+      if (k < m) c[k] = codes[part * stride + i];
+    }
+  }
+}
+
+// The LSB-first bit stream in groups of 8 codes: a group's 8*w bits are w bytes, the low w
+// bytes of one 64-bit word (code k of the group at bits [k*w, (k+1)*w)), so lanes run over
+// groups. The codes are staged as eight planes of 64-bit values (plane k: code k of every
+// group, zero past m), which needs no byte-order assumption. Only the segment's ceil(m*w/8)
+// bytes are written; padded codes are 0, so the last byte's unused bits are too.
+void PackStream(const uint8_t* c, size_t m, int w, CodebookScratch* scratch, uint8_t* out) {
+  const hn::ScalableTag<uint64_t> d64;
+  const size_t lanes = hn::Lanes(d64);
+  const size_t groups = (m + 7) / 8;
+  const size_t covered = RoundUp(groups, lanes);
+  uint64_t* planes = scratch->words.data();  // [8][covered]
+  uint64_t* words = scratch->out_words.data();
+  for (size_t k = 0; k < 8 * covered; ++k) planes[k] = 0;
+  for (size_t k = 0; k < m; ++k) planes[(k % 8) * covered + k / 8] = c[k];
+  const auto code_mask = hn::Set(d64, (uint64_t{1} << w) - 1u);
+  for (size_t g = 0; g < covered; g += lanes) {
+    auto word = hn::Zero(d64);
+    for (int k = 0; k < 8; ++k) {
+      const auto code = hn::And(hn::LoadU(d64, planes + static_cast<size_t>(k) * covered + g),
+                                code_mask);
+      word = hn::Or(word, hn::ShiftLeftSame(code, k * w));
+    }
+    hn::StoreU(word, d64, words + g);
+  }
+  const size_t bytes = (m * static_cast<size_t>(w) + 7) / 8;
+  for (size_t e = 0; e < bytes; ++e) {
+    const size_t g = e / static_cast<size_t>(w), b = e % static_cast<size_t>(w);
+    out[e] = static_cast<uint8_t>(words[g] >> (8 * b));
+  }
+}
+
+void UnpackStream(const uint8_t* in, size_t m, int w, CodebookScratch* scratch, uint8_t* c) {
+  const hn::ScalableTag<uint64_t> d64;
+  const size_t lanes = hn::Lanes(d64);
+  const size_t groups = (m + 7) / 8;
+  const size_t covered = RoundUp(groups, lanes);
+  const size_t bytes = (m * static_cast<size_t>(w) + 7) / 8;
+  uint64_t* words = scratch->out_words.data();
+  uint64_t* planes = scratch->words.data();  // [8][covered]
+  for (size_t g = 0; g < covered; ++g) words[g] = 0;
+  for (size_t e = 0; e < bytes; ++e) {
+    const size_t g = e / static_cast<size_t>(w), b = e % static_cast<size_t>(w);
+    words[g] |= static_cast<uint64_t>(in[e]) << (8 * b);
+  }
+  const auto code_mask = hn::Set(d64, (uint64_t{1} << w) - 1u);
+  for (size_t g = 0; g < covered; g += lanes) {
+    const auto word = hn::LoadU(d64, words + g);
+    for (int k = 0; k < 8; ++k) {
+      hn::StoreU(hn::And(hn::ShiftRightSame(word, k * w), code_mask), d64,
+                 planes + static_cast<size_t>(k) * covered + g);
+    }
+  }
+  for (size_t k = 0; k < m; ++k) c[k] = static_cast<uint8_t>(planes[(k % 8) * covered + k / 8]);
+}
+
+void PackCodebook(const uint8_t* codes, const uint8_t* widths, uint8_t* packed, size_t n,
+                  const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t row_bytes = static_cast<size_t>(p.row_code_bytes());
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  CodebookScratch scratch(d);
+  for (size_t row = 0; row < n; ++row) {
+    uint8_t* out = packed + row * row_bytes;
+    std::memset(out, 0, row_bytes);
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const uint8_t* c = codes + row * d + static_cast<size_t>(seg.offset);
+      const size_t m = static_cast<size_t>(seg.values);
+      uint8_t* o = out + static_cast<size_t>(seg.byte_offset);
+      if (seg.width == 2 || seg.width == 4) {
+        PackSplit(c, m, seg.width, &scratch, o);
+      } else {
+        PackStream(c, m, seg.width, &scratch, o);
+      }
+    }
+  }
+}
+
+void UnpackCodebook(const uint8_t* packed, const uint8_t* widths, uint8_t* codes, size_t n,
+                    const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t row_bytes = static_cast<size_t>(p.row_code_bytes());
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  CodebookScratch scratch(d);
+  for (size_t row = 0; row < n; ++row) {
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const uint8_t* in = packed + row * row_bytes + static_cast<size_t>(seg.byte_offset);
+      const size_t m = static_cast<size_t>(seg.values);
+      uint8_t* c = codes + row * d + static_cast<size_t>(seg.offset);
+      if (seg.width == 2 || seg.width == 4) {
+        UnpackSplit(in, m, seg.width, &scratch, c);
+      } else {
+        UnpackStream(in, m, seg.width, &scratch, c);
+      }
+    }
+  }
+}
+
+// The centroids gathered by code (masked to the width, as the scalar), times N^f.
+void DequantizeCodebook(const uint8_t* codes, const uint8_t* widths, const uint16_t* norm,
+                        float* y, size_t n, const WriteParams& p) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<uint8_t, DF> d8;
+  const size_t lanes = hn::Lanes(df);
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t slots = static_cast<size_t>(p.segments);
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  CodebookScratch scratch(d);
+  uint8_t* staged = scratch.bytes.data();
+  float* decoded = scratch.f.data();
+  for (size_t row = 0; row < n; ++row) {
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const size_t m = static_cast<size_t>(seg.values);
+      const size_t covered = RoundUp(m, lanes);
+      const tables::CodebookTable table = tables::Codebook(seg.values, seg.width, p.codebook);
+      const size_t base = row * d + static_cast<size_t>(seg.offset);
+      std::memcpy(staged, codes + base, m);
+      for (size_t j = m; j < covered; ++j) staged[j] = 0;
+      const auto factor = hn::Set(df, F32FromBf16(norm[row * slots + static_cast<size_t>(s)]));
+      const auto mask = hn::Set(di, table.levels - 1);
+      for (size_t j = 0; j < covered; j += lanes) {
+        const auto index = hn::And(hn::PromoteTo(di, hn::LoadU(d8, staged + j)), mask);
+        hn::StoreU(hn::Mul(hn::GatherIndex(df, table.centroids, index), factor), df,
+                   decoded + j);
+      }
+      std::memcpy(y + base, decoded, m * sizeof(float));
+    }
   }
 }
 

@@ -156,13 +156,44 @@ void RotateInverse(const Backend& backend, const WriteParams& p, const float* ro
 
 namespace {
 
+// One head's arrays with only the rotation given (the overloads that take rotations).
+std::vector<HeadArrays> RotationsOnly(const std::vector<const float*>& rotations) {
+  std::vector<HeadArrays> heads(rotations.size());
+  for (size_t h = 0; h < rotations.size(); ++h) heads[h].rotation = rotations[h];
+  return heads;
+}
+
+// Each head's arrays with the optional ones it lacks filled in (codebook widths: p.bits).
+std::vector<FilledHeadArrays> FillHeads(const std::vector<WriteParams>& params,
+                                        const std::vector<HeadArrays>& heads) {
+  std::vector<FilledHeadArrays> filled;
+  filled.reserve(heads.size());
+  for (size_t h = 0; h < heads.size(); ++h) filled.emplace_back(params[h], heads[h]);
+  return filled;
+}
+
+// The per-head arrays the codec steps of p read (inputs named after a head_data.inc row),
+// checked against their rows' rules (codebook widths: 1..8, the row limits).
+void CheckCodecArrays(const WriteParams& p, const HeadArrays& arrays, size_t head) {
+  for (CodecPass pass : {CodecPass::kEncode, CodecPass::kDecode}) {
+    for (StageId id : CodecSteps(p.format, pass)) {
+      const StageSpec& stage = GetStage(id);
+      for (int i = 0; i < stage.num_args; ++i) {
+        const StageArg& a = stage.args[i];
+        if (a.is_input() && HeadArrays::IsRow(a.name)) ValidateHeadArray(p, arrays, head, a.name);
+      }
+    }
+  }
+}
+
 // Everything QuantizeTokens rejects before touching the data: each head's parameters (one
-// format, d and norm), the backend's stages, the tile, the rotations, the input.
+// format, d and norm), the backend's stages, the tile, the rotations and codec arrays, the
+// input.
 void CheckTokenInputs(const Backend& backend, const std::vector<WriteParams>& params,
-                      const std::vector<const float*>& rotations, const float* x, size_t n) {
-  KVQ_CHECK(!params.empty() && rotations.size() == params.size(), kInvalidArgument,
-            "the write path of ", params.size(), " KV heads got ", rotations.size(),
-            " rotations");
+                      const std::vector<HeadArrays>& arrays, const float* x, size_t n) {
+  KVQ_CHECK(!params.empty() && arrays.size() == params.size(), kInvalidArgument,
+            "the write path of ", params.size(), " KV heads got ", arrays.size(),
+            " heads' rotations and arrays");
   const WriteParams& p0 = params.front();
   for (size_t h = 0; h < params.size(); ++h) {
     const WriteParams& p = params[h];
@@ -188,7 +219,10 @@ void CheckTokenInputs(const Backend& backend, const std::vector<WriteParams>& pa
   CheckedElements(n, p0.head_dim * static_cast<int>(heads));
   if (n == 0) return;
   KVQ_CHECK(x != nullptr, kInvalidArgument, "input rows are null (", n, " rows)");
-  for (size_t h = 0; h < heads; ++h) CheckRotation(params[h], rotations[h]);
+  for (size_t h = 0; h < heads; ++h) {
+    CheckRotation(params[h], arrays[h].rotation);
+    CheckCodecArrays(params[h], FilledHeadArrays(params[h], arrays[h]).view(), h);
+  }
   CheckFinite(x, n, p0.head_dim * static_cast<int>(heads), "input");
 }
 
@@ -202,17 +236,18 @@ const std::pair<std::string, Tensor>* FindOutput(
 }
 
 // Runs one codec step (formats.inc's KVQ_CODEC_STEP) over n rows, binding its arguments by
-// name: `x` to `x`, `y` to `y`, another input to the output of that name in `named` or, when
-// there is none, to `lookup(name)` (the stored planes of a decode); another output is
-// appended to `named`, shaped by its extent. common_codec_steps_test checks that every
+// name: `x` to `x`, `y` to `y`, another input to the output of that name in `named`, else to
+// the head's per-head array of that name (`head`, filled: head_data.inc), else to
+// `lookup(name)` (the stored planes of a decode); another output is appended to `named`,
+// shaped by its extent. common_codec_steps_test checks that every
 // format's steps bind; a missing input here is still a kvq::Error naming it, not a crash.
 // The lookup of an encode: nothing is stored yet.
 const void* NoPlanes(const char*) { return nullptr; }
 
 template <class Lookup>
-void RunCodecStep(const Backend& backend, const WriteParams& p, StageId id, const float* x,
-                  float* y, size_t n, std::vector<std::pair<std::string, Tensor>>* named,
-                  const Lookup& lookup) {
+void RunCodecStep(const Backend& backend, const WriteParams& p, const HeadArrays& head,
+                  StageId id, const float* x, float* y, size_t n,
+                  std::vector<std::pair<std::string, Tensor>>* named, const Lookup& lookup) {
   const StageSpec& stage = GetStage(id);
   // Allocate the step's new outputs first: appending moves nothing the pointers then see.
   for (int i = 0; i < stage.num_args; ++i) {
@@ -235,6 +270,11 @@ void RunCodecStep(const Backend& backend, const WriteParams& p, StageId id, cons
       args[i] = const_cast<uint8_t*>(FindOutput(*named, a.expect)->second.bytes.data());
     } else if (const auto* found = FindOutput(*named, a.name)) {
       args[i] = const_cast<uint8_t*>(found->second.bytes.data());
+    } else if (HeadArrays::IsRow(a.name)) {
+      args[i] = const_cast<void*>(head.Find(a.name));
+      KVQ_CHECK(args[i] != nullptr, kInvalidArgument, "codec step '", stage.name,
+                "' of format '", FormatName(p.format), "' reads the per-head array '", a.name,
+                "', which the KV head does not hold");
     } else {
       args[i] = const_cast<void*>(lookup(a.name));
       KVQ_CHECK(args[i] != nullptr, kInvalidArgument, "codec step '", stage.name,
@@ -251,7 +291,16 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
                                           const std::vector<WriteParams>& params,
                                           const std::vector<const float*>& rotations,
                                           const float* x, size_t n) {
-  CheckTokenInputs(backend, params, rotations, x, n);
+  return QuantizeTokens(backend, params, RotationsOnly(rotations), x, n);
+}
+
+std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
+                                          const std::vector<WriteParams>& params,
+                                          const std::vector<HeadArrays>& arrays, const float* x,
+                                          size_t n) {
+  CheckTokenInputs(backend, params, arrays, x, n);
+  const std::vector<FilledHeadArrays> filled = FillHeads(params, arrays);
+  const bool clips = StageRuns(GetStage(StageId::kClip), params.front());
   const WriteParams& p0 = params.front();
   const size_t heads = params.size();
   const size_t d = static_cast<size_t>(p0.head_dim);
@@ -265,7 +314,7 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     QuantizedRows& q = out[h];
     q.rows = n;
     q.rotated.resize(count);
-    q.tau.resize(n);
+    if (clips) q.tau.resize(n);
     q.dequantized.resize(count);
     if (p0.norm) {
       q.outputs.emplace_back("norm", Tensor::BF16({static_cast<int64_t>(n)},
@@ -277,7 +326,8 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     for (size_t r = 0; r < n; ++r) {
       std::memcpy(&rows[r * d], x + (r * heads + h) * d, d * sizeof(float));
     }
-    internal::RotateRows(backend, params[h], rotations[h], rows.data(), q.rotated.data(), n);
+    internal::RotateRows(backend, params[h], arrays[h].rotation, rows.data(), q.rotated.data(),
+                         n);
     // Magnitudes up to 2^126 keep hi - lo, the scale and every dequantized value finite.
     for (size_t row = 0; row < n; ++row) {
       for (size_t col = 0; col < d; ++col) {
@@ -290,7 +340,8 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
   if (n == 0) {  // the record still names every output, each empty
     for (size_t h = 0; h < heads; ++h) {
       for (StageId step : CodecSteps(params[h].format, CodecPass::kEncode)) {
-        RunCodecStep(backend, params[h], step, nullptr, nullptr, 0, &out[h].outputs, NoPlanes);
+        RunCodecStep(backend, params[h], filled[h].view(), step, nullptr, nullptr, 0,
+                     &out[h].outputs, NoPlanes);
       }
     }
     return out;
@@ -330,10 +381,24 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
     const WriteParams& p = params[h];
     QuantizedRows& q = out[h];
     std::vector<float> clipped(p.norm ? q.normalized : q.rotated);
-    backend.write.clip(clipped.data(), q.tau.data(), n, p);
+    if (clips) backend.write.clip(clipped.data(), q.tau.data(), n, p);
     for (StageId step : CodecSteps(p.format, CodecPass::kEncode)) {
-      RunCodecStep(backend, p, step, clipped.data(), q.dequantized.data(), n, &q.outputs,
-                   NoPlanes);
+      RunCodecStep(backend, p, filled[h].view(), step, clipped.data(), q.dequantized.data(), n,
+                   &q.outputs, NoPlanes);
+    }
+    // A codebook segment whose square sum overflows stores an infinite norm (numerics.md
+    // §5.4.2): rejected like the §5.1 norm's.
+    if (const auto* segment_norm = FindOutput(q.outputs, "segment_norm")) {
+      const uint16_t* norms = segment_norm->second.data<uint16_t>();
+      const size_t slots = static_cast<size_t>(p.segments);
+      for (size_t r = 0; r < n; ++r) {
+        for (size_t s = 0; s < slots; ++s) {
+          KVQ_CHECK(!IsNonFinite(F32FromBf16(norms[r * slots + s])), kNonFinite,
+                    "the norm of row ", r, where(h), ", segment ", s,
+                    " overflows: its squared length exceeds the fp32 range (a segment norm "
+                    "supports segments of length up to about 2^63)");
+        }
+      }
     }
     if (p.norm) {
       backend.write.denorm(q.dequantized.data(), q.Output("norm").data<uint16_t>(), n, p);
@@ -348,7 +413,19 @@ QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const f
             "a quantized format, not format '", FormatName(p.format), "'");
   KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, "a norm over ", p.norm_heads,
             " KV heads needs every head's rows (QuantizeTokens)");
-  return std::move(QuantizeTokens(backend, {p}, {rotation}, x, n).front());
+  HeadArrays head;
+  head.rotation = rotation;
+  return QuantizeRows(backend, p, head, x, n);
+}
+
+QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const HeadArrays& head,
+                           const float* x, size_t n) {
+  KVQ_CHECK(p.format != Format::kBf16, kInvalidArgument, "QuantizeRows runs the write path of ",
+            "a quantized format, not format '", FormatName(p.format), "'");
+  KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, "a norm over ", p.norm_heads,
+            " KV heads needs every head's rows (QuantizeTokens)");
+  return std::move(
+      QuantizeTokens(backend, {p}, std::vector<HeadArrays>{head}, x, n).front());
 }
 
 const Tensor& QuantizedRows::Output(const std::string& name) const {
@@ -372,7 +449,7 @@ std::vector<std::pair<std::string, Tensor>> QuantizedRows::Tensors(const WritePa
     t.emplace_back("normalized", Tensor::F32({n, d}, normalized));
     codec = 1;
   }
-  t.emplace_back("tau", Tensor::F32({n}, tau));
+  if (StageRuns(GetStage(StageId::kClip), p)) t.emplace_back("tau", Tensor::F32({n}, tau));
   for (size_t i = codec; i < outputs.size(); ++i) t.push_back(outputs[i]);
   t.emplace_back("dequantized", Tensor::F32({n, d}, dequantized));
   return t;
@@ -384,7 +461,7 @@ namespace {
 // Encode: n tokens of the heads of `params` from x [n, H, d]; one EncodedRows per head.
 
 void EncodeBf16(const Backend&, const std::vector<WriteParams>& params,
-                const std::vector<const float*>&, const float* x, size_t n,
+                const std::vector<HeadArrays>&, const float* x, size_t n,
                 std::vector<EncodedRows>* out) {
   const size_t heads = params.size();
   const int d = params.front().head_dim;
@@ -421,9 +498,9 @@ void DecodeBf16(const Backend&, const WriteParams& p, const HistoryRunView& rows
 
 // The planes of a quantized format: each stores the write-path output its source column names.
 void EncodeQuantized(const Backend& backend, const std::vector<WriteParams>& params,
-                     const std::vector<const float*>& rotations, const float* x, size_t n,
+                     const std::vector<HeadArrays>& arrays, const float* x, size_t n,
                      std::vector<EncodedRows>* out) {
-  std::vector<QuantizedRows> q = QuantizeTokens(backend, params, rotations, x, n);
+  std::vector<QuantizedRows> q = QuantizeTokens(backend, params, arrays, x, n);
   const FormatLayout layout = LayoutOf(params.front());
   for (size_t h = 0; h < params.size(); ++h) {
     for (int i = 0; i < layout.num_planes; ++i) {
@@ -452,8 +529,9 @@ void DecodeQuantized(const Backend& backend, const WriteParams& p, const History
   std::vector<float> decoded(whole ? 0 : covered * d);
   float* out = whole ? y : decoded.data();
   std::vector<std::pair<std::string, Tensor>> scratch;
+  const FilledHeadArrays head(p, rows.heads);
   for (StageId step : CodecSteps(p.format, CodecPass::kDecode)) {
-    RunCodecStep(backend, p, step, nullptr, out, covered, &scratch, plane);
+    RunCodecStep(backend, p, head.view(), step, nullptr, out, covered, &scratch, plane);
   }
   if (!whole) std::memcpy(y, decoded.data() + offset * d, n * d * sizeof(float));
   if (p.norm) backend.write.denorm(y, static_cast<const uint16_t*>(plane("norm")), n, p);
@@ -468,9 +546,16 @@ std::vector<EncodedRows> EncodeTokens(const Backend& backend,
                                       const std::vector<WriteParams>& params,
                                       const std::vector<const float*>& rotations,
                                       const float* x, size_t n) {
-  KVQ_CHECK(!params.empty() && rotations.size() == params.size(), kInvalidArgument,
-            "the write path of ", params.size(), " KV heads got ", rotations.size(),
-            " rotations");
+  return EncodeTokens(backend, params, RotationsOnly(rotations), x, n);
+}
+
+std::vector<EncodedRows> EncodeTokens(const Backend& backend,
+                                      const std::vector<WriteParams>& params,
+                                      const std::vector<HeadArrays>& arrays, const float* x,
+                                      size_t n) {
+  KVQ_CHECK(!params.empty() && arrays.size() == params.size(), kInvalidArgument,
+            "the write path of ", params.size(), " KV heads got ", arrays.size(),
+            " heads' rotations and arrays");
   for (const WriteParams& p : params) p.Validate();
   const WriteParams& p0 = params.front();
   const size_t tile = static_cast<size_t>(p0.tile_tokens());
@@ -478,7 +563,7 @@ std::vector<EncodedRows> EncodeTokens(const Backend& backend,
             "' stores tiles of ", tile, " tokens; ", n, " rows is not a whole number of tiles");
   std::vector<EncodedRows> out(params.size());
   for (EncodedRows& e : out) e.rows = n;
-  (HasCodec(p0.format) ? EncodeQuantized : EncodeBf16)(backend, params, rotations, x, n, &out);
+  (HasCodec(p0.format) ? EncodeQuantized : EncodeBf16)(backend, params, arrays, x, n, &out);
   return out;
 }
 
@@ -487,7 +572,17 @@ EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const float
   p.Validate();
   KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, "a norm over ", p.norm_heads,
             " KV heads needs every head's rows (EncodeTokens)");
-  return std::move(EncodeTokens(backend, {p}, {rotation}, x, n).front());
+  HeadArrays head;
+  head.rotation = rotation;
+  return EncodeRows(backend, p, head, x, n);
+}
+
+EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const HeadArrays& head,
+                       const float* x, size_t n) {
+  p.Validate();
+  KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, "a norm over ", p.norm_heads,
+            " KV heads needs every head's rows (EncodeTokens)");
+  return std::move(EncodeTokens(backend, {p}, std::vector<HeadArrays>{head}, x, n).front());
 }
 
 void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvq/common/codebook.h"
 #include "kvq/common/numeric.h"
+#include "kvq/common/tables.h"
 #include "kvq/cpu_ref/kernels.h"
 #include "write_internal.h"
 
@@ -302,6 +304,185 @@ void QuantizeFp8(const float* x, uint8_t* codes, size_t n, const WriteParams& p)
 void DequantizeFp8(const uint8_t* codes, float* y, size_t n, const WriteParams& p) {
   const size_t count = n * static_cast<size_t>(p.head_dim);
   for (size_t i = 0; i < count; ++i) y[i] = p.head_scale * F32FromE4m3(codes[i]);
+}
+
+// ---- codebook (spec 1.3, numerics.md §5.4, §7.3, §8.2) ----
+// Every stage walks the segments of the head's layout (CodebookLayoutOf: one per width
+// present, widths ascending); segment s is channels [o_s, o_s + m_s) of the row and norm slot
+// s; slots past the head's segments hold +0.
+
+// sqrtf of the tree sum of m squares (numerics.md §5.1 steps 1-3): squares in fp32, +0 up to
+// the power of two M >= m, then a[j] = a[j] + a[j + h] for h = M/2, ..., 1. `a` holds >= M.
+float TreeLength(const float* v, size_t m, float* a) {
+  const size_t padded = static_cast<size_t>(NormTreeSize(static_cast<int64_t>(m)));
+  for (size_t j = 0; j < padded; ++j) a[j] = j < m ? v[j] * v[j] : +0.0f;
+  for (size_t h = padded / 2; h >= 1; h /= 2) {
+    for (size_t j = 0; j < h; ++j) a[j] = a[j] + a[j + h];
+  }
+  return std::sqrt(a[0]);
+}
+
+// n^ = bf16(tree length); u = x / n^ (IEEE), or +0 everywhere when n^ = 0.
+void SegmentNorm(const float* x, const uint8_t* widths, float* unit, uint16_t* segment_norm,
+                 size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t slots = static_cast<size_t>(p.segments);
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  std::vector<float> a(d);
+  for (size_t row = 0; row < n; ++row) {
+    for (size_t s = 0; s < slots; ++s) segment_norm[row * slots + s] = 0;
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const size_t m = static_cast<size_t>(seg.values);
+      const float* v = x + row * d + static_cast<size_t>(seg.offset);
+      float* u = unit + row * d + static_cast<size_t>(seg.offset);
+      const uint16_t bits = Bf16FromF32(TreeLength(v, m, a.data()));
+      segment_norm[row * slots + static_cast<size_t>(s)] = bits;
+      const float stored = F32FromBf16(bits);
+      for (size_t j = 0; j < m; ++j) u[j] = stored == 0.0f ? +0.0f : v[j] / stored;
+    }
+  }
+}
+
+// code = #{k : t_k < u} (IEEE comparisons: a tie goes to the lower centroid); then
+// N^ = bf16(n^ / r), r the tree length of the centroids the codes pick (fp32, not rounded).
+void QuantizeCodebook(const float* unit, const uint8_t* widths, const uint16_t* segment_norm,
+                      uint8_t* codes, uint16_t* norm, size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t slots = static_cast<size_t>(p.segments);
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  std::vector<float> decoded(d), a(d);
+  for (size_t row = 0; row < n; ++row) {
+    for (size_t s = 0; s < slots; ++s) norm[row * slots + s] = 0;
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const size_t m = static_cast<size_t>(seg.values);
+      const tables::CodebookTable table = tables::Codebook(seg.values, seg.width, p.codebook);
+      const float* u = unit + row * d + static_cast<size_t>(seg.offset);
+      uint8_t* c = codes + row * d + static_cast<size_t>(seg.offset);
+      for (size_t j = 0; j < m; ++j) {
+        int below = 0;
+        for (int k = 0; k + 1 < table.levels; ++k) below += table.boundaries[k] < u[j] ? 1 : 0;
+        c[j] = static_cast<uint8_t>(below);
+        decoded[j] = table.centroids[below];
+      }
+      const float r = TreeLength(decoded.data(), m, a.data());
+      const float stored = F32FromBf16(segment_norm[row * slots + static_cast<size_t>(s)]);
+      norm[row * slots + static_cast<size_t>(s)] = Bf16FromF32(stored / r);
+    }
+  }
+}
+
+// One segment's m codes of width w into its ceil(m*w/8) bytes `out` (zeroed first). Codes are
+// below 2^w; the mask keeps the stage total on any byte.
+void PackSegment(const uint8_t* c, size_t m, int w, uint8_t* out) {
+  const unsigned mask = (1u << w) - 1u;
+  if (w == 2) {  // split-quarter over q = ceil(m/4): byte i <- codes i, q+i, 2q+i, 3q+i
+    const size_t q = (m + 3) / 4;
+    for (size_t i = 0; i < q; ++i) {
+      unsigned byte = 0;
+      for (size_t part = 0; part < 4; ++part) {
+        const size_t k = part * q + i;
+        if (k < m) byte |= (c[k] & mask) << (2 * part);
+      }
+      out[i] = static_cast<uint8_t>(byte);
+    }
+  } else if (w == 4) {  // split-half over q = m/2: byte i <- code i (low), q+i (high)
+    const size_t q = m / 2;
+    for (size_t i = 0; i < q; ++i) {
+      out[i] = static_cast<uint8_t>((c[i] & mask) | ((c[q + i] & mask) << 4));
+    }
+  } else {  // LSB-first bit stream: bit t of code k is stream bit k*w + t
+    const size_t bytes = (m * static_cast<size_t>(w) + 7) / 8;
+    for (size_t i = 0; i < bytes; ++i) out[i] = 0;
+    for (size_t k = 0; k < m; ++k) {
+      for (int t = 0; t < w; ++t) {
+        const size_t e = k * static_cast<size_t>(w) + static_cast<size_t>(t);
+        out[e / 8] = static_cast<uint8_t>(out[e / 8] | (((c[k] >> t) & 1u) << (e % 8)));
+      }
+    }
+  }
+}
+
+void UnpackSegment(const uint8_t* in, size_t m, int w, uint8_t* c) {
+  const unsigned mask = (1u << w) - 1u;
+  if (w == 2) {
+    const size_t q = (m + 3) / 4;
+    for (size_t i = 0; i < q; ++i) {
+      for (size_t part = 0; part < 4; ++part) {
+        const size_t k = part * q + i;
+        if (k < m) c[k] = static_cast<uint8_t>((in[i] >> (2 * part)) & mask);
+      }
+    }
+  } else if (w == 4) {
+    const size_t q = m / 2;
+    for (size_t i = 0; i < q; ++i) {
+      c[i] = static_cast<uint8_t>(in[i] & mask);
+      c[q + i] = static_cast<uint8_t>(in[i] >> 4);
+    }
+  } else {
+    for (size_t k = 0; k < m; ++k) {
+      unsigned code = 0;
+      for (int t = 0; t < w; ++t) {
+        const size_t e = k * static_cast<size_t>(w) + static_cast<size_t>(t);
+        code |= ((in[e / 8] >> (e % 8)) & 1u) << t;
+      }
+      c[k] = static_cast<uint8_t>(code);
+    }
+  }
+}
+
+// The row's code plane: each segment's bytes at its byte offset, 0x00 up to code_bytes.
+void PackCodebook(const uint8_t* codes, const uint8_t* widths, uint8_t* packed, size_t n,
+                  const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t row_bytes = static_cast<size_t>(p.row_code_bytes());
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  for (size_t row = 0; row < n; ++row) {
+    uint8_t* out = packed + row * row_bytes;
+    for (size_t i = 0; i < row_bytes; ++i) out[i] = 0;
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      PackSegment(codes + row * d + static_cast<size_t>(seg.offset),
+                  static_cast<size_t>(seg.values), seg.width,
+                  out + static_cast<size_t>(seg.byte_offset));
+    }
+  }
+}
+
+void UnpackCodebook(const uint8_t* packed, const uint8_t* widths, uint8_t* codes, size_t n,
+                    const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t row_bytes = static_cast<size_t>(p.row_code_bytes());
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  for (size_t row = 0; row < n; ++row) {
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      UnpackSegment(packed + row * row_bytes + static_cast<size_t>(seg.byte_offset),
+                    static_cast<size_t>(seg.values), seg.width,
+                    codes + row * d + static_cast<size_t>(seg.offset));
+    }
+  }
+}
+
+// y = c[code] * N^f: the fp32 centroid times the segment's corrected norm, one rounding.
+void DequantizeCodebook(const uint8_t* codes, const uint8_t* widths, const uint16_t* norm,
+                        float* y, size_t n, const WriteParams& p) {
+  const size_t d = static_cast<size_t>(p.head_dim);
+  const size_t slots = static_cast<size_t>(p.segments);
+  const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+  for (size_t row = 0; row < n; ++row) {
+    for (int s = 0; s < layout.count; ++s) {
+      const CodebookSegment& seg = layout.segment[s];
+      const tables::CodebookTable table = tables::Codebook(seg.values, seg.width, p.codebook);
+      const unsigned mask = static_cast<unsigned>(table.levels - 1);
+      const float stored = F32FromBf16(norm[row * slots + static_cast<size_t>(s)]);
+      const size_t base = row * d + static_cast<size_t>(seg.offset);
+      for (size_t j = 0; j < static_cast<size_t>(seg.values); ++j) {
+        y[base + j] = table.centroids[codes[base + j] & mask] * stored;
+      }
+    }
+  }
 }
 
 }  // namespace

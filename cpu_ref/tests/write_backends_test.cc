@@ -5,6 +5,7 @@
 // parameters, seed and row count, and dumps inputs, reference and result (testbed/compare.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <string>
@@ -12,7 +13,9 @@
 #include <vector>
 
 #include "kvq/backends.h"
+#include "kvq/common/codebook.h"
 #include "kvq/common/error.h"
+#include "kvq/common/head_data.h"
 #include "kvq/testbed/backends.h"
 #include "kvq/common/stages.h"
 #include "kvq/conformance/rows.h"
@@ -66,6 +69,17 @@ std::vector<WriteParams> StageGrid(const StageSpec& stage) {
         }
         break;
       default:  // a codec stage: every quantizer shape of its format
+        if (stage.format == Format::kCodebook) {
+          // The uniform row at every width (the tester's widths are then all b), and rows
+          // whose limits admit any widths (the tester draws uniform, two-width and random
+          // layouts), both densities.
+          for (int b = 1; b <= 8; ++b) grid.push_back(Write().head_dim(d).codebook_rows(b));
+          for (CodebookDensity density : {CodebookDensity::kBeta, CodebookDensity::kGaussian}) {
+            grid.push_back(Write().head_dim(d).codebook_rows(3).segments(8).code_bytes(d)
+                               .codebook(density));
+          }
+          break;
+        }
         for (int g : kGroups) {
           if (g > d && stage.format != Format::kAffineTile) continue;
           for (int b : kBits) {
@@ -256,6 +270,71 @@ TEST_P(PipelineTest, Fp8MatchesScalar) {
                 std::to_string(h) + " seed " + std::to_string(seed) + " on " + backend.name,
             Outputs(want[h], params[h]), Outputs(got[h], params[h]),
             {{"x", Tensor::F32({static_cast<int64_t>(n), 2, d}, x)}}));
+      }
+    }
+  }
+}
+
+// Spec 1.3's codebook write path: TurboQuant-MSE rows at widths 1..8 (both densities) and two
+// Block-GTQ heads with different widths, through each rotation; every test row kind the
+// validating path accepts (segment norms overflow on the others).
+TEST_P(PipelineTest, CodebookMatchesScalar) {
+  const cpu::Backend& backend = *GetParam();
+  for (const StageSpec& stage : AllStages()) {
+    if (!stage.transform && stage.format == Format::kCodebook &&
+        !cpu::HasStage(backend.write, stage.id)) {
+      GTEST_SKIP() << backend.name << " has no '" << stage.name << "' kernel yet (kCpuOnly)";
+    }
+  }
+  uint64_t seed = 9700;
+  for (int d : kHeadDims) {
+    conformance::SplitMix64 matrix_rng(97 + d);
+    const std::vector<float> dense = testbed::RandomMatrix(d, &matrix_rng);
+    const std::vector<Write> rotations = {Write(), Write().rotation(RotationKind::kDense),
+                                          Write().hadamard(), Write().hadamard(16).bitrev()};
+    for (const Write& rotation : rotations) {
+      for (int b = 0; b <= 8; ++b) {  // b = 0: the per-head widths
+        conformance::SplitMix64 rng(++seed);
+        std::vector<uint8_t> widths[2];
+        WriteParams p = rotation.Unchecked();
+        p.head_dim = d;
+        p.format = Format::kCodebook;
+        p.group = d;
+        p.bits = b == 0 ? 3 : b;
+        p.codebook = b % 2 == 1 ? CodebookDensity::kGaussian : CodebookDensity::kBeta;
+        if (b == 0) {
+          int segments = 1, bytes = 0;
+          for (std::vector<uint8_t>& w : widths) {
+            w.resize(static_cast<size_t>(d / 2));
+            for (uint8_t& v : w) v = static_cast<uint8_t>(1 + rng.Below(rng.Bit() ? 8 : 3));
+            const CodebookLayout layout = CodebookLayoutOf(d, w.data());
+            segments = std::max(segments, layout.count);
+            bytes = std::max(bytes, layout.code_bytes);
+          }
+          p.segments = segments;
+          p.code_bytes = bytes;
+        }
+        p = Write(p).Build();
+        const std::vector<WriteParams> params(2, p);
+        std::vector<HeadArrays> heads(2);
+        for (int h = 0; h < 2; ++h) {
+          if (p.rotation == RotationKind::kDense) heads[h].rotation = dense.data();
+          if (b == 0) heads[h].widths = widths[h].data();
+        }
+        std::vector<float> x = conformance::MakeRows(conformance::TestRowKinds(p), p, &rng, nullptr);
+        x.resize((x.size() / (2 * d) + 1) * 2 * d, 0.25f);  // whole tokens of two heads
+        const size_t n = x.size() / (2 * d);
+        const std::vector<cpu::QuantizedRows> want =
+            cpu::QuantizeTokens(cpu::ScalarBackend(), params, heads, x.data(), n);
+        const std::vector<cpu::QuantizedRows> got =
+            cpu::QuantizeTokens(backend, params, heads, x.data(), n);
+        for (int h = 0; h < 2; ++h) {
+          ASSERT_TRUE(testbed::AllBitsEqual(
+              "codebook QuantizeTokens " + testbed::Describe(p) + " head " + std::to_string(h) +
+                  " seed " + std::to_string(seed) + " on " + backend.name,
+              Outputs(want[h], p), Outputs(got[h], p),
+              {{"x", Tensor::F32({static_cast<int64_t>(n), 2, d}, x)}}));
+        }
       }
     }
   }

@@ -173,7 +173,7 @@ TEST_P(WriteGoldenTest, CodeClampConstantRowsStoreZeroCodesAndBytes) {
           p.clip = rho;
           const size_t dd = static_cast<size_t>(d);
           const size_t groups = static_cast<size_t>(p.num_groups());
-          const size_t bytes = static_cast<size_t>(p.code_bytes());
+          const size_t bytes = static_cast<size_t>(p.packed_bytes());
           std::vector<float> x(n * dd);
           for (size_t r = 0; r < n; ++r) std::fill_n(x.begin() + r * dd, dd, values[r]);
           const QuantizedRows q = QuantizeRows(backend, p, nullptr, x.data(), n);
@@ -506,7 +506,7 @@ TEST_P(WriteGoldenTest, UnpackPackIsIdentityOnAllBytes) {
   for (int d : {64, 128, 256}) {
     for (int bits : {2, 4}) {
       const WriteParams p = testbed::Write().head_dim(d).group(32).bits(bits).Build();
-      const size_t bytes = static_cast<size_t>(p.code_bytes());
+      const size_t bytes = static_cast<size_t>(p.packed_bytes());
       const size_t rows = 256;  // row r starts at byte value r, so every value visits every slot
       std::vector<uint8_t> packed(rows * bytes);
       for (size_t r = 0; r < rows; ++r) {

@@ -349,7 +349,7 @@ TEST(FusedWriteFlags, NonFiniteAndOutOfRangeRowsRaiseTheFlag) {
     std::vector<float> x(4 * 128, 1.0f);
     x[2 * 128 + 5] = bad;
     DeviceBuffer<float> dx(x);
-    DeviceBuffer<uint8_t> packed(4 * p.code_bytes());
+    DeviceBuffer<uint8_t> packed(4 * p.packed_bytes());
     DeviceBuffer<uint16_t> scale(4 * p.num_groups()), min(4 * p.num_groups());
     DeviceBuffer<int> flags(1);
     flags.Fill(0);
@@ -390,10 +390,10 @@ TEST(TimeWriteRowsTest, ReturnsTheOraclesBits) {
     EXPECT_GT(got.median_us, 0.0) << ctx;
     EXPECT_TRUE(AllBitsEqual(
         ctx,
-        {{"packed", AsTensor(want.Values<uint8_t>("packed"), p.code_bytes())},
+        {{"packed", AsTensor(want.Values<uint8_t>("packed"), p.packed_bytes())},
          {"scale", AsTensor(want.Values<uint16_t>("scale"), p.num_groups())},
          {"min", AsTensor(want.Values<uint16_t>("min"), p.num_groups())}},
-        {{"packed", AsTensor(got.planes[kAffineCodesPlane], p.code_bytes())},
+        {{"packed", AsTensor(got.planes[kAffineCodesPlane], p.packed_bytes())},
          {"scale", AsTensor(Bf16Plane(got.planes[kAffineScalePlane]), p.num_groups())},
          {"min", AsTensor(Bf16Plane(got.planes[kAffineMinPlane]), p.num_groups())}},
         {{"x", AsTensor(x, 128)}, {"rotation", AsTensor(rotation, 128)}}));

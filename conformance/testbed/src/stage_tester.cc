@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "kvq/common/codebook.h"
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/conformance/prng.h"
@@ -26,8 +27,45 @@ uint16_t RandomBf16(SplitMix64* rng, bool non_negative) {
   return static_cast<uint16_t>(sign | (rng->Below(250) << 7) | rng->Below(128));
 }
 
+// Codebook block widths [d/2] whose layout fits p's segments and code_bytes: in turn every
+// block at p.bits (the uniform row), two widths, or any widths in 1..8 (draws that do not fit
+// are drawn again; the uniform row is the last resort).
+void FillWidths(const WriteParams& p, SplitMix64* rng, uint8_t* widths) {
+  const size_t blocks = static_cast<size_t>(p.head_dim / 2);
+  const auto fits = [&] {
+    const CodebookLayout layout = CodebookLayoutOf(p.head_dim, widths);
+    return layout.count <= p.segments && layout.code_bytes <= p.row_code_bytes();
+  };
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    switch (rng->Below(3)) {
+      case 0:
+        for (size_t i = 0; i < blocks; ++i) widths[i] = static_cast<uint8_t>(p.bits);
+        break;
+      case 1: {
+        const uint32_t a = 1 + rng->Below(8), b = 1 + rng->Below(8);
+        for (size_t i = 0; i < blocks; ++i) widths[i] = static_cast<uint8_t>(rng->Bit() ? a : b);
+        break;
+      }
+      default:
+        for (size_t i = 0; i < blocks; ++i) widths[i] = static_cast<uint8_t>(1 + rng->Below(8));
+    }
+    if (fits()) return;
+  }
+  for (size_t i = 0; i < blocks; ++i) widths[i] = static_cast<uint8_t>(p.bits);
+}
+
+// The stage's block widths argument, filled before the other inputs (MakeStageBuffers).
+const uint8_t* FilledWidths(const StageSpec& stage, const std::vector<Tensor>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (stage.args[i].domain == Domain::kWidths) return args[i].data<uint8_t>();
+  }
+  KVQ_CHECK(false, kInvalidArgument, "stage '", stage.name,
+            "' draws codes per segment width but takes no block widths");
+  return nullptr;
+}
+
 void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p,
-               SplitMix64* rng, Tensor* t) {
+               const std::vector<Tensor>& args, SplitMix64* rng, Tensor* t) {
   const size_t count = t->numel();
   switch (arg.dtype) {
     case DType::kF32: {
@@ -56,6 +94,24 @@ void FillInput(const StageSpec& stage, const StageArg& arg, const WriteParams& p
     }
     case DType::kU8: {
       uint8_t* out = t->data<uint8_t>();
+      if (arg.domain == Domain::kWidths) {
+        FillWidths(p, rng, out);
+        break;
+      }
+      if (arg.domain == Domain::kSegmentCodes) {  // value j of a segment of width w: < 2^w
+        const CodebookLayout layout = CodebookLayoutOf(p.head_dim, FilledWidths(stage, args));
+        const size_t d = static_cast<size_t>(p.head_dim);
+        for (size_t row = 0; row < count / d; ++row) {
+          for (int s = 0; s < layout.count; ++s) {
+            const CodebookSegment& seg = layout.segment[s];
+            for (int j = 0; j < seg.values; ++j) {
+              out[row * d + static_cast<size_t>(seg.offset + j)] =
+                  static_cast<uint8_t>(rng->Below(1u << seg.width));
+            }
+          }
+        }
+        break;
+      }
       if (arg.domain == Domain::kFp8) {  // 254 codes: 0x00..0x7e and 0x80..0xfe
         for (size_t i = 0; i < count; ++i) {
           const uint32_t r = rng->Below(254);
@@ -118,8 +174,16 @@ StageBuffers MakeStageBuffers(const StageSpec& stage, size_t n, const WriteParam
     t.dtype = arg.dtype;
     t.shape = ArgShape(arg.extent, static_cast<int64_t>(n), p);
     t.bytes.assign(t.numel() * DTypeSize(t.dtype), poison);
-    if (arg.is_input()) FillInput(stage, arg, p, &rng, &t);
     b.args.push_back(std::move(t));
+  }
+  // Codebook block widths first: the codes of a codebook stage are drawn per segment width.
+  for (bool widths : {true, false}) {
+    for (int i = 0; i < stage.num_args; ++i) {
+      const StageArg& arg = stage.args[i];
+      if (arg.is_input() && (arg.domain == Domain::kWidths) == widths) {
+        FillInput(stage, arg, p, b.args, &rng, &b.args[static_cast<size_t>(i)]);
+      }
+    }
   }
   return b;
 }

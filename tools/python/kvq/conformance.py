@@ -12,7 +12,11 @@ its arithmetic (kvq.own_attention). Cache cases (a script of prefills, appends a
 kvq's paged cache) are held to every bit of the pool and the bf16 windows, whatever accept says,
 as kvq conform holds them (kvq.cache_write). A target is an object with any of
     write(params, x, rotation) -> {plane name: array}   the stored planes of rows x, as
-                                                        kvq.encode gives them (pipeline cases)
+                                                        kvq.encode gives them (pipeline cases;
+                                                        a codebook case with per-head block
+                                                        widths calls write(params, x,
+                                                        rotation, widths=uint8 [d/2]) and is
+                                                        skipped for a write without `widths`)
     stage(name, params, inputs, rows) -> {output: array}  one stage of kvq.stages(), as
                                                         kvq.run_stage does (stage cases)
     write_cache(params, heads, script) -> {"key": {plane: array}, "value": {plane: array},
@@ -45,6 +49,7 @@ the case with its reason; a target without the method a case calls skips it.
                                    adapter=kvq.conformance.Adapter(scale_dtype="float16"))
 """
 import importlib
+import inspect
 import sys
 
 import numpy as np
@@ -70,8 +75,8 @@ class _Oracle:
     """kvq's own scalar reference as a target: passes every case."""
     name = "kvq"
 
-    def write(self, params, x, rotation):
-        return encode(params, x, rotation)
+    def write(self, params, x, rotation, widths=None):
+        return encode(params, x, rotation, widths)
 
     def stage(self, name, params, inputs, rows):
         return run_stage(name, params, inputs, rows)
@@ -332,11 +337,26 @@ def _check_pack_round_trip(target, p, codes, plane, judgement):
         judgement.invariants["pack_round_trip"] = True
 
 
+def _takes_widths(write):
+    """Whether write() accepts the keyword `widths` (or any keyword)."""
+    try:
+        parameters = inspect.signature(write).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: let the call decide
+        return True
+    return any(q.name == "widths" or q.kind == q.VAR_KEYWORD for q in parameters)
+
+
 def _replay_pipeline(target, write, case, options):
     p = case.write_params
     rotation = None if case.rotation is None else case.rotation[0].copy()
     x = case.inputs["x"]
-    planes = write(p, x.copy(), rotation)
+    extra = {}
+    if "widths" in case.inputs:  # a codebook head with per-head block widths (spec 1.3)
+        if not _takes_widths(write):
+            return CaseResult(case.name, case.kind, "SKIP",
+                              "per-head block widths: write() takes no `widths`")
+        extra["widths"] = case.inputs["widths"].copy()
+    planes = write(p, x.copy(), rotation, **extra)
     checks = [(q["source"], q["name"], "plane") for q in p.planes]
     adapter = options.adapter_of(target)
     if p.format not in _CODECS:

@@ -11,14 +11,17 @@
 namespace kvq::python {
 namespace {
 
-// A keyword argument's value as the parameter's type (write_params.inc's types): the format and
-// the rotation kind by name.
+// A keyword argument's value as the parameter's type (write_params.inc's types): the format, the
+// rotation kind and the codebook density by name.
 void FromPython(py::handle value, int* out) { *out = value.cast<int>(); }
 void FromPython(py::handle value, float* out) { *out = value.cast<float>(); }
 void FromPython(py::handle value, bool* out) { *out = value.cast<bool>(); }
 void FromPython(py::handle value, Format* out) { *out = ParseFormat(value.cast<std::string>()); }
 void FromPython(py::handle value, RotationKind* out) {
   *out = ParseRotationKind(value.cast<std::string>());
+}
+void FromPython(py::handle value, CodebookDensity* out) {
+  *out = ParseCodebookDensity(value.cast<std::string>());
 }
 
 template <typename T>
@@ -27,6 +30,7 @@ py::object ToPython(T value) {
 }
 py::object ToPython(Format value) { return py::str(FormatName(value)); }
 py::object ToPython(RotationKind value) { return py::str(RotationKindName(value)); }
+py::object ToPython(CodebookDensity value) { return py::str(CodebookDensityName(value)); }
 
 // WriteParams from keyword arguments, one per row of write_params.inc (absent: the default),
 // validated by the builder.

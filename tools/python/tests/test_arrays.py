@@ -58,11 +58,11 @@ def test_numpy_arrays_pass_through_and_array_likes_are_converted():
 def test_a_kernel_returning_tensors_passes_every_pipeline_case(vectors, monkeypatch):
     fake_torch(monkeypatch)
 
-    def tensor_kernel(params, x, rotation):
+    def tensor_kernel(params, x, rotation, widths=None):
         # Every plane as a device tensor; bf16 planes (uint16 bits in kvq) as torch.bfloat16.
         return {name: FakeTensor(plane, dtype="torch.bfloat16" if plane.dtype == np.uint16
                                  else None)
-                for name, plane in kvq.encode(params, x, rotation).items()}
+                for name, plane in kvq.encode(params, x, rotation, widths).items()}
 
     report = kvq.conformance.check(tensor_kernel, kinds=["pipeline"], vectors=vectors, out=None)
     assert report.results and report.passed == len(report.results), report.failures()[:3]

@@ -20,7 +20,8 @@ def test_quantize_reproduces_every_pipeline_case(vectors):
     cases = cases_of_kind(vectors, "pipeline")
     assert len(cases) > 100
     for case in cases:
-        got = kvq.quantize(case.write_params, case.inputs["x"], rotation_of(case))
+        got = kvq.quantize(case.write_params, case.inputs["x"], rotation_of(case),
+                           case.inputs.get("widths"))
         assert list(sorted(got)) == list(sorted(case.expected)), case.name
         for name, want in case.expected.items():
             assert got[name].shape == want.shape, (case.name, name)
@@ -32,15 +33,16 @@ def test_encode_stores_the_expected_planes_and_decode_reads_them(vectors):
     for case in cases_of_kind(vectors, "pipeline"):
         p = case.write_params
         formats.add(p.format)
-        planes = kvq.encode(p, case.inputs["x"], rotation_of(case))
+        widths = case.inputs.get("widths")
+        planes = kvq.encode(p, case.inputs["x"], rotation_of(case), widths)
         assert list(planes) == [q["name"] for q in p.planes], case.name
         for plane in p.planes:
             want = case.expected[plane["source"]]
             assert bits(planes[plane["name"]]).tobytes() == bits(want).tobytes(), \
                 (case.name, plane["name"])
-        decoded = kvq.decode(p, planes)
+        decoded = kvq.decode(p, planes, widths)
         assert np.array_equal(bits(decoded), bits(case.expected["dequantized"])), case.name
-    assert {"affine_token", "affine_tile"} <= formats
+    assert {"affine_token", "affine_tile", "codebook"} <= formats
 
 
 QUANTIZED = [
@@ -50,6 +52,8 @@ QUANTIZED = [
     dict(format="affine_tile", head_dim=64, group=32, bits=2, norm=True),
     dict(format="affine_tile", head_dim=128, group=64, bits=4, rotation="hadamard", clip=0.96),
     dict(format="fp8_e4m3", head_dim=64, bits=8, head_scale=0.25),
+    dict(format="codebook", head_dim=64, group=64, bits=3, rotation="hadamard"),
+    dict(format="codebook", head_dim=128, group=128, bits=2, codebook="gaussian"),
 ]
 
 
@@ -69,6 +73,28 @@ def test_decode_of_encode_is_the_write_paths_decoded_rows(kwargs):
     # A plane that is not C-contiguous is copied first and gives the same rows.
     fortran = {name: np.asfortranarray(a) for name, a in planes.items()}
     assert np.array_equal(bits(kvq.decode(p, fortran)), bits(decoded))
+
+
+def test_codebook_widths_reach_encode_decode_and_quantize():
+    # A Block-GTQ head: widths 1..8 over the 32 blocks of d = 64, row limits that fit them.
+    widths = np.array([1 + i % 8 for i in range(32)], np.uint8)
+    p = kvq.WriteParams(format="codebook", head_dim=64, group=64, bits=4, segments=8,
+                        code_bytes=64)
+    rng = np.random.default_rng(29)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    planes = kvq.encode(p, x, widths=widths)
+    decoded = kvq.decode(p, planes, widths)
+    full = kvq.quantize(p, x, widths=widths)
+    assert "tau" not in full and full["segment_norm"].shape == (8, 8)
+    assert np.array_equal(bits(decoded), bits(full["dequantized"]))
+    # The widths are read: every block at 4 bits codes the same rows otherwise.
+    assert not np.array_equal(bits(kvq.encode(p, x)["codes"]), bits(planes["codes"]))
+    with pytest.raises(kvq.Error, match=r"widths is \[31\], expected \[32\]"):
+        kvq.encode(p, x, widths=widths[:31])
+    bad = widths.copy()
+    bad[3] = 9
+    with pytest.raises(kvq.Error, match="block widths of KV head 0 has 9 at block 3"):
+        kvq.encode(p, x, widths=bad)
 
 
 def test_bf16_stores_the_rows_rounded_to_nearest_even():

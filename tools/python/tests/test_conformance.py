@@ -66,8 +66,8 @@ def test_a_kernel_of_the_wrong_width_fails_on_the_size(vectors):
 
 
 def test_a_kernel_returning_another_dtype_fails_naming_it(vectors):
-    def int32_codes(params, x, rotation):
-        planes = dict(kvq.encode(params, x, rotation))
+    def int32_codes(params, x, rotation, widths=None):
+        planes = dict(kvq.encode(params, x, rotation, widths))
         planes["codes"] = planes["codes"].astype(np.int32)
         return planes
     report = kvq.conformance.check(int32_codes, kinds=["pipeline"], vectors=vectors, out=None)
@@ -132,7 +132,7 @@ def test_the_verdicts_are_the_clis(vectors):
 def test_the_command_line_replays_a_module_target(vectors, tmp_path):
     (tmp_path / "my_kernels.py").write_text(
         "import numpy as np, kvq\n"
-        "def good(p, x, r):\n    return kvq.encode(p, x, r)\n"
+        "def good(p, x, r, widths=None):\n    return kvq.encode(p, x, r, widths)\n"
         "def bad(p, x, r):\n"
         "    planes = dict(kvq.encode(p, x, r))\n"
         "    planes['codes'] = np.roll(planes['codes'], 1, axis=1)\n"

@@ -11,6 +11,7 @@
 // docs/numerics.md ("Codebook tables") describes the solver and its stopping rule.
 #pragma once
 
+#include <string>
 #include <vector>
 
 namespace kvq {
@@ -19,6 +20,8 @@ enum class CodebookDensity { kBeta, kGaussian };
 
 // "beta" or "gaussian".
 const char* CodebookDensityName(CodebookDensity density);
+// The density named `name`; kvq::Error(kInvalidArgument) naming it otherwise.
+CodebookDensity ParseCodebookDensity(const std::string& name);
 
 // One width's Lloyd–Max quantizer in fp64. Only the positive half is solved: the quantizer is
 // symmetric by construction (centroids −c mirrored, a boundary at 0), so antisymmetry is exact.

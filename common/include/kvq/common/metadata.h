@@ -20,12 +20,13 @@ std::string ShortestFloat(float v);
 std::string ShortestDouble(double v);
 
 // The text of a write parameter's value in files (write_params.inc's types): decimal integers,
-// ShortestFloat, "1" / "0", the format's and the rotation kind's names.
+// ShortestFloat, "1" / "0", the format's, the rotation kind's and the codebook density's names.
 std::string ParamText(int v);
 std::string ParamText(float v);
 std::string ParamText(bool v);
 std::string ParamText(Format v);
 std::string ParamText(RotationKind v);
+std::string ParamText(CodebookDensity v);
 
 // Typed reads of one metadata map. A missing key, or a value that does not parse completely,
 // throws kvq::Error(kMalformedFile) starting with `what` (names the file or case) and naming

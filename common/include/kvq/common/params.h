@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kvq/common/format.h"
+#include "kvq/common/lloyd_max.h"
 
 namespace kvq {
 
@@ -28,7 +29,8 @@ RotationKind ParseRotationKind(const std::string& name);
 
 // Write path of one row: the transforms (rotate -> bit reversal -> norm -> clip) then the codec
 // of `format` (affine_token: quantize -> pack; affine_tile: quantize_tile -> pack_tile over
-// tiles of `group` tokens). A bf16 format stores the original row and reads none of the other
+// tiles of `group` tokens; codebook: segment norms -> codes and corrected norms -> pack, with
+// no norm and no clip). A bf16 format stores the original row and reads none of the other
 // fields but head_dim.
 struct WriteParams {
   // One member per row of write_params.inc (its comments say what each means).
@@ -41,7 +43,10 @@ struct WriteParams {
 
   int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1 (affine)
   int num_groups() const { return head_dim / group; }            // d / G (affine_token)
-  int code_bytes() const { return head_dim * bits / 8; }         // packed bytes per row
+  int packed_bytes() const { return head_dim * bits / 8; }       // d*b/8: a row split-packed
+  // Code bytes a codebook row stores: the `code_bytes` field, or d*b/8 (the uniform row's)
+  // when it is 0 (spec/numerics.md §5.4.1).
+  int row_code_bytes() const { return code_bytes != 0 ? code_bytes : packed_bytes(); }
   // Tokens one plane row of a tile plane covers (formats.inc's tile_tokens column): G_k for
   // affine_tile, 1 for formats whose planes are all per token.
   int tile_tokens() const;

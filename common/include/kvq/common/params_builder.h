@@ -43,6 +43,14 @@ class Write {
     p_.group = tokens;
     return *this;
   }
+  // codebook rows (spec 1.3) at `bits` bits for every block without per-head widths: one
+  // group a row (group = head_dim, so set head_dim first), no clip.
+  Write& codebook_rows(int bits) {
+    p_.format = Format::kCodebook;
+    p_.bits = bits;
+    p_.group = p_.head_dim;
+    return *this;
+  }
   // fp8_e4m3 (8-bit codes) with the fp32 scale s^ (spec 1.2).
   Write& fp8(float scale = 1.0f) {
     p_.format = Format::kFp8E4m3;

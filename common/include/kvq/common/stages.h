@@ -35,17 +35,25 @@ enum class StageBackends : int { kEveryBackend, kCpuOnly };
 
 enum class ArgDir : int { kIn, kOut, kInOut };
 enum class Extent : int {
-  kRows, kRowScalars, kMatrix, kPacked, kGroups, kNormRows, kTileChannels, kTilePacked
+  kRows, kRowScalars, kMatrix, kPacked, kGroups, kNormRows, kTileChannels, kTilePacked,
+  kSegments,     // [n, segments]: a codebook row's norm slots (spec 1.3)
+  kCodeBytes,    // [n, row_code_bytes()]: a codebook row's code plane
+  kBlockWidths,  // [d/2]: the head's block widths (a per-head array, head_data.inc)
 };
 
 // The values an argument may hold: what the generic stage tester and fuzzers draw inputs
 // from. A KVQ_ARG_DOMAIN row of stages.inc sets it; without one an argument of integer codes
-// (U8 rows) is kCodes, a bf16 argument called "scale" kNonNegative, anything else kAny.
+// (U8 rows) is kCodes (kSegmentCodes in a codebook stage), block widths (kBlockWidths) are
+// kWidths, a bf16 argument called "scale" kNonNegative, anything else kAny.
 enum class Domain : int {
   kAny,          // any value of the dtype (finite rows within the write path's range)
   kCodes,        // integer codes in [0, 2^b - 1]
   kNonNegative,  // >= 0 (stored scales)
   kFp8,          // e4m3 bytes other than the NaN codes 0x7f and 0xff
+  kWidths,       // codebook block widths in 1..8 (every layout they give fits segments = 8
+                 //   and code_bytes = d: the stage tester's parameters)
+  kSegmentCodes,  // codebook codes: value j of a segment of width w in [0, 2^w - 1] (the
+                  //   widths are the stage's `widths` argument)
 };
 
 struct StageArg {

@@ -25,7 +25,7 @@ namespace kvq::conformance {
 // rules it exercises: the first that defines everything it uses (SpecVersionOf), so a case of
 // 1.0 keeps its bits and its "1.0" under every later version, and a runner replays the cases of
 // every version up to its own (IsReplayableSpecVersion).
-inline constexpr char kSpecVersion[] = "1.2";
+inline constexpr char kSpecVersion[] = "1.3";
 inline constexpr char kGeneratorName[] = "kvq vectors generate";
 inline constexpr char kGeneratorVersion[] = "1";
 inline constexpr char kCaseFormat[] = "kvq-conformance-case";

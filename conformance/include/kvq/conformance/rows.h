@@ -29,8 +29,8 @@ const std::vector<RowKind>& AllRowKinds();
 // kinds (kNearLimit), whose rows the validating write path rejects after any rotation.
 std::vector<RowKind> TestRowKinds(bool within_write_range = true);
 // The kinds whose rows p's validating write path accepts after any rotation: TestRowKinds(true)
-// without the kinds whose norm_ok column is false when p has a norm (their squares overflow
-// fp32, and the write path rejects an infinite norm).
+// without the kinds whose norm_ok column is false when p has a norm or is a codebook row
+// (segment norms; their squares overflow fp32, and the write path rejects an infinite norm).
 std::vector<RowKind> TestRowKinds(const WriteParams& p);
 
 // Fills row [p.head_dim] with a row of `kind` (p.group and p.bits shape the tie rows).

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kvq/common/format.h"
+#include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
 #include "kvq/common/stages.h"
 
@@ -57,9 +58,12 @@ struct Bf16RowsView {
 // plane are contiguous within a page; see cache.h). For a tile plane that is the row of the tile
 // holding the run's first token, which is `tile_offset` tokens into its tile (0 for a run that
 // starts a page: pages start on tile boundaries).
+// `heads` is the KV head's per-head arrays (head_data.inc) that the format's decode steps read
+// (codebook: the block widths; null where the head holds none: DecodeRows fills them).
 struct HistoryRunView {
   const uint8_t* plane[kMaxPlanes] = {};
   int tile_offset = 0;
+  HeadArrays heads;
 };
 
 struct AttentionKernels {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvq/common/head_data.h"
 #include "kvq/common/params.h"
 #include "kvq/common/tensor.h"
 #include "kvq/cpu_ref/kernels.h"
@@ -27,7 +28,8 @@ struct QuantizedRows {
   size_t rows = 0;
   std::vector<float> rotated;       // [n, d]  x·R (then P_br), before the norm and the clip
   std::vector<float> normalized;    // [n, d]  rotated / n^ (p.norm; else empty)
-  std::vector<float> tau;           // [n]     clip threshold per row
+  std::vector<float> tau;           // [n]     clip threshold per row (empty when no clip runs:
+                                    //         codebook)
   std::vector<float> dequantized;   // [n, d]  the codec's `y`: decoded rows (times n^ with a norm)
   std::vector<std::pair<std::string, Tensor>> outputs;  // in the order the steps ran
 
@@ -42,7 +44,8 @@ struct QuantizedRows {
 
   // What p's write path produces, as named tensors in write-path order ("rotated", "norm",
   // "normalized", "tau", the codec's outputs, "dequantized"; the norm fields only with
-  // p.norm) with their shapes: what golden vectors and tests compare.
+  // p.norm, "tau" only where the clip runs) with their shapes: what golden vectors and tests
+  // compare.
   std::vector<std::pair<std::string, Tensor>> Tensors(const WriteParams& p) const;
 };
 
@@ -70,6 +73,10 @@ struct EncodedRows {
 // format needs n to be a multiple of its tile (kInvalidArgument).
 EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const float* rotation,
                        const float* x, size_t n);
+// The same with the head's per-head arrays (head_data.inc): its rotation (dense only) and what
+// the codec reads (codebook: the block widths; absent, every block has p.bits).
+EncodedRows EncodeRows(const Backend& backend, const WriteParams& p, const HeadArrays& head,
+                       const float* x, size_t n);
 
 // The same for n tokens of H KV heads at once, x [n, H, d] (a token's rows laid end to end,
 // as the cache receives them), with head h's params[h] and rotations[h] (null unless dense).
@@ -80,21 +87,33 @@ std::vector<EncodedRows> EncodeTokens(const Backend& backend,
                                       const std::vector<WriteParams>& params,
                                       const std::vector<const float*>& rotations,
                                       const float* x, size_t n);
+// The same with each head's per-head arrays (heads[h]: its rotation and codec inputs).
+std::vector<EncodedRows> EncodeTokens(const Backend& backend,
+                                      const std::vector<WriteParams>& params,
+                                      const std::vector<HeadArrays>& heads, const float* x,
+                                      size_t n);
 
 // The inverse of the codec (not of the rotation): n stored rows -> y [n, d] fp32 in the rotated
 // space, by the format's decode steps (formats.inc; affine_token: unpack -> dequantize), times
-// n^ with a norm; bf16: exact widening. Whole tiles are decoded for a tile format. rows.plane[i] points at the first row of plane i
-// (tile planes: the tile holding the first token, rows.tile_offset tokens into it). Assumes
-// rows that EncodeRows produced (no validation).
+// n^ with a norm; bf16: exact widening. Whole tiles are decoded for a tile format.
+// rows.plane[i] points at the first row of plane i (tile planes: the tile holding the first
+// token, rows.tile_offset tokens into it); rows.heads holds the head's arrays the decode steps
+// read (codebook widths; absent, every block has p.bits). Assumes rows that EncodeRows
+// produced with the same arrays (no validation).
 void DecodeRows(const Backend& backend, const WriteParams& p, const HistoryRunView& rows,
                 size_t n, float* y);
 
 // The whole write path of a quantized format (affine_token, affine_tile) for n rows of
 // x [n, d], every stage's output kept: rotate -> P_br -> norm -> clip -> the codec. Throws
 // kvq::Error on invalid p, non-finite input, a rotated magnitude above kMaxRotatedAbs
-// (kNonFinite, naming row and value), a norm that overflows (kNonFinite), n not a multiple of
-// the tile, a bf16 format or a norm spanning several KV heads (kInvalidArgument: QuantizeTokens).
+// (kNonFinite, naming row and value), a norm or a codebook segment norm that overflows
+// (kNonFinite), n not a multiple of the tile, a bf16 format or a norm spanning several KV heads
+// (kInvalidArgument: QuantizeTokens), codebook widths outside 1..8 or laying a row out in more
+// segments or code bytes than p allows (kInvalidArgument, naming the block or the counts).
 QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const float* rotation,
+                           const float* x, size_t n);
+// The same with the head's per-head arrays (rotation, codebook widths).
+QuantizedRows QuantizeRows(const Backend& backend, const WriteParams& p, const HeadArrays& head,
                            const float* x, size_t n);
 
 // The same for n tokens of H KV heads, x [n, H, d] (see EncodeTokens); one result per head.
@@ -102,5 +121,10 @@ std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
                                           const std::vector<WriteParams>& params,
                                           const std::vector<const float*>& rotations,
                                           const float* x, size_t n);
+// The same with each head's per-head arrays.
+std::vector<QuantizedRows> QuantizeTokens(const Backend& backend,
+                                          const std::vector<WriteParams>& params,
+                                          const std::vector<HeadArrays>& heads, const float* x,
+                                          size_t n);
 
 }  // namespace kvq::cpu

@@ -81,7 +81,7 @@ class DeviceHeadData {
   DeviceHeadData() = default;
   // `host` validated against p and num_kv_heads (HeadData::Validate) by the caller.
   DeviceHeadData(const kvq::HeadData& host, const WriteParams& p, int num_kv_heads) {
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...) \
   name##_ = DeviceArray<Type>(host.name);
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_ARRAY
@@ -96,7 +96,7 @@ class DeviceHeadData {
   }
   HeadData View() const {
     HeadData view;
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...) \
   view.name = name##_.get();
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_ARRAY
@@ -107,7 +107,7 @@ class DeviceHeadData {
   }
 
  private:
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...) \
   DeviceArray<Type> name##_;
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_ARRAY

@@ -35,7 +35,7 @@ inline constexpr int kFp8CodesPlane = 0;
 // WriteParams p (d = p.head_dim, groups = p.num_groups()).
 #define KVQ_GPU_PLANES(X)                                                                  \
   X(Bf16, kBf16RowsPlane, true, "rows", 2 * d, PlaneScope::kToken)                         \
-  X(AffineToken, kAffineCodesPlane, true, "codes", p.code_bytes(), PlaneScope::kToken)     \
+  X(AffineToken, kAffineCodesPlane, true, "codes", p.packed_bytes(), PlaneScope::kToken)     \
   X(AffineToken, kAffineScalePlane, true, "scale", 2 * groups, PlaneScope::kToken)         \
   X(AffineToken, kAffineMinPlane, true, "min", 2 * groups, PlaneScope::kToken)             \
   X(AffineTile, kTileCodesPlane, true, "codes", d * p.tile_channel_bytes(), PlaneScope::kTile) \

@@ -16,7 +16,7 @@ namespace kvq::gpu {
 struct HeadData {
   // [Hkv, extent] per array row when present (rotation: [Hkv, d, d] fp32 when the params'
   // rotation is kDense), [Hkv] fp32 per scalar row.
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...) \
   const Type* name = nullptr;
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule) const float* name = nullptr;
 #include "kvq/common/head_data.inc"

@@ -35,7 +35,9 @@ struct StageBuffers {
 // cycling through conformance::TestRowKinds() (edge rows included; a stage over tiles gets every
 // third tile constant along the tokens), a random dense matrix, codes
 // in [0, 2^b - 1], random packed bytes, finite bf16 scales >= 0 (zeros and subnormals included)
-// and mins of both signs; every output byte set to `poison`.
+// and mins of both signs; codebook block widths whose layout fits p's row limits (uniform,
+// two-width or random, drawn first) and codes below each segment's 2^w; every output byte set
+// to `poison`.
 StageBuffers MakeStageBuffers(const StageSpec& stage, size_t n, const WriteParams& p,
                               uint64_t seed, uint8_t poison = 0xA5);
 
