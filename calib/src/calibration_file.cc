@@ -39,17 +39,27 @@ std::vector<int64_t> Matrix(const WriteParams& p) { return {p.head_dim, p.head_d
 
 // How the file stores a K / V pair of tensors (layers.{l}.<K name> and <V name>).
 struct FileRule {
-  const char* row;  // the head_data.inc row (tensors k_<row>, v_<row>) or artifact it stores
+  const char* row;  // the head_data.inc row or artifact it stores
   int since;        // the format_version that added the pair
   // Whether a calibration may lack the pair (then in every layer). A calibration is written as
   // the highest `since` of the optional pairs it holds and must hold every pair up to that
-  // version: the versions are cumulative (spec/formats.md §5).
+  // version: the versions are cumulative (spec/formats.md §5), except for a pair that
+  // `held_by` keys to the scheme.
   bool optional;
   Replicated replicated;
   HeadCheck check;
   // One KV head's block's shape: OneValue, Vector, Matrix or a captureless lambda.
   std::vector<int64_t> (*head_dims)(const WriteParams& p);
+  // A head_data.inc row's tensor stem (tensors k_<stem>, v_<stem>; nullptr: the row's name).
+  const char* stem = nullptr;
+  // A pair held exactly when this says the calibration's scheme holds it (nullptr: the pair's
+  // presence follows the cumulative versions). Such a pair still raises the version written to
+  // its `since`, so an older reader refuses the file by its version.
+  bool (*held_by)(const std::string& scheme) = nullptr;
 };
+
+// The schemes whose calibration allocates block widths (Block-GTQ's keys; numerics.md §9.1).
+bool AllocatesWidths(const std::string& scheme) { return scheme == "blockgtq"; }
 
 // How the file stores each row of head_data.inc: tensors layers.{l}.k_<row> / v_<row> of the
 // row's element type (F32 for float: FileType), one line per row. A row that lacks its line
@@ -62,6 +72,9 @@ constexpr FileRule kHeadRowTensors[] = {
      HeadCheck::kNone, OneValue},
     {"scale", kCalibrationFormatVersionWithScales, true, Replicated::kNever, HeadCheck::kNone,
      OneValue},
+    {"widths", kCalibrationFormatVersionWithWidths, true, Replicated::kWhenLayerWide,
+     HeadCheck::kNone, [](const WriteParams& p) { return std::vector<int64_t>{p.head_dim / 2}; },
+     "bits", AllocatesWidths},
 };
 
 // The calibration-only artifacts (not per-head scheme data), named fields of LayerCalibration.
@@ -175,7 +188,8 @@ void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
 #define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...)                     \
   {                                                                                                \
     const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
-    const FileTensor tensor{row_rule, noun "s", prefix + #name, shape(row_rule, side)};            \
+    const FileTensor tensor{row_rule, noun "s", prefix + (row_rule.stem ? row_rule.stem : #name),  \
+                            shape(row_rule, side)};                                                \
     visit(tensor, heads.name, [&](int l, size_t h, size_t i, Type v) {                             \
       KVQ_CHECK(valid, code, "calibration layer ", l, " ", tensor.id, " kv head ", h,              \
                 " has ", +v, " at ", __VA_ARGS__);                                                 \
@@ -184,7 +198,8 @@ void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                            \
   {                                                                                                \
     const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
-    const FileTensor tensor{row_rule, noun "s", prefix + #name, shape(row_rule, side)};            \
+    const FileTensor tensor{row_rule, noun "s", prefix + (row_rule.stem ? row_rule.stem : #name),  \
+                            shape(row_rule, side)};                                                \
     visit(tensor, heads.name, [&](int l, size_t h, size_t, float v) {                              \
       KVQ_CHECK(valid, kInvalidArgument, "calibration layer ", l, " ", tensor.id,                  \
                 " kv head ", h, " = ", v, " is not " rule);                                        \
@@ -233,14 +248,21 @@ std::string TensorName(int layer, const std::string& tensor) {
 }
 
 // The version a calibration is written as: the highest `since` of the optional pairs it holds
-// (3 with fp8 scales, 2 with the raw-target rotations, else 1).
+// (4 for a scheme that allocates block widths, 3 with fp8 scales, 2 with the raw-target
+// rotations, else 1).
 int VersionOf(const Calibration& cal) {
   int version = kCalibrationFormatVersionWithoutRawTarget;
   for (const auto& pair : Pairs(cal.info)) {
     const FileRule& rule = pair.first;
-    if (rule.optional && Holds(cal, rule)) version = std::max(version, rule.since);
+    const bool held = rule.held_by ? rule.held_by(cal.info.scheme) : Holds(cal, rule);
+    if (rule.optional && held) version = std::max(version, rule.since);
   }
   return version;
+}
+
+// Whether a file of `version` for `info` stores the pair of `rule`.
+bool InFile(const FileRule& rule, const CalibrationInfo& info, int version) {
+  return rule.held_by ? rule.held_by(info.scheme) : rule.since <= version;
 }
 
 // The newest format_version this reader knows: the highest `since` of any pair.
@@ -357,7 +379,15 @@ void ValidateCalibration(const Calibration& cal) {
     if (rule.optional && rule.since == version && Holds(cal, rule)) newest = what;
   }
   for (const auto& [rule, what] : pairs) {
-    KVQ_CHECK(!rule.optional || rule.since > version || Holds(cal, rule), kInvalidArgument,
+    if (rule.held_by == nullptr) continue;
+    const bool held = Holds(cal, rule);
+    KVQ_CHECK(held == rule.held_by(info.scheme), kInvalidArgument, "calibration: scheme '",
+              info.scheme, "' ", held ? "holds " : "needs ", what,
+              held ? " (its scheme does not)" : " in every layer");
+  }
+  for (const auto& [rule, what] : pairs) {
+    KVQ_CHECK(!rule.optional || rule.held_by || rule.since > version || Holds(cal, rule),
+              kInvalidArgument,
               "calibration: ", newest, " need the ", what, " too (format_version ", version,
               " holds every tensor of version ", rule.since, ")");
   }
@@ -375,12 +405,12 @@ void ValidateCalibration(const Calibration& cal) {
     const LayerCalibration& layer = cal.layers[l];
     // A pair the calibration does not hold (an optional one: above) is absent from every layer.
     ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
-      KVQ_CHECK(tensor.rule.since <= version || values.empty(), kShapeMismatch,
+      KVQ_CHECK(InFile(tensor.rule, info, version) || values.empty(), kShapeMismatch,
                 "calibration layer ", l, " holds ", tensor.id, " but another layer lacks the ",
                 tensor.what, " (all layers or none)");
     });
     ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
-      if (tensor.rule.since > version) return;
+      if (!InFile(tensor.rule, info, version)) return;
       const size_t expected = Product(tensor.shape);
       KVQ_CHECK(values.size() == expected, kShapeMismatch, "calibration layer ", l, " ",
                 tensor.id, " holds ", values.size(), " values, expected ", expected);
@@ -391,7 +421,7 @@ void ValidateCalibration(const Calibration& cal) {
     });
     ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values,
                                    const auto& check_value) {
-      if (tensor.rule.since <= version) CheckHeads(tensor, l, values, info, check_value);
+      if (InFile(tensor.rule, info, version)) CheckHeads(tensor, l, values, info, check_value);
     });
   }
 }
@@ -403,7 +433,7 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
             kCalibrationFormat, "'");
   const int64_t version = meta.Int("format_version");
   const int newest = NewestVersion();
-  std::string versions;  // "1, 2 or 3"
+  std::string versions;  // "1, 2, 3 or 4"
   for (int v = kCalibrationFormatVersionWithoutRawTarget; v <= newest; ++v) {
     if (v > kCalibrationFormatVersionWithoutRawTarget) versions += v == newest ? " or " : ", ";
     versions += std::to_string(v);
@@ -432,7 +462,7 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   std::set<std::string> expected;
   for (int l = 0; l < info.num_layers; ++l) {
     ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, const auto&, const auto&) {
-      if (tensor.rule.since <= version) expected.insert(TensorName(l, tensor.id));
+      if (InFile(tensor.rule, info, version)) expected.insert(TensorName(l, tensor.id));
     });
   }
   for (const auto& [name, tensor] : file.tensors) {
@@ -441,7 +471,7 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   }
   for (int l = 0; l < info.num_layers; ++l) {
     ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, auto& values, const auto&) {
-      if (tensor.rule.since > version) return;
+      if (!InFile(tensor.rule, info, version)) return;
       using T = typename std::decay_t<decltype(values)>::value_type;
       const std::string name = TensorName(l, tensor.id);
       const Tensor* t = file.Find(name);
@@ -485,7 +515,7 @@ Safetensors CalibrationToSafetensors(const Calibration& cal) {
     ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, const auto& values,
                                            const auto&) {
       using T = typename std::decay_t<decltype(values)>::value_type;
-      if (tensor.rule.since <= version) {
+      if (InFile(tensor.rule, info, version)) {
         file.Add(TensorName(l, tensor.id), FileType<T>::Make(tensor.shape, values));
       }
     });

@@ -404,6 +404,30 @@ TEST(CalibrationFile, ScaleRowFollowsItsRules) {
   }
 }
 
+// The block widths (head_data.inc's `widths` row, format_version 4) are keyed to the scheme:
+// tensors k_bits / v_bits [Hkv, d/2] U8 exactly when the scheme allocates widths (blockgtq,
+// whose calibration is issue 22's next step); every scheme read today refuses them by name,
+// and a file holding them is not of an older version.
+TEST(CalibrationFile, WidthsRowIsKeyedToItsScheme) {
+  Calibration c = Reference();
+  for (LayerCalibration& l : c.layers) {
+    l.key.widths.assign(2 * 64, 3);
+    l.value.widths.assign(2 * 64, 2);
+  }
+  ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
+              "calibration: scheme 'oscar' holds block widths (its scheme does not)");
+  const Safetensors file = CalibrationToSafetensors(Reference());
+  Safetensors f;
+  f.metadata = file.metadata;
+  for (const auto& [name, t] : file.tensors) f.Add(name, t);
+  f.Add("layers.0.k_bits", Tensor::U8({2, 64}, std::vector<uint8_t>(128, 3)));
+  ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+              "unexpected tensor 'layers.0.k_bits'");
+  f.metadata["format_version"] = "5";
+  ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kMalformedFile,
+              "format_version 5 is not supported (expected 1, 2, 3 or 4)");
+}
+
 TEST(CalibrationFile, ValidationErrors) {
   const Calibration& good = Reference();
   {

@@ -20,6 +20,9 @@ inline constexpr int kCalibrationFormatVersionWithoutRawTarget = 1;
 // Version 3 adds the fp8 schemes' per-head scales k_scale / v_scale (written only when a
 // calibration holds them: kvq calibrate --scheme fp8 | fp8_hadamard).
 inline constexpr int kCalibrationFormatVersionWithScales = 3;
+// Version 4 adds the codebook schemes' per-head block widths k_bits / v_bits (spec/formats.md
+// §5), held exactly when the calibration's scheme allocates widths (blockgtq).
+inline constexpr int kCalibrationFormatVersionWithWidths = 4;
 
 struct CalibrationInfo {
   int num_layers = 0;
