@@ -13,6 +13,9 @@
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/calibration_file.h"
+#include "kvq/calib/codebook_calibration.h"
+#include "kvq/common/error.h"
+#include "kvq/common/lloyd_max.h"
 #include "kvq/cpu_ref/kernels.h"
 
 namespace {
@@ -25,8 +28,110 @@ struct CalibrateCommand {
   std::string rotation = "oscar";
   std::string backend;
   std::vector<double> clip_grid;
+  std::string k_bits;          // --k-bits: an integer, or blockgtq's average (e.g. 2.5)
+  int rotation_threshold = 1;  // blockgtq
+  std::string codebook = "beta";
   kvq::calib::CalibrationOptions options;
 };
+
+// --k-bits as a number: the whole text must parse (no "2.5x"), naming it otherwise.
+double ParseKBits(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  KVQ_CHECK(used == text.size() && used > 0, kInvalidArgument, "--k-bits '", text,
+            "' is not a number");
+  return value;
+}
+
+// kvq calibrate --scheme tq_mse | tq_mse_fwht | blockgtq (spec/numerics.md §9.1).
+void RunCodebookCalibrate(const CalibrateCommand& cmd,
+                          std::chrono::steady_clock::time_point start) {
+  kvq::calib::CodebookCalibrationOptions o;
+  o.scheme = cmd.options.scheme;
+  KVQ_CHECK(!cmd.k_bits.empty(), kInvalidArgument, "--scheme ", o.scheme,
+            " needs --k-bits (blockgtq: the keys' average width in [1, 8], e.g. 2.5)");
+  o.k_avg_bits = ParseKBits(cmd.k_bits);
+  o.v_bits = cmd.options.v_bits;
+  o.seed = cmd.options.random_seed;
+  o.rotation_threshold = cmd.rotation_threshold;
+  o.density = kvq::ParseCodebookDensity(cmd.codebook);
+  o.sink = cmd.options.sink;
+  o.recent = cmd.options.recent;
+  o.threads = cmd.options.threads;
+  o.source = cmd.activations;
+  const kvq::calib::Activations acts = kvq::calib::ReadActivations(cmd.activations);
+  kvq::calib::AllocationStability stability;
+  const kvq::calib::Calibration cal = kvq::calib::CalibrateCodebook(acts, o, &stability);
+  kvq::calib::WriteCalibration(cmd.out, cal);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const kvq::calib::CalibrationInfo& info = cal.info;
+  const kvq::calib::CodebookCalibrationInfo& cb = info.codebook;
+  const int blocks = info.head_dim / 2;
+  const int v_bits = info.v_bits != 0 ? info.v_bits : info.bits;
+  std::printf("wrote %s: %d layers x %d kv heads, d=%d, scheme %s, K %s, V %d-bit, codebook %s, "
+              "seed %llu, calibration tokens %lld, %.2f s\n",
+              cmd.out.c_str(), info.num_layers, info.num_kv_heads, info.head_dim,
+              info.scheme.c_str(),
+              kvq::calib::AllocatesWidths(info.scheme)
+                  ? (cmd.k_bits + " bits a block on average (budget " +
+                     std::to_string(kvq::calib::WidthBudget(blocks, cb.k_avg_bits)) + " of " +
+                     std::to_string(blocks) + " blocks), rows of " +
+                     std::to_string(cb.k_segments) + " segments / " +
+                     std::to_string(cb.k_code_bytes) + " code bytes at most")
+                        .c_str()
+                  : (std::to_string(info.bits) + "-bit").c_str(),
+              v_bits, cb.density.c_str(), static_cast<unsigned long long>(cb.seed),
+              static_cast<long long>(acts.info.calib_tokens), seconds);
+  if (!kvq::calib::AllocatesWidths(info.scheme)) return;
+  for (int l = 0; l < info.num_layers; ++l) {
+    const kvq::calib::LayerCalibration& layer = cal.layers[l];
+    std::printf("  layer %d: K widths", l);
+    for (int h = 0; h < info.num_kv_heads; ++h) {
+      int count[9] = {};
+      for (int i = 0; i < blocks; ++i) ++count[layer.key.widths[h * blocks + i]];
+      std::printf(" | head %d", h);
+      for (int w = 1; w <= 8; ++w) {
+        if (count[w] != 0) std::printf(" %dx%db", count[w], w);
+      }
+    }
+    std::printf("\n");
+  }
+  // Stability of the allocation across calibration prefixes: blocks whose width differs from
+  // the full calibration's (Hamming distance, out of d/2) and the surrogate's regret
+  // J(w_prefix)/J(w_full) - 1 under the full energies.
+  std::printf("  allocation stability (vs all %lld calibration tokens, over %d layers x %d kv "
+              "heads):\n",
+              static_cast<long long>(acts.info.calib_tokens), info.num_layers,
+              info.num_kv_heads);
+  for (size_t p = 0; p < stability.prefixes.size(); ++p) {
+    int max_distance = 0;
+    double sum_distance = 0, max_regret = 0, sum_regret = 0;
+    int n = 0;
+    for (const auto& layer : stability.hamming[p]) {
+      for (int d : layer) {
+        max_distance = std::max(max_distance, d);
+        sum_distance += d;
+        ++n;
+      }
+    }
+    for (const auto& layer : stability.regret[p]) {
+      for (double r : layer) {
+        max_regret = std::max(max_regret, r);
+        sum_regret += r;
+      }
+    }
+    std::printf("    first %lld tokens: hamming mean %.2f max %d of %d blocks, regret mean %.3g "
+                "max %.3g\n",
+                static_cast<long long>(stability.prefixes[p]), sum_distance / n, max_distance,
+                blocks, sum_regret / n, max_regret);
+  }
+}
 
 // A one-line bar redrawn in place; only when stderr is a terminal, so logs stay clean.
 void DrawProgress(int done, int total) {
@@ -40,7 +145,14 @@ void DrawProgress(int done, int total) {
 
 void RunCalibrate(CalibrateCommand& cmd) {
   const auto start = std::chrono::steady_clock::now();
+  if (kvq::calib::IsCodebookScheme(cmd.options.scheme)) return RunCodebookCalibrate(cmd, start);
   kvq::calib::CalibrationOptions options = cmd.options;
+  if (!cmd.k_bits.empty()) {
+    const double k_bits = ParseKBits(cmd.k_bits);
+    KVQ_CHECK(k_bits == 2 || k_bits == 4, kInvalidArgument, "--k-bits ", cmd.k_bits,
+              " is not supported by scheme '", options.scheme, "' (2 or 4)");
+    options.bits = static_cast<int>(k_bits);
+  }
   options.granularity = kvq::calib::ParseGranularity(cmd.granularity);
   options.value_target = kvq::calib::ParseValueTarget(cmd.value_target);
   options.rotation = kvq::calib::ParseRotationRecipe(cmd.rotation);
@@ -99,11 +211,20 @@ void setup_calibrate(CLI::App& app) {
       ->delimiter(',');
   sub->add_option("--group", cmd->options.group, "Quantization group G")->capture_default_str();
   sub->add_option("--bits", cmd->options.bits, "Bits b (2 or 4)")->capture_default_str();
-  sub->add_option("--k-bits", cmd->options.bits, "K's bits (the same as --bits)")
-      ->check(CLI::IsMember({2, 4}));
+  sub->add_option("--k-bits", cmd->k_bits,
+                  "K's bits: 2 or 4 (the same as --bits); for a codebook scheme 1..8, and for "
+                  "blockgtq the keys' average width in [1, 8] (e.g. 2.5: floor(d/2 * 2.5) bits "
+                  "over the d/2 RoPE blocks)");
   sub->add_option("--v-bits", cmd->options.v_bits,
-                  "V's bits when they differ from K's (the V clip is searched at this width)")
-      ->check(CLI::IsMember({2, 4}));
+                  "V's bits when they differ from K's (the V clip is searched at this width; "
+                  "a codebook scheme's V width, 1..8, default K's rounded up)");
+  sub->add_option("--rotation-threshold", cmd->rotation_threshold,
+                  "blockgtq: segments of width >= this get a Haar rotation (1..9)")
+      ->capture_default_str();
+  sub->add_option("--codebook", cmd->codebook,
+                  "Codebook schemes: the Lloyd-Max tables the rows will be coded by (beta or "
+                  "gaussian), recorded in the file")
+      ->capture_default_str();
   sub->add_option("--damping", cmd->options.damping, "alpha: C + alpha*mean(diag C)*I")
       ->capture_default_str();
   sub->add_option("--sink", cmd->options.sink, "BF16 sink tokens S0 (not clip rows)")
@@ -112,14 +233,18 @@ void setup_calibrate(CLI::App& app) {
   sub->add_option("--recent", cmd->options.recent, "BF16 recent window W")
       ->capture_default_str()
       ->check(kvq::cli::WindowTokens());
-  sub->add_option("--seed", cmd->options.random_seed, "Seed of --rotation random_orthogonal")
+  sub->add_option("--seed", cmd->options.random_seed,
+                  "Seed of --rotation random_orthogonal and of the codebook schemes' Haar "
+                  "rotations")
       ->capture_default_str()
       ->check(kvq::cli::Seed());
   sub->add_option("--threads", cmd->options.threads, "Worker threads")->capture_default_str();
   sub->add_option("--backend", cmd->backend, "Write-path backend (default: best of this CPU)");
   sub->add_option("--scheme", cmd->options.scheme,
                   "oscar; or fp8 / fp8_hadamard: also that scheme's per-head fp8 scales "
-                  "(layers.L.k_scale / v_scale = max |x| / 448 after its rotation)")
+                  "(layers.L.k_scale / v_scale = max |x| / 448 after its rotation); or tq_mse "
+                  "(seeded Haar rotations) / blockgtq (RoPE-block energies, greedy key widths "
+                  "layers.L.k_bits, R_K = P*diag(A_w), Haar R_V)")
       ->capture_default_str();
   sub->callback([cmd]() { RunCalibrate(*cmd); });
 }

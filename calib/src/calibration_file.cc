@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "kvq/common/codebook.h"
+#include "kvq/common/lloyd_max.h"
 #include "kvq/common/metadata.h"
 #include "kvq/common/orthogonality.h"
 #include "kvq/common/error.h"
@@ -37,14 +39,22 @@ std::vector<int64_t> OneValue(const WriteParams&) { return {}; }
 std::vector<int64_t> Vector(const WriteParams& p) { return {p.head_dim}; }
 std::vector<int64_t> Matrix(const WriteParams& p) { return {p.head_dim, p.head_dim}; }
 
+// Whether a calibration's file holds a tensor: by the cumulative versions (the schemes of
+// versions 1 to 3), or exactly when its scheme and side say so.
+enum class Holding {
+  kByVersion,  // held when the file's version is at least the pair's `since`
+  kHeld,       // held (whatever the version)
+  kAbsent,     // not held
+};
+
 // How the file stores a K / V pair of tensors (layers.{l}.<K name> and <V name>).
 struct FileRule {
   const char* row;  // the head_data.inc row or artifact it stores
   int since;        // the format_version that added the pair
   // Whether a calibration may lack the pair (then in every layer). A calibration is written as
   // the highest `since` of the optional pairs it holds and must hold every pair up to that
-  // version: the versions are cumulative (spec/formats.md §5), except for a pair that
-  // `held_by` keys to the scheme.
+  // version: the versions are cumulative (spec/formats.md §5), except for a pair whose
+  // `holding` keys it to the scheme.
   bool optional;
   Replicated replicated;
   HeadCheck check;
@@ -52,14 +62,18 @@ struct FileRule {
   std::vector<int64_t> (*head_dims)(const WriteParams& p);
   // A head_data.inc row's tensor stem (tensors k_<stem>, v_<stem>; nullptr: the row's name).
   const char* stem = nullptr;
-  // A pair held exactly when this says the calibration's scheme holds it (nullptr: the pair's
-  // presence follows the cumulative versions). Such a pair still raises the version written to
-  // its `since`, so an older reader refuses the file by its version.
-  bool (*held_by)(const std::string& scheme) = nullptr;
+  // Whether a calibration of `scheme` holds side `side`'s tensor (nullptr: kByVersion).
+  Holding (*holding)(const std::string& scheme, int side) = nullptr;
 };
 
-// The schemes whose calibration allocates block widths (Block-GTQ's keys; numerics.md §9.1).
-bool AllocatesWidths(const std::string& scheme) { return scheme == "blockgtq"; }
+// The pairs of the fitted calibrations (versions 1 to 3), which a codebook calibration lacks.
+Holding FittedOnly(const std::string& scheme, int) {
+  return IsCodebookScheme(scheme) ? Holding::kAbsent : Holding::kByVersion;
+}
+// Block-GTQ's key widths and energies: the K side of a calibration that allocates widths.
+Holding AllocatedKeys(const std::string& scheme, int side) {
+  return AllocatesWidths(scheme) && side == 0 ? Holding::kHeld : Holding::kAbsent;
+}
 
 // How the file stores each row of head_data.inc: tensors layers.{l}.k_<row> / v_<row> of the
 // row's element type (F32 for float: FileType), one line per row. A row that lacks its line
@@ -69,38 +83,46 @@ constexpr FileRule kHeadRowTensors[] = {
     {"rotation", kCalibrationFormatVersionWithoutRawTarget, false, Replicated::kWhenLayerWide,
      HeadCheck::kOrthogonal, Matrix},
     {"clip", kCalibrationFormatVersionWithoutRawTarget, false, Replicated::kAlways,
-     HeadCheck::kNone, OneValue},
+     HeadCheck::kNone, OneValue, nullptr, FittedOnly},
     {"scale", kCalibrationFormatVersionWithScales, true, Replicated::kNever, HeadCheck::kNone,
-     OneValue},
+     OneValue, nullptr, FittedOnly},
+    // The contract's name: layers.{l}.k_bits (a V side without widths codes every block at b).
     {"widths", kCalibrationFormatVersionWithWidths, true, Replicated::kWhenLayerWide,
      HeadCheck::kNone, [](const WriteParams& p) { return std::vector<int64_t>{p.head_dim / 2}; },
-     "bits", AllocatesWidths},
+     "bits", AllocatedKeys},
 };
 
 // The calibration-only artifacts (not per-head scheme data), named fields of LayerCalibration.
 struct Artifact {
   FileRule rule;
-  const char* names[2];                                 // K, V tensor names
+  const char* names[2];                                 // K, V tensor names (nullptr: none)
   std::vector<float> LayerCalibration::*fields[2];      // K, V
   const char* what;                                     // in messages
 };
 
 const Artifact kArtifacts[] = {
     {{"basis", kCalibrationFormatVersionWithoutRawTarget, false, Replicated::kWhenLayerWide,
-      HeadCheck::kOrthogonal, Matrix},
+      HeadCheck::kOrthogonal, Matrix, nullptr, FittedOnly},
      {"k_basis", "v_basis"},
      {&LayerCalibration::k_basis, &LayerCalibration::v_basis},
      "eigenbases"},
     {{"eigenvalues", kCalibrationFormatVersionWithoutRawTarget, false,
-      Replicated::kWhenLayerWide, HeadCheck::kDescending, Vector},
+      Replicated::kWhenLayerWide, HeadCheck::kDescending, Vector, nullptr, FittedOnly},
      {"k_eigenvalues", "v_eigenvalues"},
      {&LayerCalibration::k_eigenvalues, &LayerCalibration::v_eigenvalues},
      "eigenvalues"},
     {{"raw_rotation", kCalibrationFormatVersion, true, Replicated::kWhenLayerWide,
-      HeadCheck::kOrthogonal, Matrix},
+      HeadCheck::kOrthogonal, Matrix, nullptr, FittedOnly},
      {"raw_k_rotation", "raw_v_rotation"},
      {&LayerCalibration::raw_k_rotation, &LayerCalibration::raw_v_rotation},
      "raw-target rotations"},
+    // Block-GTQ's key energies s_i (numerics.md §9.1), fp32 roundings of the fp64 values.
+    {{"scores", kCalibrationFormatVersionCodebook, true, Replicated::kWhenLayerWide,
+      HeadCheck::kNone, [](const WriteParams& p) { return std::vector<int64_t>{p.head_dim / 2}; },
+      nullptr, AllocatedKeys},
+     {"k_scores", nullptr},
+     {&LayerCalibration::k_scores, nullptr},
+     "block energies"},
 };
 
 constexpr bool SameName(const char* a, const char* b) {
@@ -152,17 +174,27 @@ struct FileType<uint8_t> {
 // what head_data.inc's message parts and rules are expressions of.
 WriteParams SideParams(const CalibrationInfo& info, int side) {
   const int bits = side == 1 && info.v_bits != 0 ? info.v_bits : info.bits;
-  return params::Write()
-      .head_dim(info.head_dim)
-      .group(info.group)
-      .bits(bits)
-      .rotation(RotationKind::kDense)
-      .Unchecked();
+  params::Write p = params::Write()
+                        .head_dim(info.head_dim)
+                        .group(info.group)
+                        .bits(bits)
+                        .rotation(RotationKind::kDense);
+  if (IsCodebookScheme(info.scheme)) {
+    const CodebookCalibrationInfo& cb = info.codebook;
+    CodebookDensity density = CodebookDensity::kBeta;
+    if (info.codebook.density == "gaussian") density = CodebookDensity::kGaussian;
+    p.format(Format::kCodebook)
+        .codebook(density)
+        .segments(side == 0 ? cb.k_segments : cb.v_segments)
+        .code_bytes(side == 0 ? cb.k_code_bytes : cb.v_code_bytes);
+  }
+  return p.Unchecked();
 }
 
 // One tensor of a layer as the file stores it.
 struct FileTensor {
   const FileRule& rule;        // its pair's rule
+  int side;                    // 0: K, 1: V
   const char* what;            // what its pair is called in messages (plural)
   std::string id;              // its name in layer l (layers.{l}.<id>): k_<row> / v_<row>, or
                                // the artifact's name
@@ -188,7 +220,8 @@ void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
 #define KVQ_HEAD_ARRAY(name, Type, extent, use, fill, noun, valid, code, ...)                     \
   {                                                                                                \
     const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
-    const FileTensor tensor{row_rule, noun "s", prefix + (row_rule.stem ? row_rule.stem : #name),  \
+    const FileTensor tensor{row_rule, side, noun "s",                                              \
+                            prefix + (row_rule.stem ? row_rule.stem : #name),                      \
                             shape(row_rule, side)};                                                \
     visit(tensor, heads.name, [&](int l, size_t h, size_t i, Type v) {                             \
       KVQ_CHECK(valid, code, "calibration layer ", l, " ", tensor.id, " kv head ", h,              \
@@ -198,7 +231,8 @@ void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                            \
   {                                                                                                \
     const FileRule& row_rule = kHeadRowTensors[HeadRowIndex(#name)];                               \
-    const FileTensor tensor{row_rule, noun "s", prefix + (row_rule.stem ? row_rule.stem : #name),  \
+    const FileTensor tensor{row_rule, side, noun "s",                                              \
+                            prefix + (row_rule.stem ? row_rule.stem : #name),                      \
                             shape(row_rule, side)};                                                \
     visit(tensor, heads.name, [&](int l, size_t h, size_t, float v) {                              \
       KVQ_CHECK(valid, kInvalidArgument, "calibration layer ", l, " ", tensor.id,                  \
@@ -212,7 +246,8 @@ void ForEachTensor(Layer& layer, const CalibrationInfo& info, Visit&& visit) {
   }
   for (const Artifact& a : kArtifacts) {
     for (int side = 0; side < 2; ++side) {
-      const FileTensor tensor{a.rule, a.what, a.names[side], shape(a.rule, side)};
+      if (a.names[side] == nullptr) continue;
+      const FileTensor tensor{a.rule, side, a.what, a.names[side], shape(a.rule, side)};
       visit(tensor, layer.*(a.fields[side]), [](int, size_t, size_t, float) {});
     }
   }
@@ -243,33 +278,126 @@ bool Holds(const Calibration& cal, const FileRule& pair) {
   return held;
 }
 
+Holding HoldingOf(const FileRule& rule, const std::string& scheme, int side) {
+  return rule.holding ? rule.holding(scheme, side) : Holding::kByVersion;
+}
+
 std::string TensorName(int layer, const std::string& tensor) {
   return "layers." + std::to_string(layer) + "." + tensor;
 }
 
-// The version a calibration is written as: the highest `since` of the optional pairs it holds
-// (4 for a scheme that allocates block widths, 3 with fp8 scales, 2 with the raw-target
+// The version a calibration is written as: 4 for a codebook calibration, else the highest
+// `since` of the optional cumulative pairs it holds (3 with fp8 scales, 2 with the raw-target
 // rotations, else 1).
 int VersionOf(const Calibration& cal) {
+  if (IsCodebookScheme(cal.info.scheme)) return kCalibrationFormatVersionCodebook;
   int version = kCalibrationFormatVersionWithoutRawTarget;
   for (const auto& pair : Pairs(cal.info)) {
     const FileRule& rule = pair.first;
-    const bool held = rule.held_by ? rule.held_by(cal.info.scheme) : Holds(cal, rule);
-    if (rule.optional && held) version = std::max(version, rule.since);
+    const bool cumulative = HoldingOf(rule, cal.info.scheme, 0) == Holding::kByVersion;
+    if (rule.optional && cumulative && Holds(cal, rule)) version = std::max(version, rule.since);
   }
   return version;
 }
 
-// Whether a file of `version` for `info` stores the pair of `rule`.
-bool InFile(const FileRule& rule, const CalibrationInfo& info, int version) {
-  return rule.held_by ? rule.held_by(info.scheme) : rule.since <= version;
+// Whether a file of `version` for `info` stores side `side`'s tensor of the pair of `rule`.
+bool InFile(const FileRule& rule, int side, const CalibrationInfo& info, int version) {
+  switch (HoldingOf(rule, info.scheme, side)) {
+    case Holding::kByVersion: return rule.since <= version;
+    case Holding::kHeld: return true;
+    case Holding::kAbsent: return false;
+  }
+  return false;
 }
 
 // The newest format_version this reader knows: the highest `since` of any pair.
 int NewestVersion() {
-  int newest = kCalibrationFormatVersionWithoutRawTarget;
+  int newest = kCalibrationFormatVersionCodebook;
   for (const auto& pair : Pairs(CalibrationInfo())) newest = std::max(newest, pair.first.since);
   return newest;
+}
+
+// The codebook calibration's own rules (numerics.md §9.1, formats.md §5), after the shapes:
+// its fixed metadata, its row limits as codebook write parameters, and every head's widths
+// spending the budget and fitting the limits.
+void ValidateCodebookCalibration(const Calibration& cal) {
+  const CalibrationInfo& info = cal.info;
+  const CodebookCalibrationInfo& cb = info.codebook;
+  KVQ_CHECK(info.scheme != "tq_mse_fwht", kInvalidArgument,
+            "calibration: scheme 'tq_mse_fwht' has no calibration (its rotation is the FWHT, "
+            "its rows uniform)");
+  KVQ_CHECK(info.group == info.head_dim, kInvalidArgument, "calibration: group ", info.group,
+            " of a codebook calibration must be head_dim ", info.head_dim,
+            " (a codebook row is one group)");
+  KVQ_CHECK(info.granularity == "kv_head", kInvalidArgument, "calibration: granularity '",
+            info.granularity, "' of a codebook calibration must be kv_head (a Haar rotation "
+            "per KV head)");
+  KVQ_CHECK(info.rotation.empty() && info.value_target.empty(), kInvalidArgument,
+            "calibration: a codebook calibration fits nothing, but has rotation recipe '",
+            info.rotation, "' and value target '", info.value_target, "' (both empty)");
+  KVQ_CHECK(cb.density == "beta" || cb.density == "gaussian", kInvalidArgument,
+            "calibration: codebook '", cb.density, "' (beta or gaussian)");
+  for (int side = 0; side < 2; ++side) {
+    const WriteParams p = SideParams(info, side);
+    try {
+      p.Validate();
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string("calibration: ") + (side == 0 ? "key" : "value") +
+                                " row limits: " + e.what());
+    }
+  }
+  const bool allocates = AllocatesWidths(info.scheme);
+  if (!allocates) {
+    KVQ_CHECK(cb.k_segments == 1 && cb.k_code_bytes == 0, kInvalidArgument,
+              "calibration: scheme '", info.scheme, "' has uniform keys, but k_segments ",
+              cb.k_segments, " and k_code_bytes ", cb.k_code_bytes, " (1 and 0)");
+  }
+  KVQ_CHECK(cb.v_segments == 1 && cb.v_code_bytes == 0, kInvalidArgument,
+            "calibration: values are uniform rows, but v_segments ", cb.v_segments,
+            " and v_code_bytes ", cb.v_code_bytes, " (1 and 0)");
+  if (!allocates) {
+    KVQ_CHECK(cb.k_avg_bits == 0 && cb.rotation_threshold == 1, kInvalidArgument,
+              "calibration: scheme '", info.scheme, "' allocates no widths, but k_avg_bits ",
+              cb.k_avg_bits, " and rotation_threshold ", cb.rotation_threshold,
+              " (blockgtq only)");
+    return;
+  }
+  KVQ_CHECK(std::isfinite(cb.k_avg_bits) && cb.k_avg_bits >= 1 &&
+                cb.k_avg_bits <= kCodebookMaxWidth,
+            kInvalidArgument, "calibration: k_avg_bits ", cb.k_avg_bits, " is not in [1, 8]");
+  KVQ_CHECK(info.bits == static_cast<int>(std::ceil(cb.k_avg_bits)), kInvalidArgument,
+            "calibration: bits ", info.bits, " must be k_avg_bits ", cb.k_avg_bits,
+            " rounded up");
+  KVQ_CHECK(cb.rotation_threshold >= 1 && cb.rotation_threshold <= kCodebookMaxWidth + 1,
+            kInvalidArgument, "calibration: rotation_threshold ", cb.rotation_threshold,
+            " is not in 1..9");
+  const int blocks = info.head_dim / 2;
+  const int64_t budget =
+      static_cast<int64_t>(std::floor(static_cast<double>(blocks) * cb.k_avg_bits));
+  const WriteParams keys = SideParams(info, 0);
+  for (int l = 0; l < info.num_layers; ++l) {
+    const LayerCalibration& layer = cal.layers[l];
+    for (int h = 0; h < info.num_kv_heads; ++h) {
+      const uint8_t* widths = layer.key.widths.data() + static_cast<size_t>(h) * blocks;
+      int64_t sum = 0;
+      for (int i = 0; i < blocks; ++i) sum += widths[i];
+      KVQ_CHECK(sum == budget, kInvalidArgument, "calibration layer ", l, " k_bits kv head ", h,
+                " sums to ", sum, ", not the budget floor(", blocks, " * ", cb.k_avg_bits,
+                ") = ", budget);
+      const CodebookLayout layout = CodebookLayoutOf(info.head_dim, widths);
+      KVQ_CHECK(layout.count <= keys.segments, kInvalidArgument, "calibration layer ", l,
+                " k_bits kv head ", h, " lay a row out in ", layout.count,
+                " segments, more than k_segments ", keys.segments);
+      KVQ_CHECK(layout.code_bytes <= keys.row_code_bytes(), kInvalidArgument,
+                "calibration layer ", l, " k_bits kv head ", h, " lay a row out in ",
+                layout.code_bytes, " code bytes, more than k_code_bytes ", keys.code_bytes);
+      for (int i = 0; i < blocks; ++i) {
+        const float s = layer.k_scores[static_cast<size_t>(h) * blocks + i];
+        KVQ_CHECK(s >= 0.0f, kInvalidArgument, "calibration layer ", l, " k_scores kv head ",
+                  h, " has ", s, " at block ", i, " (energies are >= 0)");
+      }
+    }
+  }
 }
 
 bool IsScaleScheme(const std::string& scheme) {
@@ -332,6 +460,12 @@ void CheckHeads(const FileTensor& tensor, int l, const std::vector<T>& values,
 
 }  // namespace
 
+bool IsCodebookScheme(const std::string& scheme) {
+  return scheme == "tq_mse" || scheme == "tq_mse_fwht" || scheme == "blockgtq";
+}
+
+bool AllocatesWidths(const std::string& scheme) { return scheme == "blockgtq"; }
+
 bool Calibration::HasScales() const {
   if (layers.empty()) return false;
   for (const LayerCalibration& layer : layers) {
@@ -354,18 +488,21 @@ void ValidateCalibration(const Calibration& cal) {
             " must be at least 1");
   KVQ_CHECK(info.num_kv_heads >= 1, kInvalidArgument, "calibration: num_kv_heads ",
             info.num_kv_heads, " must be at least 1");
-  const params::Write widths = params::Write().head_dim(info.head_dim).group(info.group);
-  params::Write(widths).bits(info.bits).Build();  // names an unsupported d, G or b
-  if (info.v_bits != 0) {
-    KVQ_CHECK(info.v_bits != info.bits, kInvalidArgument, "calibration: v_bits ", info.v_bits,
-              " equals bits (0 means the same width)");
-    params::Write(widths).bits(info.v_bits).Build();
+  const bool codebook = IsCodebookScheme(info.scheme);
+  KVQ_CHECK(info.v_bits == 0 || info.v_bits != info.bits, kInvalidArgument, "calibration: v_bits ",
+            info.v_bits, " equals bits (0 means the same width)");
+  if (!codebook) {  // a codebook calibration's parameters: ValidateCodebookCalibration
+    const params::Write widths = params::Write().head_dim(info.head_dim).group(info.group);
+    params::Write(widths).bits(info.bits).Build();  // names an unsupported d, G or b
+    if (info.v_bits != 0) params::Write(widths).bits(info.v_bits).Build();
   }
   KVQ_CHECK(info.sink >= 0, kInvalidArgument, "calibration: sink ", info.sink, " must be >= 0");
   KVQ_CHECK(info.recent >= 1, kInvalidArgument, "calibration: recent ", info.recent,
             " must be >= 1");
-  KVQ_CHECK(info.scheme == "oscar" || IsScaleScheme(info.scheme), kInvalidArgument,
-            "calibration: scheme '", info.scheme, "' is not supported (oscar, fp8, fp8_hadamard)");
+  KVQ_CHECK(info.scheme == "oscar" || IsScaleScheme(info.scheme) ||
+                (codebook && info.scheme != "tq_mse_fwht"),
+            kInvalidArgument, "calibration: scheme '", info.scheme,
+            "' is not supported (oscar, fp8, fp8_hadamard, tq_mse, blockgtq)");
   const bool scales = cal.HasScales();
   KVQ_CHECK(scales == IsScaleScheme(info.scheme), kInvalidArgument, "calibration: scheme '",
             info.scheme, "' ", scales ? "holds fp8 scales (only fp8 and fp8_hadamard do)"
@@ -378,15 +515,20 @@ void ValidateCalibration(const Calibration& cal) {
   for (const auto& [rule, what] : pairs) {
     if (rule.optional && rule.since == version && Holds(cal, rule)) newest = what;
   }
-  for (const auto& [rule, what] : pairs) {
-    if (rule.held_by == nullptr) continue;
-    const bool held = Holds(cal, rule);
-    KVQ_CHECK(held == rule.held_by(info.scheme), kInvalidArgument, "calibration: scheme '",
-              info.scheme, "' ", held ? "holds " : "needs ", what,
-              held ? " (its scheme does not)" : " in every layer");
+  // A tensor its scheme keys (holding) is in every layer or none, as the scheme says.
+  for (const LayerCalibration& layer : cal.layers) {
+    ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
+      const Holding holding = HoldingOf(tensor.rule, info.scheme, tensor.side);
+      if (holding == Holding::kByVersion) return;
+      const bool held = !values.empty();
+      KVQ_CHECK(held == (holding == Holding::kHeld), kInvalidArgument, "calibration: scheme '",
+                info.scheme, "' ", held ? "holds " : "needs ", tensor.id,
+                held ? ", which its calibration does not" : " in every layer");
+    });
   }
   for (const auto& [rule, what] : pairs) {
-    KVQ_CHECK(!rule.optional || rule.held_by || rule.since > version || Holds(cal, rule),
+    KVQ_CHECK(!rule.optional || HoldingOf(rule, info.scheme, 0) != Holding::kByVersion ||
+                  rule.since > version || Holds(cal, rule),
               kInvalidArgument,
               "calibration: ", newest, " need the ", what, " too (format_version ", version,
               " holds every tensor of version ", rule.since, ")");
@@ -405,12 +547,12 @@ void ValidateCalibration(const Calibration& cal) {
     const LayerCalibration& layer = cal.layers[l];
     // A pair the calibration does not hold (an optional one: above) is absent from every layer.
     ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
-      KVQ_CHECK(InFile(tensor.rule, info, version) || values.empty(), kShapeMismatch,
+      KVQ_CHECK(InFile(tensor.rule, tensor.side, info, version) || values.empty(), kShapeMismatch,
                 "calibration layer ", l, " holds ", tensor.id, " but another layer lacks the ",
                 tensor.what, " (all layers or none)");
     });
     ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values, const auto&) {
-      if (!InFile(tensor.rule, info, version)) return;
+      if (!InFile(tensor.rule, tensor.side, info, version)) return;
       const size_t expected = Product(tensor.shape);
       KVQ_CHECK(values.size() == expected, kShapeMismatch, "calibration layer ", l, " ",
                 tensor.id, " holds ", values.size(), " values, expected ", expected);
@@ -421,9 +563,12 @@ void ValidateCalibration(const Calibration& cal) {
     });
     ForEachTensor(layer, info, [&](const FileTensor& tensor, const auto& values,
                                    const auto& check_value) {
-      if (InFile(tensor.rule, info, version)) CheckHeads(tensor, l, values, info, check_value);
+      if (InFile(tensor.rule, tensor.side, info, version)) {
+        CheckHeads(tensor, l, values, info, check_value);
+      }
     });
   }
+  if (codebook) ValidateCodebookCalibration(cal);
 }
 
 Calibration CalibrationFromSafetensors(const Safetensors& file) {
@@ -452,9 +597,31 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   info.sink = static_cast<int>(meta.Int("sink", 0, 1 << 30));
   info.recent = static_cast<int>(meta.Int("recent", 1, 1 << 30));
   info.scheme = meta.String("scheme");
-  info.rotation = meta.String("rotation");
+  // Version 4 is exactly the codebook calibrations (not cumulative: formats.md §5).
+  const bool codebook = IsCodebookScheme(info.scheme);
+  KVQ_CHECK(codebook == (version == kCalibrationFormatVersionCodebook), kMalformedFile,
+            "calibration: scheme '", info.scheme, "' with format_version ", version, " (",
+            kCalibrationFormatVersionCodebook, " is the codebook calibrations' version, and ",
+            "only theirs)");
+  if (codebook) {
+    info.rotation.clear();
+    info.value_target.clear();
+    CodebookCalibrationInfo& cb = info.codebook;
+    cb.density = meta.String("codebook");
+    cb.seed = meta.U64("seed");
+    cb.k_segments = static_cast<int>(meta.Int("k_segments", 1, kCodebookMaxSegments));
+    cb.k_code_bytes = static_cast<int>(meta.Int("k_code_bytes", 0, 1 << 16));
+    cb.v_segments = static_cast<int>(meta.Int("v_segments", 1, kCodebookMaxSegments));
+    cb.v_code_bytes = static_cast<int>(meta.Int("v_code_bytes", 0, 1 << 16));
+    if (AllocatesWidths(info.scheme)) {
+      cb.k_avg_bits = meta.Double("k_avg_bits");
+      cb.rotation_threshold = static_cast<int>(meta.Int("rotation_threshold", 1, 64));
+    }
+  } else {
+    info.rotation = meta.String("rotation");
+    info.value_target = meta.String("value_target");
+  }
   info.granularity = meta.String("granularity");
-  info.value_target = meta.String("value_target");
   info.source = meta.String("source");
 
   // A file of format_version v holds every pair up to v, in every layer.
@@ -462,7 +629,9 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   std::set<std::string> expected;
   for (int l = 0; l < info.num_layers; ++l) {
     ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, const auto&, const auto&) {
-      if (InFile(tensor.rule, info, version)) expected.insert(TensorName(l, tensor.id));
+      if (InFile(tensor.rule, tensor.side, info, version)) {
+        expected.insert(TensorName(l, tensor.id));
+      }
     });
   }
   for (const auto& [name, tensor] : file.tensors) {
@@ -471,7 +640,7 @@ Calibration CalibrationFromSafetensors(const Safetensors& file) {
   }
   for (int l = 0; l < info.num_layers; ++l) {
     ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, auto& values, const auto&) {
-      if (!InFile(tensor.rule, info, version)) return;
+      if (!InFile(tensor.rule, tensor.side, info, version)) return;
       using T = typename std::decay_t<decltype(values)>::value_type;
       const std::string name = TensorName(l, tensor.id);
       const Tensor* t = file.Find(name);
@@ -507,15 +676,29 @@ Safetensors CalibrationToSafetensors(const Calibration& cal) {
   file.metadata["sink"] = std::to_string(info.sink);
   file.metadata["recent"] = std::to_string(info.recent);
   file.metadata["scheme"] = info.scheme;
-  file.metadata["rotation"] = info.rotation;
+  if (IsCodebookScheme(info.scheme)) {
+    const CodebookCalibrationInfo& cb = info.codebook;
+    file.metadata["codebook"] = cb.density;
+    file.metadata["seed"] = std::to_string(cb.seed);
+    file.metadata["k_segments"] = std::to_string(cb.k_segments);
+    file.metadata["k_code_bytes"] = std::to_string(cb.k_code_bytes);
+    file.metadata["v_segments"] = std::to_string(cb.v_segments);
+    file.metadata["v_code_bytes"] = std::to_string(cb.v_code_bytes);
+    if (AllocatesWidths(info.scheme)) {
+      file.metadata["k_avg_bits"] = ShortestDouble(cb.k_avg_bits);
+      file.metadata["rotation_threshold"] = std::to_string(cb.rotation_threshold);
+    }
+  } else {
+    file.metadata["rotation"] = info.rotation;
+    file.metadata["value_target"] = info.value_target;
+  }
   file.metadata["granularity"] = info.granularity;
-  file.metadata["value_target"] = info.value_target;
   file.metadata["source"] = info.source;
   for (int l = 0; l < info.num_layers; ++l) {
     ForEachTensor(cal.layers[l], info, [&](const FileTensor& tensor, const auto& values,
                                            const auto&) {
       using T = typename std::decay_t<decltype(values)>::value_type;
-      if (InFile(tensor.rule, info, version)) {
+      if (InFile(tensor.rule, tensor.side, info, version)) {
         file.Add(TensorName(l, tensor.id), FileType<T>::Make(tensor.shape, values));
       }
     });

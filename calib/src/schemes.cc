@@ -167,6 +167,12 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
   if (info.needs_calibration) {
     KVQ_CHECK(cal != nullptr, kInvalidArgument, "scheme '", name,
               "' needs a calibration (kvq calibrate; kvq eval --calibration FILE)");
+    // A codebook calibration (format_version 4) holds Haar rotations and widths, none of the
+    // fitted tensors (clip ratios, bases) these schemes read.
+    KVQ_CHECK(!IsCodebookScheme(cal->info.scheme) || IsCodebookScheme(name), kInvalidArgument,
+              "scheme '", name, "' cannot use a calibration made for scheme '",
+              cal->info.scheme, "' (a codebook calibration: make one with kvq calibrate "
+              "--scheme oscar)");
     CheckCalibrationMatches(shape, *cal);
   }
   const int d = shape.head_dim;

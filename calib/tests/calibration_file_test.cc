@@ -415,7 +415,7 @@ TEST(CalibrationFile, WidthsRowIsKeyedToItsScheme) {
     l.value.widths.assign(2 * 64, 2);
   }
   ExpectError([&] { ValidateCalibration(c); }, ErrorCode::kInvalidArgument,
-              "calibration: scheme 'oscar' holds block widths (its scheme does not)");
+              "calibration: scheme 'oscar' holds k_bits, which its calibration does not");
   const Safetensors file = CalibrationToSafetensors(Reference());
   Safetensors f;
   f.metadata = file.metadata;
@@ -508,6 +508,102 @@ TEST(CalibrationFile, ValidationErrors) {
     }
     ExpectError([&] { CalibrationFromSafetensors(f); }, ErrorCode::kShapeMismatch,
                 "layers.0.k_eigenvalues");
+  }
+}
+
+}  // namespace
+}  // namespace kvq::calib
+
+namespace kvq::calib {
+namespace {
+
+// A calibration of version 1, 2 or 3 from fixed values (no fitting, so its bytes depend on the
+// file code alone): 2 layers, 2 KV heads, d = 64; rotations are signed permutations, bases the
+// identity, the raw-target rotations (version ≥ 2) and fp8 scales (version 3) likewise fixed.
+Calibration FixedCalibration(int version) {
+  const int d = 64, hkv = 2;
+  Calibration c;
+  c.info.num_layers = 2;
+  c.info.num_kv_heads = hkv;
+  c.info.head_dim = d;
+  c.info.group = 32;
+  c.info.bits = 2;
+  c.info.v_bits = version == 2 ? 4 : 0;
+  c.info.sink = 8;
+  c.info.recent = 128;
+  c.info.scheme = version == 3 ? "fp8_hadamard" : "oscar";
+  c.info.granularity = "kv_head";
+  c.info.source = "fixed";
+  c.layers.resize(2);
+  for (int l = 0; l < 2; ++l) {
+    LayerCalibration& layer = c.layers[l];
+    auto permutation = [&](int salt) {
+      std::vector<float> m(static_cast<size_t>(hkv) * d * d, 0.0f);
+      for (int h = 0; h < hkv; ++h) {
+        for (int i = 0; i < d; ++i) {
+          const int j = (i * 5 + l + h + salt) % d;  // 5 is odd: a bijection of 0..63
+          m[(static_cast<size_t>(h) * d + i) * d + j] = (i + h + salt) % 3 == 0 ? -1.0f : 1.0f;
+        }
+      }
+      return m;
+    };
+    layer.key.rotation = permutation(1);
+    layer.value.rotation = permutation(2);
+    layer.k_basis = permutation(3);
+    layer.v_basis = permutation(4);
+    for (int h = 0; h < hkv; ++h) {
+      for (int i = 0; i < d; ++i) {
+        layer.k_eigenvalues.push_back(static_cast<float>(d - i) * 0.375f + static_cast<float>(l));
+        layer.v_eigenvalues.push_back(static_cast<float>(d - i) * 0.125f + static_cast<float>(h));
+      }
+    }
+    layer.key.clip.assign(hkv, l == 0 ? 0.875f : 0.9f);
+    layer.value.clip.assign(hkv, 0.95f);
+    if (version >= 2) {
+      layer.raw_k_rotation = permutation(5);
+      layer.raw_v_rotation = permutation(6);
+    }
+    if (version == 3) {
+      layer.key.scale = {0.0625f, 1.5f};
+      layer.value.scale = {3.0f, 0.01f};
+    }
+  }
+  return c;
+}
+
+uint64_t Fnv1a64(const std::vector<uint8_t>& bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (uint8_t b : bytes) hash = (hash ^ b) * 0x100000001b3ull;
+  return hash;
+}
+
+// The bytes of every calibration file of versions 1 to 3, pinned with the writer of commit
+// 8af53c9 (before format_version 4 became the codebook calibration; the size and FNV-1a of
+// FixedCalibration's bytes printed by a program linked against that commit's
+// calibration_file.cc.o): the file code may change, these files may not. A file read back and
+// written again is the same bytes.
+TEST(CalibrationFile, OlderVersionsKeepTheirBytes) {
+  struct Pinned {
+    int version;
+    size_t size;
+    uint64_t fnv1a;
+  };
+  const Pinned pinned[] = {
+      {1, 265832, 0xbc79b445e385e4f4ull},
+      {2, 397280, 0x76b032ff61046b0bull},
+      {3, 397616, 0x40b36a74158dd045ull},
+  };
+  for (const Pinned& p : pinned) {
+    const Calibration c = FixedCalibration(p.version);
+    const std::vector<uint8_t> bytes = SerializeSafetensors(CalibrationToSafetensors(c));
+    EXPECT_EQ(CalibrationToSafetensors(c).metadata.at("format_version"),
+              std::to_string(p.version));
+    EXPECT_EQ(bytes.size(), p.size) << "version " << p.version;
+    EXPECT_EQ(Fnv1a64(bytes), p.fnv1a) << "version " << p.version << std::hex << " fnv1a 0x"
+                                       << Fnv1a64(bytes);
+    const Calibration back = CalibrationFromSafetensors(CalibrationToSafetensors(c));
+    EXPECT_EQ(SerializeSafetensors(CalibrationToSafetensors(back)), bytes)
+        << "version " << p.version;
   }
 }
 

@@ -20,25 +20,54 @@ inline constexpr int kCalibrationFormatVersionWithoutRawTarget = 1;
 // Version 3 adds the fp8 schemes' per-head scales k_scale / v_scale (written only when a
 // calibration holds them: kvq calibrate --scheme fp8 | fp8_hadamard).
 inline constexpr int kCalibrationFormatVersionWithScales = 3;
-// Version 4 adds the codebook schemes' per-head block widths k_bits / v_bits (spec/formats.md
-// §5), held exactly when the calibration's scheme allocates widths (blockgtq).
+// Version 4 is a codebook calibration (spec/formats.md §5; numerics.md §9.1; kvq calibrate
+// --scheme tq_mse | blockgtq), and only that: not cumulative, it holds the Haar rotations
+// k_rotation / v_rotation and, for blockgtq, the key block widths k_bits (U8 [Hkv, d/2]) and
+// their energies k_scores, and none of the other schemes' tensors (clip ratios, bases,
+// eigenvalues, raw-target rotations, fp8 scales). The versions up to 3 are cumulative.
 inline constexpr int kCalibrationFormatVersionWithWidths = 4;
+inline constexpr int kCalibrationFormatVersionCodebook = 4;
+
+// The codebook schemes (numerics.md §5.4): tq_mse, tq_mse_fwht, blockgtq. Keyed on the names:
+// the calibration file does not depend on the scheme catalogue.
+bool IsCodebookScheme(const std::string& scheme);
+// The codebook schemes whose calibration allocates block widths (blockgtq).
+bool AllocatesWidths(const std::string& scheme);
+
+// What a codebook calibration adds to the metadata (written only for a codebook scheme).
+struct CodebookCalibrationInfo {
+  std::string density = "beta";  // `codebook`: beta | gaussian, the tables the rows are coded by
+  double k_avg_bits = 0;         // `k_avg_bits` (blockgtq only): b̄, the keys' average width
+  int rotation_threshold = 1;    // `rotation_threshold` (blockgtq only): segments of width ≥ it
+                                 //   are rotated (1..9; 9 rotates none)
+  uint64_t seed = 0;             // `seed`: every Haar matrix of the file derives from it
+  // The row limits of numerics.md §5.4.1 for K and V: norm slots (1..8) and code bytes (0 is
+  // the uniform row's d·b/8) a row; the maxima over the side's (layer, KV head) pairs.
+  int k_segments = 1, k_code_bytes = 0;
+  int v_segments = 1, v_code_bytes = 0;
+};
 
 struct CalibrationInfo {
   int num_layers = 0;
   int num_kv_heads = 0;
   int head_dim = 128;        // d: 64, 128 or 256
   int group = 64;            // G the clip was selected for
-  int bits = 2;              // b K's clip was selected for (and V's unless v_bits)
-  int v_bits = 0;            // b V's clip was selected for when it differs (0: bits); the
-                             //   metadata key v_bits is written only then
+  int bits = 2;              // b K's clip was selected for (and V's unless v_bits); a codebook
+                             //   calibration: K's integer width (blockgtq: ⌈b̄⌉)
+  int v_bits = 0;            // b V's clip was selected for (a codebook calibration: V's
+                             //   width) when it differs (0: bits); the metadata key v_bits is
+                             //   written only then
   int sink = 64;             // S0 (BF16 sink tokens; not quantized, so not in the clip rows)
   int recent = 256;          // W
-  std::string scheme = "oscar";             // oscar, or the fp8 scheme whose scales it holds
-  std::string rotation = "oscar";           // how R was built from U (rotation recipes)
-  std::string granularity = "kv_head";      // kv_head | layer
+  // oscar, the fp8 scheme whose scales it holds, or the codebook scheme it calibrates
+  std::string scheme = "oscar";
+  // How R was built from U (rotation recipes) and what V's R diagonalises; both empty in a
+  // codebook calibration (nothing is fitted; no metadata keys).
+  std::string rotation = "oscar";
   std::string value_target = "attn_output"; // attn_output | key_weighted | raw
+  std::string granularity = "kv_head";      // kv_head | layer (a codebook calibration: kv_head)
   std::string source;                       // the activation file calibrated on
+  CodebookCalibrationInfo codebook;         // read and written for a codebook scheme only
 };
 
 // One layer; every array row-major fp32.
@@ -56,6 +85,10 @@ struct LayerCalibration {
   // (values) over the calibration tokens, undamped, at the file's granularity. [Hkv, d, d], or
   // empty in a calibration read from a format_version 1 file.
   std::vector<float> raw_k_rotation, raw_v_rotation;
+  // blockgtq (format_version 4): the energies s_i the key widths were allocated from
+  // (numerics.md §9.1), computed in fp64 and stored fp32 (a diagnostic: the widths are in
+  // key.widths), [Hkv, d/2]; empty otherwise.
+  std::vector<float> k_scores;
 
   // `key` (side 0) or `value` (side 1), for code that does the same for both sides.
   HeadData& heads(int side) { return side == 0 ? key : value; }
@@ -87,14 +120,20 @@ struct Calibration {
 // KV head. The raw-target rotations are either absent from every layer or present in every
 // layer, under the same rules as R; the fp8 scales likewise (each KV head its own at any
 // granularity, only beside the raw-target rotations, and only with scheme fp8 or
-// fp8_hadamard).
+// fp8_hadamard). A codebook calibration (scheme tq_mse or blockgtq; tq_mse_fwht has nothing to
+// store) holds the rotations and, for blockgtq, the key widths (each 1..8, summing to
+// ⌊(d/2)·k_avg_bits⌋, fitting k_segments and k_code_bytes) and k_scores (finite, ≥ 0), and no
+// other tensor; its group is d, its granularity kv_head, its rotation recipe and value target
+// empty, its row limits valid codebook write parameters (segments 1..8, code_bytes 0 or in
+// [Σ_s B_s, d]).
 void ValidateCalibration(const Calibration& cal);
 
-// Parses (validating as above plus: format and format_version 1, 2 or 3, every metadata key, every
-// tensor of that version for layers 0..L−1 present with the right dtype (a head_data.inc
-// row's element type: F32 for every tensor today) and shape, no stray tensors). The writer stores format_version 3 when the calibration holds fp8 scales, 2
-// without them, or 1 when the raw-target rotations are absent too (a file read and written
-// again keeps its version).
+// Parses (validating as above plus: format and format_version 1, 2, 3 or 4, every metadata key,
+// every tensor of that version for layers 0..L−1 present with the right dtype (a head_data.inc
+// row's element type: F32, U8 for the widths) and shape, no stray tensors; version 4 exactly
+// for a codebook scheme). The writer stores format_version 4 for a codebook calibration, 3 when
+// the calibration holds fp8 scales, 2 without them, or 1 when the raw-target rotations are
+// absent too (a file read and written again keeps its version and its bytes).
 Calibration CalibrationFromSafetensors(const Safetensors& file);
 Calibration ReadCalibration(const std::string& path);
 Safetensors CalibrationToSafetensors(const Calibration& cal);  // validates first
