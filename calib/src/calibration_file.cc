@@ -533,13 +533,15 @@ void ValidateCalibration(const Calibration& cal) {
               "calibration: ", newest, " need the ", what, " too (format_version ", version,
               " holds every tensor of version ", rule.since, ")");
   }
-  KVQ_CHECK(!info.rotation.empty(), kInvalidArgument, "calibration: rotation recipe is empty");
   KVQ_CHECK(info.granularity == "kv_head" || info.granularity == "layer", kInvalidArgument,
             "calibration: granularity '", info.granularity, "' (kv_head or layer)");
-  KVQ_CHECK(info.value_target == "attn_output" || info.value_target == "key_weighted" ||
-                info.value_target == "raw",
-            kInvalidArgument, "calibration: value_target '", info.value_target,
-            "' (attn_output, key_weighted or raw)");
+  if (!codebook) {  // a codebook calibration has neither (ValidateCodebookCalibration)
+    KVQ_CHECK(!info.rotation.empty(), kInvalidArgument, "calibration: rotation recipe is empty");
+    KVQ_CHECK(info.value_target == "attn_output" || info.value_target == "key_weighted" ||
+                  info.value_target == "raw",
+              kInvalidArgument, "calibration: value_target '", info.value_target,
+              "' (attn_output, key_weighted or raw)");
+  }
   KVQ_CHECK(static_cast<int>(cal.layers.size()) == info.num_layers, kShapeMismatch,
             "calibration: ", cal.layers.size(), " layers present, metadata says ",
             info.num_layers);
