@@ -3,7 +3,8 @@
 //  - where a sequence's pages sit in the pool does not change its output (bit for bit);
 //  - query head h reads KV head h / (Hq / Hkv) and nothing else: each KV head's query heads
 //    give the same bits as a one-KV-head cache of that head's rows;
-//  - the bf16 cache is within the oracle's tolerance of the fp64 reference.
+//  - every quantized cache (codebook sides with per-head widths included) and the bf16 cache
+//    are within the oracle's tolerance of the fp64 reference.
 // Replay a failure with RC_PARAMS="seed=<seed printed by RapidCheck>".
 #include <gtest/gtest.h>
 #include <rapidcheck.h>
@@ -27,24 +28,11 @@ const Backend& ArbitraryCpuBackend() {
   return list[static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(list.size())))];
 }
 
-// Per-head write data of a cache, drawn once so two caches can share it.
-struct HeadData {
-  std::vector<float> rk, rv, ck, cv;
-};
+// Per-head write data of a cache (testbed::DrawCacheHeads), drawn once so two caches share it.
+using testbed::CacheHeads;
 
-HeadData DrawHeadData(const CacheParams& p, testbed::SplitMix64* rng) {
-  HeadData h;
-  h.rk = testbed::HeadRotations(p.key, p.num_kv_heads, rng);
-  h.rv = testbed::HeadRotations(p.value, p.num_kv_heads, rng);
-  if (p.quantized()) {
-    h.ck = testbed::HeadClips(p.num_kv_heads, rng);
-    h.cv = testbed::HeadClips(p.num_kv_heads, rng);
-  }
-  return h;
-}
-
-PagedKVCache MakeCache(const CacheParams& p, const HeadData& h, const Backend& backend) {
-  return PagedKVCache(p, h.rk, h.rv, h.ck, h.cv, backend);
+PagedKVCache MakeCache(const CacheParams& p, const CacheHeads& h, const Backend& backend) {
+  return PagedKVCache(p, h.key, h.value, backend);
 }
 
 RC_GTEST_PROP(AttentionProps, WhereThePagesSitDoesNotChangeTheOutput, ()) {
@@ -52,7 +40,7 @@ RC_GTEST_PROP(AttentionProps, WhereThePagesSitDoesNotChangeTheOutput, ()) {
   RC_PRE(p.quantized());
   const Backend& backend = ArbitraryCpuBackend();
   testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
-  const HeadData heads = DrawHeadData(p, &rng);
+  const CacheHeads heads = testbed::DrawCacheHeads(p, &rng);
   const int hkv = p.num_kv_heads, d = p.head_dim();
   const size_t row = static_cast<size_t>(hkv * d);
   const size_t t = static_cast<size_t>(*rc::gen::inRange(1, 200));
@@ -91,7 +79,7 @@ RC_GTEST_PROP(AttentionProps, EachQueryHeadReadsOnlyItsKvHead, ()) {
   if (p.value.norm) p.value.norm_heads = 1;
   const Backend& backend = ArbitraryCpuBackend();
   testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
-  const HeadData heads = DrawHeadData(p, &rng);
+  const CacheHeads heads = testbed::DrawCacheHeads(p, &rng);
   const int hkv = p.num_kv_heads, g = p.group_size(), d = p.head_dim();
   const size_t dd = static_cast<size_t>(d);
   const size_t t = static_cast<size_t>(*rc::gen::inRange(1, 160));
@@ -107,12 +95,8 @@ RC_GTEST_PROP(AttentionProps, EachQueryHeadReadsOnlyItsKvHead, ()) {
     CacheParams one = p;
     one.num_kv_heads = 1;
     one.num_q_heads = g;
-    const auto slice = [&](const std::vector<float>& all, size_t per_head) {
-      if (all.empty()) return std::vector<float>();
-      return std::vector<float>(all.begin() + h * per_head, all.begin() + (h + 1) * per_head);
-    };
-    HeadData mine{slice(heads.rk, dd * dd), slice(heads.rv, dd * dd), slice(heads.ck, 1),
-                  slice(heads.cv, 1)};
+    const CacheHeads mine{heads.key.Slice(p.key, h, "key"),
+                          heads.value.Slice(p.value, h, "value")};
     std::vector<float> kh(t * dd), vh(t * dd);
     for (size_t i = 0; i < t; ++i) {
       std::memcpy(&kh[i * dd], &k[(i * hkv + h) * dd], dd * sizeof(float));
@@ -135,7 +119,7 @@ RC_GTEST_PROP(AttentionProps, QuantizedCacheIsWithinTheOracleToleranceOfFp64, ()
   RC_PRE(p.quantized());
   const Backend& backend = ArbitraryCpuBackend();
   testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
-  const HeadData heads = DrawHeadData(p, &rng);
+  const CacheHeads heads = testbed::DrawCacheHeads(p, &rng);
   const int hkv = p.num_kv_heads, d = p.head_dim();
   const size_t t = static_cast<size_t>(*rc::gen::inRange(1, 400));
   const std::vector<float> k = testbed::KvRows(t, hkv, d, &rng), v = testbed::KvRows(t, hkv, d, &rng);

@@ -1,6 +1,6 @@
 // Properties of the paged cache (RapidCheck), on random configurations of
 // testbed::ArbitraryCacheParams() (the flush granularity F, W = 0, tiled keys with and without
-// a per-head or per-token norm included) and every CPU backend:
+// a per-head or per-token norm, codebook sides with and without per-head widths included) and every CPU backend:
 //  - a token's history bits do not depend on how it arrived (one prefill, a prefix then fp32
 //    appends, bf16 appends one by one, random chunks; sequences interleaved in one pool);
 //  - the byte accounting counts exactly the planes the format stores.
@@ -28,13 +28,18 @@ const Backend& ArbitraryCpuBackend() {
   return list[static_cast<size_t>(*rc::gen::inRange<int>(0, static_cast<int>(list.size())))];
 }
 
-RC_GTEST_PROP(CacheProps, HistoryBitsDoNotDependOnHowTokensArrived, ()) {
-  const CacheParams p = *testbed::ArbitraryCacheParams();
+// Four sequences of random lengths in one pool get the same rows by four routes (one prefill, a
+// prefix then fp32 appends, bf16 appends one by one, random chunks); each must hold exactly the
+// encoding of its original rows (testbed::CacheHolds).
+void CheckHowTokensArrived(const CacheParams& p) {
   const Backend& backend = ArbitraryCpuBackend();
   const uint64_t seed = *rc::gen::arbitrary<uint64_t>();
   RC_TAG(p.flush > 1 ? "F > 1" : "F = 1");
   RC_TAG(p.quantized() ? "quantized" : "bf16 cache");
   RC_TAG(p.recent == 0 ? "W = 0" : "W > 0");
+  RC_TAG(p.quantized() && p.key.format == Format::kCodebook
+             ? (p.key.segments > 1 ? "codebook keys, per-head widths" : "codebook keys, uniform")
+             : "other keys");
   RC_TAG(p.quantized() && p.key.format == Format::kAffineTile
              ? (p.key.norm ? (p.key.norm_heads > 1 ? "tiles, token norm" : "tiles, head norm")
                            : "tiles")
@@ -93,6 +98,21 @@ RC_GTEST_PROP(CacheProps, HistoryBitsDoNotDependOnHowTokensArrived, ()) {
   }
 }
 
+RC_GTEST_PROP(CacheProps, HistoryBitsDoNotDependOnHowTokensArrived, ()) {
+  CheckHowTokensArrived(*testbed::ArbitraryCacheParams());
+}
+
+// The same on codebook caches only (spec 1.3): TurboQuant-MSE rows or per-head Block-GTQ
+// widths on each side, K and V widths apart, any windows.
+RC_GTEST_PROP(CacheProps, CodebookHistoryBitsDoNotDependOnHowTokensArrived, ()) {
+  const CacheParams p = *rc::gen::suchThat(testbed::ArbitraryCacheParams(), [](const CacheParams& c) {
+    return c.quantized() && c.key.format == Format::kCodebook;
+  });
+  RC_TAG(p.value.format == Format::kCodebook ? "codebook values" : "affine values");
+  RC_TAG(p.key.bits != p.value.bits ? "K and V widths apart" : "same widths");
+  CheckHowTokensArrived(p);
+}
+
 RC_GTEST_PROP(CacheProps, ByteAccountingCountsTheFormatsPlanes, ()) {
   const CacheParams p = *testbed::ArbitraryCacheParams();
   testbed::SplitMix64 rng(*rc::gen::arbitrary<uint64_t>());
@@ -113,11 +133,18 @@ RC_GTEST_PROP(CacheProps, ByteAccountingCountsTheFormatsPlanes, ()) {
   // (spec/cache.md §4), not from the layout code: affine_token stores d*b/8 code bytes and a
   // bf16 (scale, min) per group; affine_tile d*b/8 code bytes per token and a bf16 (scale, min)
   // per channel per tile of G_k tokens, plus a bf16 norm per token and KV head (or one per
-  // token for every head). History lengths are whole tiles.
+  // token for every head); codebook its `code_bytes` (d*b/8 when 0) and a bf16 corrected norm
+  // per segment slot (spec/numerics.md §5.4.5). History lengths are whole tiles.
   size_t codes = 0, metadata = 0;
   const size_t heads = static_cast<size_t>(hkv);
   for (const WriteParams* w : {&p.key, &p.value}) {
     if (!w->quantized()) continue;
+    if (w->format == Format::kCodebook) {
+      codes += heads * static_cast<size_t>(w->code_bytes != 0 ? w->code_bytes
+                                                              : d * w->bits / 8);
+      metadata += heads * 2 * static_cast<size_t>(w->segments);
+      continue;
+    }
     codes += heads * static_cast<size_t>(w->packed_bytes());
     if (w->format == Format::kAffineTile) {
       RC_ASSERT(history % static_cast<size_t>(w->group) == 0);

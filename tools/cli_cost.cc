@@ -27,6 +27,10 @@ std::string Stores(const WriteParams& p) {
       return text;
     case Format::kFp8E4m3:
       return "e4m3, fp32 scale per head";
+    case Format::kCodebook:
+      std::snprintf(text, sizeof text, "codebook %d-bit%s, norm per segment", p.bits,
+                    p.segments > 1 ? " (per-head widths)" : "");
+      return text;
   }
   return FormatName(p.format);
 }

@@ -5,7 +5,7 @@
 //            [--clip-k RHO] [--clip-v RHO] [--bits B] [--k-bits B] [--v-bits B]
 //            [--format bf16] [--group G] [--tile GK] [--sink S0]
 //            [--recent W] [--flush F] [--page P] [--norm-scope head|token] [--seed S]
-//            [--saw-block H] [--backend NAME] --out O.npy
+//            [--saw-block H] [--protected] [--backend NAME] --out O.npy
 // One decode step of one sequence: the T rows of K and V (float32 [T, Hkv, d], rounded to
 // bf16 as the cache stores them) go into a paged cache (bf16 sink | quantized history | bf16
 // recent), and O = attention(Q) over it, Q and O float32 [Hq, d], scale 1/sqrt(d).
@@ -24,6 +24,13 @@
 // the bf16 cache, --group the per-token sides' group, --sink/--recent/--flush/
 // --page the cache's. So `--scheme saw_int4 --group 64 --sink 64 --recent 256` is the
 // SAW-INT4 configuration of kvq before spec 1.1.
+//
+// The codebook schemes (spec 1.3): tq_mse (a Haar rotation per layer, KV head and side from
+// --seed), tq_mse_fwht and blockgtq store codebook rows of --k-bits / --v-bits 1..8 (default
+// --bits 2) with no windows; --protected gives them seeds/004's S0 = 4, W = 128 instead, and
+// --rotation-k/--rotation-v replace the seeded rotations. blockgtq's keys take the per-head
+// block widths of a kvq calibrate --scheme blockgtq file (--calibration C --layer L, which it
+// needs; --bits / --k-bits do not apply to its keys), its values are TurboQuant-MSE at --v-bits.
 //
 // Without --scheme: the rotation flags say how rows are rotated (RK, RV: float32 [d, d] shared
 // by the KV heads, or [Hkv, d, d]); --format bf16 is the bf16 baseline cache (rotation options then
@@ -71,6 +78,7 @@ struct AttendOptions {
   std::string norm_scope = "head";  // --norm-scope: head | token
   uint64_t seed = 0;        // --seed: random_orthogonal's
   int saw_block = 128;      // --saw-block: saw_int4's FWHT block
+  bool protect = false;     // --protected: S0 = 4, W = 128 (calib::kProtectedWindows)
   std::string backend;
   std::string calibration;  // --calibration: a kvq calibrate file
   int layer = 0;            // --layer: which of its layers
@@ -81,8 +89,9 @@ struct AttendOptions {
        has_page = false, has_tile = false, has_norm_scope = false;
 };
 
-// --format and the widths, before any file is read.
-void CheckBitsOptions(const AttendOptions& o) {
+// --format and the widths, before any file is read. `codebook`: the scheme stores codebook rows
+// (tq_mse, tq_mse_fwht, blockgtq), whose widths are 1..8.
+void CheckBitsOptions(const AttendOptions& o, bool codebook = false) {
   KVQ_CHECK(o.format.empty() || o.format == "bf16", kInvalidArgument, "--format '", o.format,
             "': only bf16 (the bf16 cache) is chosen by name; a quantized format comes with "
             "--scheme or the rotation flags");
@@ -93,8 +102,14 @@ void CheckBitsOptions(const AttendOptions& o) {
        {std::tuple<const char*, int, bool>{"--bits", o.bits, o.has_bits},
         {"--k-bits", o.k_bits, o.has_k_bits},
         {"--v-bits", o.v_bits, o.has_v_bits}}) {
-    KVQ_CHECK(!given || value == 2 || value == 4 || value == 8, kInvalidArgument, name, " ",
-              value, " is not supported (2 or 4; 8 for the fp8 schemes)");
+    if (codebook) {
+      KVQ_CHECK(!given || (value >= 1 && value <= 8), kInvalidArgument, name, " ", value,
+                " is not supported by the codebook schemes (1..8)");
+    } else {
+      KVQ_CHECK(!given || value == 2 || value == 4 || value == 8, kInvalidArgument, name, " ",
+                value, " is not supported (2 or 4; 8 for the fp8 schemes; 1..8 for the codebook "
+                "schemes)");
+    }
   }
 }
 
@@ -209,8 +224,22 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   // Option errors before any file is read.
   CheckLayerOptions(o);
   const bool calibrated = !o.calibration.empty();
+  KVQ_CHECK(calibrated || scheme.widths != kvq::calib::WidthsPolicy::kCalibration,
+            kInvalidArgument, "--scheme ", o.scheme, " needs the per-head block widths of a "
+            "calibration (layers.{l}.k_bits, with its R_K and R_V): give --calibration C --layer L, "
+            "C a file of kvq calibrate --scheme ", o.scheme);
   KVQ_CHECK(calibrated || !scheme.needs_calibration, kInvalidArgument, "--scheme ", o.scheme,
             " needs a calibration: give --calibration C --layer L (a kvq calibrate file)");
+  KVQ_CHECK(!o.protect || (!o.has_sink && !o.has_recent), kInvalidArgument,
+            "--protected sets the windows (S0 = 4, W = 128): drop ",
+            o.has_sink ? "--sink" : "--recent");
+  const bool codebook = scheme.format_k == kvq::Format::kCodebook ||
+                        scheme.format_v == kvq::Format::kCodebook;
+  KVQ_CHECK(!(o.has_bits || o.has_k_bits) ||
+                scheme.widths != kvq::calib::WidthsPolicy::kCalibration,
+            kInvalidArgument, o.has_bits ? "--bits" : "--k-bits", " does not apply to the keys of "
+            "--scheme ", o.scheme, ": their widths are the calibration's allocation (kvq "
+            "calibrate --scheme ", o.scheme, " --k-bits B); --v-bits sets the values'");
   const bool dense = !o.rotation_k.empty() || !o.rotation_v.empty();
   const int rotations = (dense ? 1 : 0) + (o.hadamard ? 1 : 0) + (o.identity ? 1 : 0);
   KVQ_CHECK(rotations <= 1, kInvalidArgument,
@@ -218,7 +247,7 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   KVQ_CHECK(!dense || (!o.rotation_k.empty() && !o.rotation_v.empty()), kInvalidArgument,
             "--rotation-k and --rotation-v go together (got only ",
             o.rotation_k.empty() ? "--rotation-v" : "--rotation-k", ")");
-  CheckBitsOptions(o);
+  CheckBitsOptions(o, codebook);
   KVQ_CHECK(scheme.quantized() || GivenWidth(o).empty(), kInvalidArgument, GivenWidth(o),
             " does not apply to --scheme ", o.scheme,
             ", which stores no codes (--scheme naive is INT-b without rotation)");
@@ -261,9 +290,12 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
     options.bits = cal->info.bits;
     options.sink = cal->info.sink;
     options.recent = cal->info.recent;
+    // Block-GTQ's values are TurboQuant-MSE at the b_v its calibration was made for.
+    if (scheme.widths == kvq::calib::WidthsPolicy::kCalibration) options.v_bits = cal->info.v_bits;
   }
   options.seed = o.seed;
   options.saw_block = o.saw_block;
+  options.protect = o.protect;
   options.tile = o.tile;
   options.norm_scope = kvq::calib::ParseNormScope(o.norm_scope);
   kvq::calib::SchemeShape shape;
@@ -329,6 +361,8 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
 // No --scheme: the rotation flags (or a calibration's OSCAR layer) say everything.
 CacheSetup FlagSetup(const AttendOptions& o, Inputs& in) {
   CheckLayerOptions(o);
+  KVQ_CHECK(!o.protect, kInvalidArgument, "--protected needs --scheme (it sets a scheme's "
+            "windows; without one give --sink 4 --recent 128)");
   KVQ_CHECK(!o.has_tile && !o.has_norm_scope, kInvalidArgument,
             o.has_tile ? "--tile" : "--norm-scope", " needs --scheme (kivi, kivi_hadamard, "
             "kivi_norm or ots)");
@@ -484,6 +518,9 @@ void setup_attend(CLI::App& app) {
   command->add_option("--saw-block", o->saw_block,
                       "the SAW schemes' FWHT block (with --scheme; clamped to d)")
       ->capture_default_str();
+  command->add_flag("--protected", o->protect,
+                    "with --scheme: the protected windows of seeds/004 App. D, S0 = 4 bf16 sink "
+                    "and W = 128 bf16 recent tokens (the codebook schemes have none by default)");
   command->add_option("--backend", o->backend,
                       "CPU backend (scalar, hwy_avx3, ...; default: the best one)");
   command->callback([=] {

@@ -192,8 +192,10 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
         for (int64_t i = 0; i < history; ++i) {
           for (int c = 0; c < d; ++c) rows[i * d + c] = static_cast<float>(ref(s0 + i, c));
         }
+        // (with the head's arrays: a codebook head's widths, as the cache wrote it)
         cpu::QuantizedRows q =
-            cpu::QuantizeRows(backend, wp, rotation, rows.data(), static_cast<size_t>(history));
+            cpu::QuantizeRows(backend, wp, cache.Heads(kv).Arrays(wp, 0), rows.data(),
+                              static_cast<size_t>(history));
         for (size_t e = 0; e < rotated.size(); ++e) {
           KVQ_CHECK(F32Bits(q.dequantized[e]) == F32Bits(rotated[e]), kMismatch, "layer ",
                     data.layer, " KV head ", data.kv_head, ": write path row ", e / d,
@@ -206,10 +208,13 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
           residual += err * err;
         }
         // The quantizer's groups over its input (the clipped row, divided by n^ with a norm):
-        // per token and G channels, or per tile and channel (affine_tile).
+        // per token and G channels, or per tile and channel (affine_tile). A format whose rows
+        // are not clipped records no tau (codebook: one group, the whole rotated row).
         const std::vector<float>& input = wp.norm ? q.normalized : q.rotated;
         const auto clipped = [&](int64_t i, int c) {
-          const float x = input[i * d + c], tau = q.tau[i];
+          const float x = input[i * d + c];
+          if (q.tau.empty()) return static_cast<double>(x);
+          const float tau = q.tau[i];
           return static_cast<double>(x > tau ? tau : (x < -tau ? -tau : x));
         };
         double groups = 0.0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 
@@ -103,7 +104,8 @@ KeyView ViewOneHead(const Activations& eval_acts, const Activations& calib_acts,
   std::vector<float> clipped(d);
   for (size_t r = 0; r < n; ++r) {
     const float* row = q.rotated.data() + r * d;
-    const float tau = q.tau[r];
+    // A format whose rows are not clipped records no tau (codebook): the row as it is.
+    const float tau = q.tau.empty() ? std::numeric_limits<float>::infinity() : q.tau[r];
     for (int c = 0; c < d; ++c) {
       max_abs = std::max(max_abs, static_cast<double>(std::fabs(row[c])));
       clipped[c] = row[c] > tau ? tau : (row[c] < -tau ? -tau : row[c]);

@@ -9,6 +9,7 @@
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/synth.h"
+#include "kvq/common/codebook.h"
 #include "kvq/common/error.h"
 
 namespace kvq::calib {
@@ -18,14 +19,14 @@ namespace {
 const std::vector<SchemeInfo>& Table() {
   static const std::vector<SchemeInfo> table = {
 #define KVQ_SCHEME(id, rotation_k, rotation_v, format_k, format_v, norm, bits, group, windows,  \
-                   clip, scale, calibration, summary)                                         \
+                   clip, scale, widths, calibration, summary)                                 \
   SchemeInfo{#id,                          summary,                                          \
              calibration,                  SchemeRotation::k##rotation_k,                    \
              SchemeRotation::k##rotation_v, Format::k##format_k,                             \
              Format::k##format_v,          SchemeNorm::norm,                                 \
              bits,                         group,                                            \
              windows,                      ClipPolicy::clip,                                 \
-             ScalePolicy::scale},
+             ScalePolicy::scale,           WidthsPolicy::widths},
 #include "kvq/calib/schemes.inc"
 #undef KVQ_SCHEME
   };
@@ -78,6 +79,29 @@ MatrixXd HessianBlockRotation(const LayerCalibration& lc, int hkv, int d, int bl
   MatrixXd rotated = hbd.transpose() * m * hbd;
   rotated = 0.5 * (rotated + rotated.transpose());  // exactly symmetric for the eigensolver
   return hbd * SortedEigenBasis(rotated, damping).vectors;
+}
+
+// A codebook side with per-head widths (spec/numerics.md §5.4.1): its row limits are the most
+// segments and code bytes any head of `all_widths` ([heads, d/2], every layer's) lays a row out
+// in, and its bits the budget width Σ w_i / (d/2) of `layer_widths` rounded up, the largest
+// over the layer's heads.
+void FitCodebookRows(const std::vector<uint8_t>& all_widths,
+                     const std::vector<uint8_t>& layer_widths, WriteParams* w) {
+  const size_t blocks = static_cast<size_t>(w->head_dim / 2);
+  w->segments = 1;
+  w->code_bytes = 0;
+  for (size_t h = 0; h * blocks < all_widths.size(); ++h) {
+    const CodebookLayout layout = CodebookLayoutOf(w->head_dim, &all_widths[h * blocks]);
+    w->segments = std::max(w->segments, layout.count);
+    w->code_bytes = std::max(w->code_bytes, layout.code_bytes);
+  }
+  int bits = 1;
+  for (size_t h = 0; h * blocks < layer_widths.size(); ++h) {
+    size_t sum = 0;
+    for (size_t i = 0; i < blocks; ++i) sum += layer_widths[h * blocks + i];
+    bits = std::max(bits, static_cast<int>((sum + blocks - 1) / blocks));
+  }
+  w->bits = bits;
 }
 
 }  // namespace
@@ -182,9 +206,9 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
   CacheParams& p = s.params;
   p.num_kv_heads = hkv;
   p.num_q_heads = shape.num_q_heads;
-  const SchemeWindows windows = info.windows.shared()
-                                    ? SchemeWindows(o.sink, o.recent, o.flush)
-                                    : info.windows;
+  const SchemeWindows windows = o.protect ? kProtectedWindows
+                                : info.windows.shared() ? SchemeWindows(o.sink, o.recent, o.flush)
+                                                        : info.windows;
   p.sink = windows.sink;
   p.recent = windows.recent;
   p.flush = windows.flush;
@@ -234,6 +258,22 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
       s.key.scale = lc->key.scale;
       s.value.scale = lc->value.scale;
       break;
+  }
+  switch (info.widths) {
+    case WidthsPolicy::kNone: break;
+    case WidthsPolicy::kCalibration: {
+      KVQ_CHECK(!lc->key.widths.empty(), kInvalidArgument, "scheme '", name,
+                "' needs the calibration's per-head block widths (tensor layers.", layer,
+                ".k_bits, the allocation kvq calibrate --scheme ", name, " makes), which this "
+                "calibration (scheme '", cal->info.scheme, "') lacks");
+      std::vector<uint8_t> all;
+      for (const LayerCalibration& l : cal->layers) {
+        all.insert(all.end(), l.key.widths.begin(), l.key.widths.end());
+      }
+      FitCodebookRows(all, lc->key.widths, &p.key);
+      s.key.widths = lc->key.widths;
+      break;
+    }
   }
   auto basis = [&](int h, bool keys) {
     return StoredMatrix(keys ? lc->k_basis : lc->v_basis, h, d);
@@ -314,6 +354,8 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
     }
   }
   p.Validate();
+  s.key.Validate(p.key, hkv, "key");
+  s.value.Validate(p.value, hkv, "value");
   return s;
 }
 
@@ -323,13 +365,23 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
 }
 
 bool CalibrationServes(const Calibration& cal, const std::string& name) {
-  return SchemeByName(name).scale != ScalePolicy::kCalibration ||
-         (cal.info.scheme == name && cal.HasScales());
+  const SchemeInfo& info = SchemeByName(name);
+  if (info.widths == WidthsPolicy::kCalibration) {
+    if (cal.info.scheme != name) return false;
+    for (const LayerCalibration& l : cal.layers) {
+      if (l.key.widths.empty()) return false;
+    }
+  }
+  return info.scale != ScalePolicy::kCalibration || (cal.info.scheme == name && cal.HasScales());
 }
 
 Calibration CalibrationForScheme(const std::string& name, const Calibration& cal,
                                  const Activations* acts, const cpu::Backend& backend) {
   if (CalibrationServes(cal, name)) return cal;
+  KVQ_CHECK(SchemeByName(name).widths != WidthsPolicy::kCalibration, kInvalidArgument, "scheme '",
+            name, "' needs the per-head block widths (tensors layers.{l}.k_bits) of a "
+            "calibration made by kvq calibrate --scheme ", name, "; this calibration (scheme '",
+            cal.info.scheme, "') has none");
   KVQ_CHECK(acts != nullptr, kInvalidArgument, "scheme '", name, "' needs fp8 scales computed "
             "after its own rotation; this calibration (scheme '", cal.info.scheme,
             "') has none: give a calibration capture, or a file of kvq calibrate --scheme ",
@@ -364,7 +416,10 @@ const Calibration& SyntheticCalibrations::For(const std::string& name) {
 }
 
 std::string CalibrationScheme(const std::string& name) {
-  return SchemeByName(name).scale == ScalePolicy::kCalibration ? name : "oscar";
+  const SchemeInfo& info = SchemeByName(name);
+  return info.scale == ScalePolicy::kCalibration || info.widths == WidthsPolicy::kCalibration
+             ? name
+             : "oscar";
 }
 
 Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,

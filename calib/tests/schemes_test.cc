@@ -9,6 +9,7 @@
 
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/covariance.h"
+#include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/common/params_builder.h"
@@ -537,6 +538,109 @@ TEST(Schemes, SyntheticCalibrationIsSeeded) {
   EXPECT_FALSE(BitsEqual("k_rotation", a.layers[0].key.rotation, c.layers[0].key.rotation));
   o.sink = 64;  // = the calibration tokens: no clip rows
   EXPECT_THROW(SyntheticCalibration(shape, o, 128, 3), Error);
+}
+
+// spec 1.3 (numerics.md §9.1): TurboQuant-MSE's rows, K and V widths apart, the protected
+// windows, and the Block-GTQ column (per-head widths from the calibration) on a row built here.
+TEST(Schemes, Spec13RowsHaveTheirDefiningParameters) {
+  SchemeShape shape;
+  shape.num_layers = 3;
+  shape.num_kv_heads = 2;
+  shape.num_q_heads = 4;
+  shape.head_dim = 64;
+  SchemeOptions o;
+  o.k_bits = 3;
+  o.v_bits = 2;
+  o.seed = 5;
+  for (const char* name : {"tq_mse", "tq_mse_fwht"}) {
+    const bool fwht = std::string(name) == "tq_mse_fwht";
+    const LayerScheme s = BuildLayerScheme(name, shape, nullptr, 2, o);
+    EXPECT_EQ(s.params.sink, 0) << name;
+    EXPECT_EQ(s.params.recent, 0) << name;
+    EXPECT_EQ(s.params.key.bits, 3) << name;
+    EXPECT_EQ(s.params.value.bits, 2) << name;
+    for (int side = 0; side < 2; ++side) {
+      const WriteParams& w = side == 0 ? s.params.key : s.params.value;
+      EXPECT_EQ(w.format, Format::kCodebook) << name;
+      EXPECT_EQ(w.group, 64) << name;
+      EXPECT_EQ(w.clip, 1.0f) << name;
+      EXPECT_EQ(w.segments, 1) << name;
+      EXPECT_EQ(w.code_bytes, 0) << name;
+      EXPECT_EQ(w.codebook, CodebookDensity::kBeta) << name;
+      EXPECT_TRUE(s.heads(side).widths.empty()) << name;
+      EXPECT_EQ(w.rotation, fwht ? RotationKind::kHadamard : RotationKind::kDense) << name;
+      if (fwht) continue;
+      // The Haar matrix of (layer, KV head, side), rounded once (§9.1).
+      for (int h = 0; h < 2; ++h) {
+        const std::vector<float> want = ToRowMajorF32(RandomOrthogonal(
+            64, DeriveSeed(5, {2u, static_cast<uint64_t>(h), static_cast<uint64_t>(side)})));
+        const std::vector<float> got(s.heads(side).rotation.begin() + h * 64 * 64,
+                                     s.heads(side).rotation.begin() + (h + 1) * 64 * 64);
+        EXPECT_TRUE(BitsEqual(std::string(name) + " rotation", got, want)) << side << h;
+      }
+    }
+    // K3V2 at d = 64: 24 + 2 and 16 + 2 bytes a token and KV head over 64 + 64 values.
+    EXPECT_EQ(s.params.history_bits_per_element(), 8.0 * (26 + 18) / 128) << name;
+  }
+  SchemeOptions protect = o;
+  protect.protect = true;
+  const LayerScheme p = BuildLayerScheme("tq_mse", shape, nullptr, 0, protect);
+  EXPECT_EQ(p.params.sink, 4);
+  EXPECT_EQ(p.params.recent, 128);
+  EXPECT_EQ(p.params.flush, 1);
+
+  // A row whose keys take the calibration's widths (what Block-GTQ's row says), over a
+  // calibration whose layers hold per-head widths of budget 2.5 and 3 bits.
+  SchemeInfo gtq = SchemeByName("tq_mse");
+  gtq.rotation_k = gtq.rotation_v = SchemeRotation::kCalibrated;
+  gtq.widths = WidthsPolicy::kCalibration;
+  gtq.needs_calibration = true;
+  Calibration cal;
+  cal.info.num_layers = 3;
+  cal.info.num_kv_heads = 2;
+  cal.info.head_dim = 64;
+  cal.info.scheme = "blockgtq";
+  cal.layers.resize(3);
+  std::vector<float> eye(64 * 64, 0.0f);
+  for (int i = 0; i < 64; ++i) eye[i * 64 + i] = 1.0f;
+  for (int l = 0; l < 3; ++l) {
+    for (int side = 0; side < 2; ++side) {
+      cal.layers[l].heads(side).rotation = eye;
+      cal.layers[l].heads(side).rotation.insert(cal.layers[l].heads(side).rotation.end(),
+                                                eye.begin(), eye.end());
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int i = 0; i < 32; ++i) {
+        // layer 0: 1..4 (4 segments, 20 code bytes, sum 80 = 2.5 * 32); layer 1: 3s (one
+        // segment, 24 bytes); layer 2: 2 and 3 (16 blocks each: 8 + 12 = 20 bytes).
+        const int w = l == 0 ? 1 + (i + h) % 4 : (l == 1 ? 3 : (i < 16 ? 2 : 3));
+        cal.layers[l].key.widths.push_back(static_cast<uint8_t>(w));
+      }
+    }
+  }
+  const LayerScheme b = BuildLayerScheme(gtq, shape, &cal, 0, o);
+  EXPECT_EQ(b.key.widths, cal.layers[0].key.widths);
+  EXPECT_TRUE(b.value.widths.empty());
+  EXPECT_EQ(b.params.key.segments, 4);     // the most over every (layer, KV head): layer 0's
+  EXPECT_EQ(b.params.key.code_bytes, 24);  // layer 1's
+  EXPECT_EQ(b.params.key.bits, 3);         // 2.5 rounded up
+  EXPECT_EQ(b.params.value.bits, 2);       // b_v
+  EXPECT_EQ(b.params.value.segments, 1);
+  EXPECT_EQ(BuildLayerScheme(gtq, shape, &cal, 1, o).params.key.bits, 3);
+  EXPECT_TRUE(CalibrationServes(cal, "oscar"));
+  // Without widths the row names what it needs.
+  Calibration bare = cal;
+  for (LayerCalibration& l : bare.layers) l.key.widths.clear();
+  try {
+    BuildLayerScheme(gtq, shape, &bare, 1, o);
+    ADD_FAILURE() << "built without widths";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("layers.1.k_bits"), std::string::npos) << e.what();
+  }
+  // Widths a head cannot hold under the side's limits are HeadData::Validate's error.
+  cal.layers[0].key.widths[5] = 9;
+  EXPECT_THROW(BuildLayerScheme(gtq, shape, &cal, 0, o), Error);
 }
 
 TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {

@@ -128,6 +128,25 @@ std::vector<float> GatherRotations(const Safetensors& file, const Fixtures& fixt
   return out;
 }
 
+namespace {
+
+// A per-head array of a cache case, "in.<name>_k" / "_v" [Hkv, extent], in its element type.
+void ReadHeadArray(const Safetensors& file, const std::string& name, std::vector<uint8_t>* out) {
+  const Tensor& t = file.Get(name);
+  KVQ_CHECK(t.dtype == DType::kU8 && t.shape.size() == 2, kMalformedFile, "case ",
+            CaseName(file), ": ", name, " must be U8 [Hkv, extent], got ", DTypeName(t.dtype),
+            " ", t.ShapeString());
+  out->assign(t.data<uint8_t>(), t.data<uint8_t>() + t.numel());
+}
+
+// A case never holds rotation values: they travel as fixture indices (in.rotation_k_index).
+void ReadHeadArray(const Safetensors& file, const std::string& name, std::vector<float>*) {
+  KVQ_CHECK(false, kMalformedFile, "case ", CaseName(file), ": ", name, " holds values; a "
+            "cache case names its rotations by fixture index (in.rotation_k_index)");
+}
+
+}  // namespace
+
 ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixtures,
                                 const cpu::Backend& write_backend) {
   const CacheParams params = GetCacheParams(file);
@@ -146,6 +165,13 @@ ReplayedCache ReplayCacheScript(const Safetensors& file, const Fixtures& fixture
     if (const Tensor* t = file.Find("in." #name "_v")) value.name = t->ToF32();
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
+    // Every per-head array given as values: "in.<name>_k" / "_v" (codebook widths, U8
+    // [Hkv, d/2]; checked against the params by the cache). Rotations are fixture indices.
+#define KVQ_HEAD_ARRAY(name, ...)                                                          \
+    if (file.Find("in." #name "_k")) ReadHeadArray(file, "in." #name "_k", &key.name);   \
+    if (file.Find("in." #name "_v")) ReadHeadArray(file, "in." #name "_v", &value.name);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
   }
   const Tensor& ops = file.Get("in.ops");
   const Tensor& k = file.Get("in.k");

@@ -250,6 +250,71 @@ std::vector<CacheConfig> CacheConfigs() {
     };
     configs.push_back(c);
   }
+  // ---- spec 1.3 ----
+  {
+    // TurboQuant-MSE K3V2: dense per-head rotations, uniform rows of 3 (K) and 2 (V) bits, no
+    // windows (S0 = W = 0); two sequences interleave, one is removed and its pages reused.
+    CacheConfig c;
+    c.name = "codebook_k3v2_d64_dense_w0";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(0).recent(0).page(16)
+        .key(params::Write().head_dim(64).codebook_rows(3).rotation(RotationKind::kDense))
+        .value(params::Write().head_dim(64).codebook_rows(2).rotation(RotationKind::kDense))
+        .Build();
+    c.rotation_k = {0, 1};
+    c.rotation_v = {2, 3};
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 21);
+      const int b = s->Add();
+      s->Prefill(b, 4);
+      for (int i = 0; i < 8; ++i) {
+        s->Append(a);
+        s->Append(b);
+      }
+      s->Remove(b);
+      const int c3 = s->Add();
+      s->Prefill(c3, 18);
+    };
+    configs.push_back(c);
+  }
+  {
+    // Block-GTQ keys: per-head block widths of average 2.5 (head 0: widths 1..4, four segments;
+    // head 1: 2 and 3, two segments; both 40 code bytes), so the row limits are 4 segments and
+    // 40 code bytes; TurboQuant-MSE values at 2 bits after the FWHT; the protected windows'
+    // shape at a small scale (S0 = 4, W = 8).
+    CacheConfig c;
+    c.name = "blockgtq_d128_k_widths_v2_s4_w8";
+    c.params = params::Cache().kv_heads(2).q_heads(4).sink(4).recent(8).page(16)
+        .key(params::Write().head_dim(128).codebook_rows(3).segments(4).code_bytes(40)
+                 .rotation(RotationKind::kDense))
+        .value(params::Write().head_dim(128).codebook_rows(2).hadamard())
+        .Build();
+    c.rotation_k = {0, 1};
+    for (int i = 0; i < 64; ++i) c.key.widths.push_back(static_cast<uint8_t>(1 + (i * 7) % 4));
+    for (int i = 0; i < 64; ++i) c.key.widths.push_back(static_cast<uint8_t>(i < 32 ? 3 : 2));
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 30);
+      for (int i = 0; i < 10; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
+  {
+    // Gaussian tables at 5 bits (the LSB-first bit stream) after the FWHT with bit reversal,
+    // d = 64, one KV head, a sink and a window.
+    CacheConfig c;
+    c.name = "codebook_b5_gaussian_d64_fwht_bitrev_s2_w4";
+    c.params = params::Cache().kv_heads(1).q_heads(2).sink(2).recent(4).page(16)
+        .both(params::Write().head_dim(64).codebook_rows(5).codebook(CodebookDensity::kGaussian)
+                  .hadamard().bitrev())
+        .Build();
+    c.script = [](Script* s) {
+      const int a = s->Add();
+      s->Prefill(a, 25);
+      for (int i = 0; i < 6; ++i) s->Append(a);
+    };
+    configs.push_back(c);
+  }
   {
     // The bf16 baseline: every token kept as bf16, no pages.
     CacheConfig c;
@@ -314,6 +379,17 @@ std::vector<CacheConfig> AttentionOnlyConfigs() {
   return configs;
 }
 
+// A per-head array of a cache case as a tensor [Hkv, extent] (absent when the side holds none).
+void AddHeadArray(Safetensors* file, const std::string& name, int hkv,
+                  const std::vector<uint8_t>& values) {
+  if (!values.empty()) file->Add(name, Tensor::U8({hkv, I(values.size()) / hkv}, values));
+}
+// Rotations travel as fixture indices (CacheConfig::rotation_k / rotation_v), never as values.
+void AddHeadArray(Safetensors*, const std::string& name, int, const std::vector<float>& values) {
+  KVQ_CHECK(values.empty(), kInvalidArgument, "generator: ", name, " given as values; a cache "
+            "case names its rotations by fixture index");
+}
+
 // The common inputs of cache and attention cases: parameters, rotations, clips, script, rows.
 // Keys are bell-shaped with one 6x outlier channel per KV head (as real keys have); values
 // uniform; all rounded to bf16.
@@ -343,6 +419,13 @@ Safetensors CacheInputs(VectorCollector* out, const CacheConfig& config, const s
     }
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_SCALAR
+    // Each per-head array given as values (codebook widths; rotations are fixture indices
+    // above): "in.<name>_k" / "_v" [Hkv, extent], which ReplayCacheScript reads back.
+#define KVQ_HEAD_ARRAY(name, ...)                                      \
+    AddHeadArray(&file, "in." #name "_k", hkv, config.key.name);      \
+    AddHeadArray(&file, "in." #name "_v", hkv, config.value.name);
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
   }
   Script script;
   config.script(&script);

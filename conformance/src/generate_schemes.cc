@@ -53,6 +53,11 @@ void AddSchemeAttentionCases(VectorCollector* out) {
   // synthetic activations, with that scheme's scales).
   calib::SyntheticCalibrations calibrations(shape, options, kCalibrationTokens, calibration_seed);
   for (const calib::SchemeInfo& info : calib::Schemes()) {
+    // blockgtq's case needs the greedy allocation of its own calibration (kvq calibrate
+    // --scheme blockgtq, issue 22's calibration part), which SyntheticCalibration cannot make
+    // yet; its cache and attention with per-head widths are generate_cache.cc's
+    // blockgtq_d128_k_widths_v2_s4_w8. The case joins (a new file) when the calibration lands.
+    if (info.widths == calib::WidthsPolicy::kCalibration) continue;
     const std::string kind = calib::CalibrationScheme(info.name);
     const calib::LayerScheme s = calib::BuildLayerScheme(
         info.name, shape, info.needs_calibration ? &calibrations.For(info.name) : nullptr, 0,

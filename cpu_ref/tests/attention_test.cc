@@ -182,6 +182,71 @@ TEST_P(AttentionTest, Spec11CachesMatchReferenceAtFlushBoundaries) {
   }
 }
 
+// Spec 1.3's codebook caches (TurboQuant-MSE rows, Block-GTQ per-head widths, K and V of
+// different widths or formats) through the decode step of every backend, against the fp64
+// reference over the same decoded history (per-segment norm times centroid, spec/numerics.md
+// §7.3). Lengths around the first page and the windows.
+TEST_P(AttentionTest, Spec13CodebookCachesMatchReference) {
+  struct Config {
+    const char* name;
+    testbed::Cache cache;
+  };
+  // segments = 8 and code_bytes = d: MakeCache draws per-head widths (testbed::HeadWidths).
+  const testbed::Write widths128 = testbed::Write().head_dim(128).codebook_rows(3).segments(8)
+                                       .code_bytes(128).rotation(RotationKind::kDense);
+  const Config configs[] = {
+      {"tq_mse_k3v2_d128", testbed::Cache().q_heads(8).kv_heads(2).sink(0).recent(0).page(16)
+                               .key(testbed::Write().head_dim(128).codebook_rows(3)
+                                        .rotation(RotationKind::kDense))
+                               .value(testbed::Write().head_dim(128).codebook_rows(2)
+                                          .rotation(RotationKind::kDense))},
+      {"tq_mse_fwht_b4_d64_protected", testbed::Cache().q_heads(4).kv_heads(1).sink(4)
+                                           .recent(8).page(16)
+                                           .both(testbed::Write().head_dim(64).codebook_rows(4)
+                                                     .hadamard())},
+      {"blockgtq_widths_k_v2", testbed::Cache().q_heads(6).kv_heads(2).sink(2).recent(3)
+                                   .page(16).key(widths128)
+                                   .value(testbed::Write().head_dim(128).codebook_rows(2)
+                                              .rotation(RotationKind::kDense))},
+      {"widths_both_sides_gaussian", testbed::Cache().q_heads(4).kv_heads(2).sink(0).recent(5)
+                                         .page(32)
+                                         .both(testbed::Write(widths128).codebook(
+                                             CodebookDensity::kGaussian))},
+      {"codebook_b1_k_int4_v_d256", testbed::Cache().q_heads(4).kv_heads(1).sink(1).recent(2)
+                                        .page(16)
+                                        .key(testbed::Write().head_dim(256).codebook_rows(1)
+                                                 .hadamard())
+                                        .value(testbed::Write().head_dim(256).bits(4).group(64))},
+  };
+  uint64_t seed = 1300;
+  for (const Config& c : configs) {
+    const CacheParams p = c.cache.Build();
+    const size_t reserved = static_cast<size_t>(p.sink + p.recent);
+    const size_t page = static_cast<size_t>(p.page_size);
+    for (size_t length : {size_t{1}, reserved + 1, reserved + page, reserved + page + 1,
+                          reserved + 3 * page + 5}) {
+      conformance::SplitMix64 rng(++seed);
+      const std::string context = std::string(c.name) + " seed " + std::to_string(seed) + " " +
+                                  testbed::Describe(p);
+      PagedKVCache cache = testbed::MakeCache(p, &rng);
+      ASSERT_EQ(cache.Heads(KV::kKey).widths.empty(), p.key.segments == 1) << context;
+      const int seq = cache.AddSequence();
+      const int hkv = p.num_kv_heads, d = p.head_dim();
+      const std::vector<float> k = testbed::KvRows(length, hkv, d, &rng);
+      const std::vector<float> v = testbed::KvRows(length, hkv, d, &rng);
+      const size_t half = length / 2;
+      const size_t row = static_cast<size_t>(hkv * d);
+      cache.Prefill(seq, k.data(), v.data(), half);
+      for (size_t t = half; t < length; ++t) cache.Append(seq, &k[t * row], &v[t * row]);
+      ASSERT_EQ(cache.HistoryLength(seq), static_cast<size_t>(p.HistoryTokens(length))) << context;
+      for (float magnitude : {1.0f, 4.0f}) {
+        ExpectMatchesReference(backend(), cache, seq, RandomQuery(p, rng, magnitude),
+                               context + " |q|~" + std::to_string(magnitude));
+      }
+    }
+  }
+}
+
 // The same cache read with different history chunkings: all within the bound.
 TEST_P(AttentionTest, ChunkingDoesNotMatter) {
   conformance::SplitMix64 rng(5);

@@ -62,16 +62,16 @@ std::vector<float> FromBf16(const std::vector<uint16_t>& bits) {
     const FormatLayout& layout = cache.Layout(half);
     const size_t unit = static_cast<size_t>(layout.tile_tokens);
     std::vector<WriteParams> params;
-    std::vector<const float*> rotations;
+    std::vector<HeadArrays> arrays;  // each head's rotation and codec arrays (codebook widths)
     for (size_t h = 0; h < hkv; ++h) {
       params.push_back(cache.HeadParams(half, static_cast<int>(h)));
-      rotations.push_back(cache.Rotation(half, static_cast<int>(h)));
+      arrays.push_back(cache.Heads(half).Arrays(params.back(), static_cast<int>(h)));
     }
     for (size_t i0 = 0; i0 < history; i0 += unit) {
       std::vector<float> x(unit * row);
       for (size_t e = 0; e < unit * row; ++e) x[e] = F32FromBf16(rows[kv][(sink + i0) * row + e]);
       const std::vector<cpu::EncodedRows> want =
-          cpu::EncodeTokens(cpu::ScalarBackend(), params, rotations, x.data(), unit);
+          cpu::EncodeTokens(cpu::ScalarBackend(), params, arrays, x.data(), unit);
       for (size_t h = 0; h < hkv; ++h) {
         for (size_t r = 0; r < unit; ++r) {
           const cpu::HistoryRunView got = cache.HistoryRow(seq, i0 + r, static_cast<int>(h), half);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <utility>
 
+#include "kvq/common/codebook.h"
+
 namespace kvq::testbed {
 
 std::vector<float> RandomMatrix(int d, SplitMix64* rng) {
@@ -32,6 +34,21 @@ std::vector<float> HeadClips(int num_kv_heads, SplitMix64* rng) {
   return clips;
 }
 
+std::vector<uint8_t> HeadWidths(const WriteParams& p, int num_kv_heads, SplitMix64* rng) {
+  const size_t blocks = static_cast<size_t>(p.head_dim / 2);
+  std::vector<uint8_t> widths(static_cast<size_t>(num_kv_heads) * blocks);
+  for (size_t h = 0; h < static_cast<size_t>(num_kv_heads); ++h) {
+    // Up to `span` neighbouring widths around `base`, so heads range from one segment to eight.
+    const uint32_t base = 1 + rng->Below(kCodebookMaxWidth);
+    const uint32_t span = 1 + rng->Below(kCodebookMaxWidth);
+    for (size_t i = 0; i < blocks; ++i) {
+      const uint32_t w = base + rng->Below(span);
+      widths[h * blocks + i] = static_cast<uint8_t>(w > kCodebookMaxWidth ? w - kCodebookMaxWidth : w);
+    }
+  }
+  return widths;
+}
+
 std::vector<float> KvRows(size_t tokens, int num_kv_heads, int d, SplitMix64* rng,
                           float magnitude) {
   std::vector<float> rows(tokens * static_cast<size_t>(num_kv_heads) * static_cast<size_t>(d));
@@ -58,16 +75,21 @@ std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng) {
   return order;
 }
 
-cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Backend& backend) {
-  SplitMix64 rng(seed);
+CacheHeads DrawCacheHeads(const CacheParams& p, SplitMix64* rng_in) {
+  SplitMix64& rng = *rng_in;
   std::vector<float> rk = HeadRotations(p.key, p.num_kv_heads, &rng);
   std::vector<float> rv = HeadRotations(p.value, p.num_kv_heads, &rng);
-  HeadData key, value;
+  CacheHeads heads;
+  HeadData& key = heads.key;
+  HeadData& value = heads.value;
   key.rotation = std::move(rk);
   value.rotation = std::move(rv);
   if (p.quantized()) {
+    // Codebook rows are not clipped (spec/numerics.md §5.4): such a side keeps rho = 1.
     key.clip = HeadClips(p.num_kv_heads, &rng);
     value.clip = HeadClips(p.num_kv_heads, &rng);
+    if (p.key.format == Format::kCodebook) key.clip.clear();
+    if (p.value.format == Format::kCodebook) value.clip.clear();
     // fp8 sides: a scale per head in [0.01, 0.1) (KvRows reach ~30: codes up to ~3000 / 448
     // saturate on the outlier channels of the smaller scales), drawn after everything else so
     // the other formats' caches keep their bits.
@@ -77,8 +99,21 @@ cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Back
       side->scale.resize(static_cast<size_t>(p.num_kv_heads));
       for (float& s : side->scale) s = 0.01f + 0.09f * rng.Uniform01();
     }
+    // Codebook sides whose row limits leave room for more than the uniform row (segments > 1):
+    // per-head block widths (Block-GTQ's allocation), drawn last for the same reason.
+    for (auto [w, side] : {std::pair<const WriteParams*, HeadData*>{&p.key, &key},
+                           {&p.value, &value}}) {
+      if (w->format != Format::kCodebook || w->segments == 1) continue;
+      side->widths = HeadWidths(*w, p.num_kv_heads, &rng);
+    }
   }
-  return cpu::PagedKVCache(p, std::move(key), std::move(value), backend);
+  return heads;
+}
+
+cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed, const cpu::Backend& backend) {
+  SplitMix64 rng(seed);
+  CacheHeads heads = DrawCacheHeads(p, &rng);
+  return cpu::PagedKVCache(p, std::move(heads.key), std::move(heads.value), backend);
 }
 
 }  // namespace kvq::testbed

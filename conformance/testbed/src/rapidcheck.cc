@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kvq/common/codebook.h"
+
 namespace kvq::testbed {
 namespace {
 
@@ -52,6 +54,25 @@ rc::Gen<WriteParams> ArbitraryTileParams(int heads) {
   });
 }
 
+// A codebook side (spec 1.3) of head_dim d: widths 1..8, any transform but the clip (codebook
+// rows are not clipped), Beta or Gaussian tables. Half of them take per-head block widths
+// (MakeCache draws them), so their row limits are the largest any widths need: every width
+// present (8 segments) and d code bytes (B_s = ceil(m_s w_s / 8) <= m_s).
+WriteParams CodebookFor(int d) {
+  WriteParams p = WriteFor(d);
+  p.format = Format::kCodebook;
+  p.bits = *rc::gen::inRange(1, 9);
+  p.group = d;
+  p.clip = 1.0f;
+  p.codebook = *rc::gen::element(CodebookDensity::kBeta, CodebookDensity::kGaussian);
+  if (*rc::gen::arbitrary<bool>()) {
+    p.segments = kCodebookMaxSegments;
+    p.code_bytes = d;
+  }
+  p.Validate();
+  return p;
+}
+
 rc::Gen<CacheParams> ArbitraryCacheParams() {
   return rc::gen::exec([] {
     CacheParams c;
@@ -77,6 +98,11 @@ rc::Gen<CacheParams> ArbitraryCacheParams() {
       }
       c.flush = c.key.group * *rc::gen::inRange(1, 3);
       c.page_size = std::max(c.page_size, c.key.group) * *rc::gen::element(1, 2);
+    } else if (*rc::gen::inRange(0, 4) == 0) {
+      // One in four of the others: codebook keys (TurboQuant-MSE or per-head Block-GTQ widths)
+      // over codebook values (K3V2 and the like: each side its own widths) or per-token ones.
+      c.key = CodebookFor(d);
+      if (*rc::gen::inRange(0, 3) != 0) c.value = CodebookFor(d);
     }
     if (*rc::gen::inRange(0, 8) == 0) c.key.format = c.value.format = Format::kBf16;
     c.Validate();

@@ -46,6 +46,9 @@ struct SchemeOptions {
   uint64_t seed = 0;  // random_orthogonal's seed
   int saw_block = 128;  // the SAW schemes' FWHT block (16..256, a power of two; clamped to d)
   double hessian_damping = 0.01;  // saw_hessian: M + α·mean(diag M)·I (seeds/003 App. A.3)
+  // `--protected`: the windows kProtectedWindows (S0 = 4, W = 128, F = 1; seeds/004 App. D) in
+  // place of the scheme's own or the shared ones (the codebook schemes run without windows).
+  bool protect = false;
 };
 
 // The `bits` column's "use SchemeOptions::bits".
@@ -61,6 +64,9 @@ struct SchemeWindows {
   constexpr bool shared() const { return sink < 0; }
 };
 inline constexpr SchemeWindows kSharedWindows(-1, -1, -1);
+// The "protected" windows of Block-GTQ's paper (seeds/004 App. D): 4 bf16 sink tokens and the
+// 128 most recent tokens in bf16 (SchemeOptions::protect).
+inline constexpr SchemeWindows kProtectedWindows(4, 128, 1);
 
 // Whether the keys are divided by their norm (the `norm` column).
 enum class SchemeNorm : int { kNone, kKeys };
@@ -94,6 +100,12 @@ enum class ScalePolicy : int {
   kCalibration,  // the calibration file's k_scale / v_scale, made by kvq calibrate --scheme <id>
 };
 
+// Where a codebook side's per-head block widths come from (the `widths` column; keys only).
+enum class WidthsPolicy : int {
+  kNone,         // no widths: every block at the side's bits (TurboQuant-MSE's uniform row)
+  kCalibration,  // the calibration file's k_bits [Hkv, d/2] (kvq calibrate --scheme <id>)
+};
+
 struct SchemeInfo {
   const char* name;
   const char* description;  // one line naming the paper or seed, for --help and reports
@@ -106,6 +118,7 @@ struct SchemeInfo {
   SchemeWindows windows;    // kSharedWindows, or the scheme's own (S0, W, F)
   ClipPolicy clip;
   ScalePolicy scale;
+  WidthsPolicy widths;
 
   bool quantized() const { return format_k != Format::kBf16; }
   // The bits the scheme quantizes `side` (0: K, 1: V) with under `options`: its own, or
@@ -167,7 +180,13 @@ struct LayerScheme {
 // naming the missing tensor), options the cache rejects (group, bits, sink, recent, page;
 // kInvalidArgument from CacheParams::Validate), a saw_block that is not a power of two in
 // [16, 256], saw_hessian with a calibration whose key bases are not C_Q's (rotation recipe
-// raw_target) or a damping < 0.
+// raw_target) or a damping < 0, a scheme whose widths come from the calibration (blockgtq) with
+// a calibration that holds none (kInvalidArgument naming the tensor layers.{l}.k_bits) or
+// widths the side cannot hold (HeadData::Validate's errors).
+// A codebook side is one group a row (G = d); with per-head widths its row limits `segments`
+// and `code_bytes` are the most any (layer, KV head) of the calibration needs (spec/numerics.md
+// §5.4.1) and its `bits` the layer's budget width rounded up (what Describe shows; the codec
+// reads the widths).
 LayerScheme BuildLayerScheme(const std::string& name, const SchemeShape& shape,
                              const Calibration* cal, int layer, const SchemeOptions& options);
 // The same for a catalogue row given as it is (e.g. a row with some columns changed).
@@ -220,8 +239,9 @@ Calibration CalibrationForScheme(const std::string& name, const Calibration& cal
                                  const Activations* acts, const cpu::Backend& backend);
 
 // What `kvq calibrate --scheme` makes the calibration of scheme `name` with: the name itself
-// for a scheme whose fp8 scales come from the calibration (its `scale` column), else "oscar"
-// (every other calibrated scheme reads the OSCAR calibration). Throws as SchemeByName does.
+// for a scheme whose fp8 scales or block widths come from the calibration (its `scale` or
+// `widths` column), else "oscar" (every other calibrated scheme reads the OSCAR calibration).
+// Throws as SchemeByName does.
 std::string CalibrationScheme(const std::string& name);
 
 // The same scheme restricted to one KV head (Hkv = 1, Hq = the head's g query heads): the

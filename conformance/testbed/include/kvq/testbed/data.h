@@ -25,6 +25,10 @@ std::vector<float> RandomMatrix(int d, SplitMix64* rng);
 // empty) and clip ratios [Hkv] in [0.85, 1] with head 0 at 1 (never clips).
 std::vector<float> HeadRotations(const WriteParams& p, int num_kv_heads, SplitMix64* rng);
 std::vector<float> HeadClips(int num_kv_heads, SplitMix64* rng);
+// Codebook block widths [Hkv, d/2] in 1..8 (spec/numerics.md §5.4.1), each head's drawn around a
+// width of its own so that heads lay their rows out in one to eight segments. They fit any
+// side whose row limits are segments = 8 and code_bytes = d.
+std::vector<uint8_t> HeadWidths(const WriteParams& p, int num_kv_heads, SplitMix64* rng);
 
 // Rows that look like K or V: bell-shaped, channels j % 29 == 3 eight times larger, times
 // `magnitude`. [tokens, Hkv, d] fp32.
@@ -37,7 +41,15 @@ std::vector<float> Queries(size_t n, int d, SplitMix64* rng, float magnitude = 1
 // the indirection.
 std::vector<int32_t> RandomPermutation(int n, SplitMix64* rng);
 
-// A cache for `p` with seeded per-head rotations and clip ratios, writing through `backend`.
+// The per-head data of both sides of a cache for `p`, drawn from rng in a fixed order:
+// rotations (dense sides), clip ratios (quantized sides but codebook ones, whose rows are not
+// clipped), fp8 scales (fp8 sides), block widths (HeadWidths: codebook sides with segments > 1).
+struct CacheHeads {
+  HeadData key, value;
+};
+CacheHeads DrawCacheHeads(const CacheParams& p, SplitMix64* rng);
+
+// A cache for `p` with the per-head data of DrawCacheHeads, writing through `backend`.
 cpu::PagedKVCache MakeCache(const CacheParams& p, uint64_t seed,
                             const cpu::Backend& backend = cpu::BestBackend());
 // The same with its seed drawn from rng.
