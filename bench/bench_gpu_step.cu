@@ -101,6 +101,7 @@ using kvq::bench::MedianMicros;
 using kvq::bench::PlaneBytes;
 using kvq::bench::RandomBf16;
 using kvq::bench::ReadRanges;
+using kvq::bench::XorOfRanges;
 using kvq::bench::SchemeCache;
 using kvq::bench::SchemeRow;
 using kvq::bench::SchemeRows;
@@ -143,9 +144,9 @@ __global__ void Bf16AppendKernel(const __grid_constant__ Bf16AppendArgs a) {
   (value ? a.value_pool : a.key_pool)[row * kRowVectors + v] = (value ? a.value : a.key)[j];
 }
 
-// The floor of a step: reads the ranges of `r` (16-byte streaming loads, 4 in flight a thread,
-// as ReadRangesKernel) and stores `n_out` 16-byte words into `out` (streaming stores, issued
-// first: they depend on nothing). The XOR of what it read goes to `sink` only when it equals a
+// The floor of a step: reads the ranges of `r` (XorOfRanges, as ReadRangesKernel does) and
+// stores `n_out` 16-byte words into `out` (streaming stores, issued first: they depend on
+// nothing). The XOR of what it read goes to `sink` only when it equals a
 // constant, so that the loads stay.
 __global__ void __launch_bounds__(256) StepFloorKernel(const __grid_constant__ ReadRanges r,
                                                        uint4* out, size_t n_out,
@@ -155,22 +156,7 @@ __global__ void __launch_bounds__(256) StepFloorKernel(const __grid_constant__ R
   for (size_t i = first; i < n_out; i += stride) {
     __stcs(out + i, make_uint4(static_cast<uint32_t>(i), 1u, 2u, 3u));
   }
-  uint32_t x = 0;
-  for (int k = 0; k < r.count; ++k) {
-    const uint4* p = r.p[k];
-    const size_t n = r.n[k];
-    size_t i = first;
-    for (; i + 3 * stride < n; i += 4 * stride) {
-      const uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
-                  d = __ldcs(p + i + 3 * stride);
-      x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-           d.z ^ d.w;
-    }
-    for (; i < n; i += stride) {
-      const uint4 a = __ldcs(p + i);
-      x ^= a.x ^ a.y ^ a.z ^ a.w;
-    }
-  }
+  const uint32_t x = XorOfRanges(r, first, stride);
   if (x == 0x9e3779b9u) *sink = x;
 }
 

@@ -38,14 +38,31 @@ def median_us(fn, flush, iters):
     return statistics.median(times)
 
 
-def main():
+def parse_args():
+    """The flags both PyTorch baselines take (this one and bench_step_sdpa.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--flush", choices=["read", "write"], default="read")
     parser.add_argument("--batch", type=int, default=0)
     parser.add_argument("--len", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def shapes(args):
+    """The (B list, T list) of the table: the grid, --quick's, or the one --batch / --len name."""
+    batches = [1, 32] if args.quick else [1, 8, 32, 128]
+    lens = [32768] if args.quick else [8192, 32768, 131072]
+    if args.batch:
+        batches = [args.batch]
+    if args.len:
+        lens = [args.len]
+    return batches, lens
+
+
+def cuda_setup(args):
+    """The device's properties, the L2 flush of --flush, and the device-to-device copy
+    bandwidth (read + write, bytes per second) the tables are measured against."""
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
@@ -59,6 +76,12 @@ def main():
     copy_bw = 2 * src.numel() / (copy_us * 1e-6)
     del src, dst
     torch.cuda.empty_cache()
+    return props, flush, copy_bw
+
+
+def main():
+    args = parse_args()
+    props, flush, copy_bw = cuda_setup(args)
 
     print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {props.name}, "
           f"{props.multi_processor_count} SMs")
@@ -66,13 +89,8 @@ def main():
           f"{args.iters} runs, cold L2 (flushed by a {args.flush} pass); d={D} Hq/Hkv={HQ}/{HKV}, bf16 K/V [B, Hkv, T, d]\n")
     print("| B | T | cuDNN us | cuDNN GB/s | of copy BW | flash us | flash GB/s | of copy BW |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    batches = [1, 32] if args.quick else [1, 8, 32, 128]
-    lens = [32768] if args.quick else [8192, 32768, 131072]
+    batches, lens = shapes(args)
     backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
-    if args.batch:
-        batches = [args.batch]
-    if args.len:
-        lens = [args.len]
     for b in batches:
         for t in lens:
             kv_bytes = 2 * b * HKV * t * D * 2

@@ -21,32 +21,16 @@ kvq_bench_gpu_step --baseline reads; torch is on the device image only.
 Usage: python3 bench/bench_step_sdpa.py [--iters N] [--quick] [--batch B] [--len T]
                                         [--flush read|write]
 """
-import argparse
 import gc
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-D, HQ, HKV = 128, 32, 8
-
-
-def median_us(fn, flush, iters):
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        flush()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1000.0)
-    return statistics.median(times)
+# The timing method, flags, shape grid and copy bandwidth are bench_sdpa.py's (beside this file
+# in bench/ and in the device call's staging folder).
+from bench_sdpa import D, HKV, HQ, cuda_setup, median_us, parse_args, shapes
 
 
 def capture(fn):
@@ -106,26 +90,8 @@ def run_shape(b, t, flush, iters, copy_bw):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=30)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--flush", choices=["read", "write"], default="read")
-    parser.add_argument("--batch", type=int, default=0)
-    parser.add_argument("--len", type=int, default=0)
-    args = parser.parse_args()
-    dev = torch.device("cuda")
-    props = torch.cuda.get_device_properties(dev)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    flush_buf = torch.zeros(2 * l2 // 4, dtype=torch.int32, device=dev)
-    # A read pass (sum) leaves clean lines; add_ reads and writes every word.
-    flush = (lambda: flush_buf.add_(1)) if args.flush == "write" else (lambda: flush_buf.sum())
-
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_(0, 255)
-    dst = torch.empty_like(src)
-    copy_us = median_us(lambda: dst.copy_(src), flush, 20)
-    copy_bw = 2 * src.numel() / (copy_us * 1e-6)
-    del src, dst
-    torch.cuda.empty_cache()
+    args = parse_args()
+    props, flush, copy_bw = cuda_setup(args)
 
     print(f"# bf16 decode step (index_copy_ append + cuDNN SDPA) in one CUDA graph: torch "
           f"{torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {props.name}, "
@@ -136,12 +102,7 @@ def main():
     print("| B | T | cuDNN step us | SDPA alone us | append alone us | MB / step | step GB/s | "
           "of copy BW |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    batches = [1, 32] if args.quick else [1, 8, 32, 128]
-    lens = [32768] if args.quick else [8192, 32768, 131072]
-    if args.batch:
-        batches = [args.batch]
-    if args.len:
-        lens = [args.len]
+    batches, lens = shapes(args)
     for b in batches:
         for t in lens:
             kv_bytes = 2 * b * HKV * t * D * 2

@@ -5,6 +5,7 @@
 #   --part checks   device.txt     nvidia-smi, compute-sanitizer / ncu versions
 #                   tests.log      every gpu test, and every other test's CUDA backend cases
 #                                  (--gtest_filter='*cuda*' of the tests that expand the list)
+#                   torch_ops.log  tools/python/tests/test_torch_ops.py (the image's torch)
 #                   sanitizer.log  compute-sanitizer memcheck, racecheck and synccheck on reduced
 #                                  runs that reach every kernel
 #                   conform.log    kvq conform --backend gpu
@@ -100,6 +101,19 @@ if [[ $part == checks ]]; then
     [[ -n $t && -x $bin/$t ]] && run_test "$bin/$t" --gtest_filter='*cuda*'
   done < "$stage/backend_tests.txt"
 
+  # ---- The torch ops (kvq.torch_ops over libkvq_gpu.so's C ABI): the image's python3 and
+  # torch, the package's pure-Python files from the checkout (its extension module is built for
+  # the build machine's Python and is not needed), the staged library ----
+  if python3 -c 'import torch, pytest' 2>/dev/null; then
+    start=$(date +%s)
+    KVQ_GPU_LIB="$stage/lib/libkvq_gpu.so" PYTHONPATH="$PWD/tools/python" PYTHONDONTWRITEBYTECODE=1 \
+      python3 -m pytest -q -rs -p no:cacheprovider tools/python/tests/test_torch_ops.py \
+      > "$OUT/torch_ops.log" 2>&1
+    row "pytest test_torch_ops.py" "rc=$?, $(( $(date +%s) - start ))s, $(tail -n1 "$OUT/torch_ops.log")"
+  else
+    row "pytest test_torch_ops.py" "not run: python3 lacks torch or pytest"
+  fi
+
   # ---- compute-sanitizer: reduced runs that reach every kernel ----
   : > "$OUT/sanitizer.log"
   sanitize() {  # tool binary filter
@@ -130,6 +144,7 @@ if [[ $part == checks ]]; then
       sanitize "$tool" gpu_write_paged_test "$paged"
       sanitize "$tool" gpu_attention_test "$attention"
       sanitize "$tool" gpu_device_cache_test '*'
+      sanitize "$tool" gpu_c_api_test '*'
     done
   else
     row "compute-sanitizer" "not found"

@@ -13,10 +13,24 @@ through the C++ tables that expand them: a new row appears with no Python edit.
                           adapter=kvq.conformance.Adapter(scale_dtype="float16"))
 
 Errors are kvq.Error (a ValueError) with kvq's message and e.code.
+
+kvq.torch_ops (kvq's CUDA write and decode as torch ops, over libkvq_gpu.so's C ABI) needs
+neither the extension module nor this interpreter's ABI: where kvq._kvq does not load (a Python
+other than the one it was built for, as on the GPU machine), `import kvq.torch_ops` still works
+and every name above raises an ImportError that carries the extension's own.
 """
-from ._kvq import (Cache, Error, WriteParams, attend, decode, encode, formats, quantize,
-                   replay_cache, run_stage, schemes, stages)
-from . import cache_write, conformance, own_attention, vectors, verdicts
+try:
+    from ._kvq import (Cache, Error, WriteParams, attend, decode, encode, formats, quantize,
+                       replay_cache, run_stage, schemes, stages)
+    from . import cache_write, conformance, own_attention, vectors, verdicts
+except ImportError as _extension_error:  # noqa: F841 (kept for __getattr__)
+    _EXTENSION_ERROR = _extension_error
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ImportError("kvq.%s needs the extension module kvq._kvq, which did not load: %s "
+                          "(kvq.torch_ops works without it)" % (name, _EXTENSION_ERROR))
 
 __all__ = ["Cache", "Error", "WriteParams", "attend", "cache_write", "conformance", "decode",
            "encode", "formats", "own_attention", "quantize", "replay_cache", "run_stage",
