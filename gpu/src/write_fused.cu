@@ -275,8 +275,76 @@ __device__ __forceinline__ void LoadRotationChunk(float* shared_r, const float* 
   for (int idx = threadIdx.x; idx < kVectors; idx += kThreads) dst[idx] = __ldg(src + idx);
 }
 
+// The resident R (kRResident) copied asynchronously (cp.async: every copy in flight at once,
+// no registers); the caller commits the group and waits for it before the first product.
+template <int D>
+__device__ __forceinline__ void LoadRotationAsync(float* shared_r, const float* r) {
+  constexpr int kVectors = D * D / 4;
+  static_assert(TileTraits<D>::kRResident && kVectors % kThreads == 0, "whole R, whole float4s");
+  const float4* src = reinterpret_cast<const float4*>(r);
+  float4* dst = reinterpret_cast<float4*>(shared_r);
+#pragma unroll
+  for (int k = 0; k < kVectors / kThreads; ++k) {
+    const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
+    __pipeline_memcpy_async(dst + idx, src + idx, 16);
+  }
+}
+
 __device__ __forceinline__ float Component(const float4& v, int c) {
   return c == 0 ? v.x : (c == 1 ? v.y : (c == 2 ? v.z : v.w));
+}
+
+// Rows [0, rows) of the tile <- row . R in place, for a tile of few rows (rows <= kFewRows: an
+// append's demotions, one row a sequence). Thread t computes channel j = t % D of rows
+// t / D + k kThreads / D: every thread has at most kRowsPerThread outputs, and a warp's lanes
+// share their rows (D >= 64), so x[i] is a broadcast and R's row i a conflict-free read. The
+// sums are RotateTileDense's, term for term, so the bits are too.
+template <int D>
+struct FewRows {
+  static constexpr int kPerPass = kThreads / D;                  // rows a pass: 4, 2, 1
+  static constexpr int kMax = kPerPass * kRowsPerThread;         // 16, 8, 4
+};
+
+template <int D>
+__device__ __forceinline__ void RotateFewRowsDense(float* tile, float* shared_r, const float* r,
+                                                   int rows) {
+  using Tile = TileTraits<D>;
+  const int j = static_cast<int>(threadIdx.x) % D;
+  const int row0 = static_cast<int>(threadIdx.x) / D;
+  float acc[kRowsPerThread];
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) acc[k] = +0.0f;
+  for (int chunk = 0; chunk < D; chunk += Tile::kRChunk) {
+    if (!Tile::kRResident) {
+      __syncthreads();  // every thread is done with the previous chunk
+      LoadRotationChunk<D>(shared_r, r, chunk);
+      __syncthreads();
+    }
+    if (row0 >= rows) continue;  // a warp without rows (uniform: its lanes share row0)
+#pragma unroll 2
+    for (int i = 0; i < Tile::kRChunk; i += 4) {
+      float rv[4];
+#pragma unroll
+      for (int ii = 0; ii < 4; ++ii) rv[ii] = shared_r[(i + ii) * D + j];
+#pragma unroll
+      for (int k = 0; k < kRowsPerThread; ++k) {
+        const int row = row0 + k * FewRows<D>::kPerPass;
+        if (row >= rows) break;
+        const float4 xv = *reinterpret_cast<const float4*>(tile + row * Tile::kStride + chunk + i);
+        acc[k] = __fadd_rn(acc[k], __fmul_rn(xv.x, rv[0]));
+        acc[k] = __fadd_rn(acc[k], __fmul_rn(xv.y, rv[1]));
+        acc[k] = __fadd_rn(acc[k], __fmul_rn(xv.z, rv[2]));
+        acc[k] = __fadd_rn(acc[k], __fmul_rn(xv.w, rv[3]));
+      }
+    }
+  }
+  __syncthreads();  // every thread has read its rows
+#pragma unroll
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int row = row0 + k * FewRows<D>::kPerPass;
+    if (row < rows) tile[row * Tile::kStride + j] = acc[k];
+  }
+  __syncthreads();
 }
 
 // tile <- tile . R in place. Thread (jg, rg) owns channels 4*jg .. 4*jg+3 of rows
@@ -419,7 +487,12 @@ __global__ void __launch_bounds__(kThreads, 4)
     StageTileAsync<D>(args, staging, static_cast<int>(blockIdx.x) * Tile::kTileRows, head);
     __pipeline_commit();
   }
-  if (dense && Tile::kRResident) LoadRotationChunk<D>(shared_r, r, 0);
+  if constexpr (Tile::kRResident) {
+    if (dense) {
+      LoadRotationAsync<D>(shared_r, r);  // waited for with the first tile's rows
+      __pipeline_commit();
+    }
+  }
   for (int tile_index = blockIdx.x; tile_index < num_tiles; tile_index += gridDim.x) {
     const int t0 = tile_index * Tile::kTileRows;
     __syncthreads();  // the previous tile's rows are consumed (and R is in place)
@@ -432,10 +505,18 @@ __global__ void __launch_bounds__(kThreads, 4)
         __pipeline_commit();
       }
     } else {
+      if (dense && Tile::kRResident) __pipeline_wait_prior(0);  // R
       LoadTile<D>(args, tile, t0, head);
     }
     __syncthreads();
-    if (args.rotation.kind == kRotationDense) RotateTileDense<D>(tile, shared_r, r);
+    if (dense) {
+      const int rows = min(Tile::kTileRows, args.num_tokens - t0);
+      if (rows <= FewRows<D>::kMax) {
+        RotateFewRowsDense<D>(tile, shared_r, r, rows);
+      } else {
+        RotateTileDense<D>(tile, shared_r, r);
+      }
+    }
     // Warp w takes rows w*R .. w*R + R - 1 of the tile, R = rows per warp, one per slice
     // (kWarps * R = kTileRows: one batch per warp and tile).
     constexpr int kRowsPerWarp = detail::SliceTraits<D>::kRowsPerWarp;

@@ -124,6 +124,34 @@ TEST_P(FusedWriteTest, MatchesScalarOracleBitForBit) {
   }
 }
 
+// A dense rotation over few rows (an append step's demotions: one row a sequence) takes the
+// tile kernel's few-rows product (FewRows: at most 16, 8, 4 rows at d = 64, 128, 256); one
+// more row takes the whole-tile product. Both sides of that edge, one row, and a tile plus a
+// few rows, against the oracle's bits.
+TEST(FusedWriteFewRows, DenseRotationMatchesScalarOracleBitForBit) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  for (const Shape& s : Shapes()) {
+    const int d = s.d;
+    const size_t few = static_cast<size_t>(4 * 256 / d);  // the few-rows limit at this d
+    const size_t tile = 4 * few;                          // the tile's rows
+    for (size_t v = 0; v < RotationVariants().size(); ++v) {
+      const RotationVariant& variant = RotationVariants()[v];
+      if (variant.kind != RotationKind::kDense) continue;
+      SplitMix64 rng(104729u * d + 31u * s.group + v);
+      const WriteParams p = variant.Params(d).group(s.group).bits(2);
+      const std::vector<float> rotation = testbed::RandomMatrix(d, &rng);
+      for (size_t rows : {size_t{1}, size_t{3}, few - 1, few, few + 1, tile + few}) {
+        const std::string context = "FusedWriteFewRows " + Describe(p) + " " + variant.name +
+                                    " rows " + std::to_string(rows);
+        const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(rows, p, &rng));
+        ExpectFusedMatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, rows, context + " bf16");
+        const std::vector<float> x_f32 = MixedRows(rows, p, &rng);
+        ExpectFusedMatchesOracle(p, rotation, x_f32, nullptr, rows, context + " f32");
+      }
+    }
+  }
+}
+
 std::vector<FusedCase> AllFusedCases() {
   std::vector<FusedCase> cases;
   for (const Shape& s : Shapes()) {
