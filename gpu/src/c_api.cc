@@ -143,7 +143,7 @@ struct HeadRow {
   bool scalar;
 };
 constexpr HeadRow kHeadRows[] = {
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, ...) \
   {#name, std::is_same<Type, float>::value ? DType::kF32 : DType::kU8, false},
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_ARRAY
@@ -153,13 +153,18 @@ constexpr HeadRow kHeadRows[] = {
 };
 constexpr int kNumHeadRows = static_cast<int>(sizeof(kHeadRows) / sizeof(kHeadRows[0]));
 
-// How a side's parameters use row `row`: an array is required when head_data.inc's `present`
-// holds; a scalar is required where the decode kernels read it per head (the fp8 scales), else
-// optional for a quantized side whose format reads its field.
+// How a side's parameters use row `row`: an array as head_data.inc's `use` says; a scalar is
+// required where the decode kernels read it per head (the fp8 scales), else optional for a
+// quantized side whose format reads its field.
 int32_t HeadRowUse(const WriteParams& p, int row) {
   int index = 0;
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
-  if (index++ == row) return (present) ? KVQ_HEAD_ROW_REQUIRED : KVQ_HEAD_ROW_ABSENT;
+#define KVQ_HEAD_ARRAY(name, Type, extent, use, ...)                                 \
+  if (index++ == row) {                                                             \
+    const HeadArrayUse u = (use);                                                   \
+    return u == HeadArrayUse::kRequired   ? KVQ_HEAD_ROW_REQUIRED                   \
+           : u == HeadArrayUse::kOptional ? KVQ_HEAD_ROW_OPTIONAL                   \
+                                          : KVQ_HEAD_ROW_ABSENT;                    \
+  }
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_ARRAY
 #define KVQ_HEAD_SCALAR(name, field, noun, valid, rule)                                  \
@@ -180,7 +185,7 @@ int32_t HeadRowUse(const WriteParams& p, int row) {
 
 int64_t HeadRowElements(const WriteParams& p, int row) {
   int index = 0;
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, extent, ...) \
   if (index++ == row) return static_cast<int64_t>(extent);
 #include "kvq/common/head_data.inc"
 #undef KVQ_HEAD_ARRAY
@@ -209,7 +214,7 @@ HeadData HeadsOf(const WriteParams& p, const void* const* rows, const char* side
               " per-head row '", kHeadRows[r].name, "' is not 4-byte aligned");
   }
   int index = 0;
-#define KVQ_HEAD_ARRAY(name, Type, extent, present, noun, valid, code, ...) \
+#define KVQ_HEAD_ARRAY(name, Type, ...) \
   heads.name = rows != nullptr ? static_cast<const Type*>(rows[index]) : nullptr; \
   ++index;
 #include "kvq/common/head_data.inc"
