@@ -16,8 +16,9 @@ Errors are kvq.Error (a ValueError) with kvq's message and e.code.
 
 kvq.torch_ops (kvq's CUDA write and decode as torch ops, over libkvq_gpu.so's C ABI) needs
 neither the extension module nor this interpreter's ABI: where kvq._kvq does not load (a Python
-other than the one it was built for, as on the GPU machine), `import kvq.torch_ops` still works
-and every name above raises an ImportError that carries the extension's own.
+other than the one it was built for, as on the GPU machine), `import kvq.torch_ops` (and
+`from kvq import torch_ops`, `kvq.hf`) still works and every name above raises an ImportError
+that carries the extension's own.
 """
 try:
     from ._kvq import (Cache, Error, WriteParams, attend, decode, encode, formats, quantize,
@@ -29,6 +30,9 @@ except ImportError as _extension_error:  # noqa: F841 (kept for __getattr__)
     def __getattr__(name):
         if name.startswith("__"):
             raise AttributeError(name)
+        if name in ("torch_ops", "hf"):  # `from kvq import torch_ops` asks here first
+            import importlib
+            return importlib.import_module("." + name, __name__)
         raise ImportError("kvq.%s needs the extension module kvq._kvq, which did not load: %s "
                           "(kvq.torch_ops works without it)" % (name, _EXTENSION_ERROR))
 

@@ -1,0 +1,372 @@
+"""kvq.hf: transformers' Llama and Qwen3 generating through kvq's paged cache.
+
+Everywhere (no device): SCHEMES restates schemes.inc (every id, no other) and every row it
+serves is accepted by kvq_cache_create (libkvq_gpu.so's C ABI; skipped without the library).
+On the GPU machine (CUDA, torch >= 2.4, transformers 5.x, libkvq_gpu.so), on tiny random-init
+Llama and Qwen3 configs (4 KV heads, 8 query heads, head_dim 128, fp32 weights, seed 0):
+ (a) scheme bf16: prompt logits equal DynamicCache + sdpa's bit for bit (the prompt's attention
+     is sdpa's own), and the logits of every decode step equal them within 4 * 2^-9 of the
+     largest logit (K/V rounded to bf16; see test_bf16_cache_logits_match_dynamic_cache);
+ (b) greedy generation with oscar (a random orthonormal R per head, clip 0.95) and kivi INT2
+     runs, gives valid tokens, changes the pools as tokens enter the history, and its agreement
+     with bf16's tokens is printed, not asserted;
+ (c) a scheme without GPU kernels (tq_mse) raises naming the scheme;
+ (d) caches over KV heads [0, H/2) and [H/2, H) fed those heads' K/V hold the bytes of the full
+     cache's corresponding heads (sharding invariance at the cache level, one GPU);
+ (e) with KVQ_PPL_JSON (`kvq ppl --backend gpu --gpu-decode steps --json`) and model A exported to
+     an HF folder: teacher-forced PPL through the HF path equals kvq ppl's per scheme.
+"""
+import json
+import math
+import os
+import pathlib
+import re
+import struct
+
+import pytest
+
+import kvq.hf as hf
+from kvq import torch_ops
+
+torch = torch_ops.torch
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+try:
+    torch_ops.library()
+    LIBRARY_ERROR = None
+except torch_ops.TorchOpError as e:
+    LIBRARY_ERROR = str(e)
+needs_library = pytest.mark.skipif(LIBRARY_ERROR is not None, reason=str(LIBRARY_ERROR))
+
+DEVICE_REASON = (LIBRARY_ERROR
+                 or ("no torch" if torch is None else None)
+                 or (None if torch_ops.registered() else
+                     "torch %s has no torch.library.custom_op (>= 2.4)" % torch.__version__)
+                 or hf.TRANSFORMERS_ERROR
+                 or (None if torch.cuda.is_available() else "no CUDA device"))
+needs_device = pytest.mark.skipif(DEVICE_REASON is not None, reason=str(DEVICE_REASON))
+
+
+# ---- Everywhere -------------------------------------------------------------------------------
+
+
+def catalogue_ids():
+    text = (ROOT / "calib" / "include" / "kvq" / "calib" / "schemes.inc").read_text()
+    return re.findall(r"^KVQ_SCHEME\((\w+),", text, re.M)
+
+
+def test_scheme_table_restates_the_catalogue():
+    assert sorted(hf.SCHEMES) == sorted(catalogue_ids())
+
+
+def test_refused_schemes_name_themselves():
+    for name, row in hf.SCHEMES.items():
+        if isinstance(row, str):
+            with pytest.raises(torch_ops.TorchOpError) as refused:
+                hf.scheme_recipe(name)
+            assert "'%s'" % name in str(refused.value) and refused.value.code == "unsupported"
+    with pytest.raises(torch_ops.TorchOpError, match="unknown scheme 'oscarr'"):
+        hf.scheme_recipe("oscarr")
+
+
+@needs_library
+@pytest.mark.parametrize("name", [n for n, r in hf.SCHEMES.items() if not isinstance(r, str)])
+def test_served_schemes_are_accepted_by_the_c_abi(name):
+    params = hf.cache_params_for(name, num_kv_heads=2, num_q_heads=8, head_dim=128)
+    recipe = hf.scheme_recipe(name)
+    c = torch_ops._cache(params)
+    for side in (0, 1):
+        use = {row: u for row, _, _, u in c.heads[side]}
+        dense = recipe["rotation"][side] is not None and \
+            recipe["rotation"][side].startswith("calibration:")
+        assert (use["rotation"] == 2) == dense, (name, side)
+        assert (use["scale"] == 2) == (recipe["format"][side] == "fp8_e4m3"), (name, side)
+
+
+@needs_library
+def test_a_scheme_without_gpu_kernels_raises_naming_it():  # (c)
+    with pytest.raises(torch_ops.TorchOpError) as refused:
+        hf.cache_params_for("tq_mse", num_kv_heads=2, num_q_heads=8, head_dim=128)
+    assert "'tq_mse'" in str(refused.value) and "codebook" in str(refused.value)
+
+
+def test_hf_imports_without_transformers():
+    if hf.TRANSFORMERS_ERROR is None:
+        pytest.skip("transformers is installed")
+    with pytest.raises(ImportError, match="transformers 5.x"):
+        hf.Cache("bf16")
+
+
+# ---- On the GPU machine -------------------------------------------------------------------
+
+ARCHS = ["llama", "qwen3"]
+
+
+def tiny_model(arch, seed=0):
+    import transformers
+    common = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+                  max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    config = (transformers.LlamaConfig if arch == "llama" else transformers.Qwen3Config)(**common)
+    torch.manual_seed(seed)
+    cls = transformers.LlamaForCausalLM if arch == "llama" else transformers.Qwen3ForCausalLM
+    model = cls(config).to("cuda").eval()
+    return model
+
+
+def set_attention(model, name):
+    model.set_attn_implementation(name)
+    assert model.config._attn_implementation == name
+
+
+def prompt(batch=1, length=40, vocab=512, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=g).cuda()
+
+
+def step_logits(model, ids, cache, steps):
+    """Prompt logits, then `steps` greedy decode steps' logits, feeding the argmax."""
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True)
+        logits = [out.logits[:, -1].float()]
+        prompt_logits = out.logits.float()
+        token = out.logits[:, -1:].argmax(-1)
+        for _ in range(steps):
+            out = model(token, past_key_values=cache, use_cache=True)
+            logits.append(out.logits[:, -1].float())
+            token = out.logits[:, -1:].argmax(-1)
+    return prompt_logits, logits
+
+
+@needs_device
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_cache_logits_match_dynamic_cache(arch):  # (a)
+    """Tolerance: the model is fp32. DynamicCache keeps fp32 K/V; kvq's bf16 cache stores them
+    rounded to bf16 (RNE, relative error <= 2^-9 each) and its decode reads q as fp32 and
+    accumulates in fp32 (1e-3 relative per head against fp64 at most, kGpuAttentionTolerance).
+    A 2^-9 change of every key moves each logit q.k by <= 2^-9 of |q||k| and of every value the
+    output by <= 2^-9 of its scale: about 2 * 2^-9 relative per attention, two layers with
+    residuals: max |logit diff| <= 4 * 2^-9 (~7.8e-3) of the largest |logit| per step. That is a
+    bound on rounding, not a fitted number; a wrong row, head or position moves logits by O(1)
+    of their scale. The prompt's logits are bitwise equal: its attention is transformers' sdpa
+    over the same fp32 rows (kvq.hf.attention hands the prompt to sdpa_attention_forward)."""
+    import transformers
+    model = tiny_model(arch)
+    ids = prompt(batch=2)
+    set_attention(model, "sdpa")
+    ref_prompt, ref = step_logits(model, ids, transformers.DynamicCache(config=model.config), 24)
+    set_attention(model, hf.ATTENTION)
+    cache = hf.Cache(scheme="bf16", config=model.config, max_batch_size=2, max_cache_len=128)
+    got_prompt, got = step_logits(model, ids, cache, 24)
+    assert torch.equal(got_prompt, ref_prompt)
+    worst = 0.0
+    for step, (a, b) in enumerate(zip(got, ref)):
+        scale = b.abs().max().item()
+        diff = (a - b).abs().max().item()
+        worst = max(worst, diff / scale)
+        assert diff <= 4 * 2 ** -9 * scale, (arch, step, diff, scale)
+    print("%s bf16: worst step logit diff %.2e of the largest logit" % (arch, worst))
+
+
+def oscar_calibration(path, config, seed=0, clip=0.95):
+    """A kvq calibration file (spec/formats.md §5, the tensors and keys kvq.hf reads) with a
+    random orthonormal R per (layer, KV head, side) and clip ratio `clip`: what `kvq calibrate`
+    writes, minus the bases and eigenvalues the GPU schemes do not read."""
+    layers, hkv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for l in range(layers):
+        for s in "kv":
+            q, _ = torch.linalg.qr(torch.randn(hkv, d, d, generator=g, dtype=torch.float64))
+            tensors["layers.%d.%s_rotation" % (l, s)] = q.float().contiguous()
+            tensors["layers.%d.%s_clip" % (l, s)] = torch.full((hkv,), clip)
+    metadata = dict(format="kvq-calibration", format_version="2", head_dim=str(d), group="64",
+                    bits="2", sink="64", recent="256", scheme="oscar", granularity="kv_head",
+                    num_layers=str(layers), num_kv_heads=str(hkv), source="test_hf_cache.py")
+    write_safetensors(path, tensors, metadata)
+    return path
+
+
+def write_safetensors(path, tensors, metadata):
+    header, blobs, offset = {"__metadata__": metadata}, [], 0
+    for name, t in tensors.items():
+        data = t.contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    pathlib.Path(path).write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def pool_snapshot(cache):
+    return [[p.clone() for pool in layer.pools for p in pool] for layer in cache.layers]
+
+
+@needs_device
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("scheme", ["oscar", "kivi"])
+def test_int2_generation_runs_and_fills_the_pools(arch, scheme, tmp_path):  # (b)
+    model = tiny_model(arch)
+    vocab = model.config.vocab_size
+    ids = prompt(batch=2, length=200)
+    new = 200  # oscar: S0 + W = 320 < 400, so history rows enter the pages while generating
+    set_attention(model, "sdpa")
+    with torch.no_grad():  # transformers' own: sdpa over a DynamicCache
+        ref = model.generate(ids, max_new_tokens=new, do_sample=False)
+    set_attention(model, hf.ATTENTION)
+    cal = oscar_calibration(tmp_path / "cal.safetensors", model.config) \
+        if scheme == "oscar" else None
+    cache = hf.Cache(scheme, calibration=cal, config=model.config, max_batch_size=2,
+                     max_cache_len=512)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)  # the prompt alone: pools as written
+    before = pool_snapshot(cache)
+    cache.reset()
+    with torch.no_grad():
+        got = model.generate(ids, max_new_tokens=new, do_sample=False, past_key_values=cache)
+    assert got.shape == ref.shape
+    tokens = got[:, ids.shape[1]:]
+    assert bool(((tokens >= 0) & (tokens < vocab)).all())
+    after = pool_snapshot(cache)
+    changed = sum(not torch.equal(a, b) for la, lb in zip(after, before) for a, b in zip(la, lb))
+    assert changed > 0, "no pool plane changed while %d tokens were appended" % new
+    assert cache.get_seq_length() == ids.shape[1] + new - 1  # the last token is never fed back
+    agreement = (tokens == ref[:, ids.shape[1]:]).float().mean().item()
+    print("%s %s: greedy agreement with sdpa + DynamicCache %.3f over %d tokens x 2"
+          % (arch, scheme, agreement, new))
+
+
+@needs_device
+@pytest.mark.parametrize("scheme", ["oscar", "kivi", "bf16"])
+def test_kv_head_slices_hold_the_full_cache_bytes(scheme, tmp_path):  # (d)
+    """Two caches over KV heads [0, H/2) and [H/2, H), each fed its heads' K/V, hold the bytes
+    of the full cache's heads: pools (plane axis 1 is the KV head), windows (axis 2). What it does
+    not show: transformers' tensor-parallel loading (the ranks' K/V come from sharded
+    projections, whose bf16 reductions differ from one GPU's), nor two devices."""
+    model = tiny_model("llama")
+    config = model.config
+    hkv, d, layers = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
+    cal = oscar_calibration(tmp_path / "cal.safetensors", config) if scheme == "oscar" else None
+    halves = [range(0, hkv // 2), range(hkv // 2, hkv)]
+    caches = [hf.Cache(scheme, calibration=cal, config=config, max_batch_size=2,
+                       max_cache_len=640, kv_heads=heads) for heads in [None] + halves]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    rows = lambda t: torch.randn(2, hkv, t, d, generator=g, device="cuda").bfloat16()
+    steps = [(rows(300), rows(300))] + [(rows(1), rows(1)) for _ in range(200)]
+    for k, v in steps:
+        for l in range(layers):
+            caches[0].update(k, v, l)
+            for heads, cache in zip(halves, caches[1:]):
+                cache.update(k[:, heads.start:heads.stop], v[:, heads.start:heads.stop], l)
+    for l in range(layers):
+        full = caches[0].layers[l]
+        for heads, cache in zip(halves, caches[1:]):
+            part = cache.layers[l]
+            for side in (0, 1):
+                for a, b in zip(full.pools[side], part.pools[side]):
+                    assert a.shape[1] == hkv and b.shape[1] == len(heads), (a.shape, b.shape)
+                    assert same_bytes(a[:, heads.start:heads.stop], b), (scheme, l, side)
+            for a, b in zip(full.windows, part.windows):
+                assert same_bytes(a[:, :, heads.start:heads.stop], b), (scheme, l)
+
+
+def same_bytes(a, b):
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
+                                              b.contiguous().view(torch.uint8))
+
+
+# ---- (e) teacher-forced PPL against kvq ppl ---------------------------------------------------
+
+PPL_JSON = os.environ.get("KVQ_PPL_JSON")
+HF_MODEL = os.environ.get("KVQ_HF_MODEL")  # tools/train_tiny_lm.py --export-hf of model A
+CALIBRATION = os.environ.get("KVQ_CALIBRATION")  # kvq ppl --save-calibration
+PPL_REASON = DEVICE_REASON or (None if PPL_JSON and HF_MODEL else
+                               "set KVQ_PPL_JSON (kvq ppl --json) and KVQ_HF_MODEL (an HF "
+                               "export of model A) to compare perplexities")
+
+
+def ppl_rows():
+    if not PPL_JSON:
+        return []
+    data = json.loads(pathlib.Path(PPL_JSON).read_text())
+    out = []
+    for s in data["sets"]:
+        for r in s["rows"]:
+            scheme, _, clip = r["label"].partition("@")
+            row = hf.SCHEMES.get(scheme)
+            if row is None or isinstance(row, str):
+                continue
+            # A row whose clip ratios kvq ppl chose itself (--clip own) has none in the file.
+            if row["clip"] and scheme != "oscar" and clip != "oscar":
+                continue
+            out.append((s["name"], r["label"]))
+    return out
+
+
+@pytest.mark.skipif(PPL_REASON is not None, reason=str(PPL_REASON))
+@pytest.mark.parametrize("set_name,label", ppl_rows())
+def test_teacher_forced_ppl_equals_kvq_ppl(set_name, label):  # (e)
+    """Model A in fp32 (its int8 weights dequantized, as kvq ppl's forward), one token per
+    forward from position 0 (each position's logits come from kvq's decode over the cache of
+    length p + 1, as `kvq ppl --gpu-decode steps`), over the windows of kvq ppl's set. Tolerance
+    1e-3 relative on PPL (kvq ppl's --max-rel-ppl between its CPU and GPU forwards): the
+    projections are torch's fp32 GEMMs (TF32 off) instead of kvq's cuBLAS calls."""
+    import transformers
+    data = json.loads(pathlib.Path(PPL_JSON).read_text())
+    sset = next(s for s in data["sets"] if s["name"] == set_name)
+    row = next(r for r in sset["rows"] if r["label"] == label)
+    o = data["options"]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = transformers.AutoModelForCausalLM.from_pretrained(HF_MODEL, dtype=torch.float32)
+    model = model.to("cuda").eval()
+    set_attention(model, hf.ATTENTION)
+    windows = load_windows(sset)
+    nll, count = 0.0, 0
+    for w in windows:
+        ids = torch.tensor(w, dtype=torch.long, device="cuda")[None]
+        try:
+            cache = hf.Cache(label.partition("@")[0], calibration=CALIBRATION,
+                             config=model.config, max_cache_len=ids.shape[1],
+                             page_size=o["page"], bits=o["bits"], group=o["group"],
+                             sink=o["sink"], recent=o["recent"])
+        except hf.SchemeError as e:  # e.g. fp8 with an oscar calibration (no fp8 scales)
+            pytest.skip(str(e))
+        with torch.no_grad():
+            for p in range(ids.shape[1] - 1):
+                logits = model(ids[:, p:p + 1], past_key_values=cache,
+                               use_cache=True).logits[0, -1].double()
+                nll -= torch.log_softmax(logits, -1)[ids[0, p + 1]].item()
+                count += 1
+    ppl = math.exp(nll / count)
+    print("%s %s: HF path PPL %.6f, kvq ppl %.6f" % (set_name, label, ppl, row["ppl"]))
+    assert abs(ppl / row["ppl"] - 1) <= 1e-3
+
+
+def load_windows(sset):
+    """The token windows of a kvq ppl set: its "windows" selection (NAME:a-b, ...) from the
+    model's tokens.safetensors (KVQ_TOKENS, else beside KVQ_HF_MODEL, else model A's), cut to
+    the set's length."""
+    path = os.environ.get("KVQ_TOKENS") or next(
+        p for p in [pathlib.Path(HF_MODEL) / "tokens.safetensors",
+                    ROOT / "calib" / "models" / "tiny-llama-a" / "tokens.safetensors"]
+        if p.exists())
+    _, tensors = hf._read_safetensors(path)
+    out = []
+    selections = sset["windows"] if isinstance(sset["windows"], list) else \
+        str(sset["windows"]).split(",")
+    for sel in selections:
+        name, _, pick = str(sel).partition(":")
+        t = tensors[name]
+        if not pick:
+            chosen = range(t.shape[0])
+        elif "-" in pick:
+            a, b = pick.split("-")
+            chosen = range(int(a), int(b) + 1)
+        else:
+            chosen = [int(pick)]
+        for i in chosen:
+            row = t[i].tolist()
+            out.append(row[:sset["length"]] if sset.get("length") else row)
+    return out
