@@ -5,7 +5,8 @@
 #   --part checks   device.txt     nvidia-smi, compute-sanitizer / ncu versions
 #                   tests.log      every gpu test, and every other test's CUDA backend cases
 #                                  (--gtest_filter='*cuda*' of the tests that expand the list)
-#                   torch_ops.log  tools/python/tests/test_torch_ops.py (the image's torch)
+#                   torch_ops.log  tools/python/tests/test_torch_ops.py and test_hf_cache.py
+#                                  (the image's torch and transformers)
 #                   sanitizer.log  compute-sanitizer memcheck, racecheck and synccheck on reduced
 #                                  runs that reach every kernel
 #                   conform.log    kvq conform --backend gpu
@@ -108,10 +109,11 @@ if [[ $part == checks ]]; then
     start=$(date +%s)
     KVQ_GPU_LIB="$stage/lib/libkvq_gpu.so" PYTHONPATH="$PWD/tools/python" PYTHONDONTWRITEBYTECODE=1 \
       python3 -m pytest -q -rs -p no:cacheprovider tools/python/tests/test_torch_ops.py \
-      > "$OUT/torch_ops.log" 2>&1
-    row "pytest test_torch_ops.py" "rc=$?, $(( $(date +%s) - start ))s, $(tail -n1 "$OUT/torch_ops.log")"
+      tools/python/tests/test_hf_cache.py > "$OUT/torch_ops.log" 2>&1
+    row "pytest test_torch_ops.py test_hf_cache.py" \
+      "rc=$?, $(( $(date +%s) - start ))s, $(tail -n1 "$OUT/torch_ops.log")"
   else
-    row "pytest test_torch_ops.py" "not run: python3 lacks torch or pytest"
+    row "pytest test_torch_ops.py test_hf_cache.py" "not run: python3 lacks torch or pytest"
   fi
 
   # ---- compute-sanitizer: reduced runs that reach every kernel ----
