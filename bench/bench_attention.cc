@@ -41,8 +41,8 @@ kvq::calib::SchemeShape Shape() {
   return shape;
 }
 
-// The calibration a calibrated scheme reads (oscar's, or an fp8 scheme's own): synthetic,
-// made once per kind.
+// The calibration a calibrated scheme reads (oscar's, or an fp8 scheme's or blockgtq's own):
+// synthetic, made once per kind.
 const kvq::calib::Calibration& BenchCalibration(const std::string& scheme) {
   static kvq::calib::SyntheticCalibrations calibrations(Shape(), kvq::calib::SchemeOptions(),
                                                         512, 1);

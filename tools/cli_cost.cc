@@ -41,11 +41,12 @@ std::string StoresKV(const CacheParams& p) {
 }
 
 // Schemes store the same bytes when their rows agree on everything but the rotation, the
-// clip and the scale.
-using FamilyKey = std::tuple<int, int, int, int, int>;
+// clip and the scale (calibrated codebook widths lay rows out in segments of their own).
+using FamilyKey = std::tuple<int, int, int, int, int, int>;
 FamilyKey KeyOf(const calib::SchemeInfo& info, const calib::SchemeOptions& options, int d) {
   return {static_cast<int>(info.format_k), static_cast<int>(info.format_v),
-          info.BitsUnder(options), info.GroupUnder(options, d), static_cast<int>(info.norm)};
+          info.BitsUnder(options), info.GroupUnder(options, d), static_cast<int>(info.norm),
+          static_cast<int>(info.widths)};
 }
 
 }  // namespace

@@ -225,9 +225,9 @@ CacheSetup SchemeSetup(const AttendOptions& o, Inputs& in) {
   CheckLayerOptions(o);
   const bool calibrated = !o.calibration.empty();
   KVQ_CHECK(calibrated || scheme.widths != kvq::calib::WidthsPolicy::kCalibration,
-            kInvalidArgument, "--scheme ", o.scheme, " needs the per-head block widths of a "
-            "calibration (layers.{l}.k_bits, with its R_K and R_V): give --calibration C --layer L, "
-            "C a file of kvq calibrate --scheme ", o.scheme);
+            kInvalidArgument, "--scheme ", o.scheme, " needs a calibration with the per-head "
+            "block widths (layers.{l}.k_bits, with its R_K and R_V): give --calibration C "
+            "--layer L, C a file of kvq calibrate --scheme ", o.scheme);
   KVQ_CHECK(calibrated || !scheme.needs_calibration, kInvalidArgument, "--scheme ", o.scheme,
             " needs a calibration: give --calibration C --layer L (a kvq calibrate file)");
   KVQ_CHECK(!o.protect || (!o.has_sink && !o.has_recent), kInvalidArgument,

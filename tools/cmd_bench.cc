@@ -70,7 +70,7 @@ std::vector<BenchScheme> BuildSchemes(const BenchOptions& o) {
   options.page = o.page;
   options.seed = o.seed;
   // Enough calibration tokens past the sink for the clip search; one calibration per kind the
-  // schemes read (oscar, or an fp8 scheme's own).
+  // schemes read (oscar, or an fp8 scheme's or blockgtq's own).
   kvq::calib::SyntheticCalibrations calibrations(shape, options,
                                                  2 * (static_cast<int64_t>(o.sink) + 256), o.seed);
   std::vector<BenchScheme> schemes;

@@ -360,7 +360,10 @@ Calibration Calibrate(const Activations& acts, const CalibrationOptions& o,
         }
       },
       tick);
-  if (o.scheme != "oscar") cal = CalibrationForScheme(o.scheme, cal, &acts, backend);
+  // Only fp8 scales come here (checked above): they depend on no scheme option.
+  if (o.scheme != "oscar") {
+    cal = CalibrationForScheme(o.scheme, cal, &acts, backend, SchemeOptions());
+  }
   ValidateCalibration(cal);
   return cal;
 }

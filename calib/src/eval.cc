@@ -151,13 +151,14 @@ EvalResult Evaluate(const Activations& acts, const Calibration* cal, const EvalO
     if (progress) progress(done, total);
   };
 
-  // The fp8 schemes' scales from this capture's calibration tokens where the calibration has
-  // none of theirs (CalibrationForScheme): one calibration per scheme that needs its own.
+  // The fp8 schemes' scales and blockgtq's widths from this capture's calibration tokens where
+  // the calibration has none of theirs (CalibrationForScheme, at the options the schemes are
+  // built with): one calibration per scheme that needs its own.
   std::vector<Calibration> own(static_cast<size_t>(num_schemes));
   std::vector<const Calibration*> cal_of(static_cast<size_t>(num_schemes), cal);
   for (int s = 0; s < num_schemes; ++s) {
     if (cal != nullptr && !CalibrationServes(*cal, names[s])) {
-      own[s] = CalibrationForScheme(names[s], *cal, &acts, backend);
+      own[s] = CalibrationForScheme(names[s], *cal, &acts, backend, options.scheme);
       cal_of[s] = &own[s];
     }
   }

@@ -268,14 +268,15 @@ std::vector<std::vector<LayerScheme>> BuildVariantLayers(const ModelConfig& conf
   }
   const int L = config.num_layers;
   const int n = static_cast<int>(options.schemes.size());
-  // The fp8 schemes' scales from the calibration capture where the calibration has none of
-  // theirs (CalibrationForScheme).
+  // The fp8 schemes' scales and blockgtq's widths from the calibration capture where the
+  // calibration has none of theirs (CalibrationForScheme, at the options the schemes are built
+  // with).
   std::vector<Calibration> own_cal(static_cast<size_t>(n));
   std::vector<const Calibration*> cal_of(static_cast<size_t>(n), cal);
   for (int i = 0; i < n; ++i) {
     const std::string& name = options.schemes[i].scheme;
     if (cal != nullptr && !CalibrationServes(*cal, name)) {
-      own_cal[i] = CalibrationForScheme(name, *cal, calib_acts, backend);
+      own_cal[i] = CalibrationForScheme(name, *cal, calib_acts, backend, options.scheme);
       cal_of[i] = &own_cal[i];
     }
   }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kvq/calib/calibrate.h"
+#include "kvq/calib/codebook_calibration.h"
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/synth.h"
@@ -102,6 +103,25 @@ void FitCodebookRows(const std::vector<uint8_t>& all_widths,
     bits = std::max(bits, static_cast<int>((sum + blocks - 1) / blocks));
   }
   w->bits = bits;
+}
+
+// The codebook calibration of a widths scheme (blockgtq) on the calibration tokens of `acts`,
+// as `kvq calibrate --scheme <name> --k-bits K --v-bits V --seed S` makes it, K and V the
+// widths `options` give the scheme's sides (SchemeInfo::BitsUnder), S its seed.
+Calibration WidthsCalibration(const std::string& name, const Activations& acts,
+                              const SchemeOptions& options, int sink, int recent, int threads,
+                              const std::string& source) {
+  const SchemeInfo& info = SchemeByName(name);
+  CodebookCalibrationOptions c;
+  c.scheme = name;
+  c.k_avg_bits = info.BitsUnder(options, 0);
+  c.v_bits = info.BitsUnder(options, 1);
+  c.seed = options.seed;
+  c.sink = sink;
+  c.recent = std::max(recent, 1);  // a codebook file records W >= 1 (the scheme's own is 0)
+  c.threads = threads;
+  c.source = source;
+  return CalibrateCodebook(acts, c);
 }
 
 }  // namespace
@@ -376,12 +396,19 @@ bool CalibrationServes(const Calibration& cal, const std::string& name) {
 }
 
 Calibration CalibrationForScheme(const std::string& name, const Calibration& cal,
-                                 const Activations* acts, const cpu::Backend& backend) {
+                                 const Activations* acts, const cpu::Backend& backend,
+                                 const SchemeOptions& options) {
   if (CalibrationServes(cal, name)) return cal;
-  KVQ_CHECK(SchemeByName(name).widths != WidthsPolicy::kCalibration, kInvalidArgument, "scheme '",
-            name, "' needs the per-head block widths (tensors layers.{l}.k_bits) of a "
-            "calibration made by kvq calibrate --scheme ", name, "; this calibration (scheme '",
-            cal.info.scheme, "') has none");
+  if (SchemeByName(name).widths == WidthsPolicy::kCalibration) {
+    KVQ_CHECK(acts != nullptr, kInvalidArgument, "scheme '", name, "' needs the per-head block "
+              "widths (tensors layers.{l}.k_bits) of a calibration made by kvq calibrate "
+              "--scheme ", name, "; this calibration (scheme '", cal.info.scheme,
+              "') has none: give a calibration capture, or a file of kvq calibrate --scheme ",
+              name);
+    CheckCalibrationMatches(ShapeOf(acts->info), cal);
+    return WidthsCalibration(name, *acts, options, cal.info.sink, cal.info.recent, 1,
+                             cal.info.source);
+  }
   KVQ_CHECK(acts != nullptr, kInvalidArgument, "scheme '", name, "' needs fp8 scales computed "
             "after its own rotation; this calibration (scheme '", cal.info.scheme,
             "') has none: give a calibration capture, or a file of kvq calibrate --scheme ",
@@ -434,6 +461,11 @@ Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& 
   synth.tokens = tokens;
   synth.threads = threads;
   const Activations acts = Synthesize(synth);
+  const std::string source = "kvq synth seed=" + std::to_string(seed) + " (SyntheticCalibration)";
+  if (SchemeByName(scheme).widths == WidthsPolicy::kCalibration) {
+    return WidthsCalibration(scheme, acts, options, options.sink, options.recent, threads,
+                             source);
+  }
   CalibrationOptions c;
   c.group = options.group;
   c.bits = options.k_bits != 0 ? options.k_bits : options.bits;
@@ -442,7 +474,7 @@ Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& 
   c.recent = options.recent;
   c.threads = threads;
   c.scheme = CalibrationScheme(scheme);
-  c.source = "kvq synth seed=" + std::to_string(seed) + " (SyntheticCalibration)";
+  c.source = source;
   return Calibrate(acts, c, cpu::ScalarBackend());
 }
 

@@ -5,17 +5,24 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <random>
 #include <string>
+#include <tuple>
 
 #include "kvq/calib/calibrate.h"
+#include "kvq/calib/codebook_calibration.h"
 #include "kvq/calib/covariance.h"
 #include "kvq/calib/random.h"
 #include "kvq/calib/rotation.h"
 #include "kvq/calib/schemes.h"
+#include "kvq/common/codebook.h"
+#include "kvq/common/numeric.h"
 #include "kvq/common/params_builder.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
+#include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/cpu_ref/write_path.h"
 #include "kvq/testbed/compare.h"
 #include "test_util.h"
 
@@ -28,12 +35,14 @@ using testing::SmallSchemeOptions;
 struct Fixture {
   Activations acts;
   Calibration cal;                          // oscar's
-  std::map<std::string, Calibration> fp8;   // each fp8 scheme's own (its scales)
+  // Each scheme's own: an fp8 scheme's (its scales), blockgtq's (its widths, at
+  // SmallSchemeOptions' bits: K2V2).
+  std::map<std::string, Calibration> own;
 
   // The calibration scheme `name` reads (kvq calibrate --scheme CalibrationScheme(name)).
   const Calibration& For(const std::string& name) const {
-    const auto it = fp8.find(CalibrationScheme(name));
-    return it == fp8.end() ? cal : it->second;
+    const auto it = own.find(CalibrationScheme(name));
+    return it == own.end() ? cal : it->second;
   }
 };
 
@@ -47,7 +56,8 @@ const Fixture& Small() {
     fx.cal = Calibrate(fx.acts, c, cpu::BestBackend());
     for (const SchemeInfo& s : Schemes()) {
       if (CalibrationScheme(s.name) != "oscar") {
-        fx.fp8[s.name] = CalibrationForScheme(s.name, fx.cal, &fx.acts, cpu::BestBackend());
+        fx.own[s.name] = CalibrationForScheme(s.name, fx.cal, &fx.acts, cpu::BestBackend(),
+                                              SmallSchemeOptions());
       }
     }
     return fx;
@@ -239,7 +249,10 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
       EXPECT_EQ(ls.params.quantized(), s.quantized()) << s.name;
       if (s.quantized()) {
         const int expected = s.bits == kSharedBits ? bits : s.bits;
-        EXPECT_EQ(ls.params.key.bits, expected) << s.name;
+        // Calibrated widths: the keys' bits are the calibration's budget width (K2 here).
+        EXPECT_EQ(ls.params.key.bits,
+                  s.widths == WidthsPolicy::kCalibration ? f.For(s.name).info.bits : expected)
+            << s.name;
         EXPECT_EQ(ls.params.value.bits, expected) << s.name;
         EXPECT_EQ(s.BitsUnder(o), expected) << s.name;
       }
@@ -264,6 +277,15 @@ TEST(Schemes, CatalogueColumnsDecideTheBuild) {
               << s.name;
           EXPECT_TRUE(BitsEqual("scale_v", ls.value.scale, f.For(s.name).layers[1].value.scale))
               << s.name;
+          break;
+      }
+      switch (s.widths) {
+        case WidthsPolicy::kNone:
+          EXPECT_TRUE(ls.key.widths.empty() && ls.value.widths.empty()) << s.name;
+          break;
+        case WidthsPolicy::kCalibration:
+          EXPECT_EQ(ls.key.widths, f.For(s.name).layers[1].key.widths) << s.name;
+          EXPECT_TRUE(ls.value.widths.empty()) << s.name;  // K-only allocation
           break;
       }
     }
@@ -325,7 +347,7 @@ TEST(Schemes, Spec12RowsHaveTheirDefiningParameters) {
   testing::ExpectError([&] { BuildLayerScheme("fp8_hadamard", f.acts, &f.For("fp8"), 0, o); },
                        ErrorCode::kInvalidArgument, "for scheme 'fp8'");
   testing::ExpectError(
-      [&] { CalibrationForScheme("fp8", f.cal, nullptr, cpu::ScalarBackend()); },
+      [&] { CalibrationForScheme("fp8", f.cal, nullptr, cpu::ScalarBackend(), o); },
       ErrorCode::kInvalidArgument, "scheme 'fp8' needs fp8 scales");
   // A zero head stores s^ = 1; a dense rotation is refused.
   Activations zero = f.acts;
@@ -541,7 +563,7 @@ TEST(Schemes, SyntheticCalibrationIsSeeded) {
 }
 
 // spec 1.3 (numerics.md §9.1): TurboQuant-MSE's rows, K and V widths apart, the protected
-// windows, and the Block-GTQ column (per-head widths from the calibration) on a row built here.
+// windows, and Block-GTQ's row (per-head key widths from the calibration).
 TEST(Schemes, Spec13RowsHaveTheirDefiningParameters) {
   SchemeShape shape;
   shape.num_layers = 3;
@@ -589,12 +611,26 @@ TEST(Schemes, Spec13RowsHaveTheirDefiningParameters) {
   EXPECT_EQ(p.params.recent, 128);
   EXPECT_EQ(p.params.flush, 1);
 
-  // A row whose keys take the calibration's widths (what Block-GTQ's row says), over a
-  // calibration whose layers hold per-head widths of budget 2.5 and 3 bits.
-  SchemeInfo gtq = SchemeByName("tq_mse");
-  gtq.rotation_k = gtq.rotation_v = SchemeRotation::kCalibrated;
-  gtq.widths = WidthsPolicy::kCalibration;
-  gtq.needs_calibration = true;
+  // blockgtq is tq_mse's row with the calibration's rotations and key widths: K-only allocation,
+  // V TurboQuant-MSE at b_v, buffer-free unless protected.
+  const SchemeInfo& gtq = SchemeByName("blockgtq");
+  const SchemeInfo& tq = SchemeByName("tq_mse");
+  EXPECT_TRUE(gtq.needs_calibration);
+  EXPECT_EQ(gtq.rotation_k, SchemeRotation::kCalibrated);
+  EXPECT_EQ(gtq.rotation_v, SchemeRotation::kCalibrated);
+  EXPECT_EQ(gtq.widths, WidthsPolicy::kCalibration);
+  EXPECT_EQ(gtq.format_k, tq.format_k);
+  EXPECT_EQ(gtq.format_v, tq.format_v);
+  EXPECT_EQ(gtq.norm, tq.norm);
+  EXPECT_EQ(gtq.bits, tq.bits);
+  EXPECT_EQ(gtq.group, tq.group);
+  EXPECT_EQ(gtq.windows.sink, 0);
+  EXPECT_EQ(gtq.windows.recent, 0);
+  EXPECT_EQ(gtq.windows.flush, 1);
+  EXPECT_EQ(gtq.clip, ClipPolicy::kNone);
+  EXPECT_EQ(gtq.scale, ScalePolicy::kNone);
+  EXPECT_EQ(CalibrationScheme("blockgtq"), "blockgtq");
+  // Over a calibration whose layers hold per-head widths of budget 2.5 and 3 bits.
   Calibration cal;
   cal.info.num_layers = 3;
   cal.info.num_kv_heads = 2;
@@ -627,7 +663,12 @@ TEST(Schemes, Spec13RowsHaveTheirDefiningParameters) {
   EXPECT_EQ(b.params.value.bits, 2);       // b_v
   EXPECT_EQ(b.params.value.segments, 1);
   EXPECT_EQ(BuildLayerScheme(gtq, shape, &cal, 1, o).params.key.bits, 3);
+  EXPECT_EQ(b.params.sink, 0);
+  EXPECT_EQ(b.params.recent, 0);
+  EXPECT_EQ(BuildLayerScheme("blockgtq", shape, &cal, 0, protect).params.sink, 4);
+  EXPECT_EQ(BuildLayerScheme("blockgtq", shape, &cal, 0, protect).params.recent, 128);
   EXPECT_TRUE(CalibrationServes(cal, "oscar"));
+  EXPECT_TRUE(CalibrationServes(cal, "blockgtq"));
   // Without widths the row names what it needs.
   Calibration bare = cal;
   for (LayerCalibration& l : bare.layers) l.key.widths.clear();
@@ -641,6 +682,188 @@ TEST(Schemes, Spec13RowsHaveTheirDefiningParameters) {
   // Widths a head cannot hold under the side's limits are HeadData::Validate's error.
   cal.layers[0].key.widths[5] = 9;
   EXPECT_THROW(BuildLayerScheme(gtq, shape, &cal, 0, o), Error);
+}
+
+// Block-GTQ's cache rows are laid out as each KV head's own widths say: two heads of one layer
+// with different allocations (head 0: 16 blocks of 2 bits and 16 of 3, two segments; head 1:
+// 8 blocks each of 1..4 bits, four segments) store, token by token, the encoding of the row
+// under that head's widths (cpu::EncodeRows with the head's arrays), not under the other's.
+TEST(Schemes, BlockGtqRowsAreLaidOutByEachHeadsWidths) {
+  constexpr int d = 64, hkv = 2, blocks = d / 2;
+  constexpr size_t tokens = 12;
+  SchemeShape shape;
+  shape.num_layers = 1;
+  shape.num_kv_heads = hkv;
+  shape.num_q_heads = 4;
+  shape.head_dim = d;
+  Calibration cal;
+  cal.info.num_layers = 1;
+  cal.info.num_kv_heads = hkv;
+  cal.info.head_dim = d;
+  cal.info.scheme = "blockgtq";
+  cal.layers.resize(1);
+  LayerCalibration& layer = cal.layers[0];
+  for (int side = 0; side < 2; ++side) {
+    for (int h = 0; h < hkv; ++h) {
+      const std::vector<float> r = ToRowMajorF32(RandomOrthogonal(d, 100 + 2 * h + side));
+      layer.heads(side).rotation.insert(layer.heads(side).rotation.end(), r.begin(), r.end());
+    }
+  }
+  for (int i = 0; i < blocks; ++i) layer.key.widths.push_back(i < 16 ? 2 : 3);
+  for (int i = 0; i < blocks; ++i) layer.key.widths.push_back(static_cast<uint8_t>(1 + i % 4));
+  SchemeOptions o;
+  o.v_bits = 2;
+  const LayerScheme s = BuildLayerScheme("blockgtq", shape, &cal, 0, o);
+  EXPECT_EQ(s.params.key.segments, 4);
+  EXPECT_EQ(s.params.key.code_bytes, 20);  // 8 + 12 bytes (head 0) = 2 + 4 + 6 + 8 (head 1)
+  EXPECT_EQ(s.key.widths, layer.key.widths);
+
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> k(tokens * hkv * d), v(k.size());
+  for (float& x : k) x = F32FromBf16(Bf16FromF32(normal(rng)));
+  for (float& x : v) x = F32FromBf16(Bf16FromF32(normal(rng)));
+  cpu::PagedKVCache cache(s.params, s.key, s.value, cpu::ScalarBackend());
+  const int seq = cache.AddSequence();
+  cache.Prefill(seq, k.data(), v.data(), tokens);
+  ASSERT_EQ(cache.HistoryLength(seq), tokens);  // buffer-free: every token is history
+  const FormatLayout& plane_layout = cache.Layout(cpu::KV::kKey);
+  ASSERT_EQ(plane_layout.num_planes, 2);
+  ASSERT_STREQ(plane_layout.plane(0).name, "codes");
+  ASSERT_STREQ(plane_layout.plane(1).name, "norm");
+
+  for (int h = 0; h < hkv; ++h) {
+    std::vector<float> rows(tokens * d);
+    for (size_t t = 0; t < tokens; ++t) {
+      std::copy_n(&k[(t * hkv + h) * d], d, &rows[t * d]);
+    }
+    auto encode = [&](int widths_of) {
+      HeadArrays arrays;
+      arrays.rotation = layer.key.rotation.data() + static_cast<size_t>(h) * d * d;
+      arrays.widths = layer.key.widths.data() + static_cast<size_t>(widths_of) * blocks;
+      return cpu::EncodeRows(cpu::ScalarBackend(), s.params.key, arrays, rows.data(), tokens);
+    };
+    const cpu::EncodedRows own = encode(h);
+    const cpu::EncodedRows other = encode(1 - h);
+    const CodebookLayout layout = CodebookLayoutOf(d, &layer.key.widths[h * blocks]);
+    EXPECT_EQ(layout.count, h == 0 ? 2 : 4);
+    bool differs_from_other = false;
+    for (size_t t = 0; t < tokens; ++t) {
+      const cpu::HistoryRunView got = cache.HistoryRow(seq, t, h, cpu::KV::kKey);
+      for (int plane = 0; plane < 2; ++plane) {
+        const size_t bytes = plane_layout.plane(plane).row_bytes();
+        EXPECT_EQ(0, std::memcmp(got.plane[plane], &own.plane[plane][t * bytes], bytes))
+            << "KV head " << h << " token " << t << " plane " << plane_layout.plane(plane).name;
+        differs_from_other = differs_from_other ||
+                             std::memcmp(got.plane[plane], &other.plane[plane][t * bytes], bytes);
+      }
+      // One corrected norm per segment of this head's layout, the slots after them 0.
+      const uint16_t* norms = reinterpret_cast<const uint16_t*>(got.plane[1]);
+      for (int slot = 0; slot < s.params.key.segments; ++slot) {
+        EXPECT_EQ(norms[slot] != 0, slot < layout.count) << "KV head " << h << " slot " << slot;
+      }
+    }
+    EXPECT_TRUE(differs_from_other) << "KV head " << h << " reads the same under both layouts";
+  }
+}
+
+// kvq eval / kvq ppl serve blockgtq from an OSCAR calibration and its capture: the calibration
+// CalibrationForScheme makes is the one `kvq calibrate --scheme blockgtq --k-bits K --v-bits V
+// --seed S` makes of that capture (CalibrateCodebook with those options), K and V the widths the
+// scheme's options give (SchemeOptions' default: K2V2, as tq_mse's). Without the capture it
+// names the tensors it misses.
+TEST(Schemes, BlockGtqCalibrationFromACaptureIsKvqCalibrates) {
+  const Fixture& f = Small();
+  EXPECT_FALSE(CalibrationServes(f.cal, "blockgtq"));
+  for (const auto& [k_bits, v_bits, seed] :
+       {std::tuple<int, int, uint64_t>{0, 0, 0}, {3, 2, 7}}) {
+    SchemeOptions o = SmallSchemeOptions();
+    o.k_bits = k_bits;
+    o.v_bits = v_bits;
+    o.seed = seed;
+    const Calibration made =
+        CalibrationForScheme("blockgtq", f.cal, &f.acts, cpu::ScalarBackend(), o);
+    CodebookCalibrationOptions c;  // RunCodebookCalibrate's translation of the flags
+    c.scheme = "blockgtq";
+    c.k_avg_bits = k_bits != 0 ? k_bits : 2;
+    c.v_bits = v_bits != 0 ? v_bits : 2;
+    c.seed = seed;
+    c.sink = f.cal.info.sink;
+    c.recent = f.cal.info.recent;
+    c.source = f.cal.info.source;
+    const Calibration want = CalibrateCodebook(f.acts, c);
+    EXPECT_EQ(made.info.scheme, "blockgtq");
+    EXPECT_EQ(made.info.bits, want.info.bits);
+    EXPECT_EQ(made.info.v_bits, want.info.v_bits);
+    EXPECT_EQ(made.info.codebook.k_avg_bits, c.k_avg_bits);
+    EXPECT_EQ(made.info.codebook.k_segments, want.info.codebook.k_segments);
+    EXPECT_EQ(made.info.codebook.k_code_bytes, want.info.codebook.k_code_bytes);
+    EXPECT_EQ(made.info.codebook.seed, seed);
+    ASSERT_EQ(made.layers.size(), 2u);
+    for (int l = 0; l < 2; ++l) {
+      const LayerCalibration& a = made.layers[l];
+      const LayerCalibration& b = want.layers[l];
+      EXPECT_EQ(a.key.widths, b.key.widths) << "layer " << l;
+      EXPECT_TRUE(BitsEqual("k_scores", a.k_scores, b.k_scores)) << "layer " << l;
+      EXPECT_TRUE(BitsEqual("k_rotation", a.key.rotation, b.key.rotation)) << "layer " << l;
+      EXPECT_TRUE(BitsEqual("v_rotation", a.value.rotation, b.value.rotation)) << "layer " << l;
+      int sum = 0;
+      for (uint8_t w : a.key.widths) sum += w;
+      EXPECT_EQ(sum, 2 * 32 * static_cast<int>(c.k_avg_bits)) << "layer " << l;  // 2 heads
+    }
+    EXPECT_TRUE(CalibrationServes(made, "blockgtq"));
+    // The scheme built on it reads its widths and V's width from the options.
+    const LayerScheme built = BuildLayerScheme("blockgtq", f.acts, &made, 1, o);
+    EXPECT_EQ(built.key.widths, want.layers[1].key.widths);
+    EXPECT_EQ(built.params.key.bits, static_cast<int>(c.k_avg_bits));
+    EXPECT_EQ(built.params.value.bits, c.v_bits);
+  }
+  // A calibration that serves it comes back as it is.
+  const Calibration& own = f.For("blockgtq");
+  const Calibration again =
+      CalibrationForScheme("blockgtq", own, nullptr, cpu::ScalarBackend(), SmallSchemeOptions());
+  EXPECT_EQ(again.layers[0].key.widths, own.layers[0].key.widths);
+  // Without widths and without a capture: the missing tensors by name.
+  testing::ExpectError(
+      [&] {
+        CalibrationForScheme("blockgtq", f.cal, nullptr, cpu::ScalarBackend(),
+                             SmallSchemeOptions());
+      },
+      ErrorCode::kInvalidArgument, "layers.{l}.k_bits");
+  testing::ExpectError(
+      [&] { BuildLayerScheme("blockgtq", f.acts, &f.cal, 1, SmallSchemeOptions()); },
+      ErrorCode::kInvalidArgument, "layers.1.k_bits");
+  // A capture of another shape is refused.
+  Activations other = f.acts;
+  other.info.num_kv_heads = 1;
+  testing::ExpectError(
+      [&] {
+        CalibrationForScheme("blockgtq", f.cal, &other, cpu::ScalarBackend(),
+                             SmallSchemeOptions());
+      },
+      ErrorCode::kShapeMismatch, "calibration has 2 layers x 2 KV heads");
+}
+
+// The synthetic calibration of blockgtq (kvq bench, the benchmarks, the scheme vectors) is its
+// codebook calibration of the synthetic capture, independent of the threads.
+TEST(Schemes, SyntheticBlockGtqCalibration) {
+  SchemeShape shape;
+  shape.num_kv_heads = 1;
+  shape.num_q_heads = 2;
+  shape.head_dim = 64;
+  SchemeOptions o = SmallSchemeOptions();
+  o.k_bits = 3;
+  const Calibration a = SyntheticCalibration(shape, o, 128, 3, 2, "blockgtq");
+  const Calibration b = SyntheticCalibration(shape, o, 128, 3, 1, "blockgtq");
+  EXPECT_EQ(a.info.scheme, "blockgtq");
+  EXPECT_EQ(a.info.codebook.k_avg_bits, 3.0);
+  EXPECT_EQ(a.info.v_bits, 2);
+  ASSERT_EQ(a.layers[0].key.widths.size(), 32u);
+  EXPECT_EQ(a.layers[0].key.widths, b.layers[0].key.widths);
+  EXPECT_TRUE(BitsEqual("k_rotation", a.layers[0].key.rotation, b.layers[0].key.rotation));
+  SyntheticCalibrations made(shape, o, 128, 3);
+  EXPECT_EQ(made.For("blockgtq").layers[0].key.widths, a.layers[0].key.widths);
+  EXPECT_NO_THROW(BuildLayerScheme("blockgtq", shape, &made.For("blockgtq"), 0, o));
 }
 
 TEST(Schemes, RandomOrthogonalIsSeededOrthogonalAndPerHead) {

@@ -3,7 +3,8 @@
 // one small shape. Calibrated schemes read a calibration of synthetic activations made here
 // (calib::SyntheticCalibration, seeded from the global seed). The cases are ordinary attention
 // cases (CacheParams in the metadata, dense rotations in a fixture of their own, per-head clip
-// ratios), so the attention replay runs them unchanged.
+// ratios, per-head arrays such as blockgtq's key widths), so the attention replay runs them
+// unchanged.
 #include <string>
 #include <vector>
 
@@ -49,15 +50,11 @@ void AddSchemeAttentionCases(VectorCollector* out) {
   const calib::SchemeOptions options = CaseOptions();
   const std::string calibration_name = "attention/scheme_calibration";
   const uint64_t calibration_seed = CaseSeed(out->seed(), calibration_name);
-  // The OSCAR calibration every calibrated scheme reads, and an fp8 scheme's own (the same
-  // synthetic activations, with that scheme's scales).
+  // The OSCAR calibration every calibrated scheme reads, an fp8 scheme's own (the same
+  // synthetic activations, with that scheme's scales) and blockgtq's (its codebook calibration
+  // of those activations at the options' K2V2: per-head key widths, R_K, R_V).
   calib::SyntheticCalibrations calibrations(shape, options, kCalibrationTokens, calibration_seed);
   for (const calib::SchemeInfo& info : calib::Schemes()) {
-    // blockgtq's case needs the greedy allocation of its own calibration (kvq calibrate
-    // --scheme blockgtq, issue 22's calibration part), which SyntheticCalibration cannot make
-    // yet; its cache and attention with per-head widths are generate_cache.cc's
-    // blockgtq_d128_k_widths_v2_s4_w8. The case joins (a new file) when the calibration lands.
-    if (info.widths == calib::WidthsPolicy::kCalibration) continue;
     const std::string kind = calib::CalibrationScheme(info.name);
     const calib::LayerScheme s = calib::BuildLayerScheme(
         info.name, shape, info.needs_calibration ? &calibrations.For(info.name) : nullptr, 0,

@@ -135,13 +135,16 @@ TEST_F(AttendSchemeCli, EverySchemeMatchesTheLibraryBitForBit) {
   std::set<std::vector<float>> distinct;
   for (const calib::SchemeInfo& s : calib::Schemes()) {
     const int layer = s.needs_calibration ? 1 : 0;
-    // The fp8 schemes read a calibration made for them (their scales), the others oscar's.
+    // The fp8 schemes read a calibration made for them (their scales), blockgtq its own (its
+    // key widths, at K2 as the others' bits), the others oscar's.
     const std::string kind = calib::CalibrationScheme(s.name);
     std::string file = "c.safetensors";
     std::unique_ptr<calib::Calibration> own;
     if (kind != "oscar") {
       file = "c_" + kind + ".safetensors";
-      ASSERT_EQ(RunKvq(*dir_, "calibrate --activations a.safetensors --scheme " + kind +
+      const std::string widths =
+          s.widths == calib::WidthsPolicy::kCalibration ? " --k-bits 2" : "";
+      ASSERT_EQ(RunKvq(*dir_, "calibrate --activations a.safetensors --scheme " + kind + widths +
                                   " --out " + file).exit_code, 0);
       own = std::make_unique<calib::Calibration>(calib::ReadCalibration(dir_->File(file)));
     }
@@ -349,6 +352,75 @@ TEST_F(AttendSchemeCli, Spec11SchemesAndFlags) {
   }
   EXPECT_TRUE(SameBits(old_saw, Library(legacy)));
   EXPECT_FALSE(SameBits(old_saw, Cli("--scheme saw_int4", "s2.npy")));
+}
+
+// The contract's blockgtq (issue 22): `kvq attend --scheme blockgtq --calibration C --layer L`
+// with C a file of kvq calibrate --scheme blockgtq is the library's blockgtq of that layer (the
+// keys at the file's per-head widths, the values at its b_v, no windows), and --v-bits,
+// --protected, --sink / --recent and --rotation-k / --rotation-v act as overrides on top.
+TEST_F(AttendSchemeCli, BlockGtqContract) {
+  const ScratchDir& dir = *dir_;
+  ASSERT_EQ(RunKvq(dir, "calibrate --activations a.safetensors --scheme blockgtq --k-bits 2.5 "
+                        "--v-bits 2 --out gtq.safetensors")
+                .exit_code,
+            0);
+  const calib::Calibration gtq = calib::ReadCalibration(dir.File("gtq.safetensors"));
+  // What kvq attend starts from: the file's bits (K's rounded-up average 3, V's 2).
+  calib::SchemeOptions o;
+  o.group = gtq.info.group;
+  o.bits = gtq.info.bits;
+  o.v_bits = gtq.info.v_bits;
+  o.sink = gtq.info.sink;
+  o.recent = gtq.info.recent;
+  ASSERT_EQ(o.bits, 3);
+  ASSERT_EQ(o.v_bits, 2);
+  const calib::LayerScheme built = calib::BuildLayerScheme("blockgtq", Shape(), &gtq, 1, o);
+  EXPECT_EQ(built.key.widths, gtq.layers[1].key.widths);
+  EXPECT_EQ(built.params.value.bits, 2);
+  EXPECT_EQ(built.params.sink, 0);
+  EXPECT_EQ(built.params.recent, 0);
+  const std::string cal = " --calibration gtq.safetensors --layer 1";
+  const std::vector<float> plain = Cli("--scheme blockgtq" + cal, "g0.npy");
+  EXPECT_TRUE(SameBits(plain, Library(built)));
+  EXPECT_FALSE(SameBits(plain, Cli("--scheme tq_mse --k-bits 3 --v-bits 2", "g_tq.npy")));
+
+  const std::vector<float> v3 = Cli("--scheme blockgtq --v-bits 3" + cal, "g1.npy");
+  EXPECT_FALSE(SameBits(v3, plain));
+  EXPECT_TRUE(SameBits(v3, Library(built, [](calib::LayerScheme& s) { s.params.value.bits = 3; })));
+  calib::SchemeOptions protect = o;
+  protect.protect = true;
+  const std::vector<float> protected_out = Cli("--scheme blockgtq --protected" + cal, "g2.npy");
+  EXPECT_FALSE(SameBits(protected_out, plain));
+  EXPECT_TRUE(SameBits(protected_out,
+                       Library(calib::BuildLayerScheme("blockgtq", Shape(), &gtq, 1, protect))));
+  const std::vector<float> windows = Cli("--scheme blockgtq --sink 4 --recent 8" + cal, "g3.npy");
+  EXPECT_TRUE(SameBits(windows, Library(built, [](calib::LayerScheme& s) {
+                         s.params.sink = 4;
+                         s.params.recent = 8;
+                       })));
+  const std::vector<float> dense =
+      Cli("--scheme blockgtq --rotation-k r.npy --rotation-v r.npy" + cal, "g4.npy");
+  EXPECT_FALSE(SameBits(dense, plain));
+  EXPECT_TRUE(SameBits(dense, Library(built, [](calib::LayerScheme& s) {
+                         const std::vector<float> r(
+                             cal_->layers[0].key.rotation.begin(),
+                             cal_->layers[0].key.rotation.begin() + kHeadDim * kHeadDim);
+                         s.key.rotation.clear();
+                         for (int h = 0; h < kKvHeads; ++h) {
+                           s.key.rotation.insert(s.key.rotation.end(), r.begin(), r.end());
+                         }
+                         s.value.rotation = s.key.rotation;
+                       })));
+
+  const std::string base = "attend --q q.npy --k k.npy --v v.npy --out bad.npy --scheme blockgtq";
+  const std::string bad = dir.File("bad.npy");
+  ExpectFailure(dir, base, bad, {"needs a calibration", "layers.{l}.k_bits", "--calibration"});
+  ExpectFailure(dir, base + cal + " --k-bits 3", bad, {"--k-bits", "kvq calibrate --scheme"});
+  ExpectFailure(dir, base + cal + " --bits 3", bad, {"--bits"});
+  ExpectFailure(dir, base + cal + " --v-bits 9", bad, {"--v-bits 9", "1..8"});
+  // An OSCAR calibration holds no widths: the tensor it lacks, by name.
+  ExpectFailure(dir, base + " --calibration c.safetensors --layer 1", bad,
+                {"layers.1.k_bits", "blockgtq"});
 }
 
 TEST_F(AttendSchemeCli, MisuseFailsNamingTheValue) {

@@ -5,13 +5,17 @@
 #include <dirent.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "cli_test_util.h"
+#include "kvq/calib/activations.h"
 #include "kvq/calib/calibration_file.h"
+#include "kvq/calib/schemes.h"
 #include "kvq/common/io.h"
+#include "kvq/cpu_ref/kernels.h"
 
 namespace kvq {
 namespace {
@@ -91,6 +95,51 @@ TEST_F(CodebookCalibrateCli, BlockGtqWritesTheContractsTensors) {
   const Safetensors t = ReadSafetensors(dir.File("t.safetensors"));
   EXPECT_EQ(t.tensors.size(), 4u);
   EXPECT_EQ(t.Find("layers.0.k_bits"), nullptr);
+}
+
+// kvq eval and kvq ppl serve blockgtq from an OSCAR calibration and the capture
+// (calib::CalibrationForScheme at the schemes' options): what they compute is the file kvq
+// calibrate --scheme blockgtq writes for the same K and V widths and seed, tensor for tensor;
+// and kvq eval runs the scheme on such a calibration.
+TEST_F(CodebookCalibrateCli, EvalsBlockGtqCalibrationIsKvqCalibrates) {
+  const ScratchDir& dir = *dir_;
+  ASSERT_EQ(RunKvq(dir, "calibrate --activations a.safetensors --out oscar.safetensors").exit_code,
+            0);
+  const auto r = RunKvq(dir, "calibrate --activations a.safetensors --scheme blockgtq "
+                             "--k-bits 3 --v-bits 2 --seed 9 --out g.safetensors");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const calib::Calibration file = calib::ReadCalibration(dir.File("g.safetensors"));
+  const calib::Calibration oscar = calib::ReadCalibration(dir.File("oscar.safetensors"));
+  const calib::Activations acts = calib::ReadActivations(dir.File("a.safetensors"));
+  calib::SchemeOptions options;
+  options.k_bits = 3;
+  options.v_bits = 2;
+  options.seed = 9;
+  const calib::Calibration made =
+      calib::CalibrationForScheme("blockgtq", oscar, &acts, cpu::ScalarBackend(), options);
+  EXPECT_EQ(made.info.scheme, "blockgtq");
+  EXPECT_EQ(made.info.bits, file.info.bits);
+  EXPECT_EQ(made.info.v_bits, file.info.v_bits);
+  EXPECT_EQ(made.info.codebook.k_avg_bits, file.info.codebook.k_avg_bits);
+  EXPECT_EQ(made.info.codebook.k_segments, file.info.codebook.k_segments);
+  EXPECT_EQ(made.info.codebook.k_code_bytes, file.info.codebook.k_code_bytes);
+  EXPECT_EQ(made.info.codebook.seed, file.info.codebook.seed);
+  ASSERT_EQ(made.layers.size(), file.layers.size());
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (size_t l = 0; l < made.layers.size(); ++l) {
+    EXPECT_EQ(made.layers[l].key.widths, file.layers[l].key.widths) << "layer " << l;
+    EXPECT_TRUE(same_bits(made.layers[l].k_scores, file.layers[l].k_scores)) << "layer " << l;
+    EXPECT_TRUE(same_bits(made.layers[l].key.rotation, file.layers[l].key.rotation)) << l;
+    EXPECT_TRUE(same_bits(made.layers[l].value.rotation, file.layers[l].value.rotation)) << l;
+  }
+  // kvq eval of blockgtq with the OSCAR calibration: its widths made from the capture (at
+  // --bits 2; kvq eval's --k-bits takes 2 or 4 only).
+  const auto e = RunKvq(dir, "eval --activations a.safetensors --calibration oscar.safetensors "
+                             "--schemes tq_mse,blockgtq");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_NE(e.out.find("\nblockgtq "), std::string::npos) << e.out;
 }
 
 TEST_F(CodebookCalibrateCli, MisuseFailsNamingTheValue) {

@@ -203,7 +203,10 @@ LayerScheme BuildLayerScheme(const std::string& name, const Activations& acts,
 // (the synthetic data is portable; the eigensolver's bits follow the build). Throws what
 // Synthesize and Calibrate throw (e.g. a sink that leaves no calibration rows).
 // `scheme` names the scheme it is for: a scheme with calibrated fp8 scales gets them too
-// (CalibrationScheme).
+// (CalibrationScheme); a scheme whose key widths come from the calibration (blockgtq) gets its
+// own codebook calibration of those activations instead (CalibrateCodebook at K's average width
+// options.k_bits, else options.bits, V's width options.v_bits, else options.bits, and the Haar
+// seed options.seed; the widths come from the first half, as OSCAR's calibration does).
 Calibration SyntheticCalibration(const SchemeShape& shape, const SchemeOptions& options,
                                  int64_t tokens, uint64_t seed, int threads = 2,
                                  const std::string& scheme = "oscar");
@@ -229,14 +232,24 @@ class SyntheticCalibrations {
 };
 
 // Whether `cal` serves scheme `name` as it is: every calibration serves the schemes without
-// calibrated fp8 scales; those need a calibration made for them (its scheme is `name`).
+// calibrated fp8 scales or widths; those need a calibration made for them (its scheme is
+// `name`, holding the scales, or the widths of every layer).
 bool CalibrationServes(const Calibration& cal, const std::string& name);
-// The calibration scheme `name` reads: `cal` when it serves it, else a copy of `cal` with
-// `name`'s fp8 scales computed on the calibration tokens of `acts` (Fp8Scales after the
-// scheme's rotations, as kvq calibrate --scheme does). Throws kInvalidArgument naming the scheme
-// when `acts` is null and `cal` does not serve it; kShapeMismatch when the shapes differ.
+// The calibration scheme `name` reads: `cal` when it serves it; for a scheme with calibrated
+// fp8 scales a copy of `cal` with `name`'s scales computed on the calibration tokens of `acts`
+// (Fp8Scales after the scheme's rotations, as kvq calibrate --scheme does); for a scheme whose
+// key widths come from the calibration (blockgtq) the codebook calibration of `acts` that
+// `kvq calibrate --scheme <name> --k-bits K --v-bits V --seed S` makes (CalibrateCodebook: the
+// same widths, rotations and row limits), K = options.k_bits or else options.bits (SchemeOptions'
+// default: 2, as tq_mse's K under the same options), V = options.v_bits or else options.bits,
+// S = options.seed, the rest kvq calibrate's defaults (rotation threshold 1, Beta tables) and
+// `cal`'s windows and source recorded. `options` are the options the scheme will be built with.
+// Throws kInvalidArgument naming the scheme and what is missing (the fp8 scales; the widths as
+// tensors layers.{l}.k_bits) when `acts` is null and `cal` does not serve it; kShapeMismatch
+// when the shapes differ; what CalibrateCodebook throws (e.g. a K width outside [1, 8]).
 Calibration CalibrationForScheme(const std::string& name, const Calibration& cal,
-                                 const Activations* acts, const cpu::Backend& backend);
+                                 const Activations* acts, const cpu::Backend& backend,
+                                 const SchemeOptions& options);
 
 // What `kvq calibrate --scheme` makes the calibration of scheme `name` with: the name itself
 // for a scheme whose fp8 scales or block widths come from the calibration (its `scale` or
