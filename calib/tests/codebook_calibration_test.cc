@@ -153,12 +153,15 @@ TEST(GreedyWidths, TiesGoToTheLowestIndexAndWidthsAreMonotoneInEnergy) {
   // Equal scores: the bits go in ascending block order, round after round.
   EXPECT_EQ(GreedyWidths(std::vector<double>(4, 1.0), 6), (std::vector<uint8_t>{2, 2, 1, 1}));
   EXPECT_EQ(GreedyWidths(std::vector<double>(4, 1.0), 9), (std::vector<uint8_t>{3, 2, 2, 2}));
-  // All zero: the budget is still spent, lowest index first.
-  EXPECT_EQ(GreedyWidths(std::vector<double>(4, 0.0), 7), (std::vector<uint8_t>{2, 2, 2, 1}));
+  // All zero: the budget is still spent; every priority ties at 0 forever, so block 0 takes
+  // the bits up to 8 before block 1 gets one (numerics.md §9.1: the lowest index on ties,
+  // also when the best priority is 0).
+  EXPECT_EQ(GreedyWidths(std::vector<double>(4, 0.0), 7), (std::vector<uint8_t>{4, 1, 1, 1}));
+  EXPECT_EQ(GreedyWidths(std::vector<double>(4, 0.0), 13), (std::vector<uint8_t>{8, 3, 1, 1}));
   // A 4x larger score is worth exactly one bit: s·4^-(w+1) ties s/4·4^-w, lowest index wins.
   EXPECT_EQ(GreedyWidths({1.0, 4.0}, 3), (std::vector<uint8_t>{1, 2}));
   EXPECT_EQ(GreedyWidths({1.0, 4.0}, 4), (std::vector<uint8_t>{2, 2}));
-  EXPECT_EQ(GreedyWidths({4.0, 1.0}, 4), (std::vector<uint8_t>{2, 2}));
+  EXPECT_EQ(GreedyWidths({4.0, 1.0}, 4), (std::vector<uint8_t>{3, 1}));  // the tie, block 0 first
   EXPECT_EQ(GreedyWidths({1.0, 4.0}, 5), (std::vector<uint8_t>{2, 3}));
   // Saturation at 8: the rest goes to the next block.
   EXPECT_EQ(GreedyWidths({1e30, 1.0}, 10), (std::vector<uint8_t>{8, 2}));

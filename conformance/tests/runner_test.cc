@@ -405,9 +405,12 @@ TEST(ConformanceGenerator, SetStaysSmall) {
   // caches), 486,220 bytes for spec 1.2's fp8 cases (7 stage, 7 pipeline, 3 cache and 6
   // attention cases, 3 of them scheme cases), 147,516 bytes for the offset-channel and
   // fp16-range cases added with 1.2's set (3 stage and 6 pipeline cases, 3 of them tiles),
-  // 150,783 bytes for spec 1.3's codebook stage and pipeline cases (26 stage, 8 pipeline) and
-  // the manifest's lines: 6,133,608 bytes today.
-  EXPECT_LE(total, 6200000u) << "the golden vectors grew past 6.2 MB";
+  // 150,783 bytes for spec 1.3's codebook stage and pipeline cases (26 stage, 8 pipeline),
+  // 327,068 bytes for its codebook cache and attention cases (3 each: TurboQuant-MSE K3V2,
+  // Block-GTQ per-head key widths, a Gaussian 5-bit table) and the three codebook schemes'
+  // cases with their fixtures, and the manifest's lines: 6,462,948 bytes today. The limit keeps
+  // the set a small part of what a device call carries (64 MiB with the tracked tree).
+  EXPECT_LE(total, 6600000u) << "the golden vectors grew past 6.6 MB";
 }
 
 // Every case carries the version whose rules it exercises: spec 1.0's cases kept "1.0" (their

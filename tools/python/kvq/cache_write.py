@@ -7,7 +7,8 @@ tokens, append one token per decode step, remove it. The target gets
              num_q_heads, head_dim, sink S0, recent W, flush F, page_size P, softmax_scale,
              quantized, key and value: kvq.WriteParams) plus pages: the pool's page count
     heads    {"key": {"params": [kvq.WriteParams of each KV head: the side's with the head's
-             clip ratio and fp8 scale], "rotation": float32 [Hkv, d, d] (dense) or None},
+             clip ratio and fp8 scale], "rotation": float32 [Hkv, d, d] (dense) or None,
+             "widths": uint8 [Hkv, d/2] where a codebook side holds per-head widths},
              "value": {...}}
     script   the operations in order, each a dict: op ("add", "prefill", "append" or "remove")
              and slot (sequences are slots 0, 1, ... in the order they are added); prefill and
@@ -65,6 +66,11 @@ class _Script:
         self.heads = {kv: {"params": [self.cache.head_params(kv, h) for h in range(hkv)],
                            "rotation": _rotations(self.cache, kv, hkv)}
                       for kv in ("key", "value")}
+        if self.params["quantized"]:  # the other per-head arrays (the codebook widths)
+            for kv in ("key", "value"):
+                for name, rows in self.cache.head_arrays(kv).items():
+                    if name != "rotation":
+                        self.heads[kv][name] = np.array(rows)
         k, v = case.inputs["k"].reshape(-1, hkv, d), case.inputs["v"].reshape(-1, hkv, d)
         self.steps, self.lengths, self.tables = [], {}, {}
         self.pages, free, next_row = 0, [], 0
@@ -244,6 +250,8 @@ def judge(write_cache, case):
 
 
 def _copy_heads(heads):
-    return {kv: {"params": list(side["params"]),
-                 "rotation": None if side["rotation"] is None else side["rotation"].copy()}
+    """A copy the target may change: its params list and every per-head array (rotation,
+    widths, ...)."""
+    return {kv: {name: list(rows) if name == "params" else (None if rows is None else rows.copy())
+                 for name, rows in side.items()}
             for kv, side in heads.items()}

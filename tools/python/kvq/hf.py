@@ -110,6 +110,8 @@ SCHEMES = {
     "tq_mse": "its format codebook has no CUDA decode kernel (kvq/gpu/attention.h), and its "
               "Haar rotations are built by kvq's C++",
     "tq_mse_fwht": "its format codebook has no CUDA decode kernel (kvq/gpu/attention.h)",
+    "blockgtq": "its format codebook has no CUDA decode kernel (kvq/gpu/attention.h), and its "
+                "per-head widths and rotations come from kvq calibrate --scheme blockgtq",
 }
 
 

@@ -157,7 +157,7 @@ def judge(target, case, adapter=None, arithmetic=None):
     """(failure message or None, note): the target's attention over its own history written
     by target.write, per query, against the fp64 reference over that history within the
     derived bound (spec/verdicts.md §7). Raises NotImplementedError for what the protocol does
-    not cover (a norm spanning several KV heads, a bf16 cache), kvq.Error for planes the
+    not cover (a norm spanning several KV heads, a codebook side, a bf16 cache), kvq.Error for planes the
     adapter cannot read."""
     adapter = adapter or getattr(target, "adapter", None) or IDENTITY
     arithmetic = arithmetic or getattr(target, "arithmetic", None) or Arithmetic()
@@ -170,6 +170,9 @@ def judge(target, case, adapter=None, arithmetic=None):
         if params[kv].norm and params[kv].norm_heads > 1:
             raise NotImplementedError("own codes: a %s norm spanning %d KV heads" % (
                 kv, params[kv].norm_heads))
+        if params[kv].format == "codebook":  # its rows are not q*s + m: no derived bound yet
+            raise NotImplementedError("own codes: a %s codebook side (the bound covers the "
+                                      "affine and fp8 formats)" % kv)
     hkv, hq, d = params["num_kv_heads"], params["num_q_heads"], params["head_dim"]
     scale = float(params["softmax_scale"])
     slots = _slot_rows(case)

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <pybind11/stl.h>
@@ -96,6 +97,30 @@ py::object Rotation(const SharedCache& c, const std::string& kv, int head) {
   return ReadOnlyView(DType::kF32, {d, d}, r, py::cast(c));
 }
 
+// The element type of a head_data.inc array row as an array dtype.
+template <typename T>
+constexpr DType RowDType() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, uint8_t>, "a new row type");
+  return std::is_same_v<T, float> ? DType::kF32 : DType::kU8;
+}
+
+// {row name: [Hkv, extent] array} of every head_data.inc array row the side holds.
+py::dict HeadArrays(const SharedCache& c, const std::string& kv) {
+  const cpu::PagedKVCache& cache = CacheOf(c);
+  const HeadData& heads = cache.Heads(KVOf(kv));
+  const int64_t hkv = cache.params().num_kv_heads;
+  py::dict out;
+#define KVQ_HEAD_ARRAY(name, Type, ...)                                                     \
+  if (!heads.name.empty()) {                                                                \
+    out[#name] = ReadOnlyView(RowDType<Type>(),                                             \
+                              {hkv, static_cast<int64_t>(heads.name.size()) / hkv},         \
+                              heads.name.data(), py::cast(c));                              \
+  }
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
+  return out;
+}
+
 py::array DequantizedHistory(const SharedCache& c, int seq, int head, const std::string& kv) {
   const cpu::PagedKVCache& cache = CacheOf(c);
   const std::vector<float> rows = cache.DequantizedHistory(seq, head, KVOf(kv));
@@ -140,19 +165,27 @@ CacheParams CacheParamsOf(const py::dict& d) {
 }
 
 // One side's HeadData from {"params": [the WriteParams of each KV head], "rotation": float32
-// [Hkv, d, d] or None} (either key may be absent): a per-head scalar of head_data.inc is kept
+// [Hkv, d, d] or None, and any other head_data.inc array row by its name ("widths": uint8
+// [Hkv, d/2]) or None} (every key may be absent): a per-head scalar of head_data.inc is kept
 // only where some head's value differs from the side's (`shared`).
 HeadData HeadDataOf(const py::object& side, const WriteParams& shared, int hkv, const char* kv) {
   HeadData heads;
   if (side.is_none()) return heads;
   const py::dict d = side.cast<py::dict>();
-  if (d.contains("rotation") && !d["rotation"].is_none()) {
-    const py::array r = ContiguousOf(d["rotation"], DType::kF32, std::string(kv) + " rotation");
-    const int64_t want = int64_t{hkv} * shared.head_dim * shared.head_dim;
-    KVQ_CHECK(r.size() == want, kShapeMismatch, kv, " rotation must hold Hkv * d * d = ", want,
-              " floats, got ", r.size());
-    const float* f = static_cast<const float*>(r.data());
-    heads.rotation.assign(f, f + want);
+  {
+    const WriteParams& p = shared;  // what a row's extent is an expression of
+#define KVQ_HEAD_ARRAY(name, Type, extent, ...)                                                \
+    if (d.contains(#name) && !d[#name].is_none()) {                                            \
+      const py::array a = ContiguousOf(d[#name], RowDType<Type>(), std::string(kv) + " " #name); \
+      const int64_t want = int64_t{hkv} * (extent);                                            \
+      KVQ_CHECK(a.size() == want, kShapeMismatch, kv, " " #name " must hold Hkv * ",           \
+                (extent), " = ", want, " values, got ", a.size());                             \
+      const Type* v = static_cast<const Type*>(a.data());                                      \
+      heads.name.assign(v, v + want);                                                          \
+    }
+#include "kvq/common/head_data.inc"
+#undef KVQ_HEAD_ARRAY
+    (void)p;
   }
   if (d.contains("params") && !d["params"].is_none()) {
     const std::vector<WriteParams> per_head = d["params"].cast<std::vector<WriteParams>>();
@@ -241,6 +274,9 @@ void BindCache(py::module_& m) {
            py::arg("kv"), py::arg("head"),
            "kvq.WriteParams: the write parameters KV head `head` is written with (the side's, "
            "with the head's clip ratio and fp8 scale).")
+      .def("head_arrays", &HeadArrays, py::arg("kv"),
+           "{row name: array [Hkv, extent]} of every per-head array row the side holds "
+           "(head_data.inc: 'rotation' float32 [Hkv, d*d], 'widths' uint8 [Hkv, d/2], ...).")
       .def("rotation", &Rotation, py::arg("kv"), py::arg("head"),
            "float32 [d, d]: the dense rotation of a KV head; None for identity / Hadamard.")
       .def("dequantized_history", &DequantizedHistory, py::arg("seq"), py::arg("head"),
@@ -251,7 +287,8 @@ void BindCache(py::module_& m) {
         "kvq.Cache: a paged cache built by kvq's scalar write path from a script "
         "(conformance::RunCacheScript). params: a dict as Cache.params gives it; heads: "
         "{'key': {'params': [kvq.WriteParams per KV head], 'rotation': float32 [Hkv, d, d] or "
-        "None}, 'value': {...}} (either may be absent); ops int32 [m, 3] of (op, slot, tokens): "
+        "None, and any other per-head array row by name, e.g. 'widths': uint8 [Hkv, d/2]}, "
+        "'value': {...}} (every key may be absent); ops int32 [m, 3] of (op, slot, tokens): "
         "0 adds a sequence (slots count up from 0), 1 prefills `tokens` rows, 2 appends one, 3 "
         "removes the slot; k, v bf16 bits [rows, Hkv, d] taken in order. kvq.Error for what "
         "the cache refuses or a malformed script.");

@@ -109,8 +109,10 @@ class NumpyCache:
                 if step["op"] == "append" and self.decode_rotation_of is not None:
                     rotation_side = self.decode_rotation_of
                 rotation = heads[rotation_side]["rotation"]
+                widths = heads[kv].get("widths")  # a codebook side's per-head block widths
                 planes = kvq.encode(p, np.ascontiguousarray(x[:, head]),
-                                    None if rotation is None else rotation[head])
+                                    None if rotation is None else rotation[head],
+                                    None if widths is None else widths[head])
                 for plane in p.planes:
                     per_row = plane["tokens_per_row"]
                     pool = pools[kv][plane["name"]]
@@ -207,8 +209,10 @@ def test_a_prefill_clipped_unlike_decode_fails(vectors):
 
 
 def test_decode_with_the_other_sides_rotation_fails(vectors):
+    # Both sides dense: the wrong matrix then gives other bits (a side without one, an error).
     dense = [n for n in cache_names(vectors)
-             if vectors.case(n).cache().params["key"].rotation == "dense"]
+             if all(vectors.case(n).cache().params[kv].rotation == "dense"
+                    for kv in ("key", "value"))]
     assert dense
     report, failed = failures(vectors, NumpyCache("mixed", decode_rotation_of="value"))
     assert set(dense) <= set(failed)

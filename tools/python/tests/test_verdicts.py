@@ -58,9 +58,9 @@ def pack(p, codes):
 
 def half_up(p, x, rotation):
     """kvq's quantizer with rint replaced by floor(v + 1/2) (round half up), in fp32."""
-    out, xc = codec_input(p, x, rotation)
     if p.format not in ("affine_token", "affine_tile"):
         raise NotImplementedError("format %s" % p.format)
+    out, xc = codec_input(p, x, rotation)
     n, d = xc.shape
     shape = metadata_shape(p, n, d)
     sf = bf16_value(out["scale"]).reshape(-1, 1)
