@@ -20,6 +20,7 @@
 #                   step.md        the whole decode step (append + decode) in one CUDA graph:
 #                                  bench_step_sdpa.py (index_copy_ + cuDNN, a graph), then
 #                                  kvq_bench_gpu_step against it (--baseline); in bench.md too
+#                   step_old.md    the previous tree's kvq_bench_gpu_step (old/, when staged)
 #   --part ppl      ppl.log        kvq ppl --backend both on the committed model A: every scheme
 #                                  of the catalogue (own windows) on the CPU (the device
 #                                  machine's cores) and through the CUDA write and decode,
@@ -291,6 +292,13 @@ PY
   if [[ -x $bin/kvq_bench_gpu_step ]]; then
     "$bin/kvq_bench_gpu_step" --iters 30 ${step_baseline[@]+"${step_baseline[@]}"} >> "$OUT/step.md" 2>&1
     row "kvq_bench_gpu_step" "rc=$?"
+  fi
+  # The previous tree's step benchmark (old/, when staged) right after, against the same
+  # baseline: step_old.md, for new / old per row.
+  if [[ -x $stage/old/bin/kvq_bench_gpu_step ]]; then
+    LD_LIBRARY_PATH="$stage/old/lib:/usr/local/cuda/lib64" "$stage/old/bin/kvq_bench_gpu_step" --iters 30 \
+      ${step_baseline[@]+"${step_baseline[@]}"} > "$OUT/step_old.md" 2>&1
+    row "kvq_bench_gpu_step (old tree)" "rc=$?"
   fi
   cat "$OUT/step.md" >> "$OUT/bench.md"
   if (( run_ncu )) && command -v ncu >/dev/null; then

@@ -14,8 +14,9 @@
 #   --carry DIR      staging folder (default <repo>/.carry). A device call sends the checkout
 #                    the session started in plus the ignored folders named in `carry`: from a
 #                    helper's worktree, stage into that checkout's ignored .carry.
-#   --old-build DIR  a previous tree's build folder: its kvq_bench_gpu_attention and
-#                    kvq_bench_gpu_write (built there) are staged as old/bin with old/lib.
+#   --old-build DIR  a previous tree's build folder: its kvq_bench_gpu_attention,
+#                    kvq_bench_gpu_write and kvq_bench_gpu_step (where built there) are staged
+#                    as old/bin with old/lib.
 #   --timing-only    stage the benchmarks and the CLI only (what --part timing runs), no tests:
 #                    with --old-build the bundle then stays inside the 64 MiB a call carries.
 # The device command (carry: the staging folder's name, e.g. [".carry"]):
@@ -99,7 +100,8 @@ copy_libs "$carry/stage/lib" "${binaries[@]}" "$build/gpu/libkvq_gpu.so" \
 if [[ -n "$old_build" ]]; then
   mkdir -p "$carry/stage/old/bin" "$carry/stage/old/lib"
   old_bins=()
-  for t in kvq_bench_gpu_attention kvq_bench_gpu_write; do
+  for t in kvq_bench_gpu_attention kvq_bench_gpu_write kvq_bench_gpu_step; do
+    [[ -e "$old_build/bench/$t" ]] || continue  # the step benchmark is newer than some trees
     cp "$old_build/bench/$t" "$carry/stage/old/bin/"
     old_bins+=("$old_build/bench/$t")
   done
@@ -122,7 +124,7 @@ cp "$repo/gpu/scripts/on_device.sh" "$carry/on_device.sh"
 cp "$repo/bench/bench_sdpa.py" "$carry/bench_sdpa.py"
 cp "$repo/bench/bench_step_sdpa.py" "$carry/bench_step_sdpa.py"
 du -sh "$carry"
-echo "staged: ${targets[*]} libkvq_gpu.so libkvq_cuda.so${old_build:+ old: kvq_bench_gpu_attention kvq_bench_gpu_write}"
+echo "staged: ${targets[*]} libkvq_gpu.so libkvq_cuda.so${old_build:+ old: ${old_bins[*]##*/}}"
 echo
 echo "device commands (carry: [\"$(basename "$carry")\"], timeout_s <= 600):"
 echo "  bash $(basename "$carry")/on_device.sh --part checks"
