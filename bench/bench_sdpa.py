@@ -82,6 +82,7 @@ def cuda_setup(args):
 def main():
     args = parse_args()
     props, flush, copy_bw = cuda_setup(args)
+    dev = torch.device("cuda")
 
     print(f"# torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, {props.name}, "
           f"{props.multi_processor_count} SMs")

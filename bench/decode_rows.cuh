@@ -24,6 +24,7 @@
 #include "kvq/common/params_builder.h"
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/cuda_check.h"
+#include "kvq/gpu/formats.h"
 #include "kvq/gpu/rotation.h"
 #include "l2_flush.cuh"
 
@@ -307,10 +308,16 @@ inline std::vector<SchemeRow> SchemeRows(const std::string& list) {
   std::vector<SchemeRow> rows;
   std::vector<std::string> names;
   if (list.empty()) {
-    // Every spec 1.1 scheme the GPU decode serves without a calibration: tiled keys or its own
-    // windows (the KIVI family, OScaR, SAW), in catalogue order, then the plain INT4 baseline.
+    // Every scheme the GPU decode serves (formats its kernels read) without a calibration:
+    // tiled keys or its own windows (the KIVI family, OScaR, SAW), in catalogue order, then
+    // the plain INT4 baseline.
     for (const calib::SchemeInfo& info : calib::Schemes()) {
       if (info.needs_calibration || !info.quantized()) continue;
+      // A format the decode kernels do not read yet (codebook: issue 22's GPU part).
+      if (!kvq::gpu::attention::DecodeFormatOf(info.format_k).listed ||
+          !kvq::gpu::attention::DecodeFormatOf(info.format_v).listed) {
+        continue;
+      }
       if (info.format_k != kvq::Format::kAffineTile && info.windows.shared()) continue;
       names.push_back(info.name);
     }

@@ -27,20 +27,16 @@ try:
 except ImportError as _extension_error:  # noqa: F841 (kept for __getattr__)
     _EXTENSION_ERROR = _extension_error
 
-    class ExtensionMissing(ImportError, AttributeError):
-        """A name of the extension module asked for where it did not load: an ImportError with
-        the extension's own error, and an AttributeError, so that hasattr() and getattr() with a
-        default (torch.compile's inductor probes kvq.torch for the op namespace `kvq`) read it as
-        a name that is not there."""
-
     def __getattr__(name):
         if name in ("torch_ops", "hf"):  # `from kvq import torch_ops` asks here first
             import importlib
             return importlib.import_module("." + name, __name__)
+        # Another name is an AttributeError, so that hasattr() and getattr() with a default read
+        # it as absent (torch.compile's inductor probes kvq.torch for the op namespace `kvq`).
         if name not in __all__:
             raise AttributeError("module 'kvq' has no attribute %r" % name)
-        raise ExtensionMissing("kvq.%s needs the extension module kvq._kvq, which did not load: "
-                               "%s (kvq.torch_ops works without it)" % (name, _EXTENSION_ERROR))
+        raise ImportError("kvq.%s needs the extension module kvq._kvq, which did not load: "
+                          "%s (kvq.torch_ops works without it)" % (name, _EXTENSION_ERROR))
 
 __all__ = ["Cache", "Error", "WriteParams", "attend", "cache_write", "conformance", "decode",
            "encode", "formats", "own_attention", "quantize", "replay_cache", "run_stage",
