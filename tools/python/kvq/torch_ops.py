@@ -156,7 +156,9 @@ def cache_params(num_kv_heads, num_q_heads, head_dim, sink, recent, page_size, k
         for name, v in merged.items():
             entries[side + "." + name] = int(v) if isinstance(v, bool) else v
     entries["quantized"] = 0 if formats == {"bf16"} else 1
-    return "".join("%s=%s;\n" % (k, v) for k, v in entries.items())
+    # One line: the text is a constant of the graphs torch.compile makes, and inductor writes
+    # each graph node into a comment line of its generated code (a newline broke it).
+    return "".join("%s=%s;" % (k, v) for k, v in entries.items())
 
 
 class _Cache:
@@ -509,6 +511,12 @@ def _register():
 _register()
 
 
+def _one_line(params):
+    """The metadata text without whitespace (its names and values have none): what the
+    wrappers hand the ops, so that a caller's text with newlines compiles under inductor."""
+    return "".join(params.split())
+
+
 def _op(name):
     if not _ops:
         raise TorchOpError("kvq's torch ops need torch >= 2.4 (torch.library.custom_op); this is "
@@ -524,10 +532,10 @@ def write_prefill(params, key, value, page_table, key_heads, value_heads, key_po
     its history into the pages of page_table (int32 [>= ceil(H(T) / P)]). key_heads /
     value_heads: {row name: f32 tensor} (head_row_names(): "rotation" [Hkv, d, d] for a dense
     side, "clip" / "scale" [Hkv]) or lists in that order."""
-    return _op("write_prefill")(params, key, value, page_table, _head_list(key_heads),
-                                _head_list(value_heads), list(key_pool), list(value_pool),
-                                sink_key, sink_value, recent_key, recent_value, slot,
-                                error_flags)
+    return _op("write_prefill")(_one_line(params), key, value, page_table,
+                                _head_list(key_heads), _head_list(value_heads), list(key_pool),
+                                list(value_pool), sink_key, sink_value, recent_key, recent_value,
+                                slot, error_flags)
 
 
 def write_append(params, key, value, lengths, page_tables, key_heads, value_heads, key_pool,
@@ -535,7 +543,7 @@ def write_append(params, key, value, lengths, page_tables, key_heads, value_head
     """torch.ops.kvq.write_append: one decode step's rows key / value bf16 [B, Hkv, d] for the
     sequences of lengths (int32 [B], before the step; the caller advances them), page_tables
     int32 [B, max_pages], windows [B, ...]."""
-    return _op("write_append")(params, key, value, lengths, page_tables,
+    return _op("write_append")(_one_line(params), key, value, lengths, page_tables,
                                _head_list(key_heads), _head_list(value_heads),
                                list(key_pool), list(value_pool), sink_key, sink_value,
                                recent_key, recent_value, error_flags)
@@ -545,7 +553,7 @@ def decode(params, q, seq_lens, page_tables, max_seq_len, key_heads, value_heads
            value_pool, sink_key, sink_value, recent_key, recent_value, workspace):
     """torch.ops.kvq.decode: f32 [B, Hq, d], the attention of q (f32 [B, Hq, d]) over each
     sequence's cache of seq_lens (int32 [B], the current token included, <= max_seq_len)."""
-    return _op("decode")(params, q, seq_lens, page_tables, max_seq_len,
+    return _op("decode")(_one_line(params), q, seq_lens, page_tables, max_seq_len,
                          _head_list(key_heads), _head_list(value_heads),
                          list(key_pool), list(value_pool), sink_key, sink_value, recent_key,
                          recent_value, workspace)
