@@ -157,8 +157,8 @@ def judge(target, case, adapter=None, arithmetic=None):
     """(failure message or None, note): the target's attention over its own history written
     by target.write, per query, against the fp64 reference over that history within the
     derived bound (spec/verdicts.md §7). Raises NotImplementedError for what the protocol does
-    not cover (a norm spanning several KV heads, a codebook side, a bf16 cache), kvq.Error for planes the
-    adapter cannot read."""
+    not cover (a norm spanning several KV heads, a codebook side, a bf16 cache), kvq.Error for
+    planes the adapter cannot read."""
     adapter = adapter or getattr(target, "adapter", None) or IDENTITY
     arithmetic = arithmetic or getattr(target, "arithmetic", None) or Arithmetic()
     u = arithmetic.u

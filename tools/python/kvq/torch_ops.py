@@ -15,7 +15,7 @@ machine loads under any Python 3 and any torch (docs/architecture.md, "The torch
     ops.write_prefill(params, k, v, table, *heads, key_pool, value_pool,    # k, v bf16 [T, Hkv, d]
                       sink_k, sink_v, ring_k, ring_v, slot=0)
     ops.write_append(params, k1, v1, lengths, tables, *heads, key_pool, value_pool,
-                     sink_k, sink_v, ring_k, ring_v)                        # lengths before the step
+                     sink_k, sink_v, ring_k, ring_v)  # lengths before the step
     workspace = ops.allocate_workspace(params, batch=8, max_seq_len=4096)
     out = ops.decode(params, q, lengths + 1, tables, 4096, *heads, key_pool, value_pool,
                      sink_k, sink_v, ring_k, ring_v, workspace)              # f32 [B, Hq, d]
@@ -473,7 +473,8 @@ def registered():
 
 def _register():
     library_api = getattr(torch, "library", None)
-    if library_api is None or not hasattr(library_api, "custom_op") or not hasattr(library_api, "register_fake"):
+    if library_api is None or not (hasattr(library_api, "custom_op") and
+                                   hasattr(library_api, "register_fake")):
         return
     prefill = library_api.custom_op(
         "kvq::write_prefill", _write_prefill, device_types="cuda",
