@@ -114,10 +114,12 @@ void setup_eval(CLI::App& app) {
   sub->add_option("--bits", cmd->options.scheme.bits, BitsHelp())
       ->capture_default_str();
   sub->add_option("--k-bits", cmd->options.scheme.k_bits,
-                  "K's bits when they differ from --bits (K4V2: --k-bits 4 --v-bits 2)")
-      ->check(CLI::IsMember({2, 4}));
-  sub->add_option("--v-bits", cmd->options.scheme.v_bits, "V's bits when they differ from --bits")
-      ->check(CLI::IsMember({2, 4}));
+                  "K's bits when they differ from --bits (K4V2: --k-bits 4 --v-bits 2; 2 or 4, "
+                  "a codebook scheme 1..8)")
+      ->check(CLI::Range(1, 8));
+  sub->add_option("--v-bits", cmd->options.scheme.v_bits,
+                  "V's bits when they differ from --bits (2 or 4, a codebook scheme 1..8)")
+      ->check(CLI::Range(1, 8));
   sub->add_option("--sink", cmd->sink, "BF16 sink S0 (default: the calibration's, else 64)")
       ->check(kvq::cli::WindowTokens());
   sub->add_option("--recent", cmd->recent,

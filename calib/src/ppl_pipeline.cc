@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "kvq/calib/activations.h"
@@ -214,17 +215,26 @@ PplPipelineResult RunPplPipeline(const PplPipelineOptions& o, const cpu::Backend
   const bool use_gpu = o.backend != "cpu";
   KVQ_CHECK(!use_gpu || (hooks.gpu.unsupported && hooks.gpu.forwards), kInvalidArgument,
             "--backend ", o.backend, ": no GPU forwards given (PplPipelineHooks::gpu)");
-  for (const auto& [name, value] :
-       {std::pair<const char*, int>{"--k-bits", o.k_bits}, {"--v-bits", o.v_bits}}) {
-    KVQ_CHECK(value == 0 || value == 2 || value == 4, kInvalidArgument, name, " ", value,
-              " is not supported (2 or 4)");
-  }
   PplPipelineResult r;
   const Observer observer(hooks, r);
   r.threads = o.threads > 0 ? o.threads
                             : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   // Scheme rows first: a typo fails before any work.
   r.requested = RequestedRows(o);
+  // --k-bits / --v-bits reach the schemes of shared width: INT-b sides take 2 or 4, codebook
+  // sides 1..8 (Block-GTQ's K average may not be an integer there: kvq calibrate's --k-bits).
+  for (const SchemeVariant& v : r.requested) {
+    const SchemeInfo& info = SchemeByName(v.scheme);
+    if (info.bits != kSharedBits || !info.quantized()) continue;
+    for (const auto& [name, value, format] :
+         {std::tuple<const char*, int, Format>{"--k-bits", o.k_bits, info.format_k},
+          {"--v-bits", o.v_bits, info.format_v}}) {
+      const bool codebook = format == Format::kCodebook;
+      KVQ_CHECK(value == 0 || (codebook ? value >= 1 && value <= 8 : value == 2 || value == 4),
+                kInvalidArgument, name, " ", value, " is not supported by scheme '", v.scheme,
+                "' (", codebook ? "1..8" : "2 or 4", ")");
+    }
+  }
   const Needs needs = NeedsOf(r.requested, o);
   CheckUsed(o, needs);
   const bool capture_here = needs.capture && o.calib_activations.empty();
@@ -286,8 +296,14 @@ PplPipelineResult RunPplPipeline(const PplPipelineOptions& o, const cpu::Backend
   } else if (needs.calibration) {
     CalibrationOptions calibrate;
     calibrate.group = options.scheme.group;
-    const int k_bits = options.scheme.k_bits != 0 ? options.scheme.k_bits : options.scheme.bits;
-    const int v_bits = options.scheme.v_bits != 0 ? options.scheme.v_bits : options.scheme.bits;
+    // The clip ratios are chosen for an INT-b width (2 or 4); a codebook width (the codebook
+    // schemes make their own calibration from the capture: CalibrationForScheme) leaves them
+    // at --bits.
+    const auto affine = [&](int b) { return b == 2 || b == 4 ? b : options.scheme.bits; };
+    const int k_bits =
+        affine(options.scheme.k_bits != 0 ? options.scheme.k_bits : options.scheme.bits);
+    const int v_bits =
+        affine(options.scheme.v_bits != 0 ? options.scheme.v_bits : options.scheme.bits);
     calibrate.bits = k_bits;
     calibrate.v_bits = v_bits != k_bits ? v_bits : 0;
     calibrate.sink = options.scheme.sink;

@@ -195,7 +195,36 @@ TEST(PplCli, KeyAndValueWidthsApart) {
       << "INT4 keys should lose less than INT2 keys";
   EXPECT_EQ(rows[3]["kl"], b["sets"][0]["rows"][3]["kl"]) << "saw_int4 keeps its own width";
   ExpectFailure(dir, common + " --k-bits 3 --json bad.json", dir.File("bad.json"),
-                {"--k-bits 3"});
+                {"--k-bits 3 is not supported by scheme 'naive' (2 or 4)"});
+  ExpectFailure(dir, common + " --v-bits 9 --json bad.json", dir.File("bad.json"),
+                {"--v-bits 9 is not supported by scheme 'naive' (2 or 4)"});
+}
+
+// The codebook schemes take any width 1..8 (K3V2 here), with no INT-b scheme in the run: the
+// base calibration the pipeline computes keeps its clip at --bits, and each codebook scheme
+// makes its own from the capture (blockgtq's allocation at K's width).
+TEST(PplCli, CodebookSchemesTakeOtherWidths) {
+  Scratch dir;
+  const std::string common = "ppl --model '" + kModelA +
+                             "' --windows heldout_en:0 --length 160 --calib-windows calib:0 "
+                             "--calib-length 256 --tail-from 48 --no-fp32 --threads 2";
+  const RunResult k3v2 = RunKvq(dir, common + " --schemes tq_mse,blockgtq --k-bits 3 --v-bits 2 "
+                                              "--json k3v2.json");
+  ASSERT_EQ(k3v2.exit_code, 0) << k3v2.err;
+  const RunResult k2v2 = RunKvq(dir, common + " --schemes tq_mse,blockgtq --json k2v2.json");
+  ASSERT_EQ(k2v2.exit_code, 0) << k2v2.err;
+  const nlohmann::json a = nlohmann::json::parse(cli_testing::Slurp(dir.File("k3v2.json")));
+  const nlohmann::json b = nlohmann::json::parse(cli_testing::Slurp(dir.File("k2v2.json")));
+  const nlohmann::json& rows = a["sets"][0]["rows"];
+  ASSERT_EQ(rows.size(), 3u);  // reference, tq_mse, blockgtq
+  // TurboQuant-MSE K3V2 at d = 128: (3 + 16/128) and (2 + 16/128) bits a channel.
+  EXPECT_EQ(rows[1]["history_bits_per_element"], 2.625);
+  for (int i = 1; i <= 2; ++i) {
+    EXPECT_LT(rows[i]["kl"].get<double>(), b["sets"][0]["rows"][i]["kl"].get<double>())
+        << rows[i]["label"] << ": 3-bit keys should lose less than 2-bit keys";
+  }
+  ExpectFailure(dir, common + " --schemes tq_mse --k-bits 9 --json bad.json", dir.File("bad.json"),
+                {"--k-bits 9 is not supported by scheme 'tq_mse' (1..8)"});
 }
 
 TEST(PplCli, ErrorsNameTheOffendingValue) {
