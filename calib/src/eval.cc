@@ -218,14 +218,20 @@ std::string FormatTable(const EvalResult& r) {
   const std::vector<std::string>& metrics = MetricNames();
   std::string out;
   char line[512];
+  // The shared width the schemes of shared width take: "2-bit", or K and V apart ("K3V2").
+  const int k_bits = r.options.k_bits != 0 ? r.options.k_bits : r.options.bits;
+  const int v_bits = r.options.v_bits != 0 ? r.options.v_bits : r.options.bits;
+  const std::string width = k_bits == v_bits ? std::to_string(k_bits) + "-bit"
+                                             : "K" + std::to_string(k_bits) + "V" +
+                                                   std::to_string(v_bits);
   std::snprintf(line, sizeof line,
                 "sequence: first %lld capture tokens (sink) + %lld held-out tokens; queries: last "
                 "%lld positions x %d query heads per KV head; %d layers x %d KV heads, d=%d, "
-                "S0=%d, W=%d, G=%d, %d-bit; means over layers and heads\n",
+                "S0=%d, W=%d, G=%d, %s; means over layers and heads\n",
                 static_cast<long long>(r.prefix_tokens), static_cast<long long>(r.heldout_tokens),
                 static_cast<long long>(r.query_positions), r.info.group_size(),
                 r.info.num_layers, r.info.num_kv_heads, r.info.head_dim, r.options.sink,
-                r.options.recent, r.options.group, r.options.bits);
+                r.options.recent, r.options.group, width.c_str());
   out += line;
   size_t name_width = 6;
   for (const SchemeResult& s : r.schemes) name_width = std::max(name_width, s.name.size());
