@@ -372,6 +372,20 @@ def _windows(c, tensors, batch, device):
 # ---- The ops' bodies --------------------------------------------------------------------------
 
 
+def _write_targets(c, key_pool, value_pool, key_heads, value_heads, error_flags, device):
+    """What both writes check and hand the C ABI alike: the pools' plane pointers and their page
+    count (the same on both sides), the error flags' shape, the per-head rows' pointers."""
+    kp, pages = _pool(c, 0, key_pool, "key_pool", device)
+    vp, value_pages = _pool(c, 1, value_pool, "value_pool", device)
+    if value_pages != pages:
+        raise TorchOpError("key_pool has %d pages, value_pool %d" % (pages, value_pages))
+    if error_flags is not None:
+        _tensor(error_flags, "error_flags", torch.int32, (1,), device)
+    kh = _heads(c, 0, key_heads, "key_heads", device)
+    vh = _heads(c, 1, value_heads, "value_heads", device)
+    return kp, vp, pages, kh, vh
+
+
 def _write_prefill(params: str, key: Tensor, value: Tensor, page_table: Tensor,
                    key_heads: HeadRows, value_heads: HeadRows, key_pool: typing.List[Tensor],
                    value_pool: typing.List[Tensor], sink_key: Tensor, sink_value: Tensor,
@@ -387,14 +401,8 @@ def _write_prefill(params: str, key: Tensor, value: Tensor, page_table: Tensor,
     _windows(c, (sink_key, sink_value, recent_key, recent_value), batch, device)
     if not 0 <= slot < batch:
         raise TorchOpError("slot %d is outside the windows' batch [0, %d)" % (slot, batch))
-    kp, pages = _pool(c, 0, key_pool, "key_pool", device)
-    vp, value_pages = _pool(c, 1, value_pool, "value_pool", device)
-    if value_pages != pages:
-        raise TorchOpError("key_pool has %d pages, value_pool %d" % (pages, value_pages))
-    if error_flags is not None:
-        _tensor(error_flags, "error_flags", torch.int32, (1,), device)
-    kh = _heads(c, 0, key_heads, "key_heads", device)
-    vh = _heads(c, 1, value_heads, "value_heads", device)
+    kp, vp, pages, kh, vh = _write_targets(c, key_pool, value_pool, key_heads, value_heads,
+                                           error_flags, device)
     windows = [t[slot] if t.shape[1] > 0 else None
                for t in (sink_key, sink_value, recent_key, recent_value)]
     with torch.cuda.device(device):
@@ -418,14 +426,8 @@ def _write_append(params: str, key: Tensor, value: Tensor, lengths: Tensor, page
     _tensor(lengths, "lengths", torch.int32, (batch,), device)
     _tensor(page_tables, "page_tables", torch.int32, (batch, None), device)
     _windows(c, (sink_key, sink_value, recent_key, recent_value), batch, device)
-    kp, pages = _pool(c, 0, key_pool, "key_pool", device)
-    vp, value_pages = _pool(c, 1, value_pool, "value_pool", device)
-    if value_pages != pages:
-        raise TorchOpError("key_pool has %d pages, value_pool %d" % (pages, value_pages))
-    if error_flags is not None:
-        _tensor(error_flags, "error_flags", torch.int32, (1,), device)
-    kh = _heads(c, 0, key_heads, "key_heads", device)
-    vh = _heads(c, 1, value_heads, "value_heads", device)
+    kp, vp, pages, kh, vh = _write_targets(c, key_pool, value_pool, key_heads, value_heads,
+                                           error_flags, device)
     with torch.cuda.device(device):
         _check(library().kvq_write_append(
             c.handle, _ptr(key), _ptr(value), batch, _ptr(lengths), _ptr(page_tables),
