@@ -175,7 +175,9 @@ def input_rows(records, kv_heads):
         for side, calls in zip("kv", sides):
             rows = torch.cat(calls, dim=1)  # [Hkv_local, T, d]
             for i, h in enumerate(kv_heads):
-                out[head_key(l, h, side, "inputs")] = rows[i].clone()  # not a view: see _bytes
+                # A contiguous copy of its own: safetensors refuses views sharing memory.
+                out[head_key(l, h, side, "inputs")] = rows[i].clone(
+                    memory_format=torch.contiguous_format)
     return out
 
 
@@ -267,7 +269,10 @@ def run_scheme(model, scheme, calibration, heads, args):
             [(t, t + 1) for t in range(args.prompt_length, args.prompt_length + args.steps)]
         for a, b in bounds:
             out = model(ids[:, a:b], past_key_values=cache, use_cache=True)
-            last = out.logits[0, -1].float()
+            step_logits = out.logits
+            if hasattr(step_logits, "full_tensor"):  # a DTensor: lm_head's plan did not gather
+                step_logits = step_logits.full_tensor()
+            last = step_logits[0, -1].float()
             logits.append(last.cpu())
             argmax.append(int(last.argmax()))
     dump = cache_head_bytes(cache)

@@ -115,7 +115,9 @@ def test_merge_refuses_a_head_held_twice_and_keeps_the_first_argmax():
 
 
 def test_input_rows_concatenate_the_calls_per_global_head():
-    calls = ([numbered((2, 3, 4), torch.bfloat16, 0), numbered((2, 1, 4), torch.bfloat16, 50)],
+    # The prompt's rows arrive as a non-contiguous view (hf_probe.md, trap 2).
+    prompt_k = numbered((3, 2, 4), torch.bfloat16, 0).transpose(0, 1)
+    calls = ([prompt_k, numbered((2, 1, 4), torch.bfloat16, 50)],
              [numbered((2, 3, 4), torch.bfloat16, 100), numbered((2, 1, 4), torch.bfloat16, 150)])
     got = tp.input_rows({0: calls}, [2, 3])
     assert sorted(got) == sorted(tp.head_key(0, h, s, "inputs") for h in (2, 3) for s in "kv")
@@ -123,4 +125,81 @@ def test_input_rows_concatenate_the_calls_per_global_head():
         for s, side in enumerate("kv"):
             rows = got[tp.head_key(0, h, side, "inputs")]
             assert rows.shape == (4, 4)
+            assert rows.is_contiguous()
             assert torch.equal(rows, torch.cat([calls[s][0][i], calls[s][1][i]]))
+
+
+class FakeLayer:
+    """What cache_head_bytes and record_inputs read of a kvq.hf.Layer: bf16 pools of one
+    "rows" plane [pages, Hkv, P, d], empty windows, page tables, the length."""
+
+    def __init__(self, hkv, d=4, page=2, pages=3):
+        self.params, self.dims = "fake", {"page_size": page}
+        self.pools = ([torch.zeros(pages, hkv, page, d, dtype=torch.bfloat16)],
+                      [torch.zeros(pages, hkv, page, d, dtype=torch.bfloat16)])
+        self.windows = [torch.zeros(1, 0, hkv, d, dtype=torch.bfloat16)] * 4
+        self.tables = torch.tensor([[2, 0, 1]], dtype=torch.int32)
+        self.length, self.is_initialized, self.calls = 0, True, []
+
+    def history_tokens(self, t):
+        return t
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Writes row t of head i to pool page tables[0][t // P], slot t % P (the bf16 cache)."""
+        self.calls.append((key_states.shape[2], args, kwargs))
+        for t in range(key_states.shape[2]):
+            pos = self.length + t
+            page, slot = int(self.tables[0, pos // 2]), pos % 2
+            self.pools[0][0][page, :, slot] = key_states[0, :, t]
+            self.pools[1][0][page, :, slot] = value_states[0, :, t]
+        self.length += key_states.shape[2]
+        return key_states, value_states
+
+
+class FakeCache:
+    def __init__(self, kv_heads, layers=2):
+        self.kv_heads = list(kv_heads)
+        self.layers = [FakeLayer(len(self.kv_heads)) for _ in range(layers)]
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+
+def test_a_recorded_and_replayed_cache_holds_the_same_bytes_per_head(monkeypatch):
+    """The GPU path's wiring, with fakes for the kvq.hf.Cache: record_inputs keeps what two
+    "ranks" (heads [0, 2) and [2, 4)) are handed, replay() feeds the gathered rows to one
+    cache over all 4 heads in a prompt update and one-row updates, and cache_head_bytes reads
+    the used pages in sequence order; every head's bytes then agree."""
+    from kvq import torch_ops
+    monkeypatch.setattr(torch_ops, "pool_planes", lambda params, side: [("rows", "bfloat16",
+                                                                         None)])
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 4, 5, 4, generator=g).bfloat16()
+    v = torch.randn(1, 4, 5, 4, generator=g).bfloat16()
+    dumps = []
+    for heads in (range(0, 2), range(2, 4)):
+        cache = FakeCache(heads)
+        records = tp.record_inputs(cache)
+        for l in range(2):
+            for a, b in ((0, 3), (3, 4), (4, 5)):
+                cache.update(k[:, heads.start:heads.stop, a:b],
+                             v[:, heads.start:heads.stop, a:b], l, "extra", flag=1)
+        assert cache.layers[0].calls[0] == (3, ("extra",), {"flag": 1})
+        dump = {key: t for key, t in tp.cache_head_bytes(cache).items()}
+        dump.update(tp.input_rows(records, heads))
+        dumps.append(dump)
+    merged = tp.merge_ranks(dumps)
+
+    class Config:
+        num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim = 2, 8, 4, 4
+    built = []
+    monkeypatch.setattr(tp, "build_cache", lambda *a: built.append(a) or FakeCache(range(4)))
+    full = tp.replay("bf16", None, Config(), merged, 3, 8, "cpu")
+    assert len(built) == 1 and built[0][:2] == ("bf16", None) and built[0][3:] == (None, 8)
+    assert [c[0] for c in full.layers[1].calls] == [3, 1, 1]
+    replayed = tp.cache_head_bytes(full)
+    assert set(replayed) == {key for key in merged if not key.endswith(".inputs")}
+    for key, value in replayed.items():
+        assert torch.equal(value, merged[key]), key
+    # Pages 2 and 0 hold the 4 rows of positions 0..3 and page 1 the fifth: 3 pages are used.
+    assert replayed[tp.head_key(0, 3, "k", "pool.rows")].numel() == 3 * 2 * 4 * 2
