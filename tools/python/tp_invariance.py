@@ -21,10 +21,10 @@ rank_kv_heads() gives it, builds kvq.hf.Cache(kv_heads=those heads) per scheme, 
 and metadata (scheme, rank, world, kv_heads, prompt_length, steps, max_cache_len).
 
 The decode steps feed the prompt's fixed continuation (teacher forcing), not the argmax: TP's
-all-reduce order alone flips an argmax now and then (research probe, trap 4), and feeding it
-back would make the two runs' caches hold different tokens from there on. The argmax is
-recorded beside. No torch.compile (a compiled TP job hung at exit in the probe); the process
-group is destroyed at exit.
+all-reduce order alone flips an argmax now and then (../shared/research/hf_probe.md, trap 4),
+and feeding it back would make the two runs' caches hold different tokens from there on. The
+argmax is recorded beside. No torch.compile (a compiled TP job hung at exit in that probe,
+trap 8); the process group is destroyed at exit.
 """
 import argparse
 import os

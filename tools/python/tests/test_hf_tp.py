@@ -19,8 +19,8 @@ Printed, not asserted: how many (layer, head) rows the two runs share bit for bi
 argmax agreement and largest logit difference between TP and one GPU. TP's row-parallel
 all-reduce (o_proj, down_proj) sums in another order than one GPU's GEMM, so from the second
 layer on the K/V rows differ in their last bits, and an argmax flips now and then
-(shared/research/hf_probe.md, trap 4): equal bytes across the two runs are a property of the
-rows kvq is handed, not of kvq. Random-init weights: no accuracy claim.
+(../shared/research/hf_probe.md, trap 4): equal bytes across the two runs are a property of
+the rows kvq is handed, not of kvq. Random-init weights: no accuracy claim.
 """
 import os
 import shutil
@@ -72,13 +72,14 @@ def save_model(folder, seed=0):
 
 def torchrun(nproc, model, calibration, out):
     """Runs tp_invariance.py under torchrun; its whole process group is killed on a timeout
-    (a TP job can hang at exit: hf_probe.md, trap 8)."""
+    (a TP job can hang at exit: ../shared/research/hf_probe.md, trap 8)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(nproc), str(SCRIPT), "--model", str(model),
                "--scheme", ",".join(SCHEMES), "--calibration", str(calibration),
                "--out", str(out), "--prompt-length", str(PROMPT), "--steps", str(STEPS),
                "--max-cache-len", str(MAX_CACHE_LEN)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, text=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True, text=True)
     try:
         output, _ = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -115,7 +115,8 @@ def test_merge_refuses_a_head_held_twice_and_keeps_the_first_argmax():
 
 
 def test_input_rows_concatenate_the_calls_per_global_head():
-    # The prompt's rows arrive as a non-contiguous view (hf_probe.md, trap 2).
+    # The prompt's rows arrive as a non-contiguous view (../shared/research/hf_probe.md,
+    # trap 2).
     prompt_k = numbered((3, 2, 4), torch.bfloat16, 0).transpose(0, 1)
     calls = ([prompt_k, numbered((2, 1, 4), torch.bfloat16, 50)],
              [numbered((2, 3, 4), torch.bfloat16, 100), numbered((2, 1, 4), torch.bfloat16, 150)])
