@@ -10,6 +10,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/format.h"
 #include "kvq/gpu/attention_launch.h"
+#include "kvq/gpu/codebook.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/formats.h"
 #include "kvq/gpu/rotation.h"
@@ -395,6 +396,20 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   kp.part_acc = part_acc;
   kp.k_head_scale = in.key_heads.scale;
   kp.v_head_scale = in.value_heads.scale;
+  if (c.key.format == Format::kCodebook) {
+    kp.k_widths = in.key_heads.widths;
+    kp.k_bits = c.key.bits;
+    kp.k_code_bytes = c.key.row_code_bytes();
+    kp.k_segments = c.key.segments;
+    kp.k_codebook = DeviceCodebookTables(c.key.codebook);
+  }
+  if (c.value.format == Format::kCodebook) {
+    kp.v_widths = in.value_heads.widths;
+    kp.v_bits = c.value.bits;
+    kp.v_code_bytes = c.value.row_code_bytes();
+    kp.v_segments = c.value.segments;
+    kp.v_codebook = DeviceCodebookTables(c.value.codebook);
+  }
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
   kp.programmatic_launch = c.quantized();  // right after the query rotation

@@ -48,6 +48,7 @@
 #include <cuda_runtime.h>
 
 #include "attention_bf16_rows.cuh"
+#include "attention_codebook_rows.cuh"
 #include "attention_common.cuh"
 #include "attention_fp8_rows.cuh"
 #include "attention_quant_int8.cuh"

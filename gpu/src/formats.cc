@@ -41,7 +41,10 @@ void CheckKernelLayout(const WriteParams& p, const char* what) {
 
 namespace attention {
 
-int KindBits(const WriteParams& p) { return p.format == Format::kBf16 ? 16 : p.bits; }
+int KindBits(const WriteParams& p) {
+  if (DecodeFormatOf(p.format).runtime_widths) return 0;
+  return p.format == Format::kBf16 ? 16 : p.bits;
+}
 
 #define KVQ_KIND_IS(F, B, ...) \
   if (format == Format::F && bits == B) return true;

@@ -99,6 +99,11 @@ FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
   a.clip_per_head = heads.clip;
   a.head_scale = p.head_scale;
   a.scale_per_head = heads.scale;
+  if (p.format == Format::kCodebook) {
+    a.widths = heads.widths;
+    a.segments = p.segments;
+    a.code_bytes = p.row_code_bytes();  // the tables: WriteCodebook, at launch
+  }
   a.tile_tokens = p.format == Format::kAffineTile ? p.group : 0;
   a.bits = p.bits;
   a.norm = p.norm;
@@ -112,7 +117,7 @@ FusedWriteArgs WriteArgsFor(const WriteParams& p, const HeadData& heads,
   return a;
 }
 
-void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, bool bf16,
+void WriteRowsImpl(const WriteParams& p, const HeadData& heads, const void* x, bool bf16,
                    size_t n, const RowOutputs& out, int* error_flags, cudaStream_t stream) {
   constexpr const char* kWhat = "WriteRows";
   p.Validate();
@@ -120,8 +125,6 @@ void WriteRowsImpl(const WriteParams& p, const float* rotation, const void* x, b
   if (rows == 0) return;
   KVQ_REQUIRE_POINTER(x, kWhat);
   KVQ_CHECK(Aligned16(x), kInvalidArgument, kWhat, ": input rows are not 16-byte aligned");
-  HeadData heads;
-  heads.rotation = rotation;
   if (p.format == Format::kAffineTile) {
     KVQ_CHECK(rows % p.group == 0, kInvalidArgument, kWhat, ": ", rows,
               " rows is not a whole number of tiles of ", p.group, " tokens");
@@ -244,14 +247,28 @@ void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
 
 // ---- Fused writes ------------------------------------------------------------------------------
 
+void WriteRows(const WriteParams& p, const HeadData& head, const uint16_t* x, size_t n,
+               const RowOutputs& out, int* error_flags, cudaStream_t stream) {
+  WriteRowsImpl(p, head, x, /*bf16=*/true, n, out, error_flags, stream);
+}
+
+void WriteRows(const WriteParams& p, const HeadData& head, const float* x, size_t n,
+               const RowOutputs& out, int* error_flags, cudaStream_t stream) {
+  WriteRowsImpl(p, head, x, /*bf16=*/false, n, out, error_flags, stream);
+}
+
 void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, size_t n,
                const RowOutputs& out, int* error_flags, cudaStream_t stream) {
-  WriteRowsImpl(p, rotation, x, /*bf16=*/true, n, out, error_flags, stream);
+  HeadData head;
+  head.rotation = rotation;
+  WriteRows(p, head, x, n, out, error_flags, stream);
 }
 
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
                const RowOutputs& out, int* error_flags, cudaStream_t stream) {
-  WriteRowsImpl(p, rotation, x, /*bf16=*/false, n, out, error_flags, stream);
+  HeadData head;
+  head.rotation = rotation;
+  WriteRows(p, head, x, n, out, error_flags, stream);
 }
 
 void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* value, int tokens,

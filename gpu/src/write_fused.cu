@@ -28,6 +28,7 @@
 #include "launch.cuh"
 #include "write_launch.cuh"
 #include "write_row.cuh"
+#include "codebook.cuh"
 
 namespace kvq::gpu {
 namespace {
@@ -398,6 +399,180 @@ __device__ __forceinline__ void RotateTileDense(float* tile, float* shared_r, co
   __syncthreads();
 }
 
+// ---- The codebook epilogue (spec 1.3, numerics.md §5.4) ----------------------------------------
+// A slice's row goes through shared memory in natural channel order (the lanes' pair-strided
+// registers scattered there), so that each segment's two trees (the squares of the row, then of
+// the decoded centroids) run in the spec's order: slice lane r < L = min(M, kLanes) sums the
+// M / L leaves r, r + L, r + 2L, ... as a balanced tree in bit-reversed order (a stack of
+// partial sums), which is the subtree a[r] of the spec's a[j] += a[j + h] for h = M/2 .. L,
+// and log2(L) shuffles finish it (h = L/2 .. 1). Every sum and product is an explicit
+// round-to-nearest intrinsic (this library is compiled with contraction on).
+
+// The block's view of its head's codebook row: the layout, each segment's table, and the
+// slices' scratch (a row of fp32 values and a row of codes per slice).
+template <int D>
+struct CodebookBlock {
+  static constexpr int kSlices = kThreads / detail::SliceTraits<D>::kLanes;
+  CodebookLayout layout;
+  const float* table[kCodebookMaxSegments];
+  float values[kSlices][D];
+  uint8_t codes[kSlices][D];
+};
+
+// The block's CodebookBlock (static shared memory: raw bytes, as __shared__ takes no
+// constructor).
+template <int D>
+__device__ __forceinline__ CodebookBlock<D>& CodebookShared() {
+  __shared__ __align__(16) unsigned char bytes[sizeof(CodebookBlock<D>)];
+  return *reinterpret_cast<CodebookBlock<D>*>(bytes);
+}
+
+// Thread 0 lays head `head`'s row out; the caller's barrier publishes it.
+template <int D>
+__device__ __forceinline__ void PrepareCodebookBlock(const FusedWriteArgs& a, int head) {
+  if (threadIdx.x != 0) return;
+  CodebookBlock<D>& cb = CodebookShared<D>();
+  cb.layout = codebook::HeadLayout(D, a.widths, a.bits, head);
+  for (int s = 0; s < kCodebookMaxSegments; ++s) {
+    cb.table[s] = s < cb.layout.count ? codebook::TableOf(a.codebook, cb.layout.segment[s].values,
+                                                          cb.layout.segment[s].width)
+                                      : nullptr;
+  }
+}
+
+// The tree sum of the squares of row[o, o + m) padded with +0 to M = NormTreeSize(m), in every
+// lane of the slice.
+template <int D>
+__device__ __forceinline__ float SliceTreeSquares(const float* row, int o, int m) {
+  constexpr int kLanes = detail::SliceTraits<D>::kLanes;
+  const int M = static_cast<int>(NormTreeSize(m));
+  const int L = M < kLanes ? M : kLanes;
+  const int leaves = M / L;
+  int leaf_bits = 0;
+  while ((1 << leaf_bits) < leaves) ++leaf_bits;
+  const int r = detail::SliceLane<D>();
+  float sum = 0.0f;
+  if (r < L) {
+    float stack[9];
+    for (int i2 = 0; i2 < leaves; ++i2) {
+      const int i = leaf_bits == 0 ? 0 : static_cast<int>(BitReverse(i2, leaf_bits));
+      const int j = r + i * L;
+      const float x = j < m ? row[o + j] : 0.0f;
+      float v = __fmul_rn(x, x);
+      int k = 0;
+      for (int c = i2; c & 1; c >>= 1, ++k) v = __fadd_rn(stack[k], v);
+      stack[k] = v;
+    }
+    sum = stack[leaf_bits];
+  }
+  for (int h = L / 2; h >= 1; h >>= 1) {
+    const float other = __shfl_down_sync(kFullMask, sum, h, kLanes);
+    if (r < h) sum = __fadd_rn(sum, other);
+  }
+  return __shfl_sync(kFullMask, sum, 0, kLanes);
+}
+
+// The codebook row of one slice: segment norms, codes, corrected norms, packing, the stores.
+// v holds the rotated row (pair-strided, logical slice lane rho). Every lane of the warp calls
+// it (shuffles); a row with dest.row < 0 stores nothing.
+template <int D>
+__device__ __forceinline__ void WriteCodebookRow(const FusedWriteArgs& a, const float (&v)[16],
+                                                 int rho, const RowDestination& dest) {
+  constexpr int kLanes = detail::SliceTraits<D>::kLanes;
+  CodebookBlock<D>& cb = CodebookShared<D>();
+  const CodebookLayout& layout = cb.layout;
+  const int slice = static_cast<int>(threadIdx.x) / kLanes;
+  const int r = detail::SliceLane<D>();
+  const bool stored = dest.row >= 0;
+  float* row = cb.values[slice];
+  uint8_t* codes = cb.codes[slice];
+#pragma unroll
+  for (int k = 0; k < 16; k += 2) {
+    *reinterpret_cast<float2*>(row + detail::RowPosition<D>(k, rho)) = make_float2(v[k], v[k + 1]);
+  }
+  __syncwarp();
+  // §5.4.2: n^ = bf16(sqrtf(tree)), per segment.
+  float norm_hat[kCodebookMaxSegments];
+#pragma unroll
+  for (int s = 0; s < kCodebookMaxSegments; ++s) {
+    norm_hat[s] = 0.0f;
+    if (s < layout.count) {
+      const float n = __fsqrt_rn(
+          SliceTreeSquares<D>(row, layout.segment[s].offset, layout.segment[s].values));
+      norm_hat[s] = F32FromBf16(Bf16FromF32(n));
+      if (stored && IsNonFinite(norm_hat[s])) RaiseFlag(a.error_flags, kErrorFlagNonFinite, r == 0);
+    }
+  }
+  __syncwarp();  // the rows are read: the centroids replace them below
+  // §5.4.3: u = x / n^, code = #{t < u}; the row becomes the decoded centroids.
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int c = detail::RowPosition<D>(k, rho);
+    int seg = 0;
+    float nh = norm_hat[0];
+#pragma unroll
+    for (int s = 1; s < kCodebookMaxSegments; ++s) {
+      if (s < layout.count && c >= layout.segment[s].offset) {
+        seg = s;
+        nh = norm_hat[s];
+      }
+    }
+    const float u = nh == 0.0f ? 0.0f : __fdiv_rn(v[k], nh);
+    const int levels = 1 << layout.segment[seg].width;
+    const float* table = cb.table[seg];
+    const int code = codebook::CountBelow(table + levels, levels, u);
+    codes[c] = static_cast<uint8_t>(code);
+    row[c] = __ldg(table + code);
+  }
+  __syncwarp();
+  // §5.4.4: N^ = bf16(n^ / r), r the tree length of the centroids.
+  uint16_t corrected[kCodebookMaxSegments];
+#pragma unroll
+  for (int s = 0; s < kCodebookMaxSegments; ++s) {
+    corrected[s] = 0;
+    if (s < layout.count) {
+      const float len = __fsqrt_rn(
+          SliceTreeSquares<D>(row, layout.segment[s].offset, layout.segment[s].values));
+      corrected[s] = Bf16FromF32(__fdiv_rn(norm_hat[s], len));
+    }
+  }
+  if (stored) {
+    // §8.2: byte i of the row's code plane from the codes of its segment (0x00 past them).
+    uint8_t* out = a.planes[0] + dest.row * a.code_bytes;
+    for (int i = r; i < a.code_bytes; i += kLanes) {
+      unsigned byte = 0;
+#pragma unroll 1
+      for (int s = 0; s < layout.count; ++s) {
+        const CodebookSegment& seg = layout.segment[s];
+        const int local = i - seg.byte_offset;
+        if (local < 0 || local >= seg.bytes) continue;
+        const uint8_t* sc = codes + seg.offset;
+        if (seg.width == 2 || seg.width == 4) {
+          const int q = seg.width == 2 ? (seg.values + 3) / 4 : seg.values / 2;
+          for (int part = 0; part * seg.width < 8; ++part) {
+            const int j = part * q + local;
+            if (j < seg.values) byte |= static_cast<unsigned>(sc[j]) << (seg.width * part);
+          }
+        } else {
+          for (int t = 0; t < 8; ++t) {
+            const int e = 8 * local + t;
+            if (e < seg.values * seg.width) {
+              byte |= ((static_cast<unsigned>(sc[e / seg.width]) >> (e % seg.width)) & 1u) << t;
+            }
+          }
+        }
+      }
+      out[i] = static_cast<uint8_t>(byte);
+    }
+    uint16_t* norms = reinterpret_cast<uint16_t*>(a.planes[1]) + dest.row * a.segments;
+#pragma unroll
+    for (int s = 0; s < kCodebookMaxSegments; ++s) {
+      if (s < a.segments && s % kLanes == r) norms[s] = corrected[s];
+    }
+  }
+  __syncwarp();  // the scratch is free for the slice's next row
+}
+
 // Everything after the rotation for one row per slice: range check, the optional rotated /
 // tau outputs, clip, quantize, pack and the stores. v is the rotated row in pair-strided order
 // held by logical slice lane rho. Rows with dest.row < 0 (not written) go through the
@@ -433,7 +608,10 @@ __device__ __forceinline__ void WriteRotatedRow(const FusedWriteArgs& a, float (
     for (int k = 0; k < 16; ++k) v[k] = detail::ClipValue(v[k], tau);
   }
   if (kRowOutputs && a.tau != nullptr && dest.flat_row >= 0 && leader) a.tau[dest.flat_row] = tau;
-  if constexpr (BITS == 8) {
+  if constexpr (BITS == kCodebookWrite) {
+    WriteCodebookRow<D>(a, v, rho, dest);
+    return;
+  } else if constexpr (BITS == 8) {
     if (stored) {
       uint8_t* out = a.planes[kFp8CodesPlane] + dest.row * D;
 #pragma unroll
@@ -470,6 +648,10 @@ __global__ void __launch_bounds__(kThreads, 4)
   launch::LaunchDependents();  // the next write (FusedWriteArgs::overlap_previous) may start
   const int head = static_cast<int>(blockIdx.y);
   const int warp = static_cast<int>(threadIdx.x) / 32;
+  if constexpr (BITS == kCodebookWrite) {
+    PrepareCodebookBlock<D>(args, head);
+    __syncthreads();
+  }
   const bool dense = args.rotation.kind == kRotationDense;
   const float* r = dense ? args.rotation.matrices + static_cast<int64_t>(head) * D * D : nullptr;
   const float rho = args.clip_per_head != nullptr ? args.clip_per_head[head] : args.clip;
@@ -567,6 +749,10 @@ __global__ void __launch_bounds__(kThreads, 4)
       BITS == 8 && args.scale_per_head != nullptr ? args.scale_per_head[head] : args.head_scale;
   const int fwht_block = args.rotation.kind == kRotationHadamard ? args.rotation.fwht_block : 0;
   const bool leader = detail::SliceLane<D>() == 0;
+  if constexpr (BITS == kCodebookWrite) {
+    PrepareCodebookBlock<D>(args, head);
+    __syncthreads();
+  }
   const int64_t batches = (static_cast<int64_t>(args.num_tokens) + kRowsPerWarp - 1) / kRowsPerWarp;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t batch = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -677,8 +863,14 @@ cudaError_t LaunchFusedWrite(const FusedWriteArgs& args, cudaStream_t stream) {
   if (args.x == nullptr || reinterpret_cast<uintptr_t>(args.x) % 16 != 0 ||
       args.token_stride % vector_elems != 0 || args.seq_stride % vector_elems != 0 ||
       args.planes[kAffineCodesPlane] == nullptr ||
-      (BITS != 8 && (args.planes[kAffineScalePlane] == nullptr ||
-                     args.planes[kAffineMinPlane] == nullptr))) {
+      (BITS != 8 && BITS != kCodebookWrite &&
+       (args.planes[kAffineScalePlane] == nullptr || args.planes[kAffineMinPlane] == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (BITS == kCodebookWrite &&
+      (args.planes[kCodebookNormPlane] == nullptr || args.codebook == nullptr ||
+       args.segments < 1 || args.segments > kCodebookMaxSegments || args.code_bytes < 1 ||
+       args.code_bytes > HEAD_DIM || (args.widths == nullptr && (args.bits < 1 || args.bits > 8)))) {
     return cudaErrorInvalidValue;
   }
   if (BITS == 8 && !(args.head_scale > 0.0f)) return cudaErrorInvalidValue;
@@ -770,6 +962,9 @@ KVQ_INSTANTIATE_FUSED_BITS(256, 256)  // G = d (SAW-INT4, spec 1.1)
 KVQ_INSTANTIATE_FUSED(64, 64, 8)      // fp8_e4m3 (spec 1.2)
 KVQ_INSTANTIATE_FUSED(128, 128, 8)
 KVQ_INSTANTIATE_FUSED(256, 256, 8)
+KVQ_INSTANTIATE_FUSED(64, 64, kCodebookWrite)  // codebook (spec 1.3)
+KVQ_INSTANTIATE_FUSED(128, 128, kCodebookWrite)
+KVQ_INSTANTIATE_FUSED(256, 256, kCodebookWrite)
 
 cudaError_t DispatchFp8Write(int head_dim, const FusedWriteArgs& args, cudaStream_t stream) {
   KVQ_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
@@ -789,6 +984,21 @@ cudaError_t WriteAffineToken(const WriteParams& p, const FusedWriteArgs& a, cuda
 void CheckWriteFp8E4m3(const WriteParams& /*p*/, const char* /*what*/) {}
 cudaError_t WriteFp8E4m3(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
   return DispatchFp8Write(p.head_dim, a, stream);
+}
+
+cudaError_t DispatchCodebookWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream) {
+  KVQ_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    return LaunchFusedWrite<HEAD_DIM, HEAD_DIM, kCodebookWrite>(args, stream);
+  })
+}
+// codebook (spec 1.3): every width, density and segment layout the format allows.
+void CheckWriteCodebook(const WriteParams& /*p*/, const char* /*what*/) {}
+// The density's tables are fetched here, at launch (the first launch on a device uploads them),
+// so that validating a configuration (no rows) never touches the device.
+cudaError_t WriteCodebook(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t stream) {
+  FusedWriteArgs args = a;
+  args.codebook = DeviceCodebookTables(p.codebook);
+  return DispatchCodebookWrite(p.head_dim, args, stream);
 }
 
 }  // namespace kvq::gpu

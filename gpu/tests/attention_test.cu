@@ -72,6 +72,12 @@ struct Config {
   int flush = 1;
   bool quantized = true;
   bool fp8 = false;  // spec 1.2: fp8_e4m3 on K and V (bits and groups unused), per-head scales
+  // Spec 1.3: codebook rows on K and V at bits / value_bits (groups unused); key_widths: the
+  // keys' row limits admit per-head widths (segments 8, code_bytes d), which MakeCache draws
+  // (Block-GTQ's allocation); density: the tables'.
+  bool codebook = false;
+  bool key_widths = false;
+  CodebookDensity density = CodebookDensity::kBeta;
   RotationKind key_rotation = RotationKind::kDense;
   RotationKind value_rotation = RotationKind::kDense;
   bool key_bitrev = true, value_bitrev = true;
@@ -92,6 +98,10 @@ CacheParams MakeParams(const Config& cfg) {
     if (cfg.fp8) {
       return testbed::Write().head_dim(cfg.d).fp8().rotation(rotation).hadamard_block(block).bitrev(bitrev);
     }
+    if (cfg.codebook) {
+      return testbed::Write().head_dim(cfg.d).codebook_rows(bits).codebook(cfg.density)
+          .rotation(rotation).hadamard_block(block).bitrev(bitrev);
+    }
     return testbed::Write().head_dim(cfg.d).group(group).bits(bits).rotation(rotation)
         .hadamard_block(block).bitrev(bitrev);
   };
@@ -99,6 +109,7 @@ CacheParams MakeParams(const Config& cfg) {
   if (cfg.tile > 0) {
     key.tile(cfg.tile).norm(cfg.norm).norm_heads(cfg.norm ? cfg.norm_heads : 1);
   }
+  if (cfg.key_widths) key.segments(8).code_bytes(cfg.d);
   testbed::Cache c =
       testbed::Cache().q_heads(cfg.hq).kv_heads(cfg.hkv).sink(cfg.sink).recent(cfg.recent)
           .flush(cfg.flush).page(cfg.page)
@@ -174,6 +185,7 @@ struct TestCase {
   DeviceBuffer<uint16_t> sink_k, sink_v, recent_k, recent_v;
   DeviceBuffer<float> rot_k, rot_v, q_dev;
   DeviceBuffer<float> scale_k, scale_v;  // fp8 history: s^ per KV head
+  DeviceBuffer<uint8_t> widths_k, widths_v;  // codebook history: block widths per KV head
 
   explicit TestCase(const Config& c) : TestCase(c, SplitMix64(c.seed)) {}
   TestCase(const Config& c, SplitMix64 rng)
@@ -272,6 +284,11 @@ struct TestCase {
         for (int h = 0; h < hkv; ++h) s.push_back(cache.HeadParams(which, h).head_scale);
         (kv ? scale_v : scale_k) = DeviceBuffer<float>(s);
       }
+      for (int kv = 0; kv < 2; ++kv) {
+        const cpu::KV which = kv ? cpu::KV::kValue : cpu::KV::kKey;
+        const std::vector<uint8_t>& w = cache.Heads(which).widths;
+        if (!w.empty()) (kv ? widths_v : widths_k) = DeviceBuffer<uint8_t>(w);
+      }
     } else {
       // bf16 cache: page the dense rows, page ids shuffled.
       max_pages = (max_len + page - 1) / page;
@@ -322,6 +339,8 @@ struct TestCase {
     in.value_heads.rotation = rot_v.ptr;
     in.key_heads.scale = scale_k.ptr;
     in.value_heads.scale = scale_v.ptr;
+    in.key_heads.widths = widths_k.ptr;
+    in.value_heads.widths = widths_v.ptr;
     in.q = q_dev.ptr;
     return in;
   }
@@ -367,7 +386,9 @@ void CheckAgainstReferences(const TestCase& tc) {
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
   // fp8 history has the two-MMA loop only (over rows converted to bf16).
-  const bool can_pack = tc.params.quantized() && !tc.cfg.fp8 &&
+  const bool can_pack = tc.params.quantized() &&
+                        (attention::DecodeFormatOf(tc.params.key.format).loops &
+                         attention::kPackedLoop) != 0 &&
                         std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
   const bool tile_keys = tc.params.key.format == Format::kAffineTile;  // no int8 QK loop
   std::vector<Variant> variants;
@@ -550,6 +571,66 @@ std::vector<Config> AttentionConfigs() {
     c.lengths = {1, 13, 77, 3001};
     c.seed = 23;
   });
+  // Spec 1.3's codebook history (decoded per warp into bf16 hi + lo tiles): TurboQuant-MSE's
+  // buffer-free K3V2, Block-GTQ's per-head key widths over windows (eight segments, codes
+  // spanning bytes), the Gaussian tables with the FWHT at d = 64 and P = 16, widths 8 and 1,
+  // and d = 256 with g = 8.
+  add("CodebookK3V2_NoWindows_Gqa4", "codebook K3V2 d128 g4 no windows", [](Config& c) {
+    c.codebook = true;
+    c.bits = 3;
+    c.value_bits = 2;
+    c.sink = 0;
+    c.recent = 0;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = {1, 63, 64, 65, 1000, 4123};
+    c.seed = 31;
+  });
+  add("CodebookWidths_Gqa4_Boundaries", "codebook per-head K widths, V2, d128 g4", [](Config& c) {
+    c.codebook = true;
+    c.key_widths = true;
+    c.bits = 3;
+    c.value_bits = 2;
+    c.key_bitrev = c.value_bitrev = false;
+    c.lengths = kBoundaryLengths;
+    c.seed = 32;
+  });
+  add("CodebookGaussian_HeadDim64_Gqa1_Page16", "codebook gaussian K4V4 d64 g1 P16 hadamard",
+      [](Config& c) {
+        c.codebook = true;
+        c.density = CodebookDensity::kGaussian;
+        c.bits = 4;
+        c.d = 64;
+        c.hq = 2;
+        c.hkv = 2;
+        c.page = 16;
+        c.sink = 4;
+        c.recent = 8;
+        c.key_rotation = c.value_rotation = RotationKind::kHadamard;
+        c.key_bitrev = c.value_bitrev = false;
+        c.lengths = {1, 13, 77, 3001};
+        c.seed = 33;
+      });
+  add("CodebookK8V1_Gqa4", "codebook K8V1 d128 g4", [](Config& c) {
+    c.codebook = true;
+    c.bits = 8;
+    c.value_bits = 1;
+    c.sink = 4;
+    c.recent = 16;
+    c.lengths = {5, 700, 2049};
+    c.seed = 34;
+  });
+  add("CodebookWidths_HeadDim256_Gqa8", "codebook per-head K widths, V3, d256 g8",
+      [](Config& c) {
+        c.codebook = true;
+        c.key_widths = true;
+        c.bits = 2;
+        c.value_bits = 3;
+        c.d = 256;
+        c.hq = 16;
+        c.hkv = 2;
+        c.lengths = {1, 400, 1777};
+        c.seed = 35;
+      });
   add("Fp8Dense_HeadDim256_Gqa8", "fp8 d256 g8 dense+bitrev", [](Config& c) {
     c.fp8 = true;
     c.d = 256;

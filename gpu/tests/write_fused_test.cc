@@ -47,12 +47,17 @@ struct FusedCase {
 // (a failure dumps the rows, the rotation, the oracle's outputs and the kernel's): the rotated
 // rows, the clip thresholds, and each plane of LayoutOf(p) against the write-path output it
 // stores (affine_token: packed, scale, min; fp8_e4m3: codes).
+// widths: a codebook row's block widths (d/2), or empty for none.
 void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& rotation,
                               const std::vector<float>& x_f32, const std::vector<uint16_t>* x_bf16,
-                              size_t n, const std::string& context) {
+                              size_t n, const std::string& context,
+                              const std::vector<uint8_t>& widths = {}) {
   const int d = p.head_dim;
+  HeadArrays head_arrays;
+  head_arrays.rotation = p.rotation == RotationKind::kDense ? rotation.data() : nullptr;
+  head_arrays.widths = widths.empty() ? nullptr : widths.data();
   const cpu::QuantizedRows want =
-      cpu::QuantizeRows(cpu::ScalarBackend(), p, rotation.data(), x_f32.data(), n);
+      cpu::QuantizeRows(cpu::ScalarBackend(), p, head_arrays, x_f32.data(), n);
   const FormatLayout layout = LayoutOf(p);
   NamedTensors expected = {{"rotated", AsTensor(want.rotated, d)}, {"tau", AsTensor(want.tau)}};
   std::vector<DeviceBuffer<uint8_t>> planes;
@@ -65,6 +70,10 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
       {"x", x_bf16 != nullptr ? AsTensor(*x_bf16, d) : AsTensor(x_f32, d)},
       {"rotation", AsTensor(rotation, d)}};
   DeviceBuffer<float> dr(rotation);
+  DeviceBuffer<uint8_t> dwidths(widths);
+  HeadData head;
+  head.rotation = dr.get();
+  head.widths = widths.empty() ? nullptr : dwidths.get();
   DeviceBuffer<float> dx_f32(x_f32);
   DeviceBuffer<uint16_t> dx_bf16(x_bf16 != nullptr ? *x_bf16 : std::vector<uint16_t>());
   DeviceBuffer<float> rotated(n * d), tau(n);
@@ -79,9 +88,9 @@ void ExpectFusedMatchesOracle(const WriteParams& p, const std::vector<float>& ro
     out.rotated = rotated.get();
     out.tau = tau.get();
     if (x_bf16 != nullptr) {
-      WriteRows(p, dr.get(), dx_bf16.get(), n, out, flags.get());
+      WriteRows(p, head, dx_bf16.get(), n, out, flags.get());
     } else {
-      WriteRows(p, dr.get(), dx_f32.get(), n, out, flags.get());
+      WriteRows(p, head, dx_f32.get(), n, out, flags.get());
     }
     const std::string ctx = context + " poison " + std::to_string(poison);
     NamedTensors got = {{"rotated", AsTensor(rotated.Download(), d)},
@@ -207,6 +216,82 @@ INSTANTIATE_TEST_SUITE_P(
       return "d" + std::to_string(std::get<0>(info.param)) + "_fp8_" +
              RotationVariants()[std::get<1>(info.param)].name + "__cuda";
     });
+
+// The codebook write (the fused kernels' codebook epilogue, spec 1.3): rotated rows, packed
+// codes and corrected segment norms, bit for bit against the scalar oracle, for every d and
+// rotation variant, both densities, uniform rows at every width and rows with per-head widths
+// (every width 1..8 present, the rest random: eight segments, a code spanning two bytes),
+// bf16 and fp32 input, under every poison byte. Rows of every kind the write path accepts
+// (zero segments, subnormal squares, outliers, ties), several tiles and a partial one.
+class CodebookFusedWriteTest : public ::testing::TestWithParam<std::tuple<int, size_t>> {
+ protected:
+  void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
+};
+
+std::vector<uint8_t> MixedCodebookWidths(int d, SplitMix64* rng) {
+  std::vector<uint8_t> w(static_cast<size_t>(d / 2));
+  for (uint8_t& v : w) v = static_cast<uint8_t>(1 + rng->Below(8));
+  for (int k = 0; k < 8; ++k) w[static_cast<size_t>(3 * k)] = static_cast<uint8_t>(8 - k);
+  return w;
+}
+
+TEST_P(CodebookFusedWriteTest, MatchesScalarOracleBitForBit) {
+  const int d = std::get<0>(GetParam());
+  const RotationVariant& v = RotationVariants()[std::get<1>(GetParam())];
+  const uint32_t seed = 7907u * d + 53u * static_cast<uint32_t>(std::get<1>(GetParam()));
+  SplitMix64 rng(seed);
+  constexpr size_t kRows = 150;
+  for (CodebookDensity density : {CodebookDensity::kBeta, CodebookDensity::kGaussian}) {
+    // Uniform rows at b = 1..8 (b = 2 and 4: the split layouts; the others the bit stream),
+    // then per-head widths in a side sized for any (segments 8, code_bytes d).
+    for (int bits = 1; bits <= 9; ++bits) {
+      const bool mixed = bits == 9;
+      testbed::Write w = v.Params(d).codebook_rows(mixed ? 3 : bits).codebook(density);
+      if (mixed) w.segments(8).code_bytes(d);
+      const WriteParams p = w;
+      const std::vector<uint8_t> widths = mixed ? MixedCodebookWidths(d, &rng) : std::vector<uint8_t>();
+      const std::vector<float> rotation = testbed::RandomMatrix(d, &rng);
+      const std::string context = "CodebookWrite " + Describe(p) + " " + v.name +
+                                  (mixed ? " mixed widths" : "") + " seed " + std::to_string(seed);
+      const std::vector<conformance::RowKind> kinds = conformance::TestRowKinds(p);
+      const std::vector<uint16_t> x_bf16 = ToBf16(MixedRows(kRows, p, &rng, kinds));
+      ExpectFusedMatchesOracle(p, rotation, FromBf16(x_bf16), &x_bf16, kRows, context + " bf16",
+                               widths);
+      const std::vector<float> x_f32 = MixedRows(kRows, p, &rng, kinds);
+      ExpectFusedMatchesOracle(p, rotation, x_f32, nullptr, kRows, context + " f32", widths);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, CodebookFusedWriteTest,
+    ::testing::Combine(::testing::Values(64, 128, 256),
+                       ::testing::Range(size_t{0}, RotationVariants().size())),
+    [](const ::testing::TestParamInfo<std::tuple<int, size_t>>& info) {
+      return "d" + std::to_string(std::get<0>(info.param)) + "_codebook_" +
+             RotationVariants()[std::get<1>(info.param)].name + "__cuda";
+    });
+
+// A segment whose square sum overflows fp32 (the rows the validating write path rejects,
+// numerics.md §5.4.2) raises kErrorFlagNonFinite; a row the path accepts raises nothing.
+TEST(CodebookFusedWrite, OverflowingSegmentNormRaisesTheFlag) {
+  KVQ_SKIP_WITHOUT_CUDA();
+  const WriteParams p = testbed::Write().head_dim(128).codebook_rows(3);
+  std::vector<float> x(2 * 128, 0.5f);
+  x[128 + 5] = 1e30f;  // row 1: 1e60 does not fit fp32
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<uint8_t> codes(2 * static_cast<size_t>(p.row_code_bytes()));
+  DeviceBuffer<uint8_t> norms(2 * 2 * static_cast<size_t>(p.segments));
+  DeviceBuffer<int> flags(1);
+  for (size_t rows : {size_t{1}, size_t{2}}) {
+    flags.Fill(0);
+    RowOutputs out;
+    out.planes[0] = codes.get();
+    out.planes[1] = norms.get();
+    WriteRows(p, static_cast<const float*>(nullptr), dx.get(), rows, out, flags.get());
+    EXPECT_EQ(flags.Download()[0], rows == 2 ? kErrorFlagNonFinite : 0) << rows << " rows";
+  }
+}
 
 // The tile write (affine_tile) of n rows, n a whole number of tiles: packed tiles, per-tile
 // (scale, min) and with a norm the per-row norm, once per poison byte.

@@ -151,6 +151,17 @@ struct DecodeKernelParams {
   // fp8_e4m3 history (kFp8): the per-KV-head scales s^ of K and V, [Hkv] fp32 (null otherwise).
   const float* k_head_scale = nullptr;
   const float* v_head_scale = nullptr;
+
+  // codebook history (spec 1.3), per side: the block widths of KV head h at widths + h * d/2
+  // (null: every block at `bits`), a row's code bytes and norm slots, and the density's tables
+  // (kvq/gpu/codebook.h).
+  const uint8_t* k_widths = nullptr;
+  const uint8_t* v_widths = nullptr;
+  int k_bits = 0, v_bits = 0;
+  int k_code_bytes = 0, v_code_bytes = 0;
+  int k_segments = 1, v_segments = 1;
+  const float* k_codebook = nullptr;
+  const float* v_codebook = nullptr;
 };
 
 // Most query heads one block of the rotation or of the merge takes (heads of one KV head,

@@ -29,6 +29,10 @@ inline constexpr int kTileNormPlane = 3;
 inline constexpr int kBf16RowsPlane = 0;
 // fp8_e4m3's one plane (spec 1.2): the codes, one e4m3 byte a value, u8 [d].
 inline constexpr int kFp8CodesPlane = 0;
+// codebook's planes (spec 1.3): the packed codes, u8 [row_code_bytes()], and the corrected
+// segment norms, bf16 [segments], per token.
+inline constexpr int kCodebookCodesPlane = 0;
+inline constexpr int kCodebookNormPlane = 1;
 
 // The planes the kernels read, per format, in LayoutOf's order: X(Name, position, present, name,
 // row bytes, scope), `present`, the row bytes and the scope expressions over the side's
@@ -43,7 +47,9 @@ inline constexpr int kFp8CodesPlane = 0;
   X(AffineTile, kTileMinPlane, true, "min", 2 * d, PlaneScope::kTile)                      \
   X(AffineTile, kTileNormPlane, p.norm, "norm", 2,                                         \
     p.norm_heads > 1 ? PlaneScope::kSharedToken : PlaneScope::kToken)                      \
-  X(Fp8E4m3, kFp8CodesPlane, true, "codes", d, PlaneScope::kToken)
+  X(Fp8E4m3, kFp8CodesPlane, true, "codes", d, PlaneScope::kToken)                      \
+  X(Codebook, kCodebookCodesPlane, true, "codes", p.row_code_bytes(), PlaneScope::kToken)   \
+  X(Codebook, kCodebookNormPlane, true, "norm", 2 * p.segments, PlaneScope::kToken)
 
 // Throws kvq::Error(kUnsupported) naming the format unless the kernels were written for
 // LayoutOf(p): its planes where KVQ_GPU_PLANES says, with the sizes and scopes (per token, per
@@ -57,7 +63,7 @@ void CheckKernelLayout(const WriteParams& p, const char* what);
 //                                                                    its kernels do not serve
 //   cudaError_t Write<Name>(const WriteParams& p, const FusedWriteArgs& a, cudaStream_t s);
 // which the write API (gpu/src/write_api.cc) calls for rows of that format.
-#define KVQ_GPU_WRITE_FORMATS(X) X(AffineToken) X(AffineTile) X(Fp8E4m3)
+#define KVQ_GPU_WRITE_FORMATS(X) X(AffineToken) X(AffineTile) X(Fp8E4m3) X(Codebook)
 
 namespace attention {
 
@@ -76,10 +82,12 @@ struct HistoryKind {
 #define KVQ_GPU_KEY_KINDS(X, ...)                                      \
   X(kAffineToken, 2, __VA_ARGS__) X(kAffineToken, 4, __VA_ARGS__)     \
   X(kAffineTile, 2, __VA_ARGS__) X(kAffineTile, 4, __VA_ARGS__)       \
-  X(kBf16, 16, __VA_ARGS__) X(kFp8E4m3, 8, __VA_ARGS__)
+  X(kBf16, 16, __VA_ARGS__) X(kFp8E4m3, 8, __VA_ARGS__)               \
+  X(kCodebook, 0, __VA_ARGS__)
 #define KVQ_GPU_VALUE_KINDS(X, ...)                                    \
   X(kAffineToken, 2, __VA_ARGS__) X(kAffineToken, 4, __VA_ARGS__)     \
-  X(kBf16, 16, __VA_ARGS__) X(kFp8E4m3, 8, __VA_ARGS__)
+  X(kBf16, 16, __VA_ARGS__) X(kFp8E4m3, 8, __VA_ARGS__)               \
+  X(kCodebook, 0, __VA_ARGS__)
 // The head dimensions: X(head_dim, extra...).
 #define KVQ_GPU_HEAD_DIMS(X, ...) X(64, __VA_ARGS__) X(128, __VA_ARGS__) X(256, __VA_ARGS__)
 
@@ -103,21 +111,24 @@ struct DecodeFormat {
   Format values = Format::kBf16;  // the value format its keys pair with
   bool same_width = true;         // the values at the keys' width only
   bool head_scale = false;
+  bool runtime_widths = false;  // widths are per-head data read at run time: kind bits 0
 };
 
-// X(Name, loops, geometry, value format, same width, head scale).
+// X(Name, loops, geometry, value format, same width, head scale, run-time widths).
 #define KVQ_GPU_DECODE_FORMATS(X)                                                         \
-  X(Bf16, kTwoMmaLoop, kWholeRows, Bf16, true, false)                                     \
+  X(Bf16, kTwoMmaLoop, kWholeRows, Bf16, true, false, false)                              \
   X(AffineToken, kTwoMmaLoop | kPackedLoop | kInt8QkLoop, kChannelGroups, AffineToken,    \
-    false, false)                                                                         \
-  X(AffineTile, kTwoMmaLoop | kPackedLoop, kKeyTiles, AffineToken, false, false)          \
-  X(Fp8E4m3, kTwoMmaLoop, kWholeRows, Fp8E4m3, true, true)
+    false, false, false)                                                                  \
+  X(AffineTile, kTwoMmaLoop | kPackedLoop, kKeyTiles, AffineToken, false, false, false)   \
+  X(Fp8E4m3, kTwoMmaLoop, kWholeRows, Fp8E4m3, true, true, false)                         \
+  X(Codebook, kTwoMmaLoop, kWholeRows, Codebook, true, false, true)
 
 constexpr DecodeFormat DecodeFormatOf(Format format) {
-#define KVQ_DECODE_FORMAT_ROW(Name, loops, geometry, Values, same_width, head_scale)     \
+#define KVQ_DECODE_FORMAT_ROW(Name, loops, geometry, Values, same_width, head_scale,      \
+                              runtime_widths)                                            \
   if (format == Format::k##Name) {                                                       \
     return DecodeFormat{true, loops, RowGeometry::geometry, Format::k##Values, same_width, \
-                        head_scale};                                                     \
+                        head_scale, runtime_widths};                                     \
   }
   KVQ_GPU_DECODE_FORMATS(KVQ_DECODE_FORMAT_ROW)
 #undef KVQ_DECODE_FORMAT_ROW
@@ -141,8 +152,8 @@ struct DecodeKinds {
   int value_bits;
 };
 
-// The width a side's row of the kind lists names: p.bits, or 16 for bf16 rows (their bits
-// field is unused).
+// The width a side's row of the kind lists names: p.bits, 16 for bf16 rows (their bits field
+// is unused), 0 for a format whose widths the kernels read at run time (codebook).
 int KindBits(const WriteParams& p);
 // Whether a side's format at `bits` is in KVQ_GPU_KEY_KINDS / KVQ_GPU_VALUE_KINDS.
 bool IsKeyKind(Format format, int bits);

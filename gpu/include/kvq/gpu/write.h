@@ -139,7 +139,20 @@ struct FusedWriteArgs {
   // scale_per_head[h] when not null, else head_scale; one plane, the e4m3 codes [.., d].
   float head_scale = 1.0f;
   const float* scale_per_head = nullptr;  // [num_heads]
+
+  // codebook (spec 1.3; the fused write with BITS = kCodebookWrite): the block widths of head h
+  // at widths + h * d/2 (null: every block at `bits`), the side's norm slots and code bytes a
+  // row (WriteParams::segments, row_code_bytes()) and its density's tables
+  // (DeviceCodebookTables). Planes: the codes [.., code_bytes], the norms bf16 [.., segments].
+  const uint8_t* widths = nullptr;
+  int segments = 1;
+  int code_bytes = 0;
+  const float* codebook = nullptr;
 };
+
+// The BITS of the fused write's codebook epilogue: the widths are per-head data, read at run
+// time (numerics.md §5.4: segment norms, boundary counts, corrected norms, packing).
+inline constexpr int kCodebookWrite = 0;
 
 // Parameters of every stage kernel: the stage's pointer arguments as a buffer list, in the
 // order of its KVQ_ARG list in stages.inc (shapes there), and the write params.
@@ -164,6 +177,10 @@ cudaError_t DispatchFusedWrite(int head_dim, int group, int bits, const FusedWri
 // The fp8_e4m3 write: the same kernels with the e4m3 epilogue (LaunchFusedWrite<d, d, 8>):
 // code = e4m3(x / s^) of the rotated, clipped row, one byte per value in plane 0.
 cudaError_t DispatchFp8Write(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
+// The codebook write (spec 1.3): the same kernels with the codebook epilogue
+// (LaunchFusedWrite<d, d, kCodebookWrite>): segment norms, codes, corrected norms, packed codes
+// in plane 0 and the norms in plane 1.
+cudaError_t DispatchCodebookWrite(int head_dim, const FusedWriteArgs& args, cudaStream_t stream);
 
 // The tile write of the affine_tile format (gpu/src/write_tile.cu): a block per (tile, KV head)
 // in every mode (for kFlush a block per possible tile of each sequence's flush), 256 threads;
@@ -277,6 +294,12 @@ struct RowOutputs {
 void WriteRows(const WriteParams& p, const float* rotation, const uint16_t* x, size_t n,
                const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
 void WriteRows(const WriteParams& p, const float* rotation, const float* x, size_t n,
+               const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
+// The same with one KV head's per-head data: its rotation and, for a codebook row, its block
+// widths (head.widths, d/2 values; null: every block at p.bits).
+void WriteRows(const WriteParams& p, const HeadData& head, const uint16_t* x, size_t n,
+               const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
+void WriteRows(const WriteParams& p, const HeadData& head, const float* x, size_t n,
                const RowOutputs& out, int* error_flags = nullptr, cudaStream_t stream = nullptr);
 
 // The history page pool of K or of V (device pointers), spec/cache.md §4: plane i of
