@@ -143,5 +143,16 @@ void setup_eval(CLI::App& app) {
       ->check(kvq::cli::OutputFile());
   sub->add_option("--report", cmd->report, "Write per-head CSV and SVG plots into this folder")
       ->check(kvq::cli::OutputFolder());
+  sub->footer(
+      "Metrics (docs/accuracy_synthetic.md defines each): k_rel_mse, v_rel_mse, logit_rel_mse, "
+      "rope_logit_mae, sv_rel_mse, attn_kl, top10_overlap, output_rel_mse, tr_ek, group_range, "
+      "bits_per_element.\n"
+      "rope_logit_mae (seeds/004 App. B.3): mean over the sequence's T cache rows k (as the "
+      "cache holds them at length T; bf16 sink/recent rows add 0), the g query heads q of k's "
+      "own token and the 50 offsets D = -1024 + 2048 j/49 (j = 0..49) of |q^T R_D k^ - q^T R_D "
+      "k|, with q, k, k^ pre-RoPE (rotate-half RoPE undone at the token's RoPE position with the "
+      "capture's rope_base) and R_D the RoPE rotation by D; logits unscaled (no 1/sqrt(d)). "
+      "The table shows its mean over layers and KV heads; --report's per_head.csv and "
+      "layer_rope_logit_mae.svg give it per layer.");
   sub->callback([cmd]() { RunEval(*cmd); });
 }

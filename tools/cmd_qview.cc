@@ -111,7 +111,8 @@ void setup_qview(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "qview",
       "What the quantizer sees on the rotated keys, per layer and KV head (seeds/000 table 10): "
-      "max|K~|, group range, importance max/mean, tr(E_K), C_Q-weighted residual, key mean");
+      "max|K~|, group range, importance max/mean, tr(E_K), C_Q-weighted residual, key mean, "
+      "RoPE-logit MAE");
   sub->add_option("--activations", cmd->activations,
                   "Evaluated capture (kvq capture of held-out windows): every token is used")
       ->required();
@@ -122,7 +123,8 @@ void setup_qview(CLI::App& app) {
                   "OSCAR calibration (default: calibrate on --calib-activations when a scheme "
                   "needs one)");
   sub->add_option("--schemes", cmd->schemes,
-                  "NAME[@own|@oscar|@none],... with per-token key formats (as kvq ppl)")
+                  "NAME[@own|@oscar|@none],... with per-token key formats (affine_token or "
+                  "codebook; as kvq ppl)")
       ->capture_default_str();
   sub->add_option("--group", cmd->group, "Group G")->capture_default_str();
   sub->add_option("--bits", cmd->bits, "Bits b")->capture_default_str();
@@ -143,5 +145,15 @@ void setup_qview(CLI::App& app) {
       ->check(kvq::cli::OutputFile());
   sub->add_option("--plots", cmd->plots, "Write keys_<metric>.svg per-layer plots here")
       ->check(kvq::cli::OutputFolder());
+  sub->footer(
+      "Columns (calib/quantizer_view.h): max_abs, group_range, importance, tr_ek, weighted, "
+      "weighted_centred, mean_range, mean_energy, rope_logit_mae.\n"
+      "rope_logit_mae (seeds/004 App. B.3): mean over the viewed key rows k (positions >= S0 "
+      "of each sequence), the g query heads q of k's own token in --activations and the 50 "
+      "offsets D = -1024 + 2048 j/49 (j = 0..49) of |q^T R_D k^ - q^T R_D k|, k^ the "
+      "dequantized row rotated back to the original space, q, k, k^ pre-RoPE (rotate-half RoPE "
+      "undone at the token's RoPE position with the capture's rope_base), R_D the RoPE rotation "
+      "by D; logits unscaled (no 1/sqrt(d)). The table shows the mean over layers and KV "
+      "heads; --csv gives it per layer and head, --plots keys_rope_logit_mae.svg per layer.");
   sub->callback([cmd]() { RunQview(*cmd); });
 }

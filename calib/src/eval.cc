@@ -13,9 +13,10 @@ namespace kvq::calib {
 namespace {
 
 double* Field(HeadMetrics& m, size_t index) {
-  double* fields[] = {&m.k_rel_mse,     &m.v_rel_mse,      &m.logit_rel_mse, &m.sv_rel_mse,
-                      &m.attn_kl,       &m.top10_overlap,  &m.output_rel_mse, &m.tr_ek,
-                      &m.group_range,   &m.bits_per_element};
+  double* fields[] = {&m.k_rel_mse,      &m.v_rel_mse,     &m.logit_rel_mse,
+                      &m.rope_logit_mae, &m.sv_rel_mse,    &m.attn_kl,
+                      &m.top10_overlap,  &m.output_rel_mse, &m.tr_ek,
+                      &m.group_range,    &m.bits_per_element};
   return fields[index];
 }
 
@@ -53,8 +54,9 @@ std::string Format(double v) {
 
 const std::vector<std::string>& MetricNames() {
   static const std::vector<std::string> names = {
-      "k_rel_mse", "v_rel_mse",      "logit_rel_mse", "sv_rel_mse",  "attn_kl",
-      "top10_overlap", "output_rel_mse", "tr_ek",     "group_range", "bits_per_element"};
+      "k_rel_mse",     "v_rel_mse",      "logit_rel_mse", "rope_logit_mae",
+      "sv_rel_mse",    "attn_kl",        "top10_overlap", "output_rel_mse",
+      "tr_ek",         "group_range",    "bits_per_element"};
   return names;
 }
 

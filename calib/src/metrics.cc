@@ -6,6 +6,7 @@
 #include <limits>
 #include <numeric>
 
+#include "kvq/calib/rope_logit.h"
 #include "kvq/common/error.h"
 #include "kvq/common/numeric.h"
 #include "kvq/cpu_ref/attention.h"
@@ -119,6 +120,17 @@ HeldOutHead PrepareHeldOut(const Activations& acts, int layer, int kv_head,
     for (int c = 0; c < d; ++c) {
       h.k(i, c) = RoundToBf16(k[c]);
       h.v(i, c) = RoundToBf16(v[c]);
+    }
+  }
+  h.rope_base = info.rope_base;
+  h.rope_positions.resize(static_cast<size_t>(t));
+  h.token_queries.resize(static_cast<size_t>(t) * g * d);
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t tok = token(i);
+    h.rope_positions[i] = static_cast<double>(tok - info.SegmentStart(tok));
+    for (int j = 0; j < g; ++j) {
+      const float* q = acts.q(layer, tok, kv_head * g + j);
+      std::copy(q, q + d, h.token_queries.begin() + (i * g + j) * d);
     }
   }
   h.q.resize(nq * g, d);
@@ -258,6 +270,22 @@ HeadMetrics EvaluateHead(const HeldOutHead& data, const LayerScheme& scheme,
     const double k_ref = data.k.squaredNorm(), v_ref = data.v.squaredNorm();
     m.k_rel_mse = ErrorSum{delta_k.squaredNorm(), k_ref}.Relative();
     m.v_rel_mse = ErrorSum{delta_v.squaredNorm(), v_ref}.Relative();
+  }
+
+  // RoPE-logit MAE: every cache row with the queries of its own token.
+  {
+    RopeLogitMae mae(d, data.rope_base);
+    std::vector<double> error(d);
+    for (int64_t i = 0; i < t; ++i) {
+      if (i < s0 || i >= s0 + history) {
+        mae.AddExact(data.group);
+        continue;
+      }
+      for (int c = 0; c < d; ++c) error[c] = delta_k(i - s0, c);
+      mae.Add(error.data(), data.token_queries.data() + static_cast<size_t>(i) * data.group * d,
+              data.group, data.rope_positions[i]);
+    }
+    m.rope_logit_mae = mae.Mean();
   }
 
   // Attention over the query rows. Column r of a [keys, R] matrix is one query row.

@@ -12,6 +12,7 @@
 #include "kvq/calib/parallel.h"
 #include "kvq/calib/ppl.h"
 #include "kvq/calib/report.h"
+#include "kvq/calib/rope_logit.h"
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
 #include "kvq/cpu_ref/write_path.h"
@@ -99,7 +100,9 @@ KeyView ViewOneHead(const Activations& eval_acts, const Activations& calib_acts,
   const Eigen::VectorXd diag = calib_metric.diagonal();
   v.importance = diag.maxCoeff() / diag.mean();
 
-  const cpu::QuantizedRows q = cpu::QuantizeRows(backend, w, dense, x.data(), n);
+  // (with the head's arrays: a codebook head's widths, Block-GTQ's allocation)
+  const HeadArrays arrays = scheme.key.Arrays(w, h);
+  const cpu::QuantizedRows q = cpu::QuantizeRows(backend, w, arrays, x.data(), n);
   double max_abs = 0, range = 0, tr = 0;
   std::vector<float> clipped(d);
   for (size_t r = 0; r < n; ++r) {
@@ -119,7 +122,33 @@ KeyView ViewOneHead(const Activations& eval_acts, const Activations& calib_acts,
   v.tr_ek = tr / static_cast<double>(n);
   v.weighted = WeightedResidual(q.rotated, q.dequantized, eval_metric, n, d);
 
-  const cpu::QuantizedRows qc = cpu::QuantizeRows(backend, w, dense, centred.data(), n);
+  // RoPE-logit MAE: the dequantized rows back in the original (post-RoPE) space, each with
+  // the evaluated capture's queries of its own token.
+  {
+    std::vector<float> restored(q.dequantized.size());
+    cpu::RotateInverse(backend, w, dense, q.dequantized.data(), restored.data(), n);
+    const ActivationsInfo& info = eval_acts.info;
+    const int g = info.group_size();
+    RopeLogitMae mae(d, info.rope_base);
+    std::vector<double> error(d), queries(static_cast<size_t>(g) * d);
+    size_t r = 0;
+    for (const auto& [first, last] : ranges) {
+      for (int64_t t = first; t < last; ++t, ++r) {
+        for (int c = 0; c < d; ++c) {
+          error[c] = static_cast<double>(restored[r * d + c]) - x[r * d + c];
+        }
+        for (int j = 0; j < g; ++j) {
+          const float* qr = eval_acts.q(layer, t, h * g + j);
+          std::copy(qr, qr + d, queries.begin() + static_cast<size_t>(j) * d);
+        }
+        mae.Add(error.data(), queries.data(), g,
+                static_cast<double>(t - info.SegmentStart(t)));
+      }
+    }
+    v.rope_logit_mae = mae.Mean();
+  }
+
+  const cpu::QuantizedRows qc = cpu::QuantizeRows(backend, w, arrays, centred.data(), n);
   v.weighted_centred = WeightedResidual(qc.rotated, qc.dequantized, eval_metric, n, d);
 
   std::vector<float> mu_rotated(d);
@@ -141,7 +170,7 @@ std::string Number(double v) {
 const std::vector<std::string>& KeyViewMetricNames() {
   static const std::vector<std::string> names = {
       "max_abs", "group_range", "importance", "tr_ek", "weighted", "weighted_centred",
-      "mean_range", "mean_energy"};
+      "mean_range", "mean_energy", "rope_logit_mae"};
   return names;
 }
 
@@ -155,6 +184,7 @@ double KeyViewMetric(const KeyView& v, size_t index) {
     case 5: return v.weighted_centred;
     case 6: return v.mean_range;
     case 7: return v.mean_energy;
+    case 8: return v.rope_logit_mae;
   }
   KVQ_CHECK(false, kInvalidArgument, "key view metric index ", index, " out of range");
   return 0;
@@ -176,9 +206,11 @@ QuantizerView ComputeQuantizerView(const Activations& eval_acts, const Activatio
             c.num_kv_heads, ", ", c.head_dim);
   KVQ_CHECK(!options.schemes.empty(), kInvalidArgument, "qview: no scheme to view");
   for (const SchemeVariant& v : options.schemes) {
-    KVQ_CHECK(SchemeByName(v.scheme).format_k == Format::kAffineToken, kInvalidArgument,
+    const Format f = SchemeByName(v.scheme).format_k;
+    KVQ_CHECK(f == Format::kAffineToken || f == Format::kCodebook, kInvalidArgument,
               "qview: scheme '", v.label,
-              "' does not store its keys per token (affine_token); the view is per-token");
+              "' does not store its keys per token (affine_token or codebook); the view is "
+              "per-token");
   }
   const int64_t sequence = e.segment_tokens > 0 ? e.segment_tokens : e.tokens;
   KVQ_CHECK(options.scheme.sink >= 0 && options.scheme.sink < sequence, kInvalidArgument,

@@ -212,7 +212,7 @@ std::vector<std::string> WriteReport(const std::string& dir, const EvalResult& r
   const int layers = r.info.num_layers;
   const int hkv = r.info.num_kv_heads;
   for (const char* metric : {"output_rel_mse", "attn_kl", "k_rel_mse", "v_rel_mse",
-                             "logit_rel_mse", "sv_rel_mse"}) {
+                             "logit_rel_mse", "rope_logit_mae", "sv_rel_mse"}) {
     const size_t f = static_cast<size_t>(
         std::find(metrics.begin(), metrics.end(), metric) - metrics.begin());
     std::vector<PlotSeries> series;

@@ -58,7 +58,7 @@ TEST(Eval, JsonHasExactlyTheDocumentedKeys) {
   for (const SchemeInfo& s : Schemes()) expected_names.insert(s.name);
   EXPECT_EQ(names, expected_names);
   const std::set<std::string> keys = {"k_rel_mse",     "v_rel_mse",   "logit_rel_mse",
-                                      "sv_rel_mse",    "attn_kl",     "top10_overlap",
+                                      "rope_logit_mae", "sv_rel_mse",    "attn_kl",     "top10_overlap",
                                       "output_rel_mse", "tr_ek",      "group_range",
                                       "bits_per_element"};
   for (const auto& item : schemes.items()) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvq/calib/metrics.h"
+#include "kvq/calib/rope_logit.h"
 #include "kvq/calib/schemes.h"
 #include "kvq/calib/synth.h"
 #include "kvq/common/error.h"
@@ -106,6 +107,71 @@ TEST(EvaluateHead, Bf16SchemeHasZeroErrorAndFullOverlap) {
   EXPECT_LT(m.attend_check, 1e-5);
 }
 
+// The RoPE-logit MAE from a brute force: each cache row read back one at a time at the full
+// length, RoPE undone on it, its reference row and the queries of its capture token (token and
+// position recomputed here from the prefix and the capture), then R_Δ turned term by term.
+double BruteRopeLogitMae(const Activations& acts, const HeldOutHead& data,
+                         const LayerScheme& scheme) {
+  const int d = data.head_dim, g = data.group;
+  const cpu::Backend& backend = cpu::BestBackend();
+  cpu::PagedKVCache cache(scheme.params, scheme.key, scheme.value, backend);
+  const int seq = cache.AddSequence();
+  cache.Prefill(seq, data.keys.data(), data.values.data(), static_cast<size_t>(data.tokens));
+  double sum = 0;
+  int64_t terms = 0;
+  std::vector<double> e(d), q(d);
+  for (int64_t i = 0; i < data.tokens; ++i) {
+    const int64_t token = i < data.prefix ? i : acts.info.calib_tokens + (i - data.prefix);
+    std::vector<float> rotated(d), original(d);
+    if (cache.IsBf16Position(seq, static_cast<size_t>(i))) {
+      const uint16_t* row = cache.Bf16Row(seq, static_cast<size_t>(i), cpu::KV::kKey);
+      for (int c = 0; c < d; ++c) original[c] = F32FromBf16(row[c]);
+    } else {
+      cache.DequantizedHistoryRow(seq, static_cast<size_t>(i) - scheme.params.sink, 0,
+                                  cpu::KV::kKey, rotated.data());
+      cpu::RotateInverse(backend, cache.HeadParams(cpu::KV::kKey, 0),
+                         cache.Rotation(cpu::KV::kKey, 0), rotated.data(), original.data(), 1);
+    }
+    for (int c = 0; c < d; ++c) e[c] = original[c] - data.k(i, c);
+    UndoRope(e.data(), d, acts.info.rope_base, static_cast<double>(token));
+    for (int j = 0; j < g; ++j) {
+      const float* qr = acts.q(data.layer, token, data.kv_head * g + j);
+      for (int c = 0; c < d; ++c) q[c] = qr[c];
+      UndoRope(q.data(), d, acts.info.rope_base, static_cast<double>(token));
+      for (double delta : RopeLogitOffsets()) {
+        sum += std::fabs(RotatedLogit(q.data(), e.data(), d, acts.info.rope_base, delta));
+        ++terms;
+      }
+    }
+  }
+  return sum / static_cast<double>(terms);
+}
+
+TEST(EvaluateHead, RopeLogitMaeMatchesABruteForceForEveryKindOfScheme) {
+  const Activations& acts = SmallActs();
+  const MetricOptions options = AllQueries();
+  const HeldOutHead data = PrepareHeldOut(acts, 0, 1, options);
+  double naive = 0, tq_mse = 0;
+  for (const char* name : {"bf16", "naive", "hadamard_bitrev", "saw_int4", "kivi", "fp8_unscaled",
+                           "tq_mse", "tq_mse_fwht"}) {
+    const LayerScheme s =
+        SliceKvHead(BuildLayerScheme(name, acts, nullptr, 0, SmallSchemeOptions()), 1);
+    const HeadMetrics m = EvaluateHead(data, s, cpu::BestBackend(), options);
+    const double b = BruteRopeLogitMae(acts, data, s);
+    if (std::string(name) == "bf16") {
+      EXPECT_EQ(m.rope_logit_mae, 0.0);
+      EXPECT_EQ(b, 0.0);
+      continue;
+    }
+    EXPECT_GT(m.rope_logit_mae, 0.0) << name;
+    EXPECT_NEAR(m.rope_logit_mae, b, 1e-9 * b) << name;
+    if (std::string(name) == "naive") naive = m.rope_logit_mae;
+    if (std::string(name) == "tq_mse") tq_mse = m.rope_logit_mae;
+  }
+  // The sink and recent rows of naive stay bf16 (S0 = 16, W = 32); tq_mse quantizes every row.
+  EXPECT_NE(naive, tq_mse);
+}
+
 TEST(EvaluateHead, PrepareHeldOutLayout) {
   const Activations& acts = SmallActs();
   MetricOptions o = AllQueries();
@@ -119,6 +185,12 @@ TEST(EvaluateHead, PrepareHeldOutLayout) {
   EXPECT_EQ(h.k(15, 3), RoundToBf16(acts.k(0, 15, 1)[3]));
   // Query row 3 = position first_query + 1, query head 1·g + 1 = 3.
   EXPECT_EQ(h.q(3, 7), acts.q(0, 256 + (h.first_query + 1 - 16), 3)[7]);
+  // The RoPE-logit MAE's rows: every position's own token's queries and RoPE position.
+  EXPECT_EQ(h.rope_base, acts.info.rope_base);
+  ASSERT_EQ(h.rope_positions.size(), static_cast<size_t>(h.tokens));
+  EXPECT_EQ(h.rope_positions[15], 15.0);
+  EXPECT_EQ(h.rope_positions[16], 256.0);
+  EXPECT_EQ(h.token_queries[(16 * 2 + 1) * 64 + 5], acts.q(0, 256, 3)[5]);
   o.prefix_tokens = 300;
   EXPECT_THROW(PrepareHeldOut(acts, 0, 0, o), Error);
   o.prefix_tokens = 0;

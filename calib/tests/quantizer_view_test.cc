@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "kvq/calib/calibrate.h"
 #include "kvq/calib/covariance.h"
 #include "kvq/calib/quantizer_view.h"
+#include "kvq/calib/rope_logit.h"
 #include "kvq/calib/synth.h"
 #include "kvq/cpu_ref/write_path.h"
 #include "test_util.h"
@@ -116,6 +118,31 @@ TEST(QuantizerView, ColumnsFollowTheirDefinitions) {
           }
         }
       }
+      // RoPE-logit MAE: the dequantized rows back in the original space, RoPE undone at each
+      // row's token t (position t: one sequence) on it and on that token's g queries.
+      {
+        std::vector<float> restored(rows.size());
+        cpu::RotateInverse(cpu::BestBackend(), w, rotation, q.dequantized.data(),
+                           restored.data(), n);
+        const double base = f.eval.info.rope_base;
+        double sum = 0;
+        for (size_t r = 0; r < n; ++r) {
+          const int64_t t = S0 + static_cast<int64_t>(r);
+          std::vector<double> e(d), qv(d);
+          for (int c = 0; c < d; ++c) e[c] = double(restored[r * d + c]) - rows[r * d + c];
+          UndoRope(e.data(), d, base, double(t));
+          for (int j = 0; j < g; ++j) {
+            for (int c = 0; c < d; ++c) qv[c] = f.eval.q(l, t, h * g + j)[c];
+            UndoRope(qv.data(), d, base, double(t));
+            for (double delta : RopeLogitOffsets()) {
+              sum += std::fabs(RotatedLogit(qv.data(), e.data(), d, base, delta));
+            }
+          }
+        }
+        const double expected = sum / (double(n) * g * 50);
+        EXPECT_GT(k.rope_logit_mae, 0.0);
+        EXPECT_NEAR(k.rope_logit_mae, expected, 1e-9 * expected);
+      }
       EXPECT_NEAR(k.tr_ek, tr / n, 1e-9 * tr / n);
       EXPECT_NEAR(k.weighted, logit / (double(n) * g * T), 1e-4 * k.weighted);
       EXPECT_EQ(k.max_abs, max_abs);
@@ -173,7 +200,7 @@ TEST(QuantizerView, ThreadsChangeNoBitAndOutputsNameEveryRow) {
   EXPECT_EQ(QuantizerViewCsv(a), QuantizerViewCsv(b));
   const std::string csv = QuantizerViewCsv(a);
   EXPECT_EQ(csv.rfind("label,layer,kv_head,clip_k,rows,max_abs,group_range,importance,tr_ek,"
-                      "weighted,weighted_centred,mean_range,mean_energy\n", 0),
+                      "weighted,weighted_centred,mean_range,mean_energy,rope_logit_mae\n", 0),
             0u);
   EXPECT_NE(csv.find("\noscar@oscar,1,1,"), std::string::npos);
   // oscar@oscar reuses the calibration's ratio; hadamard@own chose one (not necessarily < 1).
@@ -182,6 +209,30 @@ TEST(QuantizerView, ThreadsChangeNoBitAndOutputsNameEveryRow) {
   for (const std::string& label : a.labels) {
     EXPECT_NE(table.find(label), std::string::npos) << label;
   }
+}
+
+// Codebook keys are per-token rows too: TurboQuant-MSE and Block-GTQ (its widths from the
+// capture, CalibrationForScheme) get every column; the codebook holds no clip, one group a row.
+TEST(QuantizerView, CodebookSchemesAreViewed) {
+  const QuantizerView v = View("tq_mse,tq_mse_fwht,blockgtq");
+  ASSERT_EQ(v.labels.size(), 3u);
+  double tq = 0, gtq = 0;
+  for (size_t s = 0; s < 3; ++s) {
+    for (const KeyView& k : v.views[s]) {
+      EXPECT_EQ(k.clip, 1.0f) << v.labels[s];
+      EXPECT_GT(k.tr_ek, 0.0) << v.labels[s];
+      EXPECT_GT(k.rope_logit_mae, 0.0) << v.labels[s];
+      EXPECT_TRUE(std::isfinite(k.rope_logit_mae)) << v.labels[s];
+      if (s == 0) tq += k.rope_logit_mae;
+      if (s == 2) gtq += k.rope_logit_mae;
+    }
+  }
+  EXPECT_EQ(v.group, 64);  // G = d
+  // Block-GTQ's allocation lowers the RoPE-logit error below TurboQuant-MSE's uniform row at
+  // the same K budget (seeds/004 Table 1's direction; 59.4 vs 84.7 on this capture).
+  EXPECT_LT(gtq, tq);
+  std::printf("[ stats    ] rope_logit_mae sum over heads at 2 bits: tq_mse %.4g, blockgtq %.4g\n",
+              tq, gtq);
 }
 
 TEST(QuantizerView, Refusals) {

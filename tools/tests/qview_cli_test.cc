@@ -13,6 +13,7 @@
 #include "kvq/calib/model.h"
 #include "kvq/calib/quantizer_view.h"
 #include "kvq/calib/schemes.h"
+#include "kvq/common/io.h"
 
 #ifndef KVQ_MODELS_DIR
 #error "KVQ_MODELS_DIR must point at calib/models"
@@ -52,7 +53,8 @@ void Prepare(const Scratch& dir) {
 TEST(QviewCli, CsvIsTheLibrarysAndPlotsAreWritten) {
   Scratch dir;
   Prepare(dir);
-  const std::string schemes = "naive,hadamard,oscar@none,oscar,raw_target@oscar,saw_int4_k";
+  const std::string schemes =
+      "naive,hadamard,oscar@none,oscar,raw_target@oscar,saw_int4_k,tq_mse,blockgtq";
   const RunResult r = RunKvq(dir, "qview --activations eval.safetensors --calib-activations "
                                   "calib.safetensors --calibration cal.safetensors --schemes " +
                                       schemes +
@@ -71,7 +73,7 @@ TEST(QviewCli, CsvIsTheLibrarysAndPlotsAreWritten) {
       calib::ComputeQuantizerView(eval, cal_acts, &cal, o, cpu::BestBackend());
   EXPECT_EQ(cli_testing::Slurp(dir.File("view.csv")), calib::QuantizerViewCsv(view));
   // 8 layers x 1 KV head per scheme; rows at positions >= 16 of each 96-token window.
-  ASSERT_EQ(view.views.size(), 6u);
+  ASSERT_EQ(view.views.size(), 8u);
   EXPECT_EQ(view.views[0].size(), 8u);
   EXPECT_EQ(view.rows_per_head, 2 * (96 - 16));
   for (const std::string& label : view.labels) {
@@ -86,7 +88,8 @@ TEST(QviewCli, CsvIsTheLibrarysAndPlotsAreWritten) {
     EXPECT_EQ(view.views[3][l].clip, cal.layers[l].key.clip[0]) << l;
   }
   for (const char* metric : {"max_abs", "group_range", "importance", "tr_ek", "weighted",
-                             "weighted_centred", "mean_range", "mean_energy"}) {
+                             "weighted_centred", "mean_range", "mean_energy",
+                             "rope_logit_mae"}) {
     EXPECT_TRUE(Exists(dir.File(std::string("plots/keys_") + metric + ".svg"))) << metric;
   }
   // --saw-block reaches saw_int4_k: BDR-32 is not BDR-128.
@@ -111,6 +114,18 @@ TEST(QviewCli, ErrorsNameTheOffendingValue) {
       "--csv bad.csv ";
   ExpectFailure(dir, base + "--schemes naive,kivi", dir.File("bad.csv"),
                 {"scheme 'kivi' does not store its keys per token"});
+  // The RoPE-logit MAE undoes RoPE with the capture's base: a capture without one is refused
+  // by name, by qview and by eval.
+  {
+    Safetensors a = ReadSafetensors(dir.File("eval.safetensors"));
+    a.metadata.erase("rope_base");
+    WriteSafetensors(dir.File("norope.safetensors"), a);
+  }
+  ExpectFailure(dir, "qview --activations norope.safetensors --calib-activations "
+                     "calib.safetensors --schemes tq_mse --threads 2 --csv bad.csv",
+                dir.File("bad.csv"), {"rope_base"});
+  ExpectFailure(dir, "eval --activations norope.safetensors --schemes tq_mse --json bad.json",
+                dir.File("bad.json"), {"rope_base"});
   ExpectFailure(dir, base + "--schemes naive --sink 96", dir.File("bad.csv"),
                 {"sink 96 leaves no row"});
   ExpectFailure(dir, base + "--schemes nosuch", dir.File("bad.csv"), {"nosuch"});

@@ -24,8 +24,9 @@ struct EvalOptions {
   int threads = 2;  // work split by (layer, KV head); any count gives the same numbers
 };
 
-// The metric names, in table and JSON order: k_rel_mse, v_rel_mse, logit_rel_mse, sv_rel_mse,
-// attn_kl, top10_overlap, output_rel_mse, tr_ek, group_range, bits_per_element.
+// The metric names, in table and JSON order: k_rel_mse, v_rel_mse, logit_rel_mse,
+// rope_logit_mae, sv_rel_mse, attn_kl, top10_overlap, output_rel_mse, tr_ek, group_range,
+// bits_per_element.
 const std::vector<std::string>& MetricNames();
 // The value of metric `index` (MetricNames order) of `m`.
 double MetricValue(const HeadMetrics& m, size_t index);

@@ -82,6 +82,12 @@ struct HeldOutHead {
   Eigen::MatrixXd logits;           // [T, R] scale·k·q (column r = one query row)
   Eigen::MatrixXd probs;            // [T, R] causal softmax (0 above the diagonal)
   Eigen::MatrixXd output;           // [R, d] probsᵀ·v
+  // For the RoPE-logit MAE (rope_logit.h): the capture's RoPE base, each sequence position's
+  // RoPE position (its capture token minus the start of the token's segment) and the g query
+  // rows of every position's own token (post-RoPE, as captured).
+  double rope_base = 0.0;
+  std::vector<double> rope_positions;  // [T]
+  std::vector<double> token_queries;   // [T, g, d] row-major
   int64_t rows() const { return q.rows(); }
   int64_t position(int64_t r) const { return first_query + r / group; }
 };
@@ -98,6 +104,10 @@ struct HeadMetrics {
   double k_rel_mse = 0;       // Σ‖k̂ − k‖² / Σ‖k‖² over all T cache rows, original space
   double v_rel_mse = 0;       // same for V
   double logit_rel_mse = 0;   // Σ(q·k̂ − q·k)² / Σ(q·k)² over the causal (query row, key) pairs
+  double rope_logit_mae = 0;  // seeds/004 App. B.3 (rope_logit.h): mean over the T cache rows
+                              // k, the g queries q of k's own token and the 50 offsets Δ of
+                              // |qᵀR_Δk̂ − qᵀR_Δk|, q and k pre-RoPE (undone with rope_base),
+                              // unscaled logits; bf16 rows contribute 0
   double sv_rel_mse = 0;      // ‖S·V̂ − S·V‖² / ‖S·V‖², S the fp64 reference probabilities
   double attn_kl = 0;         // mean over query rows of KL(p_ref ‖ p_q)
   double top10_overlap = 0;   // mean over query rows of TopKOverlap(p_ref, p_q, top_k)

@@ -20,6 +20,10 @@
 //   mean_range       mean over the G-channel groups of max − min of μ·R_K: how much range
 //                    the rotation gives the key mean in every row
 //   mean_energy      ‖μ‖² / mean ‖x − μ‖² (the scheme does not enter)
+//   rope_logit_mae   seeds/004 App. B.3 (rope_logit.h): mean over the rows, the g queries of
+//                    each row's own token (evaluated capture) and the 50 offsets Δ of
+//                    |qᵀR_Δ(k̂ − k)|, k̂ = x̂·R_Kᵀ back in the original space, q and k with RoPE
+//                    undone at the token's position with the capture's rope_base; unscaled
 //
 // A scheme's clip ratio comes from its variant exactly as in `kvq ppl` (fair_clip.h: own, OSCAR's
 // or none); NAME@none gives the unclipped view of table 10.
@@ -38,7 +42,7 @@
 namespace kvq::calib {
 
 struct QuantizerViewOptions {
-  std::vector<SchemeVariant> schemes;  // per-token (affine_token) key formats only
+  std::vector<SchemeVariant> schemes;  // per-token (affine_token, codebook) key formats only
   SchemeOptions scheme;                // G, bits, S0 (rows before S0 are skipped), saw_block
   std::vector<double> clip_grid;       // own clips; empty: DefaultClipGrid()
   int threads = 2;                     // any count gives the same numbers
@@ -49,7 +53,7 @@ struct KeyView {
   float clip = 1.0f;  // ρ_K used
   int64_t rows = 0;   // N
   double max_abs = 0, group_range = 0, importance = 0, tr_ek = 0, weighted = 0,
-         weighted_centred = 0, mean_range = 0, mean_energy = 0;
+         weighted_centred = 0, mean_range = 0, mean_energy = 0, rope_logit_mae = 0;
 };
 
 // The metric names in CSV and table order, and the value of metric `index` of `v`.
@@ -64,7 +68,7 @@ struct QuantizerView {
 };
 
 // Throws kvq::Error: captures of different shapes (kShapeMismatch); a scheme whose key format
-// is not per token (kInvalidArgument naming it: the KIVI family's tiles, bf16); no row at
+// is not per token (kInvalidArgument naming it: the KIVI family's tiles, bf16, fp8); no row at
 // positions ≥ S0; what BuildVariantLayers and the write path throw (a calibration missing for a
 // calibrated scheme or @oscar).
 // `progress(done, total)` is called from the calling thread as the work goes: first every

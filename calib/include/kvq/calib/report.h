@@ -34,8 +34,8 @@ std::string LinePlotSvg(const std::string& title, const std::string& x_label,
                         int width = 900, int height = 560);
 
 // Writes into `dir` (created if missing): per_head.csv; layer_<metric>.svg for output_rel_mse,
-// attn_kl, k_rel_mse, v_rel_mse, logit_rel_mse, sv_rel_mse (y = mean over KV heads per layer,
-// one curve per scheme); and, when `cal` is given, spectrum_keys.svg / spectrum_values.svg
+// attn_kl, k_rel_mse, v_rel_mse, logit_rel_mse, rope_logit_mae, sv_rel_mse (y = mean over KV
+// heads per layer, one curve per scheme); and, when `cal` is given, spectrum_keys.svg / spectrum_values.svg
 // (eigenvalues, mean over KV heads, one curve per layer). Returns the paths written.
 std::vector<std::string> WriteReport(const std::string& dir, const EvalResult& result,
                                      const Calibration* cal);
