@@ -3,10 +3,15 @@
 //
 // The pages stream through a 2-stage cp.async pipeline as they are stored (per 16-token chunk:
 // its packed codes and its segment norms, contiguous in the page). Each warp then decodes its
-// own 16 rows of a side into a private bf16 hi + lo tile (x^ = N^_s * C_s[code], §7.3, split
-// as hi = bf16(x^), lo = bf16(x^ - hi)), read by the bf16 loop's ldmatrix fragments:
+// own 16 rows of a side into a private bf16 hi + lo tile, read by the bf16 loop's ldmatrix
+// fragments:
 //   QK^T: K_hi q_hi + K_hi q_lo + K_lo q_hi (q~ as bf16 hi + lo), the logit in the exp2 domain;
 //   PV:   V_hi p_hi + V_hi p_lo + V_lo p_hi.
+// A side of one segment a row (TurboQuant-MSE; Block-GTQ's values) takes spec/cache.md §5.3's
+// folded form: the tile holds the centroids C[code] (looked up pre-split, hi | lo << 16, in a
+// shared table), N^ multiplies the logit (keys) or p (values). A side of several segments (Block-
+// GTQ's keys) holds x^ = N^_s * C_s[code] itself (§7.3, split as hi = bf16(x^), lo = bf16(x^ -
+// hi)).
 // The dropped lo * lo terms are 2^-16 relative; hi + lo holds x^ to 2^-17. What a lane decodes
 // is fixed for the whole split: the channel pairs lane, lane + 32, ... of every row, each
 // described by one word in shared memory (the code's byte and shift in the row, the segment's
@@ -42,7 +47,8 @@ struct CodebookGeometry {
   static constexpr int kDecodedOffset = kStages * kStageBytes;
   static constexpr int kDescOffset = kDecodedOffset + kWarps * kWarpTileBytes;
   static constexpr int kTableOffset = kDescOffset + 2 * D * 4;
-  static constexpr int kBytes = kTableOffset + 2 * kTableWords * 4;
+  static constexpr int kSplitOffset = kTableOffset + 2 * kTableWords * 4;
+  static constexpr int kBytes = kSplitOffset + 2 * kTableWords * 4;
 };
 
 // One channel's decode descriptor: its code's first byte in the row and the bit shift, the
@@ -104,12 +110,20 @@ struct CodebookRowsLoop {
     uint32_t* desc = reinterpret_cast<uint32_t*>(smem + Geo::kDescOffset) + (value ? D : 0);
     float* shared_tables =
         reinterpret_cast<float*>(smem + Geo::kTableOffset) + (value ? Geo::kTableWords : 0);
+    uint32_t* split_tables =
+        reinterpret_cast<uint32_t*>(smem + Geo::kSplitOffset) + (value ? Geo::kTableWords : 0);
     int table = 0;
     for (int s = 0; s < layout.count; ++s) {
       const CodebookSegment& seg = layout.segment[s];
       const int levels = 1 << seg.width;
       const float* src = codebook::TableOf(tables, seg.values, seg.width);
-      for (int i = threadIdx.x; i < levels; i += kThreads) shared_tables[table + i] = src[i];
+      for (int i = threadIdx.x; i < levels; i += kThreads) {
+        const float c = src[i];
+        shared_tables[table + i] = c;
+        uint32_t hi, lo;
+        SplitBf16(c, 0.0f, hi, lo);
+        split_tables[table + i] = (hi & 0xffffu) | (lo << 16);  // bf16 hi | bf16 lo << 16
+      }
       for (int j = threadIdx.x; j < seg.values; j += kThreads) {
         const codebook::CodePosition pos = codebook::CodePositionOf(j, seg.values, seg.width);
         desc[seg.offset + j] =
@@ -237,6 +251,33 @@ struct CodebookRowsLoop {
     unsigned char* lo = hi + kChunkTokens * Geo::kRowStride;
     const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
     __syncwarp();  // the warp's previous reads of its tiles are done
+    if (slots == 1) {
+      // One segment a row: the tiles hold the centroids (pre-split bf16 hi + lo words), the
+      // norm N^ multiplies the logit (keys) or p (values): spec/cache.md §5.3's folded form.
+      const uint32_t* split = reinterpret_cast<const uint32_t*>(smem + Geo::kSplitOffset) +
+                              (value ? Geo::kTableWords : 0);
+#pragma unroll
+      for (int k = 0; k < D / 64; ++k) {
+        const int pair = lane + 32 * k;
+        const uint2 dd = desc[pair];
+        const uint32_t mask = (1u << ((dd.x >> 11) & 15)) - 1u;
+        const uint32_t b0 = dd.x & 0xff, b1 = dd.y & 0xff;
+        const uint32_t s0 = (dd.x >> 8) & 7, s1 = (dd.y >> 8) & 7;
+#pragma unroll 8
+        for (int r = 0; r < kChunkTokens; ++r) {
+          const unsigned char* row = codes + r * code_bytes;
+          const uint32_t w0 = static_cast<uint32_t>(row[b0]) | (static_cast<uint32_t>(row[b0 + 1]) << 8);
+          const uint32_t w1 = static_cast<uint32_t>(row[b1]) | (static_cast<uint32_t>(row[b1 + 1]) << 8);
+          const uint32_t h0 = split[(w0 >> s0) & mask], h1 = split[(w1 >> s1) & mask];
+          *reinterpret_cast<uint32_t*>(hi + r * Geo::kRowStride + 4 * pair) =
+              __byte_perm(h0, h1, 0x5410);
+          *reinterpret_cast<uint32_t*>(lo + r * Geo::kRowStride + 4 * pair) =
+              __byte_perm(h0, h1, 0x7632);
+        }
+      }
+      __syncwarp();  // the tiles are written
+      return;
+    }
 #pragma unroll
     for (int k = 0; k < D / 64; ++k) {
       const int pair = lane + 32 * k;
@@ -263,6 +304,20 @@ struct CodebookRowsLoop {
     __syncwarp();  // the tiles are written
   }
 
+  // The stored norm N^ of row r of the warp's chunk on a one-segment side (0 past the split's
+  // end, whose stale page bytes never reach the MMA); 1 on a side of several segments, whose
+  // tiles hold x^ itself.
+  __device__ __forceinline__ float RowNorm(const unsigned char* stage, int tile, bool value,
+                                           int r) const {
+    const int slots = value ? p.v_segments : p.k_segments;
+    if (slots != 1) return 1.0f;
+    const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
+    if (chunk_first + r >= end) return 0.0f;
+    const uint16_t* norms = reinterpret_cast<const uint16_t*>(
+        stage + (value ? v_norms_at : k_norms_at) + warp * kChunkTokens * 2);
+    return F32FromBf16(norms[r]);
+  }
+
   // QK^T: A = the warp's decoded K rows (hi, lo) by ldmatrix, B = q~ hi (+ lo).
   __device__ __forceinline__ void Logits(const unsigned char* stage, int tile, Scores& s) const {
     DecodeRows(stage, tile, false);
@@ -283,11 +338,12 @@ struct CodebookRowsLoop {
     }
     const bool valid_a = chunk_first + gi < end;
     const bool valid_b = chunk_first + gi + 8 < end;
-    const float f = p.logit_scale_log2;
-    s.s[0][0] = valid_a ? c[0] * f : -INFINITY;
-    s.s[0][1] = valid_a ? c[1] * f : -INFINITY;
-    s.s[0][2] = valid_b ? c[2] * f : -INFINITY;
-    s.s[0][3] = valid_b ? c[3] * f : -INFINITY;
+    const float fa = p.logit_scale_log2 * RowNorm(stage, tile, false, gi);
+    const float fb = p.logit_scale_log2 * RowNorm(stage, tile, false, gi + 8);
+    s.s[0][0] = valid_a ? c[0] * fa : -INFINITY;
+    s.s[0][1] = valid_a ? c[1] * fa : -INFINITY;
+    s.s[0][2] = valid_b ? c[2] * fb : -INFINITY;
+    s.s[0][3] = valid_b ? c[3] * fb : -INFINITY;
   }
 
   __device__ __forceinline__ void Softmax(const Scores& s, Probs& pr) {
@@ -295,10 +351,17 @@ struct CodebookRowsLoop {
     WarpSoftmax(st, none, s, pr);
   }
 
-  // PV: A = the warp's decoded V rows transposed (ldmatrix.trans; hi, lo), B = p as bf16 hi + lo.
+  // PV: A = the warp's decoded V rows transposed (ldmatrix.trans; hi, lo), B = p (times N^ of
+  // its token on a one-segment side) as bf16 hi + lo.
   __device__ __forceinline__ void Values(const unsigned char* stage, int tile, const Scores&,
-                                         const Probs& pr) {
+                                         const Probs& probs) {
     DecodeRows(stage, tile, true);
+    Probs pr = probs;
+    const float na = RowNorm(stage, tile, true, gi), nb = RowNorm(stage, tile, true, gi + 8);
+    pr.p[0][0] *= na;
+    pr.p[0][1] *= na;
+    pr.p[0][2] *= nb;
+    pr.p[0][3] *= nb;
     const unsigned char* va = smem + Geo::kDecodedOffset + warp * Geo::kWarpTileBytes +
                               ((lane & 7) + 8 * (lane >> 4)) * Geo::kRowStride +
                               8 * ((lane >> 3) & 1) * 2;

@@ -133,6 +133,8 @@ void WriteRowsImpl(const WriteParams& p, const HeadData& heads, const void* x, b
     KVQ_CHECK(!p.norm || p.norm_heads == 1, kInvalidArgument, kWhat, ": a norm over ",
               p.norm_heads, " KV heads needs every head's rows (the paged cache writes)");
   }
+  KVQ_CHECK(p.format != Format::kCodebook || out.tau == nullptr, kInvalidArgument, kWhat,
+            ": the codebook write has no tau output (its rows are not clipped)");
   FusedWriteArgs a = WriteArgsFor(p, heads, out.planes, FusedWriteArgs(), kWhat);
   a.x = x;
   a.x_is_bf16 = bf16;

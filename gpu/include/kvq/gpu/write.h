@@ -282,7 +282,7 @@ struct RowOutputs {
   uint8_t* planes[kMaxPlanes] = {};  // plane i of LayoutOf(p): [n, row_bytes(i)] (affine_token:
                                      // packed codes [n, d*b/8], scale / min bf16 [n, d/G])
   float* rotated = nullptr;    // optional [n, d]: after rotation and P_br, before the clip
-  float* tau = nullptr;        // optional [n]: clip thresholds
+  float* tau = nullptr;        // optional [n]: clip thresholds (none for codebook rows)
 };
 
 // The fused write path of n rows: the same bits as cpu::QuantizeRows (packed, scale, min,
