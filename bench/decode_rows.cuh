@@ -286,7 +286,8 @@ inline CacheParams MakeParams(bool quantized) {
 // (LayoutOf), random contents (codes random bytes, scales and mins in realistic ranges, norms
 // around 1), shuffled page tables, and the sequence at length T. The plain rows (kPlainRows) are
 // kvq's `hadamard` cache (G = 64, S0 = 64, W = 256) at other widths: "int4" beside SAW, and K
-// and V apart ("k4v2", "k2v4"). A named scheme whose only calibrated data is its fp8 scales
+// and V apart ("k4v2", "k2v4"), and TurboQuant-MSE at K3V3 and K3V2 (its own row is K2V2). A
+// named scheme whose only calibrated data is its fp8 scales
 // (fp8, fp8_hadamard) is built without them: the cache's per-head scales (SchemeCache) stand in.
 struct SchemeRow {
   std::string label;
@@ -295,9 +296,14 @@ struct SchemeRow {
 
 struct PlainRow {
   const char* label;
+  const char* scheme;
   int k_bits, v_bits;
 };
-inline constexpr PlainRow kPlainRows[] = {{"int4", 4, 4}, {"k4v2", 4, 2}, {"k2v4", 2, 4}};
+inline constexpr PlainRow kPlainRows[] = {{"int4", "hadamard", 4, 4},
+                                          {"k4v2", "hadamard", 4, 2},
+                                          {"k2v4", "hadamard", 2, 4},
+                                          {"tq_mse_k3v3", "tq_mse", 3, 3},
+                                          {"tq_mse_k3v2", "tq_mse", 3, 2}};
 
 inline std::vector<SchemeRow> SchemeRows(const std::string& list) {
   namespace calib = kvq::calib;
@@ -313,7 +319,7 @@ inline std::vector<SchemeRow> SchemeRows(const std::string& list) {
     // the plain INT4 baseline.
     for (const calib::SchemeInfo& info : calib::Schemes()) {
       if (info.needs_calibration || !info.quantized()) continue;
-      // A format the decode kernels do not read yet (codebook: issue 22's GPU part).
+      // A format the decode kernels do not read.
       if (!kvq::gpu::attention::DecodeFormatOf(info.format_k).listed ||
           !kvq::gpu::attention::DecodeFormatOf(info.format_v).listed) {
         continue;
@@ -335,7 +341,7 @@ inline std::vector<SchemeRow> SchemeRows(const std::string& list) {
     std::string scheme = name;
     for (const PlainRow& plain : kPlainRows) {
       if (name == plain.label) {
-        scheme = "hadamard";
+        scheme = plain.scheme;
         options.k_bits = plain.k_bits;
         options.v_bits = plain.v_bits;
       }
