@@ -69,12 +69,15 @@ ATTENTION = "kvq"
 #   scale:    "calibration": the calibration's k_scale / v_scale (ScalePolicy::kCalibration, the
 #             file's scheme must be this one); "one": every head s^ = 1
 #   norm:     keys divided by their stored norm, per KV head (SchemeNorm::kKeys, norm scope head)
+#   widths:   codebook keys with per-head block widths from the calibration's layers.{l}.k_bits
+#             (WidthsPolicy::kCalibration: Block-GTQ); the side's row limits (segments, code
+#             bytes) are the most any (layer, KV head) of the file needs (FitCodebookRows)
 
 
 def _row(rotation_k=None, rotation_v=None, format_k="affine_token", format_v="affine_token",
-         bits=None, group=None, windows=None, clip=False, scale=None, norm=False):
+         bits=None, group=None, windows=None, clip=False, scale=None, norm=False, widths=False):
     return dict(rotation=(rotation_k, rotation_v), format=(format_k, format_v), bits=bits,
-                group=group, windows=windows, clip=clip, scale=scale, norm=norm)
+                group=group, windows=windows, clip=clip, scale=scale, norm=norm, widths=widths)
 
 
 _KIVI = dict(format_k="affine_tile", group=32, windows=(0, 1, 128))
@@ -107,11 +110,12 @@ SCHEMES = {
                          scale="one"),
     "fp8_hadamard": _row("hadamard", "hadamard", format_k="fp8_e4m3", format_v="fp8_e4m3",
                          bits=8, windows=_NO_WINDOWS, scale="calibration"),
-    "tq_mse": "its format codebook has no CUDA decode kernel (kvq/gpu/attention.h), and its "
-              "Haar rotations are built by kvq's C++",
-    "tq_mse_fwht": "its format codebook has no CUDA decode kernel (kvq/gpu/attention.h)",
-    "blockgtq": "its format codebook has no CUDA decode kernel (kvq/gpu/attention.h), and its "
-                "per-head widths and rotations come from kvq calibrate --scheme blockgtq",
+    "tq_mse": _CXX_ROTATION % "RandomOrthogonal of a seed: the Haar rotation per (layer, KV "
+              "head, side)",
+    "tq_mse_fwht": _row("hadamard", "hadamard", format_k="codebook", format_v="codebook",
+                        group="row", windows=_NO_WINDOWS),
+    "blockgtq": _row("calibration:k_rotation", "calibration:v_rotation", format_k="codebook",
+                     format_v="codebook", group="row", windows=_NO_WINDOWS, widths=True),
 }
 
 
@@ -132,10 +136,13 @@ def scheme_recipe(scheme):
 
 
 def cache_params_for(scheme, num_kv_heads, num_q_heads, head_dim, bits=2, group=64, sink=64,
-                     recent=256, page_size=64, tile=32, saw_block=128):
+                     recent=256, page_size=64, tile=32, saw_block=128, value_bits=None,
+                     codebook_rows=None):
     """The metadata text (kvq.torch_ops.cache_params) of one layer's cache under `scheme`, with
     the defaults of calib::SchemeOptions (b 2, G 64, S0 64, W 256, P 64, G_k 32): what
-    BuildLayerScheme sets, except the per-head rows (rotations, clips, scales), which are data.
+    BuildLayerScheme sets, except the per-head rows (rotations, clips, scales, widths), which are
+    data. value_bits: V's width where it differs from `bits` (K3V2); codebook_rows: the keys' row
+    limits (segments, code_bytes, bits) when they hold per-head widths (codebook_limits).
     SchemeError for a scheme not served; TorchOpError (from kvq_cache_create) for parameters
     kvq's CUDA path refuses, both naming the scheme."""
     row = scheme_recipe(scheme)
@@ -144,8 +151,13 @@ def cache_params_for(scheme, num_kv_heads, num_q_heads, head_dim, bits=2, group=
     sides = []
     for side in (0, 1):
         fmt, rotation = row["format"][side], row["rotation"][side]
-        w = dict(row_format=fmt, bits=row["bits"] or bits, clip=1)
-        if fmt == "affine_tile":
+        w = dict(row_format=fmt, bits=row["bits"] or (value_bits if side and value_bits
+                                                      else bits), clip=1)
+        if fmt == "codebook":
+            w["group"] = head_dim
+            if side == 0 and codebook_rows is not None:
+                w["segments"], w["code_bytes"], w["bits"] = codebook_rows
+        elif fmt == "affine_tile":
             w["group"] = tile
             page = max(page, tile)  # a page holds whole tiles (BuildLayerScheme)
         elif row["group"] == "row" or fmt in ("bf16", "fp8_e4m3"):
@@ -220,13 +232,39 @@ class Calibration:
                                                                   head_dim)), "shape mismatch")
         self.scheme = m.get("scheme", "oscar")
         self.version = int(m.get("format_version", 1))
+        self.num_kv_heads = num_kv_heads
 
-    def rows(self, layer, side, stem, kv_heads):
+    def rows(self, layer, side, stem, kv_heads, dtype=None):
+        """[len(kv_heads), ...] of the tensor, f32 (or `dtype`)."""
         name = "layers.%d.%s_%s" % (layer, "kv"[side], stem)
         if name not in self.tensors:
             raise SchemeError("calibration %s (scheme '%s', format_version %d) has no tensor %s"
                               % (self.path, self.scheme, self.version, name), "invalid argument")
-        return self.tensors[name].float()[list(kv_heads)].contiguous()
+        t = self.tensors[name]
+        return t.to(dtype or torch.float32)[list(kv_heads)].contiguous()
+
+
+def codebook_layout(widths):
+    """(segments, code bytes) of a codebook row whose RoPE blocks have `widths` (kvq/common/
+    codebook.h's CodebookLayoutOf: one segment per width present, ceil(2 n_w w / 8) bytes)."""
+    counts = {}
+    for w in widths:
+        counts[int(w)] = counts.get(int(w), 0) + 1
+    return len(counts), sum((2 * n * w + 7) // 8 for w, n in counts.items())
+
+
+def codebook_limits(cal, num_layers):
+    """The keys' (segments, code_bytes, bits) over every (layer, KV head) of a widths
+    calibration (calib/src/schemes.cc FitCodebookRows: the row limits any head needs, and the
+    budget width rounded up, the largest over heads)."""
+    segments, code_bytes, bits = 1, 0, 1
+    for layer in range(num_layers):
+        rows = cal.rows(layer, 0, "bits", range(cal.num_kv_heads), torch.uint8)
+        for head in rows.tolist():
+            s, c = codebook_layout(head)
+            segments, code_bytes = max(segments, s), max(code_bytes, c)
+            bits = max(bits, -(-sum(head) // len(head)))
+    return segments, code_bytes, bits
 
 
 # ---- The cache ------------------------------------------------------------------------------
@@ -423,7 +461,7 @@ class Cache(_HFCache):
 
     def __init__(self, scheme, calibration=None, config=None, device=None, max_batch_size=1,
                  max_cache_len=4096, page_size=64, kv_heads=None, bits=2, group=64, sink=64,
-                 recent=256, tile=32, saw_block=128):
+                 recent=256, tile=32, saw_block=128, value_bits=None):
         if TRANSFORMERS_ERROR is not None:
             raise ImportError(TRANSFORMERS_ERROR)
         if config is None:
@@ -441,27 +479,34 @@ class Cache(_HFCache):
                                          % (self.kv_heads, hkv))
         self.batch_limit, self.length_limit = int(max_batch_size), int(max_cache_len)
         local = len(self.kv_heads)
-        self.params = cache_params_for(scheme, local, local * (hq // hkv), d, bits=bits,
-                                       group=group, sink=sink, recent=recent,
-                                       page_size=page_size, tile=tile, saw_block=saw_block)
-        self.scaling = 1.0 / math.sqrt(d)  # softmax_scale 0: fp32(1/sqrt(d)) (params.h)
         recipe = scheme_recipe(scheme)
         needs_file = any(r and r.startswith("calibration:") for r in recipe["rotation"]) or \
-            recipe["clip"] or recipe["scale"] == "calibration"
+            recipe["clip"] or recipe["scale"] == "calibration" or recipe["widths"]
+        own_file = recipe["scale"] == "calibration" or recipe["widths"]
         cal = None
         if needs_file:
             if calibration is None:
                 raise SchemeError("scheme '%s' needs a calibration file (kvq calibrate%s)" % (
-                    scheme, " --scheme " + scheme if recipe["scale"] == "calibration" else ""))
+                    scheme, " --scheme " + scheme if own_file else ""))
             cal = calibration if isinstance(calibration, Calibration) else \
                 Calibration(calibration, num_layers, hkv, d)
-            if cal.version == 4:
+            if cal.version == 4 and not recipe["widths"]:
                 raise SchemeError("scheme '%s' cannot use calibration %s, made for the codebook "
                                   "scheme '%s'" % (scheme, cal.path, cal.scheme))
-            if recipe["scale"] == "calibration" and cal.scheme != scheme:
-                raise SchemeError("scheme '%s' needs fp8 scales computed after its own rotation; "
-                                  "calibration %s was made for scheme '%s' (kvq calibrate "
-                                  "--scheme %s)" % (scheme, cal.path, cal.scheme, scheme))
+            if own_file and cal.scheme != scheme:
+                raise SchemeError("scheme '%s' needs %s; calibration %s was made for scheme '%s' "
+                                  "(kvq calibrate --scheme %s)" % (
+                                      scheme, "its own widths and rotations" if recipe["widths"]
+                                      else "fp8 scales computed after its own rotation",
+                                      cal.path, cal.scheme, scheme))
+        limits = codebook_limits(cal, num_layers) if recipe["widths"] else None
+        if recipe["widths"] and value_bits is None and "v_bits" in cal.metadata:
+            value_bits = int(cal.metadata["v_bits"])
+        self.params = cache_params_for(scheme, local, local * (hq // hkv), d, bits=bits,
+                                       group=group, sink=sink, recent=recent,
+                                       page_size=page_size, tile=tile, saw_block=saw_block,
+                                       value_bits=value_bits, codebook_rows=limits)
+        self.scaling = 1.0 / math.sqrt(d)  # softmax_scale 0: fp32(1/sqrt(d)) (params.h)
         self.calibration = cal
         layers = [Layer(self, l, self.params, self._heads(recipe, cal, l, local, d))
                   for l in range(num_layers)]
@@ -482,6 +527,8 @@ class Cache(_HFCache):
                 rows["rotation"] = cal.rows(layer, side, stem, self.kv_heads).reshape(local, d, d)
             if recipe["clip"]:
                 rows["clip"] = cal.rows(layer, side, "clip", self.kv_heads).reshape(local)
+            if recipe["widths"] and side == 0:
+                rows["widths"] = cal.rows(layer, 0, "bits", self.kv_heads, torch.uint8)
             if recipe["scale"] == "calibration":
                 rows["scale"] = cal.rows(layer, side, "scale", self.kv_heads).reshape(local)
             elif recipe["scale"] == "one":

@@ -7,10 +7,11 @@ Llama and Qwen3 configs (4 KV heads, 8 query heads, head_dim 128, fp32 weights, 
  (a) scheme bf16: prompt logits equal DynamicCache + sdpa's bit for bit (the prompt's attention
      is sdpa's own), and the logits of every decode step equal them within 4 * 2^-9 of the
      largest logit (K/V rounded to bf16; see test_bf16_cache_logits_match_dynamic_cache);
- (b) greedy generation with oscar (a random orthonormal R per head, clip 0.95) and kivi INT2
-     runs, gives valid tokens, changes the pools as tokens enter the history, and its agreement
+ (b) greedy generation with oscar (a random orthonormal R per head, clip 0.95), kivi INT2,
+     tq_mse_fwht (K3V2) and blockgtq (random per-head key widths 1..5, V2) runs, gives valid tokens, changes the pools as tokens enter the history, and its agreement
      with bf16's tokens is printed, not asserted;
- (c) a scheme without GPU kernels (tq_mse) raises naming the scheme;
+ (c) a scheme whose per-head data Python cannot build (tq_mse: C++ Haar rotations) raises
+     naming the scheme;
  (d) caches over KV heads [0, H/2) and [H/2, H) fed those heads' K/V hold the bytes of the full
      cache's corresponding heads (sharding invariance at the cache level, one GPU);
  (e) with KVQ_PPL_JSON (`kvq ppl --backend gpu --gpu-decode steps --json`) and model A exported to
@@ -84,10 +85,34 @@ def test_served_schemes_are_accepted_by_the_c_abi(name):
 
 
 @needs_library
-def test_a_scheme_without_gpu_kernels_raises_naming_it():  # (c)
+def test_a_scheme_python_cannot_build_raises_naming_it():  # (c)
     with pytest.raises(torch_ops.TorchOpError) as refused:
         hf.cache_params_for("tq_mse", num_kv_heads=2, num_q_heads=8, head_dim=128)
-    assert "'tq_mse'" in str(refused.value) and "codebook" in str(refused.value)
+    assert "'tq_mse'" in str(refused.value) and "RandomOrthogonal" in str(refused.value)
+
+
+def test_codebook_layout_restates_the_library():
+    # d = 16: blocks 3, 1, 3, 8, 1, 3, 2, 3 -> widths 1 (2 blocks), 2, 3 (4), 8: four segments
+    # of ceil(4*1/8) + ceil(2*2/8) + ceil(8*3/8) + ceil(2*8/8) = 1 + 1 + 3 + 2 bytes.
+    assert hf.codebook_layout([3, 1, 3, 8, 1, 3, 2, 3]) == (4, 7)
+    assert hf.codebook_layout([3] * 64) == (1, 48)
+
+
+@needs_library
+def test_codebook_rows_reach_the_c_abi():
+    params = hf.cache_params_for("tq_mse_fwht", num_kv_heads=2, num_q_heads=8, head_dim=128,
+                                 bits=3, value_bits=2)
+    assert "key.bits=3;" in params and "value.bits=2;" in params
+    assert "key.row_format=codebook;" in params and "key.group=128;" in params
+    c = torch_ops._cache(params)
+    assert [p[0] for p in c.planes[0]] == ["codes", "norm"]
+    assert c.planes[0][0][2][-1] == 48 and c.planes[1][0][2][-1] == 32  # d*b/8 code bytes
+    params = hf.cache_params_for("blockgtq", num_kv_heads=2, num_q_heads=8, head_dim=128,
+                                 bits=3, value_bits=2, codebook_rows=(4, 60, 3))
+    c = torch_ops._cache(params)
+    assert c.planes[0][0][2][-1] == 60 and c.planes[0][1][2][-1] == 4  # code bytes, norm slots
+    use = {row: u for row, _, _, u in c.heads[0]}
+    assert use["widths"] != 0 and use["rotation"] == 2
 
 
 def test_hf_imports_without_transformers():
@@ -187,12 +212,41 @@ def oscar_calibration(path, config, seed=0, clip=0.95):
     return path
 
 
+def blockgtq_calibration(path, config, seed=5):
+    """A codebook calibration (format_version 4) for Block-GTQ: random orthonormal R_K, R_V per
+    (layer, KV head) and random key widths in 1..5 per RoPE block (different segment layouts per
+    head), V at 2 bits. Not an allocation kvq calibrate would make: the cache reads any."""
+    layers, hkv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for l in range(layers):
+        for s in "kv":
+            q, _ = torch.linalg.qr(torch.randn(hkv, d, d, generator=g, dtype=torch.float64))
+            tensors["layers.%d.%s_rotation" % (l, s)] = q.float().contiguous()
+        tensors["layers.%d.k_bits" % l] = torch.randint(1, 6, (hkv, d // 2), generator=g,
+                                                        dtype=torch.uint8)
+    metadata = dict(format="kvq-calibration", format_version="4", head_dim=str(d), bits="3",
+                    v_bits="2", scheme="blockgtq", num_layers=str(layers),
+                    num_kv_heads=str(hkv), source="test_hf_cache.py")
+    write_safetensors(path, tensors, metadata)
+    return path
+
+
+def scheme_calibration(scheme, path, config):
+    """The calibration file a scheme of these tests reads, or None."""
+    if scheme == "oscar":
+        return oscar_calibration(path, config)
+    if scheme == "blockgtq":
+        return blockgtq_calibration(path, config)
+    return None
+
+
 def write_safetensors(path, tensors, metadata):
     header, blobs, offset = {"__metadata__": metadata}, [], 0
     for name, t in tensors.items():
         data = t.contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {"dtype": "U8" if t.dtype == torch.uint8 else "F32",
+                        "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
     text = json.dumps(header).encode()
@@ -206,7 +260,7 @@ def pool_snapshot(cache):
 
 @needs_device
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("scheme", ["oscar", "kivi"])
+@pytest.mark.parametrize("scheme", ["oscar", "kivi", "tq_mse_fwht", "blockgtq"])
 def test_int2_generation_runs_and_fills_the_pools(arch, scheme, tmp_path):  # (b)
     model = tiny_model(arch)
     vocab = model.config.vocab_size
@@ -216,10 +270,9 @@ def test_int2_generation_runs_and_fills_the_pools(arch, scheme, tmp_path):  # (b
     with torch.no_grad():  # transformers' own: sdpa over a DynamicCache
         ref = model.generate(ids, max_new_tokens=new, do_sample=False)
     set_attention(model, hf.ATTENTION)
-    cal = oscar_calibration(tmp_path / "cal.safetensors", model.config) \
-        if scheme == "oscar" else None
+    cal = scheme_calibration(scheme, tmp_path / "cal.safetensors", model.config)
     cache = hf.Cache(scheme, calibration=cal, config=model.config, max_batch_size=2,
-                     max_cache_len=512)
+                     max_cache_len=512, bits=3 if scheme == "tq_mse_fwht" else 2)
     with torch.no_grad():
         model(ids, past_key_values=cache, use_cache=True)  # the prompt alone: pools as written
     before = pool_snapshot(cache)
@@ -239,7 +292,7 @@ def test_int2_generation_runs_and_fills_the_pools(arch, scheme, tmp_path):  # (b
 
 
 @needs_device
-@pytest.mark.parametrize("scheme", ["oscar", "kivi", "bf16"])
+@pytest.mark.parametrize("scheme", ["oscar", "kivi", "bf16", "tq_mse_fwht", "blockgtq"])
 def test_kv_head_slices_hold_the_full_cache_bytes(scheme, tmp_path):  # (d)
     """Two caches over KV heads [0, H/2) and [H/2, H), each fed its heads' K/V, hold the bytes
     of the full cache's heads: pools (plane axis 1 is the KV head), windows (axis 2). What it does
@@ -248,7 +301,7 @@ def test_kv_head_slices_hold_the_full_cache_bytes(scheme, tmp_path):  # (d)
     model = tiny_model("llama")
     config = model.config
     hkv, d, layers = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
-    cal = oscar_calibration(tmp_path / "cal.safetensors", config) if scheme == "oscar" else None
+    cal = scheme_calibration(scheme, tmp_path / "cal.safetensors", config)
     halves = [range(0, hkv // 2), range(hkv // 2, hkv)]
     caches = [hf.Cache(scheme, calibration=cal, config=config, max_batch_size=2,
                        max_cache_len=640, kv_heads=heads) for heads in [None] + halves]

@@ -62,16 +62,6 @@ def cases(kind):
                   if not (kind == "attention" and p.stem.startswith("scheme_")))
 
 
-# The codebook format has no CUDA kernels yet (issue 22): every cache and attention case with a
-# codebook side is refused at kvq_cache_create, naming the format.
-for _kind in ("cache", "attention"):
-    for _name in cases(_kind):
-        _metadata, _ = read_safetensors(VECTORS / _kind / (_name + ".safetensors"))
-        for _side in ("key", "value"):
-            if _metadata.get(_side + ".row_format") == "codebook":
-                REFUSED.setdefault(_name, "%s format codebook" % _side)
-
-
 # ---- The C ABI's queries (no device, no torch) -------------------------------------------------
 
 
@@ -209,7 +199,7 @@ class Replay:
             matrices = as_tensor(fx["rotations"])
             index = as_tensor(self.tensors["in.rotation_%s_index" % side]).long()
             rows["rotation"] = matrices[index].reshape(hkv, d, d).contiguous().cuda()
-        for row in ("clip", "scale"):
+        for row in (r[0] for r in spec if r[0] != "rotation"):  # clip, scale, codebook widths
             if "in.%s_%s" % (row, side) in self.tensors:
                 rows[row] = as_tensor(self.tensors["in.%s_%s" % (row, side)], "cuda")
         required = {r[0] for r in spec if r[3] == 2}
