@@ -142,6 +142,17 @@ def cache_head_bytes(cache):
     return out
 
 
+def calibration_for(spec, scheme):
+    """The calibration file of `scheme` under --calibration's `spec`: a path (every scheme's),
+    or comma-separated SCHEME=PATH entries (a scheme without an entry gets None)."""
+    if not spec:
+        return None
+    if "=" not in spec:
+        return spec
+    entries = dict(item.split("=", 1) for item in spec.split(",") if item)
+    return entries.get(scheme)
+
+
 def build_cache(scheme, calibration, config, kv_heads, max_cache_len):
     """The kvq.hf.Cache every run of this program and its replay use (batch 1, the scheme's own
     or calib::SchemeOptions' windows)."""
@@ -288,7 +299,7 @@ def main(argv=None):
     parser.add_argument("--model", required=True, help="a transformers model folder")
     parser.add_argument("--scheme", required=True, help="kvq scheme ids, comma-separated")
     parser.add_argument("--calibration", help="a kvq calibration file (for the schemes that "
-                        "read one; the others ignore it)")
+                        "read one; the others ignore it), or SCHEME=PATH,... per scheme")
     parser.add_argument("--out", required=True, help="folder for <scheme>.rank<r>.safetensors")
     parser.add_argument("--prompt-length", type=int, default=400)
     parser.add_argument("--steps", type=int, default=16, help="one-token decode steps")
@@ -317,12 +328,13 @@ def main(argv=None):
         check_shards(model, checkpoint_reader(args.model), heads, d)
         os.makedirs(args.out, exist_ok=True)
         for scheme in args.scheme.split(","):
-            dump = run_scheme(model, scheme, args.calibration, heads, args)
+            calibration = calibration_for(args.calibration, scheme)
+            dump = run_scheme(model, scheme, calibration, heads, args)
             metadata = dict(scheme=scheme, rank=str(rank), world=str(world),
                             kv_heads=",".join(map(str, heads)),
                             prompt_length=str(args.prompt_length), steps=str(args.steps),
                             max_cache_len=str(args.max_cache_len),
-                            calibration=str(args.calibration or ""))
+                            calibration=str(calibration or ""))
             path = os.path.join(args.out, "%s.rank%d.safetensors" % (scheme, rank))
             save_file(dump, path, metadata=metadata)
             print("rank %d/%d, KV heads %s, %s: %d tensors to %s, argmax %s" % (

@@ -3,9 +3,11 @@
 A random-init Llama (seed 0; hidden 512, 3 layers, 8 query / 4 KV heads, head_dim 128, vocab
 512, bf16) is saved once; tools/python/tp_invariance.py runs it under torchrun with one process
 (the reference) and with two (TP: from_pretrained(tp_plan="auto"), each rank a kvq.hf.Cache over
-its 2 global KV heads), for the schemes bf16, kivi (INT2, no calibration) and oscar (INT2, a
+its 2 global KV heads), for the schemes bf16, kivi (INT2, no calibration), oscar (INT2, a
 calibration with a different random rotation and clip per (layer, head, side), sliced by global
-head: a rank that read another head's rows would write other bytes). Asserted:
+head: a rank that read another head's rows would write other bytes), tq_mse_fwht (codebook, no
+calibration) and blockgtq (codebook keys with random per-head widths and rotations from a
+calibration of its own: each head its own segment layout). Asserted:
  (a) each rank's k_proj / v_proj shards are the checkpoint's rows of the heads rank_kv_heads()
      gives it (the script refuses to run otherwise), and the ranks' heads cover [0, 4) once;
  (b) sharding invariance, bit for bit: a one-GPU cache over all 4 heads, fed the K/V rows the
@@ -30,12 +32,12 @@ import sys
 
 import pytest
 
-from test_hf_cache import DEVICE_REASON, oscar_calibration  # noqa: E402 (the same fixtures)
+from test_hf_cache import DEVICE_REASON, scheme_calibration  # noqa: E402 (the same fixtures)
 from test_tp_invariance_helpers import SCRIPT, load_script
 
 torch = pytest.importorskip("torch")
 
-SCHEMES = ["bf16", "kivi", "oscar"]
+SCHEMES = ["bf16", "kivi", "oscar", "tq_mse_fwht", "blockgtq"]
 PROMPT, STEPS, MAX_CACHE_LEN = 400, 16, 512  # oscar's S0 + W = 320: 96 history rows at the end
 TIMEOUT_S = 600
 
@@ -97,7 +99,8 @@ def runs(tmp_path_factory):
     """{"config", "calibration", 1: folder, 2: folder}: the one-process and the TP run."""
     root = tmp_path_factory.mktemp("tp")
     config = save_model(root / "model")
-    calibration = oscar_calibration(root / "cal.safetensors", config)
+    files = {s: scheme_calibration(s, root / ("%s.safetensors" % s), config) for s in SCHEMES}
+    calibration = ",".join("%s=%s" % (s, f) for s, f in files.items() if f is not None)
     out = {"config": config, "calibration": calibration}
     for nproc in (1, 2):
         torchrun(nproc, root / "model", calibration, root / ("nproc%d" % nproc))
@@ -134,7 +137,8 @@ def check_against(dump, cache_bytes, label):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_heads_cache_bits_are_the_one_gpu_caches(scheme, runs):
     tp = load_script()
-    config, calibration = runs["config"], runs["calibration"]
+    config = runs["config"]
+    calibration = tp.calibration_for(runs["calibration"], scheme)
     hkv = config.num_key_value_heads
     ranks = load(runs[2], scheme, 2)
     (meta1, one), = load(runs[1], scheme, 1)
@@ -147,11 +151,11 @@ def test_every_heads_cache_bits_are_the_one_gpu_caches(scheme, runs):
     heads = sorted({tp.parse_head_key(k)[1] for k in two if tp.parse_head_key(k)})
     assert heads == list(range(hkv))
     # (b) the TP ranks' rows replayed into one cache over every head, on one GPU.
-    replayed = tp.cache_head_bytes(tp.replay(scheme, str(calibration), config, two, PROMPT,
+    replayed = tp.cache_head_bytes(tp.replay(scheme, calibration, config, two, PROMPT,
                                              MAX_CACHE_LEN, "cuda:0"))
     check_against(two, replayed, "%s: TP ranks vs the one-GPU replay of their rows" % scheme)
     # (c) the replay reproduces a model run.
-    replayed = tp.cache_head_bytes(tp.replay(scheme, str(calibration), config, one, PROMPT,
+    replayed = tp.cache_head_bytes(tp.replay(scheme, calibration, config, one, PROMPT,
                                              MAX_CACHE_LEN, "cuda:0"))
     check_against(one, replayed, "%s: one-GPU run vs the replay of its rows" % scheme)
     # (d) the same rows, the same bytes, across the two runs.

@@ -204,3 +204,13 @@ def test_a_recorded_and_replayed_cache_holds_the_same_bytes_per_head(monkeypatch
         assert torch.equal(value, merged[key]), key
     # Pages 2 and 0 hold the 4 rows of positions 0..3 and page 1 the fifth: 3 pages are used.
     assert replayed[tp.head_key(0, 3, "k", "pool.rows")].numel() == 3 * 2 * 4 * 2
+
+
+def test_calibration_spec_gives_each_scheme_its_file():
+    tp = load_script()
+    assert tp.calibration_for(None, "oscar") is None
+    assert tp.calibration_for("/c/all.safetensors", "blockgtq") == "/c/all.safetensors"
+    spec = "oscar=/c/oscar.safetensors,blockgtq=/c/b=1.safetensors"
+    assert tp.calibration_for(spec, "oscar") == "/c/oscar.safetensors"
+    assert tp.calibration_for(spec, "blockgtq") == "/c/b=1.safetensors"
+    assert tp.calibration_for(spec, "kivi") is None
