@@ -233,7 +233,12 @@ std::vector<std::string> WriteReport(const std::string& dir, const EvalResult& r
                       "is not drawn)",
                       "layer", metric, series));
   }
-  if (cal != nullptr) {
+  // The calibration's spectra; a codebook calibration (format_version 4) holds no eigenvalues.
+  const bool spectra =
+      cal != nullptr && !cal->layers.empty() &&
+      cal->layers[0].k_eigenvalues.size() ==
+          static_cast<size_t>(cal->info.num_kv_heads) * static_cast<size_t>(cal->info.head_dim);
+  if (spectra) {
     const int d = cal->info.head_dim;
     for (bool keys : {true, false}) {
       std::vector<PlotSeries> series;

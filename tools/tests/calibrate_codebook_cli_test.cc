@@ -142,6 +142,22 @@ TEST_F(CodebookCalibrateCli, EvalsBlockGtqCalibrationIsKvqCalibrates) {
   EXPECT_NE(e.out.find("\nblockgtq "), std::string::npos) << e.out;
 }
 
+// kvq eval --report with a codebook calibration (no eigenvalues, so no spectrum plots) writes
+// the per-head table and the per-layer plots (it read past the empty spectra before).
+TEST_F(CodebookCalibrateCli, EvalReportWithACodebookCalibrationHasNoSpectra) {
+  const ScratchDir& dir = *dir_;
+  ASSERT_EQ(RunKvq(dir, "calibrate --activations a.safetensors --scheme blockgtq --k-bits 2 "
+                        "--out g2.safetensors")
+                .exit_code,
+            0);
+  const auto e = RunKvq(dir, "eval --activations a.safetensors --calibration g2.safetensors "
+                             "--schemes blockgtq --report rep");
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_NE(e.out.find("rep/per_head.csv"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("rep/layer_rope_logit_mae.svg"), std::string::npos) << e.out;
+  EXPECT_EQ(e.out.find("spectrum_keys.svg"), std::string::npos) << e.out;
+}
+
 TEST_F(CodebookCalibrateCli, MisuseFailsNamingTheValue) {
   const ScratchDir& dir = *dir_;
   const std::string base = "calibrate --activations a.safetensors --out bad.safetensors ";
