@@ -17,8 +17,9 @@
 // described by one word in shared memory (the code's byte and shift in the row, the segment's
 // width, norm slot and centroid table), built from the head's widths (CodebookLayoutOf) when the
 // split starts, beside the head's centroid tables (at most 2^1 + ... + 2^8 = 510 fp32 a side).
-// Rows past the split's end decode to zeros (their norms are taken as 0: a page's stale bytes
-// never reach the MMA).
+// Rows past the split's end never contribute: their logits are -inf, and their norms are taken
+// as 0 (a several-segment tile holds zeros for them; a folded one its centroids, finite, whose
+// p * N^ is 0), so a page's stale bytes never turn into NaN in the accumulators.
 #pragma once
 
 #include <cuda_bf16.h>
