@@ -193,10 +193,10 @@ def test_bf16_cache_logits_match_dynamic_cache(arch):  # (a)
     print("%s bf16: worst step logit diff %.2e of the largest logit" % (arch, worst))
 
 
-def oscar_calibration(path, config, seed=0, clip=0.95):
+def random_calibration(path, config, seed, metadata, extra=None):
     """A kvq calibration file (spec/formats.md §5, the tensors and keys kvq.hf reads) with a
-    random orthonormal R per (layer, KV head, side) and clip ratio `clip`: what `kvq calibrate`
-    writes, minus the bases and eigenvalues the GPU schemes do not read."""
+    random orthonormal R per (layer, KV head, side), then extra(layer, generator, tensors) for
+    the layer's other tensors, and `metadata` beside the shape keys."""
     layers, hkv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
     g = torch.Generator().manual_seed(seed)
     tensors = {}
@@ -204,32 +204,38 @@ def oscar_calibration(path, config, seed=0, clip=0.95):
         for s in "kv":
             q, _ = torch.linalg.qr(torch.randn(hkv, d, d, generator=g, dtype=torch.float64))
             tensors["layers.%d.%s_rotation" % (l, s)] = q.float().contiguous()
-            tensors["layers.%d.%s_clip" % (l, s)] = torch.full((hkv,), clip)
-    metadata = dict(format="kvq-calibration", format_version="2", head_dim=str(d), group="64",
-                    bits="2", sink="64", recent="256", scheme="oscar", granularity="kv_head",
-                    num_layers=str(layers), num_kv_heads=str(hkv), source="test_hf_cache.py")
-    write_safetensors(path, tensors, metadata)
-    return path
-
-
-def blockgtq_calibration(path, config, seed=5):
-    """A codebook calibration (format_version 4) for Block-GTQ: random orthonormal R_K, R_V per
-    (layer, KV head) and random key widths in 1..5 per RoPE block (different segment layouts per
-    head), V at 2 bits. Not an allocation kvq calibrate would make: the cache reads any."""
-    layers, hkv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-    g = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for l in range(layers):
-        for s in "kv":
-            q, _ = torch.linalg.qr(torch.randn(hkv, d, d, generator=g, dtype=torch.float64))
-            tensors["layers.%d.%s_rotation" % (l, s)] = q.float().contiguous()
-        tensors["layers.%d.k_bits" % l] = torch.randint(1, 6, (hkv, d // 2), generator=g,
-                                                        dtype=torch.uint8)
-    metadata = dict(format="kvq-calibration", format_version="4", head_dim=str(d), bits="3",
-                    v_bits="2", scheme="blockgtq", num_layers=str(layers),
+        if extra is not None:
+            extra(l, g, tensors)
+    metadata = dict(metadata, format="kvq-calibration", head_dim=str(d), num_layers=str(layers),
                     num_kv_heads=str(hkv), source="test_hf_cache.py")
     write_safetensors(path, tensors, metadata)
     return path
+
+
+def oscar_calibration(path, config, seed=0, clip=0.95):
+    """OSCAR's: a random R per (layer, KV head, side) and clip ratio `clip`: what `kvq calibrate`
+    writes, minus the bases and eigenvalues the GPU schemes do not read."""
+    hkv = config.num_key_value_heads
+
+    def clips(l, g, tensors):
+        for s in "kv":
+            tensors["layers.%d.%s_clip" % (l, s)] = torch.full((hkv,), clip)
+    return random_calibration(path, config, seed, dict(
+        format_version="2", group="64", bits="2", sink="64", recent="256", scheme="oscar",
+        granularity="kv_head"), clips)
+
+
+def blockgtq_calibration(path, config, seed=5):
+    """A codebook calibration (format_version 4) for Block-GTQ: random R_K, R_V per (layer, KV
+    head) and random key widths in 1..5 per RoPE block (different segment layouts per head), V at
+    2 bits. Not an allocation kvq calibrate would make: the cache reads any."""
+    hkv, d = config.num_key_value_heads, config.head_dim
+
+    def widths(l, g, tensors):
+        tensors["layers.%d.k_bits" % l] = torch.randint(1, 6, (hkv, d // 2), generator=g,
+                                                        dtype=torch.uint8)
+    return random_calibration(path, config, seed, dict(
+        format_version="4", bits="3", v_bits="2", scheme="blockgtq"), widths)
 
 
 def scheme_calibration(scheme, path, config):
