@@ -10,6 +10,7 @@
 #include "kvq/common/format.h"
 #include "kvq/common/params.h"
 #include "kvq/common/stages.h"
+#include "kvq/gpu/codebook.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/formats.h"
 #include "kvq/gpu/rotation.h"
@@ -231,6 +232,9 @@ void RunStage(StageId stage, void* const* args, size_t n, const WriteParams& p,
   a.params = p;
   a.fwht_block = p.fwht_block();
   a.fwht_scale = p.fwht_scale();
+  if (!spec.transform && spec.format == Format::kCodebook) {
+    a.codebook = DeviceCodebookTables(p.codebook);
+  }
   KVQ_CHECK_LAUNCH(DispatchStage(stage, a, stream), spec.name, p);
 }
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "codebook.cuh"
+#include "kvq/common/codebook.h"
 #include "kvq/common/numeric.h"
 #include "kvq/common/params.h"
 #include "kvq/common/stages.h"
@@ -325,6 +327,179 @@ __global__ void DequantizeTileKernel(const __grid_constant__ StageArgs a) {
   Arg<float>(a, arg::y)[idx] = __fadd_rn(__fmul_rn(code, sf), mf);
 }
 
+// ---- Spec 1.3: the codebook codec (numerics.md §5.4, §8.2) -------------------------------------
+// A block of kCodebookStageBlock threads per row. Each thread derives the row's segment layout
+// from the head's block widths (CodebookLayoutOf, the function the CPU oracle calls) and walks
+// its segments; slots past the layout's segments hold +0, and nothing past `segments` slots or
+// `row_code_bytes()` bytes a row is written.
+
+constexpr int kCodebookStageBlock = 128;
+constexpr int kCodebookStageValues = 256;  // the largest head_dim: the longest segment's M
+
+// The n^ of a segment: its m squares (fp32) into `squares`, +0 up to the power of two M, the
+// spec's tree (BlockTreeSum), sqrtf. Every thread returns it; `squares` is free again after
+// the caller's next __syncthreads().
+__device__ __forceinline__ float SegmentTreeLength(const float* v, int m, float* squares) {
+  const int padded = static_cast<int>(NormTreeSize(m));
+  for (int j = threadIdx.x; j < padded; j += blockDim.x) {
+    squares[j] = j < m ? __fmul_rn(v[j], v[j]) : +0.0f;
+  }
+  __syncthreads();
+  return __fsqrt_rn(detail::BlockTreeSum(squares, padded));
+}
+
+// +0 in the row's norm slots from `first` on (the slots no segment of the layout uses).
+__device__ __forceinline__ void ZeroSlotsFrom(uint16_t* norms, int first, int slots) {
+  for (int s = first + static_cast<int>(threadIdx.x); s < slots; s += blockDim.x) norms[s] = 0;
+}
+
+// n^ = bf16(tree length) per segment; u = x / n^ (IEEE), +0 everywhere when n^ = 0.
+__global__ void SegmentNormKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::SegmentNorm;
+  __shared__ float squares[kCodebookStageValues];
+  const int d = a.params.head_dim;
+  const int slots = a.params.segments;
+  const int64_t row = blockIdx.x;
+  const CodebookLayout layout = CodebookLayoutOf(d, Arg<const uint8_t>(a, arg::widths));
+  const float* x = Arg<const float>(a, arg::x) + row * d;
+  float* unit = Arg<float>(a, arg::unit) + row * d;
+  uint16_t* norms = Arg<uint16_t>(a, arg::segment_norm) + row * slots;
+  ZeroSlotsFrom(norms, layout.count, slots);
+  for (int s = 0; s < layout.count && s < slots; ++s) {
+    const CodebookSegment& seg = layout.segment[s];
+    const uint16_t bits = Bf16FromF32(SegmentTreeLength(x + seg.offset, seg.values, squares));
+    const float stored = F32FromBf16(bits);
+    if (threadIdx.x == 0) norms[s] = bits;
+    for (int j = threadIdx.x; j < seg.values; j += blockDim.x) {
+      unit[seg.offset + j] = detail::Normalize(x[seg.offset + j], stored);
+    }
+    __syncthreads();  // every thread has read squares[0]
+  }
+}
+
+// code = #{k : t_k < u} (CountBelow: ties to the lower centroid); N^ = bf16(n^ / r), r the
+// tree length of the fp32 centroids the codes pick.
+__global__ void QuantizeCodebookKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::QuantizeCodebook;
+  __shared__ float decoded[kCodebookStageValues];
+  const int d = a.params.head_dim;
+  const int slots = a.params.segments;
+  const int64_t row = blockIdx.x;
+  const CodebookLayout layout = CodebookLayoutOf(d, Arg<const uint8_t>(a, arg::widths));
+  const float* unit = Arg<const float>(a, arg::unit) + row * d;
+  const uint16_t* segment_norm = Arg<const uint16_t>(a, arg::segment_norm) + row * slots;
+  uint8_t* codes = Arg<uint8_t>(a, arg::codes) + row * d;
+  uint16_t* norms = Arg<uint16_t>(a, arg::norm) + row * slots;
+  ZeroSlotsFrom(norms, layout.count, slots);
+  for (int s = 0; s < layout.count && s < slots; ++s) {
+    const CodebookSegment& seg = layout.segment[s];
+    const int levels = 1 << seg.width;
+    const float* table = codebook::TableOf(a.codebook, seg.values, seg.width);
+    for (int j = threadIdx.x; j < seg.values; j += blockDim.x) {
+      const int code = codebook::CountBelow(table + levels, levels, unit[seg.offset + j]);
+      codes[seg.offset + j] = static_cast<uint8_t>(code);
+      decoded[j] = __ldg(table + code);
+    }
+    __syncthreads();
+    // The centroids' squares go to the tree in place of the centroids (each thread its own j).
+    const float r = SegmentTreeLength(decoded, seg.values, decoded);
+    if (threadIdx.x == 0) norms[s] = Bf16FromF32(__fdiv_rn(F32FromBf16(segment_norm[s]), r));
+    __syncthreads();
+  }
+}
+
+// The segment of the row's layout that holds channel j (the segments tile [0, d)).
+__device__ __forceinline__ int SegmentOfChannel(const CodebookLayout& layout, int j) {
+  int s = 0;
+  while (s + 1 < layout.count && j >= layout.segment[s + 1].offset) ++s;
+  return s;
+}
+
+// Byte i of a segment of m codes c at width w, as the scalar PackSegment lays it out:
+// split-quarter at 2 bits, split-half at 4, the LSB-first bit stream otherwise.
+__device__ __forceinline__ uint8_t PackedByte(const uint8_t* c, int m, int w, int i) {
+  unsigned byte = 0;
+  if (w == 2) {
+    const int q = (m + 3) / 4;
+    for (int part = 0; part < 4; ++part) {
+      const int k = part * q + i;
+      if (k < m) byte |= (c[k] & 3u) << (2 * part);
+    }
+  } else if (w == 4) {
+    const int q = m / 2;
+    byte = (c[i] & 15u) | ((c[q + i] & 15u) << 4);
+  } else {
+    for (int t = 0; t < 8; ++t) {
+      const int e = 8 * i + t;
+      if (e < m * w) byte |= ((c[e / w] >> (e % w)) & 1u) << t;
+    }
+  }
+  return static_cast<uint8_t>(byte);
+}
+
+// Thread per byte of the row's code plane: its segment's byte, 0x00 past code_bytes.
+__global__ void PackCodebookKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::PackCodebook;
+  const int d = a.params.head_dim;
+  const int row_bytes = a.params.row_code_bytes();
+  const int64_t row = blockIdx.x;
+  const CodebookLayout layout = CodebookLayoutOf(d, Arg<const uint8_t>(a, arg::widths));
+  const uint8_t* codes = Arg<const uint8_t>(a, arg::codes) + row * d;
+  uint8_t* packed = Arg<uint8_t>(a, arg::packed) + row * row_bytes;
+  for (int i = threadIdx.x; i < row_bytes; i += blockDim.x) {
+    uint8_t byte = 0;
+    if (i < layout.code_bytes) {
+      int s = 0;
+      while (s + 1 < layout.count && i >= layout.segment[s + 1].byte_offset) ++s;
+      const CodebookSegment& seg = layout.segment[s];
+      byte = PackedByte(codes + seg.offset, seg.values, seg.width, i - seg.byte_offset);
+    }
+    packed[i] = byte;
+  }
+}
+
+// Thread per channel: its code from the segment's bytes (codebook::CodePositionOf; a
+// bit-stream code may span two bytes).
+__global__ void UnpackCodebookKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::UnpackCodebook;
+  const int d = a.params.head_dim;
+  const int row_bytes = a.params.row_code_bytes();
+  const int64_t row = blockIdx.x;
+  const CodebookLayout layout = CodebookLayoutOf(d, Arg<const uint8_t>(a, arg::widths));
+  const uint8_t* packed = Arg<const uint8_t>(a, arg::packed) + row * row_bytes;
+  uint8_t* codes = Arg<uint8_t>(a, arg::codes) + row * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const CodebookSegment& seg = layout.segment[SegmentOfChannel(layout, j)];
+    if (seg.byte_offset + seg.bytes > row_bytes) continue;  // widths that overrun the plane
+    const uint8_t* bytes = packed + seg.byte_offset;
+    const codebook::CodePosition at =
+        codebook::CodePositionOf(j - seg.offset, seg.values, seg.width);
+    unsigned word = bytes[at.byte];
+    if (at.shift + seg.width > 8) word |= static_cast<unsigned>(bytes[at.byte + 1]) << 8;
+    codes[j] = static_cast<uint8_t>((word >> at.shift) & ((1u << seg.width) - 1u));
+  }
+}
+
+// Thread per channel: y = c[code & (2^w - 1)] * N^f, one rounding.
+__global__ void DequantizeCodebookKernel(const __grid_constant__ StageArgs a) {
+  namespace arg = stage_arg::DequantizeCodebook;
+  const int d = a.params.head_dim;
+  const int slots = a.params.segments;
+  const int64_t row = blockIdx.x;
+  const CodebookLayout layout = CodebookLayoutOf(d, Arg<const uint8_t>(a, arg::widths));
+  const uint8_t* codes = Arg<const uint8_t>(a, arg::codes) + row * d;
+  const uint16_t* norms = Arg<const uint16_t>(a, arg::norm) + row * slots;
+  float* y = Arg<float>(a, arg::y) + row * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    const int s = SegmentOfChannel(layout, j);
+    if (s >= slots) continue;
+    const CodebookSegment& seg = layout.segment[s];
+    const float* table = codebook::TableOf(a.codebook, seg.values, seg.width);
+    const float centroid = __ldg(table + (codes[j] & ((1u << seg.width) - 1u)));
+    y[j] = __fmul_rn(centroid, F32FromBf16(norms[s]));
+  }
+}
+
 // ---- Launch checks ----------------------------------------------------------------------------
 
 // What every stage needs: rows >= 0, a supported head_dim and a grid that fits.
@@ -501,6 +676,43 @@ cudaError_t LaunchDequantizeFp8Stage(const StageArgs& a, cudaStream_t stream) {
   KVQ_STAGE_PROLOGUE(a);
   DequantizeFp8Kernel<<<ElementBlocks(a), kStageBlock, 0, stream>>>(a);
   return cudaGetLastError();
+}
+
+// codebook: a block a row (so at most INT32_MAX rows), a head's norm slots in 1..8, and the
+// density's tables for the stages that read centroids or boundaries.
+cudaError_t LaunchCodebookRows(void (*kernel)(StageArgs), const StageArgs& a, bool tables,
+                               cudaStream_t stream) {
+  if (a.rows > INT32_MAX || a.params.segments < 1 ||
+      a.params.segments > kCodebookMaxSegments || (tables && a.codebook == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  kernel<<<static_cast<unsigned>(a.rows), kCodebookStageBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSegmentNormStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  return LaunchCodebookRows(SegmentNormKernel, a, /*tables=*/false, stream);
+}
+
+cudaError_t LaunchQuantizeCodebookStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  return LaunchCodebookRows(QuantizeCodebookKernel, a, /*tables=*/true, stream);
+}
+
+cudaError_t LaunchPackCodebookStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  return LaunchCodebookRows(PackCodebookKernel, a, /*tables=*/false, stream);
+}
+
+cudaError_t LaunchUnpackCodebookStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  return LaunchCodebookRows(UnpackCodebookKernel, a, /*tables=*/false, stream);
+}
+
+cudaError_t LaunchDequantizeCodebookStage(const StageArgs& a, cudaStream_t stream) {
+  KVQ_STAGE_PROLOGUE(a);
+  return LaunchCodebookRows(DequantizeCodebookKernel, a, /*tables=*/true, stream);
 }
 
 #undef KVQ_STAGE_PROLOGUE

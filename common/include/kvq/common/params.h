@@ -9,6 +9,7 @@
 
 #include "kvq/common/format.h"
 #include "kvq/common/lloyd_max.h"
+#include "kvq/common/numeric.h"
 
 namespace kvq {
 
@@ -43,10 +44,12 @@ struct WriteParams {
 
   int levels() const { return (1 << bits) - 1; }                 // L = 2^b - 1 (affine)
   int num_groups() const { return head_dim / group; }            // d / G (affine_token)
-  int packed_bytes() const { return head_dim * bits / 8; }       // d*b/8: a row split-packed
+  KVQ_HOST_DEVICE int packed_bytes() const { return head_dim * bits / 8; }  // d*b/8 split-packed
   // Code bytes a codebook row stores: the `code_bytes` field, or d*b/8 (the uniform row's)
-  // when it is 0 (spec/numerics.md §5.4.1).
-  int row_code_bytes() const { return code_bytes != 0 ? code_bytes : packed_bytes(); }
+  // when it is 0 (spec/numerics.md §5.4.1). Host and device (the CUDA codebook stages).
+  KVQ_HOST_DEVICE int row_code_bytes() const {
+    return code_bytes != 0 ? code_bytes : packed_bytes();
+  }
   // Tokens one plane row of a tile plane covers (formats.inc's tile_tokens column): G_k for
   // affine_tile, 1 for formats whose planes are all per token.
   int tile_tokens() const;

@@ -163,6 +163,7 @@ struct StageArgs {
   WriteParams params;              // validated by layer (c)
   int fwht_block = 0;              // params.fwht_block()
   float fwht_scale = 0.0f;         // params.fwht_scale()
+  const float* codebook = nullptr;  // codebook stages: DeviceCodebookTables(params.codebook)
 };
 
 // ----------------------------------------------------------------------------------------------
