@@ -1,5 +1,5 @@
 // kvq/gpu/codebook.h: the codebook tables in device memory (static __device__ arrays, filled once
-// per device from kvq::tables::Codebook).
+// per device from kvq::tables::Codebook; safe to first call inside a stream capture).
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -51,11 +51,32 @@ const float* DeviceCodebookTables(CodebookDensity density) {
   const int k = density == CodebookDensity::kGaussian ? 1 : 0;
   std::call_once(once[k][device], [&] {
     const std::vector<float> host = HostTables(density);
+    // The first use may come while this thread's stream is being captured into a CUDA graph
+    // (a codebook write or decode under torch.cuda.graph): the upload belongs to no graph, so
+    // it runs with the thread's capture mode relaxed, on a non-blocking stream of its own (no
+    // implicit synchronisation with a capturing stream), and waits for its copy.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaError_t st = cudaThreadExchangeStreamCaptureMode(&mode);
+    const bool exchanged = st == cudaSuccess;
+    cudaStream_t upload = nullptr;
+    if (st == cudaSuccess) st = cudaStreamCreateWithFlags(&upload, cudaStreamNonBlocking);
     void* symbol = nullptr;
-    cudaError_t st = k == 1 ? cudaGetSymbolAddress(&symbol, g_codebook_gaussian)
-                            : cudaGetSymbolAddress(&symbol, g_codebook_beta);
     if (st == cudaSuccess) {
-      st = cudaMemcpy(symbol, host.data(), sizeof(float) * host.size(), cudaMemcpyHostToDevice);
+      st = k == 1 ? cudaGetSymbolAddress(&symbol, g_codebook_gaussian)
+                  : cudaGetSymbolAddress(&symbol, g_codebook_beta);
+    }
+    if (st == cudaSuccess) {
+      st = cudaMemcpyAsync(symbol, host.data(), sizeof(float) * host.size(),
+                           cudaMemcpyHostToDevice, upload);
+    }
+    if (st == cudaSuccess) st = cudaStreamSynchronize(upload);
+    if (upload != nullptr) {
+      const cudaError_t destroyed = cudaStreamDestroy(upload);
+      if (st == cudaSuccess) st = destroyed;
+    }
+    if (exchanged) {
+      const cudaError_t restored = cudaThreadExchangeStreamCaptureMode(&mode);
+      if (st == cudaSuccess) st = restored;
     }
     status[k][device] = st;
     address[k][device] = static_cast<const float*>(symbol);

@@ -19,7 +19,9 @@ constexpr int DeviceCodebookOffset(int w) { return (2 << w) - w - 3; }
 inline constexpr int kDeviceCodebookWordsPerSize = (2 << 9) - 9 - 3;  // widths 1..8: 1012
 
 // The table set of `density` on the current device, uploaded at its first use there (device
-// memory of the library's own, never freed). Throws kvq::Error on a CUDA failure.
+// memory of the library's own, never freed). The first use may come inside a stream capture (a
+// graph-captured write or decode): the upload runs outside the graph, on a stream of its own.
+// Throws kvq::Error on a CUDA failure.
 const float* DeviceCodebookTables(CodebookDensity density);
 
 }  // namespace kvq::gpu
