@@ -25,8 +25,14 @@
 #                                  of the catalogue (own windows) on the CPU (the device
 #                                  machine's cores) and through the CUDA write and decode,
 #                   ppl_A.json     and the comparison of their perplexities
+#   --part hf       hf_ppl.log     issue 24's PPL check: model A exported to an HF folder
+#                                  (tools/train_tiny_lm.py --export-hf), kvq ppl --backend gpu
+#                                  --gpu-decode steps on one window a domain (512 tokens), and
+#                                  test_hf_cache.py's teacher-forced PPL through kvq.hf.Cache on
+#                                  the same windows against it (every GPU scheme of the call's
+#                                  sets; Block-GTQ with a calibration of its own), 1e-3 relative
 #   every part      summary.md     one row per step, printed last
-# Usage: bash .carry/on_device.sh --part checks|timing|ppl [--rounds N] [--ncu] [--dump]
+# Usage: bash .carry/on_device.sh --part checks|timing|ppl|hf [--rounds N] [--ncu] [--dump]
 #   --rounds N  old/new rounds of the timing comparison (default 3)
 #   --ncu       (timing) Nsight Compute on the INT2 decode kernel, B=1 T=128K, into bench.md
 #   --dump      (checks) tools/tests/dump_activations_test.py (torch + transformers)
@@ -45,8 +51,8 @@ while (( $# )); do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[[ $part == checks || $part == timing || $part == ppl ]] ||
-  { echo "--part checks|timing|ppl" >&2; exit 2; }
+[[ $part == checks || $part == timing || $part == ppl || $part == hf ]] ||
+  { echo "--part checks|timing|ppl|hf" >&2; exit 2; }
 
 # Unpacked once per bundle: a warm machine keeps /tmp between calls, so the stamp (the bundle's
 # checksum) decides whether the binaries there are this call's.
@@ -316,8 +322,39 @@ if [[ $part == ppl ]]; then
   row "kvq ppl --backend both (model A)" "rc=$?, ppl.log"
 fi
 
+if [[ $part == hf ]]; then
+  model=calib/models/tiny-llama-a hf=/tmp/kvq_hf_A work=/tmp/kvq_hf_work
+  rm -rf "$hf" "$work" && mkdir -p "$work"
+  windows=(--windows heldout_en:0-0,heldout_code:0-0 --length 512)
+  {
+    python3 tools/train_tiny_lm.py --export-hf "$hf" --from "$model" &&
+    "$bin/kvq" ppl --model "$model" "${windows[@]}" --backend gpu --gpu-decode steps \
+      --schemes bf16,oscar,kivi,ots,saw_int4,tq_mse_fwht --json "$work/ppl.json" \
+      --save-calibration "$work/oscar.safetensors" &&
+    "$bin/kvq" capture --model "$model" --windows calib:0-1 --length 1024 --calib-windows 1 \
+      --out "$work/capture.safetensors" &&
+    "$bin/kvq" calibrate --activations "$work/capture.safetensors" --scheme blockgtq \
+      --k-bits 2 --v-bits 2 --out "$work/blockgtq.safetensors" &&
+    "$bin/kvq" ppl --model "$model" "${windows[@]}" --backend gpu --gpu-decode steps \
+      --schemes blockgtq --calibration "$work/blockgtq.safetensors" --json "$work/ppl_b.json"
+  } > "$OUT/hf_ppl.log" 2>&1
+  row "export + kvq ppl --backend gpu (hf part)" "rc=$?, hf_ppl.log"
+  cp "$work"/ppl*.json "$OUT/" 2>/dev/null
+  for set in "ppl.json oscar" "ppl_b.json blockgtq"; do
+    read -r json cal <<< "$set"
+    start=$(date +%s)
+    KVQ_PPL_JSON="$work/$json" KVQ_HF_MODEL="$hf" KVQ_CALIBRATION="$work/$cal.safetensors" \
+      KVQ_TOKENS="$model/tokens.safetensors" KVQ_GPU_LIB="$stage/lib/libkvq_gpu.so" \
+      PYTHONPATH="$PWD/tools/python" PYTHONDONTWRITEBYTECODE=1 \
+      python3 -m pytest -q -rs -s -p no:cacheprovider tools/python/tests/test_hf_cache.py \
+      -k teacher_forced >> "$OUT/hf_ppl.log" 2>&1
+    row "pytest teacher_forced ($json)" "rc=$?, $(( $(date +%s) - start ))s, $(tail -n1 "$OUT/hf_ppl.log")"
+  done
+fi
+
 echo
 [[ -f $OUT/timing.md ]] && cat "$OUT/timing.md"
 [[ -f $OUT/ppl.log ]] && tail -n 60 "$OUT/ppl.log"
+[[ -f $OUT/hf_ppl.log ]] && grep -E "HF path PPL|passed|failed|Error|error" "$OUT/hf_ppl.log" | tail -n 40
 echo
 cat "$summary"
