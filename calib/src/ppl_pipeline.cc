@@ -9,6 +9,7 @@
 
 #include "kvq/calib/activations.h"
 #include "kvq/calib/calibrate.h"
+#include "kvq/calib/calibration_file.h"
 #include "kvq/calib/forward.h"
 #include "kvq/common/error.h"
 
@@ -289,9 +290,12 @@ PplPipelineResult RunPplPipeline(const PplPipelineOptions& o, const cpu::Backend
   t = Clock::now();
   observer.Begin(PplPhase::kCalibrate);
   if (have_file) {
+    // A format_version 1 file gets raw_target's rotations from the capture; a codebook
+    // calibration (version 4) holds none by design and takes none.
     if (needs.capture && !r.calibration.layers.empty() &&
-        r.calibration.layers[0].raw_k_rotation.empty()) {
-      AddRawTargetRotations(calib_acts, &r.calibration);  // a format_version 1 file
+        r.calibration.layers[0].raw_k_rotation.empty() &&
+        !IsCodebookScheme(r.calibration.info.scheme)) {
+      AddRawTargetRotations(calib_acts, &r.calibration);
     }
   } else if (needs.calibration) {
     CalibrationOptions calibrate;

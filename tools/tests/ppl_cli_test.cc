@@ -227,6 +227,28 @@ TEST(PplCli, CodebookSchemesTakeOtherWidths) {
                 {"--k-bits 9 is not supported by scheme 'tq_mse' (1..8)"});
 }
 
+// A Block-GTQ calibration file (kvq calibrate --scheme blockgtq) serves kvq ppl's blockgtq row
+// as given: the pipeline captures for its own needs but adds nothing to a codebook calibration
+// (it once added raw_target's rotations to it, which the file's rules then refused).
+TEST(PplCli, BlockGtqTakesItsCalibrationFile) {
+  Scratch dir;
+  ASSERT_EQ(RunKvq(dir, "capture --model '" + kModelA + "' --windows calib:0 --length 256 "
+                        "--calib-windows 1 --out cap.safetensors").exit_code, 0);
+  ASSERT_EQ(RunKvq(dir, "calibrate --activations cap.safetensors --scheme blockgtq --k-bits 2.5 "
+                        "--v-bits 2 --out cal.safetensors").exit_code, 0);
+  const RunResult r = RunKvq(dir, "ppl --model '" + kModelA + "' --windows heldout_en:0 "
+                                  "--length 160 --calib-windows calib:0 --calib-length 256 "
+                                  "--tail-from 48 --no-fp32 --threads 2 --schemes blockgtq "
+                                  "--calibration cal.safetensors --json out.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(cli_testing::Slurp(dir.File("out.json")));
+  const nlohmann::json& rows = j["sets"][0]["rows"];
+  ASSERT_EQ(rows.size(), 2u);  // reference, blockgtq
+  EXPECT_EQ(rows[1]["scheme"], "blockgtq");
+  // The file's allocation: a K average of 2.5 bits a channel (V at 2), plus the segment norms.
+  EXPECT_GT(rows[1]["history_bits_per_element"].get<double>(), 2.25);
+}
+
 TEST(PplCli, ErrorsNameTheOffendingValue) {
   Scratch dir;
   const std::string small =
