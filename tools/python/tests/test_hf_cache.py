@@ -346,10 +346,17 @@ PPL_REASON = DEVICE_REASON or (None if PPL_JSON and HF_MODEL else
                                "export of model A) to compare perplexities")
 
 
+def ppl_run():
+    """kvq ppl's run in PPL_JSON: a --backend cpu file is the run itself; a --backend gpu /
+    both file ("format": "kvq-ppl-gpu") holds the GPU's run under "gpu"."""
+    data = json.loads(pathlib.Path(PPL_JSON).read_text())
+    return data["gpu"] if data.get("format") == "kvq-ppl-gpu" else data
+
+
 def ppl_rows():
     if not PPL_JSON:
         return []
-    data = json.loads(pathlib.Path(PPL_JSON).read_text())
+    data = ppl_run()
     out = []
     for s in data["sets"]:
         for r in s["rows"]:
@@ -373,7 +380,7 @@ def test_teacher_forced_ppl_equals_kvq_ppl(set_name, label):  # (e)
     1e-3 relative on PPL (kvq ppl's --max-rel-ppl between its CPU and GPU forwards): the
     projections are torch's fp32 GEMMs (TF32 off) instead of kvq's cuBLAS calls."""
     import transformers
-    data = json.loads(pathlib.Path(PPL_JSON).read_text())
+    data = ppl_run()
     sset = next(s for s in data["sets"] if s["name"] == set_name)
     row = next(r for r in sset["rows"] if r["label"] == label)
     o = data["options"]
@@ -404,28 +411,13 @@ def test_teacher_forced_ppl_equals_kvq_ppl(set_name, label):  # (e)
 
 
 def load_windows(sset):
-    """The token windows of a kvq ppl set: its "windows" selection (NAME:a-b, ...) from the
-    model's tokens.safetensors (KVQ_TOKENS, else beside KVQ_HF_MODEL, else model A's), cut to
-    the set's length."""
+    """The token windows of a kvq ppl set: rows `windows` of the tensor named after the set in
+    the model's tokens.safetensors (KVQ_TOKENS, else beside KVQ_HF_MODEL, else model A's), cut
+    to the set's length."""
     path = os.environ.get("KVQ_TOKENS") or next(
         p for p in [pathlib.Path(HF_MODEL) / "tokens.safetensors",
                     ROOT / "calib" / "models" / "tiny-llama-a" / "tokens.safetensors"]
         if p.exists())
     _, tensors = hf._read_safetensors(path)
-    out = []
-    selections = sset["windows"] if isinstance(sset["windows"], list) else \
-        str(sset["windows"]).split(",")
-    for sel in selections:
-        name, _, pick = str(sel).partition(":")
-        t = tensors[name]
-        if not pick:
-            chosen = range(t.shape[0])
-        elif "-" in pick:
-            a, b = pick.split("-")
-            chosen = range(int(a), int(b) + 1)
-        else:
-            chosen = [int(pick)]
-        for i in chosen:
-            row = t[i].tolist()
-            out.append(row[:sset["length"]] if sset.get("length") else row)
-    return out
+    t = tensors[sset["name"]]
+    return [t[i].tolist()[:sset["length"]] for i in sset["windows"]]
