@@ -318,6 +318,10 @@ class PplPrinter {
     }
     std::printf(" in %.1f s\n", r.capture_seconds + r.calibrate_seconds);
     if (r.calibration_origin == calib::PplOrigin::kUnneeded) return;
+    if (cal.layers.empty() || cal.layers[0].key.clip.empty()) {  // a codebook file: no clips
+      std::printf("      %s calibration (no clip ratios)\n", cal.info.scheme.c_str());
+      return;
+    }
     std::printf("      OSCAR clip ratios K/V per layer:");
     for (const calib::LayerCalibration& l : cal.layers) {
       std::printf(" %.2f/%.2f", l.key.clip[0], l.value.clip[0]);

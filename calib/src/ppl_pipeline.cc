@@ -289,7 +289,9 @@ PplPipelineResult RunPplPipeline(const PplPipelineOptions& o, const cpu::Backend
   t = Clock::now();
   observer.Begin(PplPhase::kCalibrate);
   if (have_file) {
-    if (needs.capture && !r.calibration.layers.empty() &&
+    // Only an OSCAR file can be a format_version 1 file; a codebook file (kvq calibrate
+    // --scheme tq_mse | blockgtq) holds no raw-target rotations by design.
+    if (needs.capture && !r.calibration.layers.empty() && r.calibration.info.scheme == "oscar" &&
         r.calibration.layers[0].raw_k_rotation.empty()) {
       AddRawTargetRotations(calib_acts, &r.calibration);  // a format_version 1 file
     }

@@ -227,6 +227,34 @@ TEST(PplCli, CodebookSchemesTakeOtherWidths) {
                 {"--k-bits 9 is not supported by scheme 'tq_mse' (1..8)"});
 }
 
+// Block-GTQ at a fractional key average (kvq calibrate --scheme blockgtq --k-bits 2.5), which
+// kvq ppl's integer --k-bits cannot ask for, comes in as a --calibration file: the pipeline
+// adds no raw-target rotations to it (only an OSCAR file may lack them) and prints no clip
+// ratios (a codebook file has none).
+TEST(PplCli, BlockGtqTakesAFractionalWidthsFile) {
+  Scratch dir;
+  const RunResult cap = RunKvq(dir, "capture --model '" + kModelA +
+                                        "' --windows calib:0 --length 256 --dtype f32 --threads 2 "
+                                        "--out cap.safetensors");
+  ASSERT_EQ(cap.exit_code, 0) << cap.err;
+  const RunResult cal = RunKvq(dir, "calibrate --activations cap.safetensors --scheme blockgtq "
+                                    "--k-bits 2.5 --v-bits 2 --threads 2 --out cal.safetensors");
+  ASSERT_EQ(cal.exit_code, 0) << cal.err;
+  const RunResult ppl = RunKvq(dir, "ppl --model '" + kModelA +
+                                        "' --windows heldout_en:0 --length 160 --tail-from 48 "
+                                        "--no-fp32 --threads 2 --schemes blockgtq --v-bits 2 "
+                                        "--calibration cal.safetensors --json k25.json");
+  ASSERT_EQ(ppl.exit_code, 0) << ppl.err;
+  EXPECT_NE(ppl.out.find("blockgtq calibration (no clip ratios)"), std::string::npos) << ppl.out;
+  const nlohmann::json a = nlohmann::json::parse(cli_testing::Slurp(dir.File("k25.json")));
+  const nlohmann::json& rows = a["sets"][0]["rows"];
+  ASSERT_EQ(rows.size(), 2u);  // reference, blockgtq
+  // Keys: floor(64 * 2.5) = 160 code bits over the 64 RoPE blocks plus a bf16 norm per segment;
+  // values: 2 + 16/128.
+  EXPECT_GT(rows[1]["history_bits_per_element"].get<double>(), (2.5 + 2.125) / 2);
+  EXPECT_LT(rows[1]["history_bits_per_element"].get<double>(), (3.0 + 2.125) / 2 + 0.25);
+}
+
 TEST(PplCli, ErrorsNameTheOffendingValue) {
   Scratch dir;
   const std::string small =
