@@ -376,9 +376,14 @@ def ppl_rows():
 def test_teacher_forced_ppl_equals_kvq_ppl(set_name, label):  # (e)
     """Model A in fp32 (its int8 weights dequantized, as kvq ppl's forward), one token per
     forward from position 0 (each position's logits come from kvq's decode over the cache of
-    length p + 1, as `kvq ppl --gpu-decode steps`), over the windows of kvq ppl's set. Tolerance
-    1e-3 relative on PPL (kvq ppl's --max-rel-ppl between its CPU and GPU forwards): the
-    projections are torch's fp32 GEMMs (TF32 off) instead of kvq's cuBLAS calls."""
+    length p + 1, as `kvq ppl --gpu-decode steps`), over the windows of kvq ppl's set. The
+    projections are torch's fp32 GEMMs (TF32 off) instead of kvq's cuBLAS calls, so the two
+    runs' K and V rows differ in their last bits, and the bounds are those of kvq's own CPU
+    against GPU PPL check (gpu/tests/ppl_test.cc, MatchesCpuWithinTolerance): 1e-3 relative,
+    and 2e-2 for a scheme whose cache quantizes the sink token (S0 = 0: kivi, saw_int4, the
+    codebook schemes), where such a last-bit difference can move the attention sink's codes
+    (measured on the H200, 2026-11-28, 512-token windows: windowed rows <= 3.9e-4, quantized
+    sinks up to 7.8e-3)."""
     import transformers
     data = ppl_run()
     sset = next(s for s in data["sets"] if s["name"] == set_name)
@@ -407,7 +412,9 @@ def test_teacher_forced_ppl_equals_kvq_ppl(set_name, label):  # (e)
                 count += 1
     ppl = math.exp(nll / count)
     print("%s %s: HF path PPL %.6f, kvq ppl %.6f" % (set_name, label, ppl, row["ppl"]))
-    assert abs(ppl / row["ppl"] - 1) <= 1e-3
+    windows = hf.SCHEMES[label.partition("@")[0]]["windows"]
+    quantized_sink = windows is not None and windows[0] == 0
+    assert abs(ppl / row["ppl"] - 1) <= (2e-2 if quantized_sink else 1e-3)
 
 
 def load_windows(sset):
