@@ -28,6 +28,7 @@
 #include "kvq/common/error.h"
 #include "kvq/common/io.h"
 #include "kvq/common/numeric.h"
+#include "kvq/conformance/sha256.h"
 #include "test_util.h"
 
 #ifndef KVQ_MODELS_DIR
@@ -39,6 +40,10 @@ namespace {
 
 using testing::ExpectError;
 using testing::kModelA;
+
+// The sha256 of the weights model B's golden file was made from (its README).
+constexpr const char* kModelBWeightsSha256 =
+    "d9371b05a48474fc3ddd98042b24cbfdc5831662b93f17938222e72518e2d6c0";
 
 // Model B's weights are not committed: $KVQ_MODEL_B_DIR, or calib/models/tiny-qwen3-b when
 // someone copied model.safetensors there (it is git-ignored). Empty when neither has them.
@@ -190,6 +195,15 @@ TEST(Model, ModelBMatchesGoldenWhenWeightsArePresent) {
     GTEST_SKIP() << "model B's weights are not here (not committed): set KVQ_MODEL_B_DIR to a "
                     "folder with tiny-qwen3-b's model.safetensors, or copy it into "
                     "calib/models/tiny-qwen3-b/";
+  }
+  // golden.safetensors belongs to the committed training run's weights
+  // (calib/models/tiny-qwen3-b/README.md); a retrained B (GPU training is not bit-reproducible)
+  // is another model with no golden here.
+  const std::string weights = conformance::Sha256Hex(ReadFileBytes(dir + "/model.safetensors"));
+  if (weights != kModelBWeightsSha256) {
+    GTEST_SKIP() << dir << "/model.safetensors has sha256 " << weights << ", not the weights "
+                 << kModelBWeightsSha256 << " that golden.safetensors was made from (a "
+                 << "retrained model B: nothing to compare)";
   }
   const Model m = LoadModel(dir);
   EXPECT_EQ(m.config.arch, ModelArch::kQwen3);
