@@ -95,6 +95,22 @@ TEST_F(CodebookCalibrateCli, BlockGtqWritesTheContractsTensors) {
   const Safetensors t = ReadSafetensors(dir.File("t.safetensors"));
   EXPECT_EQ(t.tensors.size(), 4u);
   EXPECT_EQ(t.Find("layers.0.k_bits"), nullptr);
+  // They are the tq_mse scheme's own rotations (BuildLayerScheme: the same seed, derived per
+  // layer, KV head and side), bit for bit, so a program that reads rotations from a file (the
+  // torch path) can run tq_mse from this one.
+  const calib::Calibration tq = calib::ReadCalibration(dir.File("t.safetensors"));
+  const calib::Activations acts = calib::ReadActivations(dir.File("a.safetensors"));
+  for (int l = 0; l < 2; ++l) {
+    const calib::LayerScheme scheme =
+        calib::BuildLayerScheme("tq_mse", acts, nullptr, l, calib::SchemeOptions());
+    for (int side = 0; side < 2; ++side) {
+      const std::vector<float>& built = scheme.heads(side).rotation;
+      const std::vector<float>& stored = tq.layers[l].heads(side).rotation;
+      ASSERT_EQ(built.size(), stored.size()) << "layer " << l << " side " << side;
+      EXPECT_EQ(std::memcmp(built.data(), stored.data(), built.size() * sizeof(float)), 0)
+          << "layer " << l << " side " << side;
+    }
+  }
 }
 
 // kvq eval and kvq ppl serve blockgtq from an OSCAR calibration and the capture
