@@ -30,7 +30,10 @@
 #                                  --gpu-decode steps on one window a domain (512 tokens), and
 #                                  test_hf_cache.py's teacher-forced PPL through kvq.hf.Cache on
 #                                  the same windows against it (every GPU scheme of the call's
-#                                  sets; Block-GTQ with a calibration of its own), 1e-3 relative
+#                                  sets; Block-GTQ and tq_mse each with a calibration of its own:
+#                                  kvq calibrate --scheme, whose tq_mse file holds the scheme's
+#                                  seed-0 Haar rotations, the ones kvq ppl builds), 1e-3 relative
+#                                  (2e-2 where the sink is quantized)
 #   every part      summary.md     one row per step, printed last
 # Usage: bash .carry/on_device.sh --part checks|timing|ppl|hf [--rounds N] [--ncu] [--dump]
 #   --rounds N  old/new rounds of the timing comparison (default 3)
@@ -336,11 +339,15 @@ if [[ $part == hf ]]; then
     "$bin/kvq" calibrate --activations "$work/capture.safetensors" --scheme blockgtq \
       --k-bits 2 --v-bits 2 --out "$work/blockgtq.safetensors" &&
     "$bin/kvq" ppl --model "$model" "${windows[@]}" --backend gpu --gpu-decode steps \
-      --schemes blockgtq --calibration "$work/blockgtq.safetensors" --json "$work/ppl_b.json"
+      --schemes blockgtq --calibration "$work/blockgtq.safetensors" --json "$work/ppl_b.json" &&
+    "$bin/kvq" calibrate --activations "$work/capture.safetensors" --scheme tq_mse \
+      --k-bits 2 --v-bits 2 --out "$work/tq_mse.safetensors" &&
+    "$bin/kvq" ppl --model "$model" "${windows[@]}" --backend gpu --gpu-decode steps \
+      --schemes tq_mse --calibration "$work/tq_mse.safetensors" --json "$work/ppl_t.json"
   } > "$OUT/hf_ppl.log" 2>&1
   row "export + kvq ppl --backend gpu (hf part)" "rc=$?, hf_ppl.log"
   cp "$work"/ppl*.json "$OUT/" 2>/dev/null
-  for set in "ppl.json oscar" "ppl_b.json blockgtq"; do
+  for set in "ppl.json oscar" "ppl_b.json blockgtq" "ppl_t.json tq_mse"; do
     read -r json cal <<< "$set"
     start=$(date +%s)
     KVQ_PPL_JSON="$work/$json" KVQ_HF_MODEL="$hf" KVQ_CALIBRATION="$work/$cal.safetensors" \

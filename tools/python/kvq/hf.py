@@ -11,15 +11,20 @@ every generated token with torch.ops.kvq.write_append, and the attention functio
 "kvq" (AttentionInterface, with sdpa's mask function in AttentionMaskInterface under the same
 name) answers a one-token query with torch.ops.kvq.decode over the cache. A prompt's own
 attention is exact (transformers' sdpa over the bf16 prompt rows), since kvq's decode serves one
-query token. Per-head calibration rows (rotations, clip ratios, fp8 scales) come from a kvq
-calibration file (spec/formats.md §5), sliced by global KV head: a tensor-parallel rank passes
-kv_heads=range(first, last) and gets only its heads.
+query token. Per-head calibration rows (rotations, clip ratios, fp8 scales, Block-GTQ's key
+widths) come from a kvq calibration file (spec/formats.md §5), sliced by global KV head: a
+tensor-parallel rank passes kv_heads=range(first, last) and gets only its heads. tq_mse's seeded
+Haar rotations come from a `kvq calibrate --scheme tq_mse` file, which holds exactly the matrices
+kvq's C++ derives from the seed.
 
-Not served, each refused with its reason (no fallback): schemes without CUDA kernels or whose
-rotations only kvq's C++ builds (SCHEMES below), a multi-token step over a non-empty cache
-(chunked prefill, speculative verification), padded batches (kvq's decode has no padding mask),
-beam search (reorder_cache), crop. Needs torch >= 2.4 with CUDA and libkvq_gpu.so (kvq.torch_ops);
-importable without transformers or torch (Cache then raises ImportError with the reason).
+Not served, each refused with its reason (no fallback): the schemes whose rotations only kvq's
+C++ builds and no calibration file holds (random_orthogonal, oscar_no_hadamard,
+oscar_no_bitrev, saw_hessian: SCHEMES below), a calibration file made for another scheme where
+the scheme needs its own (fp8, fp8_hadamard, blockgtq, tq_mse), a multi-token step over a
+non-empty cache (chunked prefill, speculative verification), padded batches (kvq's decode has
+no padding mask), beam search (reorder_cache), crop. Needs torch >= 2.4 with CUDA and
+libkvq_gpu.so (kvq.torch_ops); importable without transformers or torch (Cache then raises
+ImportError with the reason).
 """
 import json
 import math
@@ -44,8 +49,8 @@ except Exception as _error:  # noqa: BLE001 (no transformers, or one without the
     TRANSFORMERS_ERROR = "kvq.hf needs transformers 5.x (Cache(layers=...), CacheLayerMixin, " \
         "AttentionInterface, AttentionMaskInterface): %s: %s" % (type(_error).__name__, _error)
 
-__all__ = ["ATTENTION", "Cache", "Layer", "SCHEMES", "attention", "cache_params_for", "register",
-           "scheme_recipe"]
+__all__ = ["ATTENTION", "Cache", "Layer", "SCHEMES", "attention", "cache_params_for",
+           "calibration_for", "register", "scheme_recipe"]
 
 ATTENTION = "kvq"
 
@@ -58,8 +63,8 @@ ATTENTION = "kvq"
 # and names why every other row is refused. tests/test_hf_cache.py checks it against
 # schemes.inc's ids, and against kvq.schemes() where the extension loads.
 #   rotation: None | "hadamard" | "hadamard_bitrev" | "block_hadamard" (SchemeOptions::saw_block,
-#             128 clamped to d) | "calibration:<stem>" (a dense R per head from the calibration
-#             tensor layers.{l}.<k|v>_<stem>)
+#             128 clamped to d) | "calibration:<tensor>" (a dense R per head from the
+#             calibration tensor layers.{l}.<tensor>)
 #   format:   the history format of K / V (formats.inc ids)
 #   bits:     None: the cache's `bits` (kSharedBits); else the scheme's own
 #   group:    None: `group` (kSharedGroup); "row": G = d (kRowGroup); "tile": an affine_tile side's
@@ -72,12 +77,30 @@ ATTENTION = "kvq"
 #   widths:   codebook keys with per-head block widths from the calibration's layers.{l}.k_bits
 #             (WidthsPolicy::kCalibration: Block-GTQ); the side's row limits (segments, code
 #             bytes) are the most any (layer, KV head) of the file needs (FitCodebookRows)
+#   own:      None, or what the scheme reads that only a file of `kvq calibrate --scheme <id>`
+#             holds (its metadata "scheme" must be this id; Cache refuses any other file): fp8
+#             scales computed after its rotation, Block-GTQ's widths, tq_mse's seeded rotations
+# A codebook side codes with the beta tables, as BuildLayerScheme's (neither reads a file's
+# "codebook" key).
+#
+# tq_mse: BuildLayerScheme derives each (layer, KV head, side)'s Haar rotation from
+# SchemeOptions::seed (RandomOrthogonal of DeriveSeed(seed, {layer, head, side})), which Python
+# cannot; `kvq calibrate --scheme tq_mse --seed S` stores exactly those matrices (the same
+# derivation, bit for bit: tools/tests/calibrate_codebook_cli_test.cc), as layers.{l}.k_rotation
+# and v_rotation of a format_version 4 file. So the row reads them from such a file, and the
+# file's seed is the scheme's: kvq eval / ppl --seed S match a file made with --seed S.
 
 
 def _row(rotation_k=None, rotation_v=None, format_k="affine_token", format_v="affine_token",
-         bits=None, group=None, windows=None, clip=False, scale=None, norm=False, widths=False):
+         bits=None, group=None, windows=None, clip=False, scale=None, norm=False, widths=False,
+         own=None):
+    if own is None and scale == "calibration":
+        own = "fp8 scales computed after its own rotation"
+    if own is None and widths:
+        own = "its own widths and rotations"
     return dict(rotation=(rotation_k, rotation_v), format=(format_k, format_v), bits=bits,
-                group=group, windows=windows, clip=clip, scale=scale, norm=norm, widths=widths)
+                group=group, windows=windows, clip=clip, scale=scale, norm=norm, widths=widths,
+                own=own)
 
 
 _KIVI = dict(format_k="affine_tile", group=32, windows=(0, 1, 128))
@@ -110,8 +133,9 @@ SCHEMES = {
                          scale="one"),
     "fp8_hadamard": _row("hadamard", "hadamard", format_k="fp8_e4m3", format_v="fp8_e4m3",
                          bits=8, windows=_NO_WINDOWS, scale="calibration"),
-    "tq_mse": _CXX_ROTATION % "RandomOrthogonal of a seed: the Haar rotation per (layer, KV "
-              "head, side)",
+    "tq_mse": _row("calibration:k_rotation", "calibration:v_rotation", format_k="codebook",
+                   format_v="codebook", group="row", windows=_NO_WINDOWS,
+                   own="its own seeded Haar rotations (the seed's, which only kvq's C++ derives)"),
     "tq_mse_fwht": _row("hadamard", "hadamard", format_k="codebook", format_v="codebook",
                         group="row", windows=_NO_WINDOWS),
     "blockgtq": _row("calibration:k_rotation", "calibration:v_rotation", format_k="codebook",
@@ -145,6 +169,19 @@ def cache_params_for(scheme, num_kv_heads, num_q_heads, head_dim, bits=2, group=
     limits (segments, code_bytes, bits) when they hold per-head widths (codebook_limits).
     SchemeError for a scheme not served; TorchOpError (from kvq_cache_create) for parameters
     kvq's CUDA path refuses, both naming the scheme."""
+    params = _scheme_params(scheme, num_kv_heads, num_q_heads, head_dim, bits, group, sink,
+                            recent, page_size, tile, saw_block, value_bits, codebook_rows)
+    try:
+        torch_ops.pool_planes(params, "key")  # kvq_cache_create: the CUDA path's own refusals
+    except torch_ops.TorchOpError as e:
+        raise SchemeError("scheme '%s' is not served by kvq's CUDA path: %s" % (scheme, e),
+                          e.code) from None
+    return params
+
+
+def _scheme_params(scheme, num_kv_heads, num_q_heads, head_dim, bits, group, sink, recent,
+                   page_size, tile, saw_block, value_bits, codebook_rows):
+    """cache_params_for's text before kvq_cache_create has seen it (no library needed)."""
     row = scheme_recipe(scheme)
     sink, recent, flush = row["windows"] if row["windows"] is not None else (sink, recent, 1)
     page = page_size
@@ -177,18 +214,19 @@ def cache_params_for(scheme, num_kv_heads, num_q_heads, head_dim, bits=2, group=
         if side == 0 and row["norm"]:
             w.update(norm=1, norm_heads=1)
         sides.append(w)
-    params = torch_ops.cache_params(num_kv_heads=num_kv_heads, num_q_heads=num_q_heads,
-                                    head_dim=head_dim, sink=sink, recent=recent,
-                                    page_size=page, key=sides[0], value=sides[1], flush=flush)
-    try:
-        torch_ops.pool_planes(params, "key")  # kvq_cache_create: the CUDA path's own refusals
-    except torch_ops.TorchOpError as e:
-        raise SchemeError("scheme '%s' is not served by kvq's CUDA path: %s" % (scheme, e),
-                          e.code) from None
-    return params
+    return torch_ops.cache_params(num_kv_heads=num_kv_heads, num_q_heads=num_q_heads,
+                                  head_dim=head_dim, sink=sink, recent=recent, page_size=page,
+                                  key=sides[0], value=sides[1], flush=flush)
 
 
 # ---- Calibration files (spec/formats.md §5) ---------------------------------------------------
+
+
+def _codebook_scheme(scheme):
+    """Whether `scheme` stores codebook rows (calib::IsCodebookScheme: its calibration file, if
+    any, is a format_version 4 one)."""
+    row = SCHEMES.get(scheme)
+    return isinstance(row, dict) and "codebook" in row["format"]
 
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "U8": "uint8", "I32": "int32",
               "F64": "float64"}
@@ -232,16 +270,54 @@ class Calibration:
                                                                   head_dim)), "shape mismatch")
         self.scheme = m.get("scheme", "oscar")
         self.version = int(m.get("format_version", 1))
+        if _codebook_scheme(self.scheme) != (self.version == 4):  # ReadCalibration's rule
+            raise SchemeError("calibration %s: scheme '%s' with format_version %d (4 is the "
+                              "codebook calibrations' version, and only theirs)" % (
+                                  self.path, self.scheme, self.version), "malformed file")
         self.num_kv_heads = num_kv_heads
 
     def rows(self, layer, side, stem, kv_heads, dtype=None):
         """[len(kv_heads), ...] of the tensor, f32 (or `dtype`)."""
-        name = "layers.%d.%s_%s" % (layer, "kv"[side], stem)
+        return self.layer_rows(layer, "%s_%s" % ("kv"[side], stem), kv_heads, dtype)
+
+    def layer_rows(self, layer, tensor, kv_heads, dtype=None):
+        """[len(kv_heads), ...] of layers.{layer}.<tensor>, f32 (or `dtype`)."""
+        name = "layers.%d.%s" % (layer, tensor)
         if name not in self.tensors:
             raise SchemeError("calibration %s (scheme '%s', format_version %d) has no tensor %s"
                               % (self.path, self.scheme, self.version, name), "invalid argument")
         t = self.tensors[name]
         return t.to(dtype or torch.float32)[list(kv_heads)].contiguous()
+
+
+def calibration_for(scheme, calibration, num_layers, num_kv_heads, head_dim):
+    """The Calibration `scheme` reads (None for a scheme that reads none): `calibration` (a path,
+    read and checked against the model's shape; or a Calibration already read) checked against
+    the scheme. SchemeError,
+    naming the scheme, for a scheme not served, a missing file, a codebook file (format_version
+    4) for another scheme, or, for a scheme that needs its own file (SCHEMES' `own`), a file of
+    another scheme, naming the command that makes the right one."""
+    recipe = scheme_recipe(scheme)
+    needs_file = any(r and r.startswith("calibration:") for r in recipe["rotation"]) or \
+        recipe["clip"] or recipe["scale"] == "calibration" or recipe["widths"]
+    if not needs_file:
+        return None
+    own = recipe["own"]
+    if calibration is None:
+        raise SchemeError("scheme '%s' needs a calibration file (kvq calibrate%s)" % (
+            scheme, " --scheme " + scheme if own else ""))
+    cal = calibration if isinstance(calibration, Calibration) else \
+        Calibration(calibration, num_layers, num_kv_heads, head_dim)
+    # A codebook calibration (format_version 4: Haar rotations, widths) serves only the scheme it
+    # was made for (the check below), and holds none of the fitted tensors (clip ratios, bases)
+    # the others read.
+    if cal.version == 4 and own is None:
+        raise SchemeError("scheme '%s' cannot use calibration %s, made for the codebook scheme "
+                          "'%s'" % (scheme, cal.path, cal.scheme))
+    if own and cal.scheme != scheme:
+        raise SchemeError("scheme '%s' needs %s; calibration %s was made for scheme '%s' (kvq "
+                          "calibrate --scheme %s)" % (scheme, own, cal.path, cal.scheme, scheme))
+    return cal
 
 
 def codebook_layout(widths):
@@ -448,7 +524,9 @@ class Cache(_HFCache):
 
     scheme        a kvq scheme id (SCHEMES; "bf16", "oscar", "kivi", "fp8", ...)
     calibration   a kvq calibration file (kvq calibrate; spec/formats.md §5) for the schemes
-                  that read one (rotations, clip ratios, fp8 scales), else None
+                  that read one (rotations, clip ratios, fp8 scales, widths), else None; fp8,
+                  fp8_hadamard, blockgtq and tq_mse take only a file of `kvq calibrate
+                  --scheme <that scheme>` (SCHEMES' `own`)
     config        the model's config (layers, heads, head_dim)
     device        where the pools live (default: the first K/V's device, at the first update)
     max_batch_size, max_cache_len   the sequences and tokens each the pools are sized for
@@ -456,6 +534,8 @@ class Cache(_HFCache):
                   parallelism each rank passes its own (e.g. range(rank * n, (rank + 1) * n))
     page_size, bits, group, sink, recent, tile, saw_block   calib::SchemeOptions' defaults
                   (64, 2, 64, 64, 256, 32, 128); a scheme's own values win, as in kvq eval
+    value_bits    V's width where it differs from `bits`; None: a codebook file's v_bits if it
+                  has one (as kvq ppl reads it), else `bits`
     Raises SchemeError for a scheme kvq's CUDA path does not serve (naming the scheme and why),
     ImportError without transformers 5.x."""
 
@@ -480,27 +560,12 @@ class Cache(_HFCache):
         self.batch_limit, self.length_limit = int(max_batch_size), int(max_cache_len)
         local = len(self.kv_heads)
         recipe = scheme_recipe(scheme)
-        needs_file = any(r and r.startswith("calibration:") for r in recipe["rotation"]) or \
-            recipe["clip"] or recipe["scale"] == "calibration" or recipe["widths"]
-        own_file = recipe["scale"] == "calibration" or recipe["widths"]
-        cal = None
-        if needs_file:
-            if calibration is None:
-                raise SchemeError("scheme '%s' needs a calibration file (kvq calibrate%s)" % (
-                    scheme, " --scheme " + scheme if own_file else ""))
-            cal = calibration if isinstance(calibration, Calibration) else \
-                Calibration(calibration, num_layers, hkv, d)
-            if cal.version == 4 and not recipe["widths"]:
-                raise SchemeError("scheme '%s' cannot use calibration %s, made for the codebook "
-                                  "scheme '%s'" % (scheme, cal.path, cal.scheme))
-            if own_file and cal.scheme != scheme:
-                raise SchemeError("scheme '%s' needs %s; calibration %s was made for scheme '%s' "
-                                  "(kvq calibrate --scheme %s)" % (
-                                      scheme, "its own widths and rotations" if recipe["widths"]
-                                      else "fp8 scales computed after its own rotation",
-                                      cal.path, cal.scheme, scheme))
+        cal = calibration_for(scheme, calibration, num_layers, hkv, d)
         limits = codebook_limits(cal, num_layers) if recipe["widths"] else None
-        if recipe["widths"] and value_bits is None and "v_bits" in cal.metadata:
+        # V's width of a codebook file (kvq ppl's rule, CacheOptions): value_bits, else the
+        # file's v_bits, else `bits`. A tq_mse file's rotations do not depend on either width.
+        if cal is not None and cal.version == 4 and value_bits is None and \
+                "v_bits" in cal.metadata:
             value_bits = int(cal.metadata["v_bits"])
         self.params = cache_params_for(scheme, local, local * (hq // hkv), d, bits=bits,
                                        group=group, sink=sink, recent=recent,
@@ -523,8 +588,9 @@ class Cache(_HFCache):
             rows = {}
             rotation = recipe["rotation"][side]
             if rotation and rotation.startswith("calibration:"):
-                stem = rotation.split(":", 1)[1][2:]  # "k_rotation" -> "rotation"
-                rows["rotation"] = cal.rows(layer, side, stem, self.kv_heads).reshape(local, d, d)
+                tensor = rotation.split(":", 1)[1]  # "k_rotation", "raw_v_rotation", ...
+                rows["rotation"] = cal.layer_rows(layer, tensor, self.kv_heads) \
+                    .reshape(local, d, d)
             if recipe["clip"]:
                 rows["clip"] = cal.rows(layer, side, "clip", self.kv_heads).reshape(local)
             if recipe["widths"] and side == 0:

@@ -1,21 +1,30 @@
 """kvq.hf: transformers' Llama and Qwen3 generating through kvq's paged cache.
 
-Everywhere (no device): SCHEMES restates schemes.inc (every id, no other) and every row it
-serves is accepted by kvq_cache_create (libkvq_gpu.so's C ABI; skipped without the library).
+Everywhere (no device): SCHEMES restates schemes.inc (every id, no other); every row it serves
+builds, key for key, the cache parameters calib::BuildLayerScheme built for that scheme's golden
+attention case (conformance/vectors/attention/scheme_<id>: its metadata, read here; and, where
+the extension module kvq._kvq loads, as kvq's C++ parses them), and is accepted by
+kvq_cache_create (libkvq_gpu.so's C ABI; skipped without the library); a scheme that needs its
+own calibration file (tq_mse, blockgtq, fp8) refuses another scheme's naming both.
 On the GPU machine (CUDA, torch >= 2.4, transformers 5.x, libkvq_gpu.so), on tiny random-init
 Llama and Qwen3 configs (4 KV heads, 8 query heads, head_dim 128, fp32 weights, seed 0):
  (a) scheme bf16: prompt logits equal DynamicCache + sdpa's bit for bit (the prompt's attention
      is sdpa's own), and the logits of every decode step equal them within 4 * 2^-9 of the
      largest logit (K/V rounded to bf16; see test_bf16_cache_logits_match_dynamic_cache);
  (b) greedy generation with oscar (a random orthonormal R per head, clip 0.95), kivi INT2,
-     tq_mse_fwht (K3V2) and blockgtq (random per-head key widths 1..5, V2) runs, gives valid tokens, changes the pools as tokens enter the history, and its agreement
-     with bf16's tokens is printed, not asserted;
- (c) a scheme whose per-head data Python cannot build (tq_mse: C++ Haar rotations) raises
-     naming the scheme;
+     tq_mse_fwht (K3V2), tq_mse (random orthonormal R per head and side, K2V2) and blockgtq
+     (random per-head key widths 1..5, V2) runs, gives valid tokens, changes the pools as tokens
+     enter the history, and its agreement with bf16's tokens is printed, not asserted;
+ (c) a scheme whose per-head data Python cannot build (saw_hessian: C++ Hessian rotations)
+     raises naming the scheme;
  (d) caches over KV heads [0, H/2) and [H/2, H) fed those heads' K/V hold the bytes of the full
      cache's corresponding heads (sharding invariance at the cache level, one GPU);
  (e) with KVQ_PPL_JSON (`kvq ppl --backend gpu --gpu-decode steps --json`) and model A exported to
-     an HF folder: teacher-forced PPL through the HF path equals kvq ppl's per scheme.
+     an HF folder: teacher-forced PPL through the HF path equals kvq ppl's per scheme;
+ (f) every served scheme's golden attention case, its per-head rows written to a calibration
+     file, replayed through kvq.hf.Cache and answered by kvq.hf.attention, holds the case's GPU
+     tolerance against kvq's fp64 reference (the rotations BuildLayerScheme made: tq_mse's
+     seeded Haar ones included).
 """
 import json
 import math
@@ -87,8 +96,267 @@ def test_served_schemes_are_accepted_by_the_c_abi(name):
 @needs_library
 def test_a_scheme_python_cannot_build_raises_naming_it():  # (c)
     with pytest.raises(torch_ops.TorchOpError) as refused:
-        hf.cache_params_for("tq_mse", num_kv_heads=2, num_q_heads=8, head_dim=128)
-    assert "'tq_mse'" in str(refused.value) and "RandomOrthogonal" in str(refused.value)
+        hf.cache_params_for("saw_hessian", num_kv_heads=2, num_q_heads=8, head_dim=128)
+    assert "'saw_hessian'" in str(refused.value)
+    assert "HessianBlockRotation" in str(refused.value)
+
+
+# ---- The rows against what kvq's C++ builds (the golden scheme cases) -----------------------
+
+VECTORS = ROOT / "conformance" / "vectors"
+SERVED = [n for n, r in hf.SCHEMES.items() if not isinstance(r, str)]
+CACHE_KEYS = {"num_kv_heads", "num_q_heads", "sink", "recent", "flush", "page_size", "quantized",
+              "softmax_scale"}
+
+
+def write_param_rows():
+    """[(Type, name, metadata key, default text)] of write_params.inc's rows, the default as
+    PutWriteParams writes it (enumerators by their snake_case names, bools as 0 / 1)."""
+    text = (ROOT / "common" / "include" / "kvq" / "common" / "write_params.inc").read_text()
+    rows = []
+    for typ, name, init, key in re.findall(
+            r'^KVQ_WRITE_PARAM\((\w+), (\w+), ([^,]+), "(\w+)"', text, re.M):
+        init = init.strip()
+        if "::k" in init:
+            init = re.sub(r"(?<!^)([A-Z])", r"_\1", init.split("::k")[1]).lower()
+        elif init in ("false", "true"):
+            init = str(int(init == "true"))
+        rows.append((typ, name, key, init.rstrip("f")))
+    return rows
+
+
+def as_value(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def cache_entries(entries):
+    """A cache's metadata ({key: text}, PutCacheParams' keys) with every key it may leave out at
+    its default (flush 1; the write parameters it stores only where they matter), numbers as
+    floats: two texts of the same parameters compare equal."""
+    quantized = entries["quantized"] == "1"
+    out = {"flush": "1"}
+    for side in ("key.", "value."):
+        for _, _, key, default in write_param_rows():
+            out[side + key] = default
+        if not quantized:  # GetCacheParams' fallback format
+            out[side + "row_format"] = "bf16"
+    out.update({k: v for k, v in entries.items()
+                if k in CACHE_KEYS or k.startswith(("key.", "value."))})
+    for side in ("key.", "value."):  # a bf16 side reads head_dim alone (WriteParams::Validate):
+        if out[side + "row_format"] == "bf16":  # kvq.hf writes b = 16, BuildLayerScheme `bits`
+            out = {k: v for k, v in out.items()
+                   if not k.startswith(side) or k in (side + "row_format", side + "head_dim")}
+    return {k: as_value(v) for k, v in out.items()}
+
+
+def parse_params(text):
+    return dict(item.split("=", 1) for item in text.split(";") if item)
+
+
+def golden_scheme_case(name):
+    """(metadata, tensors) of attention/scheme_<name> (calib::BuildLayerScheme's cache at the
+    case's options: conformance/src/generate_schemes.cc)."""
+    from test_torch_ops import read_safetensors
+    return read_safetensors(VECTORS / "attention" / ("scheme_%s.safetensors" % name))
+
+
+def golden_options(metadata):
+    """The SchemeOptions of a golden scheme case ("G=32 b=2 S0=4 W=8 P=16 seed=0
+    saw_block=32", and " F=32 (the scheme's own F is 128)" where the case flushes less than
+    the scheme) as cache_params_for's keywords, and the scheme's own F where overridden."""
+    text = metadata["scheme_options"]
+    o = dict(re.findall(r"(\w+)=(\d+)", text.split(" F=")[0]))
+    own_flush = re.search(r"the scheme's own F is (\d+)", text)
+    return (dict(group=int(o["G"]), bits=int(o["b"]), sink=int(o["S0"]), recent=int(o["W"]),
+                 page_size=int(o["P"]), saw_block=int(o["saw_block"])),
+            int(own_flush.group(1)) if own_flush else None)
+
+
+def golden_params(name):
+    """(kvq.hf's cache text for scheme `name` at its golden case's shape and options, the case's
+    metadata): the widths row limits of a widths scheme are the case's (data, as a file's)."""
+    metadata, _ = golden_scheme_case(name)
+    options, _ = golden_options(metadata)
+    rows = None
+    if hf.SCHEMES[name]["widths"]:
+        rows = tuple(int(metadata["key." + k]) for k in ("segments", "code_bytes", "bits"))
+    text = hf._scheme_params(name, int(metadata["num_kv_heads"]), int(metadata["num_q_heads"]),
+                             int(metadata["key.head_dim"]), options["bits"], options["group"],
+                             options["sink"], options["recent"], options["page_size"], 32,
+                             options["saw_block"], None, rows)
+    return text, metadata
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_served_rows_build_what_build_layer_scheme_builds(name):
+    """Every key of the cache's metadata, as BuildLayerScheme set it for the scheme's golden
+    attention case (tq_mse: codebook on both sides, G = d, dense R, b from the options, beta
+    tables, no windows), equals the text kvq.hf hands kvq_cache_create at the case's options.
+    The one difference kvq vectors generate makes on purpose, KIVI's flush of 128 cut to a
+    tile (32) so that 40 tokens reach the history, is undone first."""
+    text, metadata = golden_params(name)
+    expected = cache_entries(metadata)
+    _, own_flush = golden_options(metadata)
+    if own_flush is not None:
+        expected["flush"] = float(own_flush)
+    got = cache_entries(parse_params(text))
+    assert got == expected, {k: (got.get(k), expected.get(k))
+                             for k in set(got) | set(expected) if got.get(k) != expected.get(k)}
+
+
+def extension():
+    try:
+        import kvq
+        kvq.WriteParams  # noqa: B018 (raises ImportError where kvq._kvq does not load)
+        return kvq
+    except ImportError:
+        return None
+
+
+@pytest.mark.skipif(extension() is None, reason="the extension module kvq._kvq does not load")
+@pytest.mark.parametrize("name", SERVED)
+def test_served_rows_parse_as_kvqs_own_golden_caches(name):
+    """The same comparison through kvq's C++ (kvq._kvq): the case's cache as kvq's reader
+    parses it (kvq.vectors: GetCacheParams), against kvq.WriteParams built from kvq.hf's text
+    (kvq's builder and Validate), parameter by parameter of write_params.inc."""
+    kvq = extension()
+    text, metadata = golden_params(name)
+    ours = parse_params(text)
+    theirs = kvq.vectors.load().case("attention/scheme_" + name).cache().params
+    _, own_flush = golden_options(metadata)
+    for key in ("num_kv_heads", "num_q_heads", "sink", "recent", "page_size"):
+        assert int(ours[key]) == theirs[key], key
+    assert int(ours["flush"]) == (own_flush or theirs["flush"])
+    assert bool(int(ours["quantized"])) == theirs["quantized"]
+    types = {"int": int, "float": float, "bool": lambda v: bool(int(v))}
+    for side in ("key", "value"):
+        given = {n: types.get(t, str)(ours[side + "." + k])
+                 for t, n, k, _ in write_param_rows() if side + "." + k in ours}
+        built = kvq.WriteParams(**given)
+        for _, n, _, _ in write_param_rows():
+            if built.format == "bf16" and n not in ("format", "head_dim"):
+                continue  # read by no bf16 side (cache_entries)
+            assert getattr(built, n) == getattr(theirs[side], n), (side, n)
+
+
+def test_served_rows_restate_the_catalogues_formats():
+    kvq = extension()
+    if kvq is None:
+        pytest.skip("the extension module kvq._kvq does not load")
+    formats = {s["name"]: (s["format_k"], s["format_v"]) for s in kvq.schemes()}
+    for name in SERVED:
+        assert hf.SCHEMES[name]["format"] == formats[name], name
+
+
+# ---- Which calibration file a scheme takes ------------------------------------------------
+
+needs_torch = pytest.mark.skipif(torch is None, reason="no torch (calibration files are read "
+                                                      "into torch tensors)")
+SHAPE = dict(num_hidden_layers=2, num_key_value_heads=2, head_dim=64)
+
+
+def shape_config():
+    import types
+    return types.SimpleNamespace(**SHAPE)
+
+
+@needs_torch
+def test_tq_mse_reads_its_own_calibration_file(tmp_path):
+    config = shape_config()
+    path = tq_mse_calibration(tmp_path / "t.safetensors", config)
+    cal = hf.calibration_for("tq_mse", str(path), 2, 2, 64)
+    assert cal.scheme == "tq_mse" and cal.version == 4
+    rotations = hf.Cache._heads(cache_holding([1, 0]), hf.SCHEMES["tq_mse"], cal, 1, 2, 64)
+    written = hf._read_safetensors(path)[1]
+    assert torch.equal(rotations[0]["rotation"], written["layers.1.k_rotation"][[1, 0]])
+    assert torch.equal(rotations[1]["rotation"], written["layers.1.v_rotation"][[1, 0]])
+    assert set(rotations[0]) == {"rotation"} and set(rotations[1]) == {"rotation"}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", [n for n in SERVED if any(
+    r and r.startswith("calibration:") for r in hf.SCHEMES[n]["rotation"])])
+def test_dense_rotations_come_from_the_tensors_the_rows_name(name, tmp_path):
+    """Each side's R is read from layers.{l}.<the row's tensor> (raw_target: raw_k_rotation and
+    raw_v_rotation), global KV heads in the cache's order."""
+    tensors = {}
+    for l in range(2):
+        for stem in ("k_rotation", "v_rotation", "raw_k_rotation", "raw_v_rotation", "k_basis",
+                     "v_basis"):
+            tensors["layers.%d.%s" % (l, stem)] = torch.randn(2, 64, 64)
+        for s in "kv":
+            tensors["layers.%d.%s_clip" % (l, s)] = torch.rand(2)
+        tensors["layers.%d.k_bits" % l] = torch.full((2, 32), 2, dtype=torch.uint8)
+    codebook = "codebook" in hf.SCHEMES[name]["format"]
+    write_safetensors(tmp_path / "c.safetensors", tensors, dict(
+        format="kvq-calibration", format_version="4" if codebook else "3", scheme=name,
+        num_layers="2", num_kv_heads="2", head_dim="64"))
+    cal = hf.calibration_for(name, str(tmp_path / "c.safetensors"), 2, 2, 64)
+    heads = hf.Cache._heads(cache_holding([1, 0]), hf.SCHEMES[name], cal, 1, 2, 64)
+    for side in (0, 1):
+        tensor = hf.SCHEMES[name]["rotation"][side].split(":", 1)[1]
+        assert torch.equal(heads[side]["rotation"], tensors["layers.1." + tensor][[1, 0]])
+
+
+def cache_holding(kv_heads):
+    """What Cache._heads reads of its cache: the global KV heads it holds."""
+    import types
+    return types.SimpleNamespace(kv_heads=kv_heads)
+
+
+@needs_torch
+@pytest.mark.parametrize("other", ["oscar", "blockgtq"])
+def test_tq_mse_refuses_another_schemes_calibration(other, tmp_path):  # a file of `other`
+    config = shape_config()
+    path = scheme_calibration(other, tmp_path / "c.safetensors", config)
+    with pytest.raises(hf.SchemeError) as refused:
+        hf.calibration_for("tq_mse", str(path), 2, 2, 64)
+    message = str(refused.value)
+    assert "'tq_mse'" in message and "'%s'" % other in message
+    assert "kvq calibrate --scheme tq_mse" in message
+    with pytest.raises(hf.SchemeError, match="kvq calibrate --scheme tq_mse"):
+        hf.calibration_for("tq_mse", None, 2, 2, 64)
+
+
+@needs_torch
+@pytest.mark.parametrize("scheme", ["oscar", "blockgtq", "fp8"])
+def test_other_schemes_refuse_a_tq_mse_calibration(scheme, tmp_path):
+    path = tq_mse_calibration(tmp_path / "t.safetensors", shape_config())
+    with pytest.raises(hf.SchemeError) as refused:
+        hf.calibration_for(scheme, str(path), 2, 2, 64)
+    assert "'%s'" % scheme in str(refused.value) and "'tq_mse'" in str(refused.value)
+
+
+@pytest.mark.skipif(torch is None or hf.TRANSFORMERS_ERROR is not None or
+                    LIBRARY_ERROR is not None,
+                    reason=str(hf.TRANSFORMERS_ERROR or LIBRARY_ERROR or "no torch"))
+def test_tq_mse_widths_are_the_caches_and_v_its_files(tmp_path):
+    """K at the cache's `bits` (the file's rotations do not depend on it); V at value_bits, else
+    the file's v_bits (kvq ppl's rule), else `bits`."""
+    config = shape_config()
+    config.num_attention_heads = 4
+
+    def widths(metadata, **kw):
+        path = random_calibration(tmp_path / "t.safetensors", config, 0, dict(
+            metadata, format_version="4", scheme="tq_mse"))
+        cache = hf.Cache("tq_mse", calibration=path, config=config, **kw)
+        return re.findall(r"(key|value)\.bits=(\d+);", cache.params)
+    assert widths(dict(bits="3", v_bits="2"), bits=3) == [("key", "3"), ("value", "2")]
+    assert widths(dict(bits="3", v_bits="2"), bits=4, value_bits=3) == [("key", "4"),
+                                                                        ("value", "3")]
+    assert widths(dict(bits="3"), bits=3) == [("key", "3"), ("value", "3")]
+
+
+@needs_torch
+def test_a_codebook_scheme_file_without_format_version_4_is_malformed(tmp_path):
+    path = random_calibration(tmp_path / "t.safetensors", shape_config(), 0, dict(
+        format_version="2", scheme="tq_mse"))
+    with pytest.raises(hf.SchemeError, match="format_version 2") as refused:
+        hf.calibration_for("tq_mse", str(path), 2, 2, 64)
+    assert refused.value.code == "malformed file"
 
 
 def test_codebook_layout_restates_the_library():
@@ -238,12 +506,25 @@ def blockgtq_calibration(path, config, seed=5):
         format_version="4", bits="3", v_bits="2", scheme="blockgtq"), widths)
 
 
+def tq_mse_calibration(path, config, seed=7):
+    """A codebook calibration (format_version 4) for tq_mse: a random orthonormal R per (layer,
+    KV head, side), K and V at 2 bits. What kvq calibrate --scheme tq_mse writes, except that
+    its rotations are the seed's Haar matrices (which only kvq's C++ derives); the cache reads
+    any."""
+    return random_calibration(path, config, seed, dict(
+        format_version="4", bits="2", group=str(config.head_dim), sink="64", recent="256",
+        scheme="tq_mse", codebook="beta", seed=str(seed), k_segments="1", k_code_bytes="0",
+        v_segments="1", v_code_bytes="0", granularity="kv_head"))
+
+
 def scheme_calibration(scheme, path, config):
     """The calibration file a scheme of these tests reads, or None."""
     if scheme == "oscar":
         return oscar_calibration(path, config)
     if scheme == "blockgtq":
         return blockgtq_calibration(path, config)
+    if scheme == "tq_mse":
+        return tq_mse_calibration(path, config)
     return None
 
 
@@ -266,7 +547,7 @@ def pool_snapshot(cache):
 
 @needs_device
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("scheme", ["oscar", "kivi", "tq_mse_fwht", "blockgtq"])
+@pytest.mark.parametrize("scheme", ["oscar", "kivi", "tq_mse_fwht", "tq_mse", "blockgtq"])
 def test_int2_generation_runs_and_fills_the_pools(arch, scheme, tmp_path):  # (b)
     model = tiny_model(arch)
     vocab = model.config.vocab_size
@@ -298,7 +579,8 @@ def test_int2_generation_runs_and_fills_the_pools(arch, scheme, tmp_path):  # (b
 
 
 @needs_device
-@pytest.mark.parametrize("scheme", ["oscar", "kivi", "bf16", "tq_mse_fwht", "blockgtq"])
+@pytest.mark.parametrize("scheme", ["oscar", "kivi", "bf16", "tq_mse_fwht", "tq_mse",
+                                    "blockgtq"])
 def test_kv_head_slices_hold_the_full_cache_bytes(scheme, tmp_path):  # (d)
     """Two caches over KV heads [0, H/2) and [H/2, H), each fed its heads' K/V, hold the bytes
     of the full cache's heads: pools (plane axis 1 is the KV head), windows (axis 2). What it does
@@ -334,6 +616,75 @@ def test_kv_head_slices_hold_the_full_cache_bytes(scheme, tmp_path):  # (d)
 def same_bytes(a, b):
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
                                               b.contiguous().view(torch.uint8))
+
+
+# ---- (f) the golden scheme cases through kvq.hf ---------------------------------------------
+
+# kvq vectors generate cuts KIVI's flush (F = 128) to a tile so that the case's 40 tokens reach
+# the history; kvq.hf.Cache takes a scheme's own F, so these cases' caches are not its.
+FLUSH_OVERRIDDEN = [n for n in SERVED if golden_options(golden_scheme_case(n)[0])[1]]
+
+
+def golden_calibration(path, name, metadata, tensors):
+    """The case's per-head rows as a calibration file (rotations from its fixture, in.clip_*,
+    in.scale_*, in.widths_k), one layer, for scheme `name`."""
+    from test_torch_ops import as_tensor, read_safetensors
+    hkv, d = int(metadata["num_kv_heads"]), int(metadata["key.head_dim"])
+    out = {}
+    for i, side in enumerate("kv"):
+        if "in.rotation_%s_index" % side in tensors:  # under the tensor the scheme reads
+            _, fixture = read_safetensors(VECTORS / metadata["rotation_fixture"])
+            index = as_tensor(tensors["in.rotation_%s_index" % side]).long()
+            tensor = hf.SCHEMES[name]["rotation"][i].split(":", 1)[1]
+            out["layers.0." + tensor] = as_tensor(fixture["rotations"])[index] \
+                .reshape(hkv, d, d).contiguous()
+        for row, stem in (("clip", "clip"), ("scale", "scale"), ("widths", "bits")):
+            if "in.%s_%s" % (row, side) in tensors:
+                out["layers.0.%s_%s" % (side, stem)] = as_tensor(tensors["in.%s_%s" % (row, side)])
+    codebook = "codebook" in hf.SCHEMES[name]["format"]
+    meta = dict(format="kvq-calibration", format_version="4" if codebook else "2",
+                scheme=name, num_layers="1", num_kv_heads=str(hkv), head_dim=str(d),
+                source="golden case attention/scheme_%s" % name)
+    write_safetensors(path, out, meta)
+    return path
+
+
+@needs_device
+@pytest.mark.parametrize("name", [n for n in SERVED if n not in FLUSH_OVERRIDDEN])
+def test_golden_scheme_cases_through_the_hf_cache(name, tmp_path):  # (f)
+    """The case's script (a 36-token prompt, 4 appends) through kvq.hf.Cache.update at the
+    case's options, the per-head rows from a calibration file holding the case's (the
+    rotations calib::BuildLayerScheme made: for tq_mse the seeded Haar matrices, which a kvq
+    calibrate --scheme tq_mse file holds bit for bit), then the case's query through
+    kvq.hf.attention: within the case's GPU tolerance of kvq's fp64 reference, per query head."""
+    import types
+    from test_torch_ops import as_tensor, relative_errors
+    metadata, tensors = golden_scheme_case(name)
+    options, _ = golden_options(metadata)
+    hkv, hq, d = (int(metadata[k]) for k in ("num_kv_heads", "num_q_heads", "key.head_dim"))
+    ops = as_tensor(tensors["in.ops"]).tolist()
+    assert [op[0] for op in ops] == [0, 1, 2, 2, 2, 2] and ops[1][2] == 36, ops  # the script
+    try:
+        cal = hf.calibration_for(name, None, 1, hkv, d)  # None: the scheme reads no file
+    except hf.SchemeError:  # it reads one: the case's rows, as a file
+        cal = golden_calibration(tmp_path / "cal.safetensors", name, metadata, tensors)
+    config = types.SimpleNamespace(num_hidden_layers=1, num_attention_heads=hq,
+                                   num_key_value_heads=hkv, head_dim=d)
+    cache = hf.Cache(name, calibration=cal, config=config, max_cache_len=40, **options)
+    k = as_tensor(tensors["in.k"], "cuda").transpose(0, 1)[None]  # [1, Hkv, 40, d]
+    v = as_tensor(tensors["in.v"], "cuda").transpose(0, 1)[None]
+    key, _ = cache.update(k[:, :, :36], v[:, :, :36], 0)
+    for t in range(36, 40):
+        key, _ = cache.update(k[:, :, t:t + 1], v[:, :, t:t + 1], 0)
+    q = as_tensor(tensors["in.q"], "cuda")  # [queries, Hq, d]
+    dtype, shape, data = tensors["expect.reference_f64"]
+    reference = torch.frombuffer(bytearray(data), dtype=torch.float64).reshape(shape[:-1]).cuda()
+    module = types.SimpleNamespace(layer_idx=0)
+    for j in range(q.shape[0]):
+        out, _ = hf.attention(module, q[j][None, :, None, :], key, None, None,
+                              scaling=cache.scaling)
+        errors = relative_errors(out[0, 0], reference[j])
+        assert errors.max().item() <= float(metadata["tolerance_gpu"]), (name, j, errors)
 
 
 # ---- (e) teacher-forced PPL against kvq ppl ---------------------------------------------------
@@ -400,8 +751,9 @@ def test_teacher_forced_ppl_equals_kvq_ppl(set_name, label):  # (e)
         try:
             cache = hf.Cache(label.partition("@")[0], calibration=CALIBRATION,
                              config=model.config, max_cache_len=ids.shape[1],
-                             page_size=o["page"], bits=o["bits"], group=o["group"],
-                             sink=o["sink"], recent=o["recent"])
+                             page_size=o["page"], group=o["group"],
+                             sink=o["sink"], recent=o["recent"],
+                             bits=o.get("k_bits", o["bits"]), value_bits=o.get("v_bits"))
         except hf.SchemeError as e:  # e.g. fp8 with an oscar calibration (no fp8 scales)
             pytest.skip(str(e))
         with torch.no_grad():

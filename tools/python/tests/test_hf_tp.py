@@ -6,7 +6,8 @@ A random-init Llama (seed 0; hidden 512, 3 layers, 8 query / 4 KV heads, head_di
 its 2 global KV heads), for the schemes bf16, kivi (INT2, no calibration), oscar (INT2, a
 calibration with a different random rotation and clip per (layer, head, side), sliced by global
 head: a rank that read another head's rows would write other bytes), tq_mse_fwht (codebook, no
-calibration) and blockgtq (codebook keys with random per-head widths and rotations from a
+calibration), tq_mse (codebook, a random rotation per (layer, head, side) from a calibration of
+its own) and blockgtq (codebook keys with random per-head widths and rotations from a
 calibration of its own: each head its own segment layout). Asserted:
  (a) each rank's k_proj / v_proj shards are the checkpoint's rows of the heads rank_kv_heads()
      gives it (the script refuses to run otherwise), and the ranks' heads cover [0, 4) once;
@@ -37,7 +38,7 @@ from test_tp_invariance_helpers import SCRIPT, load_script
 
 torch = pytest.importorskip("torch")
 
-SCHEMES = ["bf16", "kivi", "oscar", "tq_mse_fwht", "blockgtq"]
+SCHEMES = ["bf16", "kivi", "oscar", "tq_mse_fwht", "tq_mse", "blockgtq"]
 PROMPT, STEPS, MAX_CACHE_LEN = 400, 16, 512  # oscar's S0 + W = 320: 96 history rows at the end
 TIMEOUT_S = 600
 
