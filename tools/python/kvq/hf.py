@@ -31,6 +31,7 @@ import math
 import pathlib
 import struct
 import threading
+import weakref
 
 from . import torch_ops
 
@@ -347,7 +348,10 @@ def codebook_limits(cal, num_layers):
 
 # The side channel from a layer's update to the attention function (which never sees the cache):
 # per thread, per layer index, the layer that took the last update and the data_ptr of the key
-# it returned, so that attention() can check that the key it is given is that layer's.
+# it returned, so that attention() can check that the key it is given is that layer's. The layer
+# is held by a weak reference: a strong one kept a dropped cache's pools alive until another
+# cache's update of the same layer index replaced it (in bench_hf_generate.py, the previous
+# row's whole cache through the next row's prefill: OSCAR's 128K peak held kvq_bf16's 16 GiB).
 _updates = threading.local()
 
 
@@ -355,6 +359,19 @@ def _last_updates():
     if not hasattr(_updates, "by_layer"):
         _updates.by_layer = {}
     return _updates.by_layer
+
+
+def _note_update(layer, key):
+    """Records that `layer` returned `key` from its update (for attention())."""
+    _last_updates()[layer.layer_idx] = (weakref.ref(layer), key.data_ptr())
+
+
+def _updated_layer(layer_idx, key):
+    """The live layer whose last update of `layer_idx` returned `key`, else None."""
+    entry = _last_updates().get(layer_idx)
+    if entry is None or entry[1] != key.data_ptr():
+        return None
+    return entry[0]()
 
 
 class Layer(_HFLayer):
@@ -439,7 +456,7 @@ class Layer(_HFLayer):
         else:
             self.lengths.add_(q)
         self.length += q
-        _last_updates()[self.layer_idx] = (self, key_states.data_ptr())
+        _note_update(self, key_states)
         return key_states, value_states
 
     def _copy_rows(self, keys, values, t0):
@@ -631,13 +648,12 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     ([B, q, Hq, d] in query's dtype, None). q == 1: torch.ops.kvq.decode over the layer's cache
     (q to f32, out back to query's dtype); q > 1 (the prompt, written to an empty cache by
     this step): transformers' sdpa over the bf16 prompt rows, causal."""
-    entry = _last_updates().get(getattr(module, "layer_idx", None))
-    if entry is None or entry[1] != key.data_ptr():
+    layer = _updated_layer(getattr(module, "layer_idx", None), key)
+    if layer is None:
         raise torch_ops.TorchOpError(
             "attention '%s' (layer %s) runs over a kvq.hf.Cache: pass past_key_values=kvq.hf."
             "Cache(...) (with use_cache=True), or set another attn_implementation"
             % (ATTENTION, getattr(module, "layer_idx", None)), "invalid argument")
-    layer = entry[0]
     if dropout:
         raise torch_ops.TorchOpError("attention '%s' has no dropout (got %r): eval() the model"
                                      % (ATTENTION, dropout), "unsupported")

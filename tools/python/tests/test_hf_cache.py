@@ -24,7 +24,8 @@ Llama and Qwen3 configs (4 KV heads, 8 query heads, head_dim 128, fp32 weights, 
  (f) every served scheme's golden attention case, its per-head rows written to a calibration
      file, replayed through kvq.hf.Cache and answered by kvq.hf.attention, holds the case's GPU
      tolerance against kvq's fp64 reference (the rotations BuildLayerScheme made: tq_mse's
-     seeded Haar ones included).
+     seeded Haar ones included);
+ (g) a dropped cache's pools are freed (the attention side channel holds no layer alive).
 """
 import json
 import math
@@ -685,6 +686,43 @@ def test_golden_scheme_cases_through_the_hf_cache(name, tmp_path):  # (f)
                               scaling=cache.scaling)
         errors = relative_errors(out[0, 0], reference[j])
         assert errors.max().item() <= float(metadata["tolerance_gpu"]), (name, j, errors)
+
+
+# ---- (g) a dropped cache frees its pools ----------------------------------------------------
+
+
+@needs_device
+def test_a_dropped_cache_frees_its_pools(tmp_path):  # (g)
+    """After a prefill and a decode step through attention(), `del cache` and a collection
+    return the allocator to where it was: nothing of kvq.hf (the side channel from update to
+    attention included) holds the layers, so a benchmark's next cache does not sit on top of
+    the previous one's pools."""
+    import gc
+    import transformers
+    model = tiny_model("llama")
+    ids = prompt(batch=1, length=200)
+    set_attention(model, "sdpa")  # the process's first forward (cuBLAS' workspace), no kvq
+    with torch.no_grad():
+        out = model(ids, past_key_values=transformers.DynamicCache(config=model.config))
+        model(out.logits[:, -1:].argmax(-1), past_key_values=out.past_key_values)
+    del out
+    set_attention(model, hf.ATTENTION)
+    cal = oscar_calibration(tmp_path / "cal.safetensors", model.config)
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    cache = hf.Cache("oscar", calibration=cal, config=model.config, max_cache_len=65536)
+    with torch.no_grad():
+        out = model(ids, past_key_values=cache, use_cache=True)
+        model(out.logits[:, -1:].argmax(-1), past_key_values=cache, use_cache=True)
+    held = sum(t.numel() * t.element_size() for layer in cache.layers
+               for t in [p for pool in layer.pools for p in pool] + list(layer.windows))
+    assert torch.cuda.memory_allocated() >= before + held
+    del cache, out
+    gc.collect()
+    torch.cuda.synchronize()
+    left = torch.cuda.memory_allocated() - before
+    assert left < held // 2, "%d of the cache's %d bytes still allocated" % (left, held)
 
 
 # ---- (e) teacher-forced PPL against kvq ppl ---------------------------------------------------
