@@ -62,7 +62,9 @@ ATTENTION = "kvq"
 # machine's; the C ABI takes a cache's metadata text and knows no scheme. So this table restates
 # the rows the CUDA path can run, from schemes.inc and calib/src/schemes.cc (BuildLayerScheme),
 # and names why every other row is refused. tests/test_hf_cache.py checks it against
-# schemes.inc's ids, and against kvq.schemes() where the extension loads.
+# schemes.inc's ids, each served row's parameters key for key against those BuildLayerScheme
+# made for the scheme's golden attention case (conformance/vectors/attention/scheme_<id>), and
+# its formats against kvq.schemes() where the extension loads.
 #   rotation: None | "hadamard" | "hadamard_bitrev" | "block_hadamard" (SchemeOptions::saw_block,
 #             128 clamped to d) | "calibration:<tensor>" (a dense R per head from the
 #             calibration tensor layers.{l}.<tensor>)
@@ -229,6 +231,7 @@ def _codebook_scheme(scheme):
     row = SCHEMES.get(scheme)
     return isinstance(row, dict) and "codebook" in row["format"]
 
+
 _ST_DTYPES = {"F32": "float32", "BF16": "bfloat16", "U8": "uint8", "I32": "int32",
               "F64": "float64"}
 
@@ -294,10 +297,10 @@ class Calibration:
 def calibration_for(scheme, calibration, num_layers, num_kv_heads, head_dim):
     """The Calibration `scheme` reads (None for a scheme that reads none): `calibration` (a path,
     read and checked against the model's shape; or a Calibration already read) checked against
-    the scheme. SchemeError,
-    naming the scheme, for a scheme not served, a missing file, a codebook file (format_version
-    4) for another scheme, or, for a scheme that needs its own file (SCHEMES' `own`), a file of
-    another scheme, naming the command that makes the right one."""
+    the scheme. SchemeError, naming the scheme, for a scheme not served, a missing file, a
+    codebook file (format_version 4) for another scheme, or, for a scheme that needs its own
+    file (SCHEMES' `own`), a file of another scheme, naming the command that makes the right
+    one."""
     recipe = scheme_recipe(scheme)
     needs_file = any(r and r.startswith("calibration:") for r in recipe["rotation"]) or \
         recipe["clip"] or recipe["scale"] == "calibration" or recipe["widths"]
