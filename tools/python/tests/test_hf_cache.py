@@ -4,8 +4,10 @@ Everywhere (no device): SCHEMES restates schemes.inc (every id, no other); every
 builds, key for key, the cache parameters calib::BuildLayerScheme built for that scheme's golden
 attention case (conformance/vectors/attention/scheme_<id>: its metadata, read here; and, where
 the extension module kvq._kvq loads, as kvq's C++ parses them), and is accepted by
-kvq_cache_create (libkvq_gpu.so's C ABI; skipped without the library); a scheme that needs its
-own calibration file (tq_mse, blockgtq, fp8) refuses another scheme's naming both.
+kvq_cache_create (libkvq_gpu.so's C ABI; skipped without the library); the per-head rows kvq.hf
+reads from a golden case's rows written as a calibration file are those kvq's scalar cache
+writes the case with (where kvq._kvq loads); a scheme that needs its own calibration file
+(tq_mse, blockgtq, fp8) refuses another scheme's naming both.
 On the GPU machine (CUDA, torch >= 2.4, transformers 5.x, libkvq_gpu.so), on tiny random-init
 Llama and Qwen3 configs (4 KV heads, 8 query heads, head_dim 128, fp32 weights, seed 0):
  (a) scheme bf16: prompt logits equal DynamicCache + sdpa's bit for bit (the prompt's attention
@@ -650,6 +652,46 @@ def golden_calibration(path, name, metadata, tensors):
     return path
 
 
+def golden_rows(name, tmp_path):
+    """kvq.hf's per-head rows for the golden case of `name` at its shape: ({row: tensor} of K,
+    of V), read from the case's rows written as a calibration file (None: the scheme reads
+    none), and the case's metadata and tensors."""
+    metadata, tensors = golden_scheme_case(name)
+    hkv, d = int(metadata["num_kv_heads"]), int(metadata["key.head_dim"])
+    try:
+        cal = hf.calibration_for(name, None, 1, hkv, d)  # None: the scheme reads no file
+    except hf.SchemeError:  # it reads one: the case's rows, as a file
+        cal = hf.calibration_for(name, str(golden_calibration(
+            tmp_path / "cal.safetensors", name, metadata, tensors)), 1, hkv, d)
+    heads = hf.Cache._heads(cache_holding(list(range(hkv))), hf.SCHEMES[name], cal, 0, hkv, d)
+    return cal, heads, metadata, tensors
+
+
+@needs_torch
+@pytest.mark.skipif(extension() is None, reason="the extension module kvq._kvq does not load")
+@pytest.mark.parametrize("name", SERVED)
+def test_golden_rows_reach_the_hf_cache_as_kvqs_cache_reads_them(name, tmp_path):
+    """What (f) hands the GPU, checked here against kvq's scalar cache of the same case: every
+    per-head row kvq.hf reads from the case's rows as a file (dense R of each side, clip ratios,
+    fp8 scales, key widths) is the one kvq's C++ writes that case with, bit for bit, and kvq.hf
+    reads none that it does not."""
+    kvq = extension()
+    _, heads, metadata, _ = golden_rows(name, tmp_path)
+    cache = kvq.vectors.load().case("attention/scheme_" + name).cache()
+    hkv = int(metadata["num_kv_heads"])
+    for side, kv in enumerate(("key", "value")):
+        arrays = cache.head_arrays(kv)
+        ours = {row: t.reshape(hkv, -1).numpy() for row, t in heads[side].items()
+                if row in ("rotation", "widths")}
+        assert sorted(ours) == sorted(arrays), (kv, sorted(ours), sorted(arrays))
+        for row, a in arrays.items():
+            assert ours[row].dtype == a.dtype and (ours[row] == a).all(), (kv, row)
+        for row, field in (("clip", "clip"), ("scale", "head_scale")):
+            want = [getattr(cache.head_params(kv, h), field) for h in range(hkv)]
+            got = heads[side][row].tolist() if row in heads[side] else [1.0] * hkv
+            assert got == want, (kv, row)
+
+
 @needs_device
 @pytest.mark.parametrize("name", [n for n in SERVED if n not in FLUSH_OVERRIDDEN])
 def test_golden_scheme_cases_through_the_hf_cache(name, tmp_path):  # (f)
@@ -660,15 +702,11 @@ def test_golden_scheme_cases_through_the_hf_cache(name, tmp_path):  # (f)
     kvq.hf.attention: within the case's GPU tolerance of kvq's fp64 reference, per query head."""
     import types
     from test_torch_ops import as_tensor, relative_errors
-    metadata, tensors = golden_scheme_case(name)
+    cal, _, metadata, tensors = golden_rows(name, tmp_path)
     options, _ = golden_options(metadata)
     hkv, hq, d = (int(metadata[k]) for k in ("num_kv_heads", "num_q_heads", "key.head_dim"))
     ops = as_tensor(tensors["in.ops"]).tolist()
     assert [op[0] for op in ops] == [0, 1, 2, 2, 2, 2] and ops[1][2] == 36, ops  # the script
-    try:
-        cal = hf.calibration_for(name, None, 1, hkv, d)  # None: the scheme reads no file
-    except hf.SchemeError:  # it reads one: the case's rows, as a file
-        cal = golden_calibration(tmp_path / "cal.safetensors", name, metadata, tensors)
     config = types.SimpleNamespace(num_hidden_layers=1, num_attention_heads=hq,
                                    num_key_value_heads=hkv, head_dim=d)
     cache = hf.Cache(name, calibration=cal, config=config, max_cache_len=40, **options)
