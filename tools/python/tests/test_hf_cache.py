@@ -6,8 +6,10 @@ attention case (conformance/vectors/attention/scheme_<id>: its metadata, read he
 the extension module kvq._kvq loads, as kvq's C++ parses them), and is accepted by
 kvq_cache_create (libkvq_gpu.so's C ABI; skipped without the library); the per-head rows kvq.hf
 reads from a golden case's rows written as a calibration file are those kvq's scalar cache
-writes the case with (where kvq._kvq loads); a scheme that needs its own calibration file
-(tq_mse, blockgtq, fp8) refuses another scheme's naming both.
+writes the case with (where kvq._kvq loads); the rotations kvq.hf reads from a `kvq calibrate
+--scheme tq_mse` file are the ones BuildLayerScheme built for the golden tq_mse case (with
+KVQ_BINARY, as ctest sets it); a scheme that needs its own calibration file (tq_mse, blockgtq,
+fp8) refuses another scheme's naming both.
 On the GPU machine (CUDA, torch >= 2.4, transformers 5.x, libkvq_gpu.so), on tiny random-init
 Llama and Qwen3 configs (4 KV heads, 8 query heads, head_dim 128, fp32 weights, seed 0):
  (a) scheme bf16: prompt logits equal DynamicCache + sdpa's bit for bit (the prompt's attention
@@ -308,6 +310,33 @@ def cache_holding(kv_heads):
     """What Cache._heads reads of its cache: the global KV heads it holds."""
     import types
     return types.SimpleNamespace(kv_heads=kv_heads)
+
+
+@needs_torch
+@pytest.mark.skipif(not os.environ.get("KVQ_BINARY"), reason="KVQ_BINARY (ctest sets it) not set")
+def test_a_kvq_calibrate_tq_mse_file_holds_build_layer_schemes_rotations(tmp_path):
+    """End to end at the golden tq_mse case's shape (1 KV head, d = 64, layer 0, seed 0): the
+    rows kvq.hf reads from a `kvq calibrate --scheme tq_mse` file (of any capture of that
+    shape: the rotations depend on the seed, layer, head and side alone) are the R_K and R_V
+    calib::BuildLayerScheme built for the case (its rotation fixture), bit for bit."""
+    import subprocess
+    binary = os.environ["KVQ_BINARY"]
+    for args in (["synth", "--out", "a.safetensors", "--layers", "1", "--tokens", "64",
+                  "--q-heads", "2", "--kv-heads", "1", "--head-dim", "64"],
+                 ["calibrate", "--activations", "a.safetensors", "--scheme", "tq_mse",
+                  "--k-bits", "2", "--out", "t.safetensors"]):
+        subprocess.run([binary] + args, cwd=tmp_path, check=True, capture_output=True)
+    cal = hf.calibration_for("tq_mse", str(tmp_path / "t.safetensors"), 1, 1, 64)
+    assert cal.metadata["seed"] == "0"
+    heads = hf.Cache._heads(cache_holding([0]), hf.SCHEMES["tq_mse"], cal, 0, 1, 64)
+    from test_torch_ops import as_tensor, read_safetensors
+    metadata, tensors = golden_scheme_case("tq_mse")
+    assert "seed=0" in metadata["scheme_options"]
+    _, fixture = read_safetensors(VECTORS / metadata["rotation_fixture"])
+    for side, s in enumerate("kv"):
+        index = as_tensor(tensors["in.rotation_%s_index" % s]).long()
+        built = as_tensor(fixture["rotations"])[index]
+        assert torch.equal(heads[side]["rotation"], built), s
 
 
 @needs_torch
