@@ -12,6 +12,7 @@
 #include "kvq/calib/synth.h"
 #include "kvq/common/codebook.h"
 #include "kvq/common/error.h"
+#include "kvq/common/lloyd_max.h"
 
 namespace kvq::calib {
 namespace {
@@ -248,6 +249,14 @@ LayerScheme BuildLayerScheme(const SchemeInfo& info, const SchemeShape& shape,
     w->norm = false;
     w->norm_heads = 1;
     w->head_scale = 1.0f;
+  }
+  // A codebook calibration records the tables its rows are to be coded by (kvq calibrate
+  // --codebook beta|gaussian): the scheme's codebook sides take them.
+  if (cal != nullptr && IsCodebookScheme(cal->info.scheme)) {
+    const CodebookDensity density = ParseCodebookDensity(cal->info.codebook.density);
+    for (WriteParams* w : sides) {
+      if (w->format == Format::kCodebook) w->codebook = density;
+    }
   }
   // A page holds whole tiles: P (a power of two, as G_k is) rises to G_k when it is smaller. The
   // page size only places rows in memory; no stored bit or output depends on it.

@@ -669,6 +669,26 @@ TEST(Schemes, Spec13RowsHaveTheirDefiningParameters) {
   EXPECT_EQ(BuildLayerScheme("blockgtq", shape, &cal, 0, protect).params.recent, 128);
   EXPECT_TRUE(CalibrationServes(cal, "oscar"));
   EXPECT_TRUE(CalibrationServes(cal, "blockgtq"));
+  // The codebook sides are coded by the tables the file records (kvq calibrate --codebook):
+  // beta by default, gaussian where the file says so, for tq_mse given the file too.
+  EXPECT_EQ(b.params.key.codebook, CodebookDensity::kBeta);
+  EXPECT_EQ(b.params.value.codebook, CodebookDensity::kBeta);
+  EXPECT_EQ(BuildLayerScheme("tq_mse", shape, nullptr, 0, o).params.key.codebook,
+            CodebookDensity::kBeta);
+  Calibration gaussian = cal;
+  gaussian.info.codebook.density = "gaussian";
+  for (const char* name : {"blockgtq", "tq_mse", "tq_mse_fwht"}) {
+    const LayerScheme g = BuildLayerScheme(name, shape, &gaussian, 0, o);
+    EXPECT_EQ(g.params.key.codebook, CodebookDensity::kGaussian) << name;
+    EXPECT_EQ(g.params.value.codebook, CodebookDensity::kGaussian) << name;
+  }
+  gaussian.info.codebook.density = "laplace";
+  try {
+    BuildLayerScheme(gtq, shape, &gaussian, 0, o);
+    ADD_FAILURE() << "built with an unknown density";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("laplace"), std::string::npos) << e.what();
+  }
   // Without widths the row names what it needs.
   Calibration bare = cal;
   for (LayerCalibration& l : bare.layers) l.key.widths.clear();

@@ -83,8 +83,8 @@ ATTENTION = "kvq"
 #   own:      None, or what the scheme reads that only a file of `kvq calibrate --scheme <id>`
 #             holds (its metadata "scheme" must be this id; Cache refuses any other file): fp8
 #             scales computed after its rotation, Block-GTQ's widths, tq_mse's seeded rotations
-# A codebook side codes with the beta tables, as BuildLayerScheme's (neither reads a file's
-# "codebook" key).
+# A codebook side codes with the tables a codebook file records (its "codebook" key, beta or
+# gaussian: kvq calibrate --codebook), beta without one, as BuildLayerScheme's.
 #
 # tq_mse: BuildLayerScheme derives each (layer, KV head, side)'s Haar rotation from
 # SchemeOptions::seed (RandomOrthogonal of DeriveSeed(seed, {layer, head, side})), which Python
@@ -164,16 +164,18 @@ def scheme_recipe(scheme):
 
 def cache_params_for(scheme, num_kv_heads, num_q_heads, head_dim, bits=2, group=64, sink=64,
                      recent=256, page_size=64, tile=32, saw_block=128, value_bits=None,
-                     codebook_rows=None):
+                     codebook_rows=None, codebook="beta"):
     """The metadata text (kvq.torch_ops.cache_params) of one layer's cache under `scheme`, with
     the defaults of calib::SchemeOptions (b 2, G 64, S0 64, W 256, P 64, G_k 32): what
     BuildLayerScheme sets, except the per-head rows (rotations, clips, scales, widths), which are
     data. value_bits: V's width where it differs from `bits` (K3V2); codebook_rows: the keys' row
-    limits (segments, code_bytes, bits) when they hold per-head widths (codebook_limits).
+    limits (segments, code_bytes, bits) when they hold per-head widths (codebook_limits);
+    codebook: the tables the codebook sides are coded by, "beta" or "gaussian".
     SchemeError for a scheme not served; TorchOpError (from kvq_cache_create) for parameters
     kvq's CUDA path refuses, both naming the scheme."""
     params = _scheme_params(scheme, num_kv_heads, num_q_heads, head_dim, bits, group, sink,
-                            recent, page_size, tile, saw_block, value_bits, codebook_rows)
+                            recent, page_size, tile, saw_block, value_bits, codebook_rows,
+                            codebook)
     try:
         torch_ops.pool_planes(params, "key")  # kvq_cache_create: the CUDA path's own refusals
     except torch_ops.TorchOpError as e:
@@ -183,9 +185,12 @@ def cache_params_for(scheme, num_kv_heads, num_q_heads, head_dim, bits=2, group=
 
 
 def _scheme_params(scheme, num_kv_heads, num_q_heads, head_dim, bits, group, sink, recent,
-                   page_size, tile, saw_block, value_bits, codebook_rows):
+                   page_size, tile, saw_block, value_bits, codebook_rows, codebook="beta"):
     """cache_params_for's text before kvq_cache_create has seen it (no library needed)."""
     row = scheme_recipe(scheme)
+    if codebook not in ("beta", "gaussian"):
+        raise SchemeError("scheme '%s': codebook density %r is not beta or gaussian" % (
+            scheme, codebook), "invalid argument")
     sink, recent, flush = row["windows"] if row["windows"] is not None else (sink, recent, 1)
     page = page_size
     sides = []
@@ -195,6 +200,7 @@ def _scheme_params(scheme, num_kv_heads, num_q_heads, head_dim, bits, group, sin
                                                       else bits), clip=1)
         if fmt == "codebook":
             w["group"] = head_dim
+            w["codebook"] = codebook
             if side == 0 and codebook_rows is not None:
                 w["segments"], w["code_bytes"], w["bits"] = codebook_rows
         elif fmt == "affine_tile":
@@ -322,6 +328,19 @@ def calibration_for(scheme, calibration, num_layers, num_kv_heads, head_dim):
         raise SchemeError("scheme '%s' needs %s; calibration %s was made for scheme '%s' (kvq "
                           "calibrate --scheme %s)" % (scheme, own, cal.path, cal.scheme, scheme))
     return cal
+
+
+def codebook_density(cal):
+    """The tables a codebook calibration's rows are to be coded by (its metadata "codebook",
+    written by kvq calibrate --codebook beta|gaussian), as BuildLayerScheme reads them; "beta"
+    without a file or for any other file. SchemeError naming a value that is neither."""
+    if cal is None or cal.version != 4:
+        return "beta"
+    density = cal.metadata.get("codebook", "beta")
+    if density not in ("beta", "gaussian"):
+        raise SchemeError("calibration %s: codebook %r is not beta or gaussian" % (
+            cal.path, density), "malformed file")
+    return density
 
 
 def codebook_layout(widths):
@@ -590,7 +609,8 @@ class Cache(_HFCache):
         self.params = cache_params_for(scheme, local, local * (hq // hkv), d, bits=bits,
                                        group=group, sink=sink, recent=recent,
                                        page_size=page_size, tile=tile, saw_block=saw_block,
-                                       value_bits=value_bits, codebook_rows=limits)
+                                       value_bits=value_bits, codebook_rows=limits,
+                                       codebook=codebook_density(cal))
         self.scaling = 1.0 / math.sqrt(d)  # softmax_scale 0: fp32(1/sqrt(d)) (params.h)
         self.calibration = cal
         layers = [Layer(self, l, self.params, self._heads(recipe, cal, l, local, d))

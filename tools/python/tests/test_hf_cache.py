@@ -306,6 +306,32 @@ def test_dense_rotations_come_from_the_tensors_the_rows_name(name, tmp_path):
         assert torch.equal(heads[side]["rotation"], tensors["layers.1." + tensor][[1, 0]])
 
 
+@needs_torch
+@pytest.mark.parametrize("density", [None, "beta", "gaussian", "laplace"])
+def test_codebook_sides_take_the_tables_the_file_records(density, tmp_path):
+    """A codebook file's "codebook" (kvq calibrate --codebook) decides the tables both codebook
+    sides are coded by, as BuildLayerScheme's (calib/tests/schemes_test.cc); beta without it;
+    any other value is refused naming it."""
+    config = shape_config()
+    path = tq_mse_calibration(tmp_path / "t.safetensors", config)
+    if density is not None:
+        metadata, tensors = hf._read_safetensors(path)
+        write_safetensors(path, tensors, dict(metadata, codebook=density))
+    cal = hf.calibration_for("tq_mse", str(path), 2, 2, 64)
+    if density == "laplace":
+        with pytest.raises(hf.SchemeError, match="laplace"):
+            hf.codebook_density(cal)
+        return
+    want = density or "beta"
+    assert hf.codebook_density(cal) == want
+    entries = parse_params(hf._scheme_params("tq_mse", 2, 4, 64, 2, 64, 64, 256, 64, 32, 128,
+                                             None, None, hf.codebook_density(cal)))
+    assert entries["key.codebook"] == want and entries["value.codebook"] == want
+    assert hf.codebook_density(None) == "beta"
+    with pytest.raises(hf.SchemeError, match="laplace"):
+        hf._scheme_params("tq_mse", 2, 4, 64, 2, 64, 64, 256, 64, 32, 128, None, None, "laplace")
+
+
 def cache_holding(kv_heads):
     """What Cache._heads reads of its cache: the global KV heads it holds."""
     import types
