@@ -1,7 +1,10 @@
 // The whole decode step of one layer on the GPU, in one CUDA graph (issue 26): the append of one
-// token per sequence through the scheme's real write (gpu::AppendStep: rotation, clip, quantize,
-// the demotion into the history or the tile flush when it falls due, the new rows into the bf16
-// ring) and the decode step (gpu::DecodeAttention: query rotation, attention, merge), captured
+// token per sequence through the scheme's real write (rotation, clip, quantize, the demotion
+// into the history or the tile flush when it falls due, the new rows into the bf16 ring) and
+// the decode step (query rotation, attention, merge), as gpu::DecodeStep queues them (the
+// rotation and the decode launch while the append runs, and the decode's blocks that read
+// nothing the append writes start their page copies at once; column "serial step":
+// gpu::AppendStep, then gpu::DecodeAttention launched after all of it), captured
 // on a non-default stream (cudaStreamBeginCapture, global mode: an allocation, a
 // synchronisation or a synchronous copy would fail the capture), instantiated once and replayed.
 // Shapes of seqs/000 §5.4: d = 128, Hq/Hkv = 32/8, B x T in {1, 8, 32, 128} x {8K, 32K, 128K}
@@ -286,6 +289,7 @@ StepTraffic Traffic(const CacheParams& c, const SchemeCache& cache, const StepBu
 struct StepTiming {
   int64_t before = 0;
   double us = 0.0;
+  double serial_us = 0.0;  // the append, then the decode waiting for all of it (steady step)
   double append_us = 0.0;  // the append alone in a graph (steady step only)
   double decode_us = 0.0;  // the decode alone in a graph (steady step only)
   double floor_us = 0.0;
@@ -411,7 +415,18 @@ RowResult RunRow(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
     const auto decode = [&] {
       kvq::gpu::DecodeAttention(c, in, plan, buf.ws, plan.workspace_bytes, buf.out, stream);
     };
+    // The step as DecodeStep runs it, the decode launched while the append runs (kvq has no
+    // bf16 append, so the bf16 cache's step is its copy, then the decode).
     const auto step = [&] {
+      if (quantized) {
+        kvq::gpu::DecodeStep(c, new_k, new_v, lengths, pools[0], pools[1], windows, flags, in,
+                             plan, buf.ws, plan.workspace_bytes, buf.out, stream);
+      } else {
+        append();
+        decode();
+      }
+    };
+    const auto serial = [&] {
       append();
       decode();
     };
@@ -432,6 +447,8 @@ RowResult RunRow(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
     kvq::gpu::CheckErrorFlags(flags, what.c_str(), stream);
     CheckFinite(buf.out, buf.q_elems, what);
     if (g == 0) {
+      const Graph serial_graph(stream, serial);
+      s.serial_us = GraphMicros(serial_graph, stream, flusher, iters);
       const Graph append_graph(stream, append);
       s.append_us = GraphMicros(append_graph, stream, flusher, iters);
       const Graph decode_graph(stream, decode);
@@ -579,10 +596,10 @@ int main(int argc, char** argv) {
     KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
     std::printf("| scheme | B | T | step us | flush step us | us / step | vs kvq bf16 | "
-                "vs cuDNN step | append alone us | decode alone us | graph nodes | MB / step | "
-                "of copy BW | floor us | us / floor |\n");
+                "vs cuDNN step | serial step us | append alone us | decode alone us | graph nodes "
+                "| MB / step | of copy BW | floor us | us / floor |\n");
     std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
-                "--- | --- |\n");
+                "--- | --- | --- |\n");
     for (int batch : batches) {
       for (int len : lens) {
         double bf16_us = 0.0;
@@ -591,7 +608,7 @@ int main(int argc, char** argv) {
         for (const SchemeRow& row : rows) {
           const RowResult a = RunRow(row.params, batch, len, flusher, iters, stream, sms);
           if (!a.ran) {
-            std::printf("| %s | %d | %d | skipped (memory) | | | | | | | | | | | |\n",
+            std::printf("| %s | %d | %d | skipped (memory) | | | | | | | | | | | | |\n",
                         row.label.c_str(), batch, len);
             std::fflush(stdout);
             continue;
@@ -602,11 +619,11 @@ int main(int argc, char** argv) {
           if (row.label == "bf16") bf16_us = mean_us;
           char flush_cell[32] = "-";
           if (a.has_flush) std::snprintf(flush_cell, sizeof flush_cell, "%.1f", a.flush.us);
-          std::printf("| %s | %d | %d | %.1f | %s | %.1f | %s | %s | %.1f | %.1f | %zu | %.2f | "
-                      "%.0f%% | %.1f | %.2f |\n",
+          std::printf("| %s | %d | %d | %.1f | %s | %.1f | %s | %s | %.1f | %.1f | %.1f | %zu | "
+                      "%.2f | %.0f%% | %.1f | %.2f |\n",
                       row.label.c_str(), batch, len, a.step.us, flush_cell, mean_us,
                       Ratio(bf16_us, mean_us).c_str(), Ratio(cudnn_us, mean_us).c_str(),
-                      a.step.append_us, a.step.decode_us, a.step.nodes, mean_bytes / 1e6,
+                      a.step.serial_us, a.step.append_us, a.step.decode_us, a.step.nodes, mean_bytes / 1e6,
                       100.0 * mean_bytes / (mean_us * 1e-6) / copy_bw, mean_floor,
                       mean_us / mean_floor);
           std::fflush(stdout);
@@ -615,7 +632,9 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "\nstep: the graph of the append and the decode with T - 1 tokens stored (the decode "
-        "reads T); flush step (F > 1: kivi, ots): the graph at the next length where the F-token "
+        "reads T), as gpu::DecodeStep queues them (rotation and decode launched while the "
+        "append runs); serial step: AppendStep, then DecodeAttention launched after all of it; "
+        "flush step (F > 1: kivi, ots): the graph at the next length where the F-token "
         "flush falls due for every sequence; us / step: the mean over F steps ((F - 1) step + "
         "flush step) / F, the step itself when F = 1. vs kvq bf16 / vs cuDNN step: that step's "
         "time (kvq's bf16 row; bench_step_sdpa.py's index_copy_ + cuDNN SDPA graph) over this "

@@ -245,9 +245,12 @@ DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
   return n;
 }
 
-void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
-                     const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
-                     float* out, cudaStream_t stream) {
+namespace {
+
+// Everything DecodeAttention checks before its first launch; returns the kinds it dispatches on.
+DecodeKinds CheckDecode(const CacheParams& c, const DecodeAttentionInputs& in,
+                        const DecodeAttentionPlan& plan, const void* workspace,
+                        size_t workspace_bytes, const float* out) {
   const DecodeKinds kinds = CheckSupported(c);
   const int d = c.head_dim();
   const int g = c.group_size();
@@ -330,6 +333,21 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
               "null value rotation for a dense value write path");
   }
 
+  return kinds;
+}
+
+// DecodeAttention, and DecodeStep's decode after its append (append_lengths: the lengths the
+// append took; DecodeKernelParams::append_lengths).
+void Decode(const CacheParams& c, const DecodeAttentionInputs& in, const DecodeAttentionPlan& plan,
+            void* workspace, size_t workspace_bytes, float* out, const int32_t* append_lengths,
+            cudaStream_t stream) {
+  const DecodeKinds kinds = CheckDecode(c, in, plan, workspace, workspace_bytes, out);
+  const int d = c.head_dim();
+  const int g = c.group_size();
+  const int splits = plan.hist_splits + plan.window_splits;
+  const WorkspaceLayout layout(c, in.batch, plan);
+  const FormatLayout key_layout = LayoutOf(c.key);
+  const FormatLayout value_layout = LayoutOf(c.value);
   unsigned char* ws = static_cast<unsigned char*>(workspace);
   float* q_rot = reinterpret_cast<float*>(ws);
   float* part_ml = reinterpret_cast<float*>(ws + layout.part_ml);
@@ -345,6 +363,8 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
     rq.q = in.q;
     rq.q_rot = q_rot;
     rq.timeline = in.timeline;
+    // After a DecodeStep's append: launched while it runs, complete after it.
+    rq.programmatic_launch = append_lengths != nullptr;
     KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rq, stream));
   }
 
@@ -413,6 +433,7 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
   kp.programmatic_launch = c.quantized();  // right after the query rotation
+  kp.append_lengths = append_lengths;
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
   for (const uint8_t** first_plane : {&kp.k_planes[0], &kp.v_planes[0]}) {
@@ -438,6 +459,27 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
   mp.timeline = in.timeline ? in.timeline + 4 * (blocks.rotate + blocks.decode) : nullptr;
   mp.programmatic_launch = true;
   KVQ_CUDA_CHECK(attention::DispatchMergePartials(d, mp, stream));
+}
+
+}  // namespace
+
+void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
+                     const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
+                     float* out, cudaStream_t stream) {
+  Decode(c, in, plan, workspace, workspace_bytes, out, /*append_lengths=*/nullptr, stream);
+}
+
+void DecodeStep(const CacheParams& c, const uint16_t* key, const uint16_t* value,
+                const int32_t* lengths, const PagePool& key_pool, const PagePool& value_pool,
+                const Windows& windows, int* error_flags, const DecodeAttentionInputs& in,
+                const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
+                float* out, cudaStream_t stream) {
+  KVQ_CHECK(c.quantized(), kUnsupported, "DecodeStep: a bf16 cache has no append step");
+  // The decode's checks first: a refused decode leaves the cache as it was.
+  CheckDecode(c, in, plan, workspace, workspace_bytes, out);
+  AppendStep(c, key, value, in.batch, lengths, in.page_tables, in.max_pages, in.key_heads,
+             in.value_heads, key_pool, value_pool, windows, error_flags, stream);
+  Decode(c, in, plan, workspace, workspace_bytes, out, lengths, stream);
 }
 
 }  // namespace kvq::gpu

@@ -104,6 +104,9 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
     v = x[h][ChannelBitReverse<D>(j)];
   }
   p.q_rot[row + j] = v;
+  // programmatic_launch (a DecodeStep): complete only after the append before this kernel, so
+  // that the decode's wait for this grid covers the append too.
+  detail::WaitForPrerequisiteGrid();
 }
 
 template <int D>
@@ -365,8 +368,10 @@ cudaError_t LaunchRotateQueries(const RotateQueriesParams& p, cudaStream_t strea
   if (p.q_per_kv < 1 || p.num_q_heads % p.q_per_kv != 0 || heads < 1 ||
       heads > MaxAuxHeads(HEAD_DIM) || p.q_per_kv % heads != 0)
     return cudaErrorInvalidValue;
-  RotateQueriesKernel<HEAD_DIM>
-      <<<dim3(p.num_q_heads / heads, p.batch), heads * HEAD_DIM, 0, stream>>>(p);
+  const cudaError_t launched =
+      launch::LaunchKernel(RotateQueriesKernel<HEAD_DIM>, dim3(p.num_q_heads / heads, p.batch),
+                           dim3(heads * HEAD_DIM), 0, stream, p.programmatic_launch, p);
+  if (launched != cudaSuccess) return launched;
   return cudaGetLastError();
 }
 

@@ -405,6 +405,9 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
                   ring > 0 ? windows.recent_key : key, ring > 0 ? windows.recent_value : value,
                   flush ? key : nullptr, flush ? value : nullptr, kWhat, stream);
 
+  // With no sink and no ring (S0 = W = 0, F = 1: SAW-INT4, fp8, the codebook schemes) every
+  // new token is history, which the launches above wrote: no window copy to launch.
+  if (c.sink == 0 && ring == 0) return;
   AppendCopyArgs copy;
   copy.key = key;
   copy.value = value;

@@ -5,8 +5,12 @@
 // compared, so a stray write into a page or slot not in use fails too. Spec 1.1's caches are
 // among the cases (KIVI, OScaR with a per-head and a token-scope norm, SAW-INT4 at G = d with
 // W = 0, flushes of F > 1 on per-token formats), and over random lengths the history a GPU
-// prefill writes equals the one its decode steps demote, bit for bit.
+// prefill writes equals the one its decode steps demote, bit for bit. DecodeStep (the append
+// with the decode overlapping it) leaves the cache and the output of AppendStep then
+// DecodeAttention, bit for bit, on the stream and under CUDA-graph replay.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include <algorithm>
 #include <string>
@@ -17,6 +21,8 @@
 #include "kvq/conformance/rows.h"
 #include "kvq/cpu_ref/cache.h"
 #include "kvq/cpu_ref/kernels.h"
+#include "kvq/gpu/attention.h"
+#include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
 #include "kvq/testbed/cache_checks.h"
 #include "kvq/testbed/compare.h"
@@ -386,6 +392,159 @@ void CheckAppendSteps(const CacheParams& c, const std::vector<int>& initial, int
   }
 }
 
+// DecodeStep against AppendStep then DecodeAttention (synchronised between them), on two
+// copies of one cache: a batch at lengths around every window, flush and page boundary, stepped
+// until each sequence has demoted or flushed, the output and every byte of the pools and
+// windows compared after every step; the last steps run as a captured graph, replayed. A
+// DecodeStep block that streamed history the append was still writing, or a window block that
+// read the ring too early, changes the output; an append the decode overtook changes the cache.
+void CheckDecodeStep(const CacheParams& c, const std::vector<int>& initial, int steps,
+                     uint64_t seed) {
+  const int page = c.page_size;
+  SplitMix64 rng(seed);
+  const HeadsData heads = MakeHeads(c, &rng);
+  const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
+  const int batch = static_cast<int>(initial.size());
+  const int longest = *std::max_element(initial.begin(), initial.end()) + steps;
+  const int max_pages = static_cast<int>((c.HistoryTokens(longest) + page - 1) / page) + 1;
+  const int pool_pages = batch * max_pages + 2;
+  const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
+  const std::vector<int32_t> tables(order.begin(), order.begin() + batch * max_pages);
+  DecodeAttentionPlan plan;
+  try {
+    plan = PlanDecodeAttention(c, batch, longest);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kUnsupported) throw;
+    GTEST_SKIP() << Describe(c) << ": " << e.what();
+  }
+  const int s0 = c.sink, ring = c.ring_slots();
+  DeviceBuffer<int32_t> dtables(tables), dlengths(batch), dseq_lens(batch);
+  DeviceBuffer<int> flags(1);
+  DeviceBuffer<float> k_scale(std::vector<float>(c.num_kv_heads, c.key.head_scale));
+  DeviceBuffer<float> v_scale(std::vector<float>(c.num_kv_heads, c.value.head_scale));
+  DeviceBuffer<uint8_t> workspace(plan.workspace_bytes);
+  DeviceBuffer<float> out[2] = {DeviceBuffer<float>(batch * c.num_q_heads * c.head_dim()),
+                                DeviceBuffer<float>(batch * c.num_q_heads * c.head_dim())};
+  // Copy 0 steps apart, copy 1 through DecodeStep.
+  struct Copy {
+    DeviceCache dev;
+    DeviceBuffer<uint16_t> sink_k, sink_v, ring_k, ring_v;
+  };
+  std::vector<Copy> copies;
+  for (int i = 0; i < 2; ++i) {
+    copies.push_back(Copy{DeviceCache(c, heads, pool_pages),
+                          DeviceBuffer<uint16_t>(std::max<size_t>(1, batch * s0 * row)),
+                          DeviceBuffer<uint16_t>(std::max<size_t>(1, batch * s0 * row)),
+                          DeviceBuffer<uint16_t>(std::max<size_t>(1, batch * ring * row)),
+                          DeviceBuffer<uint16_t>(std::max<size_t>(1, batch * ring * row))});
+  }
+  const auto windows = [&](Copy& copy, int b) {
+    return Windows{copy.sink_k.get() + b * s0 * row, copy.sink_v.get() + b * s0 * row,
+                   copy.ring_k.get() + b * ring * row, copy.ring_v.get() + b * ring * row};
+  };
+  for (Copy& copy : copies) {
+    copy.dev.Poison(0x5A);
+    for (auto* w : {&copy.sink_k, &copy.sink_v, &copy.ring_k, &copy.ring_v}) w->Fill(0x5A);
+  }
+  for (int b = 0; b < batch; ++b) {
+    if (initial[b] == 0) continue;
+    DeviceBuffer<uint16_t> dk(Tokens(initial[b], c, c.key, &rng));
+    DeviceBuffer<uint16_t> dv(Tokens(initial[b], c, c.value, &rng));
+    for (Copy& copy : copies) {
+      PrefillWrite(c, dk.get(), dv.get(), initial[b], dtables.get() + b * max_pages,
+                   copy.dev.Heads(KV::kKey), copy.dev.Heads(KV::kValue), copy.dev.Pool(KV::kKey),
+                   copy.dev.Pool(KV::kValue), windows(copy, b), flags.get());
+    }
+  }
+  const auto inputs = [&](Copy& copy) {
+    DecodeAttentionInputs in;
+    in.batch = batch;
+    in.max_seq_len = longest;
+    in.seq_lens = dseq_lens.get();
+    in.page_tables = dtables.get();
+    in.max_pages = max_pages;
+    for (int i = 0; i < kMaxPlanes; ++i) {
+      in.key_planes[i] = copy.dev.Pool(KV::kKey).planes[i];
+      in.value_planes[i] = copy.dev.Pool(KV::kValue).planes[i];
+    }
+    in.sink_key = copy.sink_k.get();
+    in.sink_value = copy.sink_v.get();
+    in.recent_key = copy.ring_k.get();
+    in.recent_value = copy.ring_v.get();
+    in.key_heads = copy.dev.Heads(KV::kKey);
+    in.value_heads = copy.dev.Heads(KV::kValue);
+    in.key_heads.scale = k_scale.get();
+    in.value_heads.scale = v_scale.get();
+    return in;
+  };
+  cudaStream_t stream;
+  KVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<int32_t> lengths(initial.begin(), initial.end());
+  const int graph_steps = 2;  // the last ones, as a captured graph
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int32_t> after = lengths;
+    for (int32_t& len : after) ++len;
+    dlengths.Upload(lengths);
+    dseq_lens.Upload(after);
+    DeviceBuffer<uint16_t> dk(Tokens(batch, c, c.key, &rng)), dv(Tokens(batch, c, c.value, &rng));
+    DecodeAttentionInputs in0 = inputs(copies[0]), in1 = inputs(copies[1]);
+    DeviceBuffer<float> q(testbed::Queries(static_cast<size_t>(batch) * c.num_q_heads,
+                                           c.head_dim(), &rng, 2.0f));
+    in0.q = in1.q = q.get();
+    const Windows all0{copies[0].sink_k.get(), copies[0].sink_v.get(), copies[0].ring_k.get(),
+                       copies[0].ring_v.get()};
+    const Windows all1{copies[1].sink_k.get(), copies[1].sink_v.get(), copies[1].ring_k.get(),
+                       copies[1].ring_v.get()};
+    AppendStep(c, dk.get(), dv.get(), batch, dlengths.get(), dtables.get(), max_pages,
+               in0.key_heads, in0.value_heads, copies[0].dev.Pool(KV::kKey),
+               copies[0].dev.Pool(KV::kValue), all0, flags.get(), stream);
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    DecodeAttention(c, in0, plan, workspace.get(), plan.workspace_bytes, out[0].get(), stream);
+    KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto step = [&] {
+      DecodeStep(c, dk.get(), dv.get(), dlengths.get(), copies[1].dev.Pool(KV::kKey),
+                 copies[1].dev.Pool(KV::kValue), all1, flags.get(), in1, plan, workspace.get(),
+                 plan.workspace_bytes, out[1].get(), stream);
+    };
+    const bool graph = s >= steps - graph_steps;
+    if (graph) {
+      cudaGraph_t g;
+      cudaGraphExec_t exec;
+      KVQ_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      step();
+      KVQ_CUDA_CHECK(cudaStreamEndCapture(stream, &g));
+      KVQ_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
+      KVQ_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+      KVQ_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      KVQ_CUDA_CHECK(cudaGraphDestroy(g));
+    } else {
+      step();
+      KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    }
+    std::string ctx = "DecodeStep " + Describe(c) + " seed " + std::to_string(seed) + " step " +
+                      std::to_string(s) + (graph ? " (graph)" : "") + " lengths";
+    for (int len : lengths) ctx += " " + std::to_string(len);
+    ASSERT_EQ(flags.Download()[0], 0) << ctx;
+    const std::vector<float> o0 = out[0].Download(), o1 = out[1].Download();
+    ASSERT_EQ(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)), 0)
+        << ctx << ": the outputs differ";
+    for (int kv = 0; kv < 2; ++kv) {
+      for (int i = 0; i < copies[0].dev.layout[kv].num_planes; ++i) {
+        ASSERT_EQ(copies[0].dev.planes[kv][i].Download(), copies[1].dev.planes[kv][i].Download())
+            << ctx << ": " << (kv ? "value" : "key") << " plane "
+            << copies[0].dev.layout[kv].plane(i).name << " differs";
+      }
+    }
+    ASSERT_EQ(copies[0].sink_k.Download(), copies[1].sink_k.Download()) << ctx << ": sink K";
+    ASSERT_EQ(copies[0].sink_v.Download(), copies[1].sink_v.Download()) << ctx << ": sink V";
+    ASSERT_EQ(copies[0].ring_k.Download(), copies[1].ring_k.Download()) << ctx << ": ring K";
+    ASSERT_EQ(copies[0].ring_v.Download(), copies[1].ring_v.Download()) << ctx << ": ring V";
+    lengths = after;
+  }
+  KVQ_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 class PagedWriteTest : public ::testing::TestWithParam<CacheCase> {
  protected:
   void SetUp() override { KVQ_SKIP_WITHOUT_CUDA(); }
@@ -460,6 +619,15 @@ TEST_P(PagedWriteTest, AppendStepsMatchCpuCache) {
   CheckAppendSteps(c,
                    {0, std::max(0, s0 - 1), std::max(0, s0 + w - 1), s0 + w, s0 + w + page + 3},
                    std::max(page, f) + 3, 99, /*prefill_reference=*/false);
+}
+
+TEST_P(PagedWriteTest, DecodeStepEqualsAppendThenDecode) {
+  const CacheParams& c = GetParam().params;
+  const int s0 = c.sink, w = c.recent, f = c.flush, page = c.page_size;
+  // Sequences in the sink, at the ring's end, at the first demotion or flush, deep in the
+  // history; each demotes or flushes within the steps.
+  CheckDecodeStep(c, {1, std::max(1, s0 + w - 1), s0 + w + f - 1, s0 + w + 3 * page + 5},
+                  std::max(page, f) + 3, 77);
 }
 
 // Over random lengths: a batch prefilled to L0_b and stepped n times holds, in its pages and

@@ -44,6 +44,7 @@
 #include "kvq/common/params.h"
 #include "kvq/gpu/attention_launch.h"
 #include "kvq/gpu/rotation.h"
+#include "kvq/gpu/write.h"
 
 namespace kvq::gpu {
 
@@ -147,5 +148,25 @@ DecodeStepBlocks DecodeAttentionBlocks(const CacheParams& c, int batch,
 void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                      const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
                      float* out, cudaStream_t stream = nullptr);
+
+// A layer's whole decode step as a serving engine runs it: AppendStep of each sequence's new
+// token (key / value bf16 [B, Hkv, d], lengths [B] the lengths before the step, into the
+// cache's pools and windows; write.h), then DecodeAttention over the cache (in.seq_lens: the
+// lengths after it). The same bits as the two calls one after the other (the cache's and the
+// output's), without the gap between them: the query rotation and the decode launch while the
+// append runs (programmatic dependent launch), the rotation waits for the append at its end,
+// and the decode's blocks that read nothing the append writes (every history split but the
+// one that takes the step's demoted or flushed tokens) start their first page copies at once
+// and wait for the rotation before their first logit, while the others (the window splits,
+// that one history split) wait for it before they read anything. `in` must name the cache the append
+// writes (its planes the pools', its windows the same buffers) and in.batch the append's
+// batch. Queues the append's launches, then the decode and the merge; does not synchronise.
+// Throws what AppendStep and DecodeAttention throw, and kUnsupported for a bf16 cache (which
+// has no append).
+void DecodeStep(const CacheParams& c, const uint16_t* key, const uint16_t* value,
+                const int32_t* lengths, const PagePool& key_pool, const PagePool& value_pool,
+                const Windows& windows, int* error_flags, const DecodeAttentionInputs& in,
+                const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
+                float* out, cudaStream_t stream = nullptr);
 
 }  // namespace kvq::gpu

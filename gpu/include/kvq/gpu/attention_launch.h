@@ -145,8 +145,18 @@ struct DecodeKernelParams {
   // Launch with programmatic dependent launch after RotateQueries on the same stream: blocks
   // set up and start their page copies while the rotation finishes, and wait for it before
   // reading q_rot. Only when that kernel is the one launched just before on the stream (and
-  // everything the pages, tables and windows depend on finished before it started).
+  // everything the pages, tables and windows depend on finished before it started, or
+  // append_lengths names what did not).
   bool programmatic_launch = false;
+  // A decode step whose append still runs (kvq::gpu::DecodeStep): the rotation before this
+  // kernel was launched while the append ran and completes only after it, and the append took
+  // these lengths [B] (each sequence's length before it: its new token is position
+  // append_lengths[b]). A block that reads what the append writes, a window split (the new
+  // token's sink or ring row) or the history split holding the tokens it demoted or flushed
+  // (history tokens [H(L), H(L + 1)) for L = append_lengths[b]), waits for the rotation before
+  // it reads anything; every other block starts its page copies at once, as with a rotation
+  // launched after everything. Null: the latter.
+  const int32_t* append_lengths = nullptr;
 
   // fp8_e4m3 history (kFp8): the per-KV-head scales s^ of K and V, [Hkv] fp32 (null otherwise).
   const float* k_head_scale = nullptr;
@@ -191,6 +201,9 @@ struct RotateQueriesParams {
   const float* q = nullptr;         // [B, Hq, d]
   float* q_rot = nullptr;           // [B, Hq, d]
   uint64_t* timeline = nullptr;     // profiling, as DecodeKernelParams::timeline
+  // Launch with programmatic dependent launch after the kernel before it on the stream (a
+  // DecodeStep's append): it rotates at once, and completes only after that kernel.
+  bool programmatic_launch = false;
 };
 
 struct MergeParams {
