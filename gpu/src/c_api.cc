@@ -250,6 +250,47 @@ DecodeAttentionPlan PlanOf(const CacheParams& c, int32_t batch, int32_t max_seq_
   return PlanDecodeAttention(c, batch, max_seq_len);
 }
 
+// kvq_decode's and kvq_decode_step's view of the cache they attend over, checked.
+DecodeAttentionInputs DecodeInputsOf(const CacheParams& c, const float* q, int32_t batch,
+                                     int32_t max_seq_len, const int32_t* seq_lens,
+                                     const int32_t* page_tables, int32_t max_pages,
+                                     const void* const* key_heads, const void* const* value_heads,
+                                     const void* const* key_planes,
+                                     const void* const* value_planes, const void* sink_key,
+                                     const void* sink_value, const void* recent_key,
+                                     const void* recent_value, const float* out,
+                                     int64_t workspace_bytes) {
+  KVQ_CHECK(workspace_bytes >= 0, kInvalidArgument, "workspace of ", workspace_bytes,
+            " bytes is negative");
+  KVQ_CHECK(reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+            kInvalidArgument, "q or out is not 16-byte aligned");
+  KVQ_CHECK(key_planes != nullptr && value_planes != nullptr, kInvalidArgument,
+            "key_planes or value_planes is null");
+  DecodeAttentionInputs in;
+  in.batch = batch;
+  in.max_seq_len = max_seq_len;
+  in.seq_lens = seq_lens;
+  in.page_tables = page_tables;
+  in.max_pages = max_pages;
+  for (int kv = 0; kv < 2; ++kv) {
+    const kvq::FormatLayout layout = kvq::LayoutOf(kv == 0 ? c.key : c.value);
+    const void* const* planes = kv == 0 ? key_planes : value_planes;
+    for (int i = 0; i < layout.num_planes; ++i) {
+      KVQ_CHECK(planes[i] != nullptr, kInvalidArgument, kv == 0 ? "key" : "value",
+                " pool plane ", i, " ('", layout.plane(i).name, "') is null");
+      (kv == 0 ? in.key_planes : in.value_planes)[i] = static_cast<const uint8_t*>(planes[i]);
+    }
+  }
+  in.sink_key = static_cast<const uint16_t*>(sink_key);
+  in.sink_value = static_cast<const uint16_t*>(sink_value);
+  in.recent_key = static_cast<const uint16_t*>(recent_key);
+  in.recent_value = static_cast<const uint16_t*>(recent_value);
+  in.key_heads = HeadsOf(c.key, key_heads, "key");
+  in.value_heads = HeadsOf(c.value, value_heads, "value");
+  in.q = q;
+  return in;
+}
+
 }  // namespace
 }  // namespace kvq::gpu
 
@@ -432,37 +473,42 @@ int kvq_decode(const kvq_cache* cache, const float* q, int32_t batch, int32_t ma
                void* stream) {
   return Guard("kvq_decode", [&] {
     const kvq::CacheParams& c = ParamsOf(cache);
-    KVQ_CHECK(workspace_bytes >= 0, kInvalidArgument, "workspace of ", workspace_bytes,
-              " bytes is negative");
-    KVQ_CHECK(reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
-              kInvalidArgument, "q or out is not 16-byte aligned");
-    KVQ_CHECK(key_planes != nullptr && value_planes != nullptr, kInvalidArgument,
-              "key_planes or value_planes is null");
-    DecodeAttentionInputs in;
-    in.batch = batch;
-    in.max_seq_len = max_seq_len;
-    in.seq_lens = seq_lens;
-    in.page_tables = page_tables;
-    in.max_pages = max_pages;
-    for (int kv = 0; kv < 2; ++kv) {
-      const kvq::FormatLayout layout = kvq::LayoutOf(kv == 0 ? c.key : c.value);
-      const void* const* planes = kv == 0 ? key_planes : value_planes;
-      for (int i = 0; i < layout.num_planes; ++i) {
-        KVQ_CHECK(planes[i] != nullptr, kInvalidArgument, kv == 0 ? "key" : "value",
-                  " pool plane ", i, " ('", layout.plane(i).name, "') is null");
-        (kv == 0 ? in.key_planes : in.value_planes)[i] = static_cast<const uint8_t*>(planes[i]);
-      }
-    }
-    in.sink_key = static_cast<const uint16_t*>(sink_key);
-    in.sink_value = static_cast<const uint16_t*>(sink_value);
-    in.recent_key = static_cast<const uint16_t*>(recent_key);
-    in.recent_value = static_cast<const uint16_t*>(recent_value);
-    in.key_heads = HeadsOf(c.key, key_heads, "key");
-    in.value_heads = HeadsOf(c.value, value_heads, "value");
-    in.q = q;
+    const DecodeAttentionInputs in =
+        DecodeInputsOf(c, q, batch, max_seq_len, seq_lens, page_tables, max_pages, key_heads,
+                       value_heads, key_planes, value_planes, sink_key, sink_value, recent_key,
+                       recent_value, out, workspace_bytes);
     const DecodeAttentionPlan plan = PlanOf(c, batch, max_seq_len);
     DecodeAttention(c, in, plan, workspace, static_cast<size_t>(workspace_bytes), out,
                     StreamOf(stream));
+  });
+}
+
+int kvq_decode_step(const kvq_cache* cache, const void* key, const void* value,
+                    const int32_t* lengths, const float* q, int32_t batch, int32_t max_seq_len,
+                    const int32_t* seq_lens, const int32_t* page_tables, int32_t max_pages,
+                    const void* const* key_heads, const void* const* value_heads,
+                    void* const* key_planes, void* const* value_planes, int64_t num_pages,
+                    void* sink_key, void* sink_value, void* recent_key, void* recent_value,
+                    int32_t* error_flags, float* out, void* workspace, int64_t workspace_bytes,
+                    void* stream) {
+  return Guard("kvq_decode_step", [&] {
+    const kvq::CacheParams& c = ParamsOf(cache);
+    KVQ_CHECK(c.quantized(), kUnsupported,
+              "the bf16 baseline cache has no kvq write (its pages hold the rows as given: the "
+              "caller copies them, then calls kvq_decode)");
+    const PagePool kp = PoolOf(c.key, key_planes, num_pages, "key");
+    const PagePool vp = PoolOf(c.value, value_planes, num_pages, "value");
+    const Windows windows{static_cast<uint16_t*>(sink_key), static_cast<uint16_t*>(sink_value),
+                          static_cast<uint16_t*>(recent_key),
+                          static_cast<uint16_t*>(recent_value)};
+    const DecodeAttentionInputs in = DecodeInputsOf(
+        c, q, batch, max_seq_len, seq_lens, page_tables, max_pages, key_heads, value_heads,
+        key_planes, value_planes, sink_key, sink_value, recent_key, recent_value, out,
+        workspace_bytes);
+    const DecodeAttentionPlan plan = PlanOf(c, batch, max_seq_len);
+    DecodeStep(c, static_cast<const uint16_t*>(key), static_cast<const uint16_t*>(value), lengths,
+               kp, vp, windows, error_flags, in, plan, workspace,
+               static_cast<size_t>(workspace_bytes), out, StreamOf(stream));
   });
 }
 

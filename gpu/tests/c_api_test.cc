@@ -534,5 +534,32 @@ TEST(CApiErrorsTest, DecodeRefusesBadArguments) {
                KVQ_ERROR_INVALID_ARGUMENT, {"key per-head row 'scale' is given"});
 }
 
+// kvq_decode_step's refusals, before any CUDA call: its decode's (a misaligned query), its
+// append's (a null pool plane), and the bf16 cache's (no append step).
+TEST(CApiErrorsTest, DecodeStepRefusesBadArguments) {
+  Handle handle(Oscar());
+  ASSERT_NE(handle.cache, nullptr);
+  alignas(16) static uint8_t dummy[4][256];
+  void* planes[3] = {dummy[0], dummy[1], dummy[2]};
+  std::vector<const void*> rows(static_cast<size_t>(kvq_head_rows()), nullptr);
+  rows[static_cast<size_t>(HeadRow("rotation"))] = dummy[3];
+  const int32_t* ints = reinterpret_cast<const int32_t*>(dummy[1]);
+  float* out = reinterpret_cast<float*>(dummy[3]);
+  const auto step = [&](kvq_cache* cache, const float* q, void* const* value_planes) {
+    return kvq_decode_step(cache, dummy[0], dummy[1], ints, q, 1, 100, ints, ints, 8,
+                           rows.data(), rows.data(), planes, value_planes, 4, dummy[0], dummy[1],
+                           dummy[2], dummy[3], nullptr, out, dummy[0], 1 << 20, nullptr);
+  };
+  ExpectStatus(step(handle.cache, reinterpret_cast<const float*>(dummy[0] + 4), planes),
+               KVQ_ERROR_INVALID_ARGUMENT, {"kvq_decode_step", "not 16-byte aligned"});
+  void* holed[3] = {dummy[0], nullptr, dummy[2]};
+  ExpectStatus(step(handle.cache, reinterpret_cast<const float*>(dummy[0]), holed),
+               KVQ_ERROR_INVALID_ARGUMENT, {"value pool plane 1 ('scale') is null"});
+  Handle bf16(Cache().kv_heads(2).q_heads(8).page(16).both(Write().head_dim(128)).bf16());
+  ASSERT_NE(bf16.cache, nullptr);
+  ExpectStatus(step(bf16.cache, reinterpret_cast<const float*>(dummy[0]), planes),
+               KVQ_ERROR_UNSUPPORTED, {"bf16 baseline cache has no kvq write"});
+}
+
 }  // namespace
 }  // namespace kvq::gpu

@@ -37,7 +37,7 @@ except ImportError:  # the C ABI's queries (cache_params, pool_planes, ...) work
     torch = None
 
 __all__ = ["TorchOpError", "allocate_pools", "allocate_windows", "allocate_workspace",
-           "cache_params", "decode", "head_row_names", "library", "library_path", "pool_planes",
+           "cache_params", "decode", "decode_step", "head_row_names", "library", "library_path", "pool_planes",
            "registered", "write_append", "write_prefill", "workspace_bytes"]
 
 Tensor = torch.Tensor if torch is not None else object
@@ -119,6 +119,8 @@ def _declare(lib):
         "kvq_decode_workspace_bytes": ([vp, i32, i32, ctypes.POINTER(i64)], ctypes.c_int),
         "kvq_decode": ([vp, vp, i32, i32, vp, vp, i32, vpp, vpp, vpp, vpp, vp, vp, vp, vp, vp, vp,
                         i64, vp], ctypes.c_int),
+        "kvq_decode_step": ([vp, vp, vp, vp, vp, i32, i32, vp, vp, i32, vpp, vpp, vpp, vpp, i64,
+                             vp, vp, vp, vp, vp, vp, vp, i64, vp], ctypes.c_int),
     }
     for name, (args, result) in sigs.items():
         fn = getattr(lib, name)
@@ -462,6 +464,36 @@ def _decode(params: str, q: Tensor, seq_lens: Tensor, page_tables: Tensor, max_s
     return out
 
 
+def _decode_step(params: str, key: Tensor, value: Tensor, lengths: Tensor, q: Tensor,
+                 seq_lens: Tensor, page_tables: Tensor, max_seq_len: int, key_heads: HeadRows,
+                 value_heads: HeadRows, key_pool: typing.List[Tensor],
+                 value_pool: typing.List[Tensor], sink_key: Tensor, sink_value: Tensor,
+                 recent_key: Tensor, recent_value: Tensor, workspace: Tensor,
+                 error_flags: typing.Optional[Tensor]) -> Tensor:
+    c = _cache(params)
+    device = q.device
+    hkv, hq, d = c.dims["num_kv_heads"], c.dims["num_q_heads"], c.dims["head_dim"]
+    _tensor(q, "q", torch.float32, (None, hq, d), device)
+    batch = q.shape[0]
+    _tensor(key, "key", torch.bfloat16, (batch, hkv, d), device)
+    _tensor(value, "value", torch.bfloat16, (batch, hkv, d), device)
+    _tensor(lengths, "lengths", torch.int32, (batch,), device)
+    _tensor(seq_lens, "seq_lens", torch.int32, (batch,), device)
+    _tensor(page_tables, "page_tables", torch.int32, (batch, None), device)
+    _windows(c, (sink_key, sink_value, recent_key, recent_value), batch, device)
+    _tensor(workspace, "workspace", torch.uint8, (None,), device)
+    kp, vp, pages, kh, vh = _write_targets(c, key_pool, value_pool, key_heads, value_heads,
+                                           error_flags, device)
+    out = torch.empty_like(q)
+    with torch.cuda.device(device):
+        _check(library().kvq_decode_step(
+            c.handle, _ptr(key), _ptr(value), _ptr(lengths), _ptr(q), batch, max_seq_len,
+            _ptr(seq_lens), _ptr(page_tables), page_tables.shape[1], kh, vh, kp, vp, pages,
+            _ptr(sink_key), _ptr(sink_value), _ptr(recent_key), _ptr(recent_value),
+            _ptr(error_flags), _ptr(out), _ptr(workspace), workspace.numel(), _stream(device)))
+    return out
+
+
 # ---- Registration -----------------------------------------------------------------------------
 
 _WINDOWS = ("sink_key", "sink_value", "recent_key", "recent_value")
@@ -486,6 +518,9 @@ def _register():
         mutates_args=("key_pool", "value_pool") + _WINDOWS + ("error_flags",))
     decode_op = library_api.custom_op("kvq::decode", _decode, device_types="cuda",
                                       mutates_args=("workspace",))
+    step_op = library_api.custom_op(
+        "kvq::decode_step", _decode_step, device_types="cuda",
+        mutates_args=("key_pool", "value_pool") + _WINDOWS + ("workspace", "error_flags"))
 
     @prefill.register_fake
     def _(params: str, key: Tensor, value: Tensor, page_table: Tensor, key_heads: HeadRows,
@@ -508,7 +543,16 @@ def _register():
           recent_key: Tensor, recent_value: Tensor, workspace: Tensor) -> Tensor:
         return torch.empty_like(q)
 
-    _ops.update(write_prefill=prefill, write_append=append, decode=decode_op)
+    @step_op.register_fake
+    def _(params: str, key: Tensor, value: Tensor, lengths: Tensor, q: Tensor, seq_lens: Tensor,
+          page_tables: Tensor, max_seq_len: int, key_heads: HeadRows, value_heads: HeadRows,
+          key_pool: typing.List[Tensor], value_pool: typing.List[Tensor], sink_key: Tensor,
+          sink_value: Tensor, recent_key: Tensor, recent_value: Tensor, workspace: Tensor,
+          error_flags: typing.Optional[Tensor]) -> Tensor:
+        return torch.empty_like(q)
+
+    _ops.update(write_prefill=prefill, write_append=append, decode=decode_op,
+                decode_step=step_op)
 
 
 _register()
@@ -560,6 +604,21 @@ def decode(params, q, seq_lens, page_tables, max_seq_len, key_heads, value_heads
                          _head_list(key_heads), _head_list(value_heads),
                          list(key_pool), list(value_pool), sink_key, sink_value, recent_key,
                          recent_value, workspace)
+
+
+def decode_step(params, key, value, lengths, q, seq_lens, page_tables, max_seq_len, key_heads,
+                value_heads, key_pool, value_pool, sink_key, sink_value, recent_key,
+                recent_value, workspace, error_flags=None):
+    """torch.ops.kvq.decode_step: a layer's whole decode step, write_append's append of key /
+    value bf16 [B, Hkv, d] for the sequences of lengths (int32 [B], before the step; the caller
+    advances them), then decode's f32 [B, Hq, d] attention of q over the caches of seq_lens
+    (int32 [B], after it), the query rotation and the decode launched while the append runs
+    (kvq::gpu::DecodeStep). The cache's and the output's bits are write_append's then
+    decode's."""
+    return _op("decode_step")(_one_line(params), key, value, lengths, q, seq_lens, page_tables,
+                              max_seq_len, _head_list(key_heads), _head_list(value_heads),
+                              list(key_pool), list(value_pool), sink_key, sink_value,
+                              recent_key, recent_value, workspace, error_flags)
 
 
 def _head_list(rows):

@@ -7,7 +7,8 @@ cases' scripts (conformance/vectors/cache: the CPU oracle's pools and windows, r
 small safetensors reader, so the extension module is not needed) and must leave the same bytes;
 decode over the replayed attention cases must hold each case's GPU tolerance against its fp64
 reference (kvq.attend's oracle); a write + decode step captured in a CUDA graph replays to the
-eager bits; a torch.compile'd step (fullgraph) runs and gives the eager bits; opcheck passes.
+eager bits; decode_step gives the bits of write_append then decode, eagerly and in a graph; a
+torch.compile'd step (fullgraph) runs and gives the eager bits; opcheck passes.
 """
 import json
 import os
@@ -393,6 +394,66 @@ def test_cuda_graph_replays_the_eager_bits():
     assert_same_state(eager, graphed)
 
 
+def run_decode_step(params, heads, tables, state, key, value, q, workspace, max_len):
+    """The same step through torch.ops.kvq.decode_step (lengths before, seq_lens after)."""
+    after = state["lengths"] + 1
+    out = torch.ops.kvq.decode_step(params, key, value, state["lengths"], q, after, tables,
+                                    max_len, torch_ops._head_list(heads[0]),
+                                    torch_ops._head_list(heads[1]), state["pools"][0],
+                                    state["pools"][1], *state["windows"], workspace, None)
+    state["lengths"].add_(1)
+    return out
+
+
+@needs_device
+def test_decode_step_gives_the_bits_of_append_then_decode():
+    """decode_step (the rotation and the decode launched while the append runs) leaves the
+    cache and the output of write_append then decode, bit for bit, over steps that demote into
+    the pages of every sequence; eagerly and replayed from a captured CUDA graph."""
+    params, heads, tables, state, rows, max_len = step_fixture()
+    workspace = torch_ops.allocate_workspace(params, 3, max_len)
+    apart, fused, graphed = clone_state(state), clone_state(state), clone_state(state)
+    static_k, static_v, static_q = [x.clone() for x in rows[0]]
+    warm = clone_state(state)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_decode_step(params, heads, tables, warm, static_k, static_v, static_q, workspace,
+                        max_len)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run_decode_step(params, heads, tables, graphed, static_k, static_v,
+                                     static_q, workspace, max_len)
+    for key, value, q in rows:
+        want = run_step(params, heads, tables, apart, key, value, q, workspace, max_len)
+        got = run_decode_step(params, heads, tables, fused, key, value, q, workspace, max_len)
+        assert same_bytes(got, want)
+        static_k.copy_(key)
+        static_v.copy_(value)
+        static_q.copy_(q)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert same_bytes(static_out, want)
+    assert_same_state(apart, fused)
+    assert_same_state(apart, graphed)
+
+
+@needs_device
+def test_decode_step_refuses_what_its_halves_refuse():
+    params, heads, tables, state, rows, max_len = step_fixture(steps=1)
+    workspace = torch_ops.allocate_workspace(params, 3, max_len)
+    key, value, q = rows[0]
+    with pytest.raises(torch_ops.TorchOpError, match="seq_lens"):
+        torch_ops.decode_step(params, key, value, state["lengths"], q, state["lengths"][:2],
+                              tables, max_len, *heads, *state["pools"], *state["windows"],
+                              workspace)
+    with pytest.raises(torch_ops.TorchOpError, match="key"):
+        torch_ops.decode_step(params, key.float(), value, state["lengths"], q,
+                              state["lengths"] + 1, tables, max_len, *heads, *state["pools"],
+                              *state["windows"], workspace)
+
+
 @needs_device
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_torch_compile_fullgraph_gives_the_eager_bits(backend):
@@ -419,6 +480,10 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.kvq.decode.default,
                           (params, q, state["lengths"] + 1, tables, max_len, h[0], h[1],
                            state["pools"][0], state["pools"][1], *state["windows"], workspace))
+    torch.library.opcheck(torch.ops.kvq.decode_step.default,
+                          (params, key, value, state["lengths"], q, state["lengths"] + 1, tables,
+                           max_len, h[0], h[1], state["pools"][0], state["pools"][1],
+                           *state["windows"], workspace, None))
 
 
 @needs_device

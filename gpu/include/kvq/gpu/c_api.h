@@ -162,6 +162,20 @@ int kvq_decode(const kvq_cache* cache, const float* q, int32_t batch, int32_t ma
                const void* recent_value, float* out, void* workspace, int64_t workspace_bytes,
                void* stream);
 
+/* One decode step as a serving engine runs it (kvq::gpu::DecodeStep): kvq_write_append's append
+ * of key / value for the sequences of lengths (before the step), then kvq_decode's attention of
+ * q over each sequence's cache of seq_lens (after it: the new token included), the rotation and
+ * the decode launched while the append runs. The cache's and out's bits are the two calls'. The
+ * arguments are theirs (the pools and windows written, then read); workspace as kvq_decode's. */
+int kvq_decode_step(const kvq_cache* cache, const void* key, const void* value,
+                    const int32_t* lengths, const float* q, int32_t batch, int32_t max_seq_len,
+                    const int32_t* seq_lens, const int32_t* page_tables, int32_t max_pages,
+                    const void* const* key_heads, const void* const* value_heads,
+                    void* const* key_planes, void* const* value_planes, int64_t num_pages,
+                    void* sink_key, void* sink_value, void* recent_key, void* recent_value,
+                    int32_t* error_flags, float* out, void* workspace, int64_t workspace_bytes,
+                    void* stream);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
