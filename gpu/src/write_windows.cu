@@ -16,8 +16,8 @@ namespace {
 // Thread per 16 bytes of a new token row: into the sink (position < S0) or the ring (slots
 // W + F - 1), unless the step's flush took it into the history (W = 0).
 __global__ void AppendCopyKernel(const __grid_constant__ AppendCopyArgs a) {
-  // A decode launched after the step's append (DecodeStep) may start now: its blocks wait for
-  // this grid where they read what the append writes.
+  // The query rotation DecodeStep launches after the append may start now (it completes only
+  // after this grid; the decode's blocks that read the windows wait for it).
   launch::LaunchDependents();
   // overlap_previous: the demotions read the ring slots this kernel overwrites.
   launch::WaitForPrerequisiteGrid();
