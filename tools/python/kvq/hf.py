@@ -272,12 +272,7 @@ class Calibration:
         if m.get("format") != "kvq-calibration":
             raise SchemeError("%s is not a kvq calibration (format %r)" % (
                 self.path, m.get("format")), "malformed file")
-        got = (int(m.get("num_layers", -1)), int(m.get("num_kv_heads", -1)),
-               int(m.get("head_dim", -1)))
-        if got != (num_layers, num_kv_heads, head_dim):
-            raise SchemeError("calibration %s has %d layers x %d KV heads x d=%d, the model %d x "
-                              "%d x d=%d" % ((self.path,) + got + (num_layers, num_kv_heads,
-                                                                  head_dim)), "shape mismatch")
+        self.check_shape(num_layers, num_kv_heads, head_dim)
         self.scheme = m.get("scheme", "oscar")
         self.version = int(m.get("format_version", 1))
         if _codebook_scheme(self.scheme) != (self.version == 4):  # ReadCalibration's rule
@@ -285,6 +280,16 @@ class Calibration:
                               "codebook calibrations' version, and only theirs)" % (
                                   self.path, self.scheme, self.version), "malformed file")
         self.num_kv_heads = num_kv_heads
+
+    def check_shape(self, num_layers, num_kv_heads, head_dim):
+        """SchemeError (shape mismatch) unless the file was made for a model of this shape."""
+        m = self.metadata
+        got = (int(m.get("num_layers", -1)), int(m.get("num_kv_heads", -1)),
+               int(m.get("head_dim", -1)))
+        if got != (num_layers, num_kv_heads, head_dim):
+            raise SchemeError("calibration %s has %d layers x %d KV heads x d=%d, the model %d x "
+                              "%d x d=%d" % ((self.path,) + got + (num_layers, num_kv_heads,
+                                                                  head_dim)), "shape mismatch")
 
     def rows(self, layer, side, stem, kv_heads, dtype=None):
         """[len(kv_heads), ...] of the tensor, f32 (or `dtype`)."""
@@ -316,8 +321,11 @@ def calibration_for(scheme, calibration, num_layers, num_kv_heads, head_dim):
     if calibration is None:
         raise SchemeError("scheme '%s' needs a calibration file (kvq calibrate%s)" % (
             scheme, " --scheme " + scheme if own else ""))
-    cal = calibration if isinstance(calibration, Calibration) else \
-        Calibration(calibration, num_layers, num_kv_heads, head_dim)
+    if isinstance(calibration, Calibration):  # read before, perhaps for another model
+        calibration.check_shape(num_layers, num_kv_heads, head_dim)
+        cal = calibration
+    else:
+        cal = Calibration(calibration, num_layers, num_kv_heads, head_dim)
     # A codebook calibration (format_version 4: Haar rotations, widths) serves only the scheme it
     # was made for (the check below), and holds none of the fitted tensors (clip ratios, bases)
     # the others read.

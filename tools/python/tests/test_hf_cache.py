@@ -307,6 +307,18 @@ def test_dense_rotations_come_from_the_tensors_the_rows_name(name, tmp_path):
 
 
 @needs_torch
+def test_a_calibration_read_before_is_checked_against_the_model(tmp_path):
+    """A Calibration object handed to kvq.hf (read once, shared by caches) is held to the
+    model's shape as a path is: one made for 2 layers does not serve a 3-layer model."""
+    config = shape_config()
+    path = tq_mse_calibration(tmp_path / "t.safetensors", config)
+    cal = hf.Calibration(path, 2, 2, 64)
+    assert hf.calibration_for("tq_mse", cal, 2, 2, 64) is cal
+    with pytest.raises(hf.SchemeError, match="2 layers x 2 KV heads x d=64, the model 3 x 2"):
+        hf.calibration_for("tq_mse", cal, 3, 2, 64)
+
+
+@needs_torch
 @pytest.mark.parametrize("density", [None, "beta", "gaussian", "laplace"])
 def test_codebook_sides_take_the_tables_the_file_records(density, tmp_path):
     """A codebook file's "codebook" (kvq calibrate --codebook) decides the tables both codebook
