@@ -250,6 +250,19 @@ DecodeAttentionPlan PlanOf(const CacheParams& c, int32_t batch, int32_t max_seq_
   return PlanDecodeAttention(c, batch, max_seq_len);
 }
 
+// The writes' refusal of the bf16 baseline cache, whose pages hold the rows as given.
+void RequireKvqWrite(const CacheParams& c) {
+  KVQ_CHECK(c.quantized(), kUnsupported,
+            "the bf16 baseline cache has no kvq write (its pages hold the rows as given: the "
+            "caller copies them)");
+}
+
+// The bf16 windows a write fills (kvq::gpu::Windows).
+Windows WindowsOf(void* sink_key, void* sink_value, void* recent_key, void* recent_value) {
+  return Windows{static_cast<uint16_t*>(sink_key), static_cast<uint16_t*>(sink_value),
+                 static_cast<uint16_t*>(recent_key), static_cast<uint16_t*>(recent_value)};
+}
+
 // kvq_decode's and kvq_decode_step's view of the cache they attend over, checked.
 DecodeAttentionInputs DecodeInputsOf(const CacheParams& c, const float* q, int32_t batch,
                                      int32_t max_seq_len, const int32_t* seq_lens,
@@ -410,9 +423,7 @@ int kvq_write_prefill(const kvq_cache* cache, const void* key, const void* value
                       int32_t* error_flags, void* stream) {
   return Guard("kvq_write_prefill", [&] {
     const kvq::CacheParams& c = ParamsOf(cache);
-    KVQ_CHECK(c.quantized(), kUnsupported,
-              "the bf16 baseline cache has no kvq write (its pages hold the rows as given: the "
-              "caller copies them)");
+    RequireKvqWrite(c);
     KVQ_CHECK(tokens >= 0, kInvalidArgument, "token count ", tokens, " is negative");
     const int64_t history = c.HistoryTokens(tokens);
     const int64_t pages_needed = (history + c.page_size - 1) / c.page_size;
@@ -423,9 +434,7 @@ int kvq_write_prefill(const kvq_cache* cache, const void* key, const void* value
     const HeadData vh = HeadsOf(c.value, value_heads, "value");
     const PagePool kp = PoolOf(c.key, key_planes, num_pages, "key");
     const PagePool vp = PoolOf(c.value, value_planes, num_pages, "value");
-    const Windows windows{static_cast<uint16_t*>(sink_key), static_cast<uint16_t*>(sink_value),
-                          static_cast<uint16_t*>(recent_key),
-                          static_cast<uint16_t*>(recent_value)};
+    const Windows windows = WindowsOf(sink_key, sink_value, recent_key, recent_value);
     PrefillWrite(c, static_cast<const uint16_t*>(key), static_cast<const uint16_t*>(value),
                  tokens, page_table, kh, vh, kp, vp, windows, error_flags, StreamOf(stream));
   });
@@ -439,16 +448,12 @@ int kvq_write_append(const kvq_cache* cache, const void* key, const void* value,
                      int32_t* error_flags, void* stream) {
   return Guard("kvq_write_append", [&] {
     const kvq::CacheParams& c = ParamsOf(cache);
-    KVQ_CHECK(c.quantized(), kUnsupported,
-              "the bf16 baseline cache has no kvq write (its pages hold the rows as given: the "
-              "caller copies them)");
+    RequireKvqWrite(c);
     const HeadData kh = HeadsOf(c.key, key_heads, "key");
     const HeadData vh = HeadsOf(c.value, value_heads, "value");
     const PagePool kp = PoolOf(c.key, key_planes, num_pages, "key");
     const PagePool vp = PoolOf(c.value, value_planes, num_pages, "value");
-    const Windows windows{static_cast<uint16_t*>(sink_key), static_cast<uint16_t*>(sink_value),
-                          static_cast<uint16_t*>(recent_key),
-                          static_cast<uint16_t*>(recent_value)};
+    const Windows windows = WindowsOf(sink_key, sink_value, recent_key, recent_value);
     AppendStep(c, static_cast<const uint16_t*>(key), static_cast<const uint16_t*>(value), batch,
                lengths, page_tables, max_pages, kh, vh, kp, vp, windows, error_flags,
                StreamOf(stream));
@@ -493,14 +498,10 @@ int kvq_decode_step(const kvq_cache* cache, const void* key, const void* value,
                     void* stream) {
   return Guard("kvq_decode_step", [&] {
     const kvq::CacheParams& c = ParamsOf(cache);
-    KVQ_CHECK(c.quantized(), kUnsupported,
-              "the bf16 baseline cache has no kvq write (its pages hold the rows as given: the "
-              "caller copies them, then calls kvq_decode)");
+    RequireKvqWrite(c);
     const PagePool kp = PoolOf(c.key, key_planes, num_pages, "key");
     const PagePool vp = PoolOf(c.value, value_planes, num_pages, "value");
-    const Windows windows{static_cast<uint16_t*>(sink_key), static_cast<uint16_t*>(sink_value),
-                          static_cast<uint16_t*>(recent_key),
-                          static_cast<uint16_t*>(recent_value)};
+    const Windows windows = WindowsOf(sink_key, sink_value, recent_key, recent_value);
     const DecodeAttentionInputs in = DecodeInputsOf(
         c, q, batch, max_seq_len, seq_lens, page_tables, max_pages, key_heads, value_heads,
         key_planes, value_planes, sink_key, sink_value, recent_key, recent_value, out,

@@ -378,6 +378,16 @@ void ExpectStatus(int status, int code, const std::vector<std::string>& needles)
 
 CacheParams Oscar() { return QuantizedCases()[0].params; }
 
+// Stand-in arguments of the refusal tests: 16-byte aligned buffers the C ABI checks but never
+// dereferences, three of them as Oscar()'s pool planes, and per-head rows holding the dense
+// rotation only.
+struct StandIns {
+  alignas(16) uint8_t bytes[4][256] = {};
+  void* planes[3] = {bytes[0], bytes[1], bytes[2]};
+  std::vector<const void*> rows = std::vector<const void*>(static_cast<size_t>(kvq_head_rows()));
+  StandIns() { rows[static_cast<size_t>(HeadRow("rotation"))] = bytes[3]; }
+};
+
 TEST(CApiErrorsTest, CreateRefusesBadParameters) {
   kvq_cache* cache = nullptr;
   ExpectStatus(kvq_cache_create(nullptr, &cache), KVQ_ERROR_INVALID_ARGUMENT,
@@ -459,10 +469,10 @@ TEST(CApiErrorsTest, QueriesRefuseBadIndices) {
 TEST(CApiErrorsTest, WritesRefuseBadArguments) {
   Handle handle(Oscar());
   ASSERT_NE(handle.cache, nullptr);
-  alignas(16) static uint8_t dummy[4][256];
-  void* planes[3] = {dummy[0], dummy[1], dummy[2]};
-  std::vector<const void*> rows(static_cast<size_t>(kvq_head_rows()), nullptr);
-  rows[static_cast<size_t>(HeadRow("rotation"))] = dummy[3];
+  StandIns stand_ins;
+  auto& dummy = stand_ins.bytes;
+  void* const* planes = stand_ins.planes;
+  const std::vector<const void*>& rows = stand_ins.rows;
   const int32_t* table = reinterpret_cast<const int32_t*>(dummy[3]);
   // 4 + 8 + 40 tokens put 40 in the history: 3 pages of 16, the table has 2.
   ExpectStatus(kvq_write_prefill(handle.cache, dummy[0], dummy[1], 52, table, 2, rows.data(),
@@ -512,10 +522,10 @@ TEST(CApiErrorsTest, DecodeRefusesBadArguments) {
                KVQ_ERROR_INVALID_ARGUMENT, {"batch 0"});
   ExpectStatus(kvq_decode_workspace_bytes(handle.cache, 1, 0, &bytes),
                KVQ_ERROR_INVALID_ARGUMENT, {"max_seq_len 0"});
-  alignas(16) static uint8_t dummy[4][256];
-  const void* planes[3] = {dummy[0], dummy[1], dummy[2]};
-  std::vector<const void*> rows(static_cast<size_t>(kvq_head_rows()), nullptr);
-  rows[static_cast<size_t>(HeadRow("rotation"))] = dummy[3];
+  StandIns stand_ins;
+  auto& dummy = stand_ins.bytes;
+  const void* const* planes = stand_ins.planes;
+  const std::vector<const void*>& rows = stand_ins.rows;
   float* out = reinterpret_cast<float*>(dummy[3]);
   ExpectStatus(kvq_decode(handle.cache, reinterpret_cast<const float*>(dummy[0] + 4), 1, 100,
                           reinterpret_cast<const int32_t*>(dummy[1]),
@@ -539,10 +549,10 @@ TEST(CApiErrorsTest, DecodeRefusesBadArguments) {
 TEST(CApiErrorsTest, DecodeStepRefusesBadArguments) {
   Handle handle(Oscar());
   ASSERT_NE(handle.cache, nullptr);
-  alignas(16) static uint8_t dummy[4][256];
-  void* planes[3] = {dummy[0], dummy[1], dummy[2]};
-  std::vector<const void*> rows(static_cast<size_t>(kvq_head_rows()), nullptr);
-  rows[static_cast<size_t>(HeadRow("rotation"))] = dummy[3];
+  StandIns stand_ins;
+  auto& dummy = stand_ins.bytes;
+  void* const* planes = stand_ins.planes;
+  const std::vector<const void*>& rows = stand_ins.rows;
   const int32_t* ints = reinterpret_cast<const int32_t*>(dummy[1]);
   float* out = reinterpret_cast<float*>(dummy[3]);
   const auto step = [&](kvq_cache* cache, const float* q, void* const* value_planes) {
