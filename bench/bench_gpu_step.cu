@@ -1,10 +1,10 @@
 // The whole decode step of one layer on the GPU, in one CUDA graph (issue 26): the append of one
 // token per sequence through the scheme's real write (rotation, clip, quantize, the demotion
 // into the history or the tile flush when it falls due, the new rows into the bf16 ring) and
-// the decode step (query rotation, attention, merge), as gpu::DecodeStep queues them (the
-// rotation and the decode launch while the append runs, and the decode's blocks that read
-// nothing the append writes start their page copies at once; column "serial step":
-// gpu::AppendStep, then gpu::DecodeAttention launched after all of it), captured
+// the decode step (query rotation, attention, merge), as gpu::DecodeStep queues them (each
+// kernel launched while the one before it runs, the rotation before the append where a side has
+// a dense rotation; column "serial step": gpu::AppendStep, then gpu::DecodeAttention launched
+// after all of it), captured
 // on a non-default stream (cudaStreamBeginCapture, global mode: an allocation, a
 // synchronisation or a synchronous copy would fail the capture), instantiated once and replayed.
 // Shapes of seqs/000 §5.4: d = 128, Hq/Hkv = 32/8, B x T in {1, 8, 32, 128} x {8K, 32K, 128K}
@@ -60,10 +60,12 @@
 // "vs kvq bf16" divides kvq's bf16 cache step (the bf16 row, run first) by the row's.
 //
 // Usage: kvq_bench_gpu_step [--iters N] [--quick] [--batch B] [--len T] [--schemes LIST]
-//                           [--flush read|write] [--baseline FILE]
+//                           [--flush read|write] [--baseline FILE] [--timeline]
 // (prints a markdown table; --batch / --len: one shape; --schemes: comma-separated rows among
 // bf16, oscar and the catalogue ids SchemeRows builds (int4, k4v2, k2v4 too); --quick: B in
-// {1, 32}, T = 32K.)
+// {1, 32}, T = 32K; --timeline: after the table, each quantized row's step graph replayed with
+// the block records on (DecodeAttentionInputs::timeline: the rotation's, the decode's and the
+// merge's blocks, per kind: entries, exits, when their inputs were ready).)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -83,6 +85,7 @@
 #include "kvq/gpu/attention.h"
 #include "kvq/gpu/cuda_check.h"
 #include "kvq/gpu/write.h"
+#include "block_timeline.h"
 #include "decode_rows.cuh"
 #include "l2_flush.cuh"
 
@@ -113,6 +116,9 @@ using kvq::bench::StepBuffers;
 constexpr const char* kDefaultRows =
     "bf16,oscar,hadamard,kivi,ots,saw_int4,fp8_unscaled,fp8_hadamard,int4";
 constexpr size_t kTokenRowBytes = static_cast<size_t>(kHkv) * kHeadDim * 2;  // bf16, all heads
+
+bool g_timeline = false;   // --timeline
+std::string g_timelines;   // the summaries, printed after the table
 
 // ---- Kernels ----
 
@@ -312,7 +318,7 @@ struct RowResult {
 
 // The row `c` at (batch, seq_len): the step graph at before = seq_len - 1 and, for F > 1, the
 // flush step's graph at the next length where the flush falls due.
-RowResult RunRow(const CacheParams& c, int batch, int seq_len, L2Flusher& flusher, int iters,
+RowResult RunRow(const std::string& label, const CacheParams& c, int batch, int seq_len, L2Flusher& flusher, int iters,
                  cudaStream_t stream, int sms) {
   RowResult r;
   const bool quantized = c.quantized();
@@ -455,6 +461,31 @@ RowResult RunRow(const CacheParams& c, int batch, int seq_len, L2Flusher& flushe
       s.decode_us = GraphMicros(decode_graph, stream, flusher, iters);
       kvq::gpu::CheckErrorFlags(flags, what.c_str(), stream);
     }
+    if (g == 0 && quantized && g_timeline) {
+      // The step's graph again with the block records on (the rotation's, the decode's and the
+      // merge's blocks; the append's are not recorded): the third of three flushed replays.
+      const kvq::gpu::DecodeStepBlocks blocks =
+          kvq::gpu::DecodeAttentionBlocks(c, batch, plan);
+      uint64_t* timeline = Alloc<uint64_t>(4 * blocks.total());
+      in.timeline = timeline;
+      {
+        const Graph graph(stream, step);
+        for (int k = 0; k < 3; ++k) {
+          flusher.Flush(stream);
+          graph.Launch(stream);
+        }
+      }
+      in.timeline = nullptr;
+      KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint64_t> rec(4 * blocks.total());
+      KVQ_CUDA_CHECK(cudaMemcpy(rec.data(), timeline, rec.size() * 8, cudaMemcpyDeviceToHost));
+      KVQ_CUDA_CHECK(cudaFree(timeline));
+      const std::string title = label + " " + what + " (" +
+                                std::to_string(plan.hist_splits) + " history splits of " +
+                                std::to_string(plan.hist_tokens_per_split) + " tokens, " +
+                                std::to_string(plan.window_splits) + " window splits)";
+      g_timelines += kvq::bench::SummarizeTimeline(rec, title.c_str());
+    }
     const StepTraffic& t = traffic[g];
     s.bytes = t.read_bytes + t.write_bytes;
     const size_t words = static_cast<size_t>(t.write_bytes) / 16;
@@ -539,6 +570,8 @@ int main(int argc, char** argv) {
       only_len = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--schemes") && i + 1 < argc) {
       schemes = argv[++i];
+    } else if (!std::strcmp(argv[i], "--timeline")) {
+      g_timeline = true;
     } else if (!std::strcmp(argv[i], "--baseline") && i + 1 < argc) {
       baseline_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--quick")) {
@@ -606,7 +639,7 @@ int main(int argc, char** argv) {
         const auto base = baseline.find({batch, len});
         const double cudnn_us = base == baseline.end() ? 0.0 : base->second;
         for (const SchemeRow& row : rows) {
-          const RowResult a = RunRow(row.params, batch, len, flusher, iters, stream, sms);
+          const RowResult a = RunRow(row.label, row.params, batch, len, flusher, iters, stream, sms);
           if (!a.ran) {
             std::printf("| %s | %d | %d | skipped (memory) | | | | | | | | | | | | |\n",
                         row.label.c_str(), batch, len);
@@ -632,8 +665,8 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "\nstep: the graph of the append and the decode with T - 1 tokens stored (the decode "
-        "reads T), as gpu::DecodeStep queues them (rotation and decode launched while the "
-        "append runs); serial step: AppendStep, then DecodeAttention launched after all of it; "
+        "reads T), as gpu::DecodeStep queues them (each kernel launched while the one before "
+        "it runs); serial step: AppendStep, then DecodeAttention launched after all of it; "
         "flush step (F > 1: kivi, ots): the graph at the next length where the F-token "
         "flush falls due for every sequence; us / step: the mean over F steps ((F - 1) step + "
         "flush step) / F, the step itself when F = 1. vs kvq bf16 / vs cuDNN step: that step's "
@@ -645,6 +678,7 @@ int main(int argc, char** argv) {
         "lengths not counted), a mean over F steps; of copy BW: those bytes over us / step "
         "against the device-to-device copy; floor: one streaming kernel moving those bytes, in a "
         "graph, timed the same way.\n");
+    if (!g_timelines.empty()) std::printf("\n%s", g_timelines.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvq_bench_gpu_step: error: %s\n", e.what());
     if (stream) cudaStreamDestroy(stream);

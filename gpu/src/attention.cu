@@ -15,6 +15,8 @@
 #include "kvq/gpu/formats.h"
 #include "kvq/gpu/rotation.h"
 
+#include "append_step.h"
+
 namespace kvq::gpu {
 namespace {
 
@@ -108,15 +110,18 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 // The workspace of a step: q~ [rows, d] fp32, then the partials' (m, l) [rows, splits, 2] and
 // acc [rows, splits, d], each 256-byte aligned.
+// q~ [B, Hq, d] fp32, then the partials, then DecodeStep's query words [B, Hq] int32 at most
+// (a word a rotation block).
 struct WorkspaceLayout {
-  size_t part_ml = 0, part_acc = 0, bytes = 0;
+  size_t part_ml = 0, part_acc = 0, query_ready = 0, bytes = 0;
   WorkspaceLayout(const CacheParams& c, int64_t batch, const DecodeAttentionPlan& plan) {
     const int64_t rows = batch * c.num_q_heads;
     const int64_t splits = plan.hist_splits + plan.window_splits;
     const int64_t d = c.head_dim();
     part_ml = AlignUp(rows * d * 4, 256);
     part_acc = part_ml + AlignUp(rows * splits * 2 * 4, 256);
-    bytes = part_acc + AlignUp(rows * splits * d * 4, 256);
+    query_ready = part_acc + AlignUp(rows * splits * d * 4, 256);
+    bytes = query_ready + AlignUp(rows * 4, 256);
   }
 };
 
@@ -336,10 +341,48 @@ DecodeKinds CheckDecode(const CacheParams& c, const DecodeAttentionInputs& in,
   return kinds;
 }
 
-// DecodeAttention, and DecodeStep's decode after its append (append_lengths: the lengths the
-// append took; DecodeKernelParams::append_lengths).
+// The query rotation q~ = q·R_K (then P_br) into the workspace; with `ready` (DecodeStep) each
+// block marks its word there once its rows are written (RotateQueriesParams::ready).
+void RotateQueries(const CacheParams& c, const DecodeAttentionInputs& in,
+                   const DecodeAttentionPlan& plan, void* workspace, int* ready,
+                   cudaStream_t stream, bool after_kernel = false) {
+  attention::RotateQueriesParams rq;
+  rq.batch = in.batch;
+  rq.num_q_heads = c.num_q_heads;
+  rq.q_per_kv = c.group_size();
+  rq.heads_per_block = plan.aux_heads_per_block;
+  rq.rotation = MakeRotationArgs(c.key, in.key_heads);
+  rq.q = in.q;
+  rq.q_rot = static_cast<float*>(workspace);
+  rq.timeline = in.timeline;
+  rq.ready = ready;
+  rq.programmatic_launch = after_kernel;
+  KVQ_CUDA_CHECK(attention::DispatchRotateQueries(c.head_dim(), rq, stream));
+}
+
+// What a DecodeStep's decode learns of the append before it: the lengths it took
+// (DecodeKernelParams::append_lengths) and the rotation's words (query_ready).
+struct AfterAppend {
+  const int32_t* lengths = nullptr;
+  const int* query_ready = nullptr;
+};
+
+// Whether DecodeStep queues the query rotation before the append (else after it). Either way
+// the history blocks start their page copies at once; rotation first, they also start their
+// first logits without waiting for the append, which pays where the append is longer than
+// their first tiles take to arrive: the dense rotation's write (H200, B = 1 T = 128K and B = 8
+// T = 32K: OSCAR's step 6.6 us shorter; its append alone 12.6-15.1 us). Where the append takes
+// 7-9 us (FWHT, identity, the tiled keys' and fp8's writes) the rotation after it measured
+// 1-2 us faster: the history blocks' streaming slows the append and with it the window blocks
+// and the split that waits for the demoted tokens.
+bool RotationFirst(const CacheParams& c) {
+  return c.key.rotation == RotationKind::kDense || c.value.rotation == RotationKind::kDense;
+}
+
+// DecodeAttention (the rotation, then the decode and the merge), and DecodeStep's decode and
+// merge after its rotation and append (`append`).
 void Decode(const CacheParams& c, const DecodeAttentionInputs& in, const DecodeAttentionPlan& plan,
-            void* workspace, size_t workspace_bytes, float* out, const int32_t* append_lengths,
+            void* workspace, size_t workspace_bytes, float* out, const AfterAppend& append,
             cudaStream_t stream) {
   const DecodeKinds kinds = CheckDecode(c, in, plan, workspace, workspace_bytes, out);
   const int d = c.head_dim();
@@ -353,19 +396,8 @@ void Decode(const CacheParams& c, const DecodeAttentionInputs& in, const DecodeA
   float* part_ml = reinterpret_cast<float*>(ws + layout.part_ml);
   float* part_acc = reinterpret_cast<float*>(ws + layout.part_acc);
 
-  if (c.quantized()) {
-    attention::RotateQueriesParams rq;
-    rq.batch = in.batch;
-    rq.num_q_heads = c.num_q_heads;
-    rq.q_per_kv = g;
-    rq.heads_per_block = plan.aux_heads_per_block;
-    rq.rotation = MakeRotationArgs(c.key, in.key_heads);
-    rq.q = in.q;
-    rq.q_rot = q_rot;
-    rq.timeline = in.timeline;
-    // After a DecodeStep's append: launched while it runs, complete after it.
-    rq.programmatic_launch = append_lengths != nullptr;
-    KVQ_CUDA_CHECK(attention::DispatchRotateQueries(d, rq, stream));
+  if (c.quantized() && append.lengths == nullptr) {
+    RotateQueries(c, in, plan, workspace, /*ready=*/nullptr, stream);
   }
 
   attention::DecodeKernelParams kp;
@@ -432,8 +464,11 @@ void Decode(const CacheParams& c, const DecodeAttentionInputs& in, const DecodeA
   }
   const DecodeStepBlocks blocks = DecodeAttentionBlocks(c, in.batch, plan);
   kp.timeline = in.timeline ? in.timeline + 4 * blocks.rotate : nullptr;
-  kp.programmatic_launch = c.quantized();  // right after the query rotation
-  kp.append_lengths = append_lengths;
+  // Right after the query rotation, or after the append's last kernel (DecodeStep).
+  kp.programmatic_launch = c.quantized();
+  kp.append_lengths = append.lengths;
+  kp.query_ready = append.query_ready;
+  kp.query_ready_heads = plan.aux_heads_per_block;
   // The kernels never read a null pool when no sequence has history (no valid tile), but
   // cp.async needs a mapped address for its zero-fill form: give it the queries.
   for (const uint8_t** first_plane : {&kp.k_planes[0], &kp.v_planes[0]}) {
@@ -466,7 +501,7 @@ void Decode(const CacheParams& c, const DecodeAttentionInputs& in, const DecodeA
 void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
                      const DecodeAttentionPlan& plan, void* workspace, size_t workspace_bytes,
                      float* out, cudaStream_t stream) {
-  Decode(c, in, plan, workspace, workspace_bytes, out, /*append_lengths=*/nullptr, stream);
+  Decode(c, in, plan, workspace, workspace_bytes, out, AfterAppend{}, stream);
 }
 
 void DecodeStep(const CacheParams& c, const uint16_t* key, const uint16_t* value,
@@ -477,9 +512,27 @@ void DecodeStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   KVQ_CHECK(c.quantized(), kUnsupported, "DecodeStep: a bf16 cache has no append step");
   // The decode's checks first: a refused decode leaves the cache as it was.
   CheckDecode(c, in, plan, workspace, workspace_bytes, out);
+  if (RotationFirst(c)) {
+    // The rotation first (it reads only q and R_K), marking its blocks done for the history
+    // blocks, which then never wait for the append; the append launched while it runs; the
+    // decode while the append runs.
+    int* ready = reinterpret_cast<int*>(static_cast<unsigned char*>(workspace) +
+                                        WorkspaceLayout(c, in.batch, plan).query_ready);
+    RotateQueries(c, in, plan, workspace, ready, stream);
+    AppendStepAfterKernel(c, key, value, in.batch, lengths, in.page_tables, in.max_pages,
+                          in.key_heads, in.value_heads, key_pool, value_pool, windows,
+                          error_flags, stream);
+    Decode(c, in, plan, workspace, workspace_bytes, out, AfterAppend{lengths, ready},
+           stream);
+    return;
+  }
+  // The append first; the rotation launched while it runs and complete after it, the decode
+  // while the rotation runs: the history blocks start their page copies at once and wait for
+  // the rotation (so for the append) before their first logit.
   AppendStep(c, key, value, in.batch, lengths, in.page_tables, in.max_pages, in.key_heads,
              in.value_heads, key_pool, value_pool, windows, error_flags, stream);
-  Decode(c, in, plan, workspace, workspace_bytes, out, lengths, stream);
+  RotateQueries(c, in, plan, workspace, /*ready=*/nullptr, stream, /*after_kernel=*/true);
+  Decode(c, in, plan, workspace, workspace_bytes, out, AfterAppend{lengths, nullptr}, stream);
 }
 
 }  // namespace kvq::gpu

@@ -85,6 +85,7 @@ struct CodebookRowsLoop {
   int kvh, b, begin, end;
   int lane, warp, gi, t4;
   int first_page, n_tiles;
+  int append_tile;  // FirstAppendedTile: Issue waits for the append from this tile on
   int* page_ids;
   // Stage offsets of the four regions (K codes, K norms, V codes, V norms).
   int k_codes_at, k_norms_at, v_codes_at, v_norms_at;
@@ -149,6 +150,7 @@ struct CodebookRowsLoop {
     PrepareSide(false);
     PrepareSide(true);
     LoadSplitPages(p, b, begin, end, page_ids);
+    append_tile = FirstAppendedTile(p, b, begin, end);
     __syncthreads();  // page ids, descriptors, tables
     n_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 #pragma unroll
@@ -182,6 +184,7 @@ struct CodebookRowsLoop {
   }
 
   __device__ __forceinline__ void Issue(int tile, int stage) const {
+    if (tile >= append_tile) WaitForPrerequisiteGrid();
     unsigned char* dst = smem + stage * Geo::kStageBytes;
     const int first = begin + tile * kTileTokens;
     const CodebookSide k = Side(false), v = Side(true);
@@ -198,7 +201,7 @@ struct CodebookRowsLoop {
   // q~ of head gi (the rotation kernel's output) as bf16 hi + lo B fragments, natural channel
   // order (the bf16 loop's).
   __device__ __forceinline__ void FoldQuery(const SplitArgs& a) {
-    WaitForPrerequisiteGrid();
+    WaitForQueries(p, b, a.head0);
     bool any_lo = false;
     {
       const bool real = gi < p.heads_per_block;

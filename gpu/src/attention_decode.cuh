@@ -116,24 +116,6 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
   }
 }
 
-// Whether a block of a decode step overlapping its append (DecodeKernelParams::append_lengths)
-// reads what the append writes, and so must wait for the kernel before it (the rotation, which
-// completes after the append) before it reads anything: a window split reads the new token's
-// row; a history split, the tokens the append demoted or flushed if its range holds them
-// ([H(L), H(L + 1)): a split's range is whole 64-token tiles and its copies stay inside it, so
-// no other split's copies reach them).
-__device__ __forceinline__ bool ReadsTheAppend(const DecodeKernelParams& p) {
-  const int z = blockIdx.z;
-  if (z >= p.hist_splits) return true;
-  const int length = p.append_lengths[blockIdx.y];
-  if (length < 0) return true;  // the append flags it; read nothing early
-  const auto history = [&](int t) { return max(0, t - p.recent - p.sink) / p.flush * p.flush; };
-  const int first = history(length);
-  const int last = history(length + 1);
-  const int begin = z * p.hist_tokens_per_split;
-  return first < last && first < begin + p.hist_tokens_per_split && last > begin;
-}
-
 // K, V: the keys' and the values' history kinds (HistoryKind); LOOP: the quantized history's
 // loop (DecodeAttentionPlan::quant_loop); a kernel per loop so that each gets its own register
 // allocation. The bf16 cache takes kTwoMma.
@@ -147,7 +129,12 @@ __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
   BlockTimeline::Enter(p.timeline, kBf16Cache<K> || blockIdx.z < p.hist_splits
                                        ? BlockKind::kHistory
                                        : BlockKind::kWindow);
-  if (!kBf16Cache<K> && p.append_lengths != nullptr && ReadsTheAppend(p)) {
+  // A decode step whose append still runs (DecodeKernelParams::append_lengths): a window
+  // split reads the new token's sink or ring row, so it waits for the kernel before this one
+  // (which completes after the append) before it reads anything. A history split waits only
+  // for its rotated queries (WaitForQueries) and, if it holds tokens the append demotes or
+  // flushes, for the append before it copies their tile (FirstAppendedTile).
+  if (!kBf16Cache<K> && p.append_lengths != nullptr && static_cast<int>(blockIdx.z) >= p.hist_splits) {
     WaitForPrerequisiteGrid();
   }
   DecodeBlock<D, K, V, LOOP>(p, smem);

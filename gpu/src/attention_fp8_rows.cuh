@@ -78,6 +78,7 @@ struct Fp8RowsLoop {
   int kvh, b, begin, end;
   int lane, warp, gi, t4;
   int first_page, n_tiles;
+  int append_tile;  // FirstAppendedTile: Issue waits for the append from this tile on
   int* page_ids;
   uint32_t bq_hi[D / 16][2];
   uint32_t bq_lo[D / 16][2];
@@ -96,6 +97,7 @@ struct Fp8RowsLoop {
     page_ids = reinterpret_cast<int*>(smem + Geo::kBytes);
     first_page = begin >> p.page_size_log2;
     LoadSplitPages(p, b, begin, end, page_ids);
+    append_tile = FirstAppendedTile(p, b, begin, end);
     __syncthreads();  // page ids
     n_tiles = (end - begin + kTileTokens - 1) / kTileTokens;
 #pragma unroll
@@ -106,6 +108,7 @@ struct Fp8RowsLoop {
   }
 
   __device__ __forceinline__ void Issue(int tile, int stage) const {
+    if (tile >= append_tile) WaitForPrerequisiteGrid();
     const int page_size = 1 << p.page_size_log2;
     unsigned char* dst_stage = smem + stage * Geo::kStageBytes;
     const int first = begin + tile * kTileTokens;
@@ -132,7 +135,7 @@ struct Fp8RowsLoop {
   // q~ of head gi (the rotation kernel's output) times 2^e, as fp16 hi + lo, in the channel
   // order of the key loads: b0 of step kk takes channels 16 kk + 4 t4 + {0, 1}, b1 + {2, 3}.
   __device__ __forceinline__ void FoldQuery(const SplitArgs& a) {
-    WaitForPrerequisiteGrid();
+    WaitForQueries(p, b, a.head0);
     bool any_lo = false;
     int exponent = 0;  // e of head gi
     {

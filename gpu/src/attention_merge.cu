@@ -45,8 +45,18 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
   const int head0 = blockIdx.x * heads;
   const int b = blockIdx.y;
   const int64_t row = (static_cast<int64_t>(b) * p.num_q_heads + head0 + h) * D;
-  // The decode kernel after this one may launch now: its blocks set up and start their page
-  // copies, then wait for this grid to finish before reading q_rot.
+  // The kernel after this one may launch now: the decode kernel's blocks set up and start
+  // their page copies, then wait for this grid to finish (or for this block's word in
+  // p.ready) before reading q_rot. The word is reset first, visibly, so that nothing launched
+  // after this point reads what the workspace held before.
+  int* ready = p.ready != nullptr ? p.ready + blockIdx.y * gridDim.x + blockIdx.x : nullptr;
+  if (ready != nullptr) {
+    if (threadIdx.x == 0) {
+      *ready = 0;
+      __threadfence();
+    }
+    __syncthreads();
+  }
   detail::LaunchDependents();
   const bool dense = p.rotation.kind == kRotationDense;
   const float4* r =
@@ -104,8 +114,15 @@ __device__ __forceinline__ void RotateQuery(const RotateQueriesParams& p) {
     v = x[h][ChannelBitReverse<D>(j)];
   }
   p.q_rot[row + j] = v;
-  // programmatic_launch (a DecodeStep): complete only after the append before this kernel, so
-  // that the decode's wait for this grid covers the append too.
+  if (ready != nullptr) {
+    // Every thread's row is written; made visible to the device before the word says so.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicExch(ready, 1);
+    }
+  }
+  // programmatic_launch: complete only after the kernel before this one.
   detail::WaitForPrerequisiteGrid();
 }
 

@@ -154,6 +154,7 @@ struct QuantTilePipeline {
   int n_tiles;
   uint32_t bytes_per_token;
   uint64_t l2_policy;  // EvictFirstPolicy(): the pages are read once a step
+  int append_tile;     // FirstAppendedTile: Issue waits for the append from this tile on
 
   __device__ __forceinline__ uint64_t* Full(int stage) const {
     return reinterpret_cast<uint64_t*>(smem + kFullOffset) + stage;
@@ -178,6 +179,7 @@ struct QuantTilePipeline {
     constexpr int RBK = STAGE::KeyRow::kRowBytes;
     constexpr int RBV = STAGE::ValueRow::kRowBytes;
     LoadSplitPages(p, b, split_begin, split_end, PageIds());
+    append_tile = FirstAppendedTile(p, b, split_begin, split_end);
     n_tiles = (split_end - split_begin + kTileTokens - 1) / kTileTokens;
     end16 = (split_end + kChunkTokens - 1) & ~(kChunkTokens - 1);
     // Metadata bytes a token: per-token groups (D / G pairs) or a tile's row over its G_k tokens.
@@ -220,6 +222,7 @@ struct QuantTilePipeline {
     const int lane = threadIdx.x & 31;
     const int page_size = 1 << p.page_size_log2;
     const int run_tokens = min(page_size, kTileTokens);
+    if (tile >= append_tile) WaitForPrerequisiteGrid();
     const int first = begin + tile * kTileTokens;
     const int n_tok = min(kTileTokens, end16 - first);
     if (lane == 0) MbarrierArriveExpectTx(Full(stage), n_tok * bytes_per_token);
@@ -237,7 +240,8 @@ struct QuantTilePipeline {
   }
 
   // Publishes the page ids and barriers, then warp 0 issues the first `tiles` tiles (the pages
-  // were written before the rotation kernel started, so this may run before the query wait).
+  // were written before the rotation kernel started, or Issue waits for what a DecodeStep's
+  // append writes, so this may run before the query wait).
   __device__ __forceinline__ void Start(int tiles) const {
     __syncthreads();
     if ((threadIdx.x >> 5) == 0) {
@@ -284,11 +288,11 @@ struct QuantTilePipeline {
 };
 
 // q~ of the block's heads (0 past heads_per_block) into q_s [kMaxHeadsPerBlock][D]; waits for
-// the rotation kernel first (q_rot is its output) and ends with a block barrier.
+// the rotation kernel first (q_rot is its output: WaitForQueries) and ends with a block barrier.
 template <int D>
 __device__ __forceinline__ void LoadRotatedQueries(const DecodeKernelParams& p, int b, int head0,
                                                    float* q_s) {
-  WaitForPrerequisiteGrid();
+  WaitForQueries(p, b, head0);
   for (int i = threadIdx.x; i < kMaxHeadsPerBlock * D; i += kThreads) {
     const int h = i / D;
     q_s[i] = h < p.heads_per_block

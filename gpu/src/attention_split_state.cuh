@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "attention_common.cuh"
@@ -122,6 +123,52 @@ __device__ __forceinline__ void LoadSplitPages(const DecodeKernelParams& p, int 
   const int first = begin >> p.page_size_log2;
   const int n = ((end - 1) >> p.page_size_log2) - first + 1;
   for (int i = threadIdx.x; i < n; i += kThreads) ids[i] = table[first + i];
+}
+
+// ---- A DecodeStep's two waits (DecodeKernelParams::append_lengths, query_ready) -----------
+
+// Waits until the rotated queries of the block's heads (sequence b, heads head0 ..
+// head0 + heads_per_block - 1) are written: with query_ready, until the rotation blocks of
+// those heads have marked their words (a thread a word spins; the block's barrier orders every
+// thread's reads after the acquires), else until the kernel before this one has finished.
+// Called by every thread of the block.
+__device__ __forceinline__ void WaitForQueries(const DecodeKernelParams& p, int b, int head0) {
+  if (p.query_ready == nullptr) {
+    WaitForPrerequisiteGrid();
+    return;
+  }
+  const int per_sequence = p.num_q_heads / p.query_ready_heads;
+  const int first = head0 / p.query_ready_heads;
+  const int words = (head0 + p.heads_per_block - 1) / p.query_ready_heads - first + 1;
+  if (static_cast<int>(threadIdx.x) < words) {
+    const int* word = p.query_ready + static_cast<int64_t>(b) * per_sequence + first +
+                      static_cast<int>(threadIdx.x);
+    int done = 0;
+    for (;;) {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(done) : "l"(word) : "memory");
+      if (done != 0) break;
+      __nanosleep(64);
+    }
+  }
+  __syncthreads();
+}
+
+// The first tile (split-relative) of the history split [begin, end) of sequence b that holds
+// tokens a DecodeStep's append writes (history tokens [H(L), H(L + 1)), L = append_lengths[b]:
+// the demoted or flushed ones, at the end of the history): the split's pipeline waits for the
+// kernel before this one (which completes after the append) before it issues that tile's
+// copy, and copies the tiles before it at once. INT_MAX when no append runs or the split
+// holds none of them; 0 for a length the append flags (< 0: read nothing early).
+__device__ __forceinline__ int FirstAppendedTile(const DecodeKernelParams& p, int b, int begin,
+                                                 int end) {
+  if (p.append_lengths == nullptr) return INT_MAX;
+  const int length = p.append_lengths[b];
+  if (length < 0) return 0;
+  const auto history = [&](int t) { return max(0, t - p.recent - p.sink) / p.flush * p.flush; };
+  const int first = history(length);
+  const int last = history(length + 1);
+  if (first >= last || first >= end || last <= begin) return INT_MAX;
+  return (max(first, begin) - begin) / kTileTokens;
 }
 
 // The partial of one (head, channel) i of the block, from the warps' states in shared

@@ -10,6 +10,10 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+#include <set>
+#include <utility>
+
 namespace kvq::gpu::launch {
 
 // The kernel launched after this one on the stream (with the programmatic attribute) may start.
@@ -21,7 +25,27 @@ __device__ __forceinline__ void WaitForPrerequisiteGrid() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
-// Launches kernel(p); with `programmatic` the launch may overlap the tail of the previous
+// Sets, once per device and kernel, the kernel's preferred shared-memory carveout to the
+// largest. A multiprocessor holds blocks of one L1 / shared-memory split at a time, so a kernel
+// that asks for little shared memory (a DecodeStep's append, the query rotation) would set
+// multiprocessors to a split the decode's blocks cannot join until it leaves them (H200,
+// saw_int4 at B = 1, T = 128K: history blocks entering up to 7 us late without it, all within
+// 0.5 us with it).
+inline cudaError_t PreferMaxShared(const void* kernel) {
+  static std::mutex mutex;
+  static std::set<std::pair<int, const void*>> done;
+  int device = 0;
+  const cudaError_t got = cudaGetDevice(&device);
+  if (got != cudaSuccess) return got;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!done.insert({device, kernel}).second) return cudaSuccess;
+  const cudaError_t set = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (set != cudaSuccess) done.erase({device, kernel});
+  return set;
+}
+
+// Launches kernel(p) (PreferMaxShared first); with `programmatic` the launch may overlap the tail of the previous
 // kernel on the stream (see above).
 template <typename Params>
 cudaError_t LaunchKernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
@@ -36,6 +60,8 @@ cudaError_t LaunchKernel(void (*kernel)(Params), dim3 grid, dim3 block, size_t s
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = programmatic ? 1 : 0;
+  const cudaError_t preferred = PreferMaxShared(reinterpret_cast<const void*>(kernel));
+  if (preferred != cudaSuccess) return preferred;
   return cudaLaunchKernelEx(&config, kernel, p);
 }
 

@@ -16,6 +16,8 @@
 #include "kvq/gpu/rotation.h"
 #include "kvq/gpu/write.h"
 
+#include "append_step.h"
+
 namespace kvq::gpu {
 namespace {
 
@@ -344,11 +346,15 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
   KVQ_CUDA_CHECK(LaunchPrefillWindows(w, stream));
 }
 
-void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
-                const int32_t* lengths, const int32_t* page_tables, int max_pages,
-                const HeadData& key_heads, const HeadData& value_heads,
-                const PagePool& key_pool, const PagePool& value_pool, const Windows& windows,
-                int* error_flags, cudaStream_t stream) {
+namespace {
+
+// AppendStep; with overlap_previous its first launch may start while the kernel before it on
+// the stream runs (and completes only after it), as every later launch of the step does.
+void Append(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
+            const int32_t* lengths, const int32_t* page_tables, int max_pages,
+            const HeadData& key_heads, const HeadData& value_heads, const PagePool& key_pool,
+            const PagePool& value_pool, const Windows& windows, int* error_flags,
+            bool overlap_previous, cudaStream_t stream) {
   constexpr const char* kWhat = "AppendStep";
   CheckCacheParams(c, kWhat);
   KVQ_CHECK(batch >= 0, kInvalidArgument, kWhat, ": batch ", batch, " is negative");
@@ -399,6 +405,7 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   a.flush = c.flush;
   a.ring_slots = ring;
   a.error_flags = error_flags;
+  a.overlap_previous = overlap_previous;
   // With no ring (W = 0, F = 1) the rows read are the step's own: x names them too, so that
   // every pointer a kernel may touch is a real one.
   LaunchHistories(c, key_heads, value_heads, key_pool, value_pool, a,
@@ -426,6 +433,26 @@ void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
   copy.error_flags = error_flags;
   copy.overlap_previous = true;  // starts in the demotions' tail, waits for them before a row
   KVQ_CHECK_LAUNCH(LaunchAppendCopy(copy, stream), kWhat, c.key);
+}
+
+}  // namespace
+
+void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
+                const int32_t* lengths, const int32_t* page_tables, int max_pages,
+                const HeadData& key_heads, const HeadData& value_heads,
+                const PagePool& key_pool, const PagePool& value_pool, const Windows& windows,
+                int* error_flags, cudaStream_t stream) {
+  Append(c, key, value, batch, lengths, page_tables, max_pages, key_heads, value_heads, key_pool,
+         value_pool, windows, error_flags, /*overlap_previous=*/false, stream);
+}
+
+void AppendStepAfterKernel(const CacheParams& c, const uint16_t* key, const uint16_t* value,
+                           int batch, const int32_t* lengths, const int32_t* page_tables,
+                           int max_pages, const HeadData& key_heads, const HeadData& value_heads,
+                           const PagePool& key_pool, const PagePool& value_pool,
+                           const Windows& windows, int* error_flags, cudaStream_t stream) {
+  Append(c, key, value, batch, lengths, page_tables, max_pages, key_heads, value_heads, key_pool,
+         value_pool, windows, error_flags, /*overlap_previous=*/true, stream);
 }
 
 void CheckErrorFlags(const int* error_flags, const char* what, cudaStream_t stream) {

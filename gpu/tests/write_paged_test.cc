@@ -501,6 +501,9 @@ void CheckDecodeStep(const CacheParams& c, const std::vector<int>& initial, int 
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
     DecodeAttention(c, in0, plan, workspace.get(), plan.workspace_bytes, out[0].get(), stream);
     KVQ_CUDA_CHECK(cudaStreamSynchronize(stream));
+    // DecodeStep trusts nothing it finds in the workspace: the rotated queries and the counters
+    // of its history blocks' wait (0x7F7F7F7F: above any count) are its own to write.
+    workspace.Fill(0x7F);
     const auto step = [&] {
       DecodeStep(c, dk.get(), dv.get(), dlengths.get(), copies[1].dev.Pool(KV::kKey),
                  copies[1].dev.Pool(KV::kValue), all1, flags.get(), in1, plan, workspace.get(),

@@ -153,14 +153,17 @@ void DecodeAttention(const CacheParams& c, const DecodeAttentionInputs& in,
 // token (key / value bf16 [B, Hkv, d], lengths [B] the lengths before the step, into the
 // cache's pools and windows; write.h), then DecodeAttention over the cache (in.seq_lens: the
 // lengths after it). The same bits as the two calls one after the other (the cache's and the
-// output's), without the gap between them: the query rotation and the decode launch while the
-// append runs (programmatic dependent launch), the rotation waits for the append at its end,
-// and the decode's blocks that read nothing the append writes (every history split but the
-// one that takes the step's demoted or flushed tokens) start their first page copies at once
-// and wait for the rotation before their first logit, while the others (the window splits,
-// that one history split) wait for it before they read anything. `in` must name the cache the append
-// writes (its planes the pools', its windows the same buffers) and in.batch the append's
-// batch. Queues the append's launches, then the decode and the merge; does not synchronise.
+// output's), without the gap between them (programmatic dependent launch: each kernel starts
+// while the one before it runs). Where a side has a dense rotation (its append is the longest)
+// the query rotation goes first and marks each of its blocks done in the workspace, the append
+// and the decode follow, and the history blocks wait for their rotation blocks, not for the
+// append, before their first logit; otherwise the append goes first, the rotation completes
+// after it, and the history blocks start their page copies at once and wait for the rotation
+// before their first logit. Either way the one history split holding the tokens the append
+// demotes or flushes waits for the append before it copies their tile, and the window splits
+// (the new token's row) before they read anything. `in` must name the cache the append writes
+// (its planes the pools', its windows the same buffers) and in.batch the append's batch.
+// Queues the append's launches, the rotation, the decode and the merge; does not synchronise.
 // Throws what AppendStep and DecodeAttention throw, and kUnsupported for a bf16 cache (which
 // has no append).
 void DecodeStep(const CacheParams& c, const uint16_t* key, const uint16_t* value,

@@ -142,21 +142,28 @@ struct DecodeKernelParams {
   // record to timeline[4 i .. 4 i + 3] (entry, inputs ready: a history block's rotated queries, exit, SM and kind).
   uint64_t* timeline = nullptr;
 
-  // Launch with programmatic dependent launch after RotateQueries on the same stream: blocks
-  // set up and start their page copies while the rotation finishes, and wait for it before
-  // reading q_rot. Only when that kernel is the one launched just before on the stream (and
-  // everything the pages, tables and windows depend on finished before it started, or
-  // append_lengths names what did not).
+  // Launch with programmatic dependent launch after the kernel before it on the stream
+  // (RotateQueries, or a DecodeStep's last append kernel): blocks set up and start their page
+  // copies while it finishes, and wait for it (or for query_ready) before reading q_rot. Only
+  // when everything the pages, tables and windows depend on finished before that kernel
+  // started, or append_lengths names what did not.
   bool programmatic_launch = false;
-  // A decode step whose append still runs (kvq::gpu::DecodeStep): the rotation before this
-  // kernel was launched while the append ran and completes only after it, and the append took
-  // these lengths [B] (each sequence's length before it: its new token is position
-  // append_lengths[b]). A block that reads what the append writes, a window split (the new
-  // token's sink or ring row) or the history split holding the tokens it demoted or flushed
-  // (history tokens [H(L), H(L + 1)) for L = append_lengths[b]), waits for the rotation before
-  // it reads anything; every other block starts its page copies at once, as with a rotation
-  // launched after everything. Null: the latter.
+  // A decode step whose append still runs (kvq::gpu::DecodeStep): the append took these
+  // lengths [B] (each sequence's length before it: its new token is position
+  // append_lengths[b]) and the kernel before this one completes only after it. A window split
+  // (it reads the new token's sink or ring row) waits for that kernel before it reads anything;
+  // the history split holding the tokens the append demotes or flushes (history tokens
+  // [H(L), H(L + 1)) for L = append_lengths[b]) waits for it before it copies their tile, and
+  // copies the tiles before it at once. Null: no append runs (every page was written before
+  // the rotation kernel started).
   const int32_t* append_lengths = nullptr;
+  // A DecodeStep's rotation, launched before its append, marks each of its blocks done in
+  // query_ready (RotateQueriesParams::ready, its blocks of query_ready_heads heads): a block
+  // waits for the words of the rotation blocks of its heads before it reads q_rot, not for the
+  // kernel before it, so the history never waits for the append. Null: every block waits for
+  // the kernel before it.
+  const int* query_ready = nullptr;
+  int query_ready_heads = 1;
 
   // fp8_e4m3 history (kFp8): the per-KV-head scales s^ of K and V, [Hkv] fp32 (null otherwise).
   const float* k_head_scale = nullptr;
@@ -202,8 +209,15 @@ struct RotateQueriesParams {
   float* q_rot = nullptr;           // [B, Hq, d]
   uint64_t* timeline = nullptr;     // profiling, as DecodeKernelParams::timeline
   // Launch with programmatic dependent launch after the kernel before it on the stream (a
-  // DecodeStep's append): it rotates at once, and completes only after that kernel.
+  // DecodeStep's append, where it goes after it): it rotates at once, and completes only after
+  // that kernel.
   bool programmatic_launch = false;
+  // A word a block, [B, num_q_heads / heads_per_block] (block (x, y) at y * gridDim.x + x),
+  // null: none (DecodeKernelParams::query_ready). A block sets its word to 0 before it lets
+  // the kernel after it launch, and to 1 once its rows of q_rot are written and visible; so a
+  // kernel launched after it (directly, or behind kernels launched the same way) never sees
+  // an earlier value, whatever the workspace held.
+  int* ready = nullptr;
 };
 
 struct MergeParams {
