@@ -6,11 +6,13 @@
 //
 // A split loop L is a struct; SplitLoop below calls its hooks in this order:
 //   L(a)                  load-tile setup: the copy pipeline (the split's page ids, barriers)
-//                         and the first tiles in flight where no barrier must come first
+//                         and the first tiles in flight where no barrier must come first; a
+//                         page copy from the tile FirstAppendedTile names on waits for a
+//                         DecodeStep's append first
 //   FoldQuery(a)          the query in the form the key operands take: bf16 / fp16 hi + lo MMA
 //                         fragments, int8 digits with per-group scales, or a shared-memory copy
-//                         a key tile's scales are folded into. It waits for the rotation
-//                         kernel (the query's producer) and ends with what the loop must
+//                         a key tile's scales are folded into. It waits for the rotated
+//                         queries (WaitForQueries) and ends with what the loop must
 //                         publish to every warp (a barrier, which also publishes the page ids
 //                         where the loop loads them here), so no hook after it needs one
 //                         before the first tile.
