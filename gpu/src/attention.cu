@@ -109,9 +109,8 @@ int64_t PagedTokens(const CacheParams& c, int64_t max_seq_len) {
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // The workspace of a step: q~ [rows, d] fp32, then the partials' (m, l) [rows, splits, 2] and
-// acc [rows, splits, d], each 256-byte aligned.
-// q~ [B, Hq, d] fp32, then the partials, then DecodeStep's query words [B, Hq] int32 at most
-// (a word a rotation block).
+// acc [rows, splits, d], then DecodeStep's words of the rotation blocks (int32, [rows] at most:
+// RotateQueriesParams::ready), each 256-byte aligned.
 struct WorkspaceLayout {
   size_t part_ml = 0, part_acc = 0, query_ready = 0, bytes = 0;
   WorkspaceLayout(const CacheParams& c, int64_t batch, const DecodeAttentionPlan& plan) {

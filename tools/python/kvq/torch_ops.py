@@ -612,7 +612,7 @@ def decode_step(params, key, value, lengths, q, seq_lens, page_tables, max_seq_l
     """torch.ops.kvq.decode_step: a layer's whole decode step, write_append's append of key /
     value bf16 [B, Hkv, d] for the sequences of lengths (int32 [B], before the step; the caller
     advances them), then decode's f32 [B, Hq, d] attention of q over the caches of seq_lens
-    (int32 [B], after it), the query rotation and the decode launched while the append runs
+    (int32 [B], after it), each kernel launched while the one before it runs
     (kvq::gpu::DecodeStep). The cache's and the output's bits are write_append's then
     decode's."""
     return _op("decode_step")(_one_line(params), key, value, lengths, q, seq_lens, page_tables,

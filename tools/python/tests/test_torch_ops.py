@@ -407,7 +407,7 @@ def run_decode_step(params, heads, tables, state, key, value, q, workspace, max_
 
 @needs_device
 def test_decode_step_gives_the_bits_of_append_then_decode():
-    """decode_step (the rotation and the decode launched while the append runs) leaves the
+    """decode_step (each kernel launched while the one before it runs) leaves the
     cache and the output of write_append then decode, bit for bit, over steps that demote into
     the pages of every sequence; eagerly and replayed from a captured CUDA graph."""
     params, heads, tables, state, rows, max_len = step_fixture()

@@ -124,7 +124,8 @@ struct DecodeAttentionPlan {
 DecodeAttentionPlan PlanDecodeAttention(const CacheParams& c, int batch, int max_seq_len,
                                         int num_sms = 0, bool allow_int8_qk = true);
 
-// Device scratch a step with `plan` needs (q~ and the partials of its splits); the planner's
+// Device scratch a step with `plan` needs (q~, the partials of its splits, DecodeStep's words
+// of the rotation blocks); the planner's
 // plan.workspace_bytes. Call it again after changing a plan's splits.
 size_t DecodeAttentionWorkspaceBytes(const CacheParams& c, int batch,
                                      const DecodeAttentionPlan& plan);

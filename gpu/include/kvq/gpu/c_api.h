@@ -164,8 +164,8 @@ int kvq_decode(const kvq_cache* cache, const float* q, int32_t batch, int32_t ma
 
 /* One decode step as a serving engine runs it (kvq::gpu::DecodeStep): kvq_write_append's append
  * of key / value for the sequences of lengths (before the step), then kvq_decode's attention of
- * q over each sequence's cache of seq_lens (after it: the new token included), the rotation and
- * the decode launched while the append runs. The cache's and out's bits are the two calls'. The
+ * q over each sequence's cache of seq_lens (after it: the new token included), each kernel
+ * launched while the one before it runs. The cache's and out's bits are the two calls'. The
  * arguments are theirs (the pools and windows written, then read); workspace as kvq_decode's. */
 int kvq_decode_step(const kvq_cache* cache, const void* key, const void* value,
                     const int32_t* lengths, const float* q, int32_t batch, int32_t max_seq_len,
