@@ -260,22 +260,34 @@ std::vector<uint16_t> Tokens(size_t tokens, const CacheParams& c, const WritePar
                              conformance::TestRowKinds(p)));
 }
 
+// The pages of a batch prefilled to `initial` lengths and stepped `steps` times: the longest
+// sequence then, a page table's width (its history's pages and one more), the pool (every
+// table's pages and two more) and the pool's page ids in a random order (drawn from rng).
+struct StepPages {
+  StepPages(const CacheParams& c, const std::vector<int>& initial, int steps, SplitMix64* rng)
+      : longest(*std::max_element(initial.begin(), initial.end()) + steps),
+        max_pages(static_cast<int>((c.HistoryTokens(longest) + c.page_size - 1) / c.page_size) +
+                  1),
+        pool_pages(static_cast<int>(initial.size()) * max_pages + 2),
+        order(testbed::RandomPermutation(pool_pages, rng)) {}
+  int longest, max_pages, pool_pages;
+  std::vector<int32_t> order;
+};
+
 // A batch of sequences prefilled to `initial` lengths on the GPU, then `steps` decode steps
 // that demote or flush into the pages of the GPU's page tables; the final state equals the CPU
 // cache that ran the same steps, or with `prefill_reference` the CPU cache prefilled with the
 // same rows at the final lengths.
 void CheckAppendSteps(const CacheParams& c, const std::vector<int>& initial, int steps,
                       uint64_t seed, bool prefill_reference) {
-  const int s0 = c.sink, page = c.page_size, ring = c.ring_slots();
+  const int s0 = c.sink, ring = c.ring_slots();
   SplitMix64 rng(seed);
   const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   const int batch = static_cast<int>(initial.size());
-  const int longest = *std::max_element(initial.begin(), initial.end()) + steps;
-  const int max_pages = static_cast<int>((c.HistoryTokens(longest) + page - 1) / page) + 1;
-  const int pool_pages = batch * max_pages + 2;
-
-  const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
+  const StepPages pages(c, initial, steps, &rng);
+  const int max_pages = pages.max_pages, pool_pages = pages.pool_pages;
+  const std::vector<int32_t>& order = pages.order;
   std::vector<std::vector<int32_t>> tables(batch);
   std::vector<int32_t> flat_tables;
   for (int b = 0; b < batch; ++b) {
@@ -400,16 +412,14 @@ void CheckAppendSteps(const CacheParams& c, const std::vector<int>& initial, int
 // read the ring too early, changes the output; an append the decode overtook changes the cache.
 void CheckDecodeStep(const CacheParams& c, const std::vector<int>& initial, int steps,
                      uint64_t seed) {
-  const int page = c.page_size;
   SplitMix64 rng(seed);
   const HeadsData heads = MakeHeads(c, &rng);
   const size_t row = static_cast<size_t>(c.num_kv_heads) * c.head_dim();
   const int batch = static_cast<int>(initial.size());
-  const int longest = *std::max_element(initial.begin(), initial.end()) + steps;
-  const int max_pages = static_cast<int>((c.HistoryTokens(longest) + page - 1) / page) + 1;
-  const int pool_pages = batch * max_pages + 2;
-  const std::vector<int32_t> order = testbed::RandomPermutation(pool_pages, &rng);
-  const std::vector<int32_t> tables(order.begin(), order.begin() + batch * max_pages);
+  const StepPages pages(c, initial, steps, &rng);
+  const int longest = pages.longest, max_pages = pages.max_pages, pool_pages = pages.pool_pages;
+  const std::vector<int32_t> tables(pages.order.begin(),
+                                    pages.order.begin() + batch * max_pages);
   DecodeAttentionPlan plan;
   try {
     plan = PlanDecodeAttention(c, batch, longest);
