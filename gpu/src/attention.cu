@@ -518,9 +518,9 @@ void DecodeStep(const CacheParams& c, const uint16_t* key, const uint16_t* value
     int* ready = reinterpret_cast<int*>(static_cast<unsigned char*>(workspace) +
                                         WorkspaceLayout(c, in.batch, plan).query_ready);
     RotateQueries(c, in, plan, workspace, ready, stream);
-    AppendStepAfterKernel(c, key, value, in.batch, lengths, in.page_tables, in.max_pages,
-                          in.key_heads, in.value_heads, key_pool, value_pool, windows,
-                          error_flags, stream);
+    AppendStepLaunches(c, key, value, in.batch, lengths, in.page_tables, in.max_pages,
+                       in.key_heads, in.value_heads, key_pool, value_pool, windows, error_flags,
+                       /*overlap_previous=*/true, stream);
     Decode(c, in, plan, workspace, workspace_bytes, out, AfterAppend{lengths, ready},
            stream);
     return;

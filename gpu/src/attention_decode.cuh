@@ -87,8 +87,7 @@ __device__ __forceinline__ void DecodeBlock(const DecodeKernelParams& p, unsigne
     }
     SplitLoop<Bf16RowsLoop<D, true, 2>>(SplitArgs{p, smem, kvh, head0, b, z, begin, end});
   } else {
-    // H(t) = F * floor(max(0, t - S0 - W) / F) history tokens (spec/cache.md §2).
-    const int n_hist = max(0, t - p.recent - p.sink) / p.flush * p.flush;
+    const int n_hist = HistoryTokensAt(p, t);
     if (z < p.hist_splits) {
       const int begin = z * p.hist_tokens_per_split;
       const int end = min(begin + p.hist_tokens_per_split, n_hist);

@@ -153,6 +153,12 @@ __device__ __forceinline__ void WaitForQueries(const DecodeKernelParams& p, int 
   __syncthreads();
 }
 
+// H(t) = F * floor(max(0, t - S0 - W) / F): the history tokens of a sequence of length t
+// (spec/cache.md §2; CacheParams::HistoryTokens).
+__device__ __forceinline__ int HistoryTokensAt(const DecodeKernelParams& p, int t) {
+  return max(0, t - p.recent - p.sink) / p.flush * p.flush;
+}
+
 // The first tile (split-relative) of the history split [begin, end) of sequence b that holds
 // tokens a DecodeStep's append writes (history tokens [H(L), H(L + 1)), L = append_lengths[b]:
 // the demoted or flushed ones, at the end of the history): the split's pipeline waits for the
@@ -164,9 +170,8 @@ __device__ __forceinline__ int FirstAppendedTile(const DecodeKernelParams& p, in
   if (p.append_lengths == nullptr) return INT_MAX;
   const int length = p.append_lengths[b];
   if (length < 0) return 0;
-  const auto history = [&](int t) { return max(0, t - p.recent - p.sink) / p.flush * p.flush; };
-  const int first = history(length);
-  const int last = history(length + 1);
+  const int first = HistoryTokensAt(p, length);
+  const int last = HistoryTokensAt(p, length + 1);
   if (first >= last || first >= end || last <= begin) return INT_MAX;
   return (max(first, begin) - begin) / kTileTokens;
 }

@@ -346,15 +346,12 @@ void PrefillWrite(const CacheParams& c, const uint16_t* key, const uint16_t* val
   KVQ_CUDA_CHECK(LaunchPrefillWindows(w, stream));
 }
 
-namespace {
-
-// AppendStep; with overlap_previous its first launch may start while the kernel before it on
-// the stream runs (and completes only after it), as every later launch of the step does.
-void Append(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
-            const int32_t* lengths, const int32_t* page_tables, int max_pages,
-            const HeadData& key_heads, const HeadData& value_heads, const PagePool& key_pool,
-            const PagePool& value_pool, const Windows& windows, int* error_flags,
-            bool overlap_previous, cudaStream_t stream) {
+void AppendStepLaunches(const CacheParams& c, const uint16_t* key, const uint16_t* value,
+                        int batch, const int32_t* lengths, const int32_t* page_tables,
+                        int max_pages, const HeadData& key_heads, const HeadData& value_heads,
+                        const PagePool& key_pool, const PagePool& value_pool,
+                        const Windows& windows, int* error_flags, bool overlap_previous,
+                        cudaStream_t stream) {
   constexpr const char* kWhat = "AppendStep";
   CheckCacheParams(c, kWhat);
   KVQ_CHECK(batch >= 0, kInvalidArgument, kWhat, ": batch ", batch, " is negative");
@@ -435,24 +432,14 @@ void Append(const CacheParams& c, const uint16_t* key, const uint16_t* value, in
   KVQ_CHECK_LAUNCH(LaunchAppendCopy(copy, stream), kWhat, c.key);
 }
 
-}  // namespace
-
 void AppendStep(const CacheParams& c, const uint16_t* key, const uint16_t* value, int batch,
                 const int32_t* lengths, const int32_t* page_tables, int max_pages,
                 const HeadData& key_heads, const HeadData& value_heads,
                 const PagePool& key_pool, const PagePool& value_pool, const Windows& windows,
                 int* error_flags, cudaStream_t stream) {
-  Append(c, key, value, batch, lengths, page_tables, max_pages, key_heads, value_heads, key_pool,
-         value_pool, windows, error_flags, /*overlap_previous=*/false, stream);
-}
-
-void AppendStepAfterKernel(const CacheParams& c, const uint16_t* key, const uint16_t* value,
-                           int batch, const int32_t* lengths, const int32_t* page_tables,
-                           int max_pages, const HeadData& key_heads, const HeadData& value_heads,
-                           const PagePool& key_pool, const PagePool& value_pool,
-                           const Windows& windows, int* error_flags, cudaStream_t stream) {
-  Append(c, key, value, batch, lengths, page_tables, max_pages, key_heads, value_heads, key_pool,
-         value_pool, windows, error_flags, /*overlap_previous=*/true, stream);
+  AppendStepLaunches(c, key, value, batch, lengths, page_tables, max_pages, key_heads,
+                     value_heads, key_pool, value_pool, windows, error_flags,
+                     /*overlap_previous=*/false, stream);
 }
 
 void CheckErrorFlags(const int* error_flags, const char* what, cudaStream_t stream) {

@@ -470,9 +470,7 @@ TEST(CApiErrorsTest, WritesRefuseBadArguments) {
   Handle handle(Oscar());
   ASSERT_NE(handle.cache, nullptr);
   StandIns stand_ins;
-  auto& dummy = stand_ins.bytes;
-  void* const* planes = stand_ins.planes;
-  const std::vector<const void*>& rows = stand_ins.rows;
+  auto& [dummy, planes, rows] = stand_ins;
   const int32_t* table = reinterpret_cast<const int32_t*>(dummy[3]);
   // 4 + 8 + 40 tokens put 40 in the history: 3 pages of 16, the table has 2.
   ExpectStatus(kvq_write_prefill(handle.cache, dummy[0], dummy[1], 52, table, 2, rows.data(),
@@ -523,9 +521,7 @@ TEST(CApiErrorsTest, DecodeRefusesBadArguments) {
   ExpectStatus(kvq_decode_workspace_bytes(handle.cache, 1, 0, &bytes),
                KVQ_ERROR_INVALID_ARGUMENT, {"max_seq_len 0"});
   StandIns stand_ins;
-  auto& dummy = stand_ins.bytes;
-  const void* const* planes = stand_ins.planes;
-  const std::vector<const void*>& rows = stand_ins.rows;
+  auto& [dummy, planes, rows] = stand_ins;
   float* out = reinterpret_cast<float*>(dummy[3]);
   ExpectStatus(kvq_decode(handle.cache, reinterpret_cast<const float*>(dummy[0] + 4), 1, 100,
                           reinterpret_cast<const int32_t*>(dummy[1]),
@@ -550,12 +546,13 @@ TEST(CApiErrorsTest, DecodeStepRefusesBadArguments) {
   Handle handle(Oscar());
   ASSERT_NE(handle.cache, nullptr);
   StandIns stand_ins;
-  auto& dummy = stand_ins.bytes;
-  void* const* planes = stand_ins.planes;
-  const std::vector<const void*>& rows = stand_ins.rows;
+  auto& [dummy, planes, rows] = stand_ins;
   const int32_t* ints = reinterpret_cast<const int32_t*>(dummy[1]);
   float* out = reinterpret_cast<float*>(dummy[3]);
-  const auto step = [&](kvq_cache* cache, const float* q, void* const* value_planes) {
+  // Structured bindings are captured by name only from C++20: the stand-ins by reference.
+  const auto step = [&, &dummy = stand_ins.bytes, &planes = stand_ins.planes,
+                     &rows = stand_ins.rows](kvq_cache* cache, const float* q,
+                                             void* const* value_planes) {
     return kvq_decode_step(cache, dummy[0], dummy[1], ints, q, 1, 100, ints, ints, 8,
                            rows.data(), rows.data(), planes, value_planes, 4, dummy[0], dummy[1],
                            dummy[2], dummy[3], nullptr, out, dummy[0], 1 << 20, nullptr);

@@ -444,14 +444,15 @@ def test_decode_step_refuses_what_its_halves_refuse():
     params, heads, tables, state, rows, max_len = step_fixture(steps=1)
     workspace = torch_ops.allocate_workspace(params, 3, max_len)
     key, value, q = rows[0]
+
+    def step(key, seq_lens):
+        torch_ops.decode_step(params, key, value, state["lengths"], q, seq_lens, tables, max_len,
+                              *heads, *state["pools"], *state["windows"], workspace)
+
     with pytest.raises(torch_ops.TorchOpError, match="seq_lens"):
-        torch_ops.decode_step(params, key, value, state["lengths"], q, state["lengths"][:2],
-                              tables, max_len, *heads, *state["pools"], *state["windows"],
-                              workspace)
+        step(key, state["lengths"][:2])
     with pytest.raises(torch_ops.TorchOpError, match="key"):
-        torch_ops.decode_step(params, key.float(), value, state["lengths"], q,
-                              state["lengths"] + 1, tables, max_len, *heads, *state["pools"],
-                              *state["windows"], workspace)
+        step(key.float(), state["lengths"] + 1)
 
 
 @needs_device
