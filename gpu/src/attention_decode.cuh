@@ -47,6 +47,9 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+#include <utility>
+
 #include "attention_bf16_rows.cuh"
 #include "attention_codebook_rows.cuh"
 #include "attention_common.cuh"
@@ -142,20 +145,48 @@ __global__ void __launch_bounds__(kThreads, ResidentDecodeBlocksPerSm(D))
 
 using launch::LaunchKernel;
 
-template <int D, class K, class V>
-constexpr int PairSharedBytes() {
+// The kernel's shared memory around a history loop's `history` bytes: the split's page ids
+// after them, and no less than a window split's stage or the warps' combine area.
+template <int D, class K>
+constexpr int SharedBytesAround(int history) {
   constexpr int combine = (kWarps * kMaxHeadsPerBlock * D + 2 * kWarps * kMaxHeadsPerBlock) * 4;
   constexpr int page_ids = (kMaxSplitTokens / 16 + 1) * 4;
   if constexpr (kBf16Cache<K>) {
     constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
     return pipeline > combine ? pipeline : combine;
   } else {
-    constexpr int history =
-        HistoryLoop<K::kFormat>::template SharedBytes<D, K, V>() + page_ids;
+    const int with_ids = history + page_ids;
     constexpr int window = Bf16Geometry<D>::kStageBytes;
-    constexpr int m = history > window ? history : window;
+    const int m = with_ids > window ? with_ids : window;
     return m > combine ? m : combine;
   }
+}
+template <int D, class K, class V>
+constexpr int PairSharedBytes() {
+  if constexpr (kBf16Cache<K>) {
+    return SharedBytesAround<D, K>(0);
+  } else {
+    return SharedBytesAround<D, K>(HistoryLoop<K::kFormat>::template SharedBytes<D, K, V>());
+  }
+}
+// What one launch takes: PairSharedBytes, or less where the history loop sizes its shared
+// memory by the cache's rows (a static LaunchSharedBytes<D>(p) beside its SharedBytes, at most
+// that).
+template <class H, int D, class = void>
+struct SizesByRows : std::false_type {};
+template <class H, int D>
+struct SizesByRows<H, D,
+                   std::void_t<decltype(H::template LaunchSharedBytes<D>(
+                       std::declval<const DecodeKernelParams&>()))>> : std::true_type {};
+template <int D, class K, class V>
+int LaunchSharedBytes(const DecodeKernelParams& p) {
+  if constexpr (!kBf16Cache<K>) {
+    using H = HistoryLoop<K::kFormat>;
+    if constexpr (SizesByRows<H, D>::value) {
+      return SharedBytesAround<D, K>(H::template LaunchSharedBytes<D>(p));
+    }
+  }
+  return PairSharedBytes<D, K, V>();
 }
 // The dynamic shared memory of the decode kernel of (D, K, V); 0 for a pair DecodePair refuses
 // (no kernel).
@@ -211,8 +242,10 @@ cudaError_t LaunchDecodeAttention(const DecodeKernelParams& p, cudaStream_t stre
     const int splits = p.hist_splits + p.window_splits;
     if (p.batch < 1 || p.batch > 65535 || splits < 1 || splits > 65535 || p.num_kv_heads < 1)
       return cudaErrorInvalidValue;
+    const int smem = detail::LaunchSharedBytes<HEAD_DIM, K, V>(p);
+    if (smem > kSmem) return cudaErrorInvalidValue;
     const dim3 grid(p.num_kv_heads * p.head_chunks, p.batch, splits);
-    const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(detail::kThreads), kSmem,
+    const cudaError_t launched = detail::LaunchKernel(kernel, grid, dim3(detail::kThreads), smem,
                                                       stream, p.programmatic_launch, p);
     if (launched != cudaSuccess) return launched;
     return cudaGetLastError();

@@ -66,4 +66,12 @@ __device__ __forceinline__ CodePosition CodePositionOf(int j, int m, int w) {
   return {(j * w) >> 3, (j * w) & 7};
 }
 
+// The inverse of CodePositionOf: the code j whose first bit is bit `bit` of the segment's bytes
+// (bit = 8 * byte + shift of CodePositionOf(j, m, w)).
+__host__ __device__ __forceinline__ int ChannelAt(int bit, int w, int m) {
+  if (w == 2) return ((bit & 7) >> 1) * ((m + 3) / 4) + (bit >> 3);
+  if (w == 4) return ((bit & 7) >> 2) * (m / 2) + (bit >> 3);
+  return bit / w;
+}
+
 }  // namespace kvq::gpu::codebook

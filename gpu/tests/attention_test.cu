@@ -385,18 +385,16 @@ void CheckAgainstReferences(const TestCase& tc) {
     refs[b].resize(static_cast<size_t>(hq) * d);
     cpu::AttendReferenceF64(tc.cache, tc.seqs[b], &tc.q[static_cast<size_t>(b) * hq * d], refs[b].data());
   }
-  // fp8 history has the two-MMA loop only (over rows converted to bf16).
-  const bool can_pack = tc.params.quantized() &&
-                        (attention::DecodeFormatOf(tc.params.key.format).loops &
-                         attention::kPackedLoop) != 0 &&
-                        std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
-  const bool tile_keys = tc.params.key.format == Format::kAffineTile;  // no int8 QK loop
+  // The key format's loops (kvq/gpu/formats.h): fp8 history has the two-MMA loop only (over
+  // rows converted to bf16), tiled keys and codebook rows no int8 QK loop.
+  const unsigned loops = tc.params.quantized()
+                             ? attention::DecodeFormatOf(tc.params.key.format).loops
+                             : attention::kTwoMmaLoop;
+  const bool few_heads = std::min(hq / tc.cfg.hkv, attention::kMaxHeadsPerBlock) <= 4;
   std::vector<Variant> variants;
   variants.push_back({QuantLoop::kTwoMma});  // a bf16 cache's one loop
-  if (can_pack) {
-    variants.push_back({QuantLoop::kPacked});
-    if (!tile_keys) variants.push_back({QuantLoop::kInt8Qk});
-  }
+  if (few_heads && (loops & attention::kPackedLoop) != 0) variants.push_back({QuantLoop::kPacked});
+  if (few_heads && (loops & attention::kInt8QkLoop) != 0) variants.push_back({QuantLoop::kInt8Qk});
   // The plan's loop.
   const Variant planned{PlanDecodeAttention(tc.params, batch, tc.max_len).quant_loop};
   // The plan's loop with the rotation and merge a block per KV head (or 8 heads), as large
@@ -571,10 +569,12 @@ std::vector<Config> AttentionConfigs() {
     c.lengths = {1, 13, 77, 3001};
     c.seed = 23;
   });
-  // Spec 1.3's codebook history (decoded per warp into bf16 hi + lo tiles): TurboQuant-MSE's
-  // buffer-free K3V2, Block-GTQ's per-head key widths over windows (eight segments, codes
-  // spanning bytes), the Gaussian tables with the FWHT at d = 64 and P = 16, widths 8 and 1,
-  // and d = 256 with g = 8.
+  // Spec 1.3's codebook history: TurboQuant-MSE's buffer-free K3V2, Block-GTQ's per-head key
+  // widths over windows (eight segments, codes spanning bytes), the Gaussian tables with the
+  // FWHT at d = 64 and P = 16, widths 8 and 1, d = 256 with g = 8, and the register-fragment
+  // path at every width it takes on each side (b <= 4: K2V4 and K1V3 at d = 128, K3V1 and
+  // K1V2 at d = 64, whose odd widths put a lane's bits off word boundaries). The decoded-tile
+  // path: per-head widths and b = 8.
   add("CodebookK3V2_NoWindows_Gqa4", "codebook K3V2 d128 g4 no windows", [](Config& c) {
     c.codebook = true;
     c.bits = 3;
@@ -631,6 +631,43 @@ std::vector<Config> AttentionConfigs() {
         c.lengths = {1, 400, 1777};
         c.seed = 35;
       });
+  add("CodebookK2V4_Gqa4", "codebook K2V4 d128 g4", [](Config& c) {
+    c.codebook = true;
+    c.bits = 2;
+    c.value_bits = 4;
+    c.sink = 4;
+    c.recent = 16;
+    c.lengths = {5, 700, 2049};
+    c.seed = 36;
+  });
+  add("CodebookK1V3_Gqa4", "codebook K1V3 d128 g4 no windows", [](Config& c) {
+    c.codebook = true;
+    c.bits = 1;
+    c.value_bits = 3;
+    c.sink = 0;
+    c.recent = 0;
+    c.lengths = {1, 64, 1000, 2049};
+    c.seed = 37;
+  });
+  add("CodebookK3V1_HeadDim64_Gqa4", "codebook K3V1 d64 g4", [](Config& c) {
+    c.codebook = true;
+    c.bits = 3;
+    c.value_bits = 1;
+    c.d = 64;
+    c.lengths = {5, 700, 2049};
+    c.seed = 38;
+  });
+  add("CodebookK1V2_HeadDim64_Gqa2_Page16", "codebook K1V2 d64 g2 P16", [](Config& c) {
+    c.codebook = true;
+    c.bits = 1;
+    c.value_bits = 2;
+    c.d = 64;
+    c.hq = 4;
+    c.hkv = 2;
+    c.page = 16;
+    c.lengths = {1, 77, 3001};
+    c.seed = 39;
+  });
   add("Fp8Dense_HeadDim256_Gqa8", "fp8 d256 g8 dense+bitrev", [](Config& c) {
     c.fp8 = true;
     c.d = 256;

@@ -121,7 +121,7 @@ struct DecodeFormat {
     false, false, false)                                                                  \
   X(AffineTile, kTwoMmaLoop | kPackedLoop, kKeyTiles, AffineToken, false, false, false)   \
   X(Fp8E4m3, kTwoMmaLoop, kWholeRows, Fp8E4m3, true, true, false)                         \
-  X(Codebook, kTwoMmaLoop, kWholeRows, Codebook, true, false, true)
+  X(Codebook, kTwoMmaLoop | kPackedLoop, kWholeRows, Codebook, true, false, true)
 
 constexpr DecodeFormat DecodeFormatOf(Format format) {
 #define KVQ_DECODE_FORMAT_ROW(Name, loops, geometry, Values, same_width, head_scale,      \
