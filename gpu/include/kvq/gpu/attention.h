@@ -100,9 +100,10 @@ struct DecodeAttentionPlan {
   //    (mma m16n8k32 u8 x s8): the codes enter as bytes masked out of the packed words, the
   //    query as two int8 digits of Q = round(q~ / sq) (|Q| <= 32512, sq = max|q~| / 32512 per
   //    head), the sums are exact int32. The plan's choice where it applies.
-  //  - kPacked, g <= 4 without int8 (allow_int8_qk = false): bf16 MMAs with the hi and lo parts
-  //    of the query (QK^T) and of p * scale (PV) in the two halves of the MMA's N = 8 columns
-  //    (heads h and h + 4), so each product is one MMA instead of two.
+  //  - kPacked, g <= 4 where the keys' format has no int8 loop (tiled keys, codebook rows) or
+  //    int8 is refused (allow_int8_qk = false): bf16 MMAs with the hi and lo parts of the query
+  //    (QK^T) and of p * scale (PV) in the two halves of the MMA's N = 8 columns (heads h and
+  //    h + 4), so each product is one MMA instead of two.
   //  - kTwoMma, g > 4: bf16 MMAs, hi and lo parts in two MMAs.
   QuantLoop quant_loop = QuantLoop::kTwoMma;
   // Query heads per block of the step's two small kernels, the query rotation and the merge:
