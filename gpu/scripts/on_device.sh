@@ -144,12 +144,12 @@ if [[ $part == checks ]]; then
     # The stage kernels (through the CUDA backend's host wrappers), the fused write's tile and
     # stream kernels, the tile write (per-head and token norms) and G = d = 256, the paged modes
     # (spec 1.1's flushes and W = 0 included) with the window kernels, the decode-step kernels in
-    # every loop (two-MMA, packed, int8 QK, tiled keys, fp8; bf16 cache; window blocks; no windows),
-    # the DeviceCache path.
+    # every loop (two-MMA, packed, int8 QK, tiled keys, fp8, codebook rows at every fragment width
+    # and through the decoded tiles; bf16 cache; window blocks; no windows), the DeviceCache path.
     stages='Write/StageTest.*__cuda'
     fused='Grid/FusedWriteTest.*/d128_g64_int2_dense_bitrev__cuda:Grid/FusedWriteTest.*/d256_g32_int4_dense__cuda:Grid/FusedWriteTest.*/d64_g32_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g64_int2_fwht_block32_bitrev__cuda:FusedWriteFlags.*:FusedWriteLarge.*:Grid/TileWriteTest.*/d128_tile32_int2_fwht_bitrev_norm__cuda:Grid/TileWriteTest.*/d128_tile128_int4_fwht_bitrev_norm__cuda:Grid/FusedWriteTest.*/d256_g256_int2_fwht_bitrev__cuda:Grid/FusedWriteTest.*/d256_g256_int4_dense__cuda:TileWriteRefuses.*:Grid/Fp8FusedWriteTest.*/d128_fp8_*:Grid/Fp8FusedWriteTest.*/d256_fp8_dense*'
     paged='Caches/PagedWriteTest.*'
-    attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*:*Timeline*:*Fp8*'
+    attention='*Sanitizer_Small*:*RotateQueries*:*Int2Dense_Gqa16*:*Timeline*:*Fp8*:*Codebook*'
     for tool in memcheck racecheck synccheck; do
       sanitize "$tool" cpu_ref_write_backends_test "$stages"
       sanitize "$tool" gpu_write_fused_test "$fused"

@@ -130,11 +130,11 @@ struct CodebookSide {
 };
 
 // The bits [bit0, bit0 + BITS) of a row in shared memory as ceil(BITS / 32) words, LSB first
-// (the packing's order: numerics.md §8.2). The row starts on a 4-byte boundary; bit0 is the
-// lane's share of it, a multiple of BITS. When BITS is a multiple of 32 the words are read as
-// they lie (one vector load at 64 and 128 bits); otherwise (d = 64 or d = 128 at odd widths)
-// one more word is read and the bits are funnel-shifted into place (the extra word never
-// leaves the stage: a codes region is followed by its norms).
+// (the packing's order: numerics.md §8.2). The row starts on a 4-byte boundary and is whole
+// words long; bit0 is the lane's share of it, a multiple of BITS. When BITS is a multiple of 32
+// the words are read as they lie (one vector load at 64 and 128 bits); otherwise (d = 64 or
+// d = 128 at odd widths) the words holding the range are read, and no other (the word after it
+// may be the next warp's rows, copied in meanwhile), and funnel-shifted into place.
 template <int BITS>
 __device__ __forceinline__ void LaneBits(const unsigned char* row, int bit0,
                                          uint32_t (&w)[(BITS + 31) / 32]) {
@@ -157,7 +157,7 @@ __device__ __forceinline__ void LaneBits(const unsigned char* row, int bit0,
     const int off = bit0 & 31;
     uint32_t raw[N + 1];
 #pragma unroll
-    for (int i = 0; i <= N; ++i) raw[i] = words[i];
+    for (int i = 0; i <= N; ++i) raw[i] = 32 * i < off + BITS ? words[i] : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = __funnelshift_r(raw[i], raw[i + 1], off);
   }
@@ -472,14 +472,20 @@ struct CodebookRowsLoop {
       for (int k = 0; k < D / 64; ++k) {
         const int pair = lane + 32 * k;
         const uint2 dd = desc[pair];
-        const uint32_t mask = (1u << ((dd.x >> 11) & 15)) - 1u;
+        const uint32_t width = (dd.x >> 11) & 15;
+        const uint32_t mask = (1u << width) - 1u;
         const uint32_t b0 = dd.x & 0xff, b1 = dd.y & 0xff;
         const uint32_t s0 = (dd.x >> 8) & 7, s1 = (dd.y >> 8) & 7;
+        // The byte after a code's first only where the code spans it: the byte after a row's
+        // last may be the next warp's rows, copied in meanwhile.
+        const bool span0 = s0 + width > 8, span1 = s1 + width > 8;
 #pragma unroll 8
         for (int r = 0; r < kChunkTokens; ++r) {
           const unsigned char* row = codes + r * code_bytes;
-          const uint32_t w0 = static_cast<uint32_t>(row[b0]) | (static_cast<uint32_t>(row[b0 + 1]) << 8);
-          const uint32_t w1 = static_cast<uint32_t>(row[b1]) | (static_cast<uint32_t>(row[b1 + 1]) << 8);
+          const uint32_t w0 =
+              static_cast<uint32_t>(row[b0]) | (span0 ? static_cast<uint32_t>(row[b0 + 1]) << 8 : 0u);
+          const uint32_t w1 =
+              static_cast<uint32_t>(row[b1]) | (span1 ? static_cast<uint32_t>(row[b1 + 1]) << 8 : 0u);
           const uint32_t h0 = split[(w0 >> s0) & mask], h1 = split[(w1 >> s1) & mask];
           *reinterpret_cast<uint32_t*>(hi + r * Geo::kRowStride + 4 * pair) =
               __byte_perm(h0, h1, 0x5410);
@@ -496,16 +502,20 @@ struct CodebookRowsLoop {
       const int pair = lane + 32 * k;
       const uint2 dd = desc[pair];
       const int slot = (dd.x >> 15) & 7;
-      const uint32_t mask = (1u << ((dd.x >> 11) & 15)) - 1u;
+      const uint32_t width = (dd.x >> 11) & 15;
+      const uint32_t mask = (1u << width) - 1u;
       const float* table = tables + (dd.x >> 18);
+      const bool span0 = ((dd.x >> 8) & 7) + width > 8, span1 = ((dd.y >> 8) & 7) + width > 8;
 #pragma unroll 4
       for (int r = 0; r < kChunkTokens; ++r) {
         const unsigned char* row = codes + r * code_bytes;
         const bool valid = chunk_first + r < end;
         const float norm = valid ? F32FromBf16(norms[r * slots + slot]) : 0.0f;
         const uint32_t b0 = dd.x & 0xff, b1 = dd.y & 0xff;
-        const uint32_t w0 = static_cast<uint32_t>(row[b0]) | (static_cast<uint32_t>(row[b0 + 1]) << 8);
-        const uint32_t w1 = static_cast<uint32_t>(row[b1]) | (static_cast<uint32_t>(row[b1 + 1]) << 8);
+        const uint32_t w0 =
+            static_cast<uint32_t>(row[b0]) | (span0 ? static_cast<uint32_t>(row[b0 + 1]) << 8 : 0u);
+        const uint32_t w1 =
+            static_cast<uint32_t>(row[b1]) | (span1 ? static_cast<uint32_t>(row[b1 + 1]) << 8 : 0u);
         const float x0 = __fmul_rn(table[(w0 >> ((dd.x >> 8) & 7)) & mask], norm);
         const float x1 = __fmul_rn(table[(w1 >> ((dd.y >> 8) & 7)) & mask], norm);
         uint32_t h, l;

@@ -573,8 +573,8 @@ std::vector<Config> AttentionConfigs() {
   // widths over windows (eight segments, codes spanning bytes), the Gaussian tables with the
   // FWHT at d = 64 and P = 16, widths 8 and 1, d = 256 with g = 8, and the register-fragment
   // path at every width it takes on each side (b <= 4: K2V4 and K1V3 at d = 128, K3V1 and
-  // K1V2 at d = 64, whose odd widths put a lane's bits off word boundaries). The decoded-tile
-  // path: per-head widths and b = 8.
+  // K1V2 at d = 64, whose odd widths put a lane's bits off word boundaries, K4V2 at d = 256).
+  // The decoded-tile path: per-head widths and b = 8.
   add("CodebookK3V2_NoWindows_Gqa4", "codebook K3V2 d128 g4 no windows", [](Config& c) {
     c.codebook = true;
     c.bits = 3;
@@ -656,6 +656,14 @@ std::vector<Config> AttentionConfigs() {
     c.d = 64;
     c.lengths = {5, 700, 2049};
     c.seed = 38;
+  });
+  add("CodebookK4V2_HeadDim256_Gqa4", "codebook K4V2 d256 g4", [](Config& c) {
+    c.codebook = true;
+    c.bits = 4;
+    c.value_bits = 2;
+    c.d = 256;
+    c.lengths = {1, 400, 1777};
+    c.seed = 40;
   });
   add("CodebookK1V2_HeadDim64_Gqa2_Page16", "codebook K1V2 d64 g2 P16", [](Config& c) {
     c.codebook = true;
