@@ -68,7 +68,7 @@ struct CodebookGeometry {
   static constexpr int kMinStages = 2, kMaxStages = 4;
   // A quarter of an sm_90 multiprocessor's 228 KB less the 1 KB a block reserves, less the
   // page ids that follow (attention_decode.cuh's SharedBytesAround).
-  static constexpr int kQuarter = 228 * 1024 / 4 - 1024 - (kMaxSplitTokens / 16 + 1) * 4;
+  static constexpr int kQuarter = 228 * 1024 / 4 - 1024 - kSplitPageIdBytes;
   static constexpr int kMaxRowBytes = D + 2 * kCodebookMaxSegments;  // d code bytes, 8 norms
   static constexpr int kRowStride = (D + 8) * 2;  // a decoded bf16 row; +16 bytes: ldmatrix
   static constexpr int kWarpTileBytes = 2 * kChunkTokens * kRowStride;  // hi, then lo
@@ -85,6 +85,7 @@ struct CodebookGeometry {
                                     RowBytes(p.v_code_bytes, p.v_segments));
     return (rows + 15) / 16 * 16;
   }
+  // Whether a side goes through the decoded tiles, and their bytes.
   __host__ __device__ static bool Tiles(const DecodeKernelParams& p) {
     return !CodebookFragmentSide(p.k_widths, p.k_bits) ||
            !CodebookFragmentSide(p.v_widths, p.v_bits);
@@ -198,18 +199,31 @@ __device__ __forceinline__ uint2 PairEntry(const unsigned char* table, const uin
 template <int W, int P, int N>
 __device__ __forceinline__ uint2 TokenPairEntry(const unsigned char* table, const uint32_t (&w0)[N],
                                                 const uint32_t (&w1)[N]) {
-  constexpr int kPos = W * P;
-  constexpr int kWord = kPos / 32, kShift = kPos % 32;
-  constexpr uint32_t kMask = (1u << W) - 1u;
-  uint32_t c0, c1;
-  if constexpr (kShift + W > 32) {
-    c0 = __funnelshift_r(w0[kWord], w0[kWord + 1], kShift) & kMask;
-    c1 = __funnelshift_r(w1[kWord], w1[kWord + 1], kShift) & kMask;
-  } else {
-    c0 = (w0[kWord] >> kShift) & kMask;
-    c1 = (w1[kWord] >> kShift) & kMask;
+  // Code P of W bits of a lane's bits (funnel-shifted where it straddles two words).
+  auto code = [](const uint32_t (&w)[N]) {
+    constexpr int kPos = W * P;
+    constexpr int kWord = kPos / 32, kShift = kPos % 32;
+    constexpr uint32_t kMask = (1u << W) - 1u;
+    if constexpr (kShift + W > 32) {
+      return __funnelshift_r(w[kWord], w[kWord + 1], kShift) & kMask;
+    } else {
+      return (w[kWord] >> kShift) & kMask;
+    }
+  };
+  return PairWords(table, 4 * (code(w0) | (code(w1) << W)));
+}
+
+// Calls f(IntC<w>{}) for a fragment side's width w (1..4) and returns true; false for 0 (the
+// side goes through the decoded tiles).
+template <class F>
+__device__ __forceinline__ bool WithFragmentWidth(int w, F&& f) {
+  switch (w) {
+    case 1: f(IntC<1>{}); return true;
+    case 2: f(IntC<2>{}); return true;
+    case 3: f(IntC<3>{}); return true;
+    case 4: f(IntC<4>{}); return true;
+    default: return false;
   }
-  return PairWords(table, 4 * (c0 | (c1 << W)));
 }
 
 // Two tokens' lane bits zipped code by code (W = 1, 2, 4, whose 2W-bit fields tile a word):
@@ -573,26 +587,22 @@ struct CodebookRowsLoop {
   __device__ __forceinline__ void Logits(const unsigned char* stage, int tile, Scores& s) const {
     const int chunk_first = begin + tile * kTileTokens + warp * kChunkTokens;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
-    switch (k_fragments) {
-      case 1: FragmentLogits<1>(stage, c); break;
-      case 2: FragmentLogits<2>(stage, c); break;
-      case 3: FragmentLogits<3>(stage, c); break;
-      case 4: FragmentLogits<4>(stage, c); break;
-      default: {
-        DecodeRows(stage, tile, false);
-        const unsigned char* ka = smem + decoded_at + warp * Geo::kWarpTileBytes +
-                                  ((lane & 7) + 8 * ((lane >> 3) & 1)) * Geo::kRowStride +
-                                  8 * (lane >> 4) * 2;
-        const unsigned char* kl = ka + kChunkTokens * Geo::kRowStride;
+    const bool fragments = WithFragmentWidth(
+        k_fragments, [&](auto w) { FragmentLogits<decltype(w)::value>(stage, c); });
+    if (!fragments) {
+      DecodeRows(stage, tile, false);
+      const unsigned char* ka = smem + decoded_at + warp * Geo::kWarpTileBytes +
+                                ((lane & 7) + 8 * ((lane >> 3) & 1)) * Geo::kRowStride +
+                                8 * (lane >> 4) * 2;
+      const unsigned char* kl = ka + kChunkTokens * Geo::kRowStride;
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t a[4], al[4];
-          LdMatrixX4(a, ka + 32 * kk);
-          LdMatrixX4(al, kl + 32 * kk);
-          MmaBf16(c, a[0], a[1], a[2], a[3], bq_hi[kk][0], bq_hi[kk][1]);
-          MmaBf16(c, al[0], al[1], al[2], al[3], bq_hi[kk][0], bq_hi[kk][1]);
-          if (!PACK && use_lo) MmaBf16(c, a[0], a[1], a[2], a[3], bq_lo[kk][0], bq_lo[kk][1]);
-        }
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[4], al[4];
+        LdMatrixX4(a, ka + 32 * kk);
+        LdMatrixX4(al, kl + 32 * kk);
+        MmaBf16(c, a[0], a[1], a[2], a[3], bq_hi[kk][0], bq_hi[kk][1]);
+        MmaBf16(c, al[0], al[1], al[2], al[3], bq_hi[kk][0], bq_hi[kk][1]);
+        if (!PACK && use_lo) MmaBf16(c, a[0], a[1], a[2], a[3], bq_lo[kk][0], bq_lo[kk][1]);
       }
     }
     if constexpr (PACK) {
@@ -688,26 +698,23 @@ struct CodebookRowsLoop {
       bl0 = Transpose8x8(lo_a);
       bl1 = Transpose8x8(lo_b);
     }
-    switch (v_fragments) {
-      case 1: FragmentValues<1>(stage, bh0, bh1, bl0, bl1); break;
-      case 2: FragmentValues<2>(stage, bh0, bh1, bl0, bl1); break;
-      case 3: FragmentValues<3>(stage, bh0, bh1, bl0, bl1); break;
-      case 4: FragmentValues<4>(stage, bh0, bh1, bl0, bl1); break;
-      default: {
-        DecodeRows(stage, tile, true);
-        const unsigned char* va = smem + decoded_at + warp * Geo::kWarpTileBytes +
-                                  ((lane & 7) + 8 * (lane >> 4)) * Geo::kRowStride +
-                                  8 * ((lane >> 3) & 1) * 2;
-        const unsigned char* vl = va + kChunkTokens * Geo::kRowStride;
+    const bool fragments = WithFragmentWidth(v_fragments, [&](auto w) {
+      FragmentValues<decltype(w)::value>(stage, bh0, bh1, bl0, bl1);
+    });
+    if (!fragments) {
+      DecodeRows(stage, tile, true);
+      const unsigned char* va = smem + decoded_at + warp * Geo::kWarpTileBytes +
+                                ((lane & 7) + 8 * (lane >> 4)) * Geo::kRowStride +
+                                8 * ((lane >> 3) & 1) * 2;
+      const unsigned char* vl = va + kChunkTokens * Geo::kRowStride;
 #pragma unroll
-        for (int mt = 0; mt < D / 16; ++mt) {
-          uint32_t a[4], al[4];
-          LdMatrixX4Trans(a, va + 32 * mt);
-          LdMatrixX4Trans(al, vl + 32 * mt);
-          MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
-          if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
-          MmaBf16(st.acc[mt], al[0], al[1], al[2], al[3], bh0, bh1);
-        }
+      for (int mt = 0; mt < D / 16; ++mt) {
+        uint32_t a[4], al[4];
+        LdMatrixX4Trans(a, va + 32 * mt);
+        LdMatrixX4Trans(al, vl + 32 * mt);
+        MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bh0, bh1);
+        if constexpr (!PACK) MmaBf16(st.acc[mt], a[0], a[1], a[2], a[3], bl0, bl1);
+        MmaBf16(st.acc[mt], al[0], al[1], al[2], al[3], bh0, bh1);
       }
     }
   }

@@ -150,7 +150,7 @@ using launch::LaunchKernel;
 template <int D, class K>
 constexpr int SharedBytesAround(int history) {
   constexpr int combine = (kWarps * kMaxHeadsPerBlock * D + 2 * kWarps * kMaxHeadsPerBlock) * 4;
-  constexpr int page_ids = (kMaxSplitTokens / 16 + 1) * 4;
+  constexpr int page_ids = kSplitPageIdBytes;
   if constexpr (kBf16Cache<K>) {
     constexpr int pipeline = 2 * Bf16Geometry<D>::kStageBytes + page_ids;
     return pipeline > combine ? pipeline : combine;

@@ -116,7 +116,8 @@ __device__ __forceinline__ void StoreEmptyPartial(const DecodeKernelParams& p, i
 }
 
 // Page ids of history tokens [begin, end) into shared memory: ids[i] is the page of the
-// split's page-relative index i (page index begin/P + i).
+// split's page-relative index i (page index begin/P + i); at most kSplitPageIdBytes (P >= 16).
+inline constexpr int kSplitPageIdBytes = (kMaxSplitTokens / 16 + 1) * 4;
 __device__ __forceinline__ void LoadSplitPages(const DecodeKernelParams& p, int b, int begin,
                                                int end, int* ids) {
   const int32_t* table = p.page_tables + static_cast<int64_t>(b) * p.page_table_stride;
